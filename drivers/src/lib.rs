@@ -1,0 +1,2 @@
+//! ql-worker drivers: file authority, supervisor, HTTPS client and the blocking loop.
+#![forbid(unsafe_code)]
