@@ -1,0 +1,657 @@
+//! Domain newtypes: every identifier, counter and digest of the protocol has its own type, and
+//! every constructor validates (parse, don't validate). Rules follow the reference wire contract
+//! (`reference/qinglong-wire-and-behaviour.md` §2, §3.4, §3.5, §5.1 and §7).
+//!
+//! Capabilities ([`LeaseToken`]) and digests of capabilities ([`CapabilityDigest`]) print as
+//! `[redacted]` in `Debug`, and serialize redacted in human-readable formats (JSON); only compact
+//! binary formats (the postcard inbox record, which legitimately stores the lease token) carry
+//! the real value. Code that must send the value over the wire calls `expose()` explicitly.
+
+use alloc::string::String;
+use core::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use zeroize::Zeroize;
+
+use crate::error::IdError;
+
+/// Largest integer JavaScript represents exactly (`Number.MAX_SAFE_INTEGER`, 2^53 - 1).
+pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
+/// Largest value of the reference's 32-bit signed counters (2^31 - 1).
+pub const MAX_INT32: u64 = (1 << 31) - 1;
+
+/// Length of a string as JavaScript counts it (`String.prototype.length`: UTF-16 code units).
+#[must_use]
+pub fn js_length(value: &str) -> usize {
+    value.encode_utf16().count()
+}
+
+/// True when `value` contains a C0 control character or DEL (`/[\u0000-\u001f\u007f]/`).
+#[must_use]
+pub fn has_control_char(value: &str) -> bool {
+    value.chars().any(|c| c <= '\u{1f}' || c == '\u{7f}')
+}
+
+fn is_lower_hex(value: &str) -> bool {
+    value.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// `^[A-Za-z0-9][A-Za-z0-9._:-]{0,max-1}$`
+fn is_token_id(value: &str, max: usize) -> bool {
+    let bytes = value.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= max
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+/// 1..=max JavaScript characters, no control characters.
+fn is_bounded_text(value: &str, max: usize) -> bool {
+    let length = js_length(value);
+    (1..=max).contains(&length) && !has_control_char(value)
+}
+
+macro_rules! string_id {
+    ($(#[$doc:meta])* $name:ident, $label:literal, $rule:literal, $check:expr) => {
+        $(#[$doc])*
+        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(String);
+
+        impl $name {
+            /// The validation rule, as stated in errors and docs.
+            pub const RULE: &'static str = $rule;
+
+            /// Validates and wraps `value`.
+            ///
+            /// # Errors
+            /// [`IdError`] naming the type and the rule when `value` breaks the rule.
+            pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
+                let value = value.into();
+                let check: fn(&str) -> bool = $check;
+                if check(&value) {
+                    Ok(Self(value))
+                } else {
+                    Err(IdError { kind: $label, rule: $rule })
+                }
+            }
+
+            /// The validated text.
+            #[must_use]
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}({:?})", stringify!($name), self.0)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(&self.0)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let value = String::deserialize(deserializer)?;
+                Self::new(value).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+string_id!(
+    /// Worker-generated offer id; also the inbox file name, so limited to a file-name-safe set.
+    OfferId,
+    "offer id",
+    "1-128 characters from [A-Za-z0-9._:-]",
+    |v| (1..=128).contains(&v.len())
+        && v.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+        && v != "."
+        && v != ".."
+);
+string_id!(
+    /// Run id. Activation bodies bound it to 36 characters and the receipt path uses the receipt
+    /// id rule, so the strictest of the reference's rules is enforced at admission.
+    RunId,
+    "run id",
+    "^[A-Za-z0-9][A-Za-z0-9._:-]{0,35}$",
+    |v| is_token_id(v, 36)
+);
+string_id!(
+    /// Attempt id; names the receipt file, so it follows the receipt id rule.
+    AttemptId,
+    "attempt id",
+    "^[A-Za-z0-9][A-Za-z0-9._:-]{0,35}$",
+    |v| is_token_id(v, 36)
+);
+string_id!(
+    /// Project id.
+    ProjectId,
+    "project id",
+    "1-128 characters, no control characters",
+    |v| is_bounded_text(v, 128)
+);
+string_id!(
+    /// Task id.
+    TaskId,
+    "task id",
+    "1-128 characters, no control characters",
+    |v| is_bounded_text(v, 128)
+);
+string_id!(
+    /// Worker id, carried only by the request path.
+    WorkerId,
+    "worker id",
+    "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$",
+    |v| is_token_id(v, 128)
+);
+string_id!(
+    /// Worker Session id: a lowercase UUIDv7.
+    SessionId,
+    "session id",
+    "lowercase UUIDv7 ^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$",
+    is_uuid_v7
+);
+string_id!(
+    /// Task revision: `qltd:v1:<sourceRevision>:<64 lowercase hex>`.
+    TaskRevision,
+    "task revision",
+    "qltd:v1:<1..2^31-1>:<64 lowercase hex>",
+    is_task_revision
+);
+string_id!(
+    /// Log artifact id: `wlog-` + 30 lowercase hex (derived, see `derive_log_artifact_id`).
+    LogArtifactId,
+    "log artifact id",
+    "^wlog-[a-f0-9]{30}$",
+    |v| v.len() == 35 && v.starts_with("wlog-") && is_lower_hex(&v[5..])
+);
+string_id!(
+    /// Durable executor handle (reference: `ql3lp1.` + base64url JSON); opaque to the core.
+    ExecutorHandle,
+    "executor handle",
+    "1-512 bytes, no control characters",
+    |v| (1..=512).contains(&v.len()) && !has_control_char(v)
+);
+
+fn is_uuid_v7(v: &str) -> bool {
+    let b = v.as_bytes();
+    b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            14 => *c == b'7',
+            19 => matches!(c, b'8' | b'9' | b'a' | b'b'),
+            _ => c.is_ascii_digit() || (b'a'..=b'f').contains(c),
+        })
+}
+
+fn is_task_revision(v: &str) -> bool {
+    let Some(rest) = v.strip_prefix("qltd:v1:") else {
+        return false;
+    };
+    let Some((number, digest)) = rest.split_once(':') else {
+        return false;
+    };
+    parse_canonical_decimal(number).is_some_and(|n| (1..=MAX_INT32).contains(&n))
+        && digest.len() == 64
+        && is_lower_hex(digest)
+}
+
+/// Parses a canonical decimal (no sign, no leading zero unless "0", at most 16 digits).
+#[must_use]
+pub fn parse_canonical_decimal(text: &str) -> Option<u64> {
+    let bytes = text.as_bytes();
+    if bytes.is_empty() || bytes.len() > 16 || (bytes.len() > 1 && bytes[0] == b'0') {
+        return None;
+    }
+    bytes.iter().try_fold(0u64, |acc, b| {
+        b.is_ascii_digit().then(|| acc * 10 + u64::from(b - b'0'))
+    })
+}
+
+impl TaskRevision {
+    /// The `sourceRevision` and `sourceContentDigest` this task revision names.
+    #[must_use]
+    pub fn parts(&self) -> (u64, &str) {
+        // INVARIANT: the constructor proved the `qltd:v1:<n>:<hex>` shape.
+        let rest = &self.0["qltd:v1:".len()..];
+        let (number, digest) = rest.split_once(':').unwrap_or(("0", ""));
+        (parse_canonical_decimal(number).unwrap_or(0), digest)
+    }
+}
+
+/// The Worker-generated Run lease capability `[A-Za-z0-9_-]{32,128}` (reference: base64url of 32
+/// CSPRNG bytes). Zeroized on drop; `Debug` and human-readable serialization are redacted.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LeaseToken(String);
+
+impl LeaseToken {
+    /// The validation rule.
+    pub const RULE: &'static str = "^[A-Za-z0-9_-]{32,128}$";
+
+    /// Validates and wraps `value`.
+    ///
+    /// # Errors
+    /// [`IdError`] when `value` breaks [`Self::RULE`]; the value itself is never echoed.
+    pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
+        let mut value = value.into();
+        if (32..=128).contains(&value.len())
+            && value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            Ok(Self(value))
+        } else {
+            value.zeroize();
+            Err(IdError { kind: "lease token", rule: Self::RULE })
+        }
+    }
+
+    /// The plaintext capability, for the few places that must send or store it.
+    #[must_use]
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// `sha256_hex(utf8(token))`, as the control plane stores it.
+    #[must_use]
+    pub fn digest(&self) -> CapabilityDigest {
+        CapabilityDigest(Sha256Digest::of(self.0.as_bytes()))
+    }
+}
+
+impl Drop for LeaseToken {
+    fn drop(&mut self) {
+        self.0.zeroize();
+    }
+}
+
+impl fmt::Debug for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LeaseToken([redacted])")
+    }
+}
+
+impl Serialize for LeaseToken {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            serializer.serialize_str("[redacted]")
+        } else {
+            serializer.serialize_str(&self.0)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for LeaseToken {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = String::deserialize(deserializer)?;
+        Self::new(value).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A SHA-256 digest of public content, rendered as 64 lowercase hex characters.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Sha256Digest([u8; 32]);
+
+impl Sha256Digest {
+    /// The validation rule of the hex form.
+    pub const RULE: &'static str = "^[a-f0-9]{64}$";
+
+    /// Wraps raw digest bytes.
+    #[must_use]
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// SHA-256 of `data`.
+    #[must_use]
+    pub fn of(data: &[u8]) -> Self {
+        use sha2::Digest as _;
+        let out = sha2::Sha256::digest(data);
+        let mut bytes = [0u8; 32];
+        bytes.copy_from_slice(out.as_slice());
+        Self(bytes)
+    }
+
+    /// Parses 64 lowercase hex characters.
+    ///
+    /// # Errors
+    /// [`IdError`] for any other text (uppercase hex is rejected, as in the reference).
+    pub fn from_hex(text: &str) -> Result<Self, IdError> {
+        let err = IdError { kind: "sha-256 digest", rule: Self::RULE };
+        let bytes = text.as_bytes();
+        if bytes.len() != 64 || !is_lower_hex(text) {
+            return Err(err);
+        }
+        let mut out = [0u8; 32];
+        for (slot, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+            *slot = (hex_value(pair[0]) << 4) | hex_value(pair[1]);
+        }
+        Ok(Self(out))
+    }
+
+    /// The raw bytes.
+    #[must_use]
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The lowercase hex form.
+    #[must_use]
+    pub fn to_hex(&self) -> String {
+        let mut out = String::with_capacity(64);
+        for byte in self.0 {
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 0xf)]));
+        }
+        out
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+fn hex_value(b: u8) -> u8 {
+    match b {
+        b'0'..=b'9' => b - b'0',
+        _ => b - b'a' + 10,
+    }
+}
+
+impl fmt::Debug for Sha256Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Sha256Digest({})", self.to_hex())
+    }
+}
+
+impl fmt::Display for Sha256Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl Serialize for Sha256Digest {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            serializer.serialize_str(&self.to_hex())
+        } else {
+            self.0.serialize(serializer)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Sha256Digest {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        if deserializer.is_human_readable() {
+            let text = String::deserialize(deserializer)?;
+            Self::from_hex(&text).map_err(serde::de::Error::custom)
+        } else {
+            <[u8; 32]>::deserialize(deserializer).map(Self)
+        }
+    }
+}
+
+/// The SHA-256 of a capability (lease token digest, completion capability digest). Equal in
+/// shape to [`Sha256Digest`], but redacted in `Debug` and in human-readable serialization, and
+/// compared in constant time.
+#[derive(Clone, Copy, Eq)]
+pub struct CapabilityDigest(Sha256Digest);
+
+impl CapabilityDigest {
+    /// Wraps a digest that authenticates a capability.
+    #[must_use]
+    pub const fn new(digest: Sha256Digest) -> Self {
+        Self(digest)
+    }
+
+    /// Parses 64 lowercase hex characters.
+    ///
+    /// # Errors
+    /// [`IdError`] for any other text.
+    pub fn from_hex(text: &str) -> Result<Self, IdError> {
+        Sha256Digest::from_hex(text).map(Self)
+    }
+
+    /// The digest, for the wire and for constant-time comparison.
+    #[must_use]
+    pub const fn expose(&self) -> &Sha256Digest {
+        &self.0
+    }
+}
+
+impl PartialEq for CapabilityDigest {
+    fn eq(&self, other: &Self) -> bool {
+        use subtle::ConstantTimeEq as _;
+        self.0.as_bytes().ct_eq(other.0.as_bytes()).into()
+    }
+}
+
+impl fmt::Debug for CapabilityDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CapabilityDigest([redacted])")
+    }
+}
+
+impl Serialize for CapabilityDigest {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            serializer.serialize_str("[redacted]")
+        } else {
+            self.0.serialize(serializer)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for CapabilityDigest {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Sha256Digest::deserialize(deserializer).map(Self)
+    }
+}
+
+macro_rules! counter {
+    ($(#[$doc:meta])* $name:ident, $label:literal, $min:expr, $max:expr, $rule:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(u64);
+
+        impl $name {
+            /// Smallest valid value.
+            pub const MIN: u64 = $min;
+            /// Largest valid value.
+            pub const MAX: u64 = $max;
+            /// The validation rule.
+            pub const RULE: &'static str = $rule;
+
+            /// Validates and wraps `value`.
+            ///
+            /// # Errors
+            /// [`IdError`] when `value` is outside the range.
+            pub const fn new(value: u64) -> Result<Self, IdError> {
+                if value >= Self::MIN && value <= Self::MAX {
+                    Ok(Self(value))
+                } else {
+                    Err(IdError { kind: $label, rule: $rule })
+                }
+            }
+
+            /// The number.
+            #[must_use]
+            pub const fn get(self) -> u64 {
+                self.0
+            }
+
+            /// The next value.
+            ///
+            /// # Errors
+            /// [`IdError`] on overflow of the range; never wraps.
+            pub const fn next(self) -> Result<Self, IdError> {
+                Self::new(self.0 + 1)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}", self.0)
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_u64(self.0)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let value = u64::deserialize(deserializer)?;
+                Self::new(value).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+counter!(
+    /// Inbox / claim record revision: 0 at creation, exactly +1 per durable update.
+    Revision,
+    "revision",
+    0,
+    MAX_SAFE_INTEGER,
+    "0..=2^53-1"
+);
+counter!(
+    /// Run lease version; moves only forward (renewal and completion bump it).
+    LeaseVersion,
+    "lease version",
+    0,
+    MAX_INT32,
+    "0..=2^31-1"
+);
+counter!(
+    /// Run lease generation.
+    LeaseGeneration,
+    "lease generation",
+    1,
+    MAX_INT32,
+    "1..=2^31-1"
+);
+counter!(
+    /// Worker Session generation.
+    WorkerGeneration,
+    "worker generation",
+    1,
+    MAX_INT32,
+    "1..=2^31-1"
+);
+counter!(
+    /// Completion callback sequence (activation snapshot sequence + 1).
+    CallbackSequence,
+    "callback sequence",
+    1,
+    MAX_INT32,
+    "1..=2^31-1"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::format;
+    use alloc::string::ToString;
+
+    #[test]
+    fn offer_id_accepts_uuid_and_rejects_path_characters() {
+        assert!(OfferId::new("3b1f6c2e-6a52-4f0e-9a51-2f7f0e2d9c11").is_ok());
+        for bad in ["", "a/b", "a b", "..", ".", "é", &"x".repeat(129)] {
+            assert!(OfferId::new(bad).is_err(), "{bad:?}");
+        }
+        assert!(OfferId::new("x".repeat(128)).is_ok());
+    }
+
+    #[test]
+    fn run_and_attempt_ids_follow_the_receipt_rule() {
+        assert!(RunId::new("run-1").is_ok());
+        assert!(AttemptId::new("a".repeat(36)).is_ok());
+        for bad in ["", "-run", "run/1", &"a".repeat(37), "run\n"] {
+            assert!(RunId::new(bad).is_err(), "{bad:?}");
+            assert!(AttemptId::new(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn project_id_counts_javascript_length_and_rejects_controls() {
+        assert!(ProjectId::new("project-1").is_ok());
+        assert!(ProjectId::new("é".repeat(128)).is_ok());
+        assert!(ProjectId::new("😀".repeat(65)).is_err(), "each emoji is two UTF-16 units");
+        assert!(ProjectId::new("a\u{7f}").is_err());
+        assert!(TaskId::new("").is_err());
+    }
+
+    #[test]
+    fn session_id_is_lowercase_uuid_v7() {
+        assert!(SessionId::new("018f0000-0000-7000-8000-000000000001").is_ok());
+        assert!(SessionId::new("018f0000-0000-4000-8000-000000000001").is_err());
+        assert!(SessionId::new("018F0000-0000-7000-8000-000000000001").is_err());
+        assert!(SessionId::new("018f0000-0000-7000-c000-000000000001").is_err());
+    }
+
+    #[test]
+    fn lease_token_is_redacted_and_bounded() {
+        let token = LeaseToken::new("BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc").unwrap();
+        assert_eq!(format!("{token:?}"), "LeaseToken([redacted])");
+        assert!(LeaseToken::new("short").is_err());
+        assert!(LeaseToken::new("a".repeat(129)).is_err());
+        assert!(LeaseToken::new("a+".repeat(20)).is_err());
+        let err = LeaseToken::new("secret secret secret secret secret").unwrap_err();
+        assert!(!err.to_string().contains("secret secret"));
+        assert_eq!(serde_json::to_string(&token).unwrap(), "\"[redacted]\"");
+    }
+
+    #[test]
+    fn lease_token_digest_is_sha256_of_utf8() {
+        let token = LeaseToken::new("worker_generated_lease_capability_0000000000000001").unwrap();
+        let expected = Sha256Digest::of(token.expose().as_bytes());
+        assert_eq!(token.digest().expose(), &expected);
+        assert_eq!(format!("{:?}", token.digest()), "CapabilityDigest([redacted])");
+    }
+
+    #[test]
+    fn digest_hex_round_trips_and_rejects_uppercase() {
+        let d = Sha256Digest::of(b"abc");
+        assert_eq!(d.to_hex(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(Sha256Digest::from_hex(&d.to_hex()).unwrap(), d);
+        assert!(Sha256Digest::from_hex(&d.to_hex().to_uppercase()).is_err());
+        assert!(Sha256Digest::from_hex("ab").is_err());
+    }
+
+    #[test]
+    fn task_revision_parts() {
+        let text = format!("qltd:v1:7:{}", "a".repeat(64));
+        let rev = TaskRevision::new(text).unwrap();
+        assert_eq!(rev.parts(), (7, "a".repeat(64).as_str()));
+        assert!(TaskRevision::new(format!("qltd:v1:07:{}", "a".repeat(64))).is_err());
+        assert!(TaskRevision::new(format!("qltd:v1:0:{}", "a".repeat(64))).is_err());
+        assert!(TaskRevision::new(format!("qltd:v1:2147483648:{}", "a".repeat(64))).is_err());
+    }
+
+    #[test]
+    fn log_artifact_id_shape() {
+        assert!(LogArtifactId::new("wlog-0123456789abcdef0123456789abcd").is_ok());
+        assert!(LogArtifactId::new("wlog-0123456789ABCDEF0123456789abcd").is_err());
+        assert!(LogArtifactId::new("local-0123456789abcdef0123456789abc").is_err());
+    }
+
+    #[test]
+    fn counters_never_wrap() {
+        assert!(LeaseVersion::new(MAX_INT32).unwrap().next().is_err());
+        assert!(LeaseGeneration::new(0).is_err());
+        assert!(CallbackSequence::new(0).is_err());
+        assert_eq!(Revision::new(0).unwrap().next().unwrap().get(), 1);
+        assert!(Revision::new(MAX_SAFE_INTEGER).unwrap().next().is_err());
+    }
+}

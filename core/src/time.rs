@@ -1,0 +1,70 @@
+//! Time as data. The core never reads a clock: wall-clock milliseconds arrive inside inputs as
+//! [`UnixMillis`] and deadlines are compared against them (CONVENTIONS C4).
+
+use core::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::error::IdError;
+use crate::ids::MAX_SAFE_INTEGER;
+
+/// Milliseconds since the Unix epoch, `0..=2^53-1` (a JavaScript safe integer, as on the wire).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct UnixMillis(u64);
+
+impl UnixMillis {
+    /// The epoch.
+    pub const ZERO: Self = Self(0);
+    /// The validation rule.
+    pub const RULE: &'static str = "0..=2^53-1 milliseconds";
+
+    /// Validates and wraps `millis`.
+    ///
+    /// # Errors
+    /// [`IdError`] above `Number.MAX_SAFE_INTEGER`.
+    pub const fn new(millis: u64) -> Result<Self, IdError> {
+        if millis <= MAX_SAFE_INTEGER {
+            Ok(Self(millis))
+        } else {
+            Err(IdError { kind: "unix milliseconds", rule: Self::RULE })
+        }
+    }
+
+    /// The number of milliseconds.
+    #[must_use]
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// `self + millis`, saturating at `2^53-1`.
+    #[must_use]
+    pub const fn saturating_add(self, millis: u64) -> Self {
+        let sum = self.0.saturating_add(millis);
+        Self(if sum > MAX_SAFE_INTEGER { MAX_SAFE_INTEGER } else { sum })
+    }
+
+    /// `self - earlier`, or zero when `earlier` is later.
+    #[must_use]
+    pub const fn saturating_since(self, earlier: Self) -> u64 {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+impl fmt::Display for UnixMillis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl Serialize for UnixMillis {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for UnixMillis {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = u64::deserialize(deserializer)?;
+        Self::new(value).map_err(serde::de::Error::custom)
+    }
+}
