@@ -33,7 +33,9 @@ pub fn has_control_char(value: &str) -> bool {
 }
 
 fn is_lower_hex(value: &str) -> bool {
-    value.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    value
+        .bytes()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// `^[A-Za-z0-9][A-Za-z0-9._:-]{0,max-1}$`
@@ -42,7 +44,9 @@ fn is_token_id(value: &str, max: usize) -> bool {
     !bytes.is_empty()
         && bytes.len() <= max
         && bytes[0].is_ascii_alphanumeric()
-        && bytes.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
 }
 
 /// 1..=max JavaScript characters, no control characters.
@@ -246,12 +250,17 @@ impl LeaseToken {
     pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
         let mut value = value.into();
         if (32..=128).contains(&value.len())
-            && value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
         {
             Ok(Self(value))
         } else {
             value.zeroize();
-            Err(IdError { kind: "lease token", rule: Self::RULE })
+            Err(IdError {
+                kind: "lease token",
+                rule: Self::RULE,
+            })
         }
     }
 
@@ -326,7 +335,10 @@ impl Sha256Digest {
     /// # Errors
     /// [`IdError`] for any other text (uppercase hex is rejected, as in the reference).
     pub fn from_hex(text: &str) -> Result<Self, IdError> {
-        let err = IdError { kind: "sha-256 digest", rule: Self::RULE };
+        let err = IdError {
+            kind: "sha-256 digest",
+            rule: Self::RULE,
+        };
         let bytes = text.as_bytes();
         if bytes.len() != 64 || !is_lower_hex(text) {
             return Err(err);
@@ -587,7 +599,10 @@ mod tests {
     fn project_id_counts_javascript_length_and_rejects_controls() {
         assert!(ProjectId::new("project-1").is_ok());
         assert!(ProjectId::new("é".repeat(128)).is_ok());
-        assert!(ProjectId::new("😀".repeat(65)).is_err(), "each emoji is two UTF-16 units");
+        assert!(
+            ProjectId::new("😀".repeat(65)).is_err(),
+            "each emoji is two UTF-16 units"
+        );
         assert!(ProjectId::new("a\u{7f}").is_err());
         assert!(TaskId::new("").is_err());
     }
@@ -617,13 +632,19 @@ mod tests {
         let token = LeaseToken::new("worker_generated_lease_capability_0000000000000001").unwrap();
         let expected = Sha256Digest::of(token.expose().as_bytes());
         assert_eq!(token.digest().expose(), &expected);
-        assert_eq!(format!("{:?}", token.digest()), "CapabilityDigest([redacted])");
+        assert_eq!(
+            format!("{:?}", token.digest()),
+            "CapabilityDigest([redacted])"
+        );
     }
 
     #[test]
     fn digest_hex_round_trips_and_rejects_uppercase() {
         let d = Sha256Digest::of(b"abc");
-        assert_eq!(d.to_hex(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            d.to_hex(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
         assert_eq!(Sha256Digest::from_hex(&d.to_hex()).unwrap(), d);
         assert!(Sha256Digest::from_hex(&d.to_hex().to_uppercase()).is_err());
         assert!(Sha256Digest::from_hex("ab").is_err());

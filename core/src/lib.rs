@@ -10,5 +10,6 @@ extern crate alloc;
 
 pub mod error;
 pub mod ids;
+pub mod offer;
 pub mod revision;
 pub mod time;

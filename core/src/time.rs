@@ -26,7 +26,10 @@ impl UnixMillis {
         if millis <= MAX_SAFE_INTEGER {
             Ok(Self(millis))
         } else {
-            Err(IdError { kind: "unix milliseconds", rule: Self::RULE })
+            Err(IdError {
+                kind: "unix milliseconds",
+                rule: Self::RULE,
+            })
         }
     }
 
@@ -40,7 +43,11 @@ impl UnixMillis {
     #[must_use]
     pub const fn saturating_add(self, millis: u64) -> Self {
         let sum = self.0.saturating_add(millis);
-        Self(if sum > MAX_SAFE_INTEGER { MAX_SAFE_INTEGER } else { sum })
+        Self(if sum > MAX_SAFE_INTEGER {
+            MAX_SAFE_INTEGER
+        } else {
+            sum
+        })
     }
 
     /// `self - earlier`, or zero when `earlier` is later.
