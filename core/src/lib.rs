@@ -8,8 +8,14 @@
 
 extern crate alloc;
 
+pub mod claim;
+pub mod envelope;
 pub mod error;
 pub mod ids;
+pub mod listing;
 pub mod offer;
+pub mod receipt;
+pub mod record;
 pub mod revision;
 pub mod time;
+pub mod truncation;
