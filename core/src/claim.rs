@@ -156,10 +156,10 @@ impl PendingClaim {
         if self.updated_at_ms < self.created_at_ms {
             return invalid("updatedAtMs", ">= createdAtMs");
         }
-        if let Some(last) = self.last_attempt_at_ms {
-            if last < self.created_at_ms || last > self.updated_at_ms {
-                return invalid("lastAttemptAtMs", "within createdAtMs..=updatedAtMs");
-            }
+        if let Some(last) = self.last_attempt_at_ms
+            && (last < self.created_at_ms || last > self.updated_at_ms)
+        {
+            return invalid("lastAttemptAtMs", "within createdAtMs..=updatedAtMs");
         }
         if self.next_attempt_at_ms < self.created_at_ms {
             return invalid("nextAttemptAtMs", ">= createdAtMs");

@@ -17,5 +17,7 @@ pub mod offer;
 pub mod receipt;
 pub mod record;
 pub mod revision;
+#[doc(hidden)]
+pub mod testkit;
 pub mod time;
 pub mod truncation;
