@@ -8,10 +8,13 @@
 
 extern crate alloc;
 
+pub mod capability;
 pub mod claim;
 pub mod envelope;
 pub mod error;
 pub mod ids;
+pub mod io;
+pub mod js;
 pub mod listing;
 pub mod offer;
 pub mod receipt;
@@ -21,3 +24,4 @@ pub mod revision;
 pub mod testkit;
 pub mod time;
 pub mod truncation;
+pub mod wire;
