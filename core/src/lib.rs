@@ -10,6 +10,8 @@ extern crate alloc;
 
 pub mod error;
 pub mod ids;
+pub mod js;
 pub mod offer;
 pub mod revision;
 pub mod time;
+pub mod wire;
