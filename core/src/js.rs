@@ -395,7 +395,10 @@ mod tests {
     #[test]
     fn string_escaping_matches_json_stringify_rules() {
         let mut out = Vec::new();
-        write_json_string(&mut out, "a\"b\\c\u{8}\u{c}\n\r\t\u{1}\u{1f}\u{7f}\u{2028}é😀");
+        write_json_string(
+            &mut out,
+            "a\"b\\c\u{8}\u{c}\n\r\t\u{1}\u{1f}\u{7f}\u{2028}é😀",
+        );
         let text = String::from_utf8(out).unwrap();
         assert_eq!(
             text,

@@ -92,7 +92,10 @@ impl fmt::Display for RevisionError {
                 write!(f, "execution revision field {field}: {error}")
             }
             Self::NotNormalized { field } => {
-                write!(f, "execution revision field {field} is not in normalized form")
+                write!(
+                    f,
+                    "execution revision field {field} is not in normalized form"
+                )
             }
             Self::DigestMismatch => {
                 f.write_str("execution revision contentDigest does not match its content")
@@ -574,7 +577,11 @@ fn capability_list(
 ) -> Result<(), RevisionError> {
     ensure(list.len() <= max, name, "at most 16 entries")?;
     for item in list.iter() {
-        ensure(capability_name(item, 64), name, "^[a-z0-9][a-z0-9._+-]*$, <= 64")?;
+        ensure(
+            capability_name(item, 64),
+            name,
+            "^[a-z0-9][a-z0-9._+-]*$, <= 64",
+        )?;
     }
     list.sort_by(|a, b| js::code_unit_cmp(a, b));
     ensure(
@@ -591,8 +598,16 @@ fn normalize_labels(
 ) -> Result<(), RevisionError> {
     ensure(labels.len() <= max, name, "at most 16 entries")?;
     for label in labels.iter() {
-        ensure(label_key(&label.key), name, "keys ^[A-Za-z0-9][A-Za-z0-9._/-]*$, <= 128")?;
-        ensure(bounded_text(&label.value, 256), name, "values of 1..=256 characters")?;
+        ensure(
+            label_key(&label.key),
+            name,
+            "keys ^[A-Za-z0-9][A-Za-z0-9._/-]*$, <= 128",
+        )?;
+        ensure(
+            bounded_text(&label.value, 256),
+            name,
+            "values of 1..=256 characters",
+        )?;
     }
     ensure(
         labels
@@ -616,7 +631,11 @@ fn normalize_labels(
 impl PlacementRequired {
     fn normalize(&mut self) -> Result<(), RevisionError> {
         if let Some(list) = &mut self.architectures {
-            ensure(list.len() <= 16, "placement.required.architectures", "<= 16")?;
+            ensure(
+                list.len() <= 16,
+                "placement.required.architectures",
+                "<= 16",
+            )?;
             list.sort_by(|a, b| js::code_unit_cmp(a.as_str(), b.as_str()));
             ensure(
                 list.windows(2).all(|w| w[0] != w[1]),
@@ -641,7 +660,11 @@ impl PlacementRequired {
             let name = "placement.required.runtimes";
             ensure(list.len() <= 16, name, "at most 16 entries")?;
             for r in list.iter() {
-                ensure(capability_name(&r.name, 64), name, "names ^[a-z0-9][a-z0-9._+-]*$")?;
+                ensure(
+                    capability_name(&r.name, 64),
+                    name,
+                    "names ^[a-z0-9][a-z0-9._+-]*$",
+                )?;
                 if let Some(range) = &r.version_range {
                     ensure(
                         bounded_text(range, 128) && semver::is_range(range),
@@ -710,10 +733,18 @@ impl Placement {
             None => required.executors = Some(alloc::vec![String::from(REMOTE_WORKER_EXECUTOR)]),
         }
         if let Some(list) = &mut self.preferred {
-            ensure(list.len() <= 16, "placement.preferred", "at most 16 entries")?;
+            ensure(
+                list.len() <= 16,
+                "placement.preferred",
+                "at most 16 entries",
+            )?;
             for p in list.iter_mut() {
                 normalize_labels(&mut p.labels, "placement.preferred.labels", 16)?;
-                ensure(!p.labels.is_empty(), "placement.preferred.labels", "non-empty")?;
+                ensure(
+                    !p.labels.is_empty(),
+                    "placement.preferred.labels",
+                    "non-empty",
+                )?;
                 ensure(
                     (1..=100).contains(&p.weight),
                     "placement.preferred.weight",
@@ -754,7 +785,11 @@ fn validate_command(command: &ExecCommand) -> Result<(), RevisionError> {
                 )?;
                 total += arg.len();
             }
-            ensure(total <= 64 * 1024, "command", "file and arguments <= 64 KiB")
+            ensure(
+                total <= 64 * 1024,
+                "command",
+                "file and arguments <= 64 KiB",
+            )
         }
         ExecCommand::Shell { command, shell } => {
             ensure(
@@ -859,7 +894,11 @@ impl ExecutionRevision {
         self.placement = self.placement.map(Placement::normalize).transpose()?;
         let mut w = JsonWriter::with_cap(MAX_PLAN_BYTES);
         self.write_json(&mut w, JsonForm::Content);
-        ensure(w.finish().is_ok(), "executionRevision", "<= 96 KiB serialized")?;
+        ensure(
+            w.finish().is_ok(),
+            "executionRevision",
+            "<= 96 KiB serialized",
+        )?;
         Ok(self)
     }
 
@@ -949,11 +988,12 @@ impl ExecutionRevision {
         write_command(w, &self.command);
         w.key("environment").begin_array();
         for binding in &self.environment {
-            w.begin_object()
-                .field_str("name", binding.name.as_str());
+            w.begin_object().field_str("name", binding.name.as_str());
             match &binding.value {
                 EnvValue::Public(value) => w.field_str("kind", "public").field_str("value", value),
-                EnvValue::Secret(r) => w.field_str("kind", "secret").field_str("secretRef", r.as_str()),
+                EnvValue::Secret(r) => w
+                    .field_str("kind", "secret")
+                    .field_str("secretRef", r.as_str()),
             };
             w.end_object();
         }
@@ -1000,7 +1040,10 @@ fn write_command(w: &mut JsonWriter, command: &ExecCommand) {
     w.begin_object();
     match command {
         ExecCommand::Argv { file, args } => {
-            w.field_str("kind", "argv").field_str("file", file).key("args").begin_array();
+            w.field_str("kind", "argv")
+                .field_str("file", file)
+                .key("args")
+                .begin_array();
             for a in args {
                 w.string(a);
             }
@@ -1211,9 +1254,17 @@ fn id<T>(result: Result<T, IdError>, name: &'static str) -> Result<T, RevisionEr
 
 impl CommandWire {
     fn into_command(self) -> Result<ExecCommand, RevisionError> {
-        match (self.kind.as_str(), self.file, self.args, self.command, self.shell) {
+        match (
+            self.kind.as_str(),
+            self.file,
+            self.args,
+            self.command,
+            self.shell,
+        ) {
             ("argv", Some(file), Some(args), None, None) => Ok(ExecCommand::Argv { file, args }),
-            ("shell", None, None, Some(command), shell) => Ok(ExecCommand::Shell { command, shell }),
+            ("shell", None, None, Some(command), shell) => {
+                Ok(ExecCommand::Shell { command, shell })
+            }
             _ => Err(field(
                 "command",
                 "{kind:\"argv\",file,args} or {kind:\"shell\",command[,shell]}",
@@ -1297,7 +1348,10 @@ impl RevisionWire {
             .into_iter()
             .map(BindingWire::into_binding)
             .collect::<Result<Vec<_>, _>>()?;
-        let claimed = id(Sha256Digest::from_hex(&self.content_digest), "contentDigest")?;
+        let claimed = id(
+            Sha256Digest::from_hex(&self.content_digest),
+            "contentDigest",
+        )?;
         let revision = ExecutionRevision {
             project_id: id(ProjectId::new(self.project_id), "projectId")?,
             task_id: id(TaskId::new(self.task_id), "taskId")?,

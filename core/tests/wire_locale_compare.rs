@@ -21,7 +21,11 @@ fn wire_locale_compare_matches_node_for_every_vector() {
             _ => Ordering::Greater,
         };
         assert_eq!(locale_compare(a, b), Ok(expected), "{a:?} vs {b:?}");
-        assert_eq!(locale_compare(b, a), Ok(expected.reverse()), "{b:?} vs {a:?}");
+        assert_eq!(
+            locale_compare(b, a),
+            Ok(expected.reverse()),
+            "{b:?} vs {a:?}"
+        );
     }
 }
 

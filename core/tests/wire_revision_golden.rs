@@ -34,9 +34,19 @@ fn wire_revision_golden_vectors_match_node_byte_for_byte() {
             text(case, "full"),
             "{name}: full JSON"
         );
-        assert_eq!(revision.compute_digest().to_hex(), text(case, "digest"), "{name}");
-        assert_eq!(revision.content_digest.to_hex(), text(case, "digest"), "{name}");
-        revision.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            revision.compute_digest().to_hex(),
+            text(case, "digest"),
+            "{name}"
+        );
+        assert_eq!(
+            revision.content_digest.to_hex(),
+            text(case, "digest"),
+            "{name}"
+        );
+        revision
+            .validate()
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }
 
@@ -84,7 +94,11 @@ fn wire_revision_stored_form_must_stay_normalized_and_sealed() {
     );
     let mut tampered = revision.clone();
     tampered.created_at_ms = ql_worker_core::time::UnixMillis::new(7).unwrap();
-    assert_eq!(tampered.validate(), Ok(()), "createdAtMs is outside the digest");
+    assert_eq!(
+        tampered.validate(),
+        Ok(()),
+        "createdAtMs is outside the digest"
+    );
     tampered.content_digest = Sha256Digest::of(b"other");
     assert_eq!(tampered.validate(), Err(RevisionError::DigestMismatch));
 }

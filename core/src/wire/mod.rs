@@ -37,7 +37,7 @@ pub mod secrets;
 pub(crate) mod semver;
 pub mod session;
 
-// pub use artifact::derive_log_artifact_id;
+pub use artifact::derive_log_artifact_id;
 
 /// Default request body cap of the Worker client (4 KiB).
 pub const DEFAULT_REQUEST_CAP: usize = 4 * 1024;
@@ -227,7 +227,11 @@ pub(crate) fn ensure(ok: bool, path: &'static str, rule: &'static str) -> Result
     if ok { Ok(()) } else { Err(field(path, rule)) }
 }
 
-pub(crate) fn bind(ok: bool, path: &'static str, must_equal: &'static str) -> Result<(), WireError> {
+pub(crate) fn bind(
+    ok: bool,
+    path: &'static str,
+    must_equal: &'static str,
+) -> Result<(), WireError> {
     if ok {
         Ok(())
     } else {
@@ -236,12 +240,19 @@ pub(crate) fn bind(ok: bool, path: &'static str, must_equal: &'static str) -> Re
 }
 
 /// Maps a newtype validation error to a field error.
-pub(crate) fn id<T>(result: Result<T, crate::error::IdError>, path: &'static str) -> Result<T, WireError> {
+pub(crate) fn id<T>(
+    result: Result<T, crate::error::IdError>,
+    path: &'static str,
+) -> Result<T, WireError> {
     result.map_err(|e| field(path, e.rule))
 }
 
 /// Requires an exact constant (a schema id or a fixed string).
-pub(crate) fn exact(value: &str, expected: &'static str, path: &'static str) -> Result<(), WireError> {
+pub(crate) fn exact(
+    value: &str,
+    expected: &'static str,
+    path: &'static str,
+) -> Result<(), WireError> {
     ensure(value == expected, path, expected)
 }
 
@@ -250,8 +261,10 @@ pub(crate) fn finish(
     w: crate::js::JsonWriter,
     endpoint: &'static str,
 ) -> Result<zeroize::Zeroizing<alloc::vec::Vec<u8>>, WireError> {
-    w.finish()
-        .map_err(|e| WireError::RequestTooLarge { endpoint, cap: e.cap })
+    w.finish().map_err(|e| WireError::RequestTooLarge {
+        endpoint,
+        cap: e.cap,
+    })
 }
 
 /// The execution fence every post-offer request carries: the Worker generation, the Run lease

@@ -291,7 +291,11 @@ impl CandidateWire {
             "offer.candidate.attemptNumber",
             "1..=2^53-1",
         )?;
-        exact(&self.executor_type, "remote_worker", "offer.candidate.executorType")?;
+        exact(
+            &self.executor_type,
+            "remote_worker",
+            "offer.candidate.executorType",
+        )?;
         Ok(Candidate {
             run_id: id(RunId::new(self.run_id), "offer.candidate.runId")?,
             attempt_id: id(AttemptId::new(self.attempt_id), "offer.candidate.attemptId")?,
@@ -302,7 +306,10 @@ impl CandidateWire {
                 "offer.candidate.taskRevision",
             )?,
             priority: self.priority,
-            queued_at_ms: id(UnixMillis::new(self.queued_at_ms), "offer.candidate.queuedAtMs")?,
+            queued_at_ms: id(
+                UnixMillis::new(self.queued_at_ms),
+                "offer.candidate.queuedAtMs",
+            )?,
             attempt_created_at_ms: id(
                 UnixMillis::new(self.attempt_created_at_ms),
                 "offer.candidate.attemptCreatedAtMs",
@@ -350,8 +357,14 @@ impl OfferWire {
     fn into_offer(self) -> Result<OfferedOffer, WireError> {
         let candidate = self.candidate.into_candidate()?;
         let worker = OfferWorker {
-            worker_id: id(WorkerId::new(self.worker.worker_id), "offer.worker.workerId")?,
-            session_id: id(SessionId::new(self.worker.session_id), "offer.worker.sessionId")?,
+            worker_id: id(
+                WorkerId::new(self.worker.worker_id),
+                "offer.worker.workerId",
+            )?,
+            session_id: id(
+                SessionId::new(self.worker.session_id),
+                "offer.worker.sessionId",
+            )?,
             generation: id(
                 WorkerGeneration::new(self.worker.generation),
                 "offer.worker.generation",
@@ -436,7 +449,8 @@ impl OfferResponse {
                 stats,
                 truncated,
             } => {
-                w.field_str("status", "idle").field_str("reason", reason.as_str());
+                w.field_str("status", "idle")
+                    .field_str("reason", reason.as_str());
                 stats.write(&mut w);
                 w.key("truncated").bool(*truncated);
             }
@@ -500,7 +514,8 @@ fn write_offer(w: &mut JsonWriter, o: &OfferedOffer) {
         .end_object()
         .key("executionRevision");
     o.execution_revision.write_json(w, JsonForm::Wire);
-    w.field_uint("placementScore", o.placement_score).end_object();
+    w.field_uint("placementScore", o.placement_score)
+        .end_object();
 }
 
 /// Why an `offered` response could not be admitted for the pending claim.
@@ -553,7 +568,10 @@ pub fn admit_offer(
         return Err(mismatch("offer.worker.workerId", "the claim's workerId"));
     }
     if offered.worker.session_id != worker.session_id {
-        return Err(mismatch("offer.worker.sessionId", "the claim's workerSessionId"));
+        return Err(mismatch(
+            "offer.worker.sessionId",
+            "the claim's workerSessionId",
+        ));
     }
     if offered.worker.generation != worker.generation {
         return Err(mismatch(

@@ -109,7 +109,9 @@ mod tests {
         ] {
             assert!(is_range(ok), "{ok}");
         }
-        for bad in ["", " 1", "v1.0.0", ">= 1", "1.0.0 ||", "01.0.0", "1.2.3.4", "~>1", "a"] {
+        for bad in [
+            "", " 1", "v1.0.0", ">= 1", "1.0.0 ||", "01.0.0", "1.2.3.4", "~>1", "a",
+        ] {
             assert!(!is_range(bad), "{bad}");
         }
         assert!(is_version("1.0.0-rc.1+b.2") && !is_version("1.0") && !is_version("1.0.0-01"));
