@@ -10,18 +10,23 @@ extern crate alloc;
 
 pub mod capability;
 pub mod claim;
+pub mod completion;
+pub mod control;
 pub mod envelope;
 pub mod error;
 pub mod ids;
 pub mod io;
-mod lifecycle;
 pub mod js;
+mod lifecycle;
 pub mod listing;
 pub mod offer;
 pub(crate) mod ops;
+pub mod processor;
+pub mod pull;
 pub mod receipt;
 pub mod record;
 pub mod revision;
+pub mod session;
 #[doc(hidden)]
 pub mod testkit;
 pub mod time;

@@ -71,7 +71,10 @@ impl Worker {
     pub(crate) fn may_pull(&self) -> bool {
         self.phase == Phase::Active
             && self.fail_closed.is_none()
-            && self.session.as_ref().is_some_and(|s| s.usable(self.now) && s.status == SessionStatus::Online)
+            && self
+                .session
+                .as_ref()
+                .is_some_and(|s| s.usable(self.now) && s.status == SessionStatus::Online)
             && active_count(&self.known) < usize::from(self.config.max_concurrent_runs)
             && self.pull_retry_at.is_none_or(|at| self.now >= at)
     }
@@ -148,11 +151,13 @@ impl Worker {
                 self.queue.extend(work);
                 self.reconcile_cursor = result.next_after.clone();
                 if result.next_after.is_none() {
-                    self.phase = if self.drain_started_at.is_some() {
-                        Phase::Draining
+                    if self.drain_started_at.is_some() {
+                        self.phase = Phase::Draining;
+                        self.queue
+                            .push_back(Work::Transition(SessionStatus::Draining));
                     } else {
-                        Phase::Active
-                    };
+                        self.phase = Phase::Active;
+                    }
                 }
                 // The next page (or the first active tick) follows at once.
                 self.next_tick_at = self.now;
@@ -175,7 +180,10 @@ impl Worker {
                 self.queue.push_front(Work::Process(offer_id));
             }
             PullResult::Idle => self.pull_retry_at = None,
-            PullResult::Backoff { until } | PullResult::Failed { retry_at: until, .. } => {
+            PullResult::Backoff { until }
+            | PullResult::Failed {
+                retry_at: until, ..
+            } => {
                 self.pull_retry_at = Some(until);
             }
             PullResult::SessionUnavailable => {}
@@ -191,7 +199,8 @@ impl Worker {
             && !self.transition_offline_queued
         {
             self.transition_offline_queued = true;
-            self.queue.push_back(Work::Transition(SessionStatus::Offline));
+            self.queue
+                .push_back(Work::Transition(SessionStatus::Offline));
         }
     }
 }

@@ -69,7 +69,9 @@ pub fn revision() -> ExecutionRevision {
         content_digest: Sha256Digest::from_bytes([0; 32]),
     };
     revision.content_digest = revision.compute_digest();
-    revision.validate().expect("the sample revision is normalized and sealed");
+    revision
+        .validate()
+        .expect("the sample revision is normalized and sealed");
     revision
 }
 

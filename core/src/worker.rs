@@ -49,8 +49,8 @@ use alloc::format;
 use alloc::string::String;
 use core::fmt;
 
-use crate::io::{Action, Command, Input, InputError, OpId, Outcome, StoreFailure};
 use crate::ids::{OfferId, SessionId, WorkerGeneration, WorkerId};
+use crate::io::{Action, Command, Input, InputError, OpId, Outcome, StoreFailure};
 use crate::listing::{Capacity, PageLimit};
 use crate::offer::OfferWorker;
 use crate::record::{InboxRecord, RecoveryReason, State};
@@ -189,6 +189,11 @@ pub enum HaltReason {
         /// Why.
         detail: String,
     },
+    /// The driver answered a command with an outcome of another kind (a driver bug).
+    UnexpectedOutcome {
+        /// The outcome, as `Debug` prints it (values redacted).
+        detail: String,
+    },
 }
 
 impl fmt::Display for HaltReason {
@@ -201,6 +206,12 @@ impl fmt::Display for HaltReason {
             Self::UnsafeStorage => f.write_str("unsafe or corrupt storage"),
             Self::SessionFenced { detail } => write!(f, "the Worker Session was fenced: {detail}"),
             Self::RegisterRejected { detail } => write!(f, "Session register failed: {detail}"),
+            Self::UnexpectedOutcome { detail } => {
+                write!(
+                    f,
+                    "the driver answered with an unexpected outcome: {detail}"
+                )
+            }
         }
     }
 }
@@ -252,7 +263,10 @@ pub(crate) enum Work {
     Register,
     Heartbeat,
     Transition(SessionStatus),
-    ListPage { purpose: ListPurpose, after: Option<OfferId> },
+    ListPage {
+        purpose: ListPurpose,
+        after: Option<OfferId>,
+    },
     Pull,
     Process(OfferId),
     Supervise(OfferId),
@@ -283,7 +297,11 @@ pub(crate) enum Step<S, R> {
 }
 
 impl<S, R> Step<S, R> {
-    pub(crate) fn map<T, Q>(self, state: impl FnOnce(S) -> T, result: impl FnOnce(R) -> Q) -> Step<T, Q> {
+    pub(crate) fn map<T, Q>(
+        self,
+        state: impl FnOnce(S) -> T,
+        result: impl FnOnce(R) -> Q,
+    ) -> Step<T, Q> {
         match self {
             Self::Wait(s, a) => Step::Wait(state(s), a),
             Self::Done(r) => Step::Done(result(r)),
@@ -294,7 +312,10 @@ impl<S, R> Step<S, R> {
 
 /// Maps a storage failure on a write to the Worker's reaction: only `Unchanged` lets the
 /// operation continue (nothing was written); everything else halts.
-pub(crate) fn write_failure<S, R>(failure: StoreFailure, unchanged: impl FnOnce() -> Step<S, R>) -> Step<S, R> {
+pub(crate) fn write_failure<S, R>(
+    failure: StoreFailure,
+    unchanged: impl FnOnce() -> Step<S, R>,
+) -> Step<S, R> {
     match failure {
         StoreFailure::Unchanged | StoreFailure::CapacityExhausted => unchanged(),
         StoreFailure::Uncertain => Step::Halt(HaltReason::StoreUncertain),
@@ -305,7 +326,10 @@ pub(crate) fn write_failure<S, R>(failure: StoreFailure, unchanged: impl FnOnce(
 
 /// Maps a storage failure on a read: unsafe storage halts (fail closed); a transient failure
 /// ends the operation with no change.
-pub(crate) fn read_failure<S, R>(failure: StoreFailure, transient: impl FnOnce() -> Step<S, R>) -> Step<S, R> {
+pub(crate) fn read_failure<S, R>(
+    failure: StoreFailure,
+    transient: impl FnOnce() -> Step<S, R>,
+) -> Step<S, R> {
     match failure {
         StoreFailure::Unsafe => Step::Halt(HaltReason::UnsafeStorage),
         StoreFailure::Unchanged
@@ -458,7 +482,11 @@ impl Worker {
             }
             match self.queue.pop_front() {
                 Some(work) => self.start(work),
-                None => return Output::Idle { wake_at: self.wake_at() },
+                None => {
+                    return Output::Idle {
+                        wake_at: self.wake_at(),
+                    };
+                }
             }
         }
     }
@@ -473,14 +501,34 @@ impl Worker {
 
     fn on_outcome(&mut self, id: OpId, outcome: Outcome) -> Result<(), InputError> {
         if self.outstanding != Some(id) {
-            return Err(InputError::UnexpectedOutcome { id, outstanding: self.outstanding });
+            return Err(InputError::UnexpectedOutcome {
+                id,
+                outstanding: self.outstanding,
+            });
         }
         let Some(running) = self.running.take() else {
-            return Err(InputError::UnexpectedOutcome { id, outstanding: None });
+            return Err(InputError::UnexpectedOutcome {
+                id,
+                outstanding: None,
+            });
         };
         self.outstanding = None;
+        match &outcome {
+            Outcome::Persisted => {
+                if let Some(record) = self.pending_write.take() {
+                    self.observe(&record);
+                }
+            }
+            Outcome::RecordRead(Some(record)) => self.observe(record),
+            _ => {}
+        }
+        self.pending_write = None;
         let step = {
-            let ctx = Ctx { config: &self.config, session: self.session.as_ref(), now: self.now };
+            let ctx = Ctx {
+                config: &self.config,
+                session: self.session.as_ref(),
+                now: self.now,
+            };
             running.resume(&ctx, outcome)
         };
         self.apply(step);
@@ -489,8 +537,18 @@ impl Worker {
 
     fn start(&mut self, work: Work) {
         let step = {
-            let ctx = Ctx { config: &self.config, session: self.session.as_ref(), now: self.now };
-            crate::ops::Running::begin(&ctx, work, &self.known)
+            let ctx = Ctx {
+                config: &self.config,
+                session: self.session.as_ref(),
+                now: self.now,
+            };
+            crate::ops::Running::begin(
+                &ctx,
+                work,
+                &self.known,
+                self.may_launch(),
+                self.available_slots(),
+            )
         };
         self.apply(step);
     }
@@ -498,6 +556,9 @@ impl Worker {
     fn apply(&mut self, step: Step<crate::ops::Running, crate::ops::Finished>) {
         match step {
             Step::Wait(running, action) => {
+                if let Action::PersistRecord { record, .. } = &action {
+                    self.pending_write = Some((**record).clone());
+                }
                 self.running = Some(running);
                 self.staged = Some(action);
             }
@@ -523,7 +584,8 @@ impl Worker {
     /// Records the state of a record the Worker read or wrote, and latches fail-closed on
     /// recovery evidence.
     pub(crate) fn observe(&mut self, record: &InboxRecord) {
-        self.known.insert(record.offer.offer_id.clone(), record.state);
+        self.known
+            .insert(record.offer.offer_id.clone(), record.state);
         if let Some(reason) = record.recovery() {
             self.latch_fail_closed(record.offer.offer_id.clone(), reason);
         }
@@ -540,7 +602,8 @@ impl Worker {
             self.drain_started_at = Some(self.now);
             if self.phase == Phase::Active {
                 self.phase = Phase::Draining;
-                self.queue.push_back(Work::Transition(SessionStatus::Draining));
+                self.queue
+                    .push_back(Work::Transition(SessionStatus::Draining));
             }
         }
     }
