@@ -382,6 +382,11 @@ impl HttpsClient {
             .header("accept", "application/json")
             .header("authorization", authorization)
             .header("content-type", ARTIFACT_CONTENT_TYPE)
+            // An explicit content-length makes ureq 3.5 send the reader body length-delimited:
+            // `add_headers` (run.rs) skips its own body mode when the request already has one,
+            // and ureq-proto (client/amended.rs) picks a sized writer for a user-provided
+            // content-length, refusing more bytes than declared. The server-side test checks
+            // there is no transfer-encoding on the wire.
             .header("content-length", total.to_string())
             .send(ureq::SendBody::from_reader(&mut framed));
         // A failure of the content reader is reported as such, whatever ureq made of it.

@@ -11,7 +11,6 @@ use std::fmt;
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use base64::Engine as _;
 use rustls::pki_types::pem::{PemObject, SectionKind};
@@ -267,7 +266,7 @@ impl TlsMaterial {
     /// Builds the same rustls client configuration ureq will build (TLS 1.3-only provider,
     /// these roots, this client certificate), so that anything rustls refuses becomes an
     /// error here instead of a panic inside ureq.
-    fn validate_with_rustls(&self) -> Result<Arc<ClientConfig>, MaterialError> {
+    fn validate_with_rustls(&self) -> Result<(), MaterialError> {
         let roots = self.root_store()?;
         let builder = ClientConfig::builder_with_provider(tls13_provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
@@ -278,12 +277,12 @@ impl TlsMaterial {
         // rustls takes the key by value and does not wipe it when it drops its copy; this
         // copy is the price of pre-validation and is released straight after the call.
         let key = self.rustls_key();
-        let config = builder
+        builder
             .with_client_auth_cert(self.chain.clone(), key)
             .map_err(|e| MaterialError::ClientCertificateRejected {
                 reason: e.to_string(),
             })?;
-        Ok(Arc::new(config))
+        Ok(())
     }
 
     fn rustls_key(&self) -> PrivateKeyDer<'static> {
