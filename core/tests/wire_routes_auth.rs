@@ -59,7 +59,7 @@ fn wire_route_rejects_queries_and_confused_paths() {
         format!("{base}/offers/"),
         format!("{base}/unknown"),
         format!("{base}/Offers"),
-        format!("{base}"),
+        base.to_string(),
         "/api/v3/worker-ingress/workers/-edge/sessions/018f0000-0000-7000-8000-000000000001/offers".into(),
         "/api/v3/worker-ingress/workers/edge-1/sessions/018f0000-0000-4000-8000-000000000001/offers".into(),
         "/api/v3/worker-ingress/workers/edge-1/session/018f0000-0000-7000-8000-000000000001/offers".into(),
