@@ -480,6 +480,8 @@ macro_rules! counter {
             pub const MAX: u64 = $max;
             /// The validation rule.
             pub const RULE: &'static str = $rule;
+            /// The smallest value, as a typed constant.
+            pub const FIRST: Self = Self($min);
 
             /// Validates and wraps `value`.
             ///

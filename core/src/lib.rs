@@ -8,10 +8,18 @@
 
 extern crate alloc;
 
+pub mod claim;
+pub mod envelope;
 pub mod error;
 pub mod ids;
 pub mod js;
+pub mod listing;
 pub mod offer;
+pub mod receipt;
+pub mod record;
 pub mod revision;
+#[doc(hidden)]
+pub mod testkit;
 pub mod time;
+pub mod truncation;
 pub mod wire;

@@ -1,0 +1,320 @@
+//! The on-disk codec: a postcard body inside a versioned, checksummed envelope (SPEC §3).
+//!
+//! ```text
+//! offset size field
+//!      0    4 magic "QLWE"
+//!      4    1 kind (1 inbox record, 2 pending claim, 3 completion receipt, 4 truncation fact)
+//!      5    1 format version (1)
+//!      6    2 reserved, zero
+//!      8    4 body length, big-endian
+//!     12   32 SHA-256 of the body
+//!     44    n postcard body
+//! ```
+//!
+//! Decoding is strict: exact length, known kind and version, zero reserved bytes, checksum,
+//! no trailing bytes after the postcard value, the kind's size bound (≤ 160 KiB), and the value's
+//! own validation. Any byte string yields a value or a typed error, never a panic.
+
+use alloc::vec::Vec;
+use core::fmt;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use zeroize::Zeroizing;
+
+use crate::claim::{ClaimError, PendingClaim};
+use crate::ids::Sha256Digest;
+use crate::receipt::{Receipt, ReceiptShapeError};
+use crate::record::{InboxRecord, RecordError};
+use crate::truncation::{FactError, TruncationFact};
+
+/// Envelope magic.
+pub const MAGIC: [u8; 4] = *b"QLWE";
+/// The only format version this build reads and writes.
+pub const FORMAT_VERSION: u8 = 1;
+/// Header size.
+pub const HEADER_BYTES: usize = 44;
+/// Largest envelope of any kind (`MAX_WORKER_REMOTE_OFFER_RECORD_BYTES`).
+pub const MAX_ENVELOPE_BYTES: usize = 160 * 1024;
+
+/// What an envelope holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    /// An [`InboxRecord`].
+    InboxRecord,
+    /// A [`PendingClaim`].
+    PendingClaim,
+    /// A completion [`Receipt`].
+    CompletionReceipt,
+    /// A log [`TruncationFact`].
+    TruncationFact,
+}
+
+impl Kind {
+    /// The header byte.
+    #[must_use]
+    pub const fn byte(self) -> u8 {
+        match self {
+            Self::InboxRecord => 1,
+            Self::PendingClaim => 2,
+            Self::CompletionReceipt => 3,
+            Self::TruncationFact => 4,
+        }
+    }
+
+    /// Name for messages.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::InboxRecord => "inbox record",
+            Self::PendingClaim => "pending claim",
+            Self::CompletionReceipt => "completion receipt",
+            Self::TruncationFact => "truncation fact",
+        }
+    }
+}
+
+/// A value that is stored in an envelope.
+pub trait Durable: Serialize + DeserializeOwned {
+    /// Its kind byte.
+    const KIND: Kind;
+    /// Its size bound, envelope included.
+    const MAX_BYTES: usize;
+    /// Its own validation, run before encoding and after decoding.
+    ///
+    /// # Errors
+    /// The content rule broken.
+    fn check(&self) -> Result<(), ContentError>;
+}
+
+/// A decoded value that breaks its own rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContentError {
+    /// Inbox record.
+    Record(RecordError),
+    /// Pending claim.
+    Claim(ClaimError),
+    /// Completion receipt.
+    Receipt(ReceiptShapeError),
+    /// Truncation fact.
+    Fact(FactError),
+}
+
+impl fmt::Display for ContentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Record(e) => e.fmt(f),
+            Self::Claim(e) => e.fmt(f),
+            Self::Receipt(e) => e.fmt(f),
+            Self::Fact(e) => e.fmt(f),
+        }
+    }
+}
+
+/// Why bytes are not a valid envelope of the expected kind. Blame: the disk (corruption,
+/// tampering, truncation) — or, for [`EnvelopeError::Unencodable`], the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EnvelopeError {
+    /// Larger than the kind's bound.
+    TooLarge {
+        /// Bytes given.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// Shorter than the header.
+    TooShort {
+        /// Bytes given.
+        len: usize,
+    },
+    /// Not our magic.
+    BadMagic,
+    /// Another kind of envelope.
+    WrongKind {
+        /// Kind wanted.
+        expected: Kind,
+        /// Kind byte found.
+        found: u8,
+    },
+    /// A format version this build does not know.
+    UnknownVersion {
+        /// Version byte found.
+        found: u8,
+    },
+    /// Reserved header bytes are not zero.
+    ReservedNotZero,
+    /// The declared body length differs from the bytes present.
+    LengthMismatch {
+        /// Declared length.
+        declared: u32,
+        /// Bytes present after the header.
+        actual: usize,
+    },
+    /// The body does not match its SHA-256.
+    ChecksumMismatch,
+    /// The body is not a postcard value of the kind's type.
+    BodyMalformed,
+    /// Bytes follow the postcard value inside the body.
+    TrailingBytes {
+        /// How many.
+        count: usize,
+    },
+    /// The value decoded but breaks its own rules.
+    Invalid(ContentError),
+    /// The value cannot be encoded (it is invalid or too large); nothing was produced.
+    Unencodable,
+}
+
+impl fmt::Display for EnvelopeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::TooLarge { len, max } => write!(f, "envelope is {len} bytes, above {max}"),
+            Self::TooShort { len } => write!(f, "envelope is {len} bytes, below the header size"),
+            Self::BadMagic => f.write_str("not a ql-worker envelope (bad magic)"),
+            Self::WrongKind { expected, found } => {
+                write!(f, "envelope kind {found} is not a {}", expected.as_str())
+            }
+            Self::UnknownVersion { found } => write!(f, "unknown envelope format version {found}"),
+            Self::ReservedNotZero => f.write_str("envelope reserved bytes are not zero"),
+            Self::LengthMismatch { declared, actual } => {
+                write!(
+                    f,
+                    "envelope declares {declared} body bytes but holds {actual}"
+                )
+            }
+            Self::ChecksumMismatch => f.write_str("envelope body fails its SHA-256 checksum"),
+            Self::BodyMalformed => f.write_str("envelope body is not a valid postcard value"),
+            Self::TrailingBytes { count } => {
+                write!(f, "envelope body has {count} trailing bytes")
+            }
+            Self::Invalid(e) => write!(f, "envelope content is invalid: {e}"),
+            Self::Unencodable => f.write_str("value cannot be encoded"),
+        }
+    }
+}
+
+impl core::error::Error for EnvelopeError {}
+
+/// Encodes `value` into a fresh envelope. The value is validated first: an invalid value is
+/// never written. The buffer is reserved up front (no reallocation leaves stray copies) and is
+/// wiped on drop, since receipts carry the completion capability.
+///
+/// # Errors
+/// [`EnvelopeError::Invalid`] for an invalid value, [`EnvelopeError::TooLarge`] above the bound.
+pub fn encode<T: Durable>(value: &T) -> Result<Zeroizing<Vec<u8>>, EnvelopeError> {
+    value.check().map_err(EnvelopeError::Invalid)?;
+    let mut out = Zeroizing::new(Vec::with_capacity(T::MAX_BYTES));
+    out.resize(HEADER_BYTES, 0);
+    let buffer = core::mem::take(&mut *out);
+    let mut buffer = postcard::to_extend(value, buffer).map_err(|_| EnvelopeError::Unencodable)?;
+    if buffer.len() > T::MAX_BYTES {
+        let len = buffer.len();
+        zeroize::Zeroize::zeroize(&mut buffer);
+        return Err(EnvelopeError::TooLarge {
+            len,
+            max: T::MAX_BYTES,
+        });
+    }
+    let body_len =
+        u32::try_from(buffer.len() - HEADER_BYTES).map_err(|_| EnvelopeError::Unencodable)?;
+    let digest = Sha256Digest::of(&buffer[HEADER_BYTES..]);
+    buffer[0..4].copy_from_slice(&MAGIC);
+    buffer[4] = T::KIND.byte();
+    buffer[5] = FORMAT_VERSION;
+    buffer[6..8].copy_from_slice(&[0, 0]);
+    buffer[8..12].copy_from_slice(&body_len.to_be_bytes());
+    buffer[12..44].copy_from_slice(digest.as_bytes());
+    *out = buffer;
+    Ok(out)
+}
+
+/// Decodes an envelope of `T`'s kind, strictly (see the module docs).
+///
+/// # Errors
+/// The first [`EnvelopeError`] found.
+pub fn decode<T: Durable>(bytes: &[u8]) -> Result<T, EnvelopeError> {
+    let body = open::<T>(bytes)?;
+    let (value, rest) =
+        postcard::take_from_bytes::<T>(body).map_err(|_| EnvelopeError::BodyMalformed)?;
+    if !rest.is_empty() {
+        return Err(EnvelopeError::TrailingBytes { count: rest.len() });
+    }
+    value.check().map_err(EnvelopeError::Invalid)?;
+    Ok(value)
+}
+
+/// Checks the envelope framing and checksum and returns the body, without decoding it.
+///
+/// # Errors
+/// Any framing [`EnvelopeError`].
+pub fn open<T: Durable>(bytes: &[u8]) -> Result<&[u8], EnvelopeError> {
+    if bytes.len() > T::MAX_BYTES {
+        return Err(EnvelopeError::TooLarge {
+            len: bytes.len(),
+            max: T::MAX_BYTES,
+        });
+    }
+    let Some((header, body)) = bytes.split_at_checked(HEADER_BYTES) else {
+        return Err(EnvelopeError::TooShort { len: bytes.len() });
+    };
+    if header[0..4] != MAGIC {
+        return Err(EnvelopeError::BadMagic);
+    }
+    if header[4] != T::KIND.byte() {
+        return Err(EnvelopeError::WrongKind {
+            expected: T::KIND,
+            found: header[4],
+        });
+    }
+    if header[5] != FORMAT_VERSION {
+        return Err(EnvelopeError::UnknownVersion { found: header[5] });
+    }
+    if header[6..8] != [0, 0] {
+        return Err(EnvelopeError::ReservedNotZero);
+    }
+    let declared = u32::from_be_bytes([header[8], header[9], header[10], header[11]]);
+    if usize::try_from(declared).ok() != Some(body.len()) {
+        return Err(EnvelopeError::LengthMismatch {
+            declared,
+            actual: body.len(),
+        });
+    }
+    use subtle::ConstantTimeEq as _;
+    let digest = Sha256Digest::of(body);
+    if !bool::from(digest.as_bytes().ct_eq(&header[12..44])) {
+        return Err(EnvelopeError::ChecksumMismatch);
+    }
+    Ok(body)
+}
+
+impl Durable for InboxRecord {
+    const KIND: Kind = Kind::InboxRecord;
+    const MAX_BYTES: usize = MAX_ENVELOPE_BYTES;
+    fn check(&self) -> Result<(), ContentError> {
+        self.validate().map_err(ContentError::Record)
+    }
+}
+
+impl Durable for PendingClaim {
+    const KIND: Kind = Kind::PendingClaim;
+    const MAX_BYTES: usize = MAX_ENVELOPE_BYTES;
+    fn check(&self) -> Result<(), ContentError> {
+        self.validate().map_err(ContentError::Claim)
+    }
+}
+
+impl Durable for Receipt {
+    const KIND: Kind = Kind::CompletionReceipt;
+    const MAX_BYTES: usize = crate::receipt::MAX_RECEIPT_BYTES;
+    fn check(&self) -> Result<(), ContentError> {
+        self.validate().map_err(ContentError::Receipt)
+    }
+}
+
+impl Durable for TruncationFact {
+    const KIND: Kind = Kind::TruncationFact;
+    const MAX_BYTES: usize = crate::truncation::MAX_FACT_BYTES;
+    fn check(&self) -> Result<(), ContentError> {
+        self.validate().map_err(ContentError::Fact)
+    }
+}

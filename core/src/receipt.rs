@@ -1,0 +1,139 @@
+//! The completion receipt (reference §5.5; ADR-0116 §3): written by the supervisor when the
+//! user process exits, read and authenticated by the completion coordinator. It is the only file
+//! that ever holds the completion capability (as canonical base64url), and only until the
+//! completion is durably acknowledged.
+
+use alloc::string::String;
+use core::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use zeroize::Zeroize;
+
+use crate::ids::{AttemptId, CallbackSequence, RunId};
+use crate::time::UnixMillis;
+
+/// Largest receipt envelope (`MAX_COMPLETION_RECEIPT_BYTES`).
+pub const MAX_RECEIPT_BYTES: usize = 4 * 1024;
+/// Schema version of the receipt body.
+pub const RECEIPT_SCHEMA_VERSION: u8 = 1;
+
+/// The base64url text of the completion capability as written in a receipt,
+/// `[A-Za-z0-9_-]{32,128}`. Zeroized on drop, redacted in `Debug` and human-readable output.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ReceiptToken(String);
+
+impl ReceiptToken {
+    /// Validates the token text (its canonical decoding is checked at authentication).
+    ///
+    /// # Errors
+    /// [`ReceiptShapeError::Token`]; the value is wiped, never echoed.
+    pub fn new(value: impl Into<String>) -> Result<Self, ReceiptShapeError> {
+        let mut value = value.into();
+        if (32..=128).contains(&value.len())
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            Ok(Self(value))
+        } else {
+            value.zeroize();
+            Err(ReceiptShapeError::Token)
+        }
+    }
+
+    /// The token text, for authentication only.
+    #[must_use]
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Drop for ReceiptToken {
+    fn drop(&mut self) {
+        self.0.zeroize();
+    }
+}
+
+impl fmt::Debug for ReceiptToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ReceiptToken([redacted])")
+    }
+}
+
+impl Serialize for ReceiptToken {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            serializer.serialize_str("[redacted]")
+        } else {
+            serializer.serialize_str(&self.0)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ReceiptToken {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = String::deserialize(deserializer)?;
+        Self::new(value).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The receipt: the reference's eight fields.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Receipt {
+    /// Always [`RECEIPT_SCHEMA_VERSION`].
+    pub schema_version: u8,
+    /// Run.
+    pub run_id: RunId,
+    /// Attempt (also the file name).
+    pub attempt_id: AttemptId,
+    /// Callback sequence from the `launching` record.
+    pub callback_sequence: CallbackSequence,
+    /// base64url of the 32-byte completion capability.
+    pub token: ReceiptToken,
+    /// `executorStartedAtMs` of the record.
+    pub started_at_ms: UnixMillis,
+    /// When the user process ended, `>= started_at_ms`.
+    pub finished_at_ms: UnixMillis,
+    /// Exit code, or 128 + signal number.
+    pub exit_code: u8,
+}
+
+/// A receipt that breaks its own shape rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReceiptShapeError {
+    /// `schemaVersion` is not 1.
+    SchemaVersion,
+    /// The token is not `[A-Za-z0-9_-]{32,128}`.
+    Token,
+    /// `finishedAtMs < startedAtMs`.
+    FinishedBeforeStarted,
+}
+
+impl fmt::Display for ReceiptShapeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::SchemaVersion => "receipt schemaVersion must be 1",
+            Self::Token => "receipt token must match [A-Za-z0-9_-]{32,128}",
+            Self::FinishedBeforeStarted => "receipt finishedAtMs must be >= startedAtMs",
+        })
+    }
+}
+
+impl core::error::Error for ReceiptShapeError {}
+
+impl Receipt {
+    /// Shape rules (authentication against the record is separate).
+    ///
+    /// # Errors
+    /// The first [`ReceiptShapeError`].
+    pub fn validate(&self) -> Result<(), ReceiptShapeError> {
+        if self.schema_version != RECEIPT_SCHEMA_VERSION {
+            return Err(ReceiptShapeError::SchemaVersion);
+        }
+        if self.finished_at_ms < self.started_at_ms {
+            return Err(ReceiptShapeError::FinishedBeforeStarted);
+        }
+        Ok(())
+    }
+}
