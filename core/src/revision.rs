@@ -571,7 +571,7 @@ fn sort_locale<T>(
 }
 
 fn capability_list(
-    list: &mut Vec<String>,
+    list: &mut [String],
     name: &'static str,
     max: usize,
 ) -> Result<(), RevisionError> {

@@ -46,7 +46,7 @@ pub fn offer_id(n: u32) -> OfferId {
 #[must_use]
 pub fn revision() -> ExecutionRevision {
     let source_digest = "a".repeat(64);
-    let mut revision = ExecutionRevision {
+    let revision = ExecutionRevision {
         project_id: ProjectId::new("project-1").expect("sample project"),
         task_id: TaskId::new("task-1").expect("sample task"),
         task_revision: TaskRevision::new(format!("qltd:v1:1:{source_digest}"))
@@ -68,11 +68,8 @@ pub fn revision() -> ExecutionRevision {
         created_at_ms: ms(1),
         content_digest: Sha256Digest::from_bytes([0; 32]),
     };
-    revision.content_digest = revision.compute_digest();
-    revision
-        .validate()
-        .expect("the sample revision is normalized and sealed");
-    revision
+    // INVARIANT: the sample revision satisfies every normalization rule.
+    revision.seal().expect("sample revision")
 }
 
 /// A valid sample offer for Run `run-<n>` / Attempt `attempt-<n>`, lease version 0, expiring at

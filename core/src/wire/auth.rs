@@ -125,7 +125,7 @@ impl WorkerCredential {
         out.push_str(PREFIX);
         out.push_str(&self.credential_id);
         out.push('_');
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode_string(&*self.secret, &mut out);
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode_string(*self.secret, &mut out);
         out
     }
 

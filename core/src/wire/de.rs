@@ -64,3 +64,51 @@ impl<'de> Deserialize<'de> for Pairs {
         deserializer.deserialize_map(PairsVisitor)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize, Debug)]
+    #[serde(deny_unknown_fields)]
+    struct Plain {
+        #[allow(dead_code)]
+        a: Option<u64>,
+    }
+
+    #[derive(serde::Deserialize, Debug)]
+    #[serde(deny_unknown_fields)]
+    struct Strict {
+        #[serde(deserialize_with = "nullable")]
+        a: Option<u64>,
+        #[serde(default, deserialize_with = "present")]
+        b: Option<u64>,
+    }
+
+    #[test]
+    fn plain_option_accepts_absence_which_is_why_nullable_exists() {
+        assert!(serde_json::from_str::<Plain>("{}").is_ok());
+        assert!(
+            serde_json::from_str::<Strict>("{}").is_err(),
+            "nullable key missing"
+        );
+        let s: Strict = serde_json::from_str(r#"{"a":null}"#).unwrap();
+        assert_eq!((s.a, s.b), (None, None));
+        assert!(
+            serde_json::from_str::<Strict>(r#"{"a":1,"b":null}"#).is_err(),
+            "present"
+        );
+        let s: Strict = serde_json::from_str(r#"{"a":1,"b":2}"#).unwrap();
+        assert_eq!((s.a, s.b), (Some(1), Some(2)));
+    }
+
+    #[test]
+    fn derived_struct_visitor_rejects_duplicate_fields() {
+        let err = serde_json::from_str::<Strict>(r#"{"a":1,"a":2}"#).unwrap_err();
+        assert!(alloc::string::ToString::to_string(&err).contains("duplicate field"));
+        let err = serde_json::from_str::<Pairs>(r#"{"k":"1","k":"2"}"#).unwrap_err();
+        assert!(alloc::string::ToString::to_string(&err).contains("duplicate object key"));
+        let pairs: Pairs = serde_json::from_str(r#"{"b":"1","a":"2"}"#).unwrap();
+        assert_eq!(pairs.0[0].0, "b", "input order kept");
+    }
+}

@@ -49,7 +49,8 @@ macro_rules! codes {
 codes! {
     AdmissionCapacityExhausted = "admission_capacity_exhausted" => 503, "Server overload.";
     AdmissionDraining = "admission_draining" => 503, "Server draining.";
-    ContentLengthMismatch = "content_length_mismatch" => 400, "Body length differs from content-length.";
+    ContentLengthMismatch = "content_length_mismatch" => 400,
+        "Body length differs from content-length.";
     InternalError = "internal_error" => 500, "Server bug.";
     InvalidContentLength = "invalid_content_length" => 400, "Malformed content-length.";
     InvalidJson = "invalid_json" => 400, "Body is not JSON.";
@@ -61,23 +62,32 @@ codes! {
     ResponseTooLarge = "response_too_large" => 500, "Server response above its cap.";
     UnsupportedContentEncoding = "unsupported_content_encoding" => 415, "Compressed body.";
     UnsupportedContentType = "unsupported_content_type" => 415, "Wrong media type.";
-    WorkerActivationFenced = "worker_activation_fenced" => 409, "Starting/running/start-failure fence.";
-    WorkerActivationUnavailable = "worker_activation_unavailable" => 503, "Activation service not wired.";
+    WorkerActivationFenced = "worker_activation_fenced" => 409,
+        "Starting/running/start-failure fence.";
+    WorkerActivationUnavailable = "worker_activation_unavailable" => 503,
+        "Activation service not wired.";
     WorkerArtifactUnavailable = "worker_artifact_unavailable" => 503, "Artifact service not wired.";
     WorkerAttestationFenced = "worker_attestation_fenced" => 409, "Attestation fence.";
     WorkerAuditUnavailable = "worker_audit_unavailable" => 503, "Audit write failed.";
-    WorkerAuthenticationRequired = "worker_authentication_required" => 401, "No or invalid credential, or worker mismatch.";
-    WorkerAuthenticationUnavailable = "worker_authentication_unavailable" => 503, "Authenticator failed.";
+    WorkerAuthenticationRequired = "worker_authentication_required" => 401,
+        "No or invalid credential, or worker mismatch.";
+    WorkerAuthenticationUnavailable = "worker_authentication_unavailable" => 503,
+        "Authenticator failed.";
     WorkerCompletionFenced = "worker_completion_fenced" => 409, "Completion fence.";
-    WorkerCompletionUnavailable = "worker_completion_unavailable" => 503, "Completion service not wired.";
-    WorkerIngressUnavailable = "worker_ingress_unavailable" => 503, "Storage unavailable or malformed projection.";
+    WorkerCompletionUnavailable = "worker_completion_unavailable" => 503,
+        "Completion service not wired.";
+    WorkerIngressUnavailable = "worker_ingress_unavailable" => 503,
+        "Storage unavailable or malformed projection.";
     WorkerLeaseControlFenced = "worker_lease_control_fenced" => 409, "Lease-control fence.";
-    WorkerLeaseControlUnavailable = "worker_lease_control_unavailable" => 503, "Lease-control service not wired.";
+    WorkerLeaseControlUnavailable = "worker_lease_control_unavailable" => 503,
+        "Lease-control service not wired.";
     WorkerOfferFenced = "worker_offer_fenced" => 409, "Offer replay fence.";
     WorkerOfferUnavailable = "worker_offer_unavailable" => 503, "Offer service not wired.";
-    WorkerRouteNotFound = "worker_route_not_found" => 404, "Not POST, query present, or path mismatch.";
+    WorkerRouteNotFound = "worker_route_not_found" => 404,
+        "Not POST, query present, or path mismatch.";
     WorkerSecretDeliveryFenced = "worker_secret_delivery_fenced" => 409, "Secret delivery fence.";
-    WorkerSecretDeliveryUnavailable = "worker_secret_delivery_unavailable" => 503, "Secret service not wired.";
+    WorkerSecretDeliveryUnavailable = "worker_secret_delivery_unavailable" => 503,
+        "Secret service not wired.";
     WorkerSessionFenced = "worker_session_fenced" => 409, "Session conflict or fence.";
 }
 

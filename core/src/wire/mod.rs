@@ -49,8 +49,8 @@ pub const MAX_RESPONSE_CAP: usize = 256 * 1024;
 pub const MIN_RESPONSE_BYTES: usize = 2;
 
 /// A JSON text the serde layer refused (syntax, type, unknown/missing/duplicate key), with the
-/// position. `detail` is serde's message cut before the first quoted string literal, so a value
-/// is never echoed; key names may appear.
+/// position. `detail` is serde's message cut before the first quoted string literal (and reduced
+/// to "unknown variant" for enum values), so a value is never echoed; key names may appear.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JsonError {
     /// 1-based line.
@@ -89,6 +89,10 @@ impl JsonError {
         let mut detail: &str = full.split(" at line ").next().unwrap_or("");
         if let Some(quote) = detail.find('"') {
             detail = &detail[..quote];
+        }
+        // "unknown variant `<value>`, expected …" quotes the value itself.
+        if detail.starts_with("unknown variant") {
+            detail = "unknown variant";
         }
         let mut end = detail.len().min(160);
         while !detail.is_char_boundary(end) {

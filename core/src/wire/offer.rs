@@ -210,7 +210,7 @@ pub enum OfferResponse {
 #[serde(tag = "status", rename_all = "snake_case")]
 enum ResponseWire {
     Idle(IdleWire),
-    Offered(OfferedWire),
+    Offered(Box<OfferedWire>),
 }
 
 #[derive(Deserialize)]

@@ -60,10 +60,10 @@ impl SecretsRequest {
         let revision = &offer.execution_revision;
         let mut secret_refs: Vec<SecretRef> = Vec::new();
         for binding in &revision.environment {
-            if let EnvValue::Secret(reference) = &binding.value {
-                if !secret_refs.contains(reference) {
-                    secret_refs.push(reference.clone());
-                }
+            if let EnvValue::Secret(reference) = &binding.value
+                && !secret_refs.contains(reference)
+            {
+                secret_refs.push(reference.clone());
             }
         }
         let environment_bundle_refs: Vec<SecretRef> =
