@@ -20,7 +20,9 @@ use alloc::string::String;
 
 use crate::ids::OfferId;
 use crate::io::{Action, HttpCall, Outcome, ReceiptRead};
-use crate::ops::{CallFault, http_fault, next_record, persist, response, unexpected};
+use crate::ops::{
+    CallFault, Fingerprint, http_fault, next_record, persist, response, unexpected,
+};
 use crate::receipt::{AuthenticatedReceipt, ReceiptError, authenticate};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::Fence;
@@ -78,6 +80,7 @@ pub enum CompletionOutcome {
     StorageUnchanged,
 }
 
+#[derive(Clone)]
 enum CState {
     Reading,
     Cleaning(bool),
@@ -89,6 +92,7 @@ enum CState {
 }
 
 /// One completion pass for one offer.
+#[derive(Clone)]
 pub(crate) struct CompletionOp {
     offer_id: OfferId,
     state: CState,
@@ -135,6 +139,42 @@ impl CompletionOp {
 
     fn wait(self, state: CState, action: Action) -> CStep {
         Step::Wait(Self { state, ..self }, action)
+    }
+
+    /// A canonical rendering of this pass's state (model checking).
+    pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
+        fp.tag("completion");
+        fp.debug(&self.offer_id);
+        match &self.state {
+            CState::Reading => fp.tag("reading"),
+            CState::Cleaning(fresh) => {
+                fp.tag("cleaning");
+                fp.debug(fresh);
+            }
+            CState::ReadingReceipt(record) => {
+                fp.tag("reading-receipt");
+                fp.record(record);
+            }
+            CState::Inspecting(record, receipt) => {
+                fp.tag("inspecting");
+                fp.record(record);
+                fp.debug(receipt);
+            }
+            CState::Uploading(record, receipt, upload) => {
+                fp.tag("uploading");
+                fp.record(record);
+                fp.debug(&(receipt, upload));
+            }
+            CState::Completing(record, request) => {
+                fp.tag("completing");
+                fp.record(record);
+                fp.debug(request);
+            }
+            CState::Acknowledging(record) => {
+                fp.tag("acknowledging");
+                fp.record(record);
+            }
+        }
     }
 
     pub(crate) fn resume(mut self, ctx: &Ctx<'_>, outcome: Outcome) -> CStep {

@@ -22,7 +22,7 @@ use alloc::string::String;
 use crate::completion::{CompletionOp, CompletionOutcome};
 use crate::ids::OfferId;
 use crate::io::{Action, HttpCall, Outcome, StopOutcome};
-use crate::ops::{CallFault, next_record, persist, response, unexpected};
+use crate::ops::{CallFault, Fingerprint, next_record, persist, response, unexpected};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::lease_control::{
     LeaseControlRequest, LeaseControlResponse, MAX_RESPONSE_BYTES, RenewedLease,
@@ -99,6 +99,7 @@ enum StopCause {
     Requested,
 }
 
+#[derive(Clone)]
 enum LState {
     Completing(CompletionOp),
     Reading(CompletionOutcome),
@@ -109,6 +110,7 @@ enum LState {
 }
 
 /// One supervision pass.
+#[derive(Clone)]
 pub(crate) struct ControlOp {
     offer_id: OfferId,
     state: LState,
@@ -150,6 +152,38 @@ impl ControlOp {
 
     fn wait(self, state: LState, action: Action) -> LStep {
         Step::Wait(Self { state, ..self }, action)
+    }
+
+    /// A canonical rendering of this pass's state (model checking).
+    pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
+        fp.tag("supervise");
+        fp.debug(&self.offer_id);
+        match &self.state {
+            LState::Completing(op) => op.fingerprint(fp),
+            LState::Reading(completion) => {
+                fp.tag("reading");
+                fp.debug(completion);
+            }
+            LState::Controlling(record, request) => {
+                fp.tag("controlling");
+                fp.record(record);
+                fp.debug(request);
+            }
+            LState::PersistingLease(record, stop) => {
+                fp.tag("persisting-lease");
+                fp.record(record);
+                fp.debug(stop);
+            }
+            LState::Stopping(record, cause) => {
+                fp.tag("stopping");
+                fp.record(record);
+                fp.debug(cause);
+            }
+            LState::Recording(reason, stopped) => {
+                fp.tag("recording");
+                fp.debug(&(reason, stopped));
+            }
+        }
     }
 
     pub(crate) fn resume(mut self, ctx: &Ctx<'_>, outcome: Outcome) -> LStep {

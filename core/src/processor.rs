@@ -32,7 +32,7 @@ use crate::capability::Capability;
 use crate::ids::{CallbackSequence, ExecutorHandle, OfferId};
 use crate::io::{Action, HttpCall, LaunchPlan, Outcome, SpawnOutcome, StoreFailure};
 use crate::offer::DeliveryKind;
-use crate::ops::{CallFault, next_record, persist, response, unexpected};
+use crate::ops::{CallFault, Fingerprint, next_record, persist, response, unexpected};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::revision::EnvValue;
 use crate::time::UnixMillis;
@@ -105,6 +105,7 @@ impl ProcessResult {
 }
 
 /// The launch authority learned from the starting ACK.
+#[derive(Clone)]
 struct Authority {
     record: Box<InboxRecord>,
     sequence: CallbackSequence,
@@ -117,7 +118,19 @@ struct Launch {
     capability: Capability,
 }
 
+/// Only for [`crate::worker::Worker::fork`]: the model checker branches a Worker between two
+/// commands, which duplicates the in-memory capability of a launch in flight (never persisted).
+impl Clone for Launch {
+    fn clone(&self) -> Self {
+        Self {
+            authority: self.authority.clone(),
+            capability: Capability::from_bytes(*self.capability.expose()),
+        }
+    }
+}
+
 /// The Processor's states; each names the outcome it waits for.
+#[derive(Clone)]
 enum PState {
     Reading,
     AckingStarting(Box<InboxRecord>, ActivationRequest),
@@ -145,6 +158,7 @@ enum PState {
 }
 
 /// One offer being processed.
+#[derive(Clone)]
 pub(crate) struct ProcessOp {
     offer_id: OfferId,
     may_launch: bool,
@@ -160,6 +174,94 @@ impl core::fmt::Debug for ProcessOp {
 }
 
 type PStep = Step<ProcessOp, ProcessResult>;
+
+impl Authority {
+    fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
+        fp.record(&self.record);
+        fp.debug(&(self.sequence, self.deadline));
+    }
+}
+
+impl Launch {
+    fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
+        self.authority.fingerprint(fp);
+        fp.bytes(self.capability.digest().expose().as_bytes());
+    }
+}
+
+fn env_fingerprint(env: &[(String, Zeroizing<String>)], fp: &mut Fingerprint<'_>) {
+    for (name, value) in env {
+        fp.tag(name);
+        fp.bytes(value.as_bytes());
+    }
+}
+
+impl PState {
+    fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
+        match self {
+            Self::Reading => fp.tag("reading"),
+            Self::AckingStarting(record, request) | Self::ReplayingStarting(record, request) => {
+                let replay = matches!(self, Self::ReplayingStarting(..));
+                fp.tag(if replay { "replaying" } else { "acking-starting" });
+                fp.record(record);
+                fp.debug(request);
+            }
+            Self::PersistingStartingAck(record, known) => {
+                fp.tag("persisting-starting-ack");
+                fp.record(record);
+                fp.debug(known);
+            }
+            Self::DrawingCapability(authority) => {
+                fp.tag("drawing-capability");
+                authority.fingerprint(fp);
+            }
+            Self::FetchingSecrets(launch, request) => {
+                fp.tag("fetching-secrets");
+                launch.fingerprint(fp);
+                fp.debug(request);
+            }
+            Self::AllocatingLog(launch, env) => {
+                fp.tag("allocating-log");
+                launch.fingerprint(fp);
+                env_fingerprint(env, fp);
+            }
+            Self::PersistingLaunching(launch, env, record) => {
+                fp.tag("persisting-launching");
+                launch.fingerprint(fp);
+                env_fingerprint(env, fp);
+                fp.record(record);
+            }
+            Self::Spawning(record) => {
+                fp.tag("spawning");
+                fp.record(record);
+            }
+            Self::PersistingStarted(launching, started) => {
+                fp.tag("persisting-started");
+                fp.record(launching);
+                fp.record(started);
+            }
+            Self::PersistingStartFailed(record) => {
+                fp.tag("persisting-start-failed");
+                fp.record(record);
+            }
+            Self::AckingRunning(record, request) | Self::FailingStart(record, request) => {
+                let failing = matches!(self, Self::FailingStart(..));
+                fp.tag(if failing { "failing-start" } else { "acking-running" });
+                fp.record(record);
+                fp.debug(request);
+            }
+            Self::PersistingRunningAck(already) => {
+                fp.tag("persisting-running-ack");
+                fp.debug(already);
+            }
+            Self::PersistingStartFailureAck => fp.tag("persisting-start-failure-ack"),
+            Self::PersistingRecovery(reason, must_land) => {
+                fp.tag("persisting-recovery");
+                fp.debug(&(reason, must_land));
+            }
+        }
+    }
+}
 
 impl ProcessOp {
     pub(crate) fn begin(offer_id: OfferId, may_launch: bool) -> PStep {
@@ -178,6 +280,13 @@ impl ProcessOp {
 
     pub(crate) fn offer_id(&self) -> &OfferId {
         &self.offer_id
+    }
+
+    /// A canonical rendering of this operation's state (model checking).
+    pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
+        fp.tag("process");
+        fp.debug(&(&self.offer_id, self.may_launch));
+        self.state.fingerprint(fp);
     }
 
     fn wait(self, state: PState, action: Action) -> PStep {

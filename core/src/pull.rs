@@ -28,7 +28,7 @@ use crate::claim::{MAX_CLAIM_ATTEMPTS, PendingClaim};
 use crate::ids::{LeaseToken, OfferId, Revision};
 use crate::io::{Action, HttpCall, Outcome, StoreFailure};
 use crate::offer::Offer;
-use crate::ops::{CallFault, next_record, persist, response, unexpected};
+use crate::ops::{CallFault, Fingerprint, next_record, persist, response, unexpected};
 use crate::record::InboxRecord;
 use crate::time::UnixMillis;
 use crate::wire::offer::{MAX_RESPONSE_BYTES, OfferRequest, OfferResponse, admit_offer};
@@ -84,7 +84,7 @@ pub enum PullResult {
 }
 
 /// A Pull in flight.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum PullOp {
     ReadingClaim,
     ClearingForeign,
@@ -110,6 +110,39 @@ pub(crate) enum PullOp {
 }
 
 impl PullOp {
+    /// A canonical rendering of this Pull's state (model checking): claims and offers by their
+    /// exact encoding (their `Debug` redacts the lease token).
+    pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
+        fp.tag("pull");
+        match self {
+            Self::ReadingClaim
+            | Self::ClearingForeign
+            | Self::DrawingIdentity
+            | Self::ClearingIdle
+            | Self::ClearingExhausted => fp.debug(self),
+            Self::PersistingAttempt(claim) | Self::Requesting(claim) => {
+                fp.debug(&matches!(self, Self::Requesting(_)));
+                fp.durable(&**claim);
+            }
+            Self::ReadingRecord(claim, offer) => {
+                fp.tag("reading-record");
+                fp.durable(&**claim);
+                fp.durable(&**offer);
+            }
+            Self::StoringOffer { claim, replayed } => {
+                fp.tag("storing-offer");
+                fp.durable(&**claim);
+                fp.debug(replayed);
+            }
+            Self::ClearingClaim { .. } | Self::PersistingBackoff { .. } => fp.debug(self),
+            Self::DrawingJitter(claim, fault) => {
+                fp.tag("drawing-jitter");
+                fp.durable(&**claim);
+                fp.debug(fault);
+            }
+        }
+    }
+
     pub(crate) fn begin(ctx: &Ctx<'_>) -> Step<Self, PullResult> {
         match ctx.session {
             Some(s) if s.usable(ctx.now) => Step::Wait(Self::ReadingClaim, Action::ReadClaim),

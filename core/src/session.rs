@@ -20,7 +20,7 @@ use crate::wire::session::{
 use crate::worker::{Ctx, SessionView, Step};
 
 /// A Session exchange in flight.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum SessionOp {
     Registering,
     Heartbeating(HeartbeatRequest),

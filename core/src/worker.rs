@@ -434,6 +434,63 @@ impl Worker {
         &self.known
     }
 
+    /// A copy of this Worker, for the model checker, which branches one Worker into every
+    /// possible outcome of its outstanding command. Not part of the API: a fork duplicates the
+    /// in-memory completion capability of a launch in flight.
+    ///
+    /// # Panics
+    /// When an action is staged, i.e. between `handle` and `poll_output` (fork after polling).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn fork(&self) -> Self {
+        assert!(self.staged.is_none(), "fork a Worker only after polling");
+        Self {
+            config: self.config.clone(),
+            now: self.now,
+            next_op: self.next_op,
+            phase: self.phase,
+            session: self.session.clone(),
+            known: self.known.clone(),
+            fail_closed: self.fail_closed.clone(),
+            drain_started_at: self.drain_started_at,
+            queue: self.queue.clone(),
+            staged: None,
+            outstanding: self.outstanding,
+            next_tick_at: self.next_tick_at,
+            heartbeat_due_at: self.heartbeat_due_at,
+            pull_retry_at: self.pull_retry_at,
+            supervision_cursor: self.supervision_cursor.clone(),
+            reconcile_cursor: self.reconcile_cursor.clone(),
+            transition_offline_queued: self.transition_offline_queued,
+            pending_write: self.pending_write.clone(),
+            finished: self.finished.clone(),
+            running: self.running.clone(),
+        }
+    }
+
+    /// Writes a canonical rendering of the whole in-memory state into `hasher`, for the model
+    /// checker's deduplication of states. The command counter and the outstanding command's id
+    /// are left out: two Workers that differ only in how many commands they issued behave alike.
+    /// Not part of the API.
+    #[doc(hidden)]
+    pub fn fingerprint(&self, hasher: &mut dyn core::hash::Hasher) {
+        let mut fp = crate::ops::Fingerprint(hasher);
+        fp.debug(&(self.now, self.phase, &self.session, &self.known));
+        fp.debug(&(&self.fail_closed, self.drain_started_at, &self.queue));
+        fp.debug(&(self.staged.is_some(), self.outstanding.is_some()));
+        fp.debug(&(self.next_tick_at, self.heartbeat_due_at, self.pull_retry_at));
+        fp.debug(&(&self.supervision_cursor, &self.reconcile_cursor));
+        fp.debug(&(self.transition_offline_queued, &self.finished));
+        match &self.pending_write {
+            Some(record) => fp.record(record),
+            None => fp.tag("no-pending-write"),
+        }
+        match &self.running {
+            Some(running) => running.fingerprint(&mut fp),
+            None => fp.tag("idle"),
+        }
+    }
+
     /// Feeds one input. `now` is the driver's single clock reading; an older reading than the
     /// last one is clamped (time never goes back inside the core).
     ///
