@@ -1,7 +1,21 @@
-//! Deterministic sample values for tests, fuzzing and the simulation. Not part of the API.
+//! Deterministic sample values and the simulated host for tests, fuzzing, the model checker and
+//! the whole-Worker simulation. Not part of the API.
 //!
-//! Everything here is pure data derived from a small integer, so tests in every crate build the
-//! same offers and records.
+//! * Sample values (this module): pure data derived from a small integer, so tests in every
+//!   crate build the same offers and records.
+//! * [`act`]: a clonable, canonical description of one driver command ([`act::Act`]).
+//! * [`world`]: the simulated host — disk (inbox with the journal's CAS and transition checks,
+//!   pending claim, receipts, log spool), supervisor (process table), control plane and
+//!   entropy — which answers every command as the chosen [`world::Answer`] says, and checks the
+//!   safety invariants on every command ([`world::Violation`]).
+//! * [`sim`]: a Worker wired to a world: the driver loop, crashes and restarts, forks and
+//!   fingerprints.
+//! * [`explore`]: the exhaustive, bounded explorer of the model checks.
+
+pub mod act;
+pub mod explore;
+pub mod sim;
+pub mod world;
 
 use alloc::format;
 use alloc::string::String;
@@ -12,8 +26,12 @@ use crate::ids::{
     Sha256Digest, TaskId, TaskRevision, WorkerGeneration, WorkerId,
 };
 use crate::offer::{Candidate, DeliveryKind, ExecutorType, Lease, LeaseStatus, Offer, OfferWorker};
-use crate::revision::{EnvBinding, EnvName, EnvValue, ExecCommand, ExecutionRevision};
+use crate::revision::{
+    Architecture, EnvBinding, EnvName, EnvValue, ExecCommand, ExecutionRevision, SecretRef,
+};
 use crate::time::UnixMillis;
+use crate::wire::session::Capabilities;
+use crate::worker::WorkerConfig;
 
 fn ms(value: u64) -> UnixMillis {
     // INVARIANT: every sample time is far below 2^53.
@@ -72,17 +90,64 @@ pub fn revision() -> ExecutionRevision {
     revision.seal().expect("sample revision")
 }
 
+/// The sample revision with one more binding, `SECRET_VALUE`, resolved through the Secrets
+/// endpoint (`qlsecret:v1:` reference to secret `db-password` of `project-1`).
+#[must_use]
+pub fn secret_revision() -> ExecutionRevision {
+    let mut revision = revision();
+    let reference = SecretRef::create("project-1", "db-password", None).expect("sample ref");
+    revision.environment.push(EnvBinding {
+        name: EnvName::new("SECRET_VALUE").expect("sample env name"),
+        value: EnvValue::Secret(SecretRef::parse(&reference).expect("sample ref")),
+    });
+    // INVARIANT: adding a well-formed binding keeps the revision normalized.
+    revision.seal().expect("sample secret revision")
+}
+
+/// The sample revision without `timeoutMs` (the starting ACK then carries no deadline).
+#[must_use]
+pub fn untimed_revision() -> ExecutionRevision {
+    let mut revision = revision();
+    revision.timeout_ms = None;
+    // INVARIANT: dropping the timeout keeps the revision normalized.
+    revision.seal().expect("sample untimed revision")
+}
+
+/// The sample edge configuration of the Worker Session of [`worker`].
+#[must_use]
+pub fn config() -> WorkerConfig {
+    let worker = worker();
+    WorkerConfig::edge(
+        worker.worker_id,
+        worker.session_id,
+        Capabilities::for_architecture(Architecture::Amd64),
+    )
+}
+
 /// A valid sample offer for Run `run-<n>` / Attempt `attempt-<n>`, lease version 0, expiring at
 /// 30 020 ms.
 #[must_use]
 pub fn offer(n: u32) -> Offer {
-    let token = lease_token(n);
+    offer_for(n, offer_id(n), lease_token(n), revision(), ms(20), 30_000)
+}
+
+/// An offer for Run `run-<n>` / Attempt `attempt-<n>` under `offer_id` and `lease_token` (the
+/// pending claim's), pinned to `revision`, leased at `acquired` for `lease_ms` (version 0): what
+/// the control plane of the simulation delivers for a claim.
+#[must_use]
+pub fn offer_for(
+    n: u32,
+    offer_id: OfferId,
+    token: LeaseToken,
+    revision: ExecutionRevision,
+    acquired: UnixMillis,
+    lease_ms: u64,
+) -> Offer {
     let worker = worker();
-    let revision = revision();
     let run_id = RunId::new(format!("run-{n}")).expect("sample run");
     let attempt_id = AttemptId::new(format!("attempt-{n}")).expect("sample attempt");
     Offer {
-        offer_id: offer_id(n),
+        offer_id,
         delivery_kind: DeliveryKind::NewClaim,
         execution_digest: revision.content_digest,
         candidate: Candidate {
@@ -107,10 +172,10 @@ pub fn offer(n: u32) -> Offer {
             worker_session_id: worker.session_id.clone(),
             worker_generation: worker.generation,
             lease_token_digest: token.digest(),
-            acquired_at_ms: ms(20),
-            renewed_at_ms: ms(20),
-            expires_at_ms: ms(30_020),
-            updated_at_ms: ms(20),
+            acquired_at_ms: acquired,
+            renewed_at_ms: acquired,
+            expires_at_ms: acquired.saturating_add(lease_ms),
+            updated_at_ms: acquired,
         },
         worker,
         lease_token: token,

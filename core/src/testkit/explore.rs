@@ -1,0 +1,475 @@
+//! The exhaustive, bounded explorer behind the model checks (`core/tests/model_check_*.rs`).
+//!
+//! A state is a whole [`Sim`]: the world (disk, processes, control plane, entropy counter),
+//! the Worker's memory, its outstanding command, the clock, and the budget left. From each
+//! state the explorer takes **every** move the [`Model`] allows:
+//!
+//! * with a command outstanding: every [`Answer`] the world offers for it under the model's
+//!   [`Menu`] — including a crash before and after it, i.e. a crash at every command boundary
+//!   (the Worker is dropped and rebuilt from the durable world);
+//! * when the Worker is idle: a tick at its wake-up time, a jump past the earliest lease
+//!   expiry, a drain request;
+//! * when it halted: a restart;
+//! * at any time: every world event (a running process exits, with a genuine, forged,
+//!   malformed or missing receipt).
+//!
+//! Every move is checked by the world's invariants ([`crate::testkit::world::check`]); a move
+//! that breaks one is reported with its trace and not explored further. States are
+//! deduplicated by a 128-bit fingerprint of their canonical rendering
+//! ([`Sim::fingerprint`]). The search is depth-first over an explicit stack, which keeps memory
+//! at (depth × branching) states; with budgets in the fingerprint it visits exactly the states a
+//! breadth-first search would.
+
+use alloc::collections::BTreeMap;
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::hash::Hasher;
+
+use crate::testkit::sim::{Sim, Status};
+use crate::testkit::world::{Answer, Cost, Event, Menu, Violation, World, hash_debug};
+use crate::time::UnixMillis;
+use crate::worker::Phase;
+
+/// How far the explorer may go along one path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Bounds {
+    /// Faults and alternative answers per path.
+    pub faults: u8,
+    /// Worker crashes per path.
+    pub crashes: u8,
+    /// Entropy variations per path.
+    pub entropy: u8,
+    /// Ticks per path.
+    pub ticks: u8,
+    /// Jumps past a lease expiry per path.
+    pub jumps: u8,
+    /// Drain requests per path.
+    pub drains: u8,
+    /// Stop after this many distinct states (the report then says it is truncated).
+    pub max_states: usize,
+}
+
+impl Bounds {
+    /// A human-readable statement of the bounds, for the printed line and the docs.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        format!(
+            "faults<={} crashes<={} entropy-variations<={} ticks<={} lease-jumps<={} drains<={}",
+            self.faults, self.crashes, self.entropy, self.ticks, self.jumps, self.drains
+        )
+    }
+}
+
+/// A model: where to start, which nondeterminism to explore, and how far.
+#[derive(Debug)]
+pub struct Model {
+    /// Name, for the printed line.
+    pub name: &'static str,
+    /// The world's alternatives.
+    pub menu: Menu,
+    /// The bounds.
+    pub bounds: Bounds,
+    /// Initial states.
+    pub roots: Vec<Sim>,
+}
+
+/// One move of the explorer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Move {
+    /// Answer the outstanding command.
+    Answer(Answer),
+    /// A world event.
+    Event(Event),
+    /// Tick at this time.
+    Tick(UnixMillis),
+    /// Jump the clock past a lease expiry, then tick.
+    Jump(UnixMillis),
+    /// Request a drain.
+    Drain,
+    /// Restart a halted Worker.
+    Restart,
+}
+
+/// A broken invariant, with the moves that led to it.
+#[derive(Clone, Debug)]
+pub struct Found {
+    /// The invariant (or `panic`).
+    pub invariant: &'static str,
+    /// What happened.
+    pub detail: String,
+    /// The moves from the initial state, the last one breaking the invariant.
+    pub trace: Vec<String>,
+}
+
+/// What an exploration found.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// Distinct states visited.
+    pub states: usize,
+    /// Moves taken (edges explored, including those into known states).
+    pub transitions: usize,
+    /// Moves that broke an invariant (or panicked).
+    pub violations: usize,
+    /// The first violation of each invariant, with its trace.
+    pub found: Vec<Found>,
+    /// Whether `max_states` cut the exploration short.
+    pub truncated: bool,
+    /// Longest path (in moves) to a visited state.
+    pub deepest: usize,
+    /// Visited states per Worker-visible record state reached, for the docs.
+    pub coverage: BTreeMap<String, usize>,
+}
+
+/// Runs one move so that a panic in it becomes a violation (tests implement it with
+/// `std::panic::catch_unwind`).
+pub trait Guard {
+    /// Runs `f`; `Err(message)` when it panicked.
+    ///
+    /// # Errors
+    /// The panic message.
+    fn run(&self, f: &mut dyn FnMut()) -> Result<(), String>;
+}
+
+/// A guard that lets panics through.
+#[derive(Clone, Copy, Debug)]
+pub struct Unguarded;
+
+impl Guard for Unguarded {
+    fn run(&self, f: &mut dyn FnMut()) -> Result<(), String> {
+        f();
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Budget {
+    faults: u8,
+    crashes: u8,
+    entropy: u8,
+    ticks: u8,
+    jumps: u8,
+    drains: u8,
+}
+
+impl Budget {
+    fn new(b: &Bounds) -> Self {
+        Self {
+            faults: b.faults,
+            crashes: b.crashes,
+            entropy: b.entropy,
+            ticks: b.ticks,
+            jumps: b.jumps,
+            drains: b.drains,
+        }
+    }
+
+    fn afford(&self, cost: Cost) -> Option<Self> {
+        let mut next = *self;
+        let left = match cost {
+            Cost::Free => return Some(next),
+            Cost::Fault => &mut next.faults,
+            Cost::Crash => &mut next.crashes,
+            Cost::Entropy => &mut next.entropy,
+        };
+        *left = left.checked_sub(1)?;
+        Some(next)
+    }
+}
+
+struct Node {
+    sim: Sim,
+    budget: Budget,
+    depth: usize,
+}
+
+/// A 128-bit streaming hash (two independent multiply-fold lanes over 8-byte words) for state
+/// fingerprints. Bytes are buffered into words, so many tiny writes cost little.
+#[derive(Debug)]
+struct Fp128 {
+    a: u64,
+    b: u64,
+    word: u64,
+    fill: u32,
+    total: u64,
+}
+
+const P: [u64; 4] = [
+    0xa076_1d64_78bd_642f,
+    0xe703_7ed1_a0b4_28db,
+    0x8ebc_6af0_9c88_c6e3,
+    0x5899_65cc_7537_4cc3,
+];
+
+fn fold(x: u64, y: u64) -> u64 {
+    let r = u128::from(x) * u128::from(y);
+    (r as u64) ^ ((r >> 64) as u64)
+}
+
+impl Fp128 {
+    fn new() -> Self {
+        Self {
+            a: P[2],
+            b: P[3],
+            word: 0,
+            fill: 0,
+            total: 0,
+        }
+    }
+
+    fn mix(&mut self, word: u64) {
+        self.a = fold(self.a ^ word ^ P[0], P[1] ^ word.rotate_left(23));
+        self.b = fold(self.b ^ word.rotate_left(41) ^ P[2], P[3] ^ word);
+    }
+
+    fn push(&mut self, byte: u8) {
+        self.word |= u64::from(byte) << (8 * self.fill);
+        self.fill += 1;
+        if self.fill == 8 {
+            self.mix(self.word);
+            self.word = 0;
+            self.fill = 0;
+        }
+    }
+
+    fn value(mut self) -> u128 {
+        let tail = self.word ^ (self.total << 8) ^ u64::from(self.fill);
+        self.mix(tail);
+        let a = fold(self.a ^ P[1], self.b ^ P[0]);
+        let b = fold(self.b ^ P[3], self.a ^ P[2]);
+        (u128::from(a) << 64) | u128::from(b)
+    }
+}
+
+impl Hasher for Fp128 {
+    fn write(&mut self, bytes: &[u8]) {
+        self.total = self.total.wrapping_add(bytes.len() as u64);
+        let mut rest = bytes;
+        while self.fill != 0 && !rest.is_empty() {
+            self.push(rest[0]);
+            rest = &rest[1..];
+        }
+        let mut chunks = rest.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            self.mix(u64::from_le_bytes(word));
+        }
+        for byte in chunks.remainder() {
+            self.push(*byte);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.a ^ self.b.rotate_left(32)
+    }
+}
+
+fn fingerprint(node: &Node) -> u128 {
+    let mut h = Fp128::new();
+    node.sim.fingerprint(&mut h);
+    hash_debug(&mut h, &node.budget);
+    h.value()
+}
+
+/// The earliest lease expiry among unsettled records that lies after `after`.
+fn jump_target(world: &World, after: UnixMillis) -> Option<UnixMillis> {
+    world
+        .disk
+        .records
+        .values()
+        .map(|(r, _)| r)
+        .filter(|r| !r.state.is_terminal())
+        .map(|r| r.offer.lease.expires_at_ms)
+        .filter(|t| *t > after)
+        .min()
+}
+
+fn moves(node: &Node, menu: &Menu) -> Vec<(Move, Budget)> {
+    let mut out = Vec::new();
+    let sim = &node.sim;
+    let b = node.budget;
+    match &sim.status {
+        Status::Busy => {
+            if let Some((_, act)) = &sim.pending {
+                for answer in sim.world.options(act, menu) {
+                    if let Some(next) = b.afford(answer.cost()) {
+                        out.push((Move::Answer(answer), next));
+                    }
+                }
+            }
+        }
+        Status::Idle(wake) => {
+            let at = wake.unwrap_or(sim.now).max(sim.now);
+            if b.ticks > 0 {
+                let next = Budget {
+                    ticks: b.ticks - 1,
+                    ..b
+                };
+                out.push((Move::Tick(at), next));
+                if b.jumps > 0
+                    && let Some(target) = jump_target(&sim.world, at)
+                {
+                    out.push((
+                        Move::Jump(target),
+                        Budget {
+                            jumps: b.jumps - 1,
+                            ..next
+                        },
+                    ));
+                }
+            }
+            if b.drains > 0 && sim.worker.phase() != Phase::Finished {
+                let next = Budget {
+                    drains: b.drains - 1,
+                    ..b
+                };
+                out.push((Move::Drain, next));
+            }
+        }
+        Status::Halted(_) => out.push((Move::Restart, b)),
+        Status::Stopped(_) => return out,
+    }
+    for event in sim.world.events(menu) {
+        if let Some(next) = b.afford(World::event_cost(&event)) {
+            out.push((Move::Event(event), next));
+        }
+    }
+    out
+}
+
+fn apply(sim: &mut Sim, mv: Move) {
+    match mv {
+        Move::Answer(answer) => sim.answer(answer),
+        Move::Event(event) => sim.event(event),
+        Move::Tick(at) | Move::Jump(at) => {
+            sim.advance_to(at);
+            sim.tick();
+        }
+        Move::Drain => sim.request_drain(),
+        Move::Restart => sim.crash(),
+    }
+}
+
+fn describe(sim: &Sim, mv: Move) -> String {
+    match (mv, &sim.pending) {
+        (Move::Answer(answer), Some((_, act))) => {
+            format!("{} -> {answer:?}", sim.world.summary(act))
+        }
+        (Move::Tick(at), _) => format!("tick at {at}"),
+        (Move::Jump(at), _) => format!("jump to {at} and tick"),
+        (other, _) => format!("{other:?}"),
+    }
+}
+
+struct Search<'a> {
+    model: &'a Model,
+    guard: &'a dyn Guard,
+    visited: BTreeMap<u128, u32>,
+    arena: Vec<(u32, String)>,
+    stack: Vec<(Node, u32)>,
+    report: Report,
+}
+
+impl Search<'_> {
+    fn trace(&self, mut id: u32, last: String) -> Vec<String> {
+        let mut out = alloc::vec![last];
+        while let Some((parent, step)) = self.arena.get(id as usize) {
+            out.push(step.clone());
+            id = *parent;
+        }
+        out.reverse();
+        out
+    }
+
+    fn admit(&mut self, node: Node, fp: u128, parent: u32, step: String) {
+        let id = u32::try_from(self.arena.len()).unwrap_or(u32::MAX);
+        self.visited.insert(fp, id);
+        self.arena.push((parent, step));
+        self.report.deepest = self.report.deepest.max(node.depth);
+        for (record, _) in node.sim.world.disk.records.values() {
+            let key = match record.recovery_reason {
+                Some(reason) => format!("{}({reason})", record.state),
+                None => format!("{}", record.state),
+            };
+            *self.report.coverage.entry(key).or_default() += 1;
+        }
+        self.stack.push((node, id));
+    }
+
+    fn record(&mut self, violations: Vec<Violation>, parent: u32, step: String) {
+        self.report.violations += 1;
+        for v in violations {
+            if self.report.found.iter().all(|f| f.invariant != v.invariant) {
+                let trace = self.trace(parent, step.clone());
+                self.report.found.push(Found {
+                    invariant: v.invariant,
+                    detail: v.detail,
+                    trace,
+                });
+            }
+        }
+    }
+
+    fn expand(&mut self, node: &Node, id: u32) {
+        for (mv, budget) in moves(node, &self.model.menu) {
+            self.report.transitions += 1;
+            let mut sim = node.sim.fork();
+            let outcome = self.guard.run(&mut || apply(&mut sim, mv));
+            let mut violations = core::mem::take(&mut sim.world.violations);
+            if let Err(message) = outcome {
+                violations.push(Violation {
+                    invariant: "panic",
+                    detail: message,
+                });
+            }
+            if !violations.is_empty() {
+                let step = describe(&node.sim, mv);
+                self.record(violations, id, step);
+                continue;
+            }
+            let child = Node {
+                sim,
+                budget,
+                depth: node.depth + 1,
+            };
+            let fp = fingerprint(&child);
+            if !self.visited.contains_key(&fp) {
+                self.admit(child, fp, id, describe(&node.sim, mv));
+            }
+        }
+    }
+}
+
+/// Explores `model` exhaustively within its bounds.
+#[must_use]
+pub fn explore(model: &Model, guard: &dyn Guard) -> Report {
+    let mut search = Search {
+        model,
+        guard,
+        visited: BTreeMap::new(),
+        arena: Vec::new(),
+        stack: Vec::new(),
+        report: Report::default(),
+    };
+    for root in &model.roots {
+        let node = Node {
+            sim: root.fork(),
+            budget: Budget::new(&model.bounds),
+            depth: 0,
+        };
+        let fp = fingerprint(&node);
+        if !search.visited.contains_key(&fp) {
+            search.admit(node, fp, u32::MAX, String::from("start"));
+        }
+    }
+    while let Some((node, id)) = search.stack.pop() {
+        if search.visited.len() >= model.bounds.max_states {
+            search.report.truncated = true;
+            break;
+        }
+        search.expand(&node, id);
+    }
+    search.report.states = search.visited.len();
+    search.report
+}

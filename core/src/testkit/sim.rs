@@ -1,0 +1,299 @@
+//! A Worker wired to a simulated [`World`]: the driver loop of `worker.rs`, with crashes,
+//! restarts, forks and fingerprints.
+//!
+//! The driver alternates exactly as the real one: after every input it polls until the Worker
+//! has a command outstanding ([`Status::Busy`], the command kept as [`Sim::pending`]), is idle,
+//! stopped or halted. [`Sim::answer`] performs the pending command in the world as an
+//! [`Answer`] says and feeds the outcome back; a crash drops the Worker (memory lost) and builds
+//! a new one from the same configuration, while the world (disk, processes, control plane)
+//! stays.
+
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::hash::Hasher;
+
+use crate::io::{Input, OpId};
+use crate::record::State;
+use crate::testkit::act::Act;
+use crate::testkit::world::{Answer, Event, World, hash_debug};
+use crate::time::UnixMillis;
+use crate::wire::route::Operation;
+use crate::worker::{HaltReason, Output, StopReason, Worker, WorkerConfig};
+
+/// What the Worker is doing, as the driver sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// A command is outstanding ([`Sim::pending`]).
+    Busy,
+    /// Idle until `wake_at`.
+    Idle(Option<UnixMillis>),
+    /// Stopped on purpose.
+    Stopped(StopReason),
+    /// Halted; only a restart helps.
+    Halted(HaltReason),
+}
+
+/// Which commands a scripted answer applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum On {
+    /// A POST to this operation.
+    Post(Operation),
+    /// A record write proposing this state.
+    Persist(State),
+    /// Any command of this kind ([`Act::kind`]).
+    Kind(&'static str),
+}
+
+impl On {
+    /// Whether `act` is such a command.
+    #[must_use]
+    pub fn matches(&self, act: &Act) -> bool {
+        match (self, act) {
+            (Self::Post(op), Act::Post { operation, .. }) => op == operation,
+            (Self::Persist(state), Act::PersistRecord { record, .. }) => record.state == *state,
+            (Self::Kind(kind), act) => act.kind() == *kind,
+            (Self::Post(_) | Self::Persist(_), _) => false,
+        }
+    }
+}
+
+/// A Worker, its world, and the driver between them.
+#[derive(Debug)]
+pub struct Sim {
+    /// The simulated host.
+    pub world: World,
+    /// The Worker (rebuilt on every crash).
+    pub worker: Worker,
+    /// The Worker's configuration (kept across crashes).
+    pub config: WorkerConfig,
+    /// The driver's clock.
+    pub now: UnixMillis,
+    /// The outstanding command.
+    pub pending: Option<(OpId, Act)>,
+    /// What the Worker is doing.
+    pub status: Status,
+    /// Crashes and restarts so far.
+    pub restarts: u32,
+    /// When recording: one line per command (its summary) and per driver event.
+    pub trail: Option<Vec<String>>,
+    /// When recording: the canonical bytes of every command.
+    pub stream: Option<Vec<Vec<u8>>>,
+    script: Vec<(On, Answer)>,
+}
+
+impl Sim {
+    /// A fresh Worker at `now` (inert until the first tick).
+    #[must_use]
+    pub fn new(config: WorkerConfig, world: World, now: UnixMillis) -> Self {
+        Self {
+            worker: Worker::new(config.clone(), now),
+            world,
+            config,
+            now,
+            pending: None,
+            status: Status::Idle(Some(now)),
+            restarts: 0,
+            trail: None,
+            stream: None,
+            script: Vec::new(),
+        }
+    }
+
+    /// Records the trail and the canonical command stream from now on.
+    #[must_use]
+    pub fn recording(mut self) -> Self {
+        self.trail = Some(Vec::new());
+        self.stream = Some(Vec::new());
+        self
+    }
+
+    /// A copy of this simulation (the Worker forked), without trail, stream or script.
+    #[must_use]
+    pub fn fork(&self) -> Self {
+        Self {
+            world: self.world.clone(),
+            worker: self.worker.fork(),
+            config: self.config.clone(),
+            now: self.now,
+            pending: self.pending.clone(),
+            status: self.status.clone(),
+            restarts: self.restarts,
+            trail: None,
+            stream: None,
+            script: Vec::new(),
+        }
+    }
+
+    /// Writes a canonical rendering of the whole simulation state: world, Worker, outstanding
+    /// command, status and clock (not the trail, the restart count or the violations).
+    pub fn fingerprint(&self, hasher: &mut dyn Hasher) {
+        self.world.fingerprint(hasher);
+        self.worker.fingerprint(hasher);
+        match &self.pending {
+            Some((_, act)) => hasher.write(&act.canonical()),
+            None => hasher.write_u8(0),
+        }
+        hash_debug(hasher, &(&self.status, self.now));
+    }
+
+    fn note(&mut self, line: String) {
+        if let Some(trail) = &mut self.trail {
+            trail.push(line);
+        }
+    }
+
+    /// Polls until the Worker has a command outstanding, is idle, stopped or halted.
+    pub fn poll(&mut self) {
+        if self.pending.is_some() {
+            return;
+        }
+        self.status = match self.worker.poll_output() {
+            Output::Command(command) => {
+                let act = Act::from_action(command.action);
+                let summary = self.trail.is_some().then(|| self.world.summary(&act));
+                if let Some(line) = summary {
+                    self.note(line);
+                }
+                if let Some(stream) = &mut self.stream {
+                    stream.push(act.canonical());
+                }
+                self.pending = Some((command.id, act));
+                Status::Busy
+            }
+            Output::Idle { wake_at } => Status::Idle(wake_at),
+            Output::Stopped(reason) => Status::Stopped(reason),
+            Output::Halted(reason) => {
+                if matches!(
+                    reason,
+                    HaltReason::StoreConflict | HaltReason::UnexpectedOutcome { .. }
+                ) {
+                    self.world
+                        .violation("worker-error", format!("the Worker halted: {reason}"));
+                }
+                self.note(format!("halted: {reason}"));
+                Status::Halted(reason)
+            }
+        };
+    }
+
+    /// Answers the outstanding command.
+    ///
+    /// # Panics
+    /// When no command is outstanding.
+    pub fn answer(&mut self, answer: Answer) {
+        // INVARIANT: callers answer only a Busy simulation.
+        let (id, act) = self.pending.take().expect("a command is outstanding");
+        match answer {
+            Answer::CrashBefore => self.crash(),
+            Answer::CrashAfter => {
+                let _ = self.world.perform(self.now, &act, Answer::Ok);
+                self.crash();
+            }
+            answer => {
+                let outcome = self.world.perform(self.now, &act, answer);
+                if let Err(e) = self.worker.handle(self.now, Input::Outcome { id, outcome }) {
+                    self.world
+                        .violation("worker-error", format!("the Worker refused an outcome: {e}"));
+                }
+                self.poll();
+            }
+        }
+    }
+
+    /// Drops the Worker (memory lost) and starts a new one at `now` from the durable world.
+    pub fn crash(&mut self) {
+        self.note(String::from("crash"));
+        self.worker = Worker::new(self.config.clone(), self.now);
+        self.pending = None;
+        self.status = Status::Idle(Some(self.now));
+        self.restarts += 1;
+    }
+
+    /// Moves the clock to `at` (never backwards).
+    pub fn advance_to(&mut self, at: UnixMillis) {
+        self.now = self.now.max(at);
+    }
+
+    /// Feeds a tick at the current time.
+    pub fn tick(&mut self) {
+        if matches!(self.status, Status::Idle(_)) {
+            self.note(format!("tick {}", self.now));
+            if self.worker.handle(self.now, Input::Tick).is_ok() {
+                self.poll();
+            }
+        }
+    }
+
+    /// Feeds a drain request.
+    pub fn request_drain(&mut self) {
+        if matches!(self.status, Status::Idle(_)) {
+            self.note(String::from("drain requested"));
+            if self.worker.handle(self.now, Input::DrainRequested).is_ok() {
+                self.poll();
+            }
+        }
+    }
+
+    /// Applies a world event (a process exit).
+    pub fn event(&mut self, event: Event) {
+        self.note(format!("{event:?}"));
+        self.world.apply_event(self.now, event);
+    }
+
+    /// Scripts the answer for the next command `on` matches (answers are used in order).
+    pub fn on(&mut self, on: On, answer: Answer) {
+        self.script.push((on, answer));
+    }
+
+    fn scripted(&mut self, act: &Act) -> Answer {
+        match self.script.iter().position(|(on, _)| on.matches(act)) {
+            Some(index) => self.script.remove(index).1,
+            None => Answer::Ok,
+        }
+    }
+
+    /// Answers commands (scripted answers first, else [`Answer::Ok`]) until the Worker is idle,
+    /// stopped or halted.
+    ///
+    /// # Panics
+    /// After 10 000 commands without settling (a livelock).
+    pub fn settle(&mut self) {
+        for _ in 0..10_000 {
+            let Some((_, act)) = &self.pending else {
+                return;
+            };
+            let act = act.clone();
+            let answer = self.scripted(&act);
+            self.answer(answer);
+        }
+        panic!("the Worker did not settle within 10 000 commands");
+    }
+
+    /// Ticks at the Worker's wake-up time (or now) and settles; `rounds` times.
+    pub fn run(&mut self, rounds: usize) {
+        for _ in 0..rounds {
+            if let Status::Idle(Some(wake)) = self.status {
+                self.advance_to(wake);
+            }
+            self.tick();
+            self.settle();
+        }
+    }
+
+    /// The trail recorded so far, without tick lines.
+    #[must_use]
+    pub fn commands(&self) -> Vec<String> {
+        self.trail
+            .iter()
+            .flatten()
+            .filter(|l| !l.starts_with("tick "))
+            .cloned()
+            .collect()
+    }
+
+    /// Drains the trail.
+    pub fn take_trail(&mut self) -> Vec<String> {
+        self.trail.as_mut().map(core::mem::take).unwrap_or_default()
+    }
+}

@@ -1,0 +1,291 @@
+//! The safety invariants, checked on every command before it takes effect.
+//!
+//! | name | invariant |
+//! |---|---|
+//! | `single-spawn` | at most one spawn per offer, across every crash and restart |
+//! | `spawn-barrier` | a spawn only while the durable record is `launching` with exactly the plan's offer, Run, Attempt, start time, log id, callback sequence and capability digest |
+//! | `fail-start-proof` | `start-failure` only when no spawn was issued for the offer, or the spawn was answered `Rejected` (and no process of the offer exists) |
+//! | `running-ack-after-started` | the running ACK only while `started` (with the same handle) is durable |
+//! | `revision-plus-one` | every record write is a first publication at revision 0 or a replace at exactly `expected + 1` that the journal's `check_transition` accepts; every claim write obeys the claim rules |
+//! | `no-raw-capability` | no persisted record or claim contains a drawn capability (raw, base64url or hex) |
+//! | `claim-before-pull` | the `offers` request only with its claim (offer id, token) durable |
+//! | `stored-before-clear` | a claim whose offer was delivered is cleared only after the offer is in the inbox |
+//! | `upload-before-completion` | completion only names an artifact whose upload the Worker heard succeed |
+//! | `genuine-receipt-only` | upload and completion only while the attempt's receipt is the supervisor's genuine one |
+//! | `completion-before-acknowledged` | `completion_acknowledged` is persisted only after the control plane applied the completion |
+//! | `receipt-removed-after-acknowledged` | a receipt is removed only while its record is durably `completion_acknowledged` |
+//! | `logs-kept` | no command deletes or shortens a log |
+//! | `stop-after-durable-lease` | a stop only when the durable lease has expired locally, the control plane said the Run is terminal, or the `stop_requested` lease version is durable |
+
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use base64::Engine as _;
+use serde_json::Value;
+
+use super::World;
+use crate::ids::{AttemptId, LogArtifactId, OfferId, Sha256Digest};
+use crate::record::State;
+use crate::testkit::act::{Act, SpawnPlan};
+use crate::time::UnixMillis;
+use crate::wire::route::Operation;
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+impl World {
+    /// Checks `act` against every invariant that concerns it, before it takes effect.
+    pub(super) fn check_act(&mut self, now: UnixMillis, act: &Act) {
+        match act {
+            Act::Spawn(plan) => self.check_spawn(plan),
+            Act::PersistRecord { record, .. } => {
+                if let Ok(bytes) = crate::envelope::encode(&**record) {
+                    self.check_capability_free(&bytes, "record");
+                }
+                let fresh = self
+                    .disk
+                    .record(&record.offer.offer_id)
+                    .is_none_or(|s| s.state != State::CompletionAcknowledged);
+                if record.state == State::CompletionAcknowledged && fresh {
+                    let applied = self
+                        .plane
+                        .runs
+                        .get(&record.offer.offer_id)
+                        .is_some_and(|r| r.completion.is_some());
+                    if !applied {
+                        self.violation(
+                            "completion-before-acknowledged",
+                            format!("{} acknowledged without an applied completion", alias(self, &record.offer.offer_id)),
+                        );
+                    }
+                }
+            }
+            Act::PersistClaim { claim, .. } => {
+                if let Ok(bytes) = crate::envelope::encode(&**claim) {
+                    self.check_capability_free(&bytes, "claim");
+                }
+            }
+            Act::ClearClaim { offer_id, .. } => {
+                let delivered = self.evidence.delivered.get(offer_id) == Some(&true);
+                if delivered && self.disk.record(offer_id).is_none() {
+                    self.violation(
+                        "stored-before-clear",
+                        format!("claim of delivered offer {offer_id} cleared before it was stored"),
+                    );
+                }
+            }
+            Act::RemoveReceipt { attempt_id } => {
+                let state = self.disk.record_of_attempt(attempt_id).map(|r| r.state);
+                if state != Some(State::CompletionAcknowledged) {
+                    self.violation(
+                        "receipt-removed-after-acknowledged",
+                        format!("receipt of {attempt_id} removed while the record is {state:?}"),
+                    );
+                }
+            }
+            Act::Post {
+                operation, body, ..
+            } => self.check_post(*operation, body),
+            Act::UploadLog { header, .. } => {
+                let v: Value = serde_json::from_slice(header).unwrap_or(Value::Null);
+                let attempt = v.get("attemptId").and_then(Value::as_str).unwrap_or("");
+                self.check_receipt_genuine(attempt, "upload");
+            }
+            Act::Stop { handle } => self.check_stop(now, handle.as_str()),
+            Act::ListInbox { .. }
+            | Act::ReadRecord { .. }
+            | Act::ReadClaim
+            | Act::ReadReceipt { .. }
+            | Act::AllocateLog { .. }
+            | Act::InspectLog { .. }
+            | Act::DrawEntropy => {}
+        }
+    }
+
+    /// Checks that no command shortened or deleted a log (`before`: lengths before it ran).
+    pub(crate) fn check_logs_kept(&mut self, before: &[(LogArtifactId, usize)]) {
+        for (id, length) in before {
+            let now = self.disk.logs.get(id).map(|l| l.content.len());
+            if now.is_none_or(|n| n < *length) {
+                self.violation("logs-kept", format!("log {id} went from {length} to {now:?}"));
+            }
+        }
+    }
+
+    /// Log lengths, for [`World::check_logs_kept`].
+    #[must_use]
+    pub fn log_lengths(&self) -> Vec<(LogArtifactId, usize)> {
+        self.disk
+            .logs
+            .iter()
+            .map(|(id, l)| (id.clone(), l.content.len()))
+            .collect()
+    }
+
+    fn check_spawn(&mut self, plan: &SpawnPlan) {
+        let name = alias(self, &plan.offer_id);
+        let earlier = self.evidence.spawns.get(&plan.offer_id).map_or(0, |s| s.0);
+        if earlier > 0 {
+            self.violation(
+                "single-spawn",
+                format!("spawn #{} of {name}", earlier + 1),
+            );
+        }
+        let matches = self.disk.record(&plan.offer_id).map(|r| {
+            (
+                r.state,
+                r.state == State::Launching
+                    && r.offer.candidate.run_id == plan.run_id
+                    && r.offer.candidate.attempt_id == plan.attempt_id
+                    && r.executor_started_at_ms == Some(plan.executor_started_at)
+                    && r.log_artifact_id.as_ref() == Some(&plan.log_artifact_id)
+                    && r.completion_receipt_callback_sequence == Some(plan.callback_sequence)
+                    && r.completion_receipt_token_digest.map(|d| *d.expose())
+                        == Some(plan.digest()),
+            )
+        });
+        match matches {
+            Some((_, true)) => {}
+            Some((state, false)) => self.violation(
+                "spawn-barrier",
+                format!("spawn of {name} while the durable record is {state} or differs"),
+            ),
+            None => self.violation("spawn-barrier", format!("spawn of {name} without a record")),
+        }
+    }
+
+    fn check_capability_free(&mut self, bytes: &[u8], what: &str) {
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let leaked = self.evidence.windows.iter().any(|w| {
+            contains(bytes, w)
+                || contains(bytes, b64.encode(w).as_bytes())
+                || contains(bytes, Sha256Digest::from_bytes(*w).to_hex().as_bytes())
+        });
+        if leaked {
+            self.violation(
+                "no-raw-capability",
+                format!("a persisted {what} contains drawn capability bytes"),
+            );
+        }
+    }
+
+    fn check_post(&mut self, operation: Operation, body: &[u8]) {
+        let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let text = |key: &str| String::from(v.get(key).and_then(Value::as_str).unwrap_or(""));
+        let Ok(offer_id) = OfferId::new(text("offerId")) else {
+            return;
+        };
+        let name = alias(self, &offer_id);
+        match operation {
+            Operation::Offers => {
+                let durable = self.disk.claim.as_ref().is_some_and(|(c, _)| {
+                    c.offer_id == offer_id && c.lease_token.expose() == text("leaseToken")
+                });
+                if !durable {
+                    self.violation(
+                        "claim-before-pull",
+                        format!("offers request for {offer_id} without its durable claim"),
+                    );
+                }
+            }
+            Operation::StartFailure => {
+                let spawned = self.evidence.spawns.get(&offer_id).copied();
+                let alive = self.supervisor.of_offer(&offer_id).next().is_some();
+                let proven = match spawned {
+                    None => !alive,
+                    Some((_, answer)) => answer == super::Answer::Rejected && !alive,
+                };
+                if !proven {
+                    self.violation(
+                        "fail-start-proof",
+                        format!("start-failure of {name} after spawn {spawned:?}"),
+                    );
+                }
+            }
+            Operation::Running => {
+                let handle = text("executorHandle");
+                let ok = self.disk.record(&offer_id).is_some_and(|r| {
+                    r.state == State::Started
+                        && r.executor_handle.as_ref().map(|h| h.as_str()) == Some(handle.as_str())
+                });
+                if !ok {
+                    let state = self.disk.record(&offer_id).map(|r| r.state);
+                    self.violation(
+                        "running-ack-after-started",
+                        format!("running ACK of {name} while the durable record is {state:?}"),
+                    );
+                }
+            }
+            Operation::Completion => self.check_completion(&offer_id, &v),
+            Operation::Artifacts
+            | Operation::Attestations
+            | Operation::Heartbeat
+            | Operation::LeaseControl
+            | Operation::Register
+            | Operation::Secrets
+            | Operation::Starting
+            | Operation::Transition => {}
+        }
+    }
+
+    fn check_completion(&mut self, offer_id: &OfferId, v: &Value) {
+        let name = alias(self, offer_id);
+        let artifact = v.get("artifact").cloned().unwrap_or(Value::Null);
+        let log = artifact.get("logArtifactId").and_then(Value::as_str).unwrap_or("");
+        let length = artifact.get("byteLength").and_then(Value::as_u64).unwrap_or(u64::MAX);
+        let sha = artifact.get("sha256").and_then(Value::as_str).unwrap_or("");
+        let uploaded = self.plane.runs.get(offer_id).is_some_and(|run| {
+            run.uploads
+                .iter()
+                .any(|(l, n, s, heard)| *heard && l.as_str() == log && *n == length && s.to_hex() == sha)
+        });
+        if !uploaded {
+            self.violation(
+                "upload-before-completion",
+                format!("completion of {name} names an artifact whose upload was not acknowledged"),
+            );
+        }
+        let attempt = v.get("attemptId").and_then(Value::as_str).unwrap_or("");
+        self.check_receipt_genuine(attempt, "completion");
+    }
+
+    fn check_receipt_genuine(&mut self, attempt: &str, what: &str) {
+        let genuine = AttemptId::new(attempt)
+            .ok()
+            .and_then(|a| self.disk.receipts.get(&a))
+            .is_some_and(|r| r.genuine && !r.malformed);
+        if !genuine {
+            self.violation(
+                "genuine-receipt-only",
+                format!("{what} for {attempt} without a genuine receipt"),
+            );
+        }
+    }
+
+    fn check_stop(&mut self, now: UnixMillis, handle: &str) {
+        let Some(offer_id) = self.supervisor.by_handle(handle).map(|p| p.offer_id.clone()) else {
+            return;
+        };
+        let record = self.disk.record(&offer_id);
+        let expired = record.is_some_and(|r| r.offer.lease.expired_at(now));
+        let durable_version = record.map_or(0, |r| r.offer.lease.version.get());
+        let run = self.plane.runs.get(&offer_id);
+        let terminal = run.is_some_and(|r| r.terminal_answered);
+        let requested = run
+            .and_then(|r| r.stop_requested_version)
+            .is_some_and(|v| durable_version >= v);
+        if !(expired || terminal || requested) {
+            let name = alias(self, &offer_id);
+            self.violation(
+                "stop-after-durable-lease",
+                format!("stop of {name} with durable lease version {durable_version}"),
+            );
+        }
+    }
+}
+
+fn alias(world: &World, offer_id: &OfferId) -> String {
+    world.alias(offer_id)
+}

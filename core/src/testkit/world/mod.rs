@@ -1,0 +1,566 @@
+//! The simulated host: everything outside the Worker, as plain data.
+//!
+//! * **Disk** ([`Disk`]): inbox records, checked exactly as the journal checks them
+//!   ([`check_transition`](crate::record::check_transition) on every replace, revision 0 on
+//!   every first publication), the pending claim (create/replace/clear rules of
+//!   [`crate::claim`]), completion receipts and the log spool (content and truncation fact).
+//!   Writes may fail cleanly ([`Answer::Unchanged`]) or uncertainly: the bytes land
+//!   ([`Answer::UncertainLanded`]) or not ([`Answer::UncertainLost`]), and either way the
+//!   Worker hears `Uncertain`.
+//! * **Supervisor** ([`Supervisor`]): the process table. A spawn re-verifies the durable barrier
+//!   like the real supervisor; a process keeps running across Worker crashes and, when it
+//!   exits (an [`Event`]), writes its receipt.
+//! * **Control plane** ([`ControlPlane`]): one consistent view per Run, whose [`Answer::Ok`]
+//!   is the answer a correct control plane gives; every other answer is a deliberate
+//!   alternative (adversarial but well-formed statuses, `409`, transport loss, a malformed
+//!   body, or a commit whose response is lost).
+//! * **Entropy**: deterministic bytes from the world seed and a draw counter; the
+//!   [`Answer::EntropyVariant`] alternative draws other bytes (maximal backoff jitter).
+//!
+//! Every command is checked against the safety invariants before it takes effect; a broken
+//! invariant is pushed to [`World::violations`] (see [`check`]).
+
+pub mod check;
+mod disk;
+mod plane;
+mod supervisor;
+
+use alloc::collections::BTreeMap;
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::hash::Hasher;
+
+use sha2::{Digest as _, Sha256};
+
+pub use self::disk::{Disk, Log, StoredReceipt};
+pub use self::plane::{ControlPlane, CpRun, CpStatus, OfferTemplate};
+pub use self::supervisor::{Process, ProcessState, ReceiptKind, Supervisor};
+use crate::capability::{ENTROPY_BYTES, Entropy};
+use crate::ids::OfferId;
+use crate::io::Outcome;
+use crate::record::State;
+use crate::testkit::act::Act;
+use crate::time::UnixMillis;
+use crate::wire::route::Operation;
+
+/// How the world answers one command. [`Answer::Ok`] is the healthy, consistent answer; every
+/// other variant is an alternative a command kind may allow (see [`World::options`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Answer {
+    /// The healthy, consistent answer.
+    Ok,
+    /// Crash the Worker before the command takes effect.
+    CrashBefore,
+    /// Perform the command (healthy answer), then crash before the outcome is delivered.
+    CrashAfter,
+    /// Storage: nothing written, `Store(Unchanged)` (also a transient read failure).
+    Unchanged,
+    /// Storage: the write lands, but the Worker hears `Store(Uncertain)`.
+    UncertainLanded,
+    /// Storage: the write is lost, and the Worker hears `Store(Uncertain)`.
+    UncertainLost,
+    /// Control plane: `applied`.
+    Applied,
+    /// Control plane: `already_starting`.
+    AlreadyStarting,
+    /// Control plane: `already_running`.
+    AlreadyRunning,
+    /// Control plane: `already_terminal` (the Run became terminal elsewhere).
+    AlreadyTerminal,
+    /// Control plane: `already_completed` / `already_stored` (an exact replay).
+    AlreadyDone,
+    /// Offers: `idle`.
+    Idle,
+    /// Offers: redeliver the claimed offer with a newer lease version.
+    NewerLease,
+    /// Lease control: `renewed`.
+    Renewed,
+    /// Lease control: `stop_requested` (reason `timeout`).
+    StopRequested,
+    /// Lease control: `terminal` (`cancelled`).
+    Terminal,
+    /// HTTP 409 with a fence code.
+    Fenced,
+    /// No usable response (transport loss before the control plane saw the request).
+    Unavailable,
+    /// A 200 whose body breaks the contract.
+    Invalid,
+    /// The control plane commits the request, then the response is lost (`Unavailable`).
+    LostAfterCommit,
+    /// Spawn: `Rejected` (proof of no spawn).
+    Rejected,
+    /// Spawn: a process exists, but the reported handle is unusable.
+    BadHandle,
+    /// Spawn: `Unknown`, and a process does exist.
+    UnknownSpawned,
+    /// Spawn: `Unknown`, and no process exists.
+    UnknownNotSpawned,
+    /// Stop: `Unknown`; the process (if any) keeps running.
+    StopUnknown,
+    /// Entropy: other bytes (the first eight all `0xff`: the longest backoff jitter).
+    EntropyVariant,
+}
+
+/// What an [`Answer`] costs against the explorer's budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cost {
+    /// The healthy answer.
+    Free,
+    /// A fault or an alternative answer.
+    Fault,
+    /// A crash of the Worker.
+    Crash,
+    /// An entropy variation.
+    Entropy,
+}
+
+impl Answer {
+    /// The budget this answer uses.
+    #[must_use]
+    pub fn cost(self) -> Cost {
+        match self {
+            Self::Ok => Cost::Free,
+            Self::CrashBefore | Self::CrashAfter => Cost::Crash,
+            Self::EntropyVariant => Cost::Entropy,
+            _ => Cost::Fault,
+        }
+    }
+}
+
+/// Which alternatives the world offers (the model's nondeterminism). Every field enables one
+/// family of [`Answer`]s or [`Event`]s; disabled families only ever get [`Answer::Ok`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Menu {
+    /// Crash before or after any command.
+    pub crashes: bool,
+    /// Record writes fail cleanly or uncertainly.
+    pub record_faults: bool,
+    /// Claim writes and clears fail cleanly or uncertainly.
+    pub claim_faults: bool,
+    /// Reads (list, record, claim, receipt) fail transiently.
+    pub read_faults: bool,
+    /// Every activation status for `starting`, `running`, `start-failure`.
+    pub ack_answers: bool,
+    /// Offers: idle, newer lease, faults.
+    pub offer_answers: bool,
+    /// Secrets faults.
+    pub secret_answers: bool,
+    /// Every executor outcome.
+    pub spawn_answers: bool,
+    /// Spool allocation and inspection faults.
+    pub log_faults: bool,
+    /// Receipts: forged, malformed or missing at exit; unreadable store; removal failure.
+    pub receipt_answers: bool,
+    /// Upload answers and faults.
+    pub upload_answers: bool,
+    /// Completion answers and faults.
+    pub completion_answers: bool,
+    /// Lease-control answers and faults.
+    pub lease_answers: bool,
+    /// Stop outcomes.
+    pub stop_answers: bool,
+    /// Session register/heartbeat/transition faults.
+    pub session_answers: bool,
+    /// Entropy variations.
+    pub entropy_variants: bool,
+    /// Processes exit on their own.
+    pub exits: bool,
+}
+
+/// A world move that is not an answer to a command: a process exits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Event {
+    /// Process `index` of the table exits with `code` and leaves a receipt of `receipt` kind.
+    Exit {
+        /// Index in [`Supervisor::processes`].
+        index: usize,
+        /// Exit code.
+        code: u8,
+        /// What the supervisor leaves as a receipt.
+        receipt: ReceiptKind,
+    },
+}
+
+/// A broken safety invariant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The invariant's name (see [`check`]).
+    pub invariant: &'static str,
+    /// What happened.
+    pub detail: String,
+}
+
+/// A deliberately broken host, for the explorer's self-test: the checker must catch what the
+/// Worker does on top of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mutation {
+    /// Acknowledges writes of records in this state without storing them.
+    DropWrites(State),
+    /// Acknowledges lease-only writes (same state, newer lease) without storing them.
+    DropLeaseWrites,
+}
+
+/// Facts the invariants need that are not part of the disk, the process table or the control
+/// plane (all deterministic data).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Evidence {
+    /// Every 32-byte window of entropy that may have become a capability (bytes 0..32 of every
+    /// draw).
+    pub windows: Vec<[u8; 32]>,
+    /// Spawn commands received per offer, with the answer given to the last one.
+    pub spawns: BTreeMap<OfferId, (u32, Answer)>,
+    /// For each claimed offer id: whether the last `offers` reply the Worker heard delivered it.
+    pub delivered: BTreeMap<OfferId, bool>,
+}
+
+/// The simulated host.
+#[derive(Clone, Debug)]
+pub struct World {
+    /// Seed of the entropy stream.
+    pub seed: u64,
+    /// Entropy draws so far.
+    pub draws: u32,
+    /// The disk.
+    pub disk: Disk,
+    /// The supervisor's process table.
+    pub supervisor: Supervisor,
+    /// The control plane.
+    pub plane: ControlPlane,
+    /// Facts for the invariants.
+    pub evidence: Evidence,
+    /// Invariants broken so far (not part of the state; drained by the driver).
+    pub violations: Vec<Violation>,
+    /// A deliberately broken host, if any.
+    pub mutation: Option<Mutation>,
+    /// Short names of offers (`o<n>`), for summaries.
+    pub aliases: BTreeMap<OfferId, String>,
+}
+
+impl World {
+    /// A world whose control plane hands out `templates` in order, one per fresh claim.
+    #[must_use]
+    pub fn new(seed: u64, templates: Vec<OfferTemplate>) -> Self {
+        Self {
+            seed,
+            draws: 0,
+            disk: Disk::default(),
+            supervisor: Supervisor::default(),
+            plane: ControlPlane::new(templates),
+            evidence: Evidence::default(),
+            violations: Vec::new(),
+            mutation: None,
+            aliases: BTreeMap::new(),
+        }
+        .with_capacity(64)
+    }
+
+    /// The world of most tests: one offer (`o1`: the sample revision, Run `run-1`).
+    #[must_use]
+    pub fn one_offer(seed: u64) -> Self {
+        Self::new(seed, alloc::vec![OfferTemplate::sample(1)])
+    }
+
+    fn with_capacity(mut self, capacity: usize) -> Self {
+        self.disk.capacity = capacity;
+        self
+    }
+
+    pub(crate) fn violation(&mut self, invariant: &'static str, detail: String) {
+        self.violations.push(Violation { invariant, detail });
+    }
+
+    /// The answers `act` allows under `menu`: [`Answer::Ok`] first.
+    #[must_use]
+    pub fn options(&self, act: &Act, menu: &Menu) -> Vec<Answer> {
+        use Answer as A;
+        let mut out = alloc::vec![A::Ok];
+        if menu.crashes {
+            out.extend([A::CrashBefore, A::CrashAfter]);
+        }
+        let store = [A::Unchanged, A::UncertainLanded, A::UncertainLost];
+        match act {
+            Act::ListInbox { .. } | Act::ReadRecord { .. } | Act::ReadClaim => {
+                if menu.read_faults {
+                    out.push(A::Unchanged);
+                }
+            }
+            Act::PersistRecord { .. } if menu.record_faults => out.extend(store),
+            Act::PersistClaim { .. } | Act::ClearClaim { .. } if menu.claim_faults => {
+                out.extend(store);
+            }
+            Act::PersistRecord { .. } | Act::PersistClaim { .. } | Act::ClearClaim { .. } => {}
+            Act::ReadReceipt { .. } | Act::RemoveReceipt { .. } if menu.receipt_answers => {
+                out.push(A::Unchanged);
+            }
+            Act::ReadReceipt { .. } | Act::RemoveReceipt { .. } => {}
+            Act::AllocateLog { .. } | Act::InspectLog { .. } if menu.log_faults => {
+                out.push(A::Unavailable);
+            }
+            Act::AllocateLog { .. } | Act::InspectLog { .. } => {}
+            Act::Post { operation, .. } => out.extend(self.post_options(*operation, menu)),
+            Act::UploadLog { .. } if menu.upload_answers => out.extend([
+                A::AlreadyDone,
+                A::Unavailable,
+                A::LostAfterCommit,
+                A::Fenced,
+                A::Invalid,
+            ]),
+            Act::UploadLog { .. } => {}
+            Act::Spawn(_) if menu.spawn_answers => out.extend([
+                A::Rejected,
+                A::BadHandle,
+                A::UnknownSpawned,
+                A::UnknownNotSpawned,
+            ]),
+            Act::Spawn(_) => {}
+            Act::Stop { .. } if menu.stop_answers => out.push(A::StopUnknown),
+            Act::Stop { .. } => {}
+            Act::DrawEntropy if menu.entropy_variants => out.push(A::EntropyVariant),
+            Act::DrawEntropy => {}
+        }
+        out
+    }
+
+    fn post_options(&self, operation: Operation, menu: &Menu) -> Vec<Answer> {
+        use Answer as A;
+        let faults = [A::Fenced, A::Unavailable, A::Invalid, A::LostAfterCommit];
+        let mut out = Vec::new();
+        match operation {
+            Operation::Starting | Operation::Running | Operation::StartFailure
+                if menu.ack_answers =>
+            {
+                out.extend([A::Applied, A::AlreadyStarting, A::AlreadyRunning]);
+                out.push(A::AlreadyTerminal);
+                out.extend(faults);
+            }
+            Operation::Offers if menu.offer_answers => {
+                out.extend([A::Idle, A::NewerLease]);
+                out.extend(faults);
+            }
+            Operation::Secrets if menu.secret_answers => {
+                out.extend([A::Fenced, A::Unavailable, A::Invalid]);
+            }
+            Operation::Completion if menu.completion_answers => {
+                out.extend([A::AlreadyTerminal]);
+                out.extend(faults);
+            }
+            Operation::LeaseControl if menu.lease_answers => {
+                out.extend([A::Renewed, A::StopRequested, A::Terminal]);
+                out.extend(faults);
+            }
+            Operation::Register | Operation::Heartbeat | Operation::Transition
+                if menu.session_answers =>
+            {
+                out.extend([A::Unavailable, A::Fenced]);
+            }
+            Operation::Artifacts
+            | Operation::Attestations
+            | Operation::Completion
+            | Operation::Heartbeat
+            | Operation::LeaseControl
+            | Operation::Offers
+            | Operation::Register
+            | Operation::Running
+            | Operation::Secrets
+            | Operation::StartFailure
+            | Operation::Starting
+            | Operation::Transition => {}
+        }
+        out
+    }
+
+    /// The events possible now under `menu`: every running process may exit.
+    #[must_use]
+    pub fn events(&self, menu: &Menu) -> Vec<Event> {
+        let mut out = Vec::new();
+        if !menu.exits {
+            return out;
+        }
+        for (index, p) in self.supervisor.processes.iter().enumerate() {
+            if p.state == ProcessState::Running {
+                out.push(Event::Exit {
+                    index,
+                    code: 0,
+                    receipt: ReceiptKind::Genuine,
+                });
+                if menu.receipt_answers {
+                    for receipt in [ReceiptKind::Forged, ReceiptKind::Malformed, ReceiptKind::Missing] {
+                        out.push(Event::Exit {
+                            index,
+                            code: 1,
+                            receipt,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The cost of an event.
+    #[must_use]
+    pub fn event_cost(event: &Event) -> Cost {
+        match event {
+            Event::Exit {
+                receipt: ReceiptKind::Genuine,
+                ..
+            } => Cost::Free,
+            Event::Exit { .. } => Cost::Fault,
+        }
+    }
+
+    /// Applies an event.
+    pub fn apply_event(&mut self, now: UnixMillis, event: Event) {
+        match event {
+            Event::Exit {
+                index,
+                code,
+                receipt,
+            } => self.exit(now, index, code, receipt),
+        }
+    }
+
+    /// Performs `act` as `answer` says and returns the outcome the Worker hears. Invariants
+    /// are checked first; violations are pushed to [`World::violations`].
+    ///
+    /// # Panics
+    /// On [`Answer::CrashBefore`] / [`Answer::CrashAfter`] (the driver handles crashes).
+    pub fn perform(&mut self, now: UnixMillis, act: &Act, answer: Answer) -> Outcome {
+        assert!(
+            !matches!(answer, Answer::CrashBefore | Answer::CrashAfter),
+            "crashes are the driver's"
+        );
+        self.check_act(now, act);
+        let before = self.log_lengths();
+        let outcome = match act {
+            Act::ListInbox { after, limit } => self.list(after.as_ref(), *limit, answer),
+            Act::ReadRecord { offer_id } => self.read_record(offer_id, answer),
+            Act::PersistRecord { expected, record } => {
+                self.persist_record(*expected, record, answer)
+            }
+            Act::ReadClaim => self.read_claim(answer),
+            Act::PersistClaim { expected, claim } => self.persist_claim(*expected, claim, answer),
+            Act::ClearClaim { offer_id, revision } => self.clear_claim(offer_id, *revision, answer),
+            Act::ReadReceipt { attempt_id } => self.read_receipt(attempt_id, answer),
+            Act::RemoveReceipt { attempt_id } => self.remove_receipt(attempt_id, answer),
+            Act::AllocateLog { log_artifact_id } => self.allocate_log(log_artifact_id, answer),
+            Act::InspectLog { log_artifact_id } => self.inspect_log(log_artifact_id, answer),
+            Act::Post {
+                operation, body, ..
+            } => self.post(now, *operation, body, answer),
+            Act::UploadLog { header, .. } => self.upload(header, answer),
+            Act::Spawn(plan) => self.spawn(plan, answer),
+            Act::Stop { handle } => self.stop(now, handle, answer),
+            Act::DrawEntropy => Outcome::EntropyDrawn(self.draw(answer)),
+        };
+        self.check_logs_kept(&before);
+        outcome
+    }
+
+    fn draw(&mut self, answer: Answer) -> Entropy {
+        let mut bytes = [0u8; ENTROPY_BYTES];
+        for (half, chunk) in bytes.chunks_mut(32).enumerate() {
+            let mut h = Sha256::new();
+            h.update(b"ql-worker-sim-entropy");
+            h.update(self.seed.to_le_bytes());
+            h.update(self.draws.to_le_bytes());
+            h.update([u8::from(answer == Answer::EntropyVariant), half as u8]);
+            chunk.copy_from_slice(&h.finalize());
+        }
+        if answer == Answer::EntropyVariant {
+            bytes[..8].fill(0xff);
+        }
+        self.draws += 1;
+        let mut window = [0u8; 32];
+        window.copy_from_slice(&bytes[..32]);
+        self.evidence.windows.push(window);
+        Entropy::new(bytes)
+    }
+
+    /// The short name of an offer (`o<n>`), or its id.
+    #[must_use]
+    pub fn alias(&self, offer_id: &OfferId) -> String {
+        self.aliases
+            .get(offer_id)
+            .cloned()
+            .unwrap_or_else(|| String::from(offer_id.as_str()))
+    }
+
+    /// A one-line summary of `act`, as the scenario tests assert it.
+    #[must_use]
+    pub fn summary(&self, act: &Act) -> String {
+        let kind = act.kind();
+        match act {
+            Act::ListInbox { after, .. } => match after {
+                Some(after) => format!("{kind} after {}", self.alias(after)),
+                None => String::from(kind),
+            },
+            Act::ReadRecord { offer_id } => format!("{kind} {}", self.alias(offer_id)),
+            Act::PersistRecord { record, .. } => format!(
+                "{kind} {} r{} {}",
+                self.alias(&record.offer.offer_id),
+                record.revision,
+                record.state
+            ),
+            Act::ReadClaim | Act::DrawEntropy => String::from(kind),
+            Act::PersistClaim { claim, .. } => format!("{kind} r{}", claim.revision),
+            Act::ClearClaim { revision, .. } => format!("{kind} r{revision}"),
+            Act::ReadReceipt { attempt_id } | Act::RemoveReceipt { attempt_id } => {
+                format!("{kind} {attempt_id}")
+            }
+            Act::AllocateLog { log_artifact_id }
+            | Act::InspectLog { log_artifact_id }
+            | Act::UploadLog {
+                log_artifact_id, ..
+            } => format!("{kind} {}", self.log_alias(log_artifact_id)),
+            Act::Post {
+                operation, body, ..
+            } => match plane::body_offer(body) {
+                Some(id) => format!("{kind} {} {}", operation.as_str(), self.alias(&id)),
+                None => format!("{kind} {}", operation.as_str()),
+            },
+            Act::Spawn(plan) => format!("{kind} {}", self.alias(&plan.offer_id)),
+            Act::Stop { handle } => match self.supervisor.by_handle(handle.as_str()) {
+                Some(p) => format!("{kind} {}", self.alias(&p.offer_id)),
+                None => format!("{kind} {handle}"),
+            },
+        }
+    }
+
+    fn log_alias(&self, log: &crate::ids::LogArtifactId) -> String {
+        for run in self.plane.runs.values() {
+            if run.log_artifact_id() == *log {
+                return self.alias(&run.offer.offer_id);
+            }
+        }
+        String::from(log.as_str())
+    }
+
+    /// Writes a canonical rendering of the world (without [`World::violations`]).
+    pub fn fingerprint(&self, hasher: &mut dyn Hasher) {
+        hasher.write_u64(self.seed);
+        hasher.write_u32(self.draws);
+        self.disk.fingerprint(hasher);
+        self.supervisor.fingerprint(hasher);
+        self.plane.fingerprint(hasher);
+        for window in &self.evidence.windows {
+            hasher.write(window);
+        }
+        hash_debug(hasher, &(&self.evidence.spawns, &self.evidence.delivered));
+        hash_debug(hasher, &self.mutation);
+    }
+}
+
+/// Writes `value`'s `Debug` rendering into `hasher`.
+pub(crate) fn hash_debug(hasher: &mut dyn Hasher, value: &dyn core::fmt::Debug) {
+    struct W<'a>(&'a mut dyn Hasher);
+    impl core::fmt::Write for W<'_> {
+        fn write_str(&mut self, s: &str) -> core::fmt::Result {
+            self.0.write(s.as_bytes());
+            Ok(())
+        }
+    }
+    let _ = core::fmt::write(&mut W(hasher), format_args!("{value:?}"));
+    hasher.write_u8(0xfe);
+}

@@ -1,0 +1,692 @@
+//! The simulated control plane: one consistent view per Run, and well-formed responses for every
+//! [`Answer`] (built with the wire module's own `to_json`, so they pass the strict parsers
+//! unless the answer is [`Answer::Invalid`]).
+
+use alloc::boxed::Box;
+use alloc::collections::{BTreeMap, VecDeque};
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::hash::Hasher;
+
+use serde_json::Value;
+
+use super::{Answer, World, hash_debug};
+use crate::ids::{
+    CallbackSequence, ExecutorHandle, LeaseToken, LeaseVersion, LogArtifactId, OfferId,
+    Sha256Digest,
+};
+use crate::io::{HttpFailure, Outcome};
+use crate::offer::Offer;
+use crate::revision::ExecutionRevision;
+use crate::testkit::{offer_for, worker};
+use crate::time::UnixMillis;
+use crate::wire::Fence;
+use crate::wire::activation::{
+    ActivationResponse, ActivationSnapshot, ActivationStatus, AttemptStatus, RunStatus,
+    SnapshotShape,
+};
+use crate::wire::artifact::{ArtifactReceipt, ArtifactUpload, UploadStatus};
+use crate::wire::completion::{CompletionResponse, CompletionStatus};
+use crate::wire::lease_control::{
+    LeaseControlRequest, LeaseControlResponse, RenewedLease, StopReason, StopRequest,
+    TerminalStatus,
+};
+use crate::wire::offer::{IdleReason, OfferResponse, OfferStats, OfferedLease, OfferedOffer};
+use crate::wire::route::Operation;
+use crate::wire::secrets::{ResolvedSecret, SecretValue, SecretsRequest, SecretsResponse};
+use crate::wire::session::{
+    HEARTBEAT_SCHEMA, REGISTER_SCHEMA, SessionResponse, SessionStatus, TRANSITION_SCHEMA,
+};
+
+/// An offer the control plane will hand out for the next fresh claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OfferTemplate {
+    /// Run `run-<n>`, Attempt `attempt-<n>`, alias `o<n>`.
+    pub n: u32,
+    /// The pinned revision.
+    pub revision: ExecutionRevision,
+    /// Lease duration.
+    pub lease_ms: u64,
+}
+
+impl OfferTemplate {
+    /// Run `n` with the sample revision and a 30 s lease.
+    #[must_use]
+    pub fn sample(n: u32) -> Self {
+        Self {
+            n,
+            revision: crate::testkit::revision(),
+            lease_ms: 30_000,
+        }
+    }
+
+    /// Run `n` with `revision` and a 30 s lease.
+    #[must_use]
+    pub fn with_revision(n: u32, revision: ExecutionRevision) -> Self {
+        Self {
+            revision,
+            ..Self::sample(n)
+        }
+    }
+}
+
+/// The control plane's status of one Run/Attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CpStatus {
+    /// Leased to the Worker, not started.
+    Leased,
+    /// `starting` applied.
+    Starting,
+    /// `running` applied.
+    Running,
+    /// `start-failure` applied.
+    StartFailed,
+    /// Completion applied.
+    Completed,
+    /// Terminal by another path (cancelled, timed out).
+    Cancelled,
+}
+
+impl CpStatus {
+    fn terminal(self) -> bool {
+        matches!(self, Self::StartFailed | Self::Completed | Self::Cancelled)
+    }
+}
+
+/// The control plane's view of one Run.
+#[derive(Clone, Debug)]
+pub struct CpRun {
+    /// Template number.
+    pub n: u32,
+    /// The offer as delivered (lease as the control plane last renewed it).
+    pub offer: Offer,
+    /// Status.
+    pub status: CpStatus,
+    /// Snapshot callback sequence.
+    pub callback_sequence: u64,
+    /// Durable deadline (revisions with `timeoutMs`).
+    pub deadline: Option<UnixMillis>,
+    /// Executor handle recorded by `running`.
+    pub handle: Option<ExecutorHandle>,
+    /// Start time recorded by `running`.
+    pub started_at: Option<UnixMillis>,
+    /// Stored artifacts: log id, length, SHA-256, and whether the Worker heard the success.
+    pub uploads: Vec<(LogArtifactId, u64, Sha256Digest, bool)>,
+    /// The applied completion's callback sequence.
+    pub completion: Option<CallbackSequence>,
+    /// The control plane wants the process stopped (answers `stop_requested`).
+    pub wants_stop: bool,
+    /// Highest lease version sent with `stop_requested`.
+    pub stop_requested_version: Option<u64>,
+    /// Whether the control plane ever told the Worker the Run is terminal.
+    pub terminal_answered: bool,
+}
+
+impl CpRun {
+    /// The log id the Worker derives for this Run.
+    #[must_use]
+    pub fn log_artifact_id(&self) -> LogArtifactId {
+        let c = &self.offer.candidate;
+        crate::wire::derive_log_artifact_id(
+            &c.project_id,
+            &c.run_id,
+            &c.attempt_id,
+            &self.offer.offer_id,
+        )
+    }
+}
+
+/// The control plane.
+#[derive(Clone, Debug)]
+pub struct ControlPlane {
+    /// Offers still to hand out, in order.
+    pub templates: VecDeque<OfferTemplate>,
+    /// Runs handed out, by offer id.
+    pub runs: BTreeMap<OfferId, CpRun>,
+    /// Worker Session record version.
+    pub session_version: u64,
+    /// Worker Session status.
+    pub session_status: SessionStatus,
+    /// Session lease granted per register/heartbeat.
+    pub session_lease_ms: u64,
+}
+
+impl ControlPlane {
+    pub(super) fn new(templates: Vec<OfferTemplate>) -> Self {
+        Self {
+            templates: templates.into(),
+            runs: BTreeMap::new(),
+            session_version: 0,
+            session_status: SessionStatus::Online,
+            session_lease_ms: 30_000,
+        }
+    }
+
+    pub(super) fn fingerprint(&self, hasher: &mut dyn Hasher) {
+        hasher.write_usize(self.templates.len());
+        hash_debug(hasher, &(self.session_version, self.session_status));
+        for run in self.runs.values() {
+            hash_debug(hasher, &(run.n, run.status, run.callback_sequence, run.deadline));
+            hash_debug(hasher, &(&run.handle, run.started_at, &run.uploads));
+            hash_debug(hasher, &(run.completion, run.wants_stop));
+            hash_debug(hasher, &(run.stop_requested_version, run.terminal_answered));
+            hash_debug(hasher, &(run.offer.offer_id.as_str(), &run.offer.lease));
+        }
+    }
+}
+
+fn json(body: &[u8]) -> Value {
+    serde_json::from_slice(body).unwrap_or(Value::Null)
+}
+
+fn text<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or("")
+}
+
+fn number(v: &Value, key: &str) -> u64 {
+    v.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// The offer id a request body names, if any.
+pub(super) fn body_offer(body: &[u8]) -> Option<OfferId> {
+    OfferId::new(text(&json(body), "offerId")).ok()
+}
+
+fn fenced() -> Outcome {
+    Outcome::Http(HttpFailure::Status {
+        status: 409,
+        code: Some(String::from("lease_fenced")),
+    })
+}
+
+fn not_found() -> Outcome {
+    Outcome::Http(HttpFailure::Status {
+        status: 404,
+        code: Some(String::from("not_found")),
+    })
+}
+
+impl World {
+    /// A JSON POST: the faults first, then the operation.
+    pub(super) fn post(
+        &mut self,
+        now: UnixMillis,
+        operation: Operation,
+        body: &[u8],
+        answer: Answer,
+    ) -> Outcome {
+        match answer {
+            Answer::Fenced => return fenced(),
+            Answer::Unavailable => return Outcome::Http(HttpFailure::Unavailable),
+            Answer::Invalid => return Outcome::Responded(Vec::from(&b"{}"[..])),
+            Answer::LostAfterCommit => {
+                let _ = self.answer_post(now, operation, body, Answer::Ok, false);
+                return Outcome::Http(HttpFailure::Unavailable);
+            }
+            _ => {}
+        }
+        self.answer_post(now, operation, body, answer, true)
+    }
+
+    fn answer_post(
+        &mut self,
+        now: UnixMillis,
+        operation: Operation,
+        body: &[u8],
+        answer: Answer,
+        heard: bool,
+    ) -> Outcome {
+        let v = json(body);
+        match operation {
+            Operation::Register | Operation::Heartbeat | Operation::Transition => {
+                self.session(now, operation, &v)
+            }
+            Operation::Offers => self.offers(now, &v, answer, heard),
+            Operation::Starting | Operation::Running | Operation::StartFailure => {
+                self.activation(now, operation, &v, answer)
+            }
+            Operation::Secrets => self.secrets(&v),
+            Operation::Completion => self.completion(&v, answer),
+            Operation::LeaseControl => self.lease_control(now, &v, answer),
+            Operation::Artifacts | Operation::Attestations => not_found(),
+        }
+    }
+
+    fn session(&mut self, now: UnixMillis, operation: Operation, v: &Value) -> Outcome {
+        let plane = &mut self.plane;
+        let schema = match operation {
+            Operation::Register => {
+                plane.session_version += 1;
+                REGISTER_SCHEMA
+            }
+            Operation::Transition => {
+                plane.session_version = number(v, "expectedVersion") + 1;
+                plane.session_status = match text(v, "status") {
+                    "offline" => SessionStatus::Offline,
+                    _ => SessionStatus::Draining,
+                };
+                TRANSITION_SCHEMA
+            }
+            _ => {
+                plane.session_version = number(v, "expectedVersion") + 1;
+                HEARTBEAT_SCHEMA
+            }
+        };
+        let w = worker();
+        let response = SessionResponse {
+            worker_id: w.worker_id,
+            session_id: w.session_id,
+            generation: w.generation,
+            version: plane.session_version,
+            status: plane.session_status,
+            lease_expires_at_ms: now.saturating_add(plane.session_lease_ms),
+            replaced_session: (operation == Operation::Register).then_some(false),
+        };
+        Outcome::Responded(response.to_json(schema))
+    }
+
+    fn offers(&mut self, now: UnixMillis, v: &Value, answer: Answer, heard: bool) -> Outcome {
+        let (Ok(id), Ok(token)) = (
+            OfferId::new(text(v, "offerId")),
+            LeaseToken::new(text(v, "leaseToken")),
+        ) else {
+            return Outcome::Http(HttpFailure::Status {
+                status: 400,
+                code: None,
+            });
+        };
+        let known = self.plane.runs.contains_key(&id);
+        let deliver = match answer {
+            Answer::Idle => false,
+            _ => known || !self.plane.templates.is_empty(),
+        };
+        if !deliver {
+            if heard {
+                self.evidence.delivered.insert(id, false);
+            }
+            return Outcome::Responded(
+                OfferResponse::Idle {
+                    reason: IdleReason::NoCandidates,
+                    stats: OfferStats::default(),
+                    truncated: false,
+                }
+                .to_json(),
+            );
+        }
+        if !known && let Some(t) = self.plane.templates.pop_front() {
+            let offer = offer_for(t.n, id.clone(), token, t.revision, now, t.lease_ms);
+            self.aliases.insert(id.clone(), format!("o{}", t.n));
+            self.plane.runs.insert(id.clone(), new_run(t.n, offer));
+        }
+        if answer == Answer::NewerLease
+            && let Some(run) = self.plane.runs.get_mut(&id)
+        {
+            bump_lease(&mut run.offer, now);
+        }
+        if heard {
+            self.evidence.delivered.insert(id.clone(), true);
+        }
+        let Some(run) = self.plane.runs.get(&id) else {
+            return not_found();
+        };
+        Outcome::Responded(
+            OfferResponse::Offered {
+                offer: Box::new(offered(&run.offer)),
+                stats: OfferStats::default(),
+                truncated: false,
+            }
+            .to_json(),
+        )
+    }
+}
+
+fn new_run(n: u32, offer: Offer) -> CpRun {
+    CpRun {
+        n,
+        offer,
+        status: CpStatus::Leased,
+        callback_sequence: 0,
+        deadline: None,
+        handle: None,
+        started_at: None,
+        uploads: Vec::new(),
+        completion: None,
+        wants_stop: false,
+        stop_requested_version: None,
+        terminal_answered: false,
+    }
+}
+
+fn bump_lease(offer: &mut Offer, now: UnixMillis) {
+    let lease = &mut offer.lease;
+    let version = lease.version.get() + 1;
+    lease.version = LeaseVersion::new(version).unwrap_or(lease.version);
+    lease.renewed_at_ms = now.max(lease.renewed_at_ms);
+    lease.updated_at_ms = lease.renewed_at_ms;
+    lease.expires_at_ms = lease.renewed_at_ms.saturating_add(30_000);
+}
+
+fn offered(offer: &Offer) -> OfferedOffer {
+    let l = &offer.lease;
+    OfferedOffer {
+        offer_id: offer.offer_id.clone(),
+        delivery_kind: offer.delivery_kind,
+        execution_digest: offer.execution_digest,
+        candidate: offer.candidate.clone(),
+        worker: offer.worker.clone(),
+        lease: OfferedLease {
+            version: l.version,
+            lease_generation: l.lease_generation,
+            acquired_at_ms: l.acquired_at_ms,
+            renewed_at_ms: l.renewed_at_ms,
+            expires_at_ms: l.expires_at_ms,
+            updated_at_ms: l.updated_at_ms,
+        },
+        execution_revision: offer.execution_revision.clone(),
+        placement_score: offer.placement_score,
+    }
+}
+
+/// The status a consistent control plane answers to an activation command.
+fn consistent(operation: Operation, status: CpStatus) -> Answer {
+    match (operation, status) {
+        (_, s) if s.terminal() => Answer::AlreadyTerminal,
+        (Operation::Starting, CpStatus::Leased) => Answer::Applied,
+        (Operation::Starting, CpStatus::Starting) => Answer::AlreadyStarting,
+        (_, CpStatus::Running) => Answer::AlreadyRunning,
+        _ => Answer::Applied,
+    }
+}
+
+impl World {
+    fn activation(
+        &mut self,
+        now: UnixMillis,
+        operation: Operation,
+        v: &Value,
+        answer: Answer,
+    ) -> Outcome {
+        let Some(run) = OfferId::new(text(v, "offerId"))
+            .ok()
+            .and_then(|id| self.plane.runs.get_mut(&id))
+        else {
+            return not_found();
+        };
+        let answer = match answer {
+            Answer::Ok => consistent(operation, run.status),
+            other => other,
+        };
+        if run.offer.execution_revision.timeout_ms.is_some() && run.deadline.is_none() {
+            let timeout = run.offer.execution_revision.timeout_ms.unwrap_or(0);
+            run.deadline = Some(now.saturating_add(timeout));
+        }
+        let (status, shape) = match (operation, answer) {
+            (Operation::Starting, Answer::Applied) => {
+                run.status = CpStatus::Starting;
+                (ActivationStatus::Applied, SnapshotShape::Starting)
+            }
+            (Operation::Running, Answer::Applied) => {
+                run.status = CpStatus::Running;
+                run.handle = ExecutorHandle::new(text(v, "executorHandle")).ok();
+                run.started_at = Some(now);
+                run.callback_sequence = number(v, "callbackSequence");
+                (ActivationStatus::Applied, SnapshotShape::Running)
+            }
+            (_, Answer::Applied) => {
+                run.status = CpStatus::StartFailed;
+                (ActivationStatus::Applied, SnapshotShape::Terminal)
+            }
+            (_, Answer::AlreadyStarting) => {
+                if run.status == CpStatus::Leased {
+                    run.status = CpStatus::Starting;
+                }
+                (ActivationStatus::AlreadyStarting, SnapshotShape::Starting)
+            }
+            (_, Answer::AlreadyRunning) => {
+                if run.status != CpStatus::Running {
+                    run.status = CpStatus::Running;
+                    run.handle = ExecutorHandle::new("ql3lp1.elsewhere").ok();
+                    run.started_at = Some(now);
+                }
+                (ActivationStatus::AlreadyRunning, SnapshotShape::Running)
+            }
+            _ => {
+                if !run.status.terminal() {
+                    run.status = CpStatus::Cancelled;
+                }
+                run.terminal_answered = true;
+                (ActivationStatus::AlreadyTerminal, SnapshotShape::Terminal)
+            }
+        };
+        let snapshot = snapshot(run, v, shape, now);
+        Outcome::Responded(
+            ActivationResponse {
+                status,
+                snapshot,
+                shape,
+            }
+            .to_json(),
+        )
+    }
+}
+
+fn snapshot(run: &CpRun, v: &Value, shape: SnapshotShape, now: UnixMillis) -> ActivationSnapshot {
+    let (run_status, attempt_status) = match (shape, run.status) {
+        (SnapshotShape::Starting, _) => (RunStatus::Dispatching, AttemptStatus::Starting),
+        (SnapshotShape::Running, _) => (RunStatus::Running, AttemptStatus::Running),
+        (SnapshotShape::Terminal, CpStatus::StartFailed) => {
+            (RunStatus::Failed, AttemptStatus::Failed)
+        }
+        (SnapshotShape::Terminal, _) => (RunStatus::Cancelled, AttemptStatus::Cancelled),
+    };
+    let running = shape == SnapshotShape::Running;
+    let terminal = shape == SnapshotShape::Terminal;
+    ActivationSnapshot {
+        run_id: run.offer.candidate.run_id.clone(),
+        attempt_id: run.offer.candidate.attempt_id.clone(),
+        run_status,
+        attempt_status,
+        lease_version: LeaseVersion::new(number(v, "expectedLeaseVersion"))
+            .unwrap_or(LeaseVersion::FIRST),
+        lease_generation: number(v, "leaseGeneration"),
+        callback_sequence: run.callback_sequence,
+        deadline_at_ms: run.deadline,
+        started_at_ms: running.then(|| run.started_at.unwrap_or(now)),
+        finished_at_ms: terminal.then_some(now),
+        executor_handle: if running {
+            run.handle
+                .clone()
+                .or_else(|| ExecutorHandle::new("ql3lp1.elsewhere").ok())
+        } else {
+            None
+        },
+        log_artifact_id: None,
+        error_code: terminal.then(|| String::from("cancelled")),
+    }
+}
+
+impl World {
+    fn secrets(&mut self, v: &Value) -> Outcome {
+        let Some(run) = OfferId::new(text(v, "offerId"))
+            .ok()
+            .and_then(|id| self.plane.runs.get(&id))
+        else {
+            return not_found();
+        };
+        let Ok(Some(request)) = SecretsRequest::from_offer(&run.offer) else {
+            return not_found();
+        };
+        let values = request
+            .secret_refs
+            .iter()
+            .map(|r| ResolvedSecret {
+                secret_ref: r.clone(),
+                value: SecretValue::new(String::from("sim-secret-value")),
+            })
+            .collect();
+        let response = SecretsResponse {
+            values,
+            environment_bundles: Vec::new(),
+        };
+        Outcome::Responded(response.to_json(&request).to_vec())
+    }
+
+    fn completion(&mut self, v: &Value, answer: Answer) -> Outcome {
+        let Some(run) = OfferId::new(text(v, "offerId"))
+            .ok()
+            .and_then(|id| self.plane.runs.get_mut(&id))
+        else {
+            return not_found();
+        };
+        let Ok(sequence) = CallbackSequence::new(number(v, "callbackSequence")) else {
+            return not_found();
+        };
+        let status = match answer {
+            Answer::AlreadyTerminal => CompletionStatus::AlreadyTerminal,
+            _ if run.completion.is_some() => CompletionStatus::AlreadyCompleted,
+            _ if run.status.terminal() => CompletionStatus::AlreadyTerminal,
+            _ => CompletionStatus::Applied,
+        };
+        match status {
+            CompletionStatus::Applied => {
+                run.completion = Some(sequence);
+                run.status = CpStatus::Completed;
+            }
+            CompletionStatus::AlreadyTerminal => {
+                if !run.status.terminal() {
+                    run.status = CpStatus::Cancelled;
+                }
+                run.terminal_answered = true;
+            }
+            CompletionStatus::AlreadyCompleted => {}
+        }
+        let response = CompletionResponse {
+            status,
+            run_id: run.offer.candidate.run_id.clone(),
+            attempt_id: run.offer.candidate.attempt_id.clone(),
+            callback_sequence: sequence,
+        };
+        Outcome::Responded(response.to_json())
+    }
+
+    fn lease_control(&mut self, now: UnixMillis, v: &Value, answer: Answer) -> Outcome {
+        let Some(run) = OfferId::new(text(v, "offerId"))
+            .ok()
+            .and_then(|id| self.plane.runs.get_mut(&id))
+        else {
+            return not_found();
+        };
+        let expected = number(v, "expectedLeaseVersion");
+        let mut fence = Fence::from_offer(&run.offer);
+        fence.expected_lease_version = LeaseVersion::new(expected).unwrap_or(LeaseVersion::FIRST);
+        let request = LeaseControlRequest { fence };
+        let answer = match answer {
+            Answer::Ok if run.status.terminal() => Answer::Terminal,
+            Answer::Ok if run.wants_stop => Answer::StopRequested,
+            Answer::Ok => Answer::Renewed,
+            other => other,
+        };
+        let response = if answer == Answer::Terminal {
+            if !run.status.terminal() {
+                run.status = CpStatus::Cancelled;
+            }
+            run.terminal_answered = true;
+            LeaseControlResponse::Terminal(match run.status {
+                CpStatus::Completed => TerminalStatus::Succeeded,
+                _ => TerminalStatus::Cancelled,
+            })
+        } else {
+            let version = expected + 1;
+            let lease = RenewedLease {
+                lease_version: LeaseVersion::new(version).unwrap_or(LeaseVersion::FIRST),
+                renewed_at_ms: now,
+                expires_at_ms: now.saturating_add(30_000),
+            };
+            let l = &mut run.offer.lease;
+            if version > l.version.get() {
+                l.version = lease.lease_version;
+                l.renewed_at_ms = now.max(l.renewed_at_ms);
+                l.updated_at_ms = l.renewed_at_ms;
+                l.expires_at_ms = lease.expires_at_ms;
+            }
+            if answer == Answer::StopRequested {
+                run.wants_stop = true;
+                let highest = run.stop_requested_version.unwrap_or(0).max(version);
+                run.stop_requested_version = Some(highest);
+                let stop = StopRequest {
+                    reason: StopReason::Timeout,
+                    requested_at_ms: now,
+                };
+                LeaseControlResponse::StopRequested(lease, stop)
+            } else {
+                LeaseControlResponse::Renewed(lease)
+            }
+        };
+        Outcome::Responded(response.to_json(&request))
+    }
+
+    /// The artifact upload: the bytes the "driver" streams are the spool's.
+    pub(super) fn upload(&mut self, header: &[u8], answer: Answer) -> Outcome {
+        let mut framed = Vec::with_capacity(header.len() + 4);
+        framed.extend_from_slice(&(header.len() as u32).to_be_bytes());
+        framed.extend_from_slice(header);
+        let Ok((upload, _)) = ArtifactUpload::parse_preamble(&framed, None) else {
+            return Outcome::Http(HttpFailure::Status {
+                status: 400,
+                code: None,
+            });
+        };
+        let Some(log) = self.disk.logs.get(&upload.log_artifact_id) else {
+            return Outcome::LogMissing;
+        };
+        let Ok(length) = usize::try_from(upload.byte_length) else {
+            return Outcome::LogUnavailable;
+        };
+        let Some(bytes) = log.content.get(..length) else {
+            return Outcome::LogUnavailable;
+        };
+        let sent = Sha256Digest::of(bytes);
+        match answer {
+            Answer::Fenced => return fenced(),
+            Answer::Unavailable => return Outcome::Http(HttpFailure::Unavailable),
+            _ => {}
+        }
+        let Some(run) = self.plane.runs.get_mut(&upload.fence.offer_id) else {
+            return not_found();
+        };
+        let entry = (upload.log_artifact_id.clone(), upload.byte_length, sent);
+        let index = run
+            .uploads
+            .iter()
+            .position(|(l, n, s, _)| (l, n, s) == (&entry.0, &entry.1, &entry.2));
+        let status = match index {
+            Some(_) => UploadStatus::AlreadyStored,
+            None if answer == Answer::AlreadyDone => UploadStatus::AlreadyStored,
+            None => UploadStatus::Stored,
+        };
+        let heard = !matches!(answer, Answer::LostAfterCommit | Answer::Invalid);
+        match index {
+            Some(i) => run.uploads[i].3 |= heard,
+            None => run.uploads.push((entry.0, entry.1, entry.2, heard)),
+        }
+        if answer == Answer::LostAfterCommit {
+            return Outcome::Http(HttpFailure::Unavailable);
+        }
+        let claimed = if answer == Answer::Invalid {
+            Sha256Digest::of(b"not what was sent")
+        } else {
+            sent
+        };
+        let body = ArtifactReceipt {
+            status,
+            sha256: claimed,
+        }
+        .to_json(&upload);
+        Outcome::Uploaded {
+            body,
+            sent_bytes: upload.byte_length,
+            sent_sha256: sent,
+        }
+    }
+}

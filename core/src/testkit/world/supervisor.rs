@@ -1,0 +1,235 @@
+//! The simulated supervisor: spawns (after re-verifying the durable barrier), stops, and
+//! processes that exit and leave a receipt. Processes survive Worker crashes.
+
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::hash::Hasher;
+
+use base64::Engine as _;
+
+use super::disk::{Log, StoredReceipt};
+use super::{Answer, World, hash_debug};
+use crate::ids::{
+    AttemptId, CallbackSequence, ExecutorHandle, LogArtifactId, OfferId, RunId, Sha256Digest,
+};
+use crate::io::{Outcome, SpawnOutcome, StopOutcome};
+use crate::receipt::{RECEIPT_SCHEMA_VERSION, Receipt, ReceiptToken};
+use crate::record::State;
+use crate::testkit::act::SpawnPlan;
+use crate::time::UnixMillis;
+
+/// What a process leaves behind when it exits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ReceiptKind {
+    /// The supervisor's honest receipt (the capability from the launch plan).
+    Genuine,
+    /// A well-formed receipt whose token is not the capability.
+    Forged,
+    /// A file the receipt store cannot read as a receipt.
+    Malformed,
+    /// No receipt at all.
+    Missing,
+}
+
+/// Whether a process runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProcessState {
+    /// Running.
+    Running,
+    /// Exited with a code.
+    Exited(u8),
+}
+
+/// One user process under the supervisor.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Process {
+    /// Offer.
+    pub offer_id: OfferId,
+    /// Run.
+    pub run_id: RunId,
+    /// Attempt.
+    pub attempt_id: AttemptId,
+    /// Durable handle (as reported; may be unusable for [`Answer::BadHandle`]).
+    pub handle: String,
+    /// Start time from the plan.
+    pub started_at: UnixMillis,
+    /// Callback sequence from the plan.
+    pub sequence: CallbackSequence,
+    /// The raw capability from the plan.
+    pub capability: [u8; 32],
+    /// Log it writes to.
+    pub log_artifact_id: LogArtifactId,
+    /// Running or exited.
+    pub state: ProcessState,
+}
+
+impl core::fmt::Debug for Process {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Process")
+            .field("offer_id", &self.offer_id)
+            .field("handle", &self.handle)
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The process table.
+#[derive(Clone, Debug, Default)]
+pub struct Supervisor {
+    /// Every process ever spawned, in spawn order.
+    pub processes: Vec<Process>,
+}
+
+impl Supervisor {
+    /// The process with this durable handle.
+    #[must_use]
+    pub fn by_handle(&self, handle: &str) -> Option<&Process> {
+        self.processes.iter().find(|p| p.handle == handle)
+    }
+
+    /// Processes of `offer_id`.
+    pub fn of_offer<'a>(&'a self, offer_id: &'a OfferId) -> impl Iterator<Item = &'a Process> {
+        self.processes.iter().filter(move |p| p.offer_id == *offer_id)
+    }
+
+    pub(super) fn fingerprint(&self, hasher: &mut dyn Hasher) {
+        for p in &self.processes {
+            hash_debug(hasher, p);
+            hasher.write(&p.capability);
+            hash_debug(hasher, &(p.started_at, p.sequence));
+        }
+    }
+}
+
+fn receipt_token(bytes: &[u8; 32]) -> ReceiptToken {
+    let text = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    // INVARIANT: 43 base64url characters satisfy the token rule.
+    ReceiptToken::new(text).expect("receipt token")
+}
+
+impl World {
+    /// The barrier check the real supervisor runs before spawning: the durable record is
+    /// `launching` and matches the plan exactly.
+    fn barrier_holds(&self, plan: &SpawnPlan) -> bool {
+        self.disk.record(&plan.offer_id).is_some_and(|r| {
+            r.state == State::Launching
+                && r.offer.candidate.run_id == plan.run_id
+                && r.offer.candidate.attempt_id == plan.attempt_id
+                && r.executor_started_at_ms == Some(plan.executor_started_at)
+                && r.log_artifact_id.as_ref() == Some(&plan.log_artifact_id)
+                && r.completion_receipt_callback_sequence == Some(plan.callback_sequence)
+                && r.completion_receipt_token_digest.map(|d| *d.expose()) == Some(plan.digest())
+        })
+    }
+
+    pub(super) fn spawn(&mut self, plan: &SpawnPlan, answer: Answer) -> Outcome {
+        // The real supervisor re-reads the inbox and refuses a drifted barrier: zero spawns.
+        let barrier = self.barrier_holds(plan);
+        let answer = if barrier { answer } else { Answer::Rejected };
+        let entry = self
+            .evidence
+            .spawns
+            .entry(plan.offer_id.clone())
+            .or_insert((0, Answer::Ok));
+        entry.0 += 1;
+        entry.1 = answer;
+        if !barrier {
+            return Outcome::Spawned(SpawnOutcome::Rejected);
+        }
+        let exists = matches!(answer, Answer::Ok | Answer::BadHandle | Answer::UnknownSpawned);
+        let handle = format!("ql3lp1.sim.{}.{}", plan.attempt_id, self.supervisor.processes.len());
+        if exists {
+            self.supervisor.processes.push(Process {
+                offer_id: plan.offer_id.clone(),
+                run_id: plan.run_id.clone(),
+                attempt_id: plan.attempt_id.clone(),
+                handle: handle.clone(),
+                started_at: plan.executor_started_at,
+                sequence: plan.callback_sequence,
+                capability: plan.capability,
+                log_artifact_id: plan.log_artifact_id.clone(),
+                state: ProcessState::Running,
+            });
+        }
+        Outcome::Spawned(match answer {
+            Answer::Ok => SpawnOutcome::Started {
+                handle,
+                started_at: plan.executor_started_at,
+            },
+            Answer::BadHandle => SpawnOutcome::Started {
+                handle: String::new(),
+                started_at: plan.executor_started_at,
+            },
+            Answer::Rejected => SpawnOutcome::Rejected,
+            _ => SpawnOutcome::Unknown,
+        })
+    }
+
+    pub(super) fn stop(&mut self, now: UnixMillis, handle: &ExecutorHandle, answer: Answer) -> Outcome {
+        let index = self
+            .supervisor
+            .processes
+            .iter()
+            .position(|p| p.handle == handle.as_str());
+        let Some(index) = index else {
+            return Outcome::Stopped(StopOutcome::Unknown);
+        };
+        if answer == Answer::StopUnknown {
+            return Outcome::Stopped(StopOutcome::Unknown);
+        }
+        match self.supervisor.processes[index].state {
+            ProcessState::Exited(_) => Outcome::Stopped(StopOutcome::AlreadyExited),
+            ProcessState::Running => {
+                // SIGTERM: the supervisor survives and writes the receipt with 128 + 15.
+                self.exit(now, index, 143, ReceiptKind::Genuine);
+                Outcome::Stopped(StopOutcome::Stopped)
+            }
+        }
+    }
+
+    /// Process `index` exits with `code`: its output lands in the spool with a truncation
+    /// fact, and the supervisor publishes a receipt of `kind` (never over an existing one).
+    pub(super) fn exit(&mut self, now: UnixMillis, index: usize, code: u8, kind: ReceiptKind) {
+        let Some(p) = self.supervisor.processes.get_mut(index) else {
+            return;
+        };
+        if p.state != ProcessState::Running {
+            return;
+        }
+        p.state = ProcessState::Exited(code);
+        let p = p.clone();
+        let log = self.disk.logs.entry(p.log_artifact_id.clone()).or_insert(Log {
+            content: Vec::new(),
+            truncated: None,
+        });
+        log.content.extend_from_slice(format!("output of {}\n", p.attempt_id).as_bytes());
+        log.truncated = Some(false);
+        let token = match kind {
+            ReceiptKind::Genuine | ReceiptKind::Malformed => receipt_token(&p.capability),
+            ReceiptKind::Forged => receipt_token(Sha256Digest::of(&p.capability).as_bytes()),
+            ReceiptKind::Missing => return,
+        };
+        if self.disk.receipts.contains_key(&p.attempt_id) {
+            return;
+        }
+        let receipt = Receipt {
+            schema_version: RECEIPT_SCHEMA_VERSION,
+            run_id: p.run_id.clone(),
+            attempt_id: p.attempt_id.clone(),
+            callback_sequence: p.sequence,
+            token,
+            started_at_ms: p.started_at,
+            finished_at_ms: now.max(p.started_at),
+            exit_code: code,
+        };
+        self.disk.receipts.insert(
+            p.attempt_id.clone(),
+            StoredReceipt {
+                receipt,
+                genuine: kind == ReceiptKind::Genuine,
+                malformed: kind == ReceiptKind::Malformed,
+            },
+        );
+    }
+}
