@@ -20,9 +20,7 @@ use alloc::string::String;
 
 use crate::ids::OfferId;
 use crate::io::{Action, HttpCall, Outcome, ReceiptRead};
-use crate::ops::{
-    CallFault, Fingerprint, http_fault, next_record, persist, response, unexpected,
-};
+use crate::ops::{CallFault, Fingerprint, http_fault, next_record, persist, response, unexpected};
 use crate::receipt::{AuthenticatedReceipt, ReceiptError, authenticate};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::Fence;

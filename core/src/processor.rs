@@ -202,7 +202,11 @@ impl PState {
             Self::Reading => fp.tag("reading"),
             Self::AckingStarting(record, request) | Self::ReplayingStarting(record, request) => {
                 let replay = matches!(self, Self::ReplayingStarting(..));
-                fp.tag(if replay { "replaying" } else { "acking-starting" });
+                fp.tag(if replay {
+                    "replaying"
+                } else {
+                    "acking-starting"
+                });
                 fp.record(record);
                 fp.debug(request);
             }
@@ -246,7 +250,11 @@ impl PState {
             }
             Self::AckingRunning(record, request) | Self::FailingStart(record, request) => {
                 let failing = matches!(self, Self::FailingStart(..));
-                fp.tag(if failing { "failing-start" } else { "acking-running" });
+                fp.tag(if failing {
+                    "failing-start"
+                } else {
+                    "acking-running"
+                });
                 fp.record(record);
                 fp.debug(request);
             }

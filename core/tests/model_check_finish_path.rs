@@ -1,27 +1,112 @@
-use std::time::Instant;
-use ql_worker_core::testkit::{self, explore::*, sim::Sim, world::*};
-use ql_worker_core::time::UnixMillis;
+//! Issue 5, item 5: the exhaustive, bounded model check of the finish path and supervision (the
+//! start-path harness extended). See `docs/model-check.md`.
+//!
+//! Run: `cargo test -p ql-worker-core --release --test model_check_finish_path -- --nocapture`.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use ql_worker_core::record::State;
+use ql_worker_core::testkit::explore::{Guard, Model, Report, explore, finish_path};
+use ql_worker_core::testkit::world::Mutation;
+
+/// Turns a panic of the core (a broken pair assertion, an `unreachable!`) into a violation.
 struct CatchPanics;
+
 impl Guard for CatchPanics {
     fn run(&self, f: &mut dyn FnMut()) -> Result<(), String> {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f())).map_err(|e| {
-            e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+        catch_unwind(AssertUnwindSafe(f)).map_err(|e| {
+            e.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_string()))
+                .unwrap_or_default()
         })
+    }
+}
+
+fn print_found(report: &Report) {
+    for found in &report.found {
+        println!("violation {}: {}", found.invariant, found.detail);
+        for step in &found.trace {
+            println!("    {step}");
+        }
     }
 }
 
 #[test]
 fn model_check_finish_path() {
-    let mut config = testkit::config();
-    config.max_concurrent_runs = 1;
-    let root = Sim::new(config, World::one_offer(1), UnixMillis::new(1000).unwrap());
-    let menu = Menu { crashes: true, record_faults: true, receipt_answers: true, log_faults: true, upload_answers: true, completion_answers: true, lease_answers: true, stop_answers: true, exits: true, spawn_answers: true, ..Menu::default() };
-    let bounds = Bounds { faults: 2, crashes: 1, entropy: 0, ticks: 8, jumps: 1, drains: 1, max_states: 3_000_000 };
-    let model = Model { name: "finish-path", menu, bounds, roots: vec![root] };
-    let t = Instant::now();
+    let model = finish_path();
     let report = explore(&model, &CatchPanics);
-    println!("model-check finish-path: {} states, {} transitions, {} violations ({:?}, deepest {})", report.states, report.transitions, report.violations, t.elapsed(), report.deepest);
-    for f in &report.found { println!("{} {}\n  {}", f.invariant, f.detail, f.trace.join("\n  ")); }
-    println!("{:?}", report.coverage);
+    println!(
+        "model-check finish-path: {} states, {} transitions, {} violations",
+        report.states, report.transitions, report.violations
+    );
+    println!(
+        "  bounded: {} (complete within the bounds: {}; deepest path {} moves)",
+        model.bounds.describe(),
+        !report.truncated,
+        report.deepest
+    );
+    print_found(&report);
+    assert_eq!(report.violations, 0, "the finish path broke an invariant");
+    assert!(!report.truncated, "the state cap cut the exploration short");
+    assert!(report.states >= 10_000, "only {} states", report.states);
+    for state in [
+        "launching",
+        "started",
+        "running_acknowledged",
+        "completion_acknowledged",
+        "recovery_required(launch_outcome_unknown)",
+        "recovery_required(control_plane_terminal)",
+        "recovery_required(lease_lost_local_execution_stopped)",
+        "recovery_required(lease_lost_local_execution_unverified)",
+    ] {
+        assert!(
+            report.coverage.contains_key(state),
+            "the model never reached {state}: {:?}",
+            report.coverage
+        );
+    }
+}
+
+fn mutated(mutation: Mutation) -> Report {
+    let mut model: Model = finish_path();
+    model.bounds.faults = 1;
+    model.bounds.drains = 0;
+    for root in &mut model.roots {
+        root.world.mutation = Some(mutation);
+    }
+    explore(&model, &CatchPanics)
+}
+
+/// The checker can fail: a host that acknowledges `completion_acknowledged` without storing it
+/// lets the Worker remove the receipt of a record that is not durably acknowledged.
+#[test]
+fn model_check_finish_path_catches_a_host_that_drops_the_acknowledgement() {
+    let report = mutated(Mutation::DropWrites(State::CompletionAcknowledged));
+    print_found(&report);
+    let found = report
+        .found
+        .iter()
+        .find(|f| f.invariant == "receipt-removed-after-acknowledged")
+        .expect("receipt-removed-after-acknowledged reported");
+    assert!(
+        found
+            .trace
+            .last()
+            .is_some_and(|s| s.starts_with("remove-receipt"))
+    );
+}
+
+/// The checker can fail: a host that drops lease-only writes lets the Worker stop a process on
+/// `stop_requested` while the new lease is not durable.
+#[test]
+fn model_check_finish_path_catches_a_host_that_drops_the_new_lease() {
+    let report = mutated(Mutation::DropLeaseWrites);
+    print_found(&report);
+    assert!(
+        report
+            .found
+            .iter()
+            .any(|f| f.invariant == "stop-after-durable-lease")
+    );
 }

@@ -1,44 +1,111 @@
-use std::time::Instant;
-use ql_worker_core::testkit::{self, explore::*, sim::Sim, world::*};
-use ql_worker_core::time::UnixMillis;
+//! Issue 4, item 5: the exhaustive, bounded model check of the start path (Pull coordinator and
+//! Processor together). See `docs/model-check.md` for the world, the choices, the invariants and
+//! the bounds.
+//!
+//! Run: `cargo test -p ql-worker-core --release --test model_check_start_path -- --nocapture`.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use ql_worker_core::record::State;
+use ql_worker_core::testkit::explore::{Guard, Model, Report, explore, start_path};
+use ql_worker_core::testkit::world::Mutation;
+
+/// Turns a panic of the core (a broken pair assertion, an `unreachable!`) into a violation.
 struct CatchPanics;
+
 impl Guard for CatchPanics {
     fn run(&self, f: &mut dyn FnMut()) -> Result<(), String> {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f())).map_err(|e| {
-            e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+        catch_unwind(AssertUnwindSafe(f)).map_err(|e| {
+            e.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_string()))
+                .unwrap_or_default()
         })
+    }
+}
+
+fn print_found(report: &Report) {
+    for found in &report.found {
+        println!("violation {}: {}", found.invariant, found.detail);
+        for step in &found.trace {
+            println!("    {step}");
+        }
     }
 }
 
 #[test]
 fn model_check_start_path() {
-    let mut config = testkit::config();
-    config.max_concurrent_runs = 1;
-    let root = Sim::new(config, World::one_offer(1), UnixMillis::new(1000).unwrap());
-    let menu = Menu { crashes: true, record_faults: true, claim_faults: true, ack_answers: true, offer_answers: true, spawn_answers: true, entropy_variants: true, ..Menu::default() };
-    let bounds = Bounds { faults: 2, crashes: 1, entropy: 1, ticks: 7, jumps: 0, drains: 0, max_states: 2_000_000 };
-    let model = Model { name: "start-path", menu, bounds, roots: vec![root] };
-    let t = Instant::now();
+    let model = start_path();
     let report = explore(&model, &CatchPanics);
-    println!("model-check start-path: {} states, {} transitions, {} violations ({:?}, deepest {})", report.states, report.transitions, report.violations, t.elapsed(), report.deepest);
-    for f in &report.found { println!("{} {}\n  {}", f.invariant, f.detail, f.trace.join("\n  ")); }
-    println!("{:?}", report.coverage);
+    println!(
+        "model-check start-path: {} states, {} transitions, {} violations",
+        report.states, report.transitions, report.violations
+    );
+    println!(
+        "  bounded: {} (complete within the bounds: {}; deepest path {} moves)",
+        model.bounds.describe(),
+        !report.truncated,
+        report.deepest
+    );
+    print_found(&report);
+    assert_eq!(report.violations, 0, "the start path broke an invariant");
+    assert!(!report.truncated, "the state cap cut the exploration short");
+    assert!(report.states >= 10_000, "only {} states", report.states);
+    // The model must reach every start-path outcome, or it proves less than it claims.
+    for state in [
+        "accepted",
+        "starting_acknowledged",
+        "launching",
+        "started",
+        "running_acknowledged",
+        "start_failed",
+        "start_failure_acknowledged",
+        "recovery_required(launch_outcome_unknown)",
+        "recovery_required(control_plane_already_running)",
+        "recovery_required(control_plane_terminal)",
+    ] {
+        assert!(
+            report.coverage.contains_key(state),
+            "the model never reached {state}: {:?}",
+            report.coverage
+        );
+    }
+}
+
+/// The checker can fail: on a host that acknowledges a write it dropped, the Worker's next
+/// command breaks an invariant and the explorer reports it with a trace.
+fn mutated(mutation: Mutation) -> Report {
+    let mut model: Model = start_path();
+    model.bounds.faults = 1;
+    model.bounds.entropy = 0;
+    for root in &mut model.roots {
+        root.world.mutation = Some(mutation);
+    }
+    model.roots.truncate(1);
+    explore(&model, &CatchPanics)
 }
 
 #[test]
-fn mutation() {
-    for m in [Mutation::DropWrites(ql_worker_core::record::State::Launching), Mutation::DropWrites(ql_worker_core::record::State::Started), Mutation::DropWrites(ql_worker_core::record::State::CompletionAcknowledged), Mutation::DropLeaseWrites] {
-    let mut config = testkit::config();
-    config.max_concurrent_runs = 1;
-    let mut world = World::one_offer(1);
-    world.mutation = Some(m);
-    let root = Sim::new(config, world, UnixMillis::new(1000).unwrap());
-    let menu = Menu { crashes: true, exits: true, lease_answers: true, ..Menu::default() };
-    let bounds = Bounds { faults: 1, crashes: 1, entropy: 0, ticks: 6, jumps: 0, drains: 0, max_states: 2_000_000 };
-    let model = Model { name: "mut", menu, bounds, roots: vec![root] };
-    let report = explore(&model, &CatchPanics);
-    println!("{m:?}: {} states, {} transitions, {} violations", report.states, report.transitions, report.violations);
-    for f in &report.found { println!("{} {}\n  {}", f.invariant, f.detail, f.trace.join("\n  ")); }
-    }
+fn model_check_start_path_catches_a_host_that_drops_the_launching_barrier() {
+    let report = mutated(Mutation::DropWrites(State::Launching));
+    print_found(&report);
+    assert!(report.violations > 0);
+    let found = report
+        .found
+        .iter()
+        .find(|f| f.invariant == "spawn-barrier")
+        .expect("spawn-barrier reported");
+    assert!(found.trace.last().is_some_and(|s| s.starts_with("spawn ")));
+}
+
+#[test]
+fn model_check_start_path_catches_a_host_that_drops_the_started_record() {
+    let report = mutated(Mutation::DropWrites(State::Started));
+    print_found(&report);
+    assert!(
+        report
+            .found
+            .iter()
+            .any(|f| f.invariant == "running-ack-after-started")
+    );
 }

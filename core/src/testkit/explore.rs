@@ -122,7 +122,7 @@ pub struct Report {
 }
 
 /// Runs one move so that a panic in it becomes a violation (tests implement it with
-/// `std::panic::catch_unwind`).
+/// the standard library's `catch_unwind`).
 pub trait Guard {
     /// Runs `f`; `Err(message)` when it panicked.
     ///
@@ -472,4 +472,104 @@ pub fn explore(model: &Model, guard: &dyn Guard) -> Report {
     }
     search.report.states = search.visited.len();
     search.report
+}
+
+/// The Worker configuration of the model checks: the edge profile with one concurrent Run, so
+/// that the Worker pulls again only once its Run is settled.
+#[must_use]
+pub fn model_config() -> crate::worker::WorkerConfig {
+    let mut config = crate::testkit::config();
+    config.max_concurrent_runs = 1;
+    config
+}
+
+fn roots(worlds: Vec<World>) -> Vec<Sim> {
+    let start = UnixMillis::new(1_000).unwrap_or(UnixMillis::ZERO);
+    worlds
+        .into_iter()
+        .map(|world| Sim::new(model_config(), world, start))
+        .collect()
+}
+
+/// Issue 4's model: the Pull coordinator and the Processor together, from an empty inbox to a
+/// running (or failed, or recovery) Run. Every ACK answer, every executor outcome, clean and
+/// uncertain write failures, transient read failures, Secrets and spool failures, entropy
+/// variations, and a crash before or after every command. Two roots: the sample revision (a
+/// timeout, so the starting ACK carries a deadline) and one with a Secret binding (the Secrets
+/// call). Processes never exit here; supervision answers are healthy.
+#[must_use]
+pub fn start_path() -> Model {
+    let menu = Menu {
+        crashes: true,
+        record_faults: true,
+        claim_faults: true,
+        read_faults: true,
+        ack_answers: true,
+        offer_answers: true,
+        secret_answers: true,
+        spawn_answers: true,
+        log_faults: true,
+        entropy_variants: true,
+        ..Menu::default()
+    };
+    let secret = crate::testkit::secret_revision();
+    Model {
+        name: "start-path",
+        menu,
+        bounds: Bounds {
+            faults: 2,
+            crashes: 1,
+            entropy: 1,
+            ticks: 7,
+            jumps: 0,
+            drains: 0,
+            max_states: 2_000_000,
+        },
+        roots: roots(alloc::vec![
+            World::one_offer(1),
+            World::new(
+                2,
+                alloc::vec![crate::testkit::world::OfferTemplate::with_revision(
+                    1, secret
+                )]
+            ),
+        ]),
+    }
+}
+
+/// Issue 5's model: the start-path harness extended to the finish path and supervision.
+/// Processes exit (genuine, forged, malformed or missing receipts), every upload, completion
+/// and lease-control answer (including commit-then-lost-response and replays), stop outcomes,
+/// spool and receipt-store faults, clean and uncertain write failures, every executor outcome
+/// (for the spawn crash window), a crash before or after every command, a jump past the lease
+/// expiry and a drain request.
+#[must_use]
+pub fn finish_path() -> Model {
+    let menu = Menu {
+        crashes: true,
+        record_faults: true,
+        spawn_answers: true,
+        log_faults: true,
+        receipt_answers: true,
+        upload_answers: true,
+        completion_answers: true,
+        lease_answers: true,
+        stop_answers: true,
+        exits: true,
+        ..Menu::default()
+    };
+    Model {
+        name: "finish-path",
+        menu,
+        bounds: Bounds {
+            faults: 2,
+            crashes: 1,
+            entropy: 0,
+            ticks: 6,
+            jumps: 1,
+            drains: 1,
+            max_states: 2_000_000,
+        },
+        roots: roots(alloc::vec![World::one_offer(1)]),
+    }
 }

@@ -193,8 +193,10 @@ impl Sim {
             answer => {
                 let outcome = self.world.perform(self.now, &act, answer);
                 if let Err(e) = self.worker.handle(self.now, Input::Outcome { id, outcome }) {
-                    self.world
-                        .violation("worker-error", format!("the Worker refused an outcome: {e}"));
+                    self.world.violation(
+                        "worker-error",
+                        format!("the Worker refused an outcome: {e}"),
+                    );
                 }
                 self.poll();
             }

@@ -1,21 +1,34 @@
 //! The safety invariants, checked on every command before it takes effect.
 //!
-//! | name | invariant |
-//! |---|---|
-//! | `single-spawn` | at most one spawn per offer, across every crash and restart |
-//! | `spawn-barrier` | a spawn only while the durable record is `launching` with exactly the plan's offer, Run, Attempt, start time, log id, callback sequence and capability digest |
-//! | `fail-start-proof` | `start-failure` only when no spawn was issued for the offer, or the spawn was answered `Rejected` (and no process of the offer exists) |
-//! | `running-ack-after-started` | the running ACK only while `started` (with the same handle) is durable |
-//! | `revision-plus-one` | every record write is a first publication at revision 0 or a replace at exactly `expected + 1` that the journal's `check_transition` accepts; every claim write obeys the claim rules |
-//! | `no-raw-capability` | no persisted record or claim contains a drawn capability (raw, base64url or hex) |
-//! | `claim-before-pull` | the `offers` request only with its claim (offer id, token) durable |
-//! | `stored-before-clear` | a claim whose offer was delivered is cleared only after the offer is in the inbox |
-//! | `upload-before-completion` | completion only names an artifact whose upload the Worker heard succeed |
-//! | `genuine-receipt-only` | upload and completion only while the attempt's receipt is the supervisor's genuine one |
-//! | `completion-before-acknowledged` | `completion_acknowledged` is persisted only after the control plane applied the completion |
-//! | `receipt-removed-after-acknowledged` | a receipt is removed only while its record is durably `completion_acknowledged` |
-//! | `logs-kept` | no command deletes or shortens a log |
-//! | `stop-after-durable-lease` | a stop only when the durable lease has expired locally, the control plane said the Run is terminal, or the `stop_requested` lease version is durable |
+//! * `single-spawn`: at most one spawn per offer, across every crash and restart.
+//! * `spawn-barrier`: a spawn only while the durable record is `launching` with exactly the
+//!   plan's offer, Run, Attempt, start time, log id, callback sequence and capability digest.
+//! * `fail-start-proof`: `start-failure` only when no spawn was issued for the offer, or the
+//!   spawn was answered `Rejected` (and no process of the offer exists).
+//! * `running-ack-after-started`: the running ACK only while `started` (with the same handle)
+//!   is durable.
+//! * `revision-plus-one`: every record write is a first publication at revision 0 or a replace
+//!   at exactly `expected + 1` that the journal's `check_transition` accepts; every claim write
+//!   obeys the claim rules of `crate::claim`.
+//! * `no-raw-capability`: no persisted record or claim contains drawn capability bytes (raw,
+//!   base64url or hex).
+//! * `claim-before-pull`: the `offers` request only with its claim (offer id, token) durable.
+//! * `stored-before-clear`: a claim whose offer was delivered is cleared only once the offer is
+//!   in the inbox.
+//! * `upload-before-completion`: completion only names an artifact whose upload the Worker heard
+//!   succeed (same log id, length and SHA-256).
+//! * `genuine-receipt-only`: upload and completion only while the attempt's receipt is the
+//!   supervisor's genuine one (never after a forged or malformed receipt).
+//! * `completion-before-acknowledged`: `completion_acknowledged` is persisted only after the
+//!   control plane applied the completion.
+//! * `receipt-removed-after-acknowledged`: a receipt is removed only while its record is durably
+//!   `completion_acknowledged`.
+//! * `logs-kept`: no command deletes or shortens a log.
+//! * `stop-after-durable-lease`: a stop only when the durable lease has expired locally, the
+//!   control plane said the Run is terminal, or the `stop_requested` lease version is durable.
+//!
+//! The driver adds `worker-error` (the Worker refused an outcome or halted on a conflict or an
+//! unexpected outcome) and the explorer `panic` (a core assertion fired).
 
 use alloc::format;
 use alloc::string::String;
@@ -57,7 +70,10 @@ impl World {
                     if !applied {
                         self.violation(
                             "completion-before-acknowledged",
-                            format!("{} acknowledged without an applied completion", alias(self, &record.offer.offer_id)),
+                            format!(
+                                "{} acknowledged without an applied completion",
+                                alias(self, &record.offer.offer_id)
+                            ),
                         );
                     }
                 }
@@ -109,7 +125,10 @@ impl World {
         for (id, length) in before {
             let now = self.disk.logs.get(id).map(|l| l.content.len());
             if now.is_none_or(|n| n < *length) {
-                self.violation("logs-kept", format!("log {id} went from {length} to {now:?}"));
+                self.violation(
+                    "logs-kept",
+                    format!("log {id} went from {length} to {now:?}"),
+                );
             }
         }
     }
@@ -128,10 +147,7 @@ impl World {
         let name = alias(self, &plan.offer_id);
         let earlier = self.evidence.spawns.get(&plan.offer_id).map_or(0, |s| s.0);
         if earlier > 0 {
-            self.violation(
-                "single-spawn",
-                format!("spawn #{} of {name}", earlier + 1),
-            );
+            self.violation("single-spawn", format!("spawn #{} of {name}", earlier + 1));
         }
         let matches = self.disk.record(&plan.offer_id).map(|r| {
             (
@@ -233,13 +249,19 @@ impl World {
     fn check_completion(&mut self, offer_id: &OfferId, v: &Value) {
         let name = alias(self, offer_id);
         let artifact = v.get("artifact").cloned().unwrap_or(Value::Null);
-        let log = artifact.get("logArtifactId").and_then(Value::as_str).unwrap_or("");
-        let length = artifact.get("byteLength").and_then(Value::as_u64).unwrap_or(u64::MAX);
+        let log = artifact
+            .get("logArtifactId")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let length = artifact
+            .get("byteLength")
+            .and_then(Value::as_u64)
+            .unwrap_or(u64::MAX);
         let sha = artifact.get("sha256").and_then(Value::as_str).unwrap_or("");
         let uploaded = self.plane.runs.get(offer_id).is_some_and(|run| {
-            run.uploads
-                .iter()
-                .any(|(l, n, s, heard)| *heard && l.as_str() == log && *n == length && s.to_hex() == sha)
+            run.uploads.iter().any(|(l, n, s, heard)| {
+                *heard && l.as_str() == log && *n == length && s.to_hex() == sha
+            })
         });
         if !uploaded {
             self.violation(
@@ -265,7 +287,11 @@ impl World {
     }
 
     fn check_stop(&mut self, now: UnixMillis, handle: &str) {
-        let Some(offer_id) = self.supervisor.by_handle(handle).map(|p| p.offer_id.clone()) else {
+        let Some(offer_id) = self
+            .supervisor
+            .by_handle(handle)
+            .map(|p| p.offer_id.clone())
+        else {
             return;
         };
         let record = self.disk.record(&offer_id);

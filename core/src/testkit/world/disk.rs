@@ -3,6 +3,7 @@
 use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
 use alloc::format;
+use alloc::string::String;
 use alloc::vec::Vec;
 use core::hash::Hasher;
 
@@ -196,11 +197,13 @@ impl World {
         let verdict = match (expected, stored) {
             (None, stored) => match check_create(stored, claim) {
                 Ok(ClaimCreate::Publish) => Ok(()),
-                Ok(ClaimCreate::AlreadyExists) => Err(format!("claim created twice")),
+                Ok(ClaimCreate::AlreadyExists) => Err(String::from("claim created twice")),
                 Err(e) => Err(format!("{e}")),
             },
-            (Some(rev), Some(stored)) => check_replace(stored, claim, rev).map_err(|e| format!("{e}")),
-            (Some(_), None) => Err(format!("replace of an absent claim")),
+            (Some(rev), Some(stored)) => {
+                check_replace(stored, claim, rev).map_err(|e| format!("{e}"))
+            }
+            (Some(_), None) => Err(String::from("replace of an absent claim")),
         };
         if let Err(detail) = verdict {
             self.violation("revision-plus-one", format!("claim: {detail}"));
@@ -220,8 +223,10 @@ impl World {
         answer: Answer,
     ) -> Outcome {
         let verdict = match self.disk.claim.as_ref() {
-            Some((stored, _)) => check_clear(stored, offer_id, revision).map_err(|e| format!("{e}")),
-            None => Err(format!("clear of an absent claim")),
+            Some((stored, _)) => {
+                check_clear(stored, offer_id, revision).map_err(|e| format!("{e}"))
+            }
+            None => Err(String::from("clear of an absent claim")),
         };
         if let Err(detail) = verdict {
             self.violation("revision-plus-one", format!("claim clear: {detail}"));

@@ -385,7 +385,11 @@ impl World {
                     receipt: ReceiptKind::Genuine,
                 });
                 if menu.receipt_answers {
-                    for receipt in [ReceiptKind::Forged, ReceiptKind::Malformed, ReceiptKind::Missing] {
+                    for receipt in [
+                        ReceiptKind::Forged,
+                        ReceiptKind::Malformed,
+                        ReceiptKind::Missing,
+                    ] {
                         out.push(Event::Exit {
                             index,
                             code: 1,

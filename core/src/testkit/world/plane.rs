@@ -167,7 +167,10 @@ impl ControlPlane {
         hasher.write_usize(self.templates.len());
         hash_debug(hasher, &(self.session_version, self.session_status));
         for run in self.runs.values() {
-            hash_debug(hasher, &(run.n, run.status, run.callback_sequence, run.deadline));
+            hash_debug(
+                hasher,
+                &(run.n, run.status, run.callback_sequence, run.deadline),
+            );
             hash_debug(hasher, &(&run.handle, run.started_at, &run.uploads));
             hash_debug(hasher, &(run.completion, run.wants_stop));
             hash_debug(hasher, &(run.stop_requested_version, run.terminal_answered));

@@ -90,7 +90,9 @@ impl Supervisor {
 
     /// Processes of `offer_id`.
     pub fn of_offer<'a>(&'a self, offer_id: &'a OfferId) -> impl Iterator<Item = &'a Process> {
-        self.processes.iter().filter(move |p| p.offer_id == *offer_id)
+        self.processes
+            .iter()
+            .filter(move |p| p.offer_id == *offer_id)
     }
 
     pub(super) fn fingerprint(&self, hasher: &mut dyn Hasher) {
@@ -137,8 +139,15 @@ impl World {
         if !barrier {
             return Outcome::Spawned(SpawnOutcome::Rejected);
         }
-        let exists = matches!(answer, Answer::Ok | Answer::BadHandle | Answer::UnknownSpawned);
-        let handle = format!("ql3lp1.sim.{}.{}", plan.attempt_id, self.supervisor.processes.len());
+        let exists = matches!(
+            answer,
+            Answer::Ok | Answer::BadHandle | Answer::UnknownSpawned
+        );
+        let handle = format!(
+            "ql3lp1.sim.{}.{}",
+            plan.attempt_id,
+            self.supervisor.processes.len()
+        );
         if exists {
             self.supervisor.processes.push(Process {
                 offer_id: plan.offer_id.clone(),
@@ -166,7 +175,12 @@ impl World {
         })
     }
 
-    pub(super) fn stop(&mut self, now: UnixMillis, handle: &ExecutorHandle, answer: Answer) -> Outcome {
+    pub(super) fn stop(
+        &mut self,
+        now: UnixMillis,
+        handle: &ExecutorHandle,
+        answer: Answer,
+    ) -> Outcome {
         let index = self
             .supervisor
             .processes
@@ -199,11 +213,16 @@ impl World {
         }
         p.state = ProcessState::Exited(code);
         let p = p.clone();
-        let log = self.disk.logs.entry(p.log_artifact_id.clone()).or_insert(Log {
-            content: Vec::new(),
-            truncated: None,
-        });
-        log.content.extend_from_slice(format!("output of {}\n", p.attempt_id).as_bytes());
+        let log = self
+            .disk
+            .logs
+            .entry(p.log_artifact_id.clone())
+            .or_insert(Log {
+                content: Vec::new(),
+                truncated: None,
+            });
+        log.content
+            .extend_from_slice(format!("output of {}\n", p.attempt_id).as_bytes());
         log.truncated = Some(false);
         let token = match kind {
             ReceiptKind::Genuine | ReceiptKind::Malformed => receipt_token(&p.capability),
