@@ -77,8 +77,8 @@ pub struct Sim {
     pub restarts: u32,
     /// When recording: one line per command (its summary) and per driver event.
     pub trail: Option<Vec<String>>,
-    /// When recording: the canonical bytes of every command.
-    pub stream: Option<Vec<Vec<u8>>>,
+    /// When recording: every command, in order (see [`Act::canonical`]).
+    pub stream: Option<Vec<Act>>,
     script: Vec<(On, Answer)>,
 }
 
@@ -156,7 +156,7 @@ impl Sim {
                     self.note(line);
                 }
                 if let Some(stream) = &mut self.stream {
-                    stream.push(act.canonical());
+                    stream.push(act.clone());
                 }
                 self.pending = Some((command.id, act));
                 Status::Busy

@@ -520,6 +520,9 @@ impl World {
             } => format!("{kind} {}", self.log_alias(log_artifact_id)),
             Act::Post {
                 operation, body, ..
+            } if *operation == Operation::Offers => format!("{kind} offers"),
+            Act::Post {
+                operation, body, ..
             } => match plane::body_offer(body) {
                 Some(id) => format!("{kind} {} {}", operation.as_str(), self.alias(&id)),
                 None => format!("{kind} {}", operation.as_str()),
