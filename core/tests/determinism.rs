@@ -18,9 +18,7 @@ use ql_worker_core::ids::{CapabilityDigest, LeaseToken, LogArtifactId, OfferId, 
 use ql_worker_core::testkit::act::Act;
 use ql_worker_core::testkit::explore::model_config;
 use ql_worker_core::testkit::sim::{On, Sim, Status};
-use ql_worker_core::testkit::world::{
-    Answer, Event, Menu, OfferTemplate, ReceiptKind, World,
-};
+use ql_worker_core::testkit::world::{Answer, Event, Menu, OfferTemplate, ReceiptKind, World};
 use ql_worker_core::testkit::{self};
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
@@ -94,7 +92,11 @@ fn number(table: &mut BTreeMap<String, usize>, value: &str) -> usize {
 
 impl Masks {
     fn offer(&mut self, id: &OfferId) -> OfferId {
-        OfferId::new(format!("masked-offer-{}", number(&mut self.offers, id.as_str()))).unwrap()
+        OfferId::new(format!(
+            "masked-offer-{}",
+            number(&mut self.offers, id.as_str())
+        ))
+        .unwrap()
     }
 
     fn token(&mut self, token: &LeaseToken) -> LeaseToken {
@@ -190,7 +192,10 @@ fn different_entropy_changes_only_the_entropy_derived_fields() {
     let (a, b) = (acts(7), acts(8));
     assert_eq!(a.len(), b.len(), "the same commands, in the same order");
     let differing = a.iter().zip(&b).filter(|(x, y)| x != y).count();
-    assert!(differing > 10, "entropy must reach the stream ({differing} differ)");
+    assert!(
+        differing > 10,
+        "entropy must reach the stream ({differing} differ)"
+    );
     let (mut ma, mut mb) = (Masks::default(), Masks::default());
     for (index, (x, y)) in a.iter().zip(&b).enumerate() {
         let (x, y) = (ma.act(x), mb.act(y));
@@ -205,8 +210,11 @@ fn different_entropy_changes_only_the_entropy_derived_fields() {
     assert_eq!(ma.offers.len(), mb.offers.len());
     assert!(!ma.offers.is_empty() && !ma.tokens.is_empty() && !ma.digests.is_empty());
     // And the envelope bytes of records really are compared (not only the summaries).
-    assert!(a.iter().any(|act| matches!(act, Act::PersistRecord { record, .. }
-        if envelope::encode(&**record).is_ok())));
+    assert!(
+        a.iter()
+            .any(|act| matches!(act, Act::PersistRecord { record, .. }
+        if envelope::encode(&**record).is_ok()))
+    );
 }
 
 fn menu() -> Menu {

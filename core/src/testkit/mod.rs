@@ -22,10 +22,12 @@ use alloc::string::String;
 use alloc::vec;
 
 use crate::ids::{
-    AttemptId, LeaseGeneration, LeaseToken, LeaseVersion, OfferId, ProjectId, RunId, SessionId,
-    Sha256Digest, TaskId, TaskRevision, WorkerGeneration, WorkerId,
+    AttemptId, CallbackSequence, CapabilityDigest, ExecutorHandle, LeaseGeneration, LeaseToken,
+    LeaseVersion, OfferId, ProjectId, Revision, RunId, SessionId, Sha256Digest, TaskId,
+    TaskRevision, WorkerGeneration, WorkerId,
 };
 use crate::offer::{Candidate, DeliveryKind, ExecutorType, Lease, LeaseStatus, Offer, OfferWorker};
+use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::revision::{
     Architecture, EnvBinding, EnvName, EnvValue, ExecCommand, ExecutionRevision, SecretRef,
 };
@@ -182,4 +184,77 @@ pub fn offer_for(
         execution_revision: revision,
         placement_score: 0,
     }
+}
+
+/// The raw completion capability of seeded record `n` (its digest is what [`record`] stores).
+#[must_use]
+pub fn seeded_capability(n: u32) -> [u8; 32] {
+    let mut bytes = [0x5a; 32];
+    bytes[..4].copy_from_slice(&n.to_le_bytes());
+    bytes
+}
+
+/// The durable handle of seeded record `n`.
+#[must_use]
+pub fn seeded_handle(n: u32) -> ExecutorHandle {
+    ExecutorHandle::new(format!("ql3lp1.seeded.attempt-{n}")).expect("sample handle")
+}
+
+/// A valid record of [`offer`]`(n)` in `state`, as if it had walked the happy path there:
+/// accepted at 100 ms, one revision per step, the spawn barrier (start time 102 ms, derived log
+/// id, callback sequence 1, digest of [`seeded_capability`]) from `launching` on, the handle of
+/// [`seeded_handle`] from `started` on. `recovery_required` records carry
+/// `launch_outcome_unknown` and the barrier; `start_failed` ones none.
+#[must_use]
+pub fn record(n: u32, state: State) -> InboxRecord {
+    let mut r = InboxRecord::accepted(offer(n), ms(100));
+    let steps: u64 = match state {
+        State::Accepted => 0,
+        State::StartingAcknowledged => 1,
+        State::Launching | State::StartFailed => 2,
+        State::Started | State::RecoveryRequired => 3,
+        State::RunningAcknowledged | State::StartFailureAcknowledged => 4,
+        State::CompletionAcknowledged => 5,
+    };
+    r.revision = Revision::new(steps).expect("sample revision");
+    r.state = state;
+    r.updated_at_ms = ms(100 + steps);
+    let barrier = !matches!(
+        state,
+        State::Accepted
+            | State::StartingAcknowledged
+            | State::StartFailed
+            | State::StartFailureAcknowledged
+    );
+    if barrier {
+        let c = &r.offer.candidate;
+        r.executor_started_at_ms = Some(ms(102));
+        r.log_artifact_id = Some(crate::wire::derive_log_artifact_id(
+            &c.project_id,
+            &c.run_id,
+            &c.attempt_id,
+            &r.offer.offer_id,
+        ));
+        r.completion_receipt_callback_sequence = Some(CallbackSequence::FIRST);
+        let digest = Sha256Digest::of(&seeded_capability(n));
+        r.completion_receipt_token_digest = Some(CapabilityDigest::new(digest));
+    }
+    if matches!(
+        state,
+        State::Started | State::RunningAcknowledged | State::CompletionAcknowledged
+    ) {
+        r.executor_handle = Some(seeded_handle(n));
+    }
+    match state {
+        State::CompletionAcknowledged => r.completion_acknowledged_at_ms = Some(r.updated_at_ms),
+        State::RecoveryRequired => r.recovery_reason = Some(RecoveryReason::LaunchOutcomeUnknown),
+        State::Accepted
+        | State::StartingAcknowledged
+        | State::Launching
+        | State::Started
+        | State::RunningAcknowledged
+        | State::StartFailed
+        | State::StartFailureAcknowledged => {}
+    }
+    r
 }

@@ -100,6 +100,14 @@ impl Sim {
         }
     }
 
+    /// The scenario tests' simulation: the model configuration (edge profile, one concurrent
+    /// Run), `world`, the clock at 1 000 ms, recording.
+    #[must_use]
+    pub fn scenario(world: World) -> Self {
+        let start = UnixMillis::new(1_000).unwrap_or(UnixMillis::ZERO);
+        Self::new(crate::testkit::explore::model_config(), world, start).recording()
+    }
+
     /// Records the trail and the canonical command stream from now on.
     #[must_use]
     pub fn recording(mut self) -> Self {
@@ -201,6 +209,29 @@ impl Sim {
                 self.poll();
             }
         }
+    }
+
+    /// Feeds `outcome` for the outstanding command without asking the world (a hand-made
+    /// answer the world does not produce, e.g. a drifted offer).
+    ///
+    /// # Panics
+    /// When no command is outstanding.
+    pub fn deliver(&mut self, outcome: crate::io::Outcome) {
+        // INVARIANT: callers deliver only to a Busy simulation.
+        let (id, _) = self.pending.take().expect("a command is outstanding");
+        if let Err(e) = self.worker.handle(self.now, Input::Outcome { id, outcome }) {
+            self.world.violation(
+                "worker-error",
+                format!("the Worker refused an outcome: {e}"),
+            );
+        }
+        self.poll();
+    }
+
+    /// The outstanding command, if any.
+    #[must_use]
+    pub fn act(&self) -> Option<&Act> {
+        self.pending.as_ref().map(|(_, act)| act)
     }
 
     /// Drops the Worker (memory lost) and starts a new one at `now` from the durable world.

@@ -18,6 +18,7 @@ use crate::ids::{
 };
 use crate::io::{HttpFailure, Outcome};
 use crate::offer::Offer;
+use crate::record::InboxRecord;
 use crate::revision::ExecutionRevision;
 use crate::testkit::{offer_for, worker};
 use crate::time::UnixMillis;
@@ -341,6 +342,58 @@ impl World {
             }
             .to_json(),
         )
+    }
+}
+
+impl World {
+    /// Seeds the world with `record` of offer `n` as if the Worker had written it: stored on
+    /// disk, known to the control plane (with the status that record implies), and, when
+    /// `running`, with the process of its seeded capability and handle running under the
+    /// supervisor (and its log allocated).
+    pub fn seed(&mut self, n: u32, record: InboxRecord, running: bool) {
+        use crate::record::State as S;
+        let id = record.offer.offer_id.clone();
+        let mut run = new_run(n, record.offer.clone());
+        run.status = match record.state {
+            S::Accepted => CpStatus::Leased,
+            S::StartingAcknowledged | S::Launching | S::Started | S::StartFailed => {
+                CpStatus::Starting
+            }
+            S::RunningAcknowledged | S::RecoveryRequired => CpStatus::Running,
+            S::StartFailureAcknowledged => CpStatus::StartFailed,
+            S::CompletionAcknowledged => CpStatus::Completed,
+        };
+        if run.status == CpStatus::Running {
+            run.handle = record.executor_handle.clone();
+            run.started_at = record.executor_started_at_ms;
+            run.callback_sequence = 1;
+        }
+        if running && let Some(log) = record.log_artifact_id.clone() {
+            self.disk.logs.entry(log.clone()).or_insert(super::Log {
+                content: Vec::new(),
+                truncated: None,
+            });
+            let handle = record
+                .executor_handle
+                .clone()
+                .unwrap_or_else(|| crate::testkit::seeded_handle(n));
+            self.supervisor.processes.push(super::Process {
+                offer_id: id.clone(),
+                run_id: record.offer.candidate.run_id.clone(),
+                attempt_id: record.offer.candidate.attempt_id.clone(),
+                handle: String::from(handle.as_str()),
+                started_at: record.executor_started_at_ms.unwrap_or(UnixMillis::ZERO),
+                sequence: record
+                    .completion_receipt_callback_sequence
+                    .unwrap_or(CallbackSequence::FIRST),
+                capability: crate::testkit::seeded_capability(n),
+                log_artifact_id: log,
+                state: super::ProcessState::Running,
+            });
+        }
+        self.aliases.insert(id.clone(), format!("o{n}"));
+        self.plane.runs.insert(id, run);
+        self.disk.put(record);
     }
 }
 

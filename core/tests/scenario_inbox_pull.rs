@@ -1,0 +1,461 @@
+//! Reference §6.1 (`WR/remoteOfferDelivery.test.cjs`): the inbox and the Pull coordinator,
+//! driven through the whole Worker against the simulated host (`testkit::world`). Each test is
+//! named after the reference scenario and asserts the exact commands the core issues.
+
+use ql_worker_core::claim::PendingClaim;
+use ql_worker_core::ids::{OfferId, Revision, WorkerGeneration};
+use ql_worker_core::io::{Outcome, StoreFailure};
+use ql_worker_core::listing::PageLimit;
+use ql_worker_core::record::{InboxRecord, State};
+use ql_worker_core::testkit::act::Act;
+use ql_worker_core::testkit::sim::{On, Sim};
+use ql_worker_core::testkit::world::{Answer, World};
+use ql_worker_core::testkit::{self};
+use ql_worker_core::time::UnixMillis;
+use ql_worker_core::wire::offer::{OfferResponse, OfferStats, OfferedLease, OfferedOffer};
+use ql_worker_core::wire::route::Operation;
+
+fn ms(v: u64) -> UnixMillis {
+    UnixMillis::new(v).unwrap()
+}
+
+fn lines(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_string()).collect()
+}
+
+/// Asserts that `expected` appears in `trail` as one contiguous run of commands.
+fn assert_run(trail: &[String], expected: &[&str]) {
+    let expected = lines(expected);
+    assert!(
+        trail
+            .windows(expected.len())
+            .any(|w| w == expected.as_slice()),
+        "expected the run {expected:#?}\nin the trail {trail:#?}"
+    );
+}
+
+/// Registers and reconciles an empty inbox: the next tick is the first active one.
+fn started(world: World) -> Sim {
+    let mut sim = Sim::scenario(world);
+    sim.run(2);
+    assert_eq!(
+        sim.take_trail(),
+        lines(&["tick 1000", "post register", "tick 1000", "list-inbox"])
+    );
+    sim
+}
+
+fn claim(sim: &Sim) -> Option<PendingClaim> {
+    sim.world.disk.claim.as_ref().map(|(c, _)| c.clone())
+}
+
+fn the_offer(sim: &Sim) -> OfferId {
+    sim.world.plane.runs.keys().next().unwrap().clone()
+}
+
+fn first_write(sim: &Sim) -> (Option<Revision>, InboxRecord) {
+    let stream = sim.stream.as_ref().unwrap();
+    match stream
+        .iter()
+        .find(|a| matches!(a, Act::PersistRecord { .. }))
+    {
+        Some(Act::PersistRecord { expected, record }) => (*expected, (**record).clone()),
+        _ => panic!("no record written"),
+    }
+}
+
+/// The claim is durable (first publication) before the request and names the offer id and token
+/// the stored record carries; the offer is published as `accepted` at revision 0; a second
+/// delivery of the stored offer is a replay that writes nothing. The files' modes (0600 records
+/// and claim, 0700 root) and the temp + fsync + link/rename recipe belong to the driver's file
+/// authority and are tested there (`drivers/` file-authority tests).
+#[test]
+fn persists_the_claim_intent_and_accepted_capability_in_private_atomic_files() {
+    let mut sim = started(World::one_offer(1));
+    sim.run(1);
+    assert_eq!(
+        &sim.commands()[..8],
+        lines(&[
+            "list-inbox",
+            "read-claim",
+            "draw-entropy",
+            "persist-claim r0",
+            "post offers",
+            "read-record o1",
+            "persist-record o1 r0 accepted",
+            "clear-claim r0",
+        ])
+        .as_slice()
+    );
+    let stream = sim.stream.clone().unwrap();
+    let Some(Act::PersistClaim { expected, claim }) = stream
+        .iter()
+        .find(|a| matches!(a, Act::PersistClaim { .. }))
+    else {
+        panic!("no claim written");
+    };
+    assert_eq!(*expected, None, "the claim is a first publication");
+    assert_eq!(
+        claim.attempt_count, 1,
+        "created with its first attempt counted"
+    );
+    let (expected, record) = first_write(&sim);
+    assert_eq!(expected, None, "the offer is a first publication");
+    assert_eq!(
+        (record.revision, record.state),
+        (Revision::FIRST, State::Accepted)
+    );
+    assert_eq!(claim.offer_id, record.offer.offer_id);
+    assert_eq!(claim.lease_token, record.offer.lease_token);
+
+    // Crash after storing the offer, before clearing the claim: the restarted Worker retries
+    // the same claim, the control plane delivers the same offer, and the stored record is kept
+    // as it is (no write): only the claim is cleared. Two slots, so the Pull runs while o1 does.
+    let mut replay = Sim::new(testkit::config(), World::one_offer(1), ms(1_000)).recording();
+    replay.run(2);
+    replay.on(On::Persist(State::Accepted), Answer::CrashAfter);
+    replay.run(1);
+    replay.take_trail();
+    replay.run(3);
+    let trail = replay.commands();
+    assert_run(
+        &trail,
+        &[
+            "read-claim",
+            "persist-claim r1",
+            "post offers",
+            "read-record o1",
+            "clear-claim r1",
+            "read-record o1",
+        ],
+    );
+    assert_eq!(
+        trail.iter().filter(|l| l.contains("r0 accepted")).count(),
+        0
+    );
+    assert!(replay.world.disk.claim.is_none());
+    assert!(
+        replay.world.violations.is_empty(),
+        "{:?}",
+        replay.world.violations
+    );
+}
+
+/// One record per offer walks accepted → starting_acknowledged → launching → started →
+/// running_acknowledged at revisions 0..=4, each write a CAS on the previous revision. The
+/// journal (here the simulated one, with the same `check_transition`) refuses a regression and a
+/// revision skip, changing nothing.
+#[test]
+fn uses_one_revision_fenced_inbox_record_through_ack_and_spawn_barriers() {
+    let mut sim = started(World::one_offer(1));
+    sim.run(1);
+    let writes: Vec<(Option<Revision>, Revision, State)> = sim
+        .stream
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter_map(|a| match a {
+            Act::PersistRecord { expected, record } => {
+                Some((*expected, record.revision, record.state))
+            }
+            _ => None,
+        })
+        .collect();
+    let rev = |n| Revision::new(n).unwrap();
+    assert_eq!(
+        writes,
+        vec![
+            (None, rev(0), State::Accepted),
+            (Some(rev(0)), rev(1), State::StartingAcknowledged),
+            (Some(rev(1)), rev(2), State::Launching),
+            (Some(rev(2)), rev(3), State::Started),
+            (Some(rev(3)), rev(4), State::RunningAcknowledged),
+        ]
+    );
+    let stored = sim.world.disk.record(&the_offer(&sim)).unwrap().clone();
+    assert_eq!(stored.revision, rev(4));
+
+    // Regression running_acknowledged → started: refused (invalid transition).
+    let mut regression = stored.clone();
+    regression.revision = rev(5);
+    regression.state = State::Started;
+    let act = Act::PersistRecord {
+        expected: Some(rev(4)),
+        record: Box::new(regression),
+    };
+    let outcome = sim.world.perform(sim.now, &act, Answer::Ok);
+    assert!(matches!(outcome, Outcome::Store(StoreFailure::Conflict)));
+    assert!(
+        sim.world.violations[0]
+            .detail
+            .contains("illegal transition"),
+        "{:?}",
+        sim.world.violations
+    );
+
+    // Revision skip 4 → 6: refused (revision conflict).
+    let mut skip = stored.clone();
+    skip.revision = rev(6);
+    let act = Act::PersistRecord {
+        expected: Some(rev(4)),
+        record: Box::new(skip),
+    };
+    let outcome = sim.world.perform(sim.now, &act, Answer::Ok);
+    assert!(matches!(outcome, Outcome::Store(StoreFailure::Conflict)));
+    assert!(sim.world.violations[1].detail.contains("must be 5"));
+    assert_eq!(
+        sim.world.disk.record(&the_offer(&sim)),
+        Some(&stored),
+        "nothing changed"
+    );
+}
+
+/// Startup reconciliation lists the inbox in keyset pages of the configured size, following the
+/// cursor until the last page (which has none); a page size above 64 is a configuration error.
+#[test]
+fn lists_the_single_execution_inbox_authority_with_a_stable_bounded_cursor() {
+    let mut world = World::new(1, Vec::new());
+    for n in 1..=3 {
+        world.seed(
+            n,
+            testkit::record(n, State::StartFailureAcknowledged),
+            false,
+        );
+    }
+    let mut sim = Sim::scenario(world);
+    sim.config.startup_page = PageLimit::new(2).unwrap();
+    sim.crash(); // Apply the configuration: a fresh Worker.
+    sim.take_trail();
+    sim.run(4);
+    assert_eq!(
+        sim.commands(),
+        lines(&[
+            "post register",
+            "list-inbox",
+            "list-inbox after o2",
+            "list-inbox",
+            "read-claim",
+            "draw-entropy",
+            "persist-claim r0",
+            "post offers",
+            "clear-claim r0",
+        ])
+    );
+    let page = sim.world.perform(
+        sim.now,
+        &Act::ListInbox {
+            after: None,
+            limit: 2,
+        },
+        Answer::Ok,
+    );
+    let Outcome::InboxListed {
+        records,
+        next_after,
+    } = page
+    else {
+        panic!("a page");
+    };
+    let ids: Vec<&str> = records.iter().map(|r| r.offer.offer_id.as_str()).collect();
+    assert_eq!(ids, ["offer-000001", "offer-000002"]);
+    assert_eq!(
+        next_after.as_ref().map(OfferId::as_str),
+        Some("offer-000002")
+    );
+    assert!(PageLimit::new(65).is_err());
+    assert!(PageLimit::new(64).is_ok());
+}
+
+/// A failed Pull keeps its claim and backs off (full jitter below the 1 s base for the first
+/// attempt; here the longest: 999 ms). Before the backoff ends a Pull sends nothing; after a
+/// restart the retry reuses the same offer id and token, is accepted, and the claim is cleared.
+#[test]
+fn keeps_one_stable_claim_through_transport_loss_bounded_backoff_and_restart() {
+    let mut sim = started(World::one_offer(1));
+    sim.on(On::Post(Operation::Offers), Answer::Unavailable);
+    sim.on(On::Kind("draw-entropy"), Answer::Ok);
+    sim.on(On::Kind("draw-entropy"), Answer::EntropyVariant);
+    sim.run(1);
+    assert_eq!(
+        sim.take_trail(),
+        lines(&[
+            "tick 1000",
+            "list-inbox",
+            "read-claim",
+            "draw-entropy",
+            "persist-claim r0",
+            "post offers",
+            "draw-entropy",
+            "persist-claim r1",
+        ])
+    );
+    let first = claim(&sim).unwrap();
+    assert_eq!(first.attempt_count, 1);
+    assert_eq!(
+        first.next_attempt_at_ms,
+        ms(1_000 + 999),
+        "now + floor(r · 1000)"
+    );
+    // Restart inside the backoff window: the Pull reads the claim and sends nothing.
+    sim.advance_to(ms(1_500));
+    sim.crash();
+    sim.run(3);
+    assert_eq!(
+        sim.take_trail(),
+        lines(&[
+            "crash",
+            "tick 1500",
+            "post register",
+            "tick 1500",
+            "list-inbox",
+            "tick 1500",
+            "list-inbox",
+            "read-claim",
+        ])
+    );
+    // After the backoff: the same claim (offer id, token) is retried and accepted.
+    sim.run(1);
+    let trail = sim.take_trail();
+    assert_eq!(
+        &trail[..8],
+        lines(&[
+            "tick 3500",
+            "list-inbox",
+            "read-claim",
+            "persist-claim r2",
+            "post offers",
+            "read-record o1",
+            "persist-record o1 r0 accepted",
+            "clear-claim r2",
+        ])
+        .as_slice()
+    );
+    let record = sim.world.disk.record(&the_offer(&sim)).unwrap();
+    assert_eq!(record.offer.offer_id, first.offer_id);
+    assert_eq!(record.offer.lease_token, first.lease_token);
+    assert!(sim.world.disk.claim.is_none());
+}
+
+fn offered(offer_id: OfferId, generation: WorkerGeneration) -> Outcome {
+    let offer = testkit::offer(1);
+    let mut worker = testkit::worker();
+    worker.generation = generation;
+    let response = OfferResponse::Offered {
+        offer: Box::new(OfferedOffer {
+            offer_id,
+            delivery_kind: offer.delivery_kind,
+            execution_digest: offer.execution_digest,
+            candidate: offer.candidate.clone(),
+            worker,
+            lease: OfferedLease {
+                version: offer.lease.version,
+                lease_generation: offer.lease.lease_generation,
+                acquired_at_ms: ms(1_000),
+                renewed_at_ms: ms(1_000),
+                expires_at_ms: ms(31_000),
+                updated_at_ms: ms(1_000),
+            },
+            execution_revision: offer.execution_revision.clone(),
+            placement_score: 0,
+        }),
+        stats: OfferStats::default(),
+        truncated: false,
+    };
+    Outcome::Responded(response.to_json())
+}
+
+/// The offer is durable before the claim is cleared (record write, then clear); an offer for
+/// another offer id than the claim's (target drift) is refused: nothing is stored, the claim is
+/// kept with a backoff.
+#[test]
+fn writes_the_inbox_before_clearing_the_pending_claim_and_rejects_target_drift() {
+    let mut sim = started(World::one_offer(1));
+    sim.run(1);
+    assert_run(
+        &sim.take_trail(),
+        &[
+            "post offers",
+            "read-record o1",
+            "persist-record o1 r0 accepted",
+            "clear-claim r0",
+        ],
+    );
+
+    let mut drift = started(World::one_offer(1));
+    drift.tick();
+    while drift.act().is_some_and(|a| a.kind() != "post") {
+        drift.answer(Answer::Ok);
+    }
+    let generation = testkit::worker().generation;
+    drift.deliver(offered(OfferId::new("another-offer").unwrap(), generation));
+    drift.settle();
+    assert_eq!(
+        drift.take_trail(),
+        lines(&[
+            "tick 1000",
+            "list-inbox",
+            "read-claim",
+            "draw-entropy",
+            "persist-claim r0",
+            "post offers",
+            "draw-entropy",
+            "persist-claim r1",
+        ])
+    );
+    assert!(drift.world.disk.records.is_empty());
+    assert_eq!(claim(&drift).unwrap().revision, Revision::new(1).unwrap());
+}
+
+/// An offer bound to another Session generation than the claim's (the Session changed while the
+/// request was in flight) is not admitted: nothing is stored and the claim is kept, backing off.
+/// Deliberate difference: a *stored* claim of another Session is cleared at the next Pull
+/// (it can never be admitted), where the reference fails with `claim_conflict` forever.
+#[test]
+fn retains_the_old_claim_without_accepting_when_the_current_session_changes() {
+    let mut sim = started(World::one_offer(1));
+    sim.tick();
+    while sim.act().is_some_and(|a| a.kind() != "post") {
+        sim.answer(Answer::Ok);
+    }
+    let kept = claim(&sim).unwrap();
+    sim.deliver(offered(
+        kept.offer_id.clone(),
+        WorkerGeneration::new(3).unwrap(),
+    ));
+    sim.settle();
+    assert_eq!(
+        &sim.take_trail()[5..],
+        lines(&["post offers", "draw-entropy", "persist-claim r1"]).as_slice()
+    );
+    assert!(sim.world.disk.records.is_empty(), "nothing accepted");
+    let after = claim(&sim).unwrap();
+    assert_eq!(
+        (&after.offer_id, &after.lease_token),
+        (&kept.offer_id, &kept.lease_token)
+    );
+
+    // A stored claim of an older Session generation is cleared, then a fresh claim is made.
+    let mut world = World::one_offer(1);
+    let mut old = testkit::worker();
+    old.generation = WorkerGeneration::new(1).unwrap();
+    world.disk.put_claim(PendingClaim::new(
+        &old,
+        testkit::offer_id(9),
+        testkit::lease_token(9),
+        ms(500),
+    ));
+    let mut sim = started(world);
+    sim.run(1);
+    assert_eq!(
+        &sim.take_trail()[..6],
+        lines(&[
+            "tick 1000",
+            "list-inbox",
+            "read-claim",
+            "clear-claim r0",
+            "draw-entropy",
+            "persist-claim r0",
+        ])
+        .as_slice()
+    );
+}
