@@ -1,0 +1,219 @@
+//! Reference §6.5 (`WR/workerCompletionCoordinator.test.cjs`): the completion coordinator,
+//! driven through the whole Worker (supervision runs completion first on every tick) against
+//! the simulated host. Each test is named after the reference scenario and asserts the exact
+//! commands.
+
+use ql_worker_core::record::{RecoveryReason, State};
+use ql_worker_core::testkit::act::Act;
+use ql_worker_core::testkit::sim::{On, Sim};
+use ql_worker_core::testkit::world::{Answer, Event, ReceiptKind, World};
+use ql_worker_core::testkit::{self};
+
+fn lines(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_string()).collect()
+}
+
+/// A Worker holding o1 `running_acknowledged` with its process running, registered and
+/// reconciled; `take_trail` emptied.
+fn running() -> Sim {
+    let mut world = World::new(1, Vec::new());
+    world.seed(1, testkit::record(1, State::RunningAcknowledged), true);
+    let mut sim = Sim::scenario(world);
+    sim.run(2);
+    assert_eq!(
+        sim.take_trail(),
+        lines(&["tick 1000", "post register", "tick 1000", "list-inbox"])
+    );
+    sim
+}
+
+fn exit(sim: &mut Sim, receipt: ReceiptKind) {
+    sim.event(Event::Exit {
+        index: 0,
+        code: 0,
+        receipt,
+    });
+    sim.take_trail();
+}
+
+const COMPLETE: [&str; 8] = [
+    "list-inbox",
+    "read-record o1",
+    "read-receipt attempt-1",
+    "inspect-log o1",
+    "upload-log o1",
+    "post completion o1",
+    "persist-record o1 r5 completion_acknowledged",
+    "remove-receipt attempt-1",
+];
+
+/// Receipt, log, upload, completion, durable `completion_acknowledged`, then the receipt
+/// removal — in that order; the log is kept.
+#[test]
+fn uploads_before_completion_and_deletes_the_receipt_only_after_durable_ack() {
+    let mut sim = running();
+    exit(&mut sim, ReceiptKind::Genuine);
+    sim.run(1);
+    assert_eq!(sim.commands(), lines(&COMPLETE));
+    assert!(sim.world.disk.receipts.is_empty());
+    assert_eq!(
+        sim.world.disk.logs.len(),
+        1,
+        "the log is never deleted here"
+    );
+    let id = sim.world.plane.runs.keys().next().unwrap().clone();
+    assert_eq!(
+        sim.world.disk.record(&id).unwrap().state,
+        State::CompletionAcknowledged
+    );
+    // The completion named the uploaded artifact (the `upload-before-completion` check).
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
+
+/// A crash between the spawn and the `started` write leaves a durable `launching` record and a
+/// live process. The restart records `recovery_required(launch_outcome_unknown)` (never a
+/// respawn) and then completes receipt-first: the record has the barrier (start time, log id,
+/// callback sequence and digest) but no executor handle. (The reference's coordinator can also
+/// complete straight from `launching`; here startup reconciliation records the crash window
+/// first, and `recovery_required → completion_acknowledged` drops the reason.)
+#[test]
+fn recovers_a_receipt_from_the_durable_launching_crash_window() {
+    let mut sim = Sim::scenario(World::one_offer(1));
+    sim.run(2);
+    sim.on(On::Kind("spawn"), Answer::CrashAfter);
+    sim.run(1);
+    exit(&mut sim, ReceiptKind::Genuine);
+    sim.run(3);
+    assert_eq!(
+        sim.commands(),
+        lines(&[
+            "post register",
+            "list-inbox",
+            "read-record o1",
+            "persist-record o1 r3 recovery_required",
+            "list-inbox",
+            "read-record o1",
+            "read-receipt attempt-1",
+            "inspect-log o1",
+            "upload-log o1",
+            "post completion o1",
+            "persist-record o1 r4 completion_acknowledged",
+            "remove-receipt attempt-1",
+        ])
+    );
+    let id = sim.world.plane.runs.keys().next().unwrap().clone();
+    let record = sim.world.disk.record(&id).unwrap();
+    assert_eq!(record.executor_handle, None);
+    assert_eq!(record.recovery_reason, None);
+    assert!(sim.stream.iter().flatten().any(|a| matches!(a,
+        Act::PersistRecord { record, .. } if record.recovery_reason
+            == Some(RecoveryReason::LaunchOutcomeUnknown))));
+}
+
+/// A receipt whose token does not hash to the persisted digest is rejected before anything is
+/// uploaded: no upload, no completion, no removal, the receipt kept as evidence; supervision
+/// goes on to the lease.
+#[test]
+fn rejects_a_non_matching_raw_capability_before_upload() {
+    let mut sim = running();
+    exit(&mut sim, ReceiptKind::Forged);
+    sim.run(2);
+    let pass = [
+        "list-inbox",
+        "read-record o1",
+        "read-receipt attempt-1",
+        "read-record o1",
+        "post lease-control o1",
+    ];
+    let mut expected = lines(&pass);
+    expected.push("persist-record o1 r5 running_acknowledged".into());
+    expected.extend(lines(&pass));
+    expected.push("persist-record o1 r6 running_acknowledged".into());
+    assert_eq!(sim.commands(), expected);
+    assert_eq!(sim.world.disk.receipts.len(), 1, "kept as evidence");
+}
+
+/// An unreadable receipt store is transient: the next pass reads the receipt and completes.
+/// A malformed receipt is evidence: it is never uploaded or completed, and it is kept.
+#[test]
+fn distinguishes_unavailable_receipt_storage_from_invalid_evidence() {
+    let mut sim = running();
+    exit(&mut sim, ReceiptKind::Genuine);
+    sim.on(On::Kind("read-receipt"), Answer::Unchanged);
+    sim.run(2);
+    let trail = sim.commands();
+    assert_eq!(
+        trail[..6],
+        lines(&[
+            "list-inbox",
+            "read-record o1",
+            "read-receipt attempt-1",
+            "read-record o1",
+            "post lease-control o1",
+            "persist-record o1 r5 running_acknowledged",
+        ])[..]
+    );
+    assert_eq!(
+        trail[6..],
+        lines(&COMPLETE)
+            .iter()
+            .map(|l| l.replace("r5", "r6"))
+            .collect::<Vec<_>>()[..]
+    );
+
+    let mut sim = running();
+    exit(&mut sim, ReceiptKind::Malformed);
+    sim.run(3);
+    let trail = sim.commands();
+    assert!(!trail.iter().any(|l| l.starts_with("upload-log")));
+    assert!(!trail.iter().any(|l| l.starts_with("post completion")));
+    assert_eq!(
+        trail
+            .iter()
+            .filter(|l| *l == "read-receipt attempt-1")
+            .count(),
+        3
+    );
+    assert_eq!(sim.world.disk.receipts.len(), 1, "kept as evidence");
+}
+
+/// A failed upload stops the pass before completion: no completion, no removal, the record
+/// state unchanged, receipt and log kept; the next pass uploads again and completes.
+#[test]
+fn keeps_durable_evidence_when_upload_fails() {
+    let mut sim = running();
+    exit(&mut sim, ReceiptKind::Genuine);
+    sim.on(On::Kind("upload-log"), Answer::Unavailable);
+    sim.run(1);
+    assert_eq!(
+        sim.take_trail(),
+        lines(&[
+            "tick 1000",
+            "list-inbox",
+            "read-record o1",
+            "read-receipt attempt-1",
+            "inspect-log o1",
+            "upload-log o1",
+            "read-record o1",
+            "post lease-control o1",
+            "persist-record o1 r5 running_acknowledged",
+        ])
+    );
+    let id = sim.world.plane.runs.keys().next().unwrap().clone();
+    assert_eq!(
+        sim.world.disk.record(&id).unwrap().state,
+        State::RunningAcknowledged
+    );
+    assert_eq!(sim.world.disk.receipts.len(), 1);
+    assert!(sim.world.plane.runs[&id].completion.is_none());
+    sim.run(1);
+    let again: Vec<String> = lines(&COMPLETE)
+        .iter()
+        .map(|l| l.replace("r5", "r6"))
+        .collect();
+    assert_eq!(sim.commands(), again);
+}

@@ -1,0 +1,286 @@
+//! Reference §6.6 (`WR/workerExecutionControlCoordinator.test.cjs`): the lease-control
+//! supervisor (completion first, then the lease), driven through the whole Worker against the
+//! simulated host. Each test is named after the reference scenario and asserts the exact
+//! commands.
+
+use ql_worker_core::io::Input;
+use ql_worker_core::record::{RecoveryReason, State};
+use ql_worker_core::testkit::act::Act;
+use ql_worker_core::testkit::sim::{On, Sim, Status};
+use ql_worker_core::testkit::world::{Answer, Event, ReceiptKind, World};
+use ql_worker_core::testkit::{self};
+use ql_worker_core::time::UnixMillis;
+use ql_worker_core::wire::route::Operation;
+
+fn ms(v: u64) -> UnixMillis {
+    UnixMillis::new(v).unwrap()
+}
+
+fn lines(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_string()).collect()
+}
+
+/// A Worker holding o1 in `state` with its process running, registered and reconciled;
+/// `take_trail` emptied.
+fn holding(state: State) -> Sim {
+    let mut world = World::new(1, Vec::new());
+    world.seed(1, testkit::record(1, state), true);
+    let mut sim = Sim::scenario(world);
+    sim.run(2);
+    sim.take_trail();
+    sim
+}
+
+fn record_of(sim: &Sim) -> ql_worker_core::record::InboxRecord {
+    let id = sim.world.plane.runs.keys().next().unwrap();
+    sim.world.disk.record(id).unwrap().clone()
+}
+
+/// Completion is tried first (the receipt read), then the lease is renewed, then the new lease
+/// version is persisted in the same state.
+#[test]
+fn replays_completion_first_renews_authority_then_persists_the_next_lease_version() {
+    let mut sim = holding(State::RunningAcknowledged);
+    sim.run(1);
+    assert_eq!(
+        sim.commands(),
+        lines(&[
+            "list-inbox",
+            "read-record o1",
+            "read-receipt attempt-1",
+            "read-record o1",
+            "post lease-control o1",
+            "persist-record o1 r5 running_acknowledged",
+        ])
+    );
+    let record = record_of(&sim);
+    assert_eq!(record.offer.lease.version.get(), 1);
+    assert_eq!(record.offer.lease.expires_at_ms, ms(31_000));
+}
+
+/// `stop_requested` (timeout): the renewed lease is persisted first, then the exact process
+/// group (the durable handle) is stopped; the supervisor's receipt (signal exit code) is then
+/// completed like any other.
+#[test]
+fn persists_stop_request_lease_authority_before_stopping_the_exact_process() {
+    let mut sim = holding(State::RunningAcknowledged);
+    sim.on(On::Post(Operation::LeaseControl), Answer::StopRequested);
+    sim.run(2);
+    assert_eq!(
+        sim.commands(),
+        lines(&[
+            "list-inbox",
+            "read-record o1",
+            "read-receipt attempt-1",
+            "read-record o1",
+            "post lease-control o1",
+            "persist-record o1 r5 running_acknowledged",
+            "stop o1",
+            "list-inbox",
+            "read-record o1",
+            "read-receipt attempt-1",
+            "inspect-log o1",
+            "upload-log o1",
+            "post completion o1",
+            "persist-record o1 r6 completion_acknowledged",
+            "remove-receipt attempt-1",
+        ])
+    );
+    let stop = sim.stream.iter().flatten().find_map(|a| match a {
+        Act::Stop { handle } => Some(handle.clone()),
+        _ => None,
+    });
+    assert_eq!(stop, Some(testkit::seeded_handle(1)));
+    let completion = sim.stream.iter().flatten().find_map(|a| match a {
+        Act::Post {
+            operation: Operation::Completion,
+            body,
+            ..
+        } => Some(serde_json::from_slice::<serde_json::Value>(body).unwrap()),
+        _ => None,
+    });
+    assert_eq!(completion.unwrap()["result"]["exitCode"], 143);
+}
+
+fn expire(sim: &mut Sim) {
+    // The seeded lease expires at 30 020 ms; the Session was renewed by heartbeats.
+    sim.advance_to(ms(30_020));
+    sim.tick();
+    sim.settle();
+}
+
+/// Local lease expiry: no control-plane call; the process is stopped and the conclusive stop is
+/// recorded as `recovery_required(lease_lost_local_execution_stopped)`.
+#[test]
+fn stops_locally_and_records_conclusive_recovery_after_lease_expiry() {
+    let mut sim = holding(State::RunningAcknowledged);
+    sim.on(On::Post(Operation::LeaseControl), Answer::Unavailable);
+    sim.run(1);
+    sim.take_trail();
+    expire(&mut sim);
+    assert_eq!(
+        sim.commands(),
+        lines(&[
+            "post heartbeat",
+            "list-inbox",
+            "read-record o1",
+            "read-record o1",
+            "stop o1",
+            "persist-record o1 r5 recovery_required",
+        ])
+    );
+    assert_eq!(
+        record_of(&sim).recovery_reason,
+        Some(RecoveryReason::LeaseLostLocalExecutionStopped)
+    );
+}
+
+/// The same, with a stop whose effect cannot be verified:
+/// `recovery_required(lease_lost_local_execution_unverified)`.
+#[test]
+fn keeps_inconclusive_stop_evidence_distinct_after_lease_expiry() {
+    let mut sim = holding(State::RunningAcknowledged);
+    sim.on(On::Post(Operation::LeaseControl), Answer::Unavailable);
+    sim.run(1);
+    sim.take_trail();
+    sim.on(On::Kind("stop"), Answer::StopUnknown);
+    expire(&mut sim);
+    assert_eq!(
+        sim.commands(),
+        lines(&[
+            "post heartbeat",
+            "list-inbox",
+            "read-record o1",
+            "read-record o1",
+            "stop o1",
+            "persist-record o1 r5 recovery_required",
+        ])
+    );
+    assert_eq!(
+        record_of(&sim).recovery_reason,
+        Some(RecoveryReason::LeaseLostLocalExecutionUnverified)
+    );
+}
+
+/// Once `completion_acknowledged` is durable, supervision never calls the control plane again.
+#[test]
+fn does_not_contact_control_after_completion_acknowledgement() {
+    let mut sim = holding(State::RunningAcknowledged);
+    sim.event(Event::Exit {
+        index: 0,
+        code: 0,
+        receipt: ReceiptKind::Genuine,
+    });
+    sim.run(4);
+    let trail = sim.commands();
+    let done = trail
+        .iter()
+        .position(|l| l == "remove-receipt attempt-1")
+        .unwrap();
+    assert!(
+        !trail[done..]
+            .iter()
+            .any(|l| l.starts_with("post lease-control")),
+        "{trail:#?}"
+    );
+    assert!(!trail.iter().any(|l| l.starts_with("post lease-control")));
+}
+
+/// While the Session is unusable (its lease expired: heartbeats failed) but the Run lease is
+/// still live, supervision neither calls lease control nor stops anything: it waits.
+#[test]
+fn waits_for_the_bound_worker_session_while_local_lease_authority_remains_live() {
+    let mut world = World::new(1, Vec::new());
+    world.seed(1, testkit::record(1, State::RunningAcknowledged), true);
+    world.plane.session_lease_ms = 5_000;
+    let mut sim = Sim::scenario(world);
+    sim.run(4); // 1 000 (register, reconcile, supervise), 3 000: Session usable until 6 000.
+    sim.take_trail();
+    sim.run(1); // 5 000: still usable.
+    sim.take_trail();
+    sim.run(1); // 7 000: the Session lease has expired; the Run lease (31 000) has not.
+    assert_eq!(
+        sim.take_trail(),
+        lines(&[
+            "tick 7000",
+            "list-inbox",
+            "read-record o1",
+            "read-record o1"
+        ])
+    );
+    assert_eq!(record_of(&sim).state, State::RunningAcknowledged);
+}
+
+/// `terminal` at lease control: the process is stopped and the record quarantined as
+/// `recovery_required(control_plane_terminal)`.
+#[test]
+fn stops_and_quarantines_execution_when_the_control_plane_is_terminal() {
+    let mut sim = holding(State::RunningAcknowledged);
+    sim.on(On::Post(Operation::LeaseControl), Answer::Terminal);
+    sim.run(1);
+    assert_eq!(
+        sim.commands(),
+        lines(&[
+            "list-inbox",
+            "read-record o1",
+            "read-receipt attempt-1",
+            "read-record o1",
+            "post lease-control o1",
+            "stop o1",
+            "persist-record o1 r5 recovery_required",
+        ])
+    );
+    assert_eq!(
+        record_of(&sim).recovery_reason,
+        Some(RecoveryReason::ControlPlaneTerminal)
+    );
+    assert!(sim.worker.fail_closed().is_some());
+}
+
+/// One supervision pass per offer per tick: a tick that arrives while a pass is in flight is
+/// coalesced (ignored), and a `started` record gets its running-ACK replay and exactly one
+/// lease-control call per tick.
+#[test]
+fn coalesces_concurrent_supervision_for_the_same_offer() {
+    let mut world = World::new(1, Vec::new());
+    world.seed(1, testkit::record(1, State::Started), true);
+    let mut sim = Sim::scenario(world);
+    sim.run(1);
+    sim.tick();
+    sim.answer(Answer::Ok); // the reconcile page
+    sim.take_trail();
+    // Concurrent ticks while the Processor's read is outstanding change nothing.
+    let pending = sim.pending.clone();
+    for _ in 0..3 {
+        sim.worker.handle(sim.now, Input::Tick).unwrap();
+        sim.poll();
+    }
+    assert_eq!(sim.pending, pending);
+    assert_eq!(sim.status, Status::Busy);
+    sim.settle();
+    sim.run(2);
+    let trail = sim.commands();
+    assert_eq!(
+        trail[..10],
+        lines(&[
+            "post running o1",
+            "persist-record o1 r4 running_acknowledged",
+            "list-inbox",
+            "read-record o1",
+            "read-receipt attempt-1",
+            "read-record o1",
+            "post lease-control o1",
+            "persist-record o1 r5 running_acknowledged",
+            "list-inbox",
+            "read-record o1",
+        ])[..]
+    );
+    let ticks = 2;
+    assert_eq!(
+        trail
+            .iter()
+            .filter(|l| *l == "post lease-control o1")
+            .count(),
+        ticks
+    );
+}
