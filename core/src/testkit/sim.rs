@@ -159,6 +159,10 @@ impl Sim {
         self.status = match self.worker.poll_output() {
             Output::Command(command) => {
                 let act = Act::from_action(command.action);
+                if act == Act::ReadClaim && self.worker.phase() == crate::worker::Phase::Draining {
+                    self.world
+                        .violation("drain-no-pull", String::from("a Pull starts while draining"));
+                }
                 let summary = self.trail.is_some().then(|| self.world.summary(&act));
                 if let Some(line) = summary {
                     self.note(line);

@@ -26,9 +26,12 @@
 //! * `logs-kept`: no command deletes or shortens a log.
 //! * `stop-after-durable-lease`: a stop only when the durable lease has expired locally, the
 //!   control plane said the Run is terminal, or the `stop_requested` lease version is durable.
+//! * `fail-closed-no-pull`: no Pull starts (its first command, reading the claim) while any
+//!   durable record is `recovery_required` (reference §4.7: fail closed, never pull again).
 //!
 //! The driver adds `worker-error` (the Worker refused an outcome or halted on a conflict or an
-//! unexpected outcome) and the explorer `panic` (a core assertion fired).
+//! unexpected outcome) and `drain-no-pull` (no Pull starts once the Worker is draining), and the
+//! explorer `panic` (a core assertion fired).
 
 use alloc::format;
 use alloc::string::String;
@@ -110,9 +113,18 @@ impl World {
                 self.check_receipt_genuine(attempt, "upload");
             }
             Act::Stop { handle } => self.check_stop(now, handle.as_str()),
+            Act::ReadClaim => {
+                let evidence = self.disk.records.values().find(|(r, _)| r.recovery().is_some());
+                if let Some((record, _)) = evidence {
+                    let name = alias(self, &record.offer.offer_id);
+                    self.violation(
+                        "fail-closed-no-pull",
+                        format!("a Pull starts while {name} is durably recovery_required"),
+                    );
+                }
+            }
             Act::ListInbox { .. }
             | Act::ReadRecord { .. }
-            | Act::ReadClaim
             | Act::ReadReceipt { .. }
             | Act::AllocateLog { .. }
             | Act::InspectLog { .. }
