@@ -593,6 +593,11 @@ impl Worker {
     }
 
     fn start(&mut self, work: Work) {
+        if work == Work::Pull && !self.may_pull() {
+            // Planned at the start of the tick, but this tick's supervision has since latched
+            // fail-closed (or a drain began, or the slots filled): no Pull.
+            return;
+        }
         let step = {
             let ctx = Ctx {
                 config: &self.config,
