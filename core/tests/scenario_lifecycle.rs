@@ -5,10 +5,11 @@
 
 use ql_worker_core::io::Input;
 use ql_worker_core::record::State;
-use ql_worker_core::testkit::sim::{Sim, Status};
+use ql_worker_core::testkit::sim::{On, Sim, Status};
 use ql_worker_core::testkit::world::{Answer, Event, OfferTemplate, ReceiptKind, World};
 use ql_worker_core::testkit::{self};
 use ql_worker_core::time::UnixMillis;
+use ql_worker_core::wire::route::Operation;
 use ql_worker_core::worker::{Output, StopReason, Worker};
 
 fn ms(v: u64) -> UnixMillis {
@@ -75,10 +76,14 @@ fn finishes_bounded_startup_reconciliation_before_pulling_and_processing() {
     world.seed(1, testkit::record(1, State::Accepted), false);
     world.seed(2, testkit::record(2, State::StartFailed), false);
     world.seed(3, testkit::record(3, State::Started), true);
-    world.seed(4, testkit::record(4, State::StartFailureAcknowledged), false);
+    world.seed(
+        4,
+        testkit::record(4, State::StartFailureAcknowledged),
+        false,
+    );
     world.seed(5, testkit::record(5, State::CompletionAcknowledged), false);
     let mut sim = with_slots(world, 8);
-    sim.run(3);
+    sim.run(4);
     let trail = sim.commands();
     assert_eq!(
         trail[..18],
@@ -104,15 +109,22 @@ fn finishes_bounded_startup_reconciliation_before_pulling_and_processing() {
         ])[..]
     );
     let first_pull = trail.iter().position(|l| l == "read-claim").unwrap();
-    let last_page = trail.iter().position(|l| l == "list-inbox after o4").unwrap();
+    let last_page = trail
+        .iter()
+        .position(|l| l == "list-inbox after o4")
+        .unwrap();
     assert!(last_page < first_pull, "{trail:#?}");
-    assert_eq!(trail[last_page + 1], "list-inbox", "the first active page follows");
+    assert_eq!(
+        trail[last_page + 1],
+        "list-inbox",
+        "the first active page follows"
+    );
 }
 
 /// An active tick supervises its page (completion first, then lease control) before it pulls.
 #[test]
 fn supervises_a_bounded_active_page_before_pulling_new_work() {
-    let mut world = World::one_offer(2);
+    let mut world = World::new(2, vec![OfferTemplate::sample(2)]);
     world.seed(1, testkit::record(1, State::RunningAcknowledged), true);
     let mut sim = with_slots(world, 2);
     sim.run(3);
@@ -137,17 +149,12 @@ fn supervises_a_bounded_active_page_before_pulling_new_work() {
 /// no Pull follows, in that tick or later.
 #[test]
 fn fails_closed_before_pull_when_active_supervision_records_lease_loss() {
-    let mut world = World::one_offer(2);
+    let mut world = World::new(2, vec![OfferTemplate::sample(2)]);
     world.seed(1, testkit::record(1, State::RunningAcknowledged), true);
     let mut sim = with_slots(world, 2);
-    sim.on(
-        ql_worker_core::testkit::sim::On::Post(ql_worker_core::wire::route::Operation::LeaseControl),
-        Answer::Unavailable,
-    );
-    sim.on(
-        ql_worker_core::testkit::sim::On::Post(ql_worker_core::wire::route::Operation::Offers),
-        Answer::Idle,
-    );
+    // No renewal (the seeded lease expires at 30 020 ms) and nothing to pull yet.
+    sim.on(On::Post(Operation::LeaseControl), Answer::Unavailable);
+    sim.on(On::Post(Operation::Offers), Answer::Idle);
     sim.run(3);
     sim.take_trail();
     sim.advance_to(ms(30_020));
@@ -173,7 +180,7 @@ fn fails_closed_before_pull_when_active_supervision_records_lease_loss() {
 /// A `recovery_required` record found at startup latches fail-closed: the Worker never pulls.
 #[test]
 fn fails_closed_on_durable_recovery_evidence_and_never_pulls_again() {
-    let mut world = World::one_offer(2);
+    let mut world = World::new(2, vec![OfferTemplate::sample(2)]);
     world.seed(1, testkit::record(1, State::RecoveryRequired), false);
     let mut sim = with_slots(world, 4);
     sim.run(6);
@@ -230,7 +237,7 @@ fn coalesces_ticks_and_aborts_a_pending_pull_before_releasing_ownership() {
 /// settled; only then does the Worker go offline and stop.
 #[test]
 fn draining_aborts_pull_but_keeps_ownership_until_final_stop() {
-    let mut world = World::one_offer(2);
+    let mut world = World::new(2, vec![OfferTemplate::sample(2)]);
     world.seed(1, testkit::record(1, State::RunningAcknowledged), true);
     let mut sim = with_slots(world, 2);
     sim.run(2);
@@ -238,7 +245,11 @@ fn draining_aborts_pull_but_keeps_ownership_until_final_stop() {
     sim.request_drain();
     sim.settle();
     sim.run(2);
-    assert!(matches!(sim.status, Status::Idle(_)), "still owning: {:?}", sim.status);
+    assert!(
+        matches!(sim.status, Status::Idle(_)),
+        "still owning: {:?}",
+        sim.status
+    );
     sim.event(Event::Exit {
         index: 0,
         code: 0,

@@ -27,7 +27,9 @@ use alloc::vec::Vec;
 use core::hash::Hasher;
 
 use crate::testkit::sim::{Sim, Status};
-use crate::testkit::world::{Answer, Cost, Event, Menu, Violation, World, hash_debug};
+use crate::testkit::world::{
+    Answer, Cost, Event, Menu, OfferTemplate, Violation, World, hash_debug,
+};
 use crate::time::UnixMillis;
 use crate::worker::Phase;
 
@@ -222,14 +224,19 @@ impl Fp128 {
         self.b = fold(self.b ^ word.rotate_left(41) ^ P[2], P[3] ^ word);
     }
 
-    fn push(&mut self, byte: u8) {
-        self.word |= u64::from(byte) << (8 * self.fill);
-        self.fill += 1;
+    /// Appends up to `8 - fill` bytes to the pending word.
+    fn append(&mut self, bytes: &[u8]) -> usize {
+        let take = bytes.len().min(8 - self.fill as usize);
+        let mut padded = [0u8; 8];
+        padded[..take].copy_from_slice(&bytes[..take]);
+        self.word |= u64::from_le_bytes(padded) << (8 * self.fill);
+        self.fill += take as u32;
         if self.fill == 8 {
             self.mix(self.word);
             self.word = 0;
             self.fill = 0;
         }
+        take
     }
 
     fn value(mut self) -> u128 {
@@ -245,9 +252,9 @@ impl Hasher for Fp128 {
     fn write(&mut self, bytes: &[u8]) {
         self.total = self.total.wrapping_add(bytes.len() as u64);
         let mut rest = bytes;
-        while self.fill != 0 && !rest.is_empty() {
-            self.push(rest[0]);
-            rest = &rest[1..];
+        if self.fill != 0 {
+            let taken = self.append(rest);
+            rest = &rest[taken..];
         }
         let mut chunks = rest.chunks_exact(8);
         for chunk in &mut chunks {
@@ -255,8 +262,9 @@ impl Hasher for Fp128 {
             word.copy_from_slice(chunk);
             self.mix(u64::from_le_bytes(word));
         }
-        for byte in chunks.remainder() {
-            self.push(*byte);
+        let tail = chunks.remainder();
+        if !tail.is_empty() {
+            self.append(tail);
         }
     }
 
@@ -483,11 +491,13 @@ pub fn model_config() -> crate::worker::WorkerConfig {
     config
 }
 
-fn roots(worlds: Vec<World>) -> Vec<Sim> {
+fn roots(worlds: Vec<World>, slots: u16) -> Vec<Sim> {
     let start = UnixMillis::new(1_000).unwrap_or(UnixMillis::ZERO);
+    let mut config = model_config();
+    config.max_concurrent_runs = slots;
     worlds
         .into_iter()
-        .map(|world| Sim::new(model_config(), world, start))
+        .map(|world| Sim::new(config.clone(), world, start))
         .collect()
 }
 
@@ -525,24 +535,24 @@ pub fn start_path() -> Model {
             drains: 0,
             max_states: 2_000_000,
         },
-        roots: roots(alloc::vec![
-            World::one_offer(1),
-            World::new(
-                2,
-                alloc::vec![crate::testkit::world::OfferTemplate::with_revision(
-                    1, secret
-                )]
-            ),
-        ]),
+        roots: roots(
+            alloc::vec![
+                World::one_offer(1),
+                World::new(2, alloc::vec![OfferTemplate::with_revision(1, secret)]),
+            ],
+            1,
+        ),
     }
 }
 
-/// Issue 5's model: the start-path harness extended to the finish path and supervision.
-/// Processes exit (genuine, forged, malformed or missing receipts), every upload, completion
-/// and lease-control answer (including commit-then-lost-response and replays), stop outcomes,
-/// spool and receipt-store faults, clean and uncertain write failures, every executor outcome
-/// (for the spawn crash window), a crash before or after every command, a jump past the lease
-/// expiry and a drain request.
+/// Issue 5's model: the start-path harness extended to the finish path and supervision, with
+/// two slots (so the Worker keeps pulling — and the control plane answers `idle` — while its Run
+/// is supervised, which is how a Pull racing fail-closed shows). Processes exit (genuine,
+/// forged, malformed or missing receipts); every upload, completion and lease-control answer
+/// (including commit-then-lost-response and replays), stop outcomes, spool and receipt-store
+/// faults, clean and uncertain write failures, every executor outcome (for the spawn crash
+/// window), a crash before or after every command, a jump past the lease expiry and a drain
+/// request.
 #[must_use]
 pub fn finish_path() -> Model {
     let menu = Menu {
@@ -570,6 +580,6 @@ pub fn finish_path() -> Model {
             drains: 1,
             max_states: 2_000_000,
         },
-        roots: roots(alloc::vec![World::one_offer(1)]),
+        roots: roots(alloc::vec![World::one_offer(1)], 2),
     }
 }

@@ -160,8 +160,10 @@ impl Sim {
             Output::Command(command) => {
                 let act = Act::from_action(command.action);
                 if act == Act::ReadClaim && self.worker.phase() == crate::worker::Phase::Draining {
-                    self.world
-                        .violation("drain-no-pull", String::from("a Pull starts while draining"));
+                    self.world.violation(
+                        "drain-no-pull",
+                        String::from("a Pull starts while draining"),
+                    );
                 }
                 let summary = self.trail.is_some().then(|| self.world.summary(&act));
                 if let Some(line) = summary {

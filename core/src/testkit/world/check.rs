@@ -114,7 +114,11 @@ impl World {
             }
             Act::Stop { handle } => self.check_stop(now, handle.as_str()),
             Act::ReadClaim => {
-                let evidence = self.disk.records.values().find(|(r, _)| r.recovery().is_some());
+                let evidence = self
+                    .disk
+                    .records
+                    .values()
+                    .find(|(r, _)| r.recovery().is_some());
                 if let Some((record, _)) = evidence {
                     let name = alias(self, &record.offer.offer_id);
                     self.violation(

@@ -175,7 +175,8 @@ impl ControlPlane {
             hash_debug(hasher, &(&run.handle, run.started_at, &run.uploads));
             hash_debug(hasher, &(run.completion, run.wants_stop));
             hash_debug(hasher, &(run.stop_requested_version, run.terminal_answered));
-            hash_debug(hasher, &(run.offer.offer_id.as_str(), &run.offer.lease));
+            hasher.write(run.offer.offer_id.as_str().as_bytes());
+            crate::ops::Fingerprint(&mut *hasher).durable(&run.offer.lease);
         }
     }
 }
