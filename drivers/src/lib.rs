@@ -1,2 +1,7 @@
 //! ql-worker drivers: file authority, supervisor, HTTPS client and the blocking loop.
 #![forbid(unsafe_code)]
+
+pub mod fsio;
+pub mod journal;
+pub mod layout;
+pub mod lock;
