@@ -5,3 +5,6 @@ pub mod fsio;
 pub mod journal;
 pub mod layout;
 pub mod lock;
+pub mod receipts;
+pub mod retention;
+pub mod spool;
