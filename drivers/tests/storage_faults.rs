@@ -36,7 +36,7 @@ type FaultJournal = Journal<Seam>;
 /// What is durably there, decoded straight from the bytes on disk (no sweeping, no lock).
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Observed {
-    Record(Option<InboxRecord>),
+    Record(Option<Box<InboxRecord>>),
     Claim(Option<PendingClaim>),
     Receipt(Option<Receipt>),
     Fact(Option<TruncationFact>),
@@ -97,7 +97,7 @@ fn fatal_tag(fatal: bool) -> &'static str {
 }
 
 fn record_at(root: &Path) -> Observed {
-    Observed::Record(decode_file(&root.join("offers/offer-000001.rec")))
+    Observed::Record(decode_file(&root.join("offers/offer-000001.rec")).map(Box::new))
 }
 
 fn claim_at(root: &Path) -> Observed {
@@ -112,7 +112,7 @@ fn cases() -> Vec<Case> {
             op: |j, _, _| journal_op(j.publish_record(&accepted(1))),
             observe: record_at,
             before: || Observed::Record(None),
-            after: || Observed::Record(Some(accepted(1))),
+            after: || Observed::Record(Some(Box::new(accepted(1)))),
             effect: "renameat2",
         },
         Case {
@@ -123,8 +123,8 @@ fn cases() -> Vec<Case> {
                 journal_op(j.replace_record(&r0.offer.offer_id, &touched(&r0), r0.revision))
             },
             observe: record_at,
-            before: || Observed::Record(Some(accepted(1))),
-            after: || Observed::Record(Some(touched(&accepted(1)))),
+            before: || Observed::Record(Some(Box::new(accepted(1)))),
+            after: || Observed::Record(Some(Box::new(touched(&accepted(1))))),
             effect: "renameat",
         },
         Case {
@@ -142,7 +142,7 @@ fn cases() -> Vec<Case> {
                 journal_op(j.remove_settled_record(&last.offer.offer_id, last.revision))
             },
             observe: record_at,
-            before: || Observed::Record(to_start_failure(1, 500).pop()),
+            before: || Observed::Record(to_start_failure(1, 500).pop().map(Box::new)),
             after: || Observed::Record(None),
             effect: "unlinkat",
         },
