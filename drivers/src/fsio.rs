@@ -1156,8 +1156,9 @@ pub struct FileRules {
 /// Opens `<dir>/<name>` with `flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC` and checks it: a
 /// regular file, owned by the effective uid, no group/other bits (or exactly `exact_mode`), one
 /// link, size ≤ `max_size`, and optionally the same inode as the path. `O_NONBLOCK` keeps a FIFO
-/// planted at the name from blocking the open; it is cleared again after the checks. A missing
-/// file is `Ok(None)`.
+/// planted at the name from blocking the open; it has no effect on the regular file the checks
+/// prove, and a caller that hands the fd to another program clears it ([`clear_nonblock`]). A
+/// missing file is `Ok(None)`.
 ///
 /// # Errors
 /// [`StorageError::UnsafeStorage`] naming the rule, or the failed call.
@@ -1192,9 +1193,21 @@ pub fn open_verified(
             return Err(StorageError::unsafe_at(&path, Rule::InodeChanged));
         }
     }
-    fs.clear_nonblock(fd.as_fd())
-        .map_err(|e| StorageError::io("fcntl", &path, e))?;
     Ok(Some((fd, meta)))
+}
+
+/// Clears the `O_NONBLOCK` that [`open_verified`] opened with, for an fd that leaves our hands
+/// (the capture file becomes a user process's stdout).
+///
+/// # Errors
+/// The failed `fcntl`.
+pub fn clear_nonblock(
+    fs: &dyn FileSystem,
+    fd: BorrowedFd<'_>,
+    path: &Path,
+) -> Result<(), StorageError> {
+    fs.clear_nonblock(fd)
+        .map_err(|e| StorageError::io("fcntl", path, e))
 }
 
 /// The file checks of [`open_verified`], on a `fstat` result.

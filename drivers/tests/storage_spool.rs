@@ -107,6 +107,11 @@ fn reopen_for_capture_appends_and_never_truncates() {
     let mut capture = spool::open_for_capture(&sb.root, &id, POLICY.maximum_attempt_bytes).unwrap();
     assert_eq!(capture.length_bytes, 0);
     assert_eq!(capture.remaining_quota_bytes, POLICY.maximum_attempt_bytes);
+    let flags = rustix::fs::fcntl_getfl(&capture.file).unwrap();
+    assert!(flags.contains(rustix::fs::OFlags::APPEND), "{flags:?}");
+    assert!(!flags.contains(rustix::fs::OFlags::NONBLOCK), "{flags:?}");
+    let fd_flags = rustix::io::fcntl_getfd(&capture.file).unwrap();
+    assert!(fd_flags.contains(rustix::io::FdFlags::CLOEXEC));
     capture.file.write_all(b"before-").unwrap();
     drop(capture);
     // A replayed allocation keeps the prefix.
