@@ -591,6 +591,9 @@ pub struct FaultPlan {
 /// A seam wrapper that counts calls and fails the Nth with a chosen errno. With no plan it only
 /// counts, which the benchmark uses to report fsyncs per update.
 ///
+/// A test and benchmark tool: it keeps a trace of every call name until the next
+/// [`FaultFs::arm`], so it is not meant for long-lived production use.
+///
 /// The injected failure happens *instead of* the call, so nothing reached the disk for it. (A
 /// real EIO from fsync may have written some pages; that case is covered by the rule that an
 /// fsync error is fatal and by the crash test, which kills at arbitrary points.)
@@ -835,7 +838,8 @@ impl fmt::Display for Rule {
             }
             Self::Mode { found } => write!(
                 f,
-                "must have no group/other permission bits (0700 dirs, 0600 files), has {found:04o}"
+                "must have no group/other permission bits (directories 0700, files 0600, log \
+                 files exactly 0600), has {found:04o}"
             ),
             Self::LinkCount { found } => write!(f, "must have exactly one link, has {found}"),
             Self::TooLarge { size, max } => {
@@ -1350,7 +1354,9 @@ fn write_all(fs: &dyn FileSystem, fd: BorrowedFd<'_>, mut bytes: &[u8]) -> Resul
 /// # Errors
 /// [`StorageError::AlreadyExists`], [`StorageError::FsyncFailed`] (fatal), or the failed call;
 /// in every error case the target was not created — except a failed final directory fsync,
-/// after which it may or may not survive a crash (hence fatal).
+/// after which it may or may not survive a crash (hence fatal), and, in the link fallback only,
+/// a failed `unlinkat(temp)` after the link: the target then exists with two links, which every
+/// read refuses (`Rule::LinkCount`) until the owner's next open sweeps the temp.
 pub fn publish_new(
     fs: &dyn FileSystem,
     dir: &Dir,

@@ -379,3 +379,65 @@ fn fsync_failure_is_reported_as_fsync_failed_and_fatal() {
     let dyn_seam: &dyn FileSystem = &*seam;
     assert!(format!("{dyn_seam:?}").contains("FaultFs"));
 }
+
+#[test]
+fn publish_falls_back_to_link_and_unlink_when_rename_noreplace_is_unsupported() {
+    // EINVAL from renameat2 is what a file system without RENAME_NOREPLACE answers.
+    let sb = sandbox();
+    let seam: Seam = Arc::new(FaultFs::new(RealFs));
+    let mut journal = Journal::open_with(Arc::clone(&seam), &sb.root, Capacity::DEFAULT).unwrap();
+    seam.arm(None);
+    journal.publish_record(&accepted(1)).unwrap();
+    let rename_at = seam
+        .trace()
+        .iter()
+        .position(|op| *op == "renameat2")
+        .unwrap() as u64
+        + 1;
+    let plan = FaultPlan {
+        nth: rename_at,
+        errno: Errno::INVAL,
+        sticky: false,
+    };
+    seam.arm(Some(plan));
+    journal.publish_record(&accepted(2)).unwrap();
+    let trace = seam.trace();
+    let tail: Vec<&str> = trace[rename_at as usize - 1..].to_vec();
+    assert_eq!(
+        tail,
+        ["renameat2", "linkat", "unlinkat", "fsync"],
+        "{trace:?}"
+    );
+    let meta = fs::metadata(sb.root.join("offers/offer-000002.rec")).unwrap();
+    assert_eq!(std::os::unix::fs::MetadataExt::nlink(&meta), 1);
+    assert_eq!(
+        record_at_2(&sb.root),
+        Some(accepted(2)),
+        "published through the fallback"
+    );
+    assert!(temps_in(&sb.root.join("offers")).is_empty());
+    // The fallback keeps the no-replace guarantee: an existing target is AlreadyExists. The
+    // journal refuses an existing name before writing, so this goes to the recipe itself.
+    drop(journal);
+    fs::remove_file(sb.root.join("offers/offer-000002.rec")).unwrap();
+    fs::write(sb.root.join("offers/offer-000002.rec"), b"placeholder").unwrap();
+    let root = ql_worker::fsio::open_root(&*seam, &sb.root, false).unwrap();
+    let offers = ql_worker::fsio::open_subdir(&*seam, &root, "offers", false)
+        .unwrap()
+        .unwrap();
+    let before = snapshot(&sb.root);
+    // publish_new's calls: getrandom, openat, write, fsync, renameat2 (the 5th).
+    seam.arm(Some(FaultPlan { nth: 5, ..plan }));
+    let err =
+        ql_worker::fsio::publish_new(&*seam, &offers, "offer-000002.rec", b"new").unwrap_err();
+    assert!(
+        matches!(err, ql_worker::fsio::StorageError::AlreadyExists { .. }),
+        "{err:?}"
+    );
+    assert_eq!(seam.trace()[4..], ["renameat2", "linkat", "unlinkat"]);
+    assert_eq!(snapshot(&sb.root), before, "target untouched, temp removed");
+}
+
+fn record_at_2(root: &Path) -> Option<InboxRecord> {
+    decode_file(&root.join("offers/offer-000002.rec"))
+}
