@@ -1,6 +1,7 @@
 //! ql-worker drivers: file authority, supervisor, HTTPS client and the blocking loop.
 #![forbid(unsafe_code)]
 
+pub mod config;
 pub mod fsio;
 pub mod https;
 pub mod journal;
