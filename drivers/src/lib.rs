@@ -1,4 +1,8 @@
 //! ql-worker drivers: file authority, supervisor, HTTPS client and the blocking loop.
 #![forbid(unsafe_code)]
 
+pub mod fsio;
+pub mod journal;
+pub mod layout;
+pub mod lock;
 pub mod supervisor;

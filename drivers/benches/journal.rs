@@ -1,0 +1,2 @@
+//! Journal durable-update benchmark (placeholder until the journal lands).
+fn main() {}
