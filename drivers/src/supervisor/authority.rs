@@ -1,108 +1,125 @@
 //! The supervisor's only door to the file authority: barrier re-read, verified capture open,
-//! truncation fact and receipt publication.
+//! truncation fact and receipt publication. Every durable write goes through the file
+//! authority's one publication recipe (`fsio::publish_new`: temp + fsync + link no-replace + dir
+//! fsync); nothing here writes a file by itself.
 //!
-//! INTERIM: the file-authority modules (`journal`, `spool`, `receipts`, branch `fa`) have not
-//! landed yet. Until they do, these four functions use the same layout with plain,
-//! non-durable std calls so the process mechanics can be exercised. They are replaced by calls to
-//! `journal::read_record_unlocked`, `spool::open_for_capture`, `spool::publish_truncation_fact`
-//! and `receipts::publish` as soon as those exist; no durable-publication recipe lives here.
+//! INTERIM: `spool::open_for_capture`, `spool::publish_truncation_fact` and `receipts::publish`
+//! (branch `fa`) have not landed yet; until they do, the last three functions compose the same
+//! steps from `fsio` and `layout`. Each is a one-line swap once they exist.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write as _};
-use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
-use std::path::{Path, PathBuf};
+use std::fs::File;
+use std::path::Path;
 
 use ql_worker_core::envelope;
-use ql_worker_core::ids::{AttemptId, LogArtifactId, OfferId};
+use ql_worker_core::ids::{LogArtifactId, OfferId};
 use ql_worker_core::receipt::Receipt;
 use ql_worker_core::record::InboxRecord;
 use ql_worker_core::truncation::TruncationFact;
+use rustix::fs::OFlags;
 
-const O_NOFOLLOW: i32 = 0o400_000;
+use crate::fsio::{self, Dir, FileRules, FileSystem as _, RealFs, StorageError};
+use crate::journal::{self, JournalError};
+use crate::layout;
 
-/// `<root>/offers/<offerId>.rec`
-pub(crate) fn record_path(root: &Path, offer_id: &OfferId) -> PathBuf {
-    root.join("offers").join(format!("{offer_id}.rec"))
+/// Why a file-authority step failed (kept for diagnostics; the supervisor maps any failure to a
+/// fixed reason).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AuthorityError {
+    /// Journal read.
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    /// Storage step.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The log holds more than the quota already, or an envelope could not be encoded.
+    #[error("{0}")]
+    Refused(&'static str),
 }
 
-/// `<root>/logs/<id[5..7]>/<logId>.log`
-pub(crate) fn log_path(root: &Path, log_id: &LogArtifactId) -> PathBuf {
-    let id = log_id.as_str();
-    root.join("logs").join(&id[5..7]).join(format!("{id}.log"))
+/// The spawn barrier's re-read: full checks, no lock.
+pub(crate) fn read_record(root: &Path, offer_id: &OfferId) -> Result<InboxRecord, AuthorityError> {
+    Ok(journal::read_record_unlocked(root, offer_id)?)
 }
 
-/// `<root>/logs/<id[5..7]>/.<logId>.fact`
-pub(crate) fn fact_path(root: &Path, log_id: &LogArtifactId) -> PathBuf {
-    let id = log_id.as_str();
-    root.join("logs")
-        .join(&id[5..7])
-        .join(format!(".{id}.fact"))
+fn log_shard_dir(root: &Path, log_id: &LogArtifactId) -> Result<Dir, AuthorityError> {
+    let root = fsio::open_root(&RealFs, root, false)?;
+    let logs = fsio::open_subdir(&RealFs, &root, layout::LOGS_DIR, true)?
+        .ok_or(AuthorityError::Refused("logs directory missing"))?;
+    fsio::open_subdir(&RealFs, &logs, layout::log_shard(log_id), true)?
+        .ok_or(AuthorityError::Refused("log shard missing"))
 }
 
-/// `<root>/receipts/<aa>/<attemptId>.rcpt`
-pub(crate) fn receipt_path(root: &Path, attempt_id: &AttemptId) -> PathBuf {
-    let id = attempt_id.as_str();
-    let shard: String = id.chars().take(2).collect();
-    root.join("receipts").join(shard).join(format!("{id}.rcpt"))
-}
-
-pub(crate) fn read_record(root: &Path, offer_id: &OfferId) -> io::Result<InboxRecord> {
-    let bytes = fs::read(record_path(root, offer_id))?;
-    envelope::decode::<InboxRecord>(&bytes)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "record envelope invalid"))
-}
-
-fn private_dir(path: &Path) -> io::Result<()> {
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(path)
-}
-
+/// Opens the log for appending after verifying it (regular, owned, 0600, one link, same inode
+/// as the path, size ≤ quota); returns the file and the remaining quota.
 pub(crate) fn open_capture(
     root: &Path,
     log_id: &LogArtifactId,
     quota_bytes: u64,
-) -> io::Result<(File, u64)> {
-    let path = log_path(root, log_id);
-    if let Some(parent) = path.parent() {
-        private_dir(parent)?;
-    }
-    let file = OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(O_NOFOLLOW)
-        .open(&path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() || meta.len() > quota_bytes {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "log unusable"));
-    }
-    Ok((file, quota_bytes - meta.len()))
+) -> Result<(File, u64), AuthorityError> {
+    let shard = log_shard_dir(root, log_id)?;
+    let name = layout::log_file_name(log_id);
+    let create = OFlags::WRONLY | OFlags::CREATE | OFlags::APPEND | OFlags::NOFOLLOW;
+    let created = RealFs
+        .openat(
+            shard.fd(),
+            &name,
+            create | OFlags::CLOEXEC,
+            layout::FILE_MODE,
+        )
+        .map_err(|errno| StorageError::Io {
+            op: "openat",
+            path: shard.child(&name),
+            errno,
+        })?;
+    drop(created);
+    let rules = FileRules {
+        max_size: quota_bytes,
+        exact_mode: Some(layout::FILE_MODE),
+        same_inode: true,
+    };
+    let (fd, meta) = fsio::open_verified(
+        &RealFs,
+        &shard,
+        &name,
+        OFlags::WRONLY | OFlags::APPEND,
+        rules,
+    )?
+    .ok_or(AuthorityError::Refused("log vanished"))?;
+    Ok((File::from(fd), quota_bytes - meta.size))
 }
 
-fn create_new(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    if let Some(parent) = path.parent() {
-        private_dir(parent)?;
-    }
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(O_NOFOLLOW)
-        .open(path)?;
-    file.write_all(bytes)?;
-    file.sync_all()
+/// Publishes the immutable truncation fact (core envelope) next to the log.
+pub(crate) fn publish_fact(root: &Path, fact: &TruncationFact) -> Result<(), AuthorityError> {
+    let bytes = envelope::encode(fact).map_err(|_| AuthorityError::Refused("fact unencodable"))?;
+    let shard = log_shard_dir(root, &fact.log_artifact_id)?;
+    fsio::publish_new(
+        &RealFs,
+        &shard,
+        &layout::fact_file_name(&fact.log_artifact_id),
+        &bytes,
+    )?;
+    Ok(())
 }
 
-pub(crate) fn publish_fact(root: &Path, fact: &TruncationFact) -> io::Result<()> {
-    let bytes = envelope::encode(fact)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "fact unencodable"))?;
-    create_new(&fact_path(root, &fact.log_artifact_id), &bytes)
-}
-
-pub(crate) fn publish_receipt(root: &Path, receipt: &Receipt) -> io::Result<()> {
-    let bytes = envelope::encode(receipt)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "receipt unencodable"))?;
-    create_new(&receipt_path(root, &receipt.attempt_id), &bytes)
+/// Publishes the receipt (core envelope); the encoded bytes are wiped on drop.
+pub(crate) fn publish_receipt(root: &Path, receipt: &Receipt) -> Result<(), AuthorityError> {
+    let bytes =
+        envelope::encode(receipt).map_err(|_| AuthorityError::Refused("receipt unencodable"))?;
+    let root = fsio::open_root(&RealFs, root, false)?;
+    let receipts = fsio::open_subdir(&RealFs, &root, layout::RECEIPTS_DIR, true)?
+        .ok_or(AuthorityError::Refused("receipts directory missing"))?;
+    let shard = fsio::open_subdir(
+        &RealFs,
+        &receipts,
+        layout::receipt_shard(&receipt.attempt_id),
+        true,
+    )?
+    .ok_or(AuthorityError::Refused("receipt shard missing"))?;
+    fsio::publish_new(
+        &RealFs,
+        &shard,
+        &layout::receipt_file_name(&receipt.attempt_id),
+        &bytes,
+    )?;
+    Ok(())
 }

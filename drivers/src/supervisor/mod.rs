@@ -47,6 +47,45 @@ pub fn main() -> ! {
     std::process::exit(code)
 }
 
+/// The descriptors above 2 that a child process would inherit (no `FD_CLOEXEC`), read from
+/// `/proc/self/fdinfo`. The supervisor refuses to spawn while this is not empty: without
+/// `unsafe` it cannot close descriptors it does not own, and the user must inherit nothing but
+/// stdin, stdout and stderr. Start the Worker with a clean descriptor table (systemd does); the
+/// CLI can call this at start-up to fail loudly instead of rejecting every launch.
+///
+/// # Errors
+/// When `/proc/self/fdinfo` cannot be listed.
+pub fn inheritable_descriptors() -> std::io::Result<Vec<u32>> {
+    const O_CLOEXEC: u32 = 0o2_000_000;
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fdinfo")? {
+        let entry = entry?;
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if fd <= 2 {
+            continue;
+        }
+        // A descriptor closed since the listing (the listing's own, for one) is skipped.
+        let Ok(info) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .and_then(|f| u32::from_str_radix(f.trim(), 8).ok());
+        if !flags.is_some_and(|flags| flags & O_CLOEXEC != 0) {
+            found.push(fd);
+        }
+    }
+    found.sort_unstable();
+    Ok(found)
+}
+
 /// The wall clock, in Unix milliseconds (the driver's clock reading for launch and receipt
 /// times). A clock before the epoch reads as the epoch.
 pub(crate) fn unix_millis_now() -> UnixMillis {

@@ -16,7 +16,7 @@
 //! Every step before 6 ends in `Rejected` (no user process exists). After 6, the outcome is
 //! `Started` or `Unknown`, and the supervisor always carries on to the receipt.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -158,8 +158,11 @@ fn prepare_and_spawn(plan: &Plan) -> Result<Spawned, RejectReason> {
     let (log, remaining) =
         authority::open_capture(root, &plan.log_artifact_id, plan.log_quota_bytes)
             .map_err(|_| RejectReason::LogUnavailable)?;
-    if let Some(fd) = inheritable_descriptor() {
-        return Err(RejectReason::InheritedDescriptor(fd));
+    match super::inheritable_descriptors() {
+        Ok(fds) if fds.is_empty() => {}
+        Ok(fds) => return Err(RejectReason::InheritedDescriptor(fds[0])),
+        // Cannot prove the table is clean.
+        Err(_) => return Err(RejectReason::InheritedDescriptor(u32::MAX)),
     }
     let record = authority::read_record(root, &plan.offer_id)
         .map_err(|_| RejectReason::BarrierUnreadable)?;
@@ -224,40 +227,6 @@ fn user_command(plan: &Plan) -> Command {
     }
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
     command
-}
-
-/// The first descriptor above 2 that a child would inherit (no `FD_CLOEXEC`), from
-/// `/proc/self/fdinfo`. The descriptor used to list the directory is itself close-on-exec.
-fn inheritable_descriptor() -> Option<u32> {
-    const O_CLOEXEC: u32 = 0o2_000_000;
-    let Ok(entries) = fs::read_dir("/proc/self/fdinfo") else {
-        // Cannot prove the table is clean.
-        return Some(u32::MAX);
-    };
-    for entry in entries.filter_map(Result::ok) {
-        let Some(fd) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if fd <= 2 {
-            continue;
-        }
-        let Ok(info) = fs::read_to_string(entry.path()) else {
-            continue; // Closed since listing (the directory's own descriptor, for one).
-        };
-        let flags = info
-            .lines()
-            .find_map(|l| l.strip_prefix("flags:"))
-            .and_then(|f| u32::from_str_radix(f.trim(), 8).ok());
-        match flags {
-            Some(flags) if flags & O_CLOEXEC != 0 => {}
-            _ => return Some(fd),
-        }
-    }
-    None
 }
 
 /// Steps 7–11, after the user process exists. Returns the supervisor's exit code.
