@@ -78,7 +78,7 @@ pub fn inheritable_descriptors() -> std::io::Result<Vec<u32>> {
             .lines()
             .find_map(|l| l.strip_prefix("flags:"))
             .and_then(|f| u32::from_str_radix(f.trim(), 8).ok());
-        if !flags.is_some_and(|flags| flags & O_CLOEXEC != 0) {
+        if flags.is_none_or(|flags| flags & O_CLOEXEC == 0) {
             found.push(fd);
         }
     }
