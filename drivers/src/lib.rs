@@ -5,4 +5,7 @@ pub mod fsio;
 pub mod journal;
 pub mod layout;
 pub mod lock;
+pub mod receipts;
+pub mod retention;
+pub mod spool;
 pub mod supervisor;

@@ -3,9 +3,9 @@
 //! Order:
 //! 1. read the plan frame from stdin (wiped buffer), then point stdin at `/dev/null`;
 //! 2. validate the plan; become a child subreaper;
-//! 3. open the log spool file for capture (verified by the file authority);
-//! 4. refuse if any inheritable descriptor beyond 0–2 is open (the user would inherit it);
-//! 5. re-read the inbox record and cross the spawn barrier (exact match or no spawn);
+//! 3. re-read the inbox record and cross the spawn barrier (exact match or no spawn);
+//! 4. open the allocated log spool file for capture (verified by the file authority);
+//! 5. refuse if any inheritable descriptor beyond 0–2 is open (the user would inherit it);
 //! 6. spawn the user command in its own process group, stdout+stderr into a pipe;
 //! 7. capture the user's durable identity (failure: stop the group, report unknown);
 //! 8. report once on stdout, then point stdout at `/dev/null`;
@@ -155,19 +155,19 @@ fn proc_root(plan: &Plan) -> ProcRoot {
 fn prepare_and_spawn(plan: &Plan) -> Result<Spawned, RejectReason> {
     set_child_subreaper(Some(getpid())).map_err(|_| RejectReason::SubreaperUnavailable)?;
     let root = Path::new(&plan.state_root);
-    let (log, remaining) =
-        authority::open_capture(root, &plan.log_artifact_id, plan.log_quota_bytes)
-            .map_err(|_| RejectReason::LogUnavailable)?;
+    let record = authority::read_record(root, &plan.offer_id)
+        .map_err(|_| RejectReason::BarrierUnreadable)?;
+    barrier::check(&record, plan).map_err(RejectReason::BarrierDrift)?;
+    drop(record);
+    let capture = authority::open_capture(root, &plan.log_artifact_id, plan.log_quota_bytes)
+        .map_err(|_| RejectReason::LogUnavailable)?;
+    let (log, remaining) = (capture.file, capture.remaining_quota_bytes);
     match super::inheritable_descriptors() {
         Ok(fds) if fds.is_empty() => {}
         Ok(fds) => return Err(RejectReason::InheritedDescriptor(fds[0])),
         // Cannot prove the table is clean.
         Err(_) => return Err(RejectReason::InheritedDescriptor(u32::MAX)),
     }
-    let record = authority::read_record(root, &plan.offer_id)
-        .map_err(|_| RejectReason::BarrierUnreadable)?;
-    barrier::check(&record, plan).map_err(RejectReason::BarrierDrift)?;
-    drop(record);
     let (reader, writer) = io::pipe().map_err(|_| RejectReason::PipeUnavailable)?;
     let stderr = writer
         .try_clone()

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ql_worker::journal::Journal;
 use ql_worker::layout::Paths;
+use ql_worker::spool::{self, SpoolPolicy};
 use ql_worker::supervisor::{
     Capability, EnvVar, Executor as _, ExecutorOutcome, Launch, SupervisorExecutor, SupervisorImage,
 };
@@ -169,6 +170,10 @@ impl Fixture {
             )
             .expect("launching");
         drop(journal);
+        // The Worker's materializer allocates the log before `launching`; the supervisor only
+        // opens it.
+        let policy = SpoolPolicy::custom(64 * 1024, 0, 1024 * 1024).expect("policy");
+        spool::allocate(&root, &log_id(n), policy).expect("allocate log");
         Self {
             dir,
             root,
