@@ -155,7 +155,7 @@ fn pid_reuse_forged_identity_is_never_signalled() {
         forge(&|i| i.start_ticks = (ticks + 1).to_string()),
         forge(&|i| i.start_ticks = (ticks - 1).max(1).to_string()),
         forge(&|i| i.boot_id = "00000000-0000-0000-0000-000000000000".into()),
-        forge(&|i| i.pgid = i.pgid + 1),
+        forge(&|i| i.pgid += 1),
     ];
     for handle in &forged {
         assert_eq!(
