@@ -59,7 +59,8 @@ pub(crate) fn supervise() -> i32 {
             return NO_SPAWN_EXIT;
         }
     };
-    let code = match prepare_and_spawn(&plan) {
+    let mut plan = plan;
+    let code = match prepare_and_spawn(&mut plan) {
         Err(reason) => {
             reporter.send(&Report::Rejected(reason));
             NO_SPAWN_EXIT
@@ -152,7 +153,7 @@ fn proc_root(plan: &Plan) -> ProcRoot {
 }
 
 /// Steps 2–6. Every error is proof that no user process exists.
-fn prepare_and_spawn(plan: &Plan) -> Result<Spawned, RejectReason> {
+fn prepare_and_spawn(plan: &mut Plan) -> Result<Spawned, RejectReason> {
     set_child_subreaper(Some(getpid())).map_err(|_| RejectReason::SubreaperUnavailable)?;
     let root = Path::new(&plan.state_root);
     let record = authority::read_record(root, &plan.offer_id)
@@ -179,8 +180,10 @@ fn prepare_and_spawn(plan: &Plan) -> Result<Spawned, RejectReason> {
         .stderr(Stdio::from(stderr));
     let spawned = command.spawn();
     // Drop the Command now: it holds our copies of the pipe's write end (the capture would never
-    // see end of file) and its own copy of the environment.
+    // see end of file) and its own copy of the environment. Our copy of the environment (Secret
+    // values) is wiped now too: nothing after the spawn needs it.
     drop(command);
+    plan.environment.clear();
     let child = spawned.map_err(|e| RejectReason::SpawnFailed {
         errno: e.raw_os_error().unwrap_or(0),
     })?;
