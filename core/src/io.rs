@@ -1,0 +1,413 @@
+//! The sans-IO boundary: what the core asks the driver to do ([`Command`]) and what the driver
+//! reports back ([`Input`], [`Outcome`]).
+//!
+//! The driver is a blocking loop with **one outstanding command**: it takes a command from
+//! `poll_output`, performs it, and feeds exactly one [`Input::Outcome`] with the same [`OpId`]
+//! back before polling again. Every decision about protocol state is made here, in the core; the
+//! driver performs effects and reports facts. Commands carry the exact bytes to send (requests
+//! are built by [`crate::wire`]); outcomes carry the exact bytes received (responses are parsed
+//! by the core against the request that produced them).
+
+use alloc::boxed::Box;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::fmt;
+
+use zeroize::Zeroizing;
+
+use crate::capability::{Capability, Entropy};
+use crate::claim::PendingClaim;
+use crate::ids::{
+    AttemptId, CallbackSequence, ExecutorHandle, LogArtifactId, OfferId, Revision, RunId,
+    Sha256Digest,
+};
+use crate::listing::PageLimit;
+use crate::receipt::Receipt;
+use crate::record::InboxRecord;
+use crate::revision::ExecCommand;
+use crate::time::UnixMillis;
+
+/// Correlation id of a command, minted by the core from a counter (deterministic, never random).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OpId(pub u64);
+
+impl fmt::Display for OpId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "op#{}", self.0)
+    }
+}
+
+/// A command for the driver, tagged with the id its outcome must echo.
+#[derive(Debug)]
+#[must_use]
+pub struct Command {
+    /// Echo this id in the [`Input::Outcome`].
+    pub id: OpId,
+    /// What to do.
+    pub action: Action,
+}
+
+/// A JSON POST to one Worker-ingress route.
+#[derive(Debug)]
+pub struct HttpCall {
+    /// The full route path, e.g. `/api/v3/worker-ingress/workers/edge-1/sessions/…/starting`.
+    pub path: String,
+    /// The exact request body (wiped after sending: it may carry the lease token).
+    pub body: Zeroizing<Vec<u8>>,
+    /// The response cap for this endpoint.
+    pub response_cap: usize,
+}
+
+/// Everything the supervisor needs to spawn one Run (reference §4.3 `launch`). Holds Secret
+/// values and the completion capability: no `Debug` of values, wiped on drop.
+pub struct LaunchPlan {
+    /// Offer (the barrier re-reads its record).
+    pub offer_id: OfferId,
+    /// Run.
+    pub run_id: RunId,
+    /// Attempt.
+    pub attempt_id: AttemptId,
+    /// The durable pre-spawn time persisted in `launching`.
+    pub executor_started_at: UnixMillis,
+    /// What to run.
+    pub command: ExecCommand,
+    /// The exact environment, in revision order (Secret values included).
+    pub environment: Vec<(String, Zeroizing<String>)>,
+    /// Working directory, if the revision has one.
+    pub working_directory: Option<String>,
+    /// Timeout and the control plane's durable deadline, both or neither.
+    pub timeout: Option<(u64, UnixMillis)>,
+    /// Log artifact to capture into.
+    pub log_artifact_id: LogArtifactId,
+    /// Callback sequence persisted in `launching`.
+    pub callback_sequence: CallbackSequence,
+    /// The 32-byte completion capability (only its digest is durable).
+    pub capability: Capability,
+}
+
+impl fmt::Debug for LaunchPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.environment.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("LaunchPlan")
+            .field("offer_id", &self.offer_id)
+            .field("run_id", &self.run_id)
+            .field("attempt_id", &self.attempt_id)
+            .field("executor_started_at", &self.executor_started_at)
+            .field("environment_names", &names)
+            .field("log_artifact_id", &self.log_artifact_id)
+            .field("callback_sequence", &self.callback_sequence)
+            .field("capability", &"[redacted]")
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the driver must do. Each variant says which [`Outcome`] comes back.
+#[derive(Debug)]
+pub enum Action {
+    /// Read one page of inbox records (ascending offer id, strictly after `after`).
+    /// ⇒ [`Outcome::InboxListed`] or [`Outcome::Store`].
+    ListInbox {
+        /// Keyset cursor.
+        after: Option<OfferId>,
+        /// Page size.
+        limit: PageLimit,
+    },
+    /// Read one record. ⇒ [`Outcome::RecordRead`] or [`Outcome::Store`].
+    ReadRecord {
+        /// Which offer.
+        offer_id: OfferId,
+    },
+    /// Publish (when `expected` is `None`) or replace (revision CAS against `expected`) one
+    /// record, durably (temp + fsync + link/rename + directory fsync) before answering.
+    /// ⇒ [`Outcome::Persisted`] or [`Outcome::Store`].
+    PersistRecord {
+        /// The revision the stored record must have; `None` for a first publication.
+        expected: Option<Revision>,
+        /// The complete new record.
+        record: Box<InboxRecord>,
+    },
+    /// Read the pending claim. ⇒ [`Outcome::ClaimRead`] or [`Outcome::Store`].
+    ReadClaim,
+    /// Publish (`expected: None`) or replace the pending claim, durably.
+    /// ⇒ [`Outcome::Persisted`] or [`Outcome::Store`].
+    PersistClaim {
+        /// The revision the stored claim must have; `None` for a first publication.
+        expected: Option<Revision>,
+        /// The complete claim.
+        claim: Box<PendingClaim>,
+    },
+    /// Remove the pending claim if it still has this offer id and revision (unlink + directory
+    /// fsync). ⇒ [`Outcome::Persisted`] or [`Outcome::Store`].
+    ClearClaim {
+        /// Offer id of the claim.
+        offer_id: OfferId,
+        /// Revision of the claim.
+        revision: Revision,
+    },
+    /// Read the completion receipt of an attempt. ⇒ [`Outcome::ReceiptRead`].
+    ReadReceipt {
+        /// Attempt (the receipt's file name).
+        attempt_id: AttemptId,
+    },
+    /// Remove the receipt (unlink + directory fsync). Only ever emitted after
+    /// `completion_acknowledged` is durable. ⇒ [`Outcome::ReceiptRemoved`] or
+    /// [`Outcome::Store`].
+    RemoveReceipt {
+        /// Attempt.
+        attempt_id: AttemptId,
+    },
+    /// Admit and create the (empty) spool file of a log artifact.
+    /// ⇒ [`Outcome::LogAllocated`] or [`Outcome::LogUnavailable`].
+    AllocateLog {
+        /// Log id.
+        log_artifact_id: LogArtifactId,
+    },
+    /// Measure a spool file and read its truncation fact.
+    /// ⇒ [`Outcome::LogInspected`], [`Outcome::LogMissing`] or [`Outcome::LogUnavailable`].
+    InspectLog {
+        /// Log id.
+        log_artifact_id: LogArtifactId,
+    },
+    /// POST JSON. ⇒ [`Outcome::Responded`] or [`Outcome::Http`].
+    Post(HttpCall),
+    /// Stream the framed artifact: `header` (JSON) then exactly `byte_length` bytes of the spool
+    /// file, hashing what is sent. ⇒ [`Outcome::Uploaded`], [`Outcome::Http`],
+    /// [`Outcome::LogMissing`] or [`Outcome::LogUnavailable`].
+    UploadLog {
+        /// Route path of `artifacts`.
+        path: String,
+        /// Log to stream.
+        log_artifact_id: LogArtifactId,
+        /// The JSON header (carries the lease token; wiped after sending).
+        header: Zeroizing<Vec<u8>>,
+        /// Exact content length to stream.
+        byte_length: u64,
+        /// Response cap.
+        response_cap: usize,
+    },
+    /// Spawn through the supervisor. The plan is consumed and wiped.
+    /// ⇒ [`Outcome::Spawned`].
+    Spawn(Box<LaunchPlan>),
+    /// Stop the process group named by a durable handle (TERM, verify, KILL).
+    /// ⇒ [`Outcome::Stopped`].
+    Stop {
+        /// Durable handle.
+        handle: ExecutorHandle,
+    },
+    /// Draw [`crate::capability::ENTROPY_BYTES`] bytes from the OS CSPRNG.
+    /// ⇒ [`Outcome::EntropyDrawn`].
+    DrawEntropy,
+}
+
+/// What the supervisor reported for a spawn (reference §4.3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpawnOutcome {
+    /// A user process exists. The handle is validated by the core.
+    Started {
+        /// Durable handle text.
+        handle: String,
+        /// The start time the supervisor used (must equal the persisted one).
+        started_at: UnixMillis,
+    },
+    /// Proof that no user process was started.
+    Rejected,
+    /// Anything else: a process may exist.
+    Unknown,
+}
+
+/// Result of a stop (reference §5.6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopOutcome {
+    /// The exact process group was signalled and is gone.
+    Stopped,
+    /// The identity no longer matches a live process.
+    AlreadyExited,
+    /// Could not verify (identity unreadable, signal failed, still alive).
+    Unknown,
+}
+
+/// A storage operation that did not succeed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreFailure {
+    /// Nothing changed on disk: the previous durable state stands (e.g. no space for the temp
+    /// file). The core may continue knowing exactly what is stored.
+    Unchanged,
+    /// The write may or may not be durable (an fsync failed after the rename or link). Fatal:
+    /// the core halts; the next start reconciles from disk.
+    Uncertain,
+    /// The store refused the CAS or the transition (nothing written). A concurrent writer or a
+    /// core bug: fatal.
+    Conflict,
+    /// The inbox is at capacity (nothing written).
+    CapacityExhausted,
+    /// A read found an unsafe or corrupt file (fail closed).
+    Unsafe,
+}
+
+/// An HTTP exchange that did not yield a 200 JSON body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HttpFailure {
+    /// No usable response: connect, TLS, timeout, I/O, or a response refused by the transport
+    /// rules (size, content type, encoding).
+    Unavailable,
+    /// A non-200 status, with the `{"code":…}` of the body when present.
+    Status {
+        /// HTTP status.
+        status: u16,
+        /// Error code.
+        code: Option<String>,
+    },
+}
+
+/// Result of reading a receipt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReceiptRead {
+    /// A well-formed receipt (authentication is the core's job).
+    Present(Receipt),
+    /// No receipt file.
+    Absent,
+    /// The file exists but is unsafe or malformed (kept as evidence).
+    Invalid,
+    /// The store could not be read.
+    Unavailable,
+}
+
+/// A fact reported by the driver.
+pub enum Outcome {
+    /// A page of records, ascending.
+    InboxListed {
+        /// The records.
+        records: Vec<InboxRecord>,
+        /// Cursor for the next page, if more remain.
+        next_after: Option<OfferId>,
+    },
+    /// One record, or `None` if absent.
+    RecordRead(Option<Box<InboxRecord>>),
+    /// The claim, or `None` if absent.
+    ClaimRead(Option<Box<PendingClaim>>),
+    /// The write (record, claim or clear) is durable.
+    Persisted,
+    /// A storage operation failed.
+    Store(StoreFailure),
+    /// A receipt read.
+    ReceiptRead(ReceiptRead),
+    /// The receipt was removed (`existed: false` when it was already absent).
+    ReceiptRemoved {
+        /// Whether a file was removed.
+        existed: bool,
+    },
+    /// The spool file exists and is empty or appendable.
+    LogAllocated,
+    /// Spool facts.
+    LogInspected {
+        /// Current size.
+        byte_length: u64,
+        /// From the authenticated truncation fact; `None` when the fact is missing (unknown).
+        truncated: Option<bool>,
+    },
+    /// No spool file.
+    LogMissing,
+    /// The spool refused (capacity admission, unsafe file, I/O).
+    LogUnavailable,
+    /// A 200 response body.
+    Responded(Vec<u8>),
+    /// An HTTP failure.
+    Http(HttpFailure),
+    /// The artifact was streamed and answered 200.
+    Uploaded {
+        /// Response body.
+        body: Vec<u8>,
+        /// Bytes of content actually sent.
+        sent_bytes: u64,
+        /// SHA-256 of the content actually sent.
+        sent_sha256: Sha256Digest,
+    },
+    /// The supervisor's launch report.
+    Spawned(SpawnOutcome),
+    /// The stop result.
+    Stopped(StopOutcome),
+    /// Fresh entropy.
+    EntropyDrawn(Entropy),
+}
+
+impl fmt::Debug for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::InboxListed { records, next_after } => f
+                .debug_struct("InboxListed")
+                .field("records", &records.len())
+                .field("next_after", next_after)
+                .finish(),
+            Self::RecordRead(r) => write!(f, "RecordRead({:?})", r.as_ref().map(|r| r.state)),
+            Self::ClaimRead(c) => write!(f, "ClaimRead({:?})", c.as_ref().map(|c| c.revision)),
+            Self::Persisted => f.write_str("Persisted"),
+            Self::Store(e) => write!(f, "Store({e:?})"),
+            Self::ReceiptRead(r) => write!(f, "ReceiptRead({r:?})"),
+            Self::ReceiptRemoved { existed } => write!(f, "ReceiptRemoved({existed})"),
+            Self::LogAllocated => f.write_str("LogAllocated"),
+            Self::LogInspected { byte_length, truncated } => {
+                write!(f, "LogInspected({byte_length}, {truncated:?})")
+            }
+            Self::LogMissing => f.write_str("LogMissing"),
+            Self::LogUnavailable => f.write_str("LogUnavailable"),
+            Self::Responded(body) => write!(f, "Responded({} bytes)", body.len()),
+            Self::Http(e) => write!(f, "Http({e:?})"),
+            Self::Uploaded { sent_bytes, .. } => write!(f, "Uploaded({sent_bytes} bytes)"),
+            Self::Spawned(s) => write!(f, "Spawned({s:?})"),
+            Self::Stopped(s) => write!(f, "Stopped({s:?})"),
+            Self::EntropyDrawn(_) => f.write_str("EntropyDrawn([redacted])"),
+        }
+    }
+}
+
+/// Something the driver reports to the core.
+#[derive(Debug)]
+pub enum Input {
+    /// Time passed (the driver's wake-up); `now` is the argument of `handle`.
+    Tick,
+    /// The operator asked for a drain (SIGTERM or `ql-worker drain`).
+    DrainRequested,
+    /// The result of the outstanding command.
+    Outcome {
+        /// The command's id.
+        id: OpId,
+        /// What happened.
+        outcome: Outcome,
+    },
+}
+
+/// An input the core refused. Nothing changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputError {
+    /// No command is outstanding, or it has another id (a driver bug).
+    UnexpectedOutcome {
+        /// The id given.
+        id: OpId,
+        /// The outstanding id, if any.
+        outstanding: Option<OpId>,
+    },
+    /// The outcome variant does not answer the outstanding command (a driver bug).
+    OutcomeMismatch {
+        /// The id.
+        id: OpId,
+    },
+    /// The machine has halted; only a restart helps.
+    Halted,
+}
+
+impl fmt::Display for InputError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UnexpectedOutcome { id, outstanding: Some(o) } => {
+                write!(f, "outcome for {id} but {o} is outstanding")
+            }
+            Self::UnexpectedOutcome { id, outstanding: None } => {
+                write!(f, "outcome for {id} but no command is outstanding")
+            }
+            Self::OutcomeMismatch { id } => write!(f, "outcome for {id} does not answer it"),
+            Self::Halted => f.write_str("the worker has halted"),
+        }
+    }
+}
+
+impl core::error::Error for InputError {}
