@@ -132,6 +132,7 @@ fn main() {
     // Warm-up: one of each (page cache, dynamic loader).
     let mut bare = Vec::with_capacity(runs as usize);
     let mut supervised = Vec::with_capacity(runs as usize);
+    let mut reported = Vec::with_capacity(runs as usize);
     for n in 0..=runs {
         let t = Instant::now();
         let status = Command::new("/bin/true").status().expect("spawn /bin/true");
@@ -142,6 +143,7 @@ fn main() {
         let receipt = paths.receipt(&launch.attempt_id);
         let t = Instant::now();
         let outcome = executor.start(launch);
+        let report_elapsed = t.elapsed();
         assert!(
             matches!(outcome, ExecutorOutcome::Started { .. }),
             "{outcome:?}"
@@ -157,14 +159,17 @@ fn main() {
         if n > 0 {
             bare.push(elapsed);
             supervised.push(supervised_elapsed);
+            reported.push(report_elapsed);
         }
         executor.reap_exited();
     }
     let bare_median = median(&mut bare);
     let supervised_median = median(&mut supervised);
+    let reported_median = median(&mut reported);
     let ratio = supervised_median.as_secs_f64() / bare_median.as_secs_f64();
     println!("runs per path: {runs}");
     println!("bare Command spawn+wait /bin/true:     median {bare_median:?}");
+    println!("supervisor start() returns Started:    median {reported_median:?}");
     println!("supervisor spawn-to-receipt /bin/true: median {supervised_median:?}");
     println!("ratio (supervised / bare): {ratio:.1}x");
 }
