@@ -12,7 +12,7 @@ use ql_worker::supervisor::identity::{self, DurableHandle, ProcRoot};
 use ql_worker::supervisor::{
     ExecutorOutcome, StopController, StopOutcome, StopSignal, StopUnknown,
 };
-use supervisor_common::{Fixture, alive, authenticate, in_clean_process, sh};
+use supervisor_common::{Fixture, WAIT, alive, authenticate, in_clean_process, sh, wait_for};
 
 fn handle_of(outcome: &ExecutorOutcome) -> String {
     let ExecutorOutcome::Started { handle, .. } = outcome else {
@@ -60,8 +60,16 @@ fn revalidates_identity_before_escalating_to_sigkill() {
     in_clean_process("revalidates_identity_before_escalating_to_sigkill", || {
         let fx = Fixture::new(51);
         // The whole group ignores TERM (an ignored disposition survives exec).
-        let outcome = fx.start(sh("trap '' TERM; sleep 300"), vec![]);
+        let ready = fx.scratch("ready");
+        let outcome = fx.start(
+            sh(&format!(
+                "trap '' TERM; touch {}; sleep 300",
+                ready.display()
+            )),
+            vec![],
+        );
         let handle = handle_of(&outcome);
+        wait_for(WAIT, || ready.exists().then_some(())).expect("trap installed");
         assert_eq!(fast().stop(&handle), StopOutcome::Stopped(StopSignal::Kill));
         let receipt = fx.wait_receipt();
         authenticate(&receipt, &fx.record);
@@ -77,8 +85,16 @@ fn does_not_escalate_after_identity_is_no_longer_running() {
             let fx = Fixture::new(52);
             // The shell exits 42 once TERM has ended its sleep: had KILL been sent, the receipt
             // would say 137.
-            let outcome = fx.start(sh("trap 'exit 42' TERM; sleep 300 & wait"), vec![]);
+            let ready = fx.scratch("ready");
+            let outcome = fx.start(
+                sh(&format!(
+                    "trap 'exit 42' TERM; sleep 300 & touch {}; wait",
+                    ready.display()
+                )),
+                vec![],
+            );
             let handle = handle_of(&outcome);
+            wait_for(WAIT, || ready.exists().then_some(())).expect("trap installed");
             assert_eq!(fast().stop(&handle), StopOutcome::Stopped(StopSignal::Term));
             assert_eq!(fx.wait_receipt().exit_code, 42);
         },

@@ -15,6 +15,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use ql_worker_core::ids::ExecutorHandle;
 use serde::{Deserialize, Serialize};
 
+const ESRCH: i32 = 3;
+
 /// Prefix of every handle this crate writes and accepts.
 pub const HANDLE_PREFIX: &str = "ql3lp1.";
 /// Largest handle, in bytes (`executorHandle` ≤ 512).
@@ -131,7 +133,8 @@ fn is_start_ticks(text: &str) -> bool {
 fn read_stat(proc_root: &ProcRoot, pid: u32) -> Result<StatLine, IdentityError> {
     let text = match fs::read_to_string(proc_root.stat_path(pid)) {
         Ok(text) => text,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+        // ENOENT: no such process. ESRCH: it was reaped between open and read.
+        Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(ESRCH) => {
             return Err(IdentityError::NoProcess { pid });
         }
         Err(_) => {
