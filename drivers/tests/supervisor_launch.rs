@@ -458,3 +458,61 @@ fn supervisor_rejects_an_inheritable_descriptor_the_user_would_inherit() {
         "{stdout}"
     );
 }
+
+#[test]
+fn missing_log_spool_is_rejected_before_spawn() {
+    in_clean_process("missing_log_spool_is_rejected_before_spawn", || {
+        let fx = Fixture::new(14);
+        fs::remove_file(fx.log_path()).unwrap();
+        let marker = fx.scratch("spawned");
+        let outcome = fx.start(sh(&format!("touch {}", marker.display())), vec![]);
+        assert_eq!(
+            outcome,
+            ExecutorOutcome::Rejected {
+                reason: RejectReason::LogUnavailable
+            }
+        );
+        assert!(!marker.exists());
+        assert!(fx.receipt().is_none());
+    });
+}
+
+#[test]
+fn missing_report_is_unknown_never_rejected() {
+    in_clean_process("missing_report_is_unknown_never_rejected", || {
+        let fx = Fixture::new(15);
+        // An image that is not a supervisor: it reads the whole plan and reports nothing. The
+        // Worker cannot prove anything, so the outcome is Unknown.
+        let image = SupervisorImage::open(Path::new("/usr/bin/xargs")).unwrap();
+        let mut executor = SupervisorExecutor::new(image, &fx.root).with_report_timeout(WAIT);
+        let outcome = executor.start(fx.launch(argv("/bin/true", &[]), vec![]));
+        assert_eq!(
+            outcome,
+            ExecutorOutcome::Unknown {
+                reason: UnknownReason::ReportMissing
+            }
+        );
+    });
+}
+
+#[test]
+fn plan_not_fully_delivered_is_rejected() {
+    in_clean_process("plan_not_fully_delivered_is_rejected", || {
+        let fx = Fixture::new(16);
+        // A plan larger than a pipe buffer, and an image that exits without reading it: the
+        // write fails, so no supervisor can have had the complete plan.
+        let image = SupervisorImage::open(Path::new("/bin/true")).unwrap();
+        let mut executor = SupervisorExecutor::new(image, &fx.root).with_report_timeout(WAIT);
+        let big = ":".repeat(60 * 1024);
+        let env = (0..4)
+            .map(|i| EnvVar::new(format!("BIG_{i}"), "x".repeat(15 * 1024)))
+            .collect();
+        let outcome = executor.start(fx.launch(sh(&big), env));
+        assert_eq!(
+            outcome,
+            ExecutorOutcome::Rejected {
+                reason: RejectReason::PlanNotReceived
+            }
+        );
+    });
+}

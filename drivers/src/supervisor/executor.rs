@@ -3,11 +3,11 @@
 
 use std::fs::File;
 use std::io::{self, Write as _};
-use std::os::fd::AsRawFd as _;
+use std::os::fd::{AsFd, AsRawFd as _};
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ql_worker_core::ids::{
@@ -319,7 +319,7 @@ fn deliver(child: &mut Child, frame: Zeroizing<Vec<u8>>) -> bool {
 }
 
 /// Reads one report frame, waiting at most `timeout` in all.
-fn read_report(stdout: &ChildStdout, timeout: Duration) -> Result<Report, UnknownReason> {
+fn read_report<Fd: AsFd>(stdout: &Fd, timeout: Duration) -> Result<Report, UnknownReason> {
     let deadline = Instant::now() + timeout;
     let mut buffer = [0u8; MAX_REPORT_BYTES];
     let mut filled = 0usize;
@@ -353,5 +353,51 @@ fn read_report(stdout: &ChildStdout, timeout: Duration) -> Result<Report, Unknow
             Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => {}
             Err(_) => return Err(UnknownReason::ReportUnreadable),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+
+    fn report_from(bytes: &[u8], close: bool) -> Result<Report, UnknownReason> {
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        writer.write_all(bytes).unwrap();
+        let keep = if close {
+            drop(writer);
+            None
+        } else {
+            Some(writer)
+        };
+        let result = read_report(&reader, Duration::from_millis(100));
+        drop(keep);
+        result
+    }
+
+    #[test]
+    fn report_reading_maps_every_failure_to_unknown() {
+        let started = Report::Started {
+            handle: "ql3lp1.x".into(),
+            started_at_ms: 9,
+        };
+        let frame = started.encode().unwrap();
+        assert_eq!(report_from(&frame, true), Ok(started.clone()));
+        assert_eq!(report_from(&frame, false), Ok(started), "no EOF needed");
+        assert_eq!(report_from(b"", true), Err(UnknownReason::ReportMissing));
+        assert_eq!(
+            report_from(b"garbage-garbage", true),
+            Err(UnknownReason::ReportGarbled)
+        );
+        assert_eq!(
+            report_from(&frame[..5], true),
+            Err(UnknownReason::ReportGarbled)
+        );
+        assert_eq!(
+            report_from(&frame[..5], false),
+            Err(UnknownReason::ReportTimedOut)
+        );
+        assert_eq!(report_from(b"", false), Err(UnknownReason::ReportTimedOut));
     }
 }
