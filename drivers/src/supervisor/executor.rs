@@ -363,7 +363,7 @@ mod tests {
     use super::*;
 
     fn report_from(bytes: &[u8], close: bool) -> Result<Report, UnknownReason> {
-        let (reader, mut writer) = std::io::pipe().unwrap();
+        let (reader, mut writer) = io::pipe().unwrap();
         writer.write_all(bytes).unwrap();
         let keep = if close {
             drop(writer);
