@@ -983,11 +983,10 @@ const DIR_FLAGS: OFlags = OFlags::RDONLY
     .union(OFlags::CLOEXEC);
 
 /// Maps an errno from an `O_NOFOLLOW` open to the rule it reveals, if any.
-fn open_rule(errno: Errno, want_dir: bool) -> Option<Rule> {
+fn open_rule(errno: Errno) -> Option<Rule> {
     match errno {
         Errno::LOOP => Some(Rule::Symlink),
-        Errno::NOTDIR if want_dir => Some(Rule::NotDirectory),
-        Errno::ISDIR if !want_dir => Some(Rule::NotRegular),
+        Errno::ISDIR => Some(Rule::NotRegular),
         // ENXIO: a socket (or a FIFO opened for writing without a reader); EOPNOTSUPP: a socket.
         Errno::NXIO | Errno::OPNOTSUPP | Errno::NODEV => Some(Rule::NotRegular),
         _ => None,
@@ -1031,9 +1030,9 @@ pub fn open_root(fs: &dyn FileSystem, root: &Path, create: bool) -> Result<Dir, 
         Err(Errno::NOENT) if create => {
             create_root(fs, root)?;
             fs.open(root, DIR_FLAGS, 0)
-                .map_err(|e| dir_open_error(root, e))?
+                .map_err(|e| root_open_error(fs, root, e))?
         }
-        Err(e) => return Err(dir_open_error(root, e)),
+        Err(e) => return Err(root_open_error(fs, root, e)),
     };
     let meta = fs
         .fstat(fd.as_fd())
@@ -1054,7 +1053,7 @@ fn create_root(fs: &dyn FileSystem, root: &Path) -> Result<(), StorageError> {
     // The umask can only clear bits; force exactly 0700 and make the new entry durable.
     let fd = fs
         .open(root, DIR_FLAGS, 0)
-        .map_err(|e| dir_open_error(root, e))?;
+        .map_err(|e| root_open_error(fs, root, e))?;
     fs.fchmod(fd.as_fd(), layout::DIR_MODE)
         .map_err(|e| StorageError::io("fchmod", root, e))?;
     if let Some(parent) = root.parent() {
@@ -1070,10 +1069,31 @@ fn create_root(fs: &dyn FileSystem, root: &Path) -> Result<(), StorageError> {
     Ok(())
 }
 
-fn dir_open_error(path: &Path, errno: Errno) -> StorageError {
-    match open_rule(errno, true) {
-        Some(rule) => StorageError::unsafe_at(path, rule),
-        None => StorageError::io("open", path, errno),
+/// Maps a failed `O_DIRECTORY|O_NOFOLLOW` open to its rule. Linux reports a symlink there as
+/// `ENOTDIR` (the link itself is not a directory), so the entry is looked at with `lstat` to name
+/// the right rule.
+fn dir_open_error(
+    fs: &dyn FileSystem,
+    parent: BorrowedFd<'_>,
+    name: &str,
+    path: &Path,
+    errno: Errno,
+) -> StorageError {
+    match errno {
+        Errno::NOTDIR | Errno::LOOP => match fs.stat_nofollow(parent, name) {
+            Ok(meta) if meta.kind == Kind::Symlink => StorageError::unsafe_at(path, Rule::Symlink),
+            Ok(_) => StorageError::unsafe_at(path, Rule::NotDirectory),
+            Err(e) => StorageError::io("fstatat", path, e),
+        },
+        _ => StorageError::io("open", path, errno),
+    }
+}
+
+fn root_open_error(fs: &dyn FileSystem, root: &Path, errno: Errno) -> StorageError {
+    // `check_root_path` proved the root is absolute UTF-8, so the dirfd is ignored.
+    match root.to_str() {
+        Some(text) => dir_open_error(fs, rustix::fs::CWD, text, root, errno),
+        None => StorageError::io("open", root, errno),
     }
 }
 
@@ -1098,7 +1118,7 @@ pub fn open_subdir(
             }
             let fd = fs
                 .openat(parent.fd(), name, DIR_FLAGS, 0)
-                .map_err(|e| dir_open_error(&path, e))?;
+                .map_err(|e| dir_open_error(fs, parent.fd(), name, &path, e))?;
             let meta = fs
                 .fstat(fd.as_fd())
                 .map_err(|e| StorageError::io("fstat", &path, e))?;
@@ -1112,7 +1132,7 @@ pub fn open_subdir(
             fd
         }
         Err(Errno::NOENT) => return Ok(None),
-        Err(e) => return Err(dir_open_error(&path, e)),
+        Err(e) => return Err(dir_open_error(fs, parent.fd(), name, &path, e)),
     };
     let meta = fs
         .fstat(fd.as_fd())
@@ -1136,8 +1156,9 @@ pub struct FileRules {
 /// Opens `<dir>/<name>` with `flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC` and checks it: a
 /// regular file, owned by the effective uid, no group/other bits (or exactly `exact_mode`), one
 /// link, size ≤ `max_size`, and optionally the same inode as the path. `O_NONBLOCK` keeps a FIFO
-/// planted at the name from blocking the open; it is cleared again after the checks. A missing
-/// file is `Ok(None)`.
+/// planted at the name from blocking the open; it has no effect on the regular file the checks
+/// prove, and a caller that hands the fd to another program clears it ([`clear_nonblock`]). A
+/// missing file is `Ok(None)`.
 ///
 /// # Errors
 /// [`StorageError::UnsafeStorage`] naming the rule, or the failed call.
@@ -1154,7 +1175,7 @@ pub fn open_verified(
         Ok(fd) => fd,
         Err(Errno::NOENT) => return Ok(None),
         Err(e) => {
-            return Err(match open_rule(e, false) {
+            return Err(match open_rule(e) {
                 Some(rule) => StorageError::unsafe_at(&path, rule),
                 None => StorageError::io("openat", &path, e),
             });
@@ -1172,9 +1193,21 @@ pub fn open_verified(
             return Err(StorageError::unsafe_at(&path, Rule::InodeChanged));
         }
     }
-    fs.clear_nonblock(fd.as_fd())
-        .map_err(|e| StorageError::io("fcntl", &path, e))?;
     Ok(Some((fd, meta)))
+}
+
+/// Clears the `O_NONBLOCK` that [`open_verified`] opened with, for an fd that leaves our hands
+/// (the capture file becomes a user process's stdout).
+///
+/// # Errors
+/// The failed `fcntl`.
+pub fn clear_nonblock(
+    fs: &dyn FileSystem,
+    fd: BorrowedFd<'_>,
+    path: &Path,
+) -> Result<(), StorageError> {
+    fs.clear_nonblock(fd)
+        .map_err(|e| StorageError::io("fcntl", path, e))
 }
 
 /// The file checks of [`open_verified`], on a `fstat` result.

@@ -354,6 +354,7 @@ pub fn open_for_capture_with(
     else {
         return Err(SpoolError::NotFound { path });
     };
+    fsio::clear_nonblock(fs, fd.as_fd(), &path)?;
     Ok(CaptureFile {
         file: std::fs::File::from(fd),
         length_bytes: meta.size,
