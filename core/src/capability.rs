@@ -15,6 +15,10 @@ use crate::ids::{CapabilityDigest, Sha256Digest};
 pub const ENTROPY_BYTES: usize = 64;
 
 /// Entropy drawn by the driver (OS CSPRNG) or the simulation (seeded PRNG).
+#[expect(
+    missing_debug_implementations,
+    reason = "entropy must never be printed"
+)]
 #[derive(Zeroize, ZeroizeOnDrop)]
 pub struct Entropy([u8; ENTROPY_BYTES]);
 
@@ -50,6 +54,10 @@ impl Entropy {
 
 /// The 32-byte completion capability (ADR-0111 §4). Only its SHA-256 is ever persisted or sent;
 /// the raw bytes reach the supervisor through the launch plan and the receipt as base64url.
+#[expect(
+    missing_debug_implementations,
+    reason = "the capability must never be printed"
+)]
 #[derive(Zeroize, ZeroizeOnDrop)]
 pub struct Capability([u8; 32]);
 

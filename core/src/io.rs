@@ -54,6 +54,8 @@ pub struct HttpCall {
     pub path: String,
     /// The exact request body (wiped after sending: it may carry the lease token).
     pub body: Zeroizing<Vec<u8>>,
+    /// The request cap of this endpoint (4 KiB unless the endpoint opts in, ≤ 64 KiB).
+    pub request_cap: usize,
     /// The response cap for this endpoint.
     pub response_cap: usize,
 }
@@ -333,7 +335,10 @@ pub enum Outcome {
 impl fmt::Debug for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::InboxListed { records, next_after } => f
+            Self::InboxListed {
+                records,
+                next_after,
+            } => f
                 .debug_struct("InboxListed")
                 .field("records", &records.len())
                 .field("next_after", next_after)
@@ -345,7 +350,10 @@ impl fmt::Debug for Outcome {
             Self::ReceiptRead(r) => write!(f, "ReceiptRead({r:?})"),
             Self::ReceiptRemoved { existed } => write!(f, "ReceiptRemoved({existed})"),
             Self::LogAllocated => f.write_str("LogAllocated"),
-            Self::LogInspected { byte_length, truncated } => {
+            Self::LogInspected {
+                byte_length,
+                truncated,
+            } => {
                 write!(f, "LogInspected({byte_length}, {truncated:?})")
             }
             Self::LogMissing => f.write_str("LogMissing"),
@@ -398,10 +406,16 @@ pub enum InputError {
 impl fmt::Display for InputError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::UnexpectedOutcome { id, outstanding: Some(o) } => {
+            Self::UnexpectedOutcome {
+                id,
+                outstanding: Some(o),
+            } => {
                 write!(f, "outcome for {id} but {o} is outstanding")
             }
-            Self::UnexpectedOutcome { id, outstanding: None } => {
+            Self::UnexpectedOutcome {
+                id,
+                outstanding: None,
+            } => {
                 write!(f, "outcome for {id} but no command is outstanding")
             }
             Self::OutcomeMismatch { id } => write!(f, "outcome for {id} does not answer it"),

@@ -8,16 +8,28 @@
 
 extern crate alloc;
 
+pub mod capability;
 pub mod claim;
+pub mod completion;
+pub mod control;
 pub mod envelope;
 pub mod error;
 pub mod ids;
+pub mod io;
+pub mod js;
+mod lifecycle;
 pub mod listing;
 pub mod offer;
+pub(crate) mod ops;
+pub mod processor;
+pub mod pull;
 pub mod receipt;
 pub mod record;
 pub mod revision;
+pub mod session;
 #[doc(hidden)]
 pub mod testkit;
 pub mod time;
 pub mod truncation;
+pub mod wire;
+pub mod worker;

@@ -295,7 +295,11 @@ impl Offer {
         ensure(
             r.task_revision == c.task_revision,
             mismatch("executionRevision.taskRevision", "candidate.taskRevision"),
-        )
+        )?;
+        r.validate().map_err(|_| OfferError::Bound {
+            field: "executionRevision",
+            rule: "normalized, with a matching contentDigest",
+        })
     }
 
     /// The first authority field that differs between two offers, by its wire name (reference

@@ -137,3 +137,124 @@ impl Receipt {
         Ok(())
     }
 }
+
+/// Why a receipt does not authenticate against its inbox record (reference §4.5 step 4). The
+/// receipt is kept as evidence; nothing is uploaded or completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReceiptError {
+    /// The token is not canonical base64url of exactly 32 bytes.
+    TokenEncoding,
+    /// SHA-256 of the token bytes differs from the persisted digest.
+    TokenDigest,
+    /// Run, Attempt or callback sequence differ from the record.
+    Identity {
+        /// Which field.
+        field: &'static str,
+    },
+    /// `startedAtMs` differs from the record's `executorStartedAtMs`.
+    StartTime,
+    /// `finishedAtMs` is after `now`.
+    FinishedInFuture,
+    /// The record has no barrier fields to authenticate against.
+    RecordWithoutBarrier,
+}
+
+impl fmt::Display for ReceiptError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::TokenEncoding => {
+                f.write_str("receipt token is not canonical base64url of exactly 32 bytes")
+            }
+            Self::TokenDigest => f.write_str("receipt token does not match the persisted digest"),
+            Self::Identity { field } => write!(f, "receipt {field} differs from the inbox record"),
+            Self::StartTime => f.write_str("receipt startedAtMs differs from executorStartedAtMs"),
+            Self::FinishedInFuture => f.write_str("receipt finishedAtMs is in the future"),
+            Self::RecordWithoutBarrier => {
+                f.write_str("the inbox record has no launch barrier to authenticate against")
+            }
+        }
+    }
+}
+
+impl core::error::Error for ReceiptError {}
+
+/// The facts of an authenticated receipt (the token is gone: only its proof remains).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AuthenticatedReceipt {
+    /// Callback sequence.
+    pub callback_sequence: CallbackSequence,
+    /// Start (equals `executorStartedAtMs`).
+    pub started_at_ms: UnixMillis,
+    /// End.
+    pub finished_at_ms: UnixMillis,
+    /// Exit code (128 + signal for a signalled process).
+    pub exit_code: u8,
+}
+
+/// Authenticates `receipt` against the inbox record's barrier fields (ADR-0116 §3; reference
+/// §4.5 step 4): exact run, attempt and callback sequence; `startedAtMs == executorStartedAtMs`;
+/// `finishedAtMs <= now`; the token canonical base64url of exactly 32 bytes whose SHA-256
+/// equals the persisted digest, compared in constant time. The decoded bytes are wiped.
+///
+/// # Errors
+/// The first [`ReceiptError`].
+pub fn authenticate(
+    receipt: &Receipt,
+    record: &crate::record::InboxRecord,
+    now: UnixMillis,
+) -> Result<AuthenticatedReceipt, ReceiptError> {
+    let (Some(sequence), Some(digest), Some(started)) = (
+        record.completion_receipt_callback_sequence,
+        record.completion_receipt_token_digest,
+        record.executor_started_at_ms,
+    ) else {
+        return Err(ReceiptError::RecordWithoutBarrier);
+    };
+    let candidate = &record.offer.candidate;
+    if receipt.run_id != candidate.run_id {
+        return Err(ReceiptError::Identity { field: "runId" });
+    }
+    if receipt.attempt_id != candidate.attempt_id {
+        return Err(ReceiptError::Identity { field: "attemptId" });
+    }
+    if receipt.callback_sequence != sequence {
+        return Err(ReceiptError::Identity {
+            field: "callbackSequence",
+        });
+    }
+    if receipt.started_at_ms != started {
+        return Err(ReceiptError::StartTime);
+    }
+    if receipt.finished_at_ms > now {
+        return Err(ReceiptError::FinishedInFuture);
+    }
+    let bytes = decode_token(receipt.token.expose())?;
+    let presented = crate::ids::CapabilityDigest::new(crate::ids::Sha256Digest::of(&bytes[..]));
+    if presented != digest {
+        return Err(ReceiptError::TokenDigest);
+    }
+    Ok(AuthenticatedReceipt {
+        callback_sequence: sequence,
+        started_at_ms: receipt.started_at_ms,
+        finished_at_ms: receipt.finished_at_ms,
+        exit_code: receipt.exit_code,
+    })
+}
+
+/// Canonical base64url (no padding, no other alphabet, zero trailing bits) of exactly 32 bytes.
+fn decode_token(text: &str) -> Result<zeroize::Zeroizing<[u8; 32]>, ReceiptError> {
+    use base64::Engine as _;
+    let mut out = zeroize::Zeroizing::new([0u8; 32]);
+    if text.len() != 43 {
+        return Err(ReceiptError::TokenEncoding);
+    }
+    let mut buffer = zeroize::Zeroizing::new([0u8; 33]);
+    let written = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode_slice(text.as_bytes(), &mut buffer[..])
+        .map_err(|_| ReceiptError::TokenEncoding)?;
+    if written != 32 {
+        return Err(ReceiptError::TokenEncoding);
+    }
+    out.copy_from_slice(&buffer[..32]);
+    Ok(out)
+}

@@ -1,16 +1,316 @@
 //! The immutable execution revision pinned by an offer (reference §2.2,
-//! `clusterExecutionRevision.ts`): what to run, with which environment, where.
+//! `clusterExecutionRevision.ts`): what to run, with which environment, where — and its
+//! normalization, canonical JSON and content digest, bit-exact with the reference:
 //!
-//! This module holds the data shapes. Normalization, the canonical JSON and the bit-exact
-//! content digest are added by the wire-contract work.
+//! `content_digest = sha256_hex("qinglong.cluster-task-execution-revision.v1\0" || JSON)`
+//!
+//! where `JSON` is `JSON.stringify` of the normalized revision without `createdAtMs`, in the
+//! key order `projectId, taskId, taskRevision, sourceRevision, sourceContentDigest, executorType,
+//! planSchema, command, environment, [environmentBundleRef], [workingDirectory], [timeoutMs],
+//! [placement]`. Environment bindings are ordered by JavaScript `localeCompare` of their names,
+//! placement lists by `Array.prototype.sort()`, labels by `localeCompare` of their keys (then
+//! laid out in JavaScript object order, array-index keys first), and placement defaults
+//! (`required.executors = ["remote-worker"]`) are applied. Golden vectors made with Node live in
+//! `tests/fixtures/revision-digest`.
+//!
+//! The domain types derive serde for the postcard inbox record; JSON goes through
+//! [`ExecutionRevision::parse_json`] / the offer parser and [`ExecutionRevision::write_json`].
 
 use alloc::string::String;
 use alloc::vec::Vec;
+use core::cmp::Ordering;
+use core::fmt;
 
-use serde::{Deserialize, Serialize};
+use base64::Engine as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::ids::{ProjectId, Sha256Digest, TaskId, TaskRevision};
+use crate::error::IdError;
+use crate::ids::{MAX_INT32, MAX_SAFE_INTEGER, ProjectId, Sha256Digest, TaskId, TaskRevision};
+use crate::js::{self, CollationError, JsonWriter};
 use crate::time::UnixMillis;
+use crate::wire::de::{Pairs, present};
+use crate::wire::{JsonError, semver};
+
+/// The executor type every cluster revision carries.
+pub const EXECUTOR_TYPE: &str = "remote_worker";
+/// The plan schema every cluster revision carries.
+pub const PLAN_SCHEMA: &str = "qinglong/command-execution@v1";
+/// Domain prefix of the content digest.
+pub const DIGEST_DOMAIN: &[u8] = b"qinglong.cluster-task-execution-revision.v1\0";
+/// `MAX_CLUSTER_EXECUTION_PLAN_BYTES`: the normalized revision (with `createdAtMs`, without
+/// `contentDigest`) serialized.
+pub const MAX_PLAN_BYTES: usize = 96 * 1024;
+/// Largest `timeoutMs`: 365 days.
+pub const MAX_TIMEOUT_MS: u64 = 365 * 24 * 60 * 60_000;
+/// Most environment bindings.
+pub const MAX_ENVIRONMENT_ENTRIES: usize = 256;
+/// Budget of environment names plus values / secret references, in UTF-8 bytes.
+pub const MAX_ENVIRONMENT_BYTES: usize = 64 * 1024;
+/// The executor capability every cluster placement requires.
+pub const REMOTE_WORKER_EXECUTOR: &str = "remote-worker";
+/// Prefix of a secret reference.
+pub const SECRET_REF_PREFIX: &str = "qlsecret:v1:";
+/// Largest secret reference, in UTF-8 bytes.
+pub const MAX_SECRET_REF_BYTES: usize = 512;
+
+/// A revision that breaks a normalization rule, or whose digest does not match its content.
+/// Blame: the control plane (or a corrupted record). Never carries values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RevisionError {
+    /// A field breaks its rule.
+    Field {
+        /// The field path, as named on the wire.
+        field: &'static str,
+        /// The rule.
+        rule: &'static str,
+    },
+    /// A name or key cannot be ordered like JavaScript `localeCompare` (unsupported character).
+    Collation {
+        /// The field path.
+        field: &'static str,
+        /// The character.
+        error: CollationError,
+    },
+    /// A stored (already normalized) revision is not in normalized form.
+    NotNormalized {
+        /// The first field that differs from its normalized form.
+        field: &'static str,
+    },
+    /// `contentDigest` does not match the digest of the normalized content.
+    DigestMismatch,
+    /// The JSON text is malformed or has the wrong shape.
+    Json(JsonError),
+}
+
+impl fmt::Display for RevisionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Field { field, rule } => {
+                write!(f, "execution revision field {field} must be {rule}")
+            }
+            Self::Collation { field, error } => {
+                write!(f, "execution revision field {field}: {error}")
+            }
+            Self::NotNormalized { field } => {
+                write!(
+                    f,
+                    "execution revision field {field} is not in normalized form"
+                )
+            }
+            Self::DigestMismatch => {
+                f.write_str("execution revision contentDigest does not match its content")
+            }
+            Self::Json(error) => write!(f, "execution revision JSON rejected: {error}"),
+        }
+    }
+}
+
+impl core::error::Error for RevisionError {}
+
+fn field(field: &'static str, rule: &'static str) -> RevisionError {
+    RevisionError::Field { field, rule }
+}
+
+fn ensure(ok: bool, name: &'static str, rule: &'static str) -> Result<(), RevisionError> {
+    if ok { Ok(()) } else { Err(field(name, rule)) }
+}
+
+fn no_control(value: &str) -> bool {
+    !crate::ids::has_control_char(value)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Newtypes
+// ---------------------------------------------------------------------------------------------
+
+/// An environment variable name: `^[A-Za-z_][A-Za-z0-9_]{0,127}$`, not starting with `QL3_`.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EnvName(String);
+
+impl EnvName {
+    /// The validation rule.
+    pub const RULE: &'static str = "^[A-Za-z_][A-Za-z0-9_]{0,127}$, not starting with QL3_";
+
+    /// Validates and wraps `value`.
+    ///
+    /// # Errors
+    /// [`IdError`] when `value` breaks [`Self::RULE`].
+    pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
+        let value = value.into();
+        let b = value.as_bytes();
+        let ok = (1..=128).contains(&b.len())
+            && (b[0].is_ascii_alphabetic() || b[0] == b'_')
+            && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+            && !value.starts_with("QL3_");
+        if ok {
+            Ok(Self(value))
+        } else {
+            Err(IdError {
+                kind: "environment name",
+                rule: Self::RULE,
+            })
+        }
+    }
+
+    /// The name.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for EnvName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "EnvName({:?})", self.0)
+    }
+}
+
+impl fmt::Display for EnvName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Serialize for EnvName {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for EnvName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Self::new(String::deserialize(deserializer)?).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A canonical secret reference: `qlsecret:v1:` + canonical base64url of exactly
+/// `JSON.stringify({projectId, name[, version]})` (≤ 512 bytes). Names the secret, not its value.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SecretRef {
+    text: String,
+    project_id: String,
+    version: Option<u64>,
+}
+
+/// The decoded payload of a secret reference.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct SecretRefPayload {
+    project_id: String,
+    name: String,
+    #[serde(default, deserialize_with = "present")]
+    version: Option<u64>,
+}
+
+impl SecretRef {
+    /// The validation rule.
+    pub const RULE: &'static str =
+        "qlsecret:v1: + canonical base64url of JSON {projectId, name[, version]}, <= 512 bytes";
+
+    fn error() -> IdError {
+        IdError {
+            kind: "secret reference",
+            rule: Self::RULE,
+        }
+    }
+
+    /// Parses and checks canonical form.
+    ///
+    /// # Errors
+    /// [`IdError`] when `value` is not a canonical reference.
+    pub fn parse(value: &str) -> Result<Self, IdError> {
+        if value.len() > MAX_SECRET_REF_BYTES {
+            return Err(Self::error());
+        }
+        let encoded = value
+            .strip_prefix(SECRET_REF_PREFIX)
+            .ok_or_else(Self::error)?;
+        let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(encoded)
+            .map_err(|_| Self::error())?;
+        let parsed: SecretRefPayload =
+            serde_json::from_slice(&payload).map_err(|_| Self::error())?;
+        let text = Self::create(&parsed.project_id, &parsed.name, parsed.version)?;
+        if text != value {
+            return Err(Self::error());
+        }
+        Ok(Self {
+            text,
+            project_id: parsed.project_id,
+            version: parsed.version,
+        })
+    }
+
+    /// Builds the canonical reference (reference `createSecretRef`).
+    ///
+    /// # Errors
+    /// [`IdError`] when a part is out of bounds.
+    pub fn create(project_id: &str, name: &str, version: Option<u64>) -> Result<String, IdError> {
+        let bounded = |v: &str| !v.is_empty() && v.len() <= 128 && no_control(v);
+        if !bounded(project_id)
+            || !bounded(name)
+            || version.is_some_and(|v| !(1..=MAX_INT32).contains(&v))
+        {
+            return Err(Self::error());
+        }
+        let mut w = JsonWriter::with_cap(MAX_SECRET_REF_BYTES);
+        w.begin_object()
+            .field_str("projectId", project_id)
+            .field_str("name", name);
+        if let Some(v) = version {
+            w.field_uint("version", v);
+        }
+        w.end_object();
+        let payload = w.finish().map_err(|_| Self::error())?;
+        let mut text = String::from(SECRET_REF_PREFIX);
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode_string(&*payload, &mut text);
+        if text.len() > MAX_SECRET_REF_BYTES {
+            return Err(Self::error());
+        }
+        Ok(text)
+    }
+
+    /// The reference text.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The project the secret belongs to.
+    #[must_use]
+    pub fn project_id(&self) -> &str {
+        &self.project_id
+    }
+
+    /// The pinned secret version, if any.
+    #[must_use]
+    pub fn version(&self) -> Option<u64> {
+        self.version
+    }
+}
+
+impl fmt::Debug for SecretRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecretRef({:?})", self.text)
+    }
+}
+
+impl Serialize for SecretRef {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.text)
+    }
+}
+
+impl<'de> Deserialize<'de> for SecretRef {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Self::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Revision shapes
+// ---------------------------------------------------------------------------------------------
 
 /// The pinned execution revision.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,14 +330,14 @@ pub struct ExecutionRevision {
     pub command: ExecCommand,
     /// Environment bindings, in normalized (`localeCompare`) order.
     pub environment: Vec<EnvBinding>,
-    /// Optional environment bundle secret reference.
-    pub environment_bundle_ref: Option<String>,
+    /// Optional environment bundle secret reference (same project, versioned).
+    pub environment_bundle_ref: Option<SecretRef>,
     /// Optional absolute working directory.
     pub working_directory: Option<String>,
     /// Optional timeout; the control plane owns the deadline.
     pub timeout_ms: Option<u64>,
-    /// Optional placement (kept as its canonical JSON text until typed by the wire work).
-    pub placement: Option<String>,
+    /// Optional placement, normalized (`required.executors` defaulted).
+    pub placement: Option<Placement>,
     /// Creation time (excluded from the digest).
     pub created_at_ms: UnixMillis,
     /// `sha256_hex("qinglong.cluster-task-execution-revision.v1\0" || JSON(normalized))`.
@@ -58,7 +358,7 @@ pub enum ExecCommand {
     Shell {
         /// Shell command text.
         command: String,
-        /// Optional shell path.
+        /// Optional shell path: `/bin/sh` or `/bin/bash`.
         shell: Option<String>,
     },
 }
@@ -66,8 +366,8 @@ pub enum ExecCommand {
 /// One environment binding of a revision.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnvBinding {
-    /// `^[A-Za-z_][A-Za-z0-9_]{0,127}$`, not starting with `QL3_`.
-    pub name: String,
+    /// The variable name.
+    pub name: EnvName,
     /// Public value or secret reference.
     pub value: EnvValue,
 }
@@ -75,8 +375,1035 @@ pub struct EnvBinding {
 /// The value side of an [`EnvBinding`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EnvValue {
-    /// A public value, copied byte for byte into the child's environment.
+    /// A public value, copied byte for byte into the child's environment (no NUL).
     Public(String),
     /// A `qlsecret:v1:` reference resolved through the `secrets` endpoint, in memory only.
-    Secret(String),
+    Secret(SecretRef),
+}
+
+/// A Worker CPU architecture of the release support policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Architecture {
+    /// `386`.
+    #[serde(rename = "386")]
+    I386,
+    /// `amd64`.
+    #[serde(rename = "amd64")]
+    Amd64,
+    /// `arm/v6`.
+    #[serde(rename = "arm/v6")]
+    ArmV6,
+    /// `arm/v7`.
+    #[serde(rename = "arm/v7")]
+    ArmV7,
+    /// `arm64`.
+    #[serde(rename = "arm64")]
+    Arm64,
+    /// `ppc64le`.
+    #[serde(rename = "ppc64le")]
+    Ppc64le,
+    /// `s390x`.
+    #[serde(rename = "s390x")]
+    S390x,
+}
+
+impl Architecture {
+    /// The wire spelling.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::I386 => "386",
+            Self::Amd64 => "amd64",
+            Self::ArmV6 => "arm/v6",
+            Self::ArmV7 => "arm/v7",
+            Self::Arm64 => "arm64",
+            Self::Ppc64le => "ppc64le",
+            Self::S390x => "s390x",
+        }
+    }
+
+    /// The support tier the architecture belongs to.
+    #[must_use]
+    pub const fn support_tier(self) -> SupportTier {
+        match self {
+            Self::Amd64 | Self::Arm64 => SupportTier::Tier1,
+            Self::Ppc64le | Self::S390x => SupportTier::Candidate,
+            Self::ArmV7 => SupportTier::Experimental,
+            Self::ArmV6 | Self::I386 => SupportTier::LegacyOnly,
+        }
+    }
+}
+
+/// A release support tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum SupportTier {
+    /// `candidate`.
+    #[serde(rename = "candidate")]
+    Candidate,
+    /// `experimental`.
+    #[serde(rename = "experimental")]
+    Experimental,
+    /// `legacy-only`.
+    #[serde(rename = "legacy-only")]
+    LegacyOnly,
+    /// `tier1`.
+    #[serde(rename = "tier1")]
+    Tier1,
+}
+
+impl SupportTier {
+    /// The wire spelling.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Candidate => "candidate",
+            Self::Experimental => "experimental",
+            Self::LegacyOnly => "legacy-only",
+            Self::Tier1 => "tier1",
+        }
+    }
+}
+
+/// One placement label (`key: value`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Label {
+    /// `^[A-Za-z0-9][A-Za-z0-9._/-]*$`, 1..=128 characters.
+    pub key: String,
+    /// 1..=256 characters, no control characters.
+    pub value: String,
+}
+
+/// A required runtime.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuntimeRequirement {
+    /// Capability name `^[a-z0-9][a-z0-9._+-]*$`, ≤ 64.
+    pub name: String,
+    /// Optional semver range.
+    pub version_range: Option<String>,
+}
+
+/// Hard placement requirements; field order is the canonical key order.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacementRequired {
+    /// Allowed architectures (sorted).
+    pub architectures: Option<Vec<Architecture>>,
+    /// Allowed operating systems (sorted).
+    pub operating_systems: Option<Vec<String>>,
+    /// Required executors (sorted; always contains `remote-worker` once normalized).
+    pub executors: Option<Vec<String>>,
+    /// Protocol version range.
+    pub protocol_version_range: Option<String>,
+    /// Required runtimes (by `localeCompare` of name).
+    pub runtimes: Option<Vec<RuntimeRequirement>>,
+    /// Allowed support tiers (sorted).
+    pub support_tiers: Option<Vec<SupportTier>>,
+    /// Required labels, in canonical object order.
+    pub labels: Option<Vec<Label>>,
+    /// Minimum memory, bytes.
+    pub min_memory_bytes: Option<u64>,
+    /// Minimum disk, bytes.
+    pub min_disk_bytes: Option<u64>,
+    /// Required GPU vendor.
+    pub gpu_vendor: Option<String>,
+    /// Required features (sorted).
+    pub features: Option<Vec<String>>,
+}
+
+/// A weighted soft preference.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preference {
+    /// Labels to match (non-empty), in canonical object order.
+    pub labels: Vec<Label>,
+    /// Weight 1..=100.
+    pub weight: u64,
+}
+
+/// A placement specification (`effectiveRemoteWorkerPlacement`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// Hard requirements; `Some` once normalized.
+    pub required: Option<PlacementRequired>,
+    /// Preferences, in the given order.
+    pub preferred: Option<Vec<Preference>>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Normalization
+// ---------------------------------------------------------------------------------------------
+
+fn capability_name(value: &str, max: usize) -> bool {
+    let b = value.as_bytes();
+    (1..=max).contains(&b.len())
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && b.iter().all(|c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'+' | b'-')
+        })
+}
+
+fn label_key(value: &str) -> bool {
+    let b = value.as_bytes();
+    (1..=128).contains(&b.len())
+        && b[0].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'/' | b'-'))
+}
+
+fn bounded_text(value: &str, max: usize) -> bool {
+    (1..=max).contains(&crate::ids::js_length(value)) && no_control(value)
+}
+
+fn collate(name: &'static str, a: &str, b: &str) -> Result<Ordering, RevisionError> {
+    js::locale_compare(a, b).map_err(|error| RevisionError::Collation { field: name, error })
+}
+
+/// Sorts `items` by `localeCompare` of `key`, refusing unsupported characters.
+fn sort_locale<T>(
+    name: &'static str,
+    items: &mut [T],
+    key: impl Fn(&T) -> &str,
+) -> Result<(), RevisionError> {
+    for item in items.iter() {
+        collate(name, key(item), "")?;
+    }
+    // INVARIANT: every key was checked above, so the comparator cannot fail.
+    items.sort_by(|a, b| js::locale_compare(key(a), key(b)).unwrap_or(Ordering::Equal));
+    Ok(())
+}
+
+fn capability_list(
+    list: &mut [String],
+    name: &'static str,
+    max: usize,
+) -> Result<(), RevisionError> {
+    ensure(list.len() <= max, name, "at most 16 entries")?;
+    for item in list.iter() {
+        ensure(
+            capability_name(item, 64),
+            name,
+            "^[a-z0-9][a-z0-9._+-]*$, <= 64",
+        )?;
+    }
+    list.sort_by(|a, b| js::code_unit_cmp(a, b));
+    ensure(
+        list.windows(2).all(|w| w[0] != w[1]),
+        name,
+        "free of duplicates",
+    )
+}
+
+fn normalize_labels(
+    labels: &mut Vec<Label>,
+    name: &'static str,
+    max: usize,
+) -> Result<(), RevisionError> {
+    ensure(labels.len() <= max, name, "at most 16 entries")?;
+    for label in labels.iter() {
+        ensure(
+            label_key(&label.key),
+            name,
+            "keys ^[A-Za-z0-9][A-Za-z0-9._/-]*$, <= 128",
+        )?;
+        ensure(
+            bounded_text(&label.value, 256),
+            name,
+            "values of 1..=256 characters",
+        )?;
+    }
+    ensure(
+        labels
+            .iter()
+            .enumerate()
+            .all(|(i, l)| labels[..i].iter().all(|o| o.key != l.key)),
+        name,
+        "free of duplicate keys",
+    )?;
+    sort_locale(name, labels, |l| l.key.as_str())?;
+    let keys: Vec<&str> = labels.iter().map(|l| l.key.as_str()).collect();
+    let order = js::object_key_order(&keys);
+    let mut sorted = Vec::with_capacity(labels.len());
+    for i in order {
+        sorted.push(labels[i].clone());
+    }
+    *labels = sorted;
+    Ok(())
+}
+
+impl PlacementRequired {
+    fn normalize(&mut self) -> Result<(), RevisionError> {
+        if let Some(list) = &mut self.architectures {
+            ensure(
+                list.len() <= 16,
+                "placement.required.architectures",
+                "<= 16",
+            )?;
+            list.sort_by(|a, b| js::code_unit_cmp(a.as_str(), b.as_str()));
+            ensure(
+                list.windows(2).all(|w| w[0] != w[1]),
+                "placement.required.architectures",
+                "free of duplicates",
+            )?;
+        }
+        if let Some(list) = &mut self.operating_systems {
+            capability_list(list, "placement.required.operatingSystems", 16)?;
+        }
+        if let Some(list) = &mut self.executors {
+            capability_list(list, "placement.required.executors", 16)?;
+        }
+        if let Some(range) = &self.protocol_version_range {
+            ensure(
+                semver::is_range(range),
+                "placement.required.protocolVersionRange",
+                "a semver range (supported subset)",
+            )?;
+        }
+        if let Some(list) = &mut self.runtimes {
+            let name = "placement.required.runtimes";
+            ensure(list.len() <= 16, name, "at most 16 entries")?;
+            for r in list.iter() {
+                ensure(
+                    capability_name(&r.name, 64),
+                    name,
+                    "names ^[a-z0-9][a-z0-9._+-]*$",
+                )?;
+                if let Some(range) = &r.version_range {
+                    ensure(
+                        bounded_text(range, 128) && semver::is_range(range),
+                        name,
+                        "versionRange a semver range (supported subset)",
+                    )?;
+                }
+            }
+            ensure(
+                list.iter()
+                    .enumerate()
+                    .all(|(i, r)| list[..i].iter().all(|o| o.name != r.name)),
+                name,
+                "free of duplicate names",
+            )?;
+            sort_locale(name, list, |r| r.name.as_str())?;
+        }
+        if let Some(list) = &mut self.support_tiers {
+            ensure(list.len() <= 4, "placement.required.supportTiers", "<= 4")?;
+            list.sort_by(|a, b| js::code_unit_cmp(a.as_str(), b.as_str()));
+            ensure(
+                list.windows(2).all(|w| w[0] != w[1]),
+                "placement.required.supportTiers",
+                "free of duplicates",
+            )?;
+        }
+        if let Some(labels) = &mut self.labels {
+            normalize_labels(labels, "placement.required.labels", 16)?;
+        }
+        for (value, name) in [
+            (self.min_memory_bytes, "placement.required.minMemoryBytes"),
+            (self.min_disk_bytes, "placement.required.minDiskBytes"),
+        ] {
+            if let Some(v) = value {
+                ensure((1..=MAX_SAFE_INTEGER).contains(&v), name, "1..=2^53-1")?;
+            }
+        }
+        if let Some(vendor) = &self.gpu_vendor {
+            ensure(
+                capability_name(vendor, 64),
+                "placement.required.gpuVendor",
+                "^[a-z0-9][a-z0-9._+-]*$, <= 64",
+            )?;
+        }
+        if let Some(list) = &mut self.features {
+            capability_list(list, "placement.required.features", 16)?;
+        }
+        Ok(())
+    }
+}
+
+impl Placement {
+    /// `effectiveRemoteWorkerPlacement`: validates, sorts, and defaults `required.executors`.
+    ///
+    /// # Errors
+    /// [`RevisionError`] naming the broken rule.
+    pub fn normalize(mut self) -> Result<Self, RevisionError> {
+        let mut required = self.required.take().unwrap_or_default();
+        required.normalize()?;
+        match &required.executors {
+            Some(list) => ensure(
+                list.iter().any(|e| e == REMOTE_WORKER_EXECUTOR),
+                "placement.required.executors",
+                "inclusive of remote-worker",
+            )?,
+            None => required.executors = Some(alloc::vec![String::from(REMOTE_WORKER_EXECUTOR)]),
+        }
+        if let Some(list) = &mut self.preferred {
+            ensure(
+                list.len() <= 16,
+                "placement.preferred",
+                "at most 16 entries",
+            )?;
+            for p in list.iter_mut() {
+                normalize_labels(&mut p.labels, "placement.preferred.labels", 16)?;
+                ensure(
+                    !p.labels.is_empty(),
+                    "placement.preferred.labels",
+                    "non-empty",
+                )?;
+                ensure(
+                    (1..=100).contains(&p.weight),
+                    "placement.preferred.weight",
+                    "1..=100",
+                )?;
+            }
+        }
+        Ok(Self {
+            required: Some(required),
+            preferred: self.preferred,
+        })
+    }
+}
+
+fn validate_identifier(value: &str, name: &'static str) -> Result<(), RevisionError> {
+    ensure(
+        !value.is_empty() && value.len() <= 128 && no_control(value),
+        name,
+        "1..=128 UTF-8 bytes without control characters",
+    )
+}
+
+fn validate_command(command: &ExecCommand) -> Result<(), RevisionError> {
+    match command {
+        ExecCommand::Argv { file, args } => {
+            ensure(
+                file.starts_with('/') && !file.contains('\0') && file.len() <= 4096,
+                "command.file",
+                "an absolute path of <= 4096 bytes without NUL",
+            )?;
+            ensure(args.len() <= 256, "command.args", "at most 256 arguments")?;
+            let mut total = file.len();
+            for arg in args {
+                ensure(
+                    !arg.contains('\0') && arg.len() <= 16 * 1024,
+                    "command.args",
+                    "arguments of <= 16 KiB without NUL",
+                )?;
+                total += arg.len();
+            }
+            ensure(
+                total <= 64 * 1024,
+                "command",
+                "file and arguments <= 64 KiB",
+            )
+        }
+        ExecCommand::Shell { command, shell } => {
+            ensure(
+                !command.is_empty() && !command.contains('\0') && command.len() <= 64 * 1024,
+                "command.command",
+                "1..=64 KiB without NUL",
+            )?;
+            ensure(
+                shell
+                    .as_deref()
+                    .is_none_or(|s| s == "/bin/sh" || s == "/bin/bash"),
+                "command.shell",
+                "/bin/sh or /bin/bash",
+            )
+        }
+    }
+}
+
+fn normalize_environment(
+    environment: &mut [EnvBinding],
+    project_id: &ProjectId,
+) -> Result<(), RevisionError> {
+    ensure(
+        environment.len() <= MAX_ENVIRONMENT_ENTRIES,
+        "environment",
+        "at most 256 bindings",
+    )?;
+    let mut bytes = 0usize;
+    for (i, binding) in environment.iter().enumerate() {
+        ensure(
+            environment[..i].iter().all(|o| o.name != binding.name),
+            "environment.name",
+            "unique",
+        )?;
+        bytes += binding.name.as_str().len();
+        match &binding.value {
+            EnvValue::Public(value) => {
+                ensure(!value.contains('\0'), "environment.value", "free of NUL")?;
+                bytes += value.len();
+            }
+            EnvValue::Secret(reference) => {
+                ensure(
+                    reference.project_id() == project_id.as_str(),
+                    "environment.secretRef",
+                    "a reference of the revision's project",
+                )?;
+                bytes += reference.as_str().len();
+            }
+        }
+    }
+    ensure(
+        bytes <= MAX_ENVIRONMENT_BYTES,
+        "environment",
+        "names and values <= 64 KiB",
+    )?;
+    sort_locale("environment.name", environment, |b| b.name.as_str())
+}
+
+impl ExecutionRevision {
+    /// Applies every normalization rule of reference §2.2 and returns the normalized revision
+    /// (the `content_digest` field is carried over unchanged; see [`Self::seal`]).
+    ///
+    /// # Errors
+    /// [`RevisionError`] naming the first broken rule.
+    pub fn normalize(mut self) -> Result<Self, RevisionError> {
+        validate_identifier(self.project_id.as_str(), "projectId")?;
+        validate_identifier(self.task_id.as_str(), "taskId")?;
+        ensure(
+            (1..=MAX_INT32).contains(&self.source_revision),
+            "sourceRevision",
+            "1..=2^31-1",
+        )?;
+        let (number, digest) = self.task_revision.parts();
+        ensure(
+            number == self.source_revision && digest == self.source_content_digest.to_hex(),
+            "taskRevision",
+            "qltd:v1:<sourceRevision>:<sourceContentDigest>",
+        )?;
+        validate_command(&self.command)?;
+        normalize_environment(&mut self.environment, &self.project_id)?;
+        if let Some(bundle) = &self.environment_bundle_ref {
+            ensure(
+                bundle.project_id() == self.project_id.as_str() && bundle.version().is_some(),
+                "environmentBundleRef",
+                "a versioned reference of the revision's project",
+            )?;
+        }
+        if let Some(dir) = &self.working_directory {
+            ensure(
+                dir.starts_with('/') && !dir.contains('\0') && dir.len() <= 4096,
+                "workingDirectory",
+                "an absolute path of <= 4096 bytes without NUL",
+            )?;
+        }
+        if let Some(timeout) = self.timeout_ms {
+            ensure(
+                (1..=MAX_TIMEOUT_MS).contains(&timeout),
+                "timeoutMs",
+                "1..=31536000000 (365 days)",
+            )?;
+        }
+        self.placement = self.placement.map(Placement::normalize).transpose()?;
+        let mut w = JsonWriter::with_cap(MAX_PLAN_BYTES);
+        self.write_json(&mut w, JsonForm::Content);
+        ensure(
+            w.finish().is_ok(),
+            "executionRevision",
+            "<= 96 KiB serialized",
+        )?;
+        Ok(self)
+    }
+
+    /// The content digest of this (normalized) revision.
+    #[must_use]
+    pub fn compute_digest(&self) -> Sha256Digest {
+        use sha2::Digest as _;
+        let canonical = self.canonical_json();
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(DIGEST_DOMAIN);
+        hasher.update(&canonical);
+        let mut out = [0u8; 32];
+        out.copy_from_slice(hasher.finalize().as_slice());
+        Sha256Digest::from_bytes(out)
+    }
+
+    /// Normalizes and sets `content_digest` to the digest of the normalized content (for
+    /// building revisions, e.g. in tests and the loopback control plane).
+    ///
+    /// # Errors
+    /// [`RevisionError`] naming the first broken rule.
+    pub fn seal(self) -> Result<Self, RevisionError> {
+        let mut normalized = self.normalize()?;
+        normalized.content_digest = normalized.compute_digest();
+        Ok(normalized)
+    }
+
+    /// Re-normalizes, requires the stored form to already be normalized, and recomputes and
+    /// compares the content digest.
+    ///
+    /// # Errors
+    /// [`RevisionError::NotNormalized`], [`RevisionError::DigestMismatch`] or the broken rule.
+    pub fn validate(&self) -> Result<(), RevisionError> {
+        let normalized = self.clone().normalize()?;
+        if normalized.environment != self.environment {
+            return Err(RevisionError::NotNormalized {
+                field: "environment",
+            });
+        }
+        if normalized.placement != self.placement {
+            return Err(RevisionError::NotNormalized { field: "placement" });
+        }
+        if normalized.compute_digest() != self.content_digest {
+            return Err(RevisionError::DigestMismatch);
+        }
+        Ok(())
+    }
+
+    /// `JSON.stringify` of the normalized content without `createdAtMs`: the digest preimage
+    /// (after [`DIGEST_DOMAIN`]).
+    #[must_use]
+    pub fn canonical_json(&self) -> Vec<u8> {
+        let mut w = JsonWriter::with_cap(2 * MAX_PLAN_BYTES);
+        self.write_json(&mut w, JsonForm::Digest);
+        w.finish().map(|b| b.to_vec()).unwrap_or_default()
+    }
+
+    /// The revision as the offer carries it: content, `createdAtMs` and `contentDigest`.
+    #[must_use]
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut w = JsonWriter::with_cap(2 * MAX_PLAN_BYTES);
+        self.write_json(&mut w, JsonForm::Wire);
+        w.finish().map(|b| b.to_vec()).unwrap_or_default()
+    }
+
+    /// Parses a revision from its wire JSON, normalizes it and checks its digest.
+    ///
+    /// # Errors
+    /// [`RevisionError`] for malformed JSON, a broken rule, or a digest mismatch.
+    pub fn parse_json(bytes: &[u8]) -> Result<Self, RevisionError> {
+        let wire: RevisionWire = serde_json::from_slice(bytes)
+            .map_err(|e| RevisionError::Json(JsonError::from_serde(&e)))?;
+        wire.into_revision()
+    }
+
+    /// Writes the revision in the given form into `w` (key order of the reference).
+    pub fn write_json(&self, w: &mut JsonWriter, form: JsonForm) {
+        w.begin_object()
+            .field_str("projectId", self.project_id.as_str())
+            .field_str("taskId", self.task_id.as_str())
+            .field_str("taskRevision", self.task_revision.as_str())
+            .field_uint("sourceRevision", self.source_revision)
+            .field_str("sourceContentDigest", &self.source_content_digest.to_hex())
+            .field_str("executorType", EXECUTOR_TYPE)
+            .field_str("planSchema", PLAN_SCHEMA)
+            .key("command");
+        write_command(w, &self.command);
+        w.key("environment").begin_array();
+        for binding in &self.environment {
+            w.begin_object().field_str("name", binding.name.as_str());
+            match &binding.value {
+                EnvValue::Public(value) => w.field_str("kind", "public").field_str("value", value),
+                EnvValue::Secret(r) => w
+                    .field_str("kind", "secret")
+                    .field_str("secretRef", r.as_str()),
+            };
+            w.end_object();
+        }
+        w.end_array();
+        if let Some(r) = &self.environment_bundle_ref {
+            w.field_str("environmentBundleRef", r.as_str());
+        }
+        if let Some(dir) = &self.working_directory {
+            w.field_str("workingDirectory", dir);
+        }
+        if let Some(t) = self.timeout_ms {
+            w.field_uint("timeoutMs", t);
+        }
+        if let Some(p) = &self.placement {
+            w.key("placement");
+            write_placement(w, p);
+        }
+        match form {
+            JsonForm::Digest => {}
+            JsonForm::Content => {
+                w.field_uint("createdAtMs", self.created_at_ms.get());
+            }
+            JsonForm::Wire => {
+                w.field_uint("createdAtMs", self.created_at_ms.get())
+                    .field_str("contentDigest", &self.content_digest.to_hex());
+            }
+        }
+        w.end_object();
+    }
+}
+
+/// Which keys [`ExecutionRevision::write_json`] writes after the content.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JsonForm {
+    /// No `createdAtMs`, no `contentDigest`: the digest preimage.
+    Digest,
+    /// With `createdAtMs`: what the 96 KiB budget measures.
+    Content,
+    /// With `createdAtMs` and `contentDigest`: the wire form.
+    Wire,
+}
+
+fn write_command(w: &mut JsonWriter, command: &ExecCommand) {
+    w.begin_object();
+    match command {
+        ExecCommand::Argv { file, args } => {
+            w.field_str("kind", "argv")
+                .field_str("file", file)
+                .key("args")
+                .begin_array();
+            for a in args {
+                w.string(a);
+            }
+            w.end_array();
+        }
+        ExecCommand::Shell { command, shell } => {
+            w.field_str("kind", "shell").field_str("command", command);
+            if let Some(s) = shell {
+                w.field_str("shell", s);
+            }
+        }
+    }
+    w.end_object();
+}
+
+fn write_labels(w: &mut JsonWriter, labels: &[Label]) {
+    w.begin_object();
+    for l in labels {
+        w.field_str(&l.key, &l.value);
+    }
+    w.end_object();
+}
+
+fn write_strings<'a>(w: &mut JsonWriter, key: &str, items: impl Iterator<Item = &'a str>) {
+    w.key(key).begin_array();
+    for s in items {
+        w.string(s);
+    }
+    w.end_array();
+}
+
+fn write_placement(w: &mut JsonWriter, p: &Placement) {
+    w.begin_object();
+    if let Some(r) = &p.required {
+        w.key("required").begin_object();
+        if let Some(list) = &r.architectures {
+            write_strings(w, "architectures", list.iter().map(|a| a.as_str()));
+        }
+        if let Some(list) = &r.operating_systems {
+            write_strings(w, "operatingSystems", list.iter().map(String::as_str));
+        }
+        if let Some(list) = &r.executors {
+            write_strings(w, "executors", list.iter().map(String::as_str));
+        }
+        if let Some(range) = &r.protocol_version_range {
+            w.field_str("protocolVersionRange", range);
+        }
+        if let Some(list) = &r.runtimes {
+            w.key("runtimes").begin_array();
+            for rt in list {
+                w.begin_object().field_str("name", &rt.name);
+                if let Some(range) = &rt.version_range {
+                    w.field_str("versionRange", range);
+                }
+                w.end_object();
+            }
+            w.end_array();
+        }
+        if let Some(list) = &r.support_tiers {
+            write_strings(w, "supportTiers", list.iter().map(|t| t.as_str()));
+        }
+        if let Some(labels) = &r.labels {
+            w.key("labels");
+            write_labels(w, labels);
+        }
+        if let Some(v) = r.min_memory_bytes {
+            w.field_uint("minMemoryBytes", v);
+        }
+        if let Some(v) = r.min_disk_bytes {
+            w.field_uint("minDiskBytes", v);
+        }
+        if let Some(v) = &r.gpu_vendor {
+            w.field_str("gpuVendor", v);
+        }
+        if let Some(list) = &r.features {
+            write_strings(w, "features", list.iter().map(String::as_str));
+        }
+        w.end_object();
+    }
+    if let Some(list) = &p.preferred {
+        w.key("preferred").begin_array();
+        for pref in list {
+            w.begin_object().key("labels");
+            write_labels(w, &pref.labels);
+            w.field_uint("weight", pref.weight).end_object();
+        }
+        w.end_array();
+    }
+    w.end_object();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wire (JSON) shapes
+// ---------------------------------------------------------------------------------------------
+
+/// The revision as JSON carries it; converted by [`RevisionWire::into_revision`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RevisionWire {
+    project_id: String,
+    task_id: String,
+    task_revision: String,
+    source_revision: u64,
+    source_content_digest: String,
+    executor_type: String,
+    plan_schema: String,
+    command: CommandWire,
+    environment: Vec<BindingWire>,
+    #[serde(default, deserialize_with = "present")]
+    environment_bundle_ref: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    working_directory: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    timeout_ms: Option<u64>,
+    #[serde(default, deserialize_with = "present")]
+    placement: Option<PlacementWire>,
+    created_at_ms: u64,
+    content_digest: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CommandWire {
+    kind: String,
+    #[serde(default, deserialize_with = "present")]
+    file: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    args: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "present")]
+    command: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    shell: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct BindingWire {
+    name: String,
+    kind: String,
+    #[serde(default, deserialize_with = "present")]
+    value: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    secret_ref: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlacementWire {
+    #[serde(default, deserialize_with = "present")]
+    required: Option<RequiredWire>,
+    #[serde(default, deserialize_with = "present")]
+    preferred: Option<Vec<PreferenceWire>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RequiredWire {
+    #[serde(default, deserialize_with = "present")]
+    architectures: Option<Vec<Architecture>>,
+    #[serde(default, deserialize_with = "present")]
+    operating_systems: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "present")]
+    executors: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "present")]
+    protocol_version_range: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    runtimes: Option<Vec<RuntimeWire>>,
+    #[serde(default, deserialize_with = "present")]
+    support_tiers: Option<Vec<SupportTier>>,
+    #[serde(default, deserialize_with = "present")]
+    labels: Option<Pairs>,
+    #[serde(default, deserialize_with = "present")]
+    min_memory_bytes: Option<u64>,
+    #[serde(default, deserialize_with = "present")]
+    min_disk_bytes: Option<u64>,
+    #[serde(default, deserialize_with = "present")]
+    gpu_vendor: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    features: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RuntimeWire {
+    name: String,
+    #[serde(default, deserialize_with = "present")]
+    version_range: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PreferenceWire {
+    labels: Pairs,
+    weight: u64,
+}
+
+fn labels_from(pairs: Pairs) -> Vec<Label> {
+    pairs
+        .0
+        .into_iter()
+        .map(|(key, value)| Label { key, value })
+        .collect()
+}
+
+fn id<T>(result: Result<T, IdError>, name: &'static str) -> Result<T, RevisionError> {
+    result.map_err(|e| field(name, e.rule))
+}
+
+impl CommandWire {
+    fn into_command(self) -> Result<ExecCommand, RevisionError> {
+        match (
+            self.kind.as_str(),
+            self.file,
+            self.args,
+            self.command,
+            self.shell,
+        ) {
+            ("argv", Some(file), Some(args), None, None) => Ok(ExecCommand::Argv { file, args }),
+            ("shell", None, None, Some(command), shell) => {
+                Ok(ExecCommand::Shell { command, shell })
+            }
+            _ => Err(field(
+                "command",
+                "{kind:\"argv\",file,args} or {kind:\"shell\",command[,shell]}",
+            )),
+        }
+    }
+}
+
+impl BindingWire {
+    fn into_binding(self) -> Result<EnvBinding, RevisionError> {
+        let name = id(EnvName::new(self.name), "environment.name")?;
+        let value = match (self.kind.as_str(), self.value, self.secret_ref) {
+            ("public", Some(value), None) => EnvValue::Public(value),
+            ("secret", None, Some(reference)) => {
+                EnvValue::Secret(id(SecretRef::parse(&reference), "environment.secretRef")?)
+            }
+            _ => {
+                return Err(field(
+                    "environment",
+                    "{name,kind:\"public\",value} or {name,kind:\"secret\",secretRef}",
+                ));
+            }
+        };
+        Ok(EnvBinding { name, value })
+    }
+}
+
+impl PlacementWire {
+    fn into_placement(self) -> Placement {
+        Placement {
+            required: self.required.map(|r| PlacementRequired {
+                architectures: r.architectures,
+                operating_systems: r.operating_systems,
+                executors: r.executors,
+                protocol_version_range: r.protocol_version_range,
+                runtimes: r.runtimes.map(|list| {
+                    list.into_iter()
+                        .map(|x| RuntimeRequirement {
+                            name: x.name,
+                            version_range: x.version_range,
+                        })
+                        .collect()
+                }),
+                support_tiers: r.support_tiers,
+                labels: r.labels.map(labels_from),
+                min_memory_bytes: r.min_memory_bytes,
+                min_disk_bytes: r.min_disk_bytes,
+                gpu_vendor: r.gpu_vendor,
+                features: r.features,
+            }),
+            preferred: self.preferred.map(|list| {
+                list.into_iter()
+                    .map(|p| Preference {
+                        labels: labels_from(p.labels),
+                        weight: p.weight,
+                    })
+                    .collect()
+            }),
+        }
+    }
+}
+
+impl RevisionWire {
+    /// Validates, normalizes and checks the digest (reference
+    /// `normalizeClusterTaskExecutionRevision`).
+    pub(crate) fn into_revision(self) -> Result<ExecutionRevision, RevisionError> {
+        ensure(
+            self.executor_type == EXECUTOR_TYPE,
+            "executorType",
+            "\"remote_worker\"",
+        )?;
+        ensure(
+            self.plan_schema == PLAN_SCHEMA,
+            "planSchema",
+            "\"qinglong/command-execution@v1\"",
+        )?;
+        validate_identifier(&self.project_id, "projectId")?;
+        validate_identifier(&self.task_id, "taskId")?;
+        let environment = self
+            .environment
+            .into_iter()
+            .map(BindingWire::into_binding)
+            .collect::<Result<Vec<_>, _>>()?;
+        let claimed = id(
+            Sha256Digest::from_hex(&self.content_digest),
+            "contentDigest",
+        )?;
+        let revision = ExecutionRevision {
+            project_id: id(ProjectId::new(self.project_id), "projectId")?,
+            task_id: id(TaskId::new(self.task_id), "taskId")?,
+            task_revision: id(TaskRevision::new(self.task_revision), "taskRevision")?,
+            source_revision: self.source_revision,
+            source_content_digest: id(
+                Sha256Digest::from_hex(&self.source_content_digest),
+                "sourceContentDigest",
+            )?,
+            command: self.command.into_command()?,
+            environment,
+            environment_bundle_ref: self
+                .environment_bundle_ref
+                .map(|r| id(SecretRef::parse(&r), "environmentBundleRef"))
+                .transpose()?,
+            working_directory: self.working_directory,
+            timeout_ms: self.timeout_ms,
+            placement: self.placement.map(PlacementWire::into_placement),
+            created_at_ms: id(UnixMillis::new(self.created_at_ms), "createdAtMs")?,
+            content_digest: claimed,
+        };
+        let normalized = revision.normalize()?;
+        if normalized.compute_digest() != claimed {
+            return Err(RevisionError::DigestMismatch);
+        }
+        Ok(normalized)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_ref_round_trips_and_rejects_non_canonical() {
+        let text = SecretRef::create("project-1", "db \"pw\"", Some(3)).unwrap();
+        let parsed = SecretRef::parse(&text).unwrap();
+        assert_eq!(parsed.project_id(), "project-1");
+        assert_eq!(parsed.version(), Some(3));
+        // Padding, a foreign prefix and a re-ordered payload are not canonical.
+        assert!(SecretRef::parse(&alloc::format!("{text}=")).is_err());
+        assert!(SecretRef::parse("qlsecret:v2:e30").is_err());
+        let reordered = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(br#"{"name":"n","projectId":"p"}"#);
+        assert!(SecretRef::parse(&alloc::format!("qlsecret:v1:{reordered}")).is_err());
+    }
+
+    #[test]
+    fn env_name_rule() {
+        assert!(EnvName::new("_a1").is_ok());
+        assert!(EnvName::new("QL3_X").is_err());
+        assert!(EnvName::new("1A").is_err());
+        assert!(EnvName::new("a".repeat(129)).is_err());
+    }
 }

@@ -12,7 +12,7 @@ use crate::ids::{
     Sha256Digest, TaskId, TaskRevision, WorkerGeneration, WorkerId,
 };
 use crate::offer::{Candidate, DeliveryKind, ExecutorType, Lease, LeaseStatus, Offer, OfferWorker};
-use crate::revision::{EnvBinding, EnvValue, ExecCommand, ExecutionRevision};
+use crate::revision::{EnvBinding, EnvName, EnvValue, ExecCommand, ExecutionRevision};
 use crate::time::UnixMillis;
 
 fn ms(value: u64) -> UnixMillis {
@@ -46,7 +46,7 @@ pub fn offer_id(n: u32) -> OfferId {
 #[must_use]
 pub fn revision() -> ExecutionRevision {
     let source_digest = "a".repeat(64);
-    let mut revision = ExecutionRevision {
+    let revision = ExecutionRevision {
         project_id: ProjectId::new("project-1").expect("sample project"),
         task_id: TaskId::new("task-1").expect("sample task"),
         task_revision: TaskRevision::new(format!("qltd:v1:1:{source_digest}"))
@@ -58,7 +58,7 @@ pub fn revision() -> ExecutionRevision {
             args: vec![],
         },
         environment: vec![EnvBinding {
-            name: String::from("PUBLIC_VALUE"),
+            name: EnvName::new("PUBLIC_VALUE").expect("sample env name"),
             value: EnvValue::Public(String::from("visible")),
         }],
         environment_bundle_ref: None,
@@ -68,13 +68,8 @@ pub fn revision() -> ExecutionRevision {
         created_at_ms: ms(1),
         content_digest: Sha256Digest::from_bytes([0; 32]),
     };
-    revision.content_digest = sample_digest(&revision);
-    revision
-}
-
-fn sample_digest(revision: &ExecutionRevision) -> Sha256Digest {
-    // Until the canonical digest exists, derive a stable stand-in from the debug form.
-    Sha256Digest::of(format!("{:?}", revision.command).as_bytes())
+    // INVARIANT: the sample revision satisfies every normalization rule.
+    revision.seal().expect("sample revision")
 }
 
 /// A valid sample offer for Run `run-<n>` / Attempt `attempt-<n>`, lease version 0, expiring at

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 pub mod fsio;
+pub mod https;
 pub mod journal;
 pub mod layout;
 pub mod lock;

@@ -1,2 +1,5 @@
 //! Test support for ql-worker: the loopback reference control plane and the simulation.
 #![forbid(unsafe_code)]
+
+pub mod https_server;
+pub mod pki;

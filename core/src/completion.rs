@@ -1,0 +1,406 @@
+//! The completion coordinator (ADR-0116 §3, §5; reference §4.5; SPEC §7): authenticate the
+//! receipt, upload the log, **then** report completion, **then** persist
+//! `completion_acknowledged`, and only then remove the receipt.
+//!
+//! ```text
+//! read record ─► completion_acknowledged? remove receipt (cleanup) ─► done
+//!            ─► eligible? (launching | started | running_acknowledged |
+//!                          recovery_required(launch_outcome_unknown); Session and lease live)
+//!            ─► read receipt ─► authenticate ─► inspect log ─► upload (streamed, hashed)
+//!            ─► completion ─► completion_acknowledged (durable) ─► remove receipt
+//! ```
+//!
+//! Any failure leaves receipt, record and spool as they were so the whole sequence can be
+//! replayed; the control plane deduplicates by id, digest and fence. This coordinator never
+//! asks to delete a log.
+
+use alloc::boxed::Box;
+use alloc::format;
+use alloc::string::String;
+
+use crate::ids::OfferId;
+use crate::io::{Action, HttpCall, Outcome, ReceiptRead};
+use crate::ops::{CallFault, http_fault, next_record, persist, response, unexpected};
+use crate::receipt::{AuthenticatedReceipt, ReceiptError, authenticate};
+use crate::record::{InboxRecord, RecoveryReason, State};
+use crate::wire::Fence;
+use crate::wire::artifact::{self, ArtifactReceipt, ArtifactUpload};
+use crate::wire::completion::{
+    self, CompletionArtifact, CompletionRequest, CompletionResponse, CompletionResult,
+    CompletionStatus,
+};
+use crate::wire::route::{Operation, path};
+use crate::worker::{Ctx, Step, read_failure, write_failure};
+
+/// How the receipt cleanup after a durable acknowledgement went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cleanup {
+    /// Removed.
+    Removed,
+    /// It was already gone.
+    AlreadyAbsent,
+    /// Removal failed; retried on the next pass (the record is already settled).
+    Pending,
+}
+
+/// What one completion pass concluded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CompletionOutcome {
+    /// No such record.
+    NotFound,
+    /// Was already acknowledged; the receipt cleanup ran.
+    AlreadyCompleted(Cleanup),
+    /// Completion applied and durably acknowledged now.
+    Acknowledged(Cleanup),
+    /// Not eligible now (state, Session or lease); nothing changed.
+    Deferred,
+    /// No receipt yet (the process is still running, or died without one).
+    ReceiptMissing,
+    /// The receipt store could not be read.
+    ReceiptUnavailable,
+    /// The receipt does not authenticate; kept as evidence, nothing uploaded.
+    ReceiptInvalid(Option<ReceiptError>),
+    /// No spool file for the log.
+    ArtifactMissing,
+    /// The spool refused.
+    ArtifactUnavailable,
+    /// The upload answer or the bytes sent do not match.
+    ArtifactResponseInvalid(String),
+    /// The completion answer does not match.
+    CompletionResponseInvalid(String),
+    /// The control plane settled the Run otherwise (`already_terminal`); the inbox is unchanged.
+    ControlPlaneTerminal,
+    /// A call got no usable answer.
+    Unavailable,
+    /// A call was refused.
+    Refused(CallFault),
+    /// A write failed cleanly.
+    StorageUnchanged,
+}
+
+enum CState {
+    Reading,
+    Cleaning(bool),
+    ReadingReceipt(Box<InboxRecord>),
+    Inspecting(Box<InboxRecord>, AuthenticatedReceipt),
+    Uploading(Box<InboxRecord>, AuthenticatedReceipt, ArtifactUpload),
+    Completing(Box<InboxRecord>, CompletionRequest),
+    Acknowledging(Box<InboxRecord>),
+}
+
+/// One completion pass for one offer.
+pub(crate) struct CompletionOp {
+    offer_id: OfferId,
+    state: CState,
+}
+
+impl core::fmt::Debug for CompletionOp {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("CompletionOp")
+            .field("offer_id", &self.offer_id)
+            .finish_non_exhaustive()
+    }
+}
+
+type CStep = Step<CompletionOp, CompletionOutcome>;
+
+/// Completion is possible from these states, with the launch barrier fields present.
+pub(crate) fn eligible_state(record: &InboxRecord) -> bool {
+    match record.state {
+        State::Launching | State::Started | State::RunningAcknowledged => true,
+        State::RecoveryRequired => {
+            record.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown)
+        }
+        State::Accepted
+        | State::StartingAcknowledged
+        | State::StartFailed
+        | State::StartFailureAcknowledged
+        | State::CompletionAcknowledged => false,
+    }
+}
+
+impl CompletionOp {
+    pub(crate) fn begin(offer_id: OfferId) -> CStep {
+        let action = Action::ReadRecord {
+            offer_id: offer_id.clone(),
+        };
+        Step::Wait(
+            Self {
+                offer_id,
+                state: CState::Reading,
+            },
+            action,
+        )
+    }
+
+    fn wait(self, state: CState, action: Action) -> CStep {
+        Step::Wait(Self { state, ..self }, action)
+    }
+
+    pub(crate) fn resume(mut self, ctx: &Ctx<'_>, outcome: Outcome) -> CStep {
+        match core::mem::replace(&mut self.state, CState::Reading) {
+            CState::Reading => self.on_record(ctx, outcome),
+            CState::Cleaning(fresh) => {
+                let cleanup = match outcome {
+                    Outcome::ReceiptRemoved { existed: true } => Cleanup::Removed,
+                    Outcome::ReceiptRemoved { existed: false } => Cleanup::AlreadyAbsent,
+                    Outcome::Store(_) => Cleanup::Pending,
+                    other => return unexpected(&other),
+                };
+                Step::Done(if fresh {
+                    CompletionOutcome::Acknowledged(cleanup)
+                } else {
+                    CompletionOutcome::AlreadyCompleted(cleanup)
+                })
+            }
+            CState::ReadingReceipt(record) => self.on_receipt(ctx, record, outcome),
+            CState::Inspecting(record, receipt) => self.on_log(ctx, record, receipt, outcome),
+            CState::Uploading(record, receipt, upload) => {
+                self.on_upload(ctx, record, receipt, &upload, outcome)
+            }
+            CState::Completing(record, request) => {
+                self.on_completion(ctx, record, &request, outcome)
+            }
+            CState::Acknowledging(record) => match outcome {
+                Outcome::Persisted => self.remove_receipt(&record, true),
+                Outcome::Store(failure) => {
+                    write_failure(failure, || Step::Done(CompletionOutcome::StorageUnchanged))
+                }
+                other => unexpected(&other),
+            },
+        }
+    }
+
+    fn remove_receipt(self, record: &InboxRecord, fresh: bool) -> CStep {
+        let attempt_id = record.offer.candidate.attempt_id.clone();
+        self.wait(
+            CState::Cleaning(fresh),
+            Action::RemoveReceipt { attempt_id },
+        )
+    }
+
+    /// Steps 1–2: read, shortcut, eligibility.
+    fn on_record(self, ctx: &Ctx<'_>, outcome: Outcome) -> CStep {
+        let record = match outcome {
+            Outcome::RecordRead(Some(record)) => record,
+            Outcome::RecordRead(None) => return Step::Done(CompletionOutcome::NotFound),
+            Outcome::Store(failure) => {
+                return read_failure(failure, || Step::Done(CompletionOutcome::StorageUnchanged));
+            }
+            other => return unexpected(&other),
+        };
+        if record.state == State::CompletionAcknowledged {
+            return self.remove_receipt(&record, false);
+        }
+        let session_ok = ctx
+            .session
+            .is_some_and(|s| s.worker == record.offer.worker && s.usable(ctx.now));
+        let barrier = record.executor_started_at_ms.is_some()
+            && record.log_artifact_id.is_some()
+            && record.completion_receipt_callback_sequence.is_some()
+            && record.completion_receipt_token_digest.is_some();
+        if !eligible_state(&record)
+            || !session_ok
+            || record.offer.lease.expired_at(ctx.now)
+            || !barrier
+        {
+            return Step::Done(CompletionOutcome::Deferred);
+        }
+        let attempt_id = record.offer.candidate.attempt_id.clone();
+        self.wait(
+            CState::ReadingReceipt(record),
+            Action::ReadReceipt { attempt_id },
+        )
+    }
+
+    /// Steps 3–4: read and authenticate the receipt.
+    fn on_receipt(self, ctx: &Ctx<'_>, record: Box<InboxRecord>, outcome: Outcome) -> CStep {
+        let receipt = match outcome {
+            Outcome::ReceiptRead(ReceiptRead::Present(receipt)) => receipt,
+            Outcome::ReceiptRead(ReceiptRead::Absent) => {
+                return Step::Done(CompletionOutcome::ReceiptMissing);
+            }
+            Outcome::ReceiptRead(ReceiptRead::Invalid) => {
+                return Step::Done(CompletionOutcome::ReceiptInvalid(None));
+            }
+            Outcome::ReceiptRead(ReceiptRead::Unavailable) => {
+                return Step::Done(CompletionOutcome::ReceiptUnavailable);
+            }
+            other => return unexpected(&other),
+        };
+        let authenticated = match authenticate(&receipt, &record, ctx.now) {
+            Ok(authenticated) => authenticated,
+            Err(error) => return Step::Done(CompletionOutcome::ReceiptInvalid(Some(error))),
+        };
+        drop(receipt);
+        let Some(log_artifact_id) = record.log_artifact_id.clone() else {
+            return Step::Done(CompletionOutcome::Deferred);
+        };
+        self.wait(
+            CState::Inspecting(record, authenticated),
+            Action::InspectLog { log_artifact_id },
+        )
+    }
+
+    /// Step 5–6: measure the log, then stream it.
+    fn on_log(
+        self,
+        ctx: &Ctx<'_>,
+        record: Box<InboxRecord>,
+        receipt: AuthenticatedReceipt,
+        outcome: Outcome,
+    ) -> CStep {
+        let (byte_length, truncated) = match outcome {
+            Outcome::LogInspected {
+                byte_length,
+                truncated,
+            } => (byte_length, truncated),
+            Outcome::LogMissing => return Step::Done(CompletionOutcome::ArtifactMissing),
+            Outcome::LogUnavailable => return Step::Done(CompletionOutcome::ArtifactUnavailable),
+            other => return unexpected(&other),
+        };
+        let Some(log_artifact_id) = record.log_artifact_id.clone() else {
+            return Step::Done(CompletionOutcome::Deferred);
+        };
+        let upload = ArtifactUpload {
+            fence: Fence::from_offer(&record.offer),
+            log_artifact_id: log_artifact_id.clone(),
+            byte_length,
+            truncated,
+        };
+        let header = match upload.header_json() {
+            Ok(header) => header,
+            Err(e) => {
+                return Step::Done(CompletionOutcome::ArtifactResponseInvalid(format!("{e}")));
+            }
+        };
+        let action = Action::UploadLog {
+            path: path(
+                &ctx.config.worker_id,
+                &ctx.config.session_id,
+                Operation::Artifacts,
+            ),
+            log_artifact_id,
+            header,
+            byte_length,
+            response_cap: artifact::MAX_RESPONSE_BYTES,
+        };
+        self.wait(CState::Uploading(record, receipt, upload), action)
+    }
+
+    /// Step 6–7: verify the upload against what was actually sent, then report completion.
+    fn on_upload(
+        self,
+        ctx: &Ctx<'_>,
+        record: Box<InboxRecord>,
+        receipt: AuthenticatedReceipt,
+        upload: &ArtifactUpload,
+        outcome: Outcome,
+    ) -> CStep {
+        let (body, sent_bytes, sent_sha256) = match outcome {
+            Outcome::Uploaded {
+                body,
+                sent_bytes,
+                sent_sha256,
+            } => (body, sent_bytes, sent_sha256),
+            Outcome::Http(failure) => {
+                return Step::Done(match http_fault(failure) {
+                    CallFault::Unavailable => CompletionOutcome::Unavailable,
+                    fault @ (CallFault::Fenced { .. }
+                    | CallFault::Rejected { .. }
+                    | CallFault::Invalid(_)) => CompletionOutcome::Refused(fault),
+                });
+            }
+            Outcome::LogMissing => return Step::Done(CompletionOutcome::ArtifactMissing),
+            Outcome::LogUnavailable => return Step::Done(CompletionOutcome::ArtifactUnavailable),
+            other => return unexpected(&other),
+        };
+        if sent_bytes != upload.byte_length {
+            return Step::Done(CompletionOutcome::ArtifactResponseInvalid(format!(
+                "sent {sent_bytes} bytes, declared {}",
+                upload.byte_length
+            )));
+        }
+        let stored = match ArtifactReceipt::parse(&body, upload, &sent_sha256) {
+            Ok(stored) => stored,
+            Err(e) => {
+                return Step::Done(CompletionOutcome::ArtifactResponseInvalid(format!("{e}")));
+            }
+        };
+        let (Some(digest), Some(log_artifact_id)) = (
+            record.completion_receipt_token_digest,
+            record.log_artifact_id.clone(),
+        ) else {
+            return Step::Done(CompletionOutcome::Deferred);
+        };
+        let request = CompletionRequest {
+            fence: Fence::from_offer(&record.offer),
+            callback_sequence: receipt.callback_sequence,
+            callback_token_digest: digest,
+            result: CompletionResult::from_exit(
+                receipt.started_at_ms,
+                receipt.finished_at_ms,
+                receipt.exit_code,
+            ),
+            artifact: CompletionArtifact {
+                log_artifact_id,
+                byte_length: upload.byte_length,
+                sha256: stored.sha256,
+                truncated: upload.truncated,
+            },
+        };
+        let body = match request.to_body() {
+            Ok(body) => body,
+            Err(e) => {
+                return Step::Done(CompletionOutcome::CompletionResponseInvalid(format!("{e}")));
+            }
+        };
+        let action = Action::Post(HttpCall {
+            path: path(
+                &ctx.config.worker_id,
+                &ctx.config.session_id,
+                Operation::Completion,
+            ),
+            body,
+            request_cap: completion::MAX_REQUEST_BYTES,
+            response_cap: completion::MAX_RESPONSE_BYTES,
+        });
+        self.wait(CState::Completing(record, request), action)
+    }
+
+    /// Steps 8–9: terminal elsewhere, or durable acknowledgement.
+    fn on_completion(
+        self,
+        ctx: &Ctx<'_>,
+        record: Box<InboxRecord>,
+        request: &CompletionRequest,
+        outcome: Outcome,
+    ) -> CStep {
+        let body = match response(outcome) {
+            Ok(Ok(body)) => body,
+            Ok(Err(CallFault::Unavailable)) => return Step::Done(CompletionOutcome::Unavailable),
+            Ok(Err(fault)) => return Step::Done(CompletionOutcome::Refused(fault)),
+            Err(other) => return unexpected(&other),
+        };
+        let answer = match CompletionResponse::parse(&body, request) {
+            Ok(answer) => answer,
+            Err(e) => {
+                return Step::Done(CompletionOutcome::CompletionResponseInvalid(format!("{e}")));
+            }
+        };
+        match answer.status {
+            CompletionStatus::AlreadyTerminal => {
+                Step::Done(CompletionOutcome::ControlPlaneTerminal)
+            }
+            CompletionStatus::Applied | CompletionStatus::AlreadyCompleted => {
+                let now = ctx.now.max(record.updated_at_ms);
+                let proposed = next_record(&record, State::CompletionAcknowledged, now, |r| {
+                    r.recovery_reason = None;
+                    r.completion_acknowledged_at_ms = Some(now);
+                });
+                let action = persist(&record, proposed.clone());
+                self.wait(CState::Acknowledging(Box::new(proposed)), action)
+            }
+        }
+    }
+}

@@ -1,0 +1,385 @@
+//! The lease-control supervisor of one offer (ADR-0118; reference §4.6): completion first,
+//! then the lease.
+//!
+//! ```text
+//! completion pass ─► acknowledged ─► done
+//!                 ─► control plane terminal ─► stop ─► recovery_required(control_plane_terminal)
+//! re-read record ─► lease expired locally ─► stop (no call) ─► recovery_required(lease_lost_*)
+//!                ─► Session unusable ─► wait (no call, no stop)
+//!                ─► lease-control ─► terminal ─► stop ─► recovery_required(control_plane_terminal)
+//!                                 ─► renewed / stop_requested ─► persist the new lease FIRST
+//!                                        ─► stop_requested ─► stop the exact process group
+//! ```
+//!
+//! A stop is only ever sent after the new lease is durable. Local lease expiry never contacts the
+//! control plane: the Worker records whether its own stop was conclusive
+//! (`lease_lost_local_execution_stopped`) or not (`…_unverified`) and never reports the Run lost.
+
+use alloc::boxed::Box;
+use alloc::format;
+use alloc::string::String;
+
+use crate::completion::{CompletionOp, CompletionOutcome};
+use crate::ids::OfferId;
+use crate::io::{Action, HttpCall, Outcome, StopOutcome};
+use crate::ops::{CallFault, next_record, persist, response, unexpected};
+use crate::record::{InboxRecord, RecoveryReason, State};
+use crate::wire::lease_control::{
+    LeaseControlRequest, LeaseControlResponse, MAX_RESPONSE_BYTES, RenewedLease,
+};
+use crate::wire::route::{Operation, path};
+use crate::worker::{Ctx, Step, read_failure, write_failure};
+
+/// What one supervision pass concluded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ControlResult {
+    /// No such record.
+    NotFound,
+    /// Completion is acknowledged (now or before).
+    Completed(CompletionOutcome),
+    /// Nothing to supervise (settled or not supervised in this state).
+    Settled,
+    /// The control plane settled the Run at completion; stopped and recorded.
+    CompletionTerminal(StopOutcome),
+    /// The lease expired locally; stopped without contacting the control plane.
+    LeaseExpired(StopOutcome),
+    /// The Session is not usable; no call, no stop.
+    SessionUnavailable,
+    /// The lease was renewed and persisted.
+    Renewed,
+    /// Renewed and persisted, then the process was stopped as requested.
+    StopRequested(StopOutcome),
+    /// The Attempt is terminal at the control plane; stopped and recorded.
+    Terminal(StopOutcome),
+    /// The lease-control call got no usable answer.
+    Unavailable,
+    /// The lease-control call was refused.
+    Refused(CallFault),
+    /// The lease-control answer breaks the contract.
+    LeaseResponseInvalid(String),
+    /// A write failed cleanly.
+    StorageUnchanged,
+    /// Completion did not finish (receipt missing, upload failed...): the pass went on to the
+    /// lease; this is what completion said.
+    Pending(CompletionOutcome),
+    /// The record carries recovery evidence written in this pass.
+    Recovered(RecoveryReason, StopOutcome),
+}
+
+impl ControlResult {
+    /// The recovery reason written in this pass, if any.
+    #[must_use]
+    pub fn recovery(&self) -> Option<RecoveryReason> {
+        match self {
+            Self::Recovered(reason, _) => Some(*reason),
+            Self::NotFound
+            | Self::Completed(_)
+            | Self::Settled
+            | Self::CompletionTerminal(_)
+            | Self::LeaseExpired(_)
+            | Self::SessionUnavailable
+            | Self::Renewed
+            | Self::StopRequested(_)
+            | Self::Terminal(_)
+            | Self::Unavailable
+            | Self::Refused(_)
+            | Self::LeaseResponseInvalid(_)
+            | Self::StorageUnchanged
+            | Self::Pending(_) => None,
+        }
+    }
+}
+
+/// Why the process is being stopped, and what to record afterwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StopCause {
+    ControlPlaneTerminal,
+    CompletionTerminal,
+    LeaseExpired,
+    Requested,
+}
+
+enum LState {
+    Completing(CompletionOp),
+    Reading(CompletionOutcome),
+    Controlling(Box<InboxRecord>, LeaseControlRequest),
+    PersistingLease(Box<InboxRecord>, bool),
+    Stopping(Box<InboxRecord>, StopCause),
+    Recording(RecoveryReason, StopOutcome),
+}
+
+/// One supervision pass.
+pub(crate) struct ControlOp {
+    offer_id: OfferId,
+    state: LState,
+}
+
+impl core::fmt::Debug for ControlOp {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ControlOp")
+            .field("offer_id", &self.offer_id)
+            .finish_non_exhaustive()
+    }
+}
+
+type LStep = Step<ControlOp, ControlResult>;
+
+impl ControlOp {
+    pub(crate) fn begin(offer_id: OfferId) -> LStep {
+        let id = offer_id.clone();
+        match CompletionOp::begin(offer_id.clone()) {
+            Step::Wait(op, action) => Step::Wait(
+                Self {
+                    offer_id: id,
+                    state: LState::Completing(op),
+                },
+                action,
+            ),
+            Step::Done(outcome) => Self {
+                offer_id,
+                state: LState::Reading(CompletionOutcome::Deferred),
+            }
+            .after_completion(outcome),
+            Step::Halt(reason) => Step::Halt(reason),
+        }
+    }
+
+    pub(crate) fn offer_id(&self) -> &OfferId {
+        &self.offer_id
+    }
+
+    fn wait(self, state: LState, action: Action) -> LStep {
+        Step::Wait(Self { state, ..self }, action)
+    }
+
+    pub(crate) fn resume(mut self, ctx: &Ctx<'_>, outcome: Outcome) -> LStep {
+        match core::mem::replace(
+            &mut self.state,
+            LState::Reading(CompletionOutcome::Deferred),
+        ) {
+            LState::Completing(op) => match op.resume(ctx, outcome) {
+                Step::Wait(op, action) => self.wait(LState::Completing(op), action),
+                Step::Done(result) => self.after_completion(result),
+                Step::Halt(reason) => Step::Halt(reason),
+            },
+            LState::Reading(completion) => self.on_record(ctx, completion, outcome),
+            LState::Controlling(record, request) => self.on_control(ctx, record, &request, outcome),
+            LState::PersistingLease(record, stop) => match outcome {
+                Outcome::Persisted if stop => self.stop(ctx, &record, StopCause::Requested),
+                Outcome::Persisted => Step::Done(ControlResult::Renewed),
+                Outcome::Store(failure) => {
+                    write_failure(failure, || Step::Done(ControlResult::StorageUnchanged))
+                }
+                other => unexpected(&other),
+            },
+            LState::Stopping(record, cause) => match outcome {
+                Outcome::Stopped(stopped) => {
+                    let reason = recovery_for(cause, stopped);
+                    self.record_recovery(ctx, &record, reason, cause, stopped)
+                }
+                other => unexpected(&other),
+            },
+            LState::Recording(reason, stopped) => match outcome {
+                Outcome::Persisted => Step::Done(ControlResult::Recovered(reason, stopped)),
+                Outcome::Store(failure) => {
+                    write_failure(failure, || Step::Done(ControlResult::StorageUnchanged))
+                }
+                other => unexpected(&other),
+            },
+        }
+    }
+
+    /// Step 2–3: completion first.
+    fn after_completion(self, completion: CompletionOutcome) -> LStep {
+        match completion {
+            CompletionOutcome::AlreadyCompleted(_) | CompletionOutcome::Acknowledged(_) => {
+                Step::Done(ControlResult::Completed(completion))
+            }
+            CompletionOutcome::NotFound => Step::Done(ControlResult::NotFound),
+            CompletionOutcome::Deferred
+            | CompletionOutcome::ReceiptMissing
+            | CompletionOutcome::ReceiptUnavailable
+            | CompletionOutcome::ReceiptInvalid(_)
+            | CompletionOutcome::ArtifactMissing
+            | CompletionOutcome::ArtifactUnavailable
+            | CompletionOutcome::ArtifactResponseInvalid(_)
+            | CompletionOutcome::CompletionResponseInvalid(_)
+            | CompletionOutcome::ControlPlaneTerminal
+            | CompletionOutcome::Unavailable
+            | CompletionOutcome::Refused(_)
+            | CompletionOutcome::StorageUnchanged => {
+                let action = Action::ReadRecord {
+                    offer_id: self.offer_id.clone(),
+                };
+                self.wait(LState::Reading(completion), action)
+            }
+        }
+    }
+
+    /// Steps 3–6.
+    fn on_record(self, ctx: &Ctx<'_>, completion: CompletionOutcome, outcome: Outcome) -> LStep {
+        let record = match outcome {
+            Outcome::RecordRead(Some(record)) => record,
+            Outcome::RecordRead(None) => return Step::Done(ControlResult::NotFound),
+            Outcome::Store(failure) => {
+                return read_failure(failure, || Step::Done(ControlResult::StorageUnchanged));
+            }
+            other => return unexpected(&other),
+        };
+        if record.state.is_terminal() {
+            return Step::Done(ControlResult::Settled);
+        }
+        if completion == CompletionOutcome::ControlPlaneTerminal {
+            return self.stop(ctx, &record, StopCause::CompletionTerminal);
+        }
+        if record.offer.lease.expired_at(ctx.now) {
+            return self.stop(ctx, &record, StopCause::LeaseExpired);
+        }
+        let session_ok = ctx
+            .session
+            .is_some_and(|s| s.worker == record.offer.worker && s.usable(ctx.now));
+        if !session_ok {
+            return Step::Done(ControlResult::SessionUnavailable);
+        }
+        let request = LeaseControlRequest::from_offer(&record.offer);
+        // INVARIANT: the lease-control body of a valid offer is far below its 8 KiB cap.
+        let body = request.to_body().unwrap_or_default();
+        let action = Action::Post(HttpCall {
+            path: path(
+                &ctx.config.worker_id,
+                &ctx.config.session_id,
+                Operation::LeaseControl,
+            ),
+            body,
+            request_cap: crate::wire::lease_control::MAX_REQUEST_BYTES,
+            response_cap: MAX_RESPONSE_BYTES,
+        });
+        let _ = completion;
+        self.wait(LState::Controlling(record, request), action)
+    }
+
+    /// Steps 6–9.
+    fn on_control(
+        self,
+        ctx: &Ctx<'_>,
+        record: Box<InboxRecord>,
+        request: &LeaseControlRequest,
+        outcome: Outcome,
+    ) -> LStep {
+        let body = match response(outcome) {
+            Ok(Ok(body)) => body,
+            Ok(Err(CallFault::Unavailable)) => return Step::Done(ControlResult::Unavailable),
+            Ok(Err(fault)) => return Step::Done(ControlResult::Refused(fault)),
+            Err(other) => return unexpected(&other),
+        };
+        let answer = match LeaseControlResponse::parse(&body, request) {
+            Ok(answer) => answer,
+            Err(e) => return Step::Done(ControlResult::LeaseResponseInvalid(format!("{e}"))),
+        };
+        match answer {
+            LeaseControlResponse::Terminal(_) => {
+                self.stop(ctx, &record, StopCause::ControlPlaneTerminal)
+            }
+            LeaseControlResponse::Renewed(lease) => self.persist_lease(ctx, record, lease, false),
+            LeaseControlResponse::StopRequested(lease, _) => {
+                self.persist_lease(ctx, record, lease, true)
+            }
+        }
+    }
+
+    /// Step 8: the new lease is durable before anything else happens.
+    fn persist_lease(
+        self,
+        ctx: &Ctx<'_>,
+        record: Box<InboxRecord>,
+        lease: RenewedLease,
+        stop: bool,
+    ) -> LStep {
+        let old = &record.offer.lease;
+        if lease.renewed_at_ms < old.renewed_at_ms || lease.renewed_at_ms < old.updated_at_ms {
+            return Step::Done(ControlResult::LeaseResponseInvalid(String::from(
+                "renewedAtMs is before the persisted lease",
+            )));
+        }
+        let now = ctx.now.max(record.updated_at_ms);
+        let proposed = next_record(&record, record.state, now, |r| {
+            r.offer.lease.version = lease.lease_version;
+            r.offer.lease.renewed_at_ms = lease.renewed_at_ms;
+            r.offer.lease.expires_at_ms = lease.expires_at_ms;
+            r.offer.lease.updated_at_ms = lease.renewed_at_ms.max(r.offer.lease.updated_at_ms);
+        });
+        let action = persist(&record, proposed.clone());
+        self.wait(LState::PersistingLease(Box::new(proposed), stop), action)
+    }
+
+    /// The stop helper: the exact process group of the durable handle. Without a handle, a
+    /// `launching` record's process is unknown and any other record has none.
+    fn stop(self, ctx: &Ctx<'_>, record: &InboxRecord, cause: StopCause) -> LStep {
+        match &record.executor_handle {
+            Some(handle) => {
+                let action = Action::Stop {
+                    handle: handle.clone(),
+                };
+                self.wait(LState::Stopping(Box::new(record.clone()), cause), action)
+            }
+            None => {
+                let stopped = if record.state == State::Launching
+                    || record.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown)
+                {
+                    StopOutcome::Unknown
+                } else {
+                    StopOutcome::AlreadyExited
+                };
+                // No command was needed; continue as if the stop answered.
+                self.record_recovery(ctx, record, recovery_for(cause, stopped), cause, stopped)
+            }
+        }
+    }
+
+    /// Records the evidence after a stop, unless the record already carries recovery evidence
+    /// (the first reason is kept) or is settled.
+    fn record_recovery(
+        self,
+        ctx: &Ctx<'_>,
+        record: &InboxRecord,
+        reason: Option<RecoveryReason>,
+        cause: StopCause,
+        stopped: StopOutcome,
+    ) -> LStep {
+        let done = match cause {
+            StopCause::ControlPlaneTerminal => ControlResult::Terminal(stopped),
+            StopCause::CompletionTerminal => ControlResult::CompletionTerminal(stopped),
+            StopCause::LeaseExpired => ControlResult::LeaseExpired(stopped),
+            StopCause::Requested => ControlResult::StopRequested(stopped),
+        };
+        let Some(reason) = reason else {
+            return Step::Done(done);
+        };
+        if record.state == State::RecoveryRequired || record.state.is_terminal() {
+            return Step::Done(done);
+        }
+        // Nothing wrote this record since it was read in this pass (a renewal's lease persist
+        // never leads here), so the proposal is based on what was read.
+        let proposed = next_record(record, State::RecoveryRequired, ctx.now, |r| {
+            r.recovery_reason = Some(reason);
+        });
+        let action = persist(record, proposed);
+        self.wait(LState::Recording(reason, stopped), action)
+    }
+}
+
+/// The evidence a stop leaves, by cause.
+fn recovery_for(cause: StopCause, stopped: StopOutcome) -> Option<RecoveryReason> {
+    match cause {
+        StopCause::ControlPlaneTerminal | StopCause::CompletionTerminal => {
+            Some(RecoveryReason::ControlPlaneTerminal)
+        }
+        StopCause::LeaseExpired => Some(match stopped {
+            StopOutcome::Stopped | StopOutcome::AlreadyExited => {
+                RecoveryReason::LeaseLostLocalExecutionStopped
+            }
+            StopOutcome::Unknown => RecoveryReason::LeaseLostLocalExecutionUnverified,
+        }),
+        StopCause::Requested => None,
+    }
+}

@@ -1,0 +1,458 @@
+//! JavaScript-compatibility primitives for the wire contract.
+//!
+//! The control plane is a Node.js program. Three of its behaviours reach our bytes and digests:
+//!
+//! * `JSON.stringify` string escaping and integer formatting ([`JsonWriter`],
+//!   [`write_json_string`]);
+//! * `String.prototype.localeCompare` with the default locale and options (ICU root collation,
+//!   tertiary strength, punctuation not ignorable) used to order environment names, placement
+//!   labels and runtime names ([`locale_compare`]);
+//! * `Array.prototype.sort` without a comparator, which orders by UTF-16 code units
+//!   ([`code_unit_cmp`]), and the property order of plain objects, which lists array-index keys
+//!   first in numeric order ([`is_array_index`]).
+//!
+//! `locale_compare` supports exactly the characters the reference's patterns admit where it sorts
+//! with `localeCompare`: `[A-Za-z0-9._/+-]`. Any other character is refused with a
+//! [`CollationError`] rather than guessed at. The ordering was derived from, and is tested
+//! against, vectors produced by Node's own `localeCompare` (`tests/fixtures/revision-digest`).
+
+use alloc::vec::Vec;
+use core::cmp::Ordering;
+use core::fmt;
+
+use zeroize::Zeroizing;
+
+/// A character outside the set [`locale_compare`] can order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CollationError {
+    /// The offending character (names and label keys are never secret).
+    pub character: char,
+}
+
+impl fmt::Display for CollationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cannot order {:?} like JavaScript localeCompare: only [A-Za-z0-9._/+-] is supported",
+            self.character
+        )
+    }
+}
+
+impl core::error::Error for CollationError {}
+
+/// Primary collation rank of a supported character under ICU root collation (case folded), and
+/// whether it carries the uppercase tertiary weight.
+///
+/// Root order of the supported punctuation is `_ - . / +`, then the digits, then the letters
+/// (case-insensitive at the primary level; lowercase before uppercase at the tertiary level).
+fn rank(c: char) -> Result<(u8, bool), CollationError> {
+    let b = u8::try_from(u32::from(c)).map_err(|_| CollationError { character: c })?;
+    match b {
+        b'_' => Ok((0, false)),
+        b'-' => Ok((1, false)),
+        b'.' => Ok((2, false)),
+        b'/' => Ok((3, false)),
+        b'+' => Ok((4, false)),
+        b'0'..=b'9' => Ok((5 + (b - b'0'), false)),
+        b'a'..=b'z' => Ok((15 + (b - b'a'), false)),
+        b'A'..=b'Z' => Ok((15 + (b - b'A'), true)),
+        _ => Err(CollationError { character: c }),
+    }
+}
+
+/// `a.localeCompare(b)` under Node's default (ICU root) collation, for strings over
+/// `[A-Za-z0-9._/+-]`.
+///
+/// ICU compares the primary weights of the whole strings first (letters case-insensitively, a
+/// proper prefix first); only when they are all equal does it compare tertiary weights (case),
+/// left to right, lowercase first. Strings over this set that are tertiary-equal are identical.
+///
+/// # Errors
+/// [`CollationError`] when either string holds a character outside the supported set.
+pub fn locale_compare(a: &str, b: &str) -> Result<Ordering, CollationError> {
+    let ra = a.chars().map(rank).collect::<Result<Vec<_>, _>>()?;
+    let rb = b.chars().map(rank).collect::<Result<Vec<_>, _>>()?;
+    let primary = ra.iter().map(|r| r.0).cmp(rb.iter().map(|r| r.0));
+    if primary != Ordering::Equal {
+        return Ok(primary);
+    }
+    Ok(ra.iter().map(|r| r.1).cmp(rb.iter().map(|r| r.1)))
+}
+
+/// `Array.prototype.sort()` order without a comparator: UTF-16 code units.
+#[must_use]
+pub fn code_unit_cmp(a: &str, b: &str) -> Ordering {
+    a.encode_utf16().cmp(b.encode_utf16())
+}
+
+/// True when `key` is an array index (a canonical decimal `0..=2^32-2`). Plain JavaScript
+/// objects enumerate such keys first, in ascending numeric order, before all other keys in
+/// insertion order, whatever order they were inserted in; `JSON.stringify` follows that order.
+#[must_use]
+pub fn is_array_index(key: &str) -> bool {
+    let bytes = key.as_bytes();
+    if bytes.is_empty() || bytes.len() > 10 || !bytes.iter().all(u8::is_ascii_digit) {
+        return false;
+    }
+    if bytes.len() > 1 && bytes[0] == b'0' {
+        return false;
+    }
+    let value = bytes
+        .iter()
+        .fold(0u64, |acc, b| acc * 10 + u64::from(b - b'0'));
+    value <= 4_294_967_294
+}
+
+/// The numeric value of an array-index key (see [`is_array_index`]); 0 for any other key.
+fn array_index_value(key: &str) -> u64 {
+    key.bytes()
+        .fold(0u64, |acc, b| acc.saturating_mul(10) + u64::from(b - b'0'))
+}
+
+/// The order in which a plain JavaScript object built by inserting `keys` in the given order
+/// enumerates them: array indices ascending first, then the rest in insertion order.
+/// Returns the permutation as indices into `keys`.
+#[must_use]
+pub fn object_key_order(keys: &[&str]) -> Vec<usize> {
+    let mut indices: Vec<usize> = (0..keys.len())
+        .filter(|&i| is_array_index(keys[i]))
+        .collect();
+    indices.sort_by_key(|&i| array_index_value(keys[i]));
+    indices.extend((0..keys.len()).filter(|&i| !is_array_index(keys[i])));
+    indices
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Appends `value` as a JSON string literal exactly as `JSON.stringify` writes it: `"` and `\`
+/// escaped, `\b \f \n \r \t` in short form, other C0 controls as `\u00xx` (lowercase hex), and
+/// everything else (DEL, U+2028, U+2029, non-ASCII) verbatim. A Rust `str` cannot hold a lone
+/// surrogate, the only other case `JSON.stringify` escapes.
+pub fn write_json_string(out: &mut Vec<u8>, value: &str) {
+    out.push(b'"');
+    let bytes = value.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: Option<&[u8]> = match b {
+            b'"' => Some(b"\\\""),
+            b'\\' => Some(b"\\\\"),
+            0x08 => Some(b"\\b"),
+            0x0c => Some(b"\\f"),
+            b'\n' => Some(b"\\n"),
+            b'\r' => Some(b"\\r"),
+            b'\t' => Some(b"\\t"),
+            0x00..=0x1f => None,
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        match escape {
+            Some(short) => out.extend_from_slice(short),
+            None => {
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[usize::from(b >> 4)]);
+                out.push(HEX[usize::from(b & 0xf)]);
+            }
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+/// Length of `value` once written by [`write_json_string`].
+#[must_use]
+pub fn json_string_len(value: &str) -> usize {
+    2 + value
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | 0x08 | 0x0c | b'\n' | b'\r' | b'\t' => 2,
+            0x00..=0x1f => 6,
+            _ => 1,
+        })
+        .sum::<usize>()
+}
+
+/// Appends an integer the way `JSON.stringify` formats a safe integer (plain decimal, `-` for
+/// negatives, no exponent: every integer the wire carries is within `±(2^53-1)`).
+pub fn write_json_int(out: &mut Vec<u8>, value: i64) {
+    if value < 0 {
+        out.push(b'-');
+    }
+    write_json_uint(out, value.unsigned_abs());
+}
+
+/// Appends a non-negative integer as `JSON.stringify` formats it.
+pub fn write_json_uint(out: &mut Vec<u8>, value: u64) {
+    let mut digits = [0u8; 20];
+    let mut n = value;
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + u8::try_from(n % 10).unwrap_or(0);
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// The writer refused to grow past its byte cap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CapExceeded {
+    /// The cap, in bytes.
+    pub cap: usize,
+}
+
+impl fmt::Display for CapExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "serialized JSON exceeds its {} byte cap", self.cap)
+    }
+}
+
+impl core::error::Error for CapExceeded {}
+
+/// A bounded, `JSON.stringify`-exact writer for objects whose key order the caller states.
+///
+/// The buffer is allocated once with the full cap and never reallocates, so a capability
+/// written into it (the lease token) exists in exactly one allocation, which is wiped when the
+/// returned [`Zeroizing`] buffer drops.
+#[derive(Debug)]
+pub struct JsonWriter {
+    out: Zeroizing<Vec<u8>>,
+    cap: usize,
+    /// One flag per open container: has it received a member yet?
+    stack: Vec<bool>,
+    /// A key was just written; the next value needs no comma.
+    after_key: bool,
+    overflow: bool,
+}
+
+impl JsonWriter {
+    /// A writer that refuses to produce more than `cap` bytes.
+    #[must_use]
+    pub fn with_cap(cap: usize) -> Self {
+        Self {
+            out: Zeroizing::new(Vec::with_capacity(cap)),
+            cap,
+            stack: Vec::new(),
+            after_key: false,
+            overflow: false,
+        }
+    }
+
+    fn reserve(&mut self, n: usize) -> bool {
+        if self.overflow || self.out.len() + n > self.cap {
+            self.overflow = true;
+            false
+        } else {
+            true
+        }
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        if self.reserve(bytes.len()) {
+            self.out.extend_from_slice(bytes);
+        }
+    }
+
+    fn before_value(&mut self) {
+        if self.after_key {
+            self.after_key = false;
+            return;
+        }
+        if let Some(has_member) = self.stack.last_mut() {
+            let comma = *has_member;
+            *has_member = true;
+            if comma {
+                self.push(b",");
+            }
+        }
+    }
+
+    /// Opens an object.
+    pub fn begin_object(&mut self) -> &mut Self {
+        self.before_value();
+        self.push(b"{");
+        self.stack.push(false);
+        self
+    }
+
+    /// Closes the innermost object.
+    pub fn end_object(&mut self) -> &mut Self {
+        self.stack.pop();
+        self.push(b"}");
+        self
+    }
+
+    /// Opens an array.
+    pub fn begin_array(&mut self) -> &mut Self {
+        self.before_value();
+        self.push(b"[");
+        self.stack.push(false);
+        self
+    }
+
+    /// Closes the innermost array.
+    pub fn end_array(&mut self) -> &mut Self {
+        self.stack.pop();
+        self.push(b"]");
+        self
+    }
+
+    /// Writes an object key (the next call writes its value).
+    pub fn key(&mut self, key: &str) -> &mut Self {
+        self.before_value();
+        self.string_raw(key);
+        self.push(b":");
+        self.after_key = true;
+        self
+    }
+
+    fn string_raw(&mut self, value: &str) {
+        if self.reserve(json_string_len(value)) {
+            write_json_string(&mut self.out, value);
+        }
+    }
+
+    /// Writes a string value.
+    pub fn string(&mut self, value: &str) -> &mut Self {
+        self.before_value();
+        self.string_raw(value);
+        self
+    }
+
+    /// Writes a non-negative integer value.
+    pub fn uint(&mut self, value: u64) -> &mut Self {
+        self.before_value();
+        let mut tmp = Vec::with_capacity(20);
+        write_json_uint(&mut tmp, value);
+        self.push(&tmp);
+        self
+    }
+
+    /// Writes an integer value.
+    pub fn int(&mut self, value: i64) -> &mut Self {
+        self.before_value();
+        let mut tmp = Vec::with_capacity(21);
+        write_json_int(&mut tmp, value);
+        self.push(&tmp);
+        self
+    }
+
+    /// Writes `true` or `false`.
+    pub fn bool(&mut self, value: bool) -> &mut Self {
+        self.before_value();
+        self.push(if value { b"true" } else { b"false" });
+        self
+    }
+
+    /// Writes `null`.
+    pub fn null(&mut self) -> &mut Self {
+        self.before_value();
+        self.push(b"null");
+        self
+    }
+
+    /// `key` then the string `value`.
+    pub fn field_str(&mut self, key: &str, value: &str) -> &mut Self {
+        self.key(key).string(value)
+    }
+
+    /// `key` then the integer `value`.
+    pub fn field_uint(&mut self, key: &str, value: u64) -> &mut Self {
+        self.key(key).uint(value)
+    }
+
+    /// `key` then the boolean `value` or `null`.
+    pub fn field_opt_bool(&mut self, key: &str, value: Option<bool>) -> &mut Self {
+        self.key(key);
+        match value {
+            Some(v) => self.bool(v),
+            None => self.null(),
+        }
+    }
+
+    /// The bytes written so far.
+    ///
+    /// # Errors
+    /// [`CapExceeded`] when any write would have gone past the cap.
+    pub fn finish(self) -> Result<Zeroizing<Vec<u8>>, CapExceeded> {
+        if self.overflow {
+            Err(CapExceeded { cap: self.cap })
+        } else {
+            Ok(self.out)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::string::String;
+
+    #[test]
+    fn string_escaping_matches_json_stringify_rules() {
+        let mut out = Vec::new();
+        write_json_string(
+            &mut out,
+            "a\"b\\c\u{8}\u{c}\n\r\t\u{1}\u{1f}\u{7f}\u{2028}é😀",
+        );
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            text,
+            "\"a\\\"b\\\\c\\b\\f\\n\\r\\t\\u0001\\u001f\u{7f}\u{2028}é😀\""
+        );
+        assert_eq!(json_string_len("a\"\u{1}"), text_len("a\"\u{1}"));
+    }
+
+    fn text_len(s: &str) -> usize {
+        let mut out = Vec::new();
+        write_json_string(&mut out, s);
+        out.len()
+    }
+
+    #[test]
+    fn integers_are_plain_decimal() {
+        let mut out = Vec::new();
+        write_json_int(&mut out, -9_007_199_254_740_991);
+        out.push(b' ');
+        write_json_uint(&mut out, 0);
+        assert_eq!(out, b"-9007199254740991 0");
+    }
+
+    #[test]
+    fn collation_orders_case_after_primary() {
+        assert_eq!(locale_compare("aB", "Ab"), Ok(Ordering::Less));
+        assert_eq!(locale_compare("a_b", "ab"), Ok(Ordering::Less));
+        assert_eq!(locale_compare("Z", "a1"), Ok(Ordering::Greater));
+        assert_eq!(locale_compare("A", "a"), Ok(Ordering::Greater));
+        assert!(locale_compare("a:b", "a").is_err());
+    }
+
+    #[test]
+    fn array_index_keys_come_first() {
+        assert!(is_array_index("0") && is_array_index("4294967294"));
+        assert!(!is_array_index("4294967295") && !is_array_index("01") && !is_array_index(""));
+        assert_eq!(object_key_order(&["b", "10", "a", "9"]), [3, 1, 0, 2]);
+    }
+
+    #[test]
+    fn writer_never_exceeds_cap() {
+        let mut w = JsonWriter::with_cap(8);
+        w.begin_object().field_str("k", "value").end_object();
+        assert_eq!(w.finish().unwrap_err(), CapExceeded { cap: 8 });
+        let mut w = JsonWriter::with_cap(64);
+        w.begin_object()
+            .field_str("a", "x")
+            .key("b")
+            .begin_array()
+            .uint(1)
+            .int(-2)
+            .end_array()
+            .field_opt_bool("c", None)
+            .end_object();
+        assert_eq!(&**w.finish().unwrap(), br#"{"a":"x","b":[1,-2],"c":null}"#);
+    }
+}

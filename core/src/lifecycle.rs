@@ -1,0 +1,250 @@
+//! The lifecycle tick (reference §4.7): what one tick plans, and how finished operations feed
+//! the next. Every decision here is a pure function of the Worker's memory and `now`.
+//!
+//! One tick, in order:
+//! 1. `Registering`: register the Session (retried every tick until it answers).
+//! 2. `Reconciling`: one page of the inbox per tick, before any Pull: recovery evidence latches
+//!    fail-closed; `accepted`, `starting_acknowledged`, `launching`, `started` and `start_failed`
+//!    records go to the Processor (restart rules of reference §4.8).
+//! 3. `Active` / `Draining`: heartbeat when due; supervise one page (cursor kept across ticks) —
+//!    completion first, then lease control; then, only when active, not fail-closed, the
+//!    Session usable, a slot free and no backoff pending: one Pull, whose admitted offer is
+//!    processed at once. Draining stops once every known record is settled, or when the drain
+//!    budget ends.
+//!
+//! Fail-closed (recovery evidence seen): no Pull and no new launch (`accepted` and
+//! `starting_acknowledged` records wait); supervision, receipt-first completion, running-ACK
+//! replays and start-failure replays continue, because none of them can start a process.
+
+use alloc::vec::Vec;
+
+use crate::ops::{Finished, ListResult};
+use crate::pull::PullResult;
+use crate::record::{InboxRecord, RecoveryReason, State};
+use crate::session::SessionResult;
+use crate::worker::{
+    HaltReason, ListPurpose, Phase, SessionStatus, StopReason, Work, Worker, active_count,
+};
+
+impl Worker {
+    /// Plans a tick when the previous one is done and its time has come. A spurious early
+    /// wake-up is a no-op.
+    pub(crate) fn on_tick(&mut self) {
+        if self.running.is_some() || self.staged.is_some() || !self.queue.is_empty() {
+            return;
+        }
+        if let Some(started) = self.drain_started_at
+            && self.now >= started.saturating_add(self.config.drain_budget_ms)
+        {
+            self.stop(StopReason::DrainBudgetExhausted);
+            return;
+        }
+        if self.now < self.next_tick_at {
+            return;
+        }
+        self.next_tick_at = self.now.saturating_add(self.config.cadence_ms);
+        match self.phase {
+            Phase::Registering => self.queue.push_back(Work::Register),
+            Phase::Reconciling => self.queue.push_back(Work::ListPage {
+                purpose: ListPurpose::Reconcile,
+                after: self.reconcile_cursor.clone(),
+            }),
+            Phase::Active | Phase::Draining => self.plan_active_tick(),
+            Phase::Finished => {}
+        }
+    }
+
+    fn plan_active_tick(&mut self) {
+        if self.session.is_some() && self.now >= self.heartbeat_due_at {
+            self.queue.push_back(Work::Heartbeat);
+        }
+        self.queue.push_back(Work::ListPage {
+            purpose: ListPurpose::Supervise,
+            after: self.supervision_cursor.clone(),
+        });
+        if self.may_pull() {
+            self.queue.push_back(Work::Pull);
+        }
+    }
+
+    /// Pull only when active, not fail-closed, the Session usable, a slot free and no backoff.
+    pub(crate) fn may_pull(&self) -> bool {
+        self.phase == Phase::Active
+            && self.fail_closed.is_none()
+            && self
+                .session
+                .as_ref()
+                .is_some_and(|s| s.usable(self.now) && s.status == SessionStatus::Online)
+            && active_count(&self.known) < usize::from(self.config.max_concurrent_runs)
+            && self.pull_retry_at.is_none_or(|at| self.now >= at)
+    }
+
+    /// Whether a launch (starting ACK and spawn) may begin now.
+    pub(crate) fn may_launch(&self) -> bool {
+        self.fail_closed.is_none() && self.drain_started_at.is_none()
+    }
+
+    /// Slots offered to the control plane.
+    pub(crate) fn available_slots(&self) -> u64 {
+        if self.drain_started_at.is_some() || self.fail_closed.is_some() {
+            return 0;
+        }
+        let max = usize::from(self.config.max_concurrent_runs);
+        u64::try_from(max.saturating_sub(active_count(&self.known))).unwrap_or(0)
+    }
+
+    /// Applies a finished operation and queues what follows from it.
+    pub(crate) fn on_finished(&mut self, finished: Finished) {
+        match finished {
+            Finished::Session(result) => self.on_session(result),
+            Finished::Listed(result) => self.on_listed(result),
+            Finished::Pull(result) => self.on_pull(result),
+            Finished::Process { offer_id, result } => {
+                self.note_result(&offer_id, result.recovery());
+            }
+            Finished::Supervise { offer_id, result } => {
+                self.note_result(&offer_id, result.recovery());
+            }
+        }
+        self.maybe_finish_drain();
+    }
+
+    fn note_result(&mut self, offer_id: &crate::ids::OfferId, recovery: Option<RecoveryReason>) {
+        if let Some(reason) = recovery {
+            self.latch_fail_closed(offer_id.clone(), reason);
+        }
+    }
+
+    fn on_session(&mut self, result: SessionResult) {
+        match result {
+            SessionResult::Registered(view) | SessionResult::Heartbeat(view) => {
+                self.session = Some(view);
+                self.heartbeat_due_at = self.now.saturating_add(self.config.heartbeat_interval_ms);
+                if self.phase == Phase::Registering {
+                    self.phase = Phase::Reconciling;
+                    self.next_tick_at = self.now;
+                }
+            }
+            SessionResult::Transitioned(view) => {
+                let offline = view.status == SessionStatus::Offline;
+                self.session = Some(view);
+                if offline {
+                    self.stop(StopReason::Drained);
+                }
+            }
+            SessionResult::Unavailable => {
+                // Retried at the next tick; the Session lease decides what stays usable.
+                self.heartbeat_due_at = self.now;
+            }
+            SessionResult::Fenced(detail) => self.halt(HaltReason::SessionFenced { detail }),
+            SessionResult::Rejected(detail) => self.halt(HaltReason::RegisterRejected { detail }),
+        }
+    }
+
+    fn on_listed(&mut self, result: ListResult) {
+        for record in &result.records {
+            self.observe(record);
+        }
+        match result.purpose {
+            ListPurpose::Reconcile => {
+                let work = reconcile_work(&result.records);
+                self.queue.extend(work);
+                self.reconcile_cursor = result.next_after.clone();
+                if result.next_after.is_none() {
+                    if self.drain_started_at.is_some() {
+                        self.phase = Phase::Draining;
+                        self.queue
+                            .push_back(Work::Transition(SessionStatus::Draining));
+                    } else {
+                        self.phase = Phase::Active;
+                    }
+                }
+                // The next page (or the first active tick) follows at once.
+                self.next_tick_at = self.now;
+            }
+            ListPurpose::Supervise => {
+                let work = supervision_work(&result.records);
+                // Supervision runs before the Pull queued behind it in this tick.
+                for item in work.into_iter().rev() {
+                    self.queue.push_front(item);
+                }
+                self.supervision_cursor = result.next_after;
+            }
+        }
+    }
+
+    fn on_pull(&mut self, result: PullResult) {
+        match result {
+            PullResult::Admitted { offer_id, .. } => {
+                self.pull_retry_at = None;
+                self.queue.push_front(Work::Process(offer_id));
+            }
+            PullResult::Idle => self.pull_retry_at = None,
+            PullResult::Backoff { until }
+            | PullResult::Failed {
+                retry_at: until, ..
+            } => {
+                self.pull_retry_at = Some(until);
+            }
+            PullResult::SessionUnavailable => {}
+        }
+    }
+
+    fn maybe_finish_drain(&mut self) {
+        let settled = active_count(&self.known) == 0;
+        if self.phase == Phase::Draining
+            && settled
+            && self.queue.is_empty()
+            && self.running.is_none()
+            && !self.transition_offline_queued
+        {
+            self.transition_offline_queued = true;
+            self.queue
+                .push_back(Work::Transition(SessionStatus::Offline));
+        }
+    }
+}
+
+/// Startup reconciliation (reference §4.7 step 2, §4.8): which records go to the Processor.
+fn reconcile_work(records: &[InboxRecord]) -> Vec<Work> {
+    records
+        .iter()
+        .filter(|r| {
+            matches!(
+                r.state,
+                State::Accepted
+                    | State::StartingAcknowledged
+                    | State::Launching
+                    | State::Started
+                    | State::StartFailed
+            )
+        })
+        .map(|r| Work::Process(r.offer.offer_id.clone()))
+        .collect()
+}
+
+/// Supervision of one page: completion first, then lease control, for every record that may
+/// have a live process; running-ACK and start-failure replays; retries of unfinished starts.
+fn supervision_work(records: &[InboxRecord]) -> Vec<Work> {
+    let mut work = Vec::new();
+    for r in records {
+        let id = r.offer.offer_id.clone();
+        match r.state {
+            State::Accepted | State::StartingAcknowledged | State::StartFailed => {
+                work.push(Work::Process(id));
+            }
+            State::Started => {
+                work.push(Work::Process(id.clone()));
+                work.push(Work::Supervise(id));
+            }
+            State::Launching | State::RunningAcknowledged => work.push(Work::Supervise(id)),
+            State::RecoveryRequired => {
+                if r.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown) {
+                    work.push(Work::Supervise(id));
+                }
+            }
+            State::StartFailureAcknowledged | State::CompletionAcknowledged => {}
+        }
+    }
+    work
+}

@@ -1,0 +1,236 @@
+//! Dispatch of the Worker's operations, and the small helpers they share.
+//!
+//! An operation is a state machine that consumes one [`Outcome`] at a time and answers with the
+//! next [`Action`] ([`Step::Wait`]), its result ([`Step::Done`]) or a halt. The Worker runs one
+//! operation at a time; each operation module owns its states and transitions.
+
+use alloc::boxed::Box;
+use alloc::collections::BTreeMap;
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use crate::control::{ControlOp, ControlResult};
+use crate::ids::OfferId;
+use crate::io::{Action, HttpFailure, Outcome};
+use crate::processor::{ProcessOp, ProcessResult};
+use crate::pull::{PullOp, PullResult};
+use crate::record::{InboxRecord, State, check_transition};
+use crate::session::{SessionOp, SessionResult};
+use crate::time::UnixMillis;
+use crate::wire::WireError;
+use crate::worker::{Ctx, HaltReason, ListPurpose, Step, Work, read_failure};
+
+/// The operation in progress.
+#[derive(Debug)]
+pub(crate) enum Running {
+    Session(SessionOp),
+    List(ListPurpose),
+    Pull(PullOp),
+    Process(ProcessOp),
+    Supervise(ControlOp),
+}
+
+/// A finished operation's result.
+#[derive(Debug)]
+pub(crate) enum Finished {
+    Session(SessionResult),
+    Listed(ListResult),
+    Pull(PullResult),
+    Process {
+        offer_id: OfferId,
+        result: ProcessResult,
+    },
+    Supervise {
+        offer_id: OfferId,
+        result: ControlResult,
+    },
+}
+
+/// One listed page.
+#[derive(Debug)]
+pub(crate) struct ListResult {
+    pub(crate) purpose: ListPurpose,
+    pub(crate) records: Vec<InboxRecord>,
+    pub(crate) next_after: Option<OfferId>,
+}
+
+impl Running {
+    /// Starts the operation for one unit of work.
+    pub(crate) fn begin(
+        ctx: &Ctx<'_>,
+        work: Work,
+        known: &BTreeMap<OfferId, State>,
+        may_launch: bool,
+        available_slots: u64,
+    ) -> Step<Self, Finished> {
+        let _ = known;
+        match work {
+            Work::Register => {
+                SessionOp::register(ctx, available_slots).map(Self::Session, Finished::Session)
+            }
+            Work::Heartbeat => {
+                SessionOp::heartbeat(ctx, available_slots).map(Self::Session, Finished::Session)
+            }
+            Work::Transition(status) => {
+                SessionOp::transition(ctx, status).map(Self::Session, Finished::Session)
+            }
+            Work::ListPage { purpose, after } => {
+                let limit = match purpose {
+                    ListPurpose::Reconcile => ctx.config.startup_page,
+                    ListPurpose::Supervise => ctx.config.supervision_page,
+                };
+                Step::Wait(Self::List(purpose), Action::ListInbox { after, limit })
+            }
+            Work::Pull => PullOp::begin(ctx).map(Self::Pull, Finished::Pull),
+            Work::Process(offer_id) => {
+                let id = offer_id.clone();
+                ProcessOp::begin(offer_id, may_launch).map(Self::Process, move |result| {
+                    Finished::Process {
+                        offer_id: id,
+                        result,
+                    }
+                })
+            }
+            Work::Supervise(offer_id) => {
+                let id = offer_id.clone();
+                ControlOp::begin(offer_id).map(Self::Supervise, move |result| Finished::Supervise {
+                    offer_id: id,
+                    result,
+                })
+            }
+        }
+    }
+
+    /// Feeds the outcome of this operation's outstanding action.
+    pub(crate) fn resume(self, ctx: &Ctx<'_>, outcome: Outcome) -> Step<Self, Finished> {
+        match self {
+            Self::Session(op) => op
+                .resume(ctx, outcome)
+                .map(Self::Session, Finished::Session),
+            Self::List(purpose) => list_resume(purpose, outcome),
+            Self::Pull(op) => op.resume(ctx, outcome).map(Self::Pull, Finished::Pull),
+            Self::Process(op) => {
+                let id = op.offer_id().clone();
+                op.resume(ctx, outcome)
+                    .map(Self::Process, move |result| Finished::Process {
+                        offer_id: id,
+                        result,
+                    })
+            }
+            Self::Supervise(op) => {
+                let id = op.offer_id().clone();
+                op.resume(ctx, outcome)
+                    .map(Self::Supervise, move |result| Finished::Supervise {
+                        offer_id: id,
+                        result,
+                    })
+            }
+        }
+    }
+}
+
+fn list_resume(purpose: ListPurpose, outcome: Outcome) -> Step<Running, Finished> {
+    match outcome {
+        Outcome::InboxListed {
+            records,
+            next_after,
+        } => Step::Done(Finished::Listed(ListResult {
+            purpose,
+            records,
+            next_after,
+        })),
+        Outcome::Store(failure) => read_failure(failure, || {
+            Step::Done(Finished::Listed(ListResult {
+                purpose,
+                records: Vec::new(),
+                next_after: None,
+            }))
+        }),
+        other => unexpected(&other),
+    }
+}
+
+/// An outcome that does not answer the action (the Worker checks kinds first, so this is a
+/// driver bug that slipped through): halt rather than guess.
+pub(crate) fn unexpected<S, R>(outcome: &Outcome) -> Step<S, R> {
+    Step::Halt(HaltReason::UnexpectedOutcome {
+        detail: alloc::format!("{outcome:?}"),
+    })
+}
+
+/// The next revision of `stored` in `state`, `updatedAtMs = max(now, stored.updatedAtMs)`, with
+/// `edit` applied (reference §4.2: every replace is a revision CAS).
+pub(crate) fn next_record(
+    stored: &InboxRecord,
+    state: State,
+    now: UnixMillis,
+    edit: impl FnOnce(&mut InboxRecord),
+) -> InboxRecord {
+    let mut next = stored.clone();
+    // INVARIANT: revisions stay far below 2^53 (one per durable step of a bounded lifecycle).
+    next.revision = stored.revision.next().unwrap_or(stored.revision);
+    next.state = state;
+    next.updated_at_ms = now.max(stored.updated_at_ms);
+    edit(&mut next);
+    next
+}
+
+/// The replace action for `proposed`, after checking the transition here too (pair assertion:
+/// the core never proposes a write the journal would refuse).
+pub(crate) fn persist(stored: &InboxRecord, proposed: InboxRecord) -> Action {
+    let check = check_transition(stored, &proposed, stored.revision);
+    assert!(
+        check.is_ok(),
+        "core proposed an invalid transition: {check:?}"
+    );
+    Action::PersistRecord {
+        expected: Some(stored.revision),
+        record: Box::new(proposed),
+    }
+}
+
+/// How a control-plane call failed, from the core's point of view.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CallFault {
+    /// No usable answer (transport, timeout, 5xx, 429): nothing is known; retry later.
+    Unavailable,
+    /// 409: the control plane fenced the request (stale Session, lease or version).
+    Fenced {
+        /// The error code.
+        code: Option<String>,
+    },
+    /// Another non-200 status (400, 401, 403, 404, 413, 415): a configuration or
+    /// contract problem on one side.
+    Rejected {
+        /// HTTP status.
+        status: u16,
+        /// The error code.
+        code: Option<String>,
+    },
+    /// A 200 response that breaks the wire contract.
+    Invalid(WireError),
+}
+
+/// Classifies a JSON call's outcome: the 200 body, or the fault.
+pub(crate) fn response(outcome: Outcome) -> Result<Result<Vec<u8>, CallFault>, Outcome> {
+    match outcome {
+        Outcome::Responded(body) => Ok(Ok(body)),
+        Outcome::Http(failure) => Ok(Err(http_fault(failure))),
+        other => Err(other),
+    }
+}
+
+/// Classifies an HTTP failure.
+pub(crate) fn http_fault(failure: HttpFailure) -> CallFault {
+    match failure {
+        HttpFailure::Unavailable => CallFault::Unavailable,
+        HttpFailure::Status { status: 409, code } => CallFault::Fenced { code },
+        HttpFailure::Status { status, code } => {
+            if status >= 500 || status == 408 || status == 429 {
+                CallFault::Unavailable
+            } else {
+                CallFault::Rejected { status, code }
+            }
+        }
+    }
+}

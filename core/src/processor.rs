@@ -1,0 +1,802 @@
+//! The Processor: the start path of one offer across the spawn barrier (ADR-0111 §2–§4;
+//! reference §4.2; SPEC §5).
+//!
+//! ```text
+//! read record ─► terminal shortcuts ─► target check (Session, drain, leases)
+//!   launching (seen here, i.e. at restart) ─► recovery_required(launch_outcome_unknown),
+//!                                             no materializer, executor or ACK
+//!   accepted ─► starting ACK ─► starting_acknowledged ─┐
+//!   starting_acknowledged ─► replay starting ACK ──────┴─► capability (entropy) ─► secrets
+//!       ─► log allocation ─► exact environment ─► launching (durable) ─► spawn
+//!            Started  ─► started ─► running ACK ─► running_acknowledged
+//!            Rejected ─► start_failed ─► start-failure ─► start_failure_acknowledged
+//!            Unknown  ─► recovery_required(launch_outcome_unknown)   (never start-failure)
+//!   started ─► running ACK only (restart rule)
+//!   start_failed ─► start-failure replay
+//! ```
+//!
+//! The capability is drawn fresh for each launch attempt, lives only in this operation and in
+//! the launch plan handed to the driver, and is wiped on drop; only its SHA-256 and the callback
+//! sequence are persisted, in `launching`. Any failure before `launching` is durable leaves no
+//! process behind: materialization failures become `start_failed`; transport failures leave
+//! the record as it was, to be retried.
+
+use alloc::boxed::Box;
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use zeroize::Zeroizing;
+
+use crate::capability::Capability;
+use crate::ids::{CallbackSequence, ExecutorHandle, OfferId};
+use crate::io::{Action, HttpCall, LaunchPlan, Outcome, SpawnOutcome, StoreFailure};
+use crate::offer::DeliveryKind;
+use crate::ops::{CallFault, next_record, persist, response, unexpected};
+use crate::record::{InboxRecord, RecoveryReason, State};
+use crate::revision::EnvValue;
+use crate::time::UnixMillis;
+use crate::wire::activation::{
+    ActivationRequest, ActivationResponse, ActivationStatus, MAX_RESPONSE_BYTES, RunningAck,
+    SnapshotShape,
+};
+use crate::wire::artifact::derive_log_artifact_id;
+use crate::wire::route::path;
+use crate::wire::secrets::{self, SecretsRequest, SecretsResponse};
+use crate::wire::session::SessionStatus;
+use crate::worker::{Ctx, HaltReason, Step, read_failure, write_failure};
+
+/// What processing one offer concluded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProcessResult {
+    /// Running and acknowledged.
+    Running,
+    /// Already `running_acknowledged`.
+    AlreadyRunning,
+    /// Start failure reported and acknowledged.
+    StartFailed,
+    /// Already `start_failure_acknowledged`.
+    AlreadyFailed,
+    /// Already `completion_acknowledged`.
+    AlreadyCompleted,
+    /// The record is (now) `recovery_required`.
+    RecoveryRequired(RecoveryReason),
+    /// No such record.
+    NotFound,
+    /// The offer belongs to another Session, or the Session is offline, draining (for a new
+    /// claim) or its lease expired. Nothing changed.
+    TargetFenced,
+    /// The offer's lease expired. Nothing changed.
+    OfferExpired,
+    /// A launch is not allowed now (fail-closed or draining). Nothing changed.
+    Deferred,
+    /// A call got no usable answer; the record is unchanged and will be retried.
+    Unavailable,
+    /// A call was refused; the record is unchanged.
+    Refused(CallFault),
+    /// An activation answer breaks the start contract (e.g. deadline without timeout); nothing
+    /// spawned, nothing changed.
+    ActivationInvalid(String),
+    /// A write failed cleanly; nothing changed.
+    StorageUnchanged,
+}
+
+impl ProcessResult {
+    /// The recovery reason, when the result is recovery.
+    #[must_use]
+    pub fn recovery(&self) -> Option<RecoveryReason> {
+        match self {
+            Self::RecoveryRequired(reason) => Some(*reason),
+            Self::Running
+            | Self::AlreadyRunning
+            | Self::StartFailed
+            | Self::AlreadyFailed
+            | Self::AlreadyCompleted
+            | Self::NotFound
+            | Self::TargetFenced
+            | Self::OfferExpired
+            | Self::Deferred
+            | Self::Unavailable
+            | Self::Refused(_)
+            | Self::ActivationInvalid(_)
+            | Self::StorageUnchanged => None,
+        }
+    }
+}
+
+/// The launch authority learned from the starting ACK.
+struct Authority {
+    record: Box<InboxRecord>,
+    sequence: CallbackSequence,
+    deadline: Option<UnixMillis>,
+}
+
+/// A launch attempt after the capability was drawn.
+struct Launch {
+    authority: Authority,
+    capability: Capability,
+}
+
+/// The Processor's states; each names the outcome it waits for.
+enum PState {
+    Reading,
+    AckingStarting(Box<InboxRecord>, ActivationRequest),
+    PersistingStartingAck(
+        Box<InboxRecord>,
+        Option<(CallbackSequence, Option<UnixMillis>)>,
+    ),
+    ReplayingStarting(Box<InboxRecord>, ActivationRequest),
+    DrawingCapability(Authority),
+    FetchingSecrets(Box<Launch>, SecretsRequest),
+    AllocatingLog(Box<Launch>, Vec<(String, Zeroizing<String>)>),
+    PersistingLaunching(
+        Box<Launch>,
+        Vec<(String, Zeroizing<String>)>,
+        Box<InboxRecord>,
+    ),
+    Spawning(Box<InboxRecord>),
+    PersistingStarted(Box<InboxRecord>, Box<InboxRecord>),
+    PersistingStartFailed(Box<InboxRecord>),
+    AckingRunning(Box<InboxRecord>, ActivationRequest),
+    PersistingRunningAck(bool),
+    FailingStart(Box<InboxRecord>, ActivationRequest),
+    PersistingStartFailureAck,
+    PersistingRecovery(RecoveryReason, bool),
+}
+
+/// One offer being processed.
+pub(crate) struct ProcessOp {
+    offer_id: OfferId,
+    may_launch: bool,
+    state: PState,
+}
+
+impl core::fmt::Debug for ProcessOp {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ProcessOp")
+            .field("offer_id", &self.offer_id)
+            .finish_non_exhaustive()
+    }
+}
+
+type PStep = Step<ProcessOp, ProcessResult>;
+
+impl ProcessOp {
+    pub(crate) fn begin(offer_id: OfferId, may_launch: bool) -> PStep {
+        let action = Action::ReadRecord {
+            offer_id: offer_id.clone(),
+        };
+        Step::Wait(
+            Self {
+                offer_id,
+                may_launch,
+                state: PState::Reading,
+            },
+            action,
+        )
+    }
+
+    pub(crate) fn offer_id(&self) -> &OfferId {
+        &self.offer_id
+    }
+
+    fn wait(self, state: PState, action: Action) -> PStep {
+        Step::Wait(Self { state, ..self }, action)
+    }
+
+    pub(crate) fn resume(mut self, ctx: &Ctx<'_>, outcome: Outcome) -> PStep {
+        let state = core::mem::replace(&mut self.state, PState::Reading);
+        match state {
+            PState::Reading => self.on_read(ctx, outcome),
+            PState::AckingStarting(record, request) => {
+                self.on_starting(ctx, record, &request, outcome, false)
+            }
+            PState::ReplayingStarting(record, request) => {
+                self.on_starting(ctx, record, &request, outcome, true)
+            }
+            PState::PersistingStartingAck(record, known) => match outcome {
+                Outcome::Persisted => match known {
+                    Some((sequence, deadline)) => self.draw_capability(Authority {
+                        record,
+                        sequence,
+                        deadline,
+                    }),
+                    None => self.replay_starting(ctx, record),
+                },
+                other => self.write_failed(other, false),
+            },
+            PState::DrawingCapability(authority) => match outcome {
+                Outcome::EntropyDrawn(entropy) => {
+                    let capability = Capability::from_entropy(&entropy);
+                    self.fetch_secrets(
+                        ctx,
+                        Box::new(Launch {
+                            authority,
+                            capability,
+                        }),
+                    )
+                }
+                other => unexpected(&other),
+            },
+            PState::FetchingSecrets(launch, request) => {
+                self.on_secrets(ctx, launch, &request, outcome)
+            }
+            PState::AllocatingLog(launch, env) => match outcome {
+                Outcome::LogAllocated => self.persist_launching(ctx, launch, env),
+                Outcome::LogUnavailable => self.start_failed(ctx, &launch.authority.record),
+                other => unexpected(&other),
+            },
+            PState::PersistingLaunching(launch, env, record) => match outcome {
+                Outcome::Persisted => self.spawn(*launch, env, record),
+                other => self.write_failed(other, false),
+            },
+            PState::Spawning(launching) => match outcome {
+                Outcome::Spawned(spawned) => self.on_spawned(ctx, launching, spawned),
+                other => unexpected(&other),
+            },
+            PState::PersistingStarted(launching, started) => match outcome {
+                Outcome::Persisted => self.ack_running(ctx, started),
+                // The process exists but `started` is not durable: record that the outcome is
+                // unknown, or halt if even that cannot be written.
+                Outcome::Store(StoreFailure::Unchanged) => {
+                    self.recover(ctx, &launching, RecoveryReason::LaunchOutcomeUnknown, true)
+                }
+                other => self.write_failed(other, true),
+            },
+            PState::PersistingStartFailed(record) => match outcome {
+                Outcome::Persisted => self.fail_start(ctx, record),
+                other => self.write_failed(other, false),
+            },
+            PState::AckingRunning(record, request) => {
+                self.on_running(ctx, record, &request, outcome)
+            }
+            PState::PersistingRunningAck(already) => match outcome {
+                Outcome::Persisted => Step::Done(if already {
+                    ProcessResult::AlreadyRunning
+                } else {
+                    ProcessResult::Running
+                }),
+                other => self.write_failed(other, false),
+            },
+            PState::FailingStart(record, request) => {
+                self.on_start_failure(ctx, record, &request, outcome)
+            }
+            PState::PersistingStartFailureAck => match outcome {
+                Outcome::Persisted => Step::Done(ProcessResult::StartFailed),
+                other => self.write_failed(other, false),
+            },
+            PState::PersistingRecovery(reason, must_land) => match outcome {
+                Outcome::Persisted => Step::Done(ProcessResult::RecoveryRequired(reason)),
+                other => self.write_failed(other, must_land),
+            },
+        }
+    }
+
+    /// A write did not land. `must_land`: the write records that a process may exist, so a
+    /// clean failure still halts (the next start reconciles from disk).
+    fn write_failed(self, outcome: Outcome, must_land: bool) -> PStep {
+        match outcome {
+            Outcome::Store(StoreFailure::Unchanged) if must_land => {
+                Step::Halt(HaltReason::StoreUncertain)
+            }
+            Outcome::Store(failure) => {
+                write_failure(failure, || Step::Done(ProcessResult::StorageUnchanged))
+            }
+            other => unexpected(&other),
+        }
+    }
+
+    fn on_read(self, ctx: &Ctx<'_>, outcome: Outcome) -> PStep {
+        let record = match outcome {
+            Outcome::RecordRead(Some(record)) => record,
+            Outcome::RecordRead(None) => return Step::Done(ProcessResult::NotFound),
+            Outcome::Store(failure) => {
+                return read_failure(failure, || Step::Done(ProcessResult::StorageUnchanged));
+            }
+            other => return unexpected(&other),
+        };
+        // Step 1: terminal shortcuts.
+        match record.state {
+            State::CompletionAcknowledged => return Step::Done(ProcessResult::AlreadyCompleted),
+            State::RunningAcknowledged => return Step::Done(ProcessResult::AlreadyRunning),
+            State::StartFailureAcknowledged => return Step::Done(ProcessResult::AlreadyFailed),
+            State::RecoveryRequired => {
+                let reason = record
+                    .recovery_reason
+                    .unwrap_or(RecoveryReason::LaunchOutcomeUnknown);
+                return Step::Done(ProcessResult::RecoveryRequired(reason));
+            }
+            State::Accepted
+            | State::StartingAcknowledged
+            | State::Launching
+            | State::Started
+            | State::StartFailed => {}
+        }
+        // Step 2: target check.
+        if let Some(refused) = target_refusal(ctx, &record) {
+            return Step::Done(refused);
+        }
+        match record.state {
+            // Step 3: a `launching` record seen here was left by a previous incarnation.
+            State::Launching => {
+                self.recover(ctx, &record, RecoveryReason::LaunchOutcomeUnknown, true)
+            }
+            State::Accepted if self.may_launch => {
+                let request = ActivationRequest::starting(&record.offer);
+                let action = activation_call(ctx, &request);
+                self.wait(PState::AckingStarting(record, request), action)
+            }
+            State::StartingAcknowledged if self.may_launch => self.replay_starting(ctx, record),
+            State::Accepted | State::StartingAcknowledged => Step::Done(ProcessResult::Deferred),
+            State::Started => self.ack_running(ctx, record),
+            State::StartFailed => self.fail_start(ctx, record),
+            State::RunningAcknowledged
+            | State::StartFailureAcknowledged
+            | State::CompletionAcknowledged
+            | State::RecoveryRequired => unreachable!("handled by the terminal shortcuts above"),
+        }
+    }
+
+    fn replay_starting(self, ctx: &Ctx<'_>, record: Box<InboxRecord>) -> PStep {
+        let request = ActivationRequest::starting(&record.offer);
+        let action = activation_call(ctx, &request);
+        self.wait(PState::ReplayingStarting(record, request), action)
+    }
+
+    /// Steps 4 and 6a: the starting ACK (first or replayed).
+    fn on_starting(
+        self,
+        ctx: &Ctx<'_>,
+        record: Box<InboxRecord>,
+        request: &ActivationRequest,
+        outcome: Outcome,
+        replay: bool,
+    ) -> PStep {
+        let answer = match activation_answer(outcome, request) {
+            Ok(answer) => answer,
+            Err(step) => return *step,
+        };
+        match (answer.status, answer.shape) {
+            (ActivationStatus::AlreadyRunning, _) | (_, SnapshotShape::Running) => self.recover(
+                ctx,
+                &record,
+                RecoveryReason::ControlPlaneAlreadyRunning,
+                false,
+            ),
+            (ActivationStatus::AlreadyTerminal, _) | (_, SnapshotShape::Terminal) => {
+                self.recover(ctx, &record, RecoveryReason::ControlPlaneTerminal, false)
+            }
+            (
+                ActivationStatus::Applied | ActivationStatus::AlreadyStarting,
+                SnapshotShape::Starting,
+            ) => {
+                let authority = match launch_authority(&record, &answer) {
+                    Ok(authority) => authority,
+                    Err(reason) => return Step::Done(ProcessResult::ActivationInvalid(reason)),
+                };
+                if replay {
+                    self.draw_capability(Authority {
+                        record,
+                        sequence: authority.0,
+                        deadline: authority.1,
+                    })
+                } else {
+                    let proposed =
+                        next_record(&record, State::StartingAcknowledged, ctx.now, |_| {});
+                    let action = persist(&record, proposed.clone());
+                    self.wait(
+                        PState::PersistingStartingAck(Box::new(proposed), Some(authority)),
+                        action,
+                    )
+                }
+            }
+        }
+    }
+
+    fn draw_capability(self, authority: Authority) -> PStep {
+        self.wait(PState::DrawingCapability(authority), Action::DrawEntropy)
+    }
+
+    /// Step 6c: resolve Secrets (in memory only).
+    fn fetch_secrets(self, ctx: &Ctx<'_>, launch: Box<Launch>) -> PStep {
+        let record = &launch.authority.record;
+        if record
+            .offer
+            .execution_revision
+            .environment_bundle_ref
+            .is_some()
+        {
+            // Bundle expansion would add variables the revision does not name; the exact
+            // environment rule refuses it before any spawn.
+            return self.start_failed(ctx, record);
+        }
+        match SecretsRequest::from_offer(&record.offer) {
+            Ok(None) => {
+                let none = SecretsResponse {
+                    values: Vec::new(),
+                    environment_bundles: Vec::new(),
+                };
+                match environment(record, &none) {
+                    Some(env) => self.allocate_log(launch, env),
+                    None => self.start_failed(ctx, &launch.authority.record),
+                }
+            }
+            Ok(Some(request)) => match request.to_body() {
+                Ok(body) => {
+                    let action = Action::Post(HttpCall {
+                        path: path(
+                            &ctx.config.worker_id,
+                            &ctx.config.session_id,
+                            crate::wire::route::Operation::Secrets,
+                        ),
+                        body,
+                        request_cap: secrets::MAX_REQUEST_BYTES,
+                        response_cap: secrets::MAX_RESPONSE_BYTES,
+                    });
+                    self.wait(PState::FetchingSecrets(launch, request), action)
+                }
+                Err(_) => self.start_failed(ctx, &launch.authority.record),
+            },
+            Err(_) => self.start_failed(ctx, &launch.authority.record),
+        }
+    }
+
+    fn on_secrets(
+        self,
+        ctx: &Ctx<'_>,
+        launch: Box<Launch>,
+        request: &SecretsRequest,
+        outcome: Outcome,
+    ) -> PStep {
+        let body = match response(outcome) {
+            Ok(Ok(body)) => Zeroizing::new(body),
+            Ok(Err(CallFault::Unavailable)) => return Step::Done(ProcessResult::Unavailable),
+            Ok(Err(_)) => return self.start_failed(ctx, &launch.authority.record),
+            Err(other) => return unexpected(&other),
+        };
+        let Ok(resolved) = SecretsResponse::parse(&body, request) else {
+            return self.start_failed(ctx, &launch.authority.record);
+        };
+        let env = match environment(&launch.authority.record, &resolved) {
+            Some(env) => env,
+            None => return self.start_failed(ctx, &launch.authority.record),
+        };
+        self.allocate_log(launch, env)
+    }
+
+    fn allocate_log(self, launch: Box<Launch>, env: Vec<(String, Zeroizing<String>)>) -> PStep {
+        let offer = &launch.authority.record.offer;
+        let log_artifact_id = derive_log_artifact_id(
+            &offer.candidate.project_id,
+            &offer.candidate.run_id,
+            &offer.candidate.attempt_id,
+            &offer.offer_id,
+        );
+        self.wait(
+            PState::AllocatingLog(launch, env),
+            Action::AllocateLog { log_artifact_id },
+        )
+    }
+
+    /// Step 6e: the spawn barrier.
+    fn persist_launching(
+        self,
+        ctx: &Ctx<'_>,
+        launch: Box<Launch>,
+        env: Vec<(String, Zeroizing<String>)>,
+    ) -> PStep {
+        let record = &launch.authority.record;
+        let offer = &record.offer;
+        let log_artifact_id = derive_log_artifact_id(
+            &offer.candidate.project_id,
+            &offer.candidate.run_id,
+            &offer.candidate.attempt_id,
+            &offer.offer_id,
+        );
+        let started_at = ctx.now.max(record.updated_at_ms);
+        let digest = launch.capability.digest();
+        let sequence = launch.authority.sequence;
+        let proposed = next_record(record, State::Launching, started_at, |r| {
+            r.executor_started_at_ms = Some(started_at);
+            r.log_artifact_id = Some(log_artifact_id);
+            r.completion_receipt_callback_sequence = Some(sequence);
+            r.completion_receipt_token_digest = Some(digest);
+        });
+        let action = persist(record, proposed.clone());
+        self.wait(
+            PState::PersistingLaunching(launch, env, Box::new(proposed)),
+            action,
+        )
+    }
+
+    /// Step 6g: only now, with `launching` durable, spawn.
+    fn spawn(
+        self,
+        launch: Launch,
+        environment: Vec<(String, Zeroizing<String>)>,
+        launching: Box<InboxRecord>,
+    ) -> PStep {
+        let Launch {
+            authority,
+            capability,
+        } = launch;
+        let (Some(started_at), Some(log_artifact_id), Some(sequence)) = (
+            launching.executor_started_at_ms,
+            launching.log_artifact_id.clone(),
+            launching.completion_receipt_callback_sequence,
+        ) else {
+            unreachable!("a launching record carries its barrier fields");
+        };
+        let revision = &launching.offer.execution_revision;
+        let plan = LaunchPlan {
+            offer_id: launching.offer.offer_id.clone(),
+            run_id: launching.offer.candidate.run_id.clone(),
+            attempt_id: launching.offer.candidate.attempt_id.clone(),
+            executor_started_at: started_at,
+            command: revision.command.clone(),
+            environment,
+            working_directory: revision.working_directory.clone(),
+            timeout: revision.timeout_ms.zip(authority.deadline),
+            log_artifact_id,
+            callback_sequence: sequence,
+            capability,
+        };
+        self.wait(PState::Spawning(launching), Action::Spawn(Box::new(plan)))
+    }
+
+    fn on_spawned(
+        self,
+        ctx: &Ctx<'_>,
+        launching: Box<InboxRecord>,
+        spawned: SpawnOutcome,
+    ) -> PStep {
+        match spawned {
+            SpawnOutcome::Started { handle, started_at } => {
+                let valid = ExecutorHandle::new(handle).ok().filter(|_| {
+                    Some(started_at) == launching.executor_started_at_ms && started_at <= ctx.now
+                });
+                match valid {
+                    Some(handle) => {
+                        let proposed = next_record(&launching, State::Started, ctx.now, |r| {
+                            r.executor_handle = Some(handle);
+                        });
+                        let action = persist(&launching, proposed.clone());
+                        self.wait(
+                            PState::PersistingStarted(launching, Box::new(proposed)),
+                            action,
+                        )
+                    }
+                    None => {
+                        self.recover(ctx, &launching, RecoveryReason::LaunchOutcomeUnknown, true)
+                    }
+                }
+            }
+            SpawnOutcome::Rejected => self.start_failed(ctx, &launching),
+            SpawnOutcome::Unknown => {
+                self.recover(ctx, &launching, RecoveryReason::LaunchOutcomeUnknown, true)
+            }
+        }
+    }
+
+    /// Step 7: the running ACK.
+    fn ack_running(self, ctx: &Ctx<'_>, record: Box<InboxRecord>) -> PStep {
+        let (Some(handle), Some(sequence), Some(digest)) = (
+            record.executor_handle.clone(),
+            record.completion_receipt_callback_sequence,
+            record.completion_receipt_token_digest,
+        ) else {
+            unreachable!("a started record carries its handle and callback fields");
+        };
+        let ack = RunningAck {
+            executor_handle: handle,
+            log_artifact_id: record.log_artifact_id.clone(),
+            callback_sequence: sequence,
+            callback_token_digest: digest,
+        };
+        let request = ActivationRequest::running(&record.offer, ack);
+        let action = activation_call(ctx, &request);
+        self.wait(PState::AckingRunning(record, request), action)
+    }
+
+    fn on_running(
+        self,
+        ctx: &Ctx<'_>,
+        record: Box<InboxRecord>,
+        request: &ActivationRequest,
+        outcome: Outcome,
+    ) -> PStep {
+        let answer = match activation_answer(outcome, request) {
+            Ok(answer) => answer,
+            Err(step) => return *step,
+        };
+        match (answer.status, answer.shape) {
+            (ActivationStatus::AlreadyTerminal, _) | (_, SnapshotShape::Terminal) => {
+                self.recover(ctx, &record, RecoveryReason::ControlPlaneTerminal, false)
+            }
+            (
+                ActivationStatus::Applied | ActivationStatus::AlreadyRunning,
+                SnapshotShape::Running,
+            ) => {
+                let already = answer.status == ActivationStatus::AlreadyRunning;
+                let proposed = next_record(&record, State::RunningAcknowledged, ctx.now, |_| {});
+                let action = persist(&record, proposed);
+                self.wait(PState::PersistingRunningAck(already), action)
+            }
+            (ActivationStatus::AlreadyStarting, SnapshotShape::Running)
+            | (
+                ActivationStatus::Applied
+                | ActivationStatus::AlreadyRunning
+                | ActivationStatus::AlreadyStarting,
+                SnapshotShape::Starting,
+            ) => Step::Done(ProcessResult::ActivationInvalid(String::from(
+                "running ACK answered with a starting snapshot or status",
+            ))),
+        }
+    }
+
+    /// Persists `start_failed` (proof of no spawn), then reports it.
+    fn start_failed(self, ctx: &Ctx<'_>, record: &InboxRecord) -> PStep {
+        let proposed = next_record(record, State::StartFailed, ctx.now, |_| {});
+        let action = persist(record, proposed.clone());
+        self.wait(PState::PersistingStartFailed(Box::new(proposed)), action)
+    }
+
+    /// Step 8: report the start failure.
+    fn fail_start(self, ctx: &Ctx<'_>, record: Box<InboxRecord>) -> PStep {
+        let request = ActivationRequest::start_failure(&record.offer);
+        let action = activation_call(ctx, &request);
+        self.wait(PState::FailingStart(record, request), action)
+    }
+
+    fn on_start_failure(
+        self,
+        ctx: &Ctx<'_>,
+        record: Box<InboxRecord>,
+        request: &ActivationRequest,
+        outcome: Outcome,
+    ) -> PStep {
+        let answer = match activation_answer(outcome, request) {
+            Ok(answer) => answer,
+            Err(step) => return *step,
+        };
+        if answer.status == ActivationStatus::AlreadyRunning
+            || answer.shape == SnapshotShape::Running
+        {
+            return self.recover(
+                ctx,
+                &record,
+                RecoveryReason::ControlPlaneAlreadyRunning,
+                false,
+            );
+        }
+        let allowed = record.offer.lease.version.get() + 1;
+        if answer.snapshot.lease_version.get() > allowed {
+            return Step::Done(ProcessResult::ActivationInvalid(format!(
+                "start-failure snapshot lease version above {allowed}"
+            )));
+        }
+        let proposed = next_record(&record, State::StartFailureAcknowledged, ctx.now, |_| {});
+        let action = persist(&record, proposed);
+        self.wait(PState::PersistingStartFailureAck, action)
+    }
+
+    /// Persists `recovery_required(reason)`. `must_land`: a process may exist, so the write
+    /// must succeed or the Worker halts.
+    fn recover(
+        self,
+        ctx: &Ctx<'_>,
+        record: &InboxRecord,
+        reason: RecoveryReason,
+        must_land: bool,
+    ) -> PStep {
+        let proposed = next_record(record, State::RecoveryRequired, ctx.now, |r| {
+            r.recovery_reason = Some(reason);
+        });
+        let action = persist(record, proposed);
+        self.wait(PState::PersistingRecovery(reason, must_land), action)
+    }
+}
+
+/// Step 2 (reference §4.2): the current Session must be the offer's, usable, not draining for a
+/// new claim; the offer's lease must be unexpired.
+fn target_refusal(ctx: &Ctx<'_>, record: &InboxRecord) -> Option<ProcessResult> {
+    let offer = &record.offer;
+    let session_ok = ctx.session.is_some_and(|s| {
+        s.worker == offer.worker
+            && s.usable(ctx.now)
+            && !(s.status == SessionStatus::Draining
+                && offer.delivery_kind == DeliveryKind::NewClaim)
+    });
+    if !session_ok {
+        Some(ProcessResult::TargetFenced)
+    } else if offer.lease.expired_at(ctx.now) {
+        Some(ProcessResult::OfferExpired)
+    } else {
+        None
+    }
+}
+
+fn activation_call(ctx: &Ctx<'_>, request: &ActivationRequest) -> Action {
+    // INVARIANT: activation bodies of valid offers stay far below their 4 KiB cap.
+    let body = request.to_body().unwrap_or_default();
+    Action::Post(HttpCall {
+        path: path(
+            &ctx.config.worker_id,
+            &ctx.config.session_id,
+            request.operation(),
+        ),
+        body,
+        request_cap: crate::wire::activation::MAX_REQUEST_BYTES,
+        response_cap: MAX_RESPONSE_BYTES,
+    })
+}
+
+/// The parsed activation answer, or the step that ends the operation without a change.
+fn activation_answer(
+    outcome: Outcome,
+    request: &ActivationRequest,
+) -> Result<ActivationResponse, Box<PStep>> {
+    let body = match response(outcome) {
+        Ok(Ok(body)) => body,
+        Ok(Err(CallFault::Unavailable)) => {
+            return Err(Box::new(Step::Done(ProcessResult::Unavailable)));
+        }
+        Ok(Err(fault)) => return Err(Box::new(Step::Done(ProcessResult::Refused(fault)))),
+        Err(other) => return Err(Box::new(unexpected(&other))),
+    };
+    ActivationResponse::parse(&body, request)
+        .map_err(|e| Box::new(Step::Done(ProcessResult::ActivationInvalid(format!("{e}")))))
+}
+
+/// Step 6a: the callback sequence (snapshot + 1) and the deadline, which must be present iff
+/// the revision has `timeoutMs`; the snapshot's lease version must be the persisted one.
+fn launch_authority(
+    record: &InboxRecord,
+    answer: &ActivationResponse,
+) -> Result<(CallbackSequence, Option<UnixMillis>), String> {
+    let snapshot = &answer.snapshot;
+    if snapshot.lease_version != record.offer.lease.version {
+        return Err(String::from(
+            "starting snapshot lease version differs from the inbox",
+        ));
+    }
+    let sequence = CallbackSequence::new(snapshot.callback_sequence + 1)
+        .map_err(|_| String::from("starting snapshot callbackSequence + 1 is out of range"))?;
+    let timeout = record.offer.execution_revision.timeout_ms.is_some();
+    if timeout != snapshot.deadline_at_ms.is_some() {
+        return Err(String::from(
+            "deadlineAtMs must be present exactly when the revision has timeoutMs",
+        ));
+    }
+    Ok((sequence, snapshot.deadline_at_ms))
+}
+
+/// Step 6d: the exact environment of the revision, public values byte for byte and Secret values
+/// from the response, in revision order; `None` when a value is missing or holds a NUL.
+fn environment(
+    record: &InboxRecord,
+    secrets: &SecretsResponse,
+) -> Option<Vec<(String, Zeroizing<String>)>> {
+    let revision = &record.offer.execution_revision;
+    let mut env = Vec::with_capacity(revision.environment.len());
+    for binding in &revision.environment {
+        let value = match &binding.value {
+            EnvValue::Public(value) => value.as_str(),
+            EnvValue::Secret(reference) => secrets
+                .values
+                .iter()
+                .find(|v| v.secret_ref == *reference)
+                .map(|v| v.value.expose())?,
+        };
+        let name = binding.name.as_str();
+        if value.contains('\0') || name.contains('=') || name.is_empty() {
+            return None;
+        }
+        env.push((String::from(name), Zeroizing::new(String::from(value))));
+    }
+    let unique = env
+        .iter()
+        .enumerate()
+        .all(|(i, (n, _))| env[..i].iter().all(|(m, _)| m != n));
+    (env.len() == revision.environment.len() && unique).then_some(env)
+}

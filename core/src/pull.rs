@@ -1,0 +1,458 @@
+//! The Pull coordinator (reference §4.1; ADR-0110): one stable pending claim, persisted
+//! **before** the request is sent, reused with the same offer id and lease token across
+//! failures and restarts until the offer is durably in the inbox or the control plane is idle.
+//!
+//! Steps of one Pull:
+//! 1. read the claim; a claim of another Session can never be admitted, so it is cleared (the
+//!    reference fails with `claim_conflict` forever instead); no claim ⇒ draw entropy for a
+//!    fresh offer id (UUIDv4) and a 32-byte lease token;
+//! 2. a claim whose `nextAttemptAtMs` is in the future ⇒ `Backoff` without a request;
+//! 3. after 16 attempts the claim is cleared (nothing of it reached the inbox) and the next Pull
+//!    starts afresh;
+//! 4. persist the attempt (revision + 1, attempt count + 1) — durable before sending;
+//! 5. POST `offers`;
+//! 6. idle ⇒ clear the claim; offered ⇒ admit against the claim and Session, store the offer
+//!    (new: publish `accepted` at revision 0; replay: keep the stored record, or advance only
+//!    its lease when the delivered version is newer) and **then** clear the claim;
+//! 7. any failure ⇒ `nextAttemptAtMs = now + floor(r · min(60 s, base · 2^(attempts-1)))` with
+//!    `r` from fresh entropy (full jitter), persisted, and the claim kept.
+
+use alloc::boxed::Box;
+use alloc::format;
+use alloc::string::String;
+
+use base64::Engine as _;
+
+use crate::capability::Entropy;
+use crate::claim::{MAX_CLAIM_ATTEMPTS, PendingClaim};
+use crate::ids::{LeaseToken, OfferId, Revision};
+use crate::io::{Action, HttpCall, Outcome, StoreFailure};
+use crate::offer::Offer;
+use crate::ops::{CallFault, next_record, persist, response, unexpected};
+use crate::record::InboxRecord;
+use crate::time::UnixMillis;
+use crate::wire::offer::{MAX_RESPONSE_BYTES, OfferRequest, OfferResponse, admit_offer};
+use crate::wire::route::{Operation, path};
+use crate::worker::{Ctx, HaltReason, Step, read_failure, write_failure};
+
+/// Full-jitter ceiling (`MAX_WORKER_REMOTE_OFFER_BACKOFF_MS`).
+pub const MAX_BACKOFF_MS: u64 = 60_000;
+
+/// Why a Pull failed (the claim is kept and retried after a backoff).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PullFault {
+    /// The request failed or was refused.
+    Call(CallFault),
+    /// The offered offer does not belong to the claim or Session, or is inconsistent.
+    Admission(String),
+    /// A stored record for this offer id has another authority.
+    OfferConflict,
+    /// The inbox is full.
+    CapacityExhausted,
+    /// A write failed cleanly (nothing changed).
+    StorageUnchanged,
+    /// The claim used its 16 attempts; it was cleared.
+    BudgetExhausted,
+}
+
+/// What one Pull concluded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PullResult {
+    /// The offer is durably in the inbox and the claim is cleared.
+    Admitted {
+        /// The offer.
+        offer_id: OfferId,
+        /// Whether it was already stored (a replay).
+        replayed: bool,
+    },
+    /// The control plane had nothing; the claim is cleared.
+    Idle,
+    /// The claim's next attempt is in the future; no request was sent.
+    Backoff {
+        /// When the claim may be retried.
+        until: UnixMillis,
+    },
+    /// The Pull failed; the claim is kept (or cleared after its budget).
+    Failed {
+        /// Why.
+        fault: PullFault,
+        /// When to retry.
+        retry_at: UnixMillis,
+    },
+    /// No usable Session.
+    SessionUnavailable,
+}
+
+/// A Pull in flight.
+#[derive(Debug)]
+pub(crate) enum PullOp {
+    ReadingClaim,
+    ClearingForeign,
+    DrawingIdentity,
+    PersistingAttempt(Box<PendingClaim>),
+    Requesting(Box<PendingClaim>),
+    ReadingRecord(Box<PendingClaim>, Box<Offer>),
+    StoringOffer {
+        claim: Box<PendingClaim>,
+        replayed: bool,
+    },
+    ClearingClaim {
+        offer_id: OfferId,
+        replayed: bool,
+    },
+    ClearingIdle,
+    ClearingExhausted,
+    DrawingJitter(Box<PendingClaim>, PullFault),
+    PersistingBackoff {
+        retry_at: UnixMillis,
+        fault: PullFault,
+    },
+}
+
+impl PullOp {
+    pub(crate) fn begin(ctx: &Ctx<'_>) -> Step<Self, PullResult> {
+        match ctx.session {
+            Some(s) if s.usable(ctx.now) => Step::Wait(Self::ReadingClaim, Action::ReadClaim),
+            Some(_) | None => Step::Done(PullResult::SessionUnavailable),
+        }
+    }
+
+    pub(crate) fn resume(self, ctx: &Ctx<'_>, outcome: Outcome) -> Step<Self, PullResult> {
+        match self {
+            Self::ReadingClaim => on_claim(ctx, outcome),
+            Self::ClearingForeign => after_write(outcome, draw_identity),
+            Self::DrawingIdentity => match outcome {
+                Outcome::EntropyDrawn(entropy) => fresh_claim(ctx, &entropy),
+                other => unexpected(&other),
+            },
+            Self::PersistingAttempt(claim) => {
+                let request = request(ctx, claim);
+                after_write(outcome, move || request)
+            }
+            Self::Requesting(claim) => on_response(ctx, claim, outcome),
+            Self::ReadingRecord(claim, offer) => on_stored(ctx, claim, *offer, outcome),
+            Self::StoringOffer { claim, replayed } => match outcome {
+                Outcome::Persisted => clear_claim(&claim, replayed),
+                Outcome::Store(StoreFailure::CapacityExhausted) => {
+                    backoff(claim, PullFault::CapacityExhausted)
+                }
+                Outcome::Store(failure) => {
+                    write_failure(failure, || backoff(claim, PullFault::StorageUnchanged))
+                }
+                other => unexpected(&other),
+            },
+            Self::ClearingClaim { offer_id, replayed } => after_write(outcome, move || {
+                Step::Done(PullResult::Admitted { offer_id, replayed })
+            }),
+            Self::ClearingIdle => after_write(outcome, || Step::Done(PullResult::Idle)),
+            Self::ClearingExhausted => {
+                let now = ctx.now;
+                after_write(outcome, move || {
+                    Step::Done(PullResult::Failed {
+                        fault: PullFault::BudgetExhausted,
+                        retry_at: now,
+                    })
+                })
+            }
+            Self::DrawingJitter(claim, fault) => match outcome {
+                Outcome::EntropyDrawn(entropy) => persist_backoff(ctx, &claim, &entropy, fault),
+                other => unexpected(&other),
+            },
+            Self::PersistingBackoff { retry_at, fault } => after_write(outcome, move || {
+                Step::Done(PullResult::Failed { fault, retry_at })
+            }),
+        }
+    }
+}
+
+/// Continues after a write that must be durable; halts on anything but a clean write.
+fn after_write(
+    outcome: Outcome,
+    next: impl FnOnce() -> Step<PullOp, PullResult>,
+) -> Step<PullOp, PullResult> {
+    match outcome {
+        Outcome::Persisted => next(),
+        // A claim write that failed cleanly leaves the previous claim (or none) in place: the
+        // Pull ends and the next tick starts over from what is stored.
+        Outcome::Store(failure) => write_failure(failure, || {
+            Step::Done(PullResult::Failed {
+                fault: PullFault::StorageUnchanged,
+                retry_at: UnixMillis::ZERO,
+            })
+        }),
+        other => unexpected(&other),
+    }
+}
+
+fn draw_identity() -> Step<PullOp, PullResult> {
+    Step::Wait(PullOp::DrawingIdentity, Action::DrawEntropy)
+}
+
+fn on_claim(ctx: &Ctx<'_>, outcome: Outcome) -> Step<PullOp, PullResult> {
+    let claim = match outcome {
+        Outcome::ClaimRead(claim) => claim,
+        Outcome::Store(failure) => {
+            return read_failure(failure, || {
+                Step::Done(PullResult::Failed {
+                    fault: PullFault::StorageUnchanged,
+                    retry_at: ctx.now,
+                })
+            });
+        }
+        other => return unexpected(&other),
+    };
+    let Some(session) = ctx.session else {
+        return Step::Done(PullResult::SessionUnavailable);
+    };
+    let Some(claim) = claim else {
+        return draw_identity();
+    };
+    if claim.worker() != session.worker {
+        let action = Action::ClearClaim {
+            offer_id: claim.offer_id.clone(),
+            revision: claim.revision,
+        };
+        return Step::Wait(PullOp::ClearingForeign, action);
+    }
+    if claim.next_attempt_at_ms > ctx.now {
+        return Step::Done(PullResult::Backoff {
+            until: claim.next_attempt_at_ms,
+        });
+    }
+    if claim.attempt_count >= MAX_CLAIM_ATTEMPTS {
+        let action = Action::ClearClaim {
+            offer_id: claim.offer_id.clone(),
+            revision: claim.revision,
+        };
+        return Step::Wait(PullOp::ClearingExhausted, action);
+    }
+    let mut next = (*claim).clone();
+    next.revision = next_revision(claim.revision);
+    next.attempt_count += 1;
+    next.last_attempt_at_ms = Some(ctx.now.max(claim.updated_at_ms));
+    next.updated_at_ms = ctx.now.max(claim.updated_at_ms);
+    next.next_attempt_at_ms = next.updated_at_ms;
+    let action = Action::PersistClaim {
+        expected: Some(claim.revision),
+        claim: Box::new(next.clone()),
+    };
+    Step::Wait(PullOp::PersistingAttempt(Box::new(next)), action)
+}
+
+fn next_revision(revision: Revision) -> Revision {
+    // INVARIANT: a claim lives for at most 16 attempts and their backoffs.
+    revision.next().unwrap_or(revision)
+}
+
+/// A fresh claim from entropy, with its first attempt already counted (one write instead of the
+/// reference's create-then-attempt pair; the claim is still durable before the request).
+fn fresh_claim(ctx: &Ctx<'_>, entropy: &Entropy) -> Step<PullOp, PullResult> {
+    let Some(session) = ctx.session else {
+        return Step::Done(PullResult::SessionUnavailable);
+    };
+    let bytes = entropy.bytes();
+    let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&bytes[16..48]);
+    let (Ok(offer_id), Ok(lease_token)) =
+        (OfferId::new(uuid_v4(&bytes[..16])), LeaseToken::new(token))
+    else {
+        // INVARIANT: a UUID and 43 base64url characters always satisfy the id rules.
+        return Step::Halt(HaltReason::UnexpectedOutcome {
+            detail: String::from("claim identity"),
+        });
+    };
+    let mut claim = PendingClaim::new(&session.worker, offer_id, lease_token, ctx.now);
+    claim.attempt_count = 1;
+    claim.last_attempt_at_ms = Some(ctx.now);
+    let action = Action::PersistClaim {
+        expected: None,
+        claim: Box::new(claim.clone()),
+    };
+    Step::Wait(PullOp::PersistingAttempt(Box::new(claim)), action)
+}
+
+/// Formats 16 bytes as a lowercase RFC 4122 version-4 UUID.
+fn uuid_v4(bytes: &[u8]) -> String {
+    let mut b = [0u8; 16];
+    b.copy_from_slice(bytes);
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex = crate::ids::Sha256Digest::from_bytes({
+        let mut padded = [0u8; 32];
+        padded[..16].copy_from_slice(&b);
+        padded
+    })
+    .to_hex();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+fn request(ctx: &Ctx<'_>, claim: Box<PendingClaim>) -> Step<PullOp, PullResult> {
+    let body = OfferRequest {
+        worker_generation: claim.worker_generation,
+        offer_id: claim.offer_id.clone(),
+        lease_token: claim.lease_token.clone(),
+    }
+    .to_body();
+    match body {
+        Ok(body) => {
+            let call = HttpCall {
+                path: path(
+                    &ctx.config.worker_id,
+                    &ctx.config.session_id,
+                    Operation::Offers,
+                ),
+                body,
+                request_cap: crate::wire::offer::MAX_REQUEST_BYTES,
+                response_cap: MAX_RESPONSE_BYTES,
+            };
+            Step::Wait(PullOp::Requesting(claim), Action::Post(call))
+        }
+        Err(e) => backoff(claim, PullFault::Call(CallFault::Invalid(e))),
+    }
+}
+
+fn on_response(
+    ctx: &Ctx<'_>,
+    claim: Box<PendingClaim>,
+    outcome: Outcome,
+) -> Step<PullOp, PullResult> {
+    let body = match response(outcome) {
+        Ok(Ok(body)) => body,
+        Ok(Err(fault)) => return backoff(claim, PullFault::Call(fault)),
+        Err(other) => return unexpected(&other),
+    };
+    match OfferResponse::parse(&body) {
+        Err(e) => backoff(claim, PullFault::Call(CallFault::Invalid(e))),
+        Ok(OfferResponse::Idle { .. }) => {
+            let action = Action::ClearClaim {
+                offer_id: claim.offer_id.clone(),
+                revision: claim.revision,
+            };
+            Step::Wait(PullOp::ClearingIdle, action)
+        }
+        Ok(OfferResponse::Offered { offer, .. }) => {
+            // Admission binds the offer to the claim *and* to the current Session: a Session
+            // that changed meanwhile makes the offer unadmittable and keeps the claim.
+            let worker = match ctx.session {
+                Some(s) if s.worker == claim.worker() => claim.worker(),
+                Some(_) | None => {
+                    return backoff(
+                        claim,
+                        PullFault::Admission(String::from("the Session changed")),
+                    );
+                }
+            };
+            match admit_offer(&offer, &claim.offer_id, &worker, &claim.lease_token) {
+                Ok(offer) => {
+                    let action = Action::ReadRecord {
+                        offer_id: offer.offer_id.clone(),
+                    };
+                    Step::Wait(PullOp::ReadingRecord(claim, Box::new(offer)), action)
+                }
+                Err(e) => backoff(claim, PullFault::Admission(format!("{e}"))),
+            }
+        }
+    }
+}
+
+fn on_stored(
+    ctx: &Ctx<'_>,
+    claim: Box<PendingClaim>,
+    offer: Offer,
+    outcome: Outcome,
+) -> Step<PullOp, PullResult> {
+    let stored = match outcome {
+        Outcome::RecordRead(stored) => stored,
+        Outcome::Store(failure) => {
+            return read_failure(failure, || backoff(claim, PullFault::StorageUnchanged));
+        }
+        other => return unexpected(&other),
+    };
+    let Some(stored) = stored else {
+        let record = InboxRecord::accepted(offer, ctx.now);
+        let action = Action::PersistRecord {
+            expected: None,
+            record: Box::new(record),
+        };
+        return Step::Wait(
+            PullOp::StoringOffer {
+                claim,
+                replayed: false,
+            },
+            action,
+        );
+    };
+    if stored.offer.authority_difference(&offer, false).is_some() {
+        return backoff(claim, PullFault::OfferConflict);
+    }
+    if offer.lease.version > stored.offer.lease.version {
+        // A newer lease for the same authority: advance only the lease; the stored delivery
+        // kind and state stay (see docs/state-machine.md).
+        let proposed = next_record(&stored, stored.state, ctx.now, |r| {
+            r.offer.lease = offer.lease
+        });
+        let action = persist(&stored, proposed);
+        return Step::Wait(
+            PullOp::StoringOffer {
+                claim,
+                replayed: true,
+            },
+            action,
+        );
+    }
+    clear_claim(&claim, true)
+}
+
+fn clear_claim(claim: &PendingClaim, replayed: bool) -> Step<PullOp, PullResult> {
+    let action = Action::ClearClaim {
+        offer_id: claim.offer_id.clone(),
+        revision: claim.revision,
+    };
+    Step::Wait(
+        PullOp::ClearingClaim {
+            offer_id: claim.offer_id.clone(),
+            replayed,
+        },
+        action,
+    )
+}
+
+fn backoff(claim: Box<PendingClaim>, fault: PullFault) -> Step<PullOp, PullResult> {
+    Step::Wait(PullOp::DrawingJitter(claim, fault), Action::DrawEntropy)
+}
+
+/// Full jitter: `now + floor(r · min(60 s, base · 2^(max(0, attempts - 1))))`.
+pub(crate) fn jitter_delay(base_ms: u64, attempt_count: u8, entropy: &Entropy) -> u64 {
+    let exponent = u32::from(attempt_count.saturating_sub(1)).min(20);
+    let ceiling = base_ms.saturating_mul(1u64 << exponent).min(MAX_BACKOFF_MS);
+    entropy.below(ceiling)
+}
+
+fn persist_backoff(
+    ctx: &Ctx<'_>,
+    claim: &PendingClaim,
+    entropy: &Entropy,
+    fault: PullFault,
+) -> Step<PullOp, PullResult> {
+    let now = ctx.now.max(claim.updated_at_ms);
+    let retry_at = now.saturating_add(jitter_delay(
+        ctx.config.backoff_base_ms,
+        claim.attempt_count,
+        entropy,
+    ));
+    let mut next = claim.clone();
+    next.revision = next_revision(claim.revision);
+    next.updated_at_ms = now;
+    next.next_attempt_at_ms = retry_at;
+    let action = Action::PersistClaim {
+        expected: Some(claim.revision),
+        claim: Box::new(next),
+    };
+    Step::Wait(PullOp::PersistingBackoff { retry_at, fault }, action)
+}

@@ -1,0 +1,198 @@
+//! The Worker Session exchanges (reference §2.10): register, heartbeat and transition.
+//!
+//! Each is one POST; the response is parsed against the request and becomes the Worker's
+//! [`SessionView`]. A 409 means the Session was fenced or replaced: the Worker halts rather than
+//! race another owner. Transport failures are retried at the next tick; the Session lease then
+//! decides what stays usable.
+
+use alloc::format;
+use alloc::string::String;
+use zeroize::Zeroizing;
+
+use crate::io::{Action, HttpCall, Outcome};
+use crate::offer::OfferWorker;
+use crate::ops::{CallFault, response, unexpected};
+use crate::wire::route::{Operation, path};
+use crate::wire::session::{
+    HeartbeatRequest, MAX_REGISTER_REQUEST_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES,
+    RegisterRequest, SessionResponse, SessionStatus, TransitionRequest,
+};
+use crate::worker::{Ctx, SessionView, Step};
+
+/// A Session exchange in flight.
+#[derive(Debug)]
+pub(crate) enum SessionOp {
+    Registering,
+    Heartbeating(HeartbeatRequest),
+    Transitioning(TransitionRequest),
+}
+
+/// What a Session exchange concluded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SessionResult {
+    /// Registered.
+    Registered(SessionView),
+    /// Heartbeat applied.
+    Heartbeat(SessionView),
+    /// Transition applied.
+    Transitioned(SessionView),
+    /// No usable answer; retry at the next tick.
+    Unavailable,
+    /// 409 or an answer for another Session: this Session is no longer ours.
+    Fenced(String),
+    /// Credentials or the request were refused (401/403/400...), or the response is invalid.
+    Rejected(String),
+}
+
+fn call(ctx: &Ctx<'_>, operation: Operation, body: alloc::vec::Vec<u8>) -> Action {
+    let request_cap = match operation {
+        Operation::Register => MAX_REGISTER_REQUEST_BYTES,
+        Operation::Artifacts
+        | Operation::Attestations
+        | Operation::Completion
+        | Operation::Heartbeat
+        | Operation::LeaseControl
+        | Operation::Offers
+        | Operation::Running
+        | Operation::Secrets
+        | Operation::StartFailure
+        | Operation::Starting
+        | Operation::Transition => MAX_REQUEST_BYTES,
+    };
+    Action::Post(HttpCall {
+        path: path(&ctx.config.worker_id, &ctx.config.session_id, operation),
+        body: Zeroizing::new(body),
+        request_cap,
+        response_cap: MAX_RESPONSE_BYTES,
+    })
+}
+
+fn view(response: &SessionResponse) -> SessionView {
+    SessionView {
+        worker: OfferWorker {
+            worker_id: response.worker_id.clone(),
+            session_id: response.session_id.clone(),
+            generation: response.generation,
+        },
+        version: response.version,
+        status: response.status,
+        lease_expires_at: response.lease_expires_at_ms,
+    }
+}
+
+impl SessionOp {
+    /// `register` with the configured capabilities.
+    pub(crate) fn register(ctx: &Ctx<'_>, available_slots: u64) -> Step<Self, SessionResult> {
+        let config = ctx.config;
+        let max = u64::from(config.max_concurrent_runs);
+        let request = RegisterRequest::new(
+            &config.capabilities,
+            max,
+            available_slots.min(max),
+            config.session_lease_ms,
+        )
+        .and_then(|r| r.to_body());
+        match request {
+            Ok(body) => Step::Wait(Self::Registering, call(ctx, Operation::Register, body)),
+            Err(e) => Step::Done(SessionResult::Rejected(format!("register request: {e}"))),
+        }
+    }
+
+    /// `heartbeat` at the Session's current generation and version.
+    pub(crate) fn heartbeat(ctx: &Ctx<'_>, available_slots: u64) -> Step<Self, SessionResult> {
+        let Some(session) = ctx.session else {
+            return Step::Done(SessionResult::Unavailable);
+        };
+        let slots = if session.status == SessionStatus::Online {
+            available_slots
+        } else {
+            0
+        };
+        let request = HeartbeatRequest {
+            generation: session.generation(),
+            expected_version: session.version,
+            available_slots: slots,
+            lease_duration_ms: ctx.config.session_lease_ms,
+        };
+        match request.to_body() {
+            Ok(body) => Step::Wait(
+                Self::Heartbeating(request),
+                call(ctx, Operation::Heartbeat, body),
+            ),
+            Err(e) => Step::Done(SessionResult::Rejected(format!("heartbeat request: {e}"))),
+        }
+    }
+
+    /// `transition` to draining or offline.
+    pub(crate) fn transition(ctx: &Ctx<'_>, status: SessionStatus) -> Step<Self, SessionResult> {
+        let Some(session) = ctx.session else {
+            return Step::Done(SessionResult::Unavailable);
+        };
+        if session.status == status {
+            return Step::Done(SessionResult::Transitioned(session.clone()));
+        }
+        let request = TransitionRequest {
+            generation: session.generation(),
+            expected_version: session.version,
+            status,
+        };
+        match request.to_body() {
+            Ok(body) => Step::Wait(
+                Self::Transitioning(request),
+                call(ctx, Operation::Transition, body),
+            ),
+            Err(e) => Step::Done(SessionResult::Rejected(format!("transition request: {e}"))),
+        }
+    }
+
+    pub(crate) fn resume(self, ctx: &Ctx<'_>, outcome: Outcome) -> Step<Self, SessionResult> {
+        let body = match response(outcome) {
+            Ok(Ok(body)) => body,
+            Ok(Err(fault)) => return Step::Done(fault_result(fault)),
+            Err(other) => return unexpected(&other),
+        };
+        let (worker_id, session_id) = (&ctx.config.worker_id, &ctx.config.session_id);
+        let parsed = match &self {
+            Self::Registering => SessionResponse::parse_register(&body, worker_id, session_id),
+            Self::Heartbeating(r) => {
+                SessionResponse::parse_heartbeat(&body, worker_id, session_id, r)
+            }
+            Self::Transitioning(r) => {
+                SessionResponse::parse_transition(&body, worker_id, session_id, r)
+            }
+        };
+        let parsed = match parsed {
+            Ok(parsed) => parsed,
+            // A register answer we cannot accept is a configuration problem; a heartbeat or
+            // transition answer that breaks the CAS means the Session moved under us.
+            Err(e) => {
+                let detail = format!("invalid Session response: {e}");
+                return Step::Done(match self {
+                    Self::Registering => SessionResult::Rejected(detail),
+                    Self::Heartbeating(_) | Self::Transitioning(_) => SessionResult::Fenced(detail),
+                });
+            }
+        };
+        let view = view(&parsed);
+        Step::Done(match self {
+            Self::Registering => SessionResult::Registered(view),
+            Self::Heartbeating(_) => SessionResult::Heartbeat(view),
+            Self::Transitioning(_) => SessionResult::Transitioned(view),
+        })
+    }
+}
+
+fn fault_result(fault: CallFault) -> SessionResult {
+    match fault {
+        CallFault::Unavailable => SessionResult::Unavailable,
+        CallFault::Fenced { code } => SessionResult::Fenced(format!(
+            "409 {}",
+            code.as_deref().unwrap_or("without a code")
+        )),
+        CallFault::Rejected { status, code } => SessionResult::Rejected(format!(
+            "{status} {}",
+            code.as_deref().unwrap_or("without a code")
+        )),
+        CallFault::Invalid(e) => SessionResult::Rejected(format!("{e}")),
+    }
+}

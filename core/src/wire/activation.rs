@@ -1,0 +1,509 @@
+//! `POST …/starting`, `…/running`, `…/start-failure` (reference §2.3–2.5) and the shared
+//! activation response (schema `qinglong/remote-run-activation@v1`).
+//!
+//! Requests carry no schema field and no event id: exactly the 7 fence keys, plus
+//! `executorHandle, logArtifactId (null when absent), callbackSequence, callbackTokenDigest` for
+//! `running`.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use serde::Deserialize;
+use zeroize::Zeroizing;
+
+use super::de::present;
+use super::route::Operation;
+use super::{Fence, WireError, bind, ensure, exact, finish, id, parse_json};
+use crate::ids::{
+    AttemptId, CallbackSequence, CapabilityDigest, ExecutorHandle, LeaseVersion, LogArtifactId,
+    MAX_INT32, RunId,
+};
+use crate::js::JsonWriter;
+use crate::offer::Offer;
+use crate::time::UnixMillis;
+
+/// Schema id of the activation response.
+pub const SCHEMA: &str = "qinglong/remote-run-activation@v1";
+/// `MAX_REMOTE_RUN_ACTIVATION_RESPONSE_BYTES`.
+pub const MAX_RESPONSE_BYTES: usize = 16 * 1024;
+/// Request cap (the 4 KiB default).
+pub const MAX_REQUEST_BYTES: usize = super::DEFAULT_REQUEST_CAP;
+
+/// The extra facts of the running ACK.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunningAck {
+    /// The durable executor handle.
+    pub executor_handle: ExecutorHandle,
+    /// The log artifact id; sent as `null` when absent.
+    pub log_artifact_id: Option<LogArtifactId>,
+    /// The completion callback sequence (1..=2^31-1).
+    pub callback_sequence: CallbackSequence,
+    /// SHA-256 of the raw 32-byte completion capability.
+    pub callback_token_digest: CapabilityDigest,
+}
+
+/// Which activation command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ActivationOp {
+    /// `starting`.
+    Starting,
+    /// `running`.
+    Running(RunningAck),
+    /// `start-failure`.
+    StartFailure,
+}
+
+/// An activation request: the fence and the command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActivationRequest {
+    /// The execution fence.
+    pub fence: Fence,
+    /// The command.
+    pub op: ActivationOp,
+}
+
+impl ActivationRequest {
+    /// The starting ACK for `offer`.
+    #[must_use]
+    pub fn starting(offer: &Offer) -> Self {
+        Self {
+            fence: Fence::from_offer(offer),
+            op: ActivationOp::Starting,
+        }
+    }
+
+    /// The running ACK for `offer`.
+    #[must_use]
+    pub fn running(offer: &Offer, ack: RunningAck) -> Self {
+        Self {
+            fence: Fence::from_offer(offer),
+            op: ActivationOp::Running(ack),
+        }
+    }
+
+    /// The start-failure report for `offer`.
+    #[must_use]
+    pub fn start_failure(offer: &Offer) -> Self {
+        Self {
+            fence: Fence::from_offer(offer),
+            op: ActivationOp::StartFailure,
+        }
+    }
+
+    /// The route operation of this request.
+    #[must_use]
+    pub fn operation(&self) -> Operation {
+        match self.op {
+            ActivationOp::Starting => Operation::Starting,
+            ActivationOp::Running(_) => Operation::Running,
+            ActivationOp::StartFailure => Operation::StartFailure,
+        }
+    }
+
+    /// The request body; carries the lease token, so it is wiped on drop.
+    ///
+    /// # Errors
+    /// [`WireError::RequestTooLarge`] above 4 KiB.
+    pub fn to_body(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
+        let mut w = JsonWriter::with_cap(MAX_REQUEST_BYTES);
+        w.begin_object();
+        self.fence.write_activation(&mut w);
+        if let ActivationOp::Running(ack) = &self.op {
+            w.field_str("executorHandle", ack.executor_handle.as_str())
+                .key("logArtifactId");
+            match &ack.log_artifact_id {
+                Some(log) => w.string(log.as_str()),
+                None => w.null(),
+            };
+            w.field_uint("callbackSequence", ack.callback_sequence.get())
+                .field_str(
+                    "callbackTokenDigest",
+                    &ack.callback_token_digest.expose().to_hex(),
+                );
+        }
+        w.end_object();
+        finish(w, self.operation().as_str())
+    }
+}
+
+/// The activation outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActivationStatus {
+    /// `applied`.
+    Applied,
+    /// `already_running`.
+    AlreadyRunning,
+    /// `already_starting`.
+    AlreadyStarting,
+    /// `already_terminal`.
+    AlreadyTerminal,
+}
+
+impl ActivationStatus {
+    /// The wire spelling.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::AlreadyRunning => "already_running",
+            Self::AlreadyStarting => "already_starting",
+            Self::AlreadyTerminal => "already_terminal",
+        }
+    }
+}
+
+/// Run status (`RC/src/run/run.ts`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// `cancelled`.
+    Cancelled,
+    /// `created`.
+    Created,
+    /// `dispatching`.
+    Dispatching,
+    /// `failed`.
+    Failed,
+    /// `lost`.
+    Lost,
+    /// `queued`.
+    Queued,
+    /// `retry_wait`.
+    RetryWait,
+    /// `running`.
+    Running,
+    /// `succeeded`.
+    Succeeded,
+    /// `timed_out`.
+    TimedOut,
+    /// `waiting_approval`.
+    WaitingApproval,
+}
+
+impl RunStatus {
+    /// The wire spelling.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Cancelled => "cancelled",
+            Self::Created => "created",
+            Self::Dispatching => "dispatching",
+            Self::Failed => "failed",
+            Self::Lost => "lost",
+            Self::Queued => "queued",
+            Self::RetryWait => "retry_wait",
+            Self::Running => "running",
+            Self::Succeeded => "succeeded",
+            Self::TimedOut => "timed_out",
+            Self::WaitingApproval => "waiting_approval",
+        }
+    }
+}
+
+/// Attempt status (`RC/src/run/run.ts`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptStatus {
+    /// `cancelled`.
+    Cancelled,
+    /// `claimed`.
+    Claimed,
+    /// `failed`.
+    Failed,
+    /// `lost`.
+    Lost,
+    /// `running`.
+    Running,
+    /// `starting`.
+    Starting,
+    /// `succeeded`.
+    Succeeded,
+    /// `timed_out`.
+    TimedOut,
+}
+
+impl AttemptStatus {
+    /// The wire spelling.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Cancelled => "cancelled",
+            Self::Claimed => "claimed",
+            Self::Failed => "failed",
+            Self::Lost => "lost",
+            Self::Running => "running",
+            Self::Starting => "starting",
+            Self::Succeeded => "succeeded",
+            Self::TimedOut => "timed_out",
+        }
+    }
+}
+
+/// Which of the three consistent snapshot shapes a snapshot has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapshotShape {
+    /// `dispatching/starting`, no handle, start, finish or error.
+    Starting,
+    /// `running/running` with handle and start, no finish or error.
+    Running,
+    /// Equal terminal statuses (`failed|cancelled|timed_out`) with finish and error, no handle
+    /// or start.
+    Terminal,
+}
+
+/// The control plane's view of the Run and Attempt after an activation command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActivationSnapshot {
+    /// Run (equals the request's).
+    pub run_id: RunId,
+    /// Attempt (equals the request's).
+    pub attempt_id: AttemptId,
+    /// Run status.
+    pub run_status: RunStatus,
+    /// Attempt status.
+    pub attempt_status: AttemptStatus,
+    /// Lease version.
+    pub lease_version: LeaseVersion,
+    /// Lease generation (equals the request's).
+    pub lease_generation: u64,
+    /// Callback sequence, `0..=2^31-1`.
+    pub callback_sequence: u64,
+    /// Durable deadline (present iff the revision has `timeoutMs`; checked by the processor).
+    pub deadline_at_ms: Option<UnixMillis>,
+    /// When the Attempt started running.
+    pub started_at_ms: Option<UnixMillis>,
+    /// When it finished.
+    pub finished_at_ms: Option<UnixMillis>,
+    /// The executor handle the control plane recorded.
+    pub executor_handle: Option<ExecutorHandle>,
+    /// The log id the control plane recorded (≤ 36, no control characters).
+    pub log_artifact_id: Option<String>,
+    /// The terminal error code (≤ 128, no control characters).
+    pub error_code: Option<String>,
+}
+
+/// A parsed activation response, bound to its request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActivationResponse {
+    /// Outcome.
+    pub status: ActivationStatus,
+    /// The snapshot.
+    pub snapshot: ActivationSnapshot,
+    /// Its shape (`already_*` statuses require the matching shape).
+    pub shape: SnapshotShape,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResponseWire {
+    schema: String,
+    status: ActivationStatus,
+    snapshot: SnapshotWire,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct SnapshotWire {
+    run_id: String,
+    attempt_id: String,
+    run_status: RunStatus,
+    attempt_status: AttemptStatus,
+    lease_version: u64,
+    lease_generation: u64,
+    callback_sequence: u64,
+    #[serde(default, deserialize_with = "present")]
+    deadline_at_ms: Option<u64>,
+    #[serde(default, deserialize_with = "present")]
+    started_at_ms: Option<u64>,
+    #[serde(default, deserialize_with = "present")]
+    finished_at_ms: Option<u64>,
+    #[serde(default, deserialize_with = "present")]
+    executor_handle: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    log_artifact_id: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    error_code: Option<String>,
+}
+
+fn bounded_text(value: &str, max: usize) -> bool {
+    (1..=max).contains(&crate::ids::js_length(value)) && !crate::ids::has_control_char(value)
+}
+
+fn time(value: Option<u64>, path: &'static str) -> Result<Option<UnixMillis>, WireError> {
+    value.map(|v| id(UnixMillis::new(v), path)).transpose()
+}
+
+impl SnapshotWire {
+    fn into_snapshot(self) -> Result<ActivationSnapshot, WireError> {
+        ensure(
+            self.lease_generation <= MAX_INT32,
+            "snapshot.leaseGeneration",
+            "0..=2^31-1",
+        )?;
+        ensure(
+            self.callback_sequence <= MAX_INT32,
+            "snapshot.callbackSequence",
+            "0..=2^31-1",
+        )?;
+        if let Some(log) = &self.log_artifact_id {
+            ensure(
+                bounded_text(log, 36),
+                "snapshot.logArtifactId",
+                "1..=36 characters",
+            )?;
+        }
+        if let Some(code) = &self.error_code {
+            ensure(
+                bounded_text(code, 128),
+                "snapshot.errorCode",
+                "1..=128 characters",
+            )?;
+        }
+        Ok(ActivationSnapshot {
+            run_id: id(RunId::new(self.run_id), "snapshot.runId")?,
+            attempt_id: id(AttemptId::new(self.attempt_id), "snapshot.attemptId")?,
+            run_status: self.run_status,
+            attempt_status: self.attempt_status,
+            lease_version: id(
+                LeaseVersion::new(self.lease_version),
+                "snapshot.leaseVersion",
+            )?,
+            lease_generation: self.lease_generation,
+            callback_sequence: self.callback_sequence,
+            deadline_at_ms: time(self.deadline_at_ms, "snapshot.deadlineAtMs")?,
+            started_at_ms: time(self.started_at_ms, "snapshot.startedAtMs")?,
+            finished_at_ms: time(self.finished_at_ms, "snapshot.finishedAtMs")?,
+            executor_handle: self
+                .executor_handle
+                .map(|h| id(ExecutorHandle::new(h), "snapshot.executorHandle"))
+                .transpose()?,
+            log_artifact_id: self.log_artifact_id,
+            error_code: self.error_code,
+        })
+    }
+}
+
+impl ActivationSnapshot {
+    /// The consistent shape of this snapshot, if any.
+    #[must_use]
+    pub fn shape(&self) -> Option<SnapshotShape> {
+        let handle = self.executor_handle.is_some();
+        let started = self.started_at_ms.is_some();
+        let finished = self.finished_at_ms.is_some();
+        let error = self.error_code.is_some();
+        let starting = self.run_status == RunStatus::Dispatching
+            && self.attempt_status == AttemptStatus::Starting
+            && !handle
+            && !started
+            && !finished
+            && !error;
+        let running = self.run_status == RunStatus::Running
+            && self.attempt_status == AttemptStatus::Running
+            && handle
+            && started
+            && !finished
+            && !error;
+        let terminal_status = matches!(
+            (self.run_status, self.attempt_status),
+            (RunStatus::Failed, AttemptStatus::Failed)
+                | (RunStatus::Cancelled, AttemptStatus::Cancelled)
+                | (RunStatus::TimedOut, AttemptStatus::TimedOut)
+        );
+        let terminal = terminal_status && !handle && !started && finished && error;
+        if starting {
+            Some(SnapshotShape::Starting)
+        } else if running {
+            Some(SnapshotShape::Running)
+        } else if terminal {
+            Some(SnapshotShape::Terminal)
+        } else {
+            None
+        }
+    }
+}
+
+impl ActivationResponse {
+    /// Parses strictly (16 KiB cap first) and binds the snapshot to `request`: `runId`,
+    /// `attemptId` and `leaseGeneration` must equal the request's; the snapshot must have one of
+    /// the three consistent shapes and `already_starting|running|terminal` the matching one.
+    ///
+    /// # Errors
+    /// [`WireError`] naming the first violation.
+    pub fn parse(bytes: &[u8], request: &ActivationRequest) -> Result<Self, WireError> {
+        let wire: ResponseWire = parse_json("activation", bytes, MAX_RESPONSE_BYTES)?;
+        exact(&wire.schema, SCHEMA, "schema")?;
+        let snapshot = wire.snapshot.into_snapshot()?;
+        let shape = snapshot.shape().ok_or(WireError::Field {
+            path: "snapshot",
+            rule: "one of the starting, running or terminal shapes",
+        })?;
+        let agrees = match wire.status {
+            ActivationStatus::Applied => true,
+            ActivationStatus::AlreadyStarting => shape == SnapshotShape::Starting,
+            ActivationStatus::AlreadyRunning => shape == SnapshotShape::Running,
+            ActivationStatus::AlreadyTerminal => shape == SnapshotShape::Terminal,
+        };
+        ensure(agrees, "status", "consistent with the snapshot shape")?;
+        let f = &request.fence;
+        bind(
+            snapshot.run_id == f.run_id,
+            "snapshot.runId",
+            "the request's runId",
+        )?;
+        bind(
+            snapshot.attempt_id == f.attempt_id,
+            "snapshot.attemptId",
+            "the request's attemptId",
+        )?;
+        bind(
+            snapshot.lease_generation == f.lease_generation.get(),
+            "snapshot.leaseGeneration",
+            "the request's leaseGeneration",
+        )?;
+        Ok(Self {
+            status: wire.status,
+            snapshot,
+            shape,
+        })
+    }
+
+    /// The response as the reference serializes it.
+    #[must_use]
+    pub fn to_json(&self) -> Vec<u8> {
+        let s = &self.snapshot;
+        let mut w = JsonWriter::with_cap(MAX_RESPONSE_BYTES * 2);
+        w.begin_object()
+            .field_str("schema", SCHEMA)
+            .field_str("status", self.status.as_str())
+            .key("snapshot")
+            .begin_object()
+            .field_str("runId", s.run_id.as_str())
+            .field_str("attemptId", s.attempt_id.as_str())
+            .field_str("runStatus", s.run_status.as_str())
+            .field_str("attemptStatus", s.attempt_status.as_str())
+            .field_uint("leaseVersion", s.lease_version.get())
+            .field_uint("leaseGeneration", s.lease_generation)
+            .field_uint("callbackSequence", s.callback_sequence);
+        for (key, value) in [
+            ("deadlineAtMs", s.deadline_at_ms),
+            ("startedAtMs", s.started_at_ms),
+            ("finishedAtMs", s.finished_at_ms),
+        ] {
+            if let Some(v) = value {
+                w.field_uint(key, v.get());
+            }
+        }
+        if let Some(h) = &s.executor_handle {
+            w.field_str("executorHandle", h.as_str());
+        }
+        if let Some(l) = &s.log_artifact_id {
+            w.field_str("logArtifactId", l);
+        }
+        if let Some(e) = &s.error_code {
+            w.field_str("errorCode", e);
+        }
+        w.end_object().end_object();
+        w.finish().map(|b| b.to_vec()).unwrap_or_default()
+    }
+}

@@ -1,0 +1,322 @@
+//! `POST …/artifacts` (reference §2.7, schema `qinglong/remote-worker-artifact-upload@v1`): one
+//! framed, streamed log upload — a 4-byte big-endian header length `N` (`2..=4096`), `N` bytes of
+//! JSON header, then exactly `byteLength` raw log bytes; `content-length = 4 + N + byteLength`.
+//! Also the derived log artifact id (reference §5.4).
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use serde::Deserialize;
+use zeroize::Zeroizing;
+
+use super::{Fence, WireError, bind, ensure, exact, field, finish, id, parse_json};
+use crate::ids::{
+    AttemptId, LeaseGeneration, LeaseToken, LeaseVersion, LogArtifactId, OfferId, ProjectId, RunId,
+    Sha256Digest, WorkerGeneration,
+};
+use crate::js::JsonWriter;
+
+/// Schema id (header and response).
+pub const SCHEMA: &str = "qinglong/remote-worker-artifact-upload@v1";
+/// Request media type.
+pub const CONTENT_TYPE: &str = "application/vnd.qinglong.worker-artifact";
+/// `MAX_REMOTE_WORKER_ARTIFACT_BYTES`: largest log content.
+pub const MAX_ARTIFACT_BYTES: u64 = 64 * 1024 * 1024;
+/// `MAX_REMOTE_WORKER_ARTIFACT_HEADER_BYTES`.
+pub const MAX_HEADER_BYTES: usize = 4 * 1024;
+/// Smallest header.
+pub const MIN_HEADER_BYTES: usize = 2;
+/// `MAX_REMOTE_WORKER_ARTIFACT_RESPONSE_BYTES`.
+pub const MAX_RESPONSE_BYTES: usize = 4 * 1024;
+/// Largest request body: `64 MiB + 4 KiB + 4`.
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024 + 4 * 1024 + 4;
+/// Domain of the log artifact id.
+pub const LOG_ID_DOMAIN: &[u8] = b"qinglong/worker-log-artifact@v1";
+
+/// The log artifact id of an offer: `"wlog-"` + the first 30 hex characters of
+/// `SHA-256("qinglong/worker-log-artifact@v1" \0 projectId \0 runId \0 attemptId \0 offerId)`.
+/// Stable for a replayed offer.
+#[must_use]
+pub fn derive_log_artifact_id(
+    project_id: &ProjectId,
+    run_id: &RunId,
+    attempt_id: &AttemptId,
+    offer_id: &OfferId,
+) -> LogArtifactId {
+    use sha2::Digest as _;
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(LOG_ID_DOMAIN);
+    for part in [
+        project_id.as_str(),
+        run_id.as_str(),
+        attempt_id.as_str(),
+        offer_id.as_str(),
+    ] {
+        hasher.update(b"\0");
+        hasher.update(part.as_bytes());
+    }
+    let mut digest = [0u8; 32];
+    digest.copy_from_slice(hasher.finalize().as_slice());
+    let hex = Sha256Digest::from_bytes(digest).to_hex();
+    let mut text = String::from("wlog-");
+    text.push_str(&hex[..30]);
+    // INVARIANT: "wlog-" + 30 lowercase hex always satisfies the LogArtifactId rule.
+    LogArtifactId::new(text).unwrap_or_else(|_| unreachable!("derived log id is well-formed"))
+}
+
+/// The upload header (the JSON inside the frame).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArtifactUpload {
+    /// The execution fence.
+    pub fence: Fence,
+    /// The log id.
+    pub log_artifact_id: LogArtifactId,
+    /// Exact number of content bytes that follow, `0..=64 MiB`.
+    pub byte_length: u64,
+    /// Whether the log was truncated; `None` = unknown (sent as `null`).
+    pub truncated: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct HeaderWire {
+    schema: String,
+    worker_generation: u64,
+    project_id: String,
+    run_id: String,
+    attempt_id: String,
+    offer_id: String,
+    lease_generation: u64,
+    lease_token: LeaseToken,
+    expected_lease_version: u64,
+    log_artifact_id: String,
+    byte_length: u64,
+    #[serde(deserialize_with = "super::de::nullable")]
+    truncated: Option<bool>,
+}
+
+impl ArtifactUpload {
+    /// The header JSON; carries the lease token, so it is wiped on drop.
+    ///
+    /// # Errors
+    /// [`WireError::Request`] above 64 MiB of content, [`WireError::RequestTooLarge`] for a
+    /// header above 4 KiB.
+    pub fn header_json(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
+        if self.byte_length > MAX_ARTIFACT_BYTES {
+            return Err(WireError::Request {
+                path: "byteLength",
+                rule: "0..=64 MiB",
+            });
+        }
+        let mut w = JsonWriter::with_cap(MAX_HEADER_BYTES);
+        w.begin_object().field_str("schema", SCHEMA);
+        self.fence.write_execution(&mut w);
+        w.field_str("logArtifactId", self.log_artifact_id.as_str())
+            .field_uint("byteLength", self.byte_length)
+            .field_opt_bool("truncated", self.truncated)
+            .end_object();
+        finish(w, "artifacts")
+    }
+
+    /// The frame preamble: 4-byte big-endian header length, then the header. The caller streams
+    /// exactly `byte_length` content bytes after it.
+    ///
+    /// # Errors
+    /// As [`Self::header_json`].
+    pub fn preamble(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
+        let header = self.header_json()?;
+        let mut out = Zeroizing::new(Vec::with_capacity(4 + header.len()));
+        let len = u32::try_from(header.len()).unwrap_or(u32::MAX);
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(&header);
+        Ok(out)
+    }
+
+    /// The exact `content-length` of the whole request for a preamble of `preamble_len` bytes.
+    #[must_use]
+    pub fn content_length(&self, preamble_len: usize) -> u64 {
+        preamble_len as u64 + self.byte_length
+    }
+
+    /// Parses a frame preamble as the server does: `bytes` starts with the 4-byte length; returns
+    /// the header and the offset at which content starts. `content_length`, when known, must equal
+    /// `4 + N + byteLength`.
+    ///
+    /// # Errors
+    /// [`WireError`] for a bad length prefix, header shape or bound.
+    pub fn parse_preamble(
+        bytes: &[u8],
+        content_length: Option<u64>,
+    ) -> Result<(Self, usize), WireError> {
+        let prefix: [u8; 4] = bytes
+            .get(..4)
+            .and_then(|p| p.try_into().ok())
+            .ok_or(field("frame", "a 4-byte big-endian header length"))?;
+        let n = u32::from_be_bytes(prefix) as usize;
+        ensure(
+            (MIN_HEADER_BYTES..=MAX_HEADER_BYTES).contains(&n),
+            "frame",
+            "a header length of 2..=4096 bytes",
+        )?;
+        let header = bytes
+            .get(4..4 + n)
+            .ok_or(field("frame", "the whole header"))?;
+        let wire: HeaderWire = parse_json("artifact header", header, MAX_HEADER_BYTES)?;
+        exact(&wire.schema, SCHEMA, "schema")?;
+        ensure(
+            wire.byte_length <= MAX_ARTIFACT_BYTES,
+            "byteLength",
+            "0..=64 MiB",
+        )?;
+        if let Some(total) = content_length {
+            ensure(
+                total == 4 + n as u64 + wire.byte_length,
+                "content-length",
+                "4 + header length + byteLength",
+            )?;
+        }
+        let upload = Self {
+            fence: Fence {
+                worker_generation: id(
+                    WorkerGeneration::new(wire.worker_generation),
+                    "workerGeneration",
+                )?,
+                project_id: id(ProjectId::new(wire.project_id), "projectId")?,
+                run_id: id(RunId::new(wire.run_id), "runId")?,
+                attempt_id: id(AttemptId::new(wire.attempt_id), "attemptId")?,
+                offer_id: id(OfferId::new(wire.offer_id), "offerId")?,
+                lease_generation: id(
+                    LeaseGeneration::new(wire.lease_generation),
+                    "leaseGeneration",
+                )?,
+                lease_token: wire.lease_token,
+                expected_lease_version: id(
+                    LeaseVersion::new(wire.expected_lease_version),
+                    "expectedLeaseVersion",
+                )?,
+            },
+            log_artifact_id: id(LogArtifactId::new(wire.log_artifact_id), "logArtifactId")?,
+            byte_length: wire.byte_length,
+            truncated: wire.truncated,
+        };
+        Ok((upload, 4 + n))
+    }
+}
+
+/// Upload outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UploadStatus {
+    /// `already_stored` (exact replay of the same identity and digest).
+    AlreadyStored,
+    /// `stored`.
+    Stored,
+}
+
+/// The upload receipt, bound to the upload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArtifactReceipt {
+    /// Outcome.
+    pub status: UploadStatus,
+    /// SHA-256 of the stored content (equals the Worker's streaming digest).
+    pub sha256: Sha256Digest,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ReceiptWire {
+    schema: String,
+    status: UploadStatus,
+    project_id: String,
+    run_id: String,
+    attempt_id: String,
+    log_artifact_id: String,
+    byte_length: u64,
+    sha256: String,
+    #[serde(deserialize_with = "super::de::nullable")]
+    truncated: Option<bool>,
+}
+
+impl ArtifactReceipt {
+    /// Parses strictly (4 KiB cap first) and binds to the upload: `projectId, runId, attemptId,
+    /// logArtifactId, byteLength, truncated` equal what was sent, and `sha256` equals `sent`, the
+    /// Worker's own streaming digest of the bytes it sent.
+    ///
+    /// # Errors
+    /// [`WireError`] naming the first violation.
+    pub fn parse(
+        bytes: &[u8],
+        upload: &ArtifactUpload,
+        sent: &Sha256Digest,
+    ) -> Result<Self, WireError> {
+        let wire: ReceiptWire = parse_json("artifacts", bytes, MAX_RESPONSE_BYTES)?;
+        exact(&wire.schema, SCHEMA, "schema")?;
+        ensure(
+            wire.byte_length <= MAX_ARTIFACT_BYTES,
+            "byteLength",
+            "0..=64 MiB",
+        )?;
+        let sha256 = id(Sha256Digest::from_hex(&wire.sha256), "sha256")?;
+        let f = &upload.fence;
+        bind(
+            wire.project_id == f.project_id.as_str(),
+            "projectId",
+            "the upload's projectId",
+        )?;
+        bind(
+            wire.run_id == f.run_id.as_str(),
+            "runId",
+            "the upload's runId",
+        )?;
+        bind(
+            wire.attempt_id == f.attempt_id.as_str(),
+            "attemptId",
+            "the upload's attemptId",
+        )?;
+        bind(
+            wire.log_artifact_id == upload.log_artifact_id.as_str(),
+            "logArtifactId",
+            "the upload's logArtifactId",
+        )?;
+        bind(
+            wire.byte_length == upload.byte_length,
+            "byteLength",
+            "the upload's byteLength",
+        )?;
+        bind(
+            wire.truncated == upload.truncated,
+            "truncated",
+            "the upload's truncated",
+        )?;
+        bind(sha256 == *sent, "sha256", "the SHA-256 of the bytes sent")?;
+        Ok(Self {
+            status: wire.status,
+            sha256,
+        })
+    }
+
+    /// The response as the reference serializes it for `upload`.
+    #[must_use]
+    pub fn to_json(&self, upload: &ArtifactUpload) -> Vec<u8> {
+        let f = &upload.fence;
+        let mut w = JsonWriter::with_cap(MAX_RESPONSE_BYTES);
+        w.begin_object()
+            .field_str("schema", SCHEMA)
+            .field_str(
+                "status",
+                match self.status {
+                    UploadStatus::AlreadyStored => "already_stored",
+                    UploadStatus::Stored => "stored",
+                },
+            )
+            .field_str("projectId", f.project_id.as_str())
+            .field_str("runId", f.run_id.as_str())
+            .field_str("attemptId", f.attempt_id.as_str())
+            .field_str("logArtifactId", upload.log_artifact_id.as_str())
+            .field_uint("byteLength", upload.byte_length)
+            .field_str("sha256", &self.sha256.to_hex())
+            .field_opt_bool("truncated", upload.truncated)
+            .end_object();
+        w.finish().map(|b| b.to_vec()).unwrap_or_default()
+    }
+}

@@ -1,0 +1,141 @@
+//! The `Authorization: Worker ql3w_<credentialId>_<secret>` header (reference §2.1,
+//! `workerCredentialToken.ts`): credential id `[A-Za-z0-9][A-Za-z0-9._:-]{0,63}`, secret the
+//! canonical base64url of exactly 32 bytes (43 characters).
+
+use alloc::string::String;
+use core::fmt;
+
+use base64::Engine as _;
+use zeroize::Zeroizing;
+
+/// The header scheme and token prefix.
+pub const PREFIX: &str = "Worker ql3w_";
+
+/// Why a credential or header is refused. Never carries the secret.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthError {
+    /// Not `Worker ql3w_…`.
+    Scheme,
+    /// The credential id breaks `[A-Za-z0-9][A-Za-z0-9._:-]{0,63}`.
+    CredentialId,
+    /// The secret is not canonical base64url of exactly 32 bytes.
+    Secret,
+}
+
+impl fmt::Display for AuthError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Scheme => "authorization must be `Worker ql3w_<credentialId>_<secret>`",
+            Self::CredentialId => "credential id must match [A-Za-z0-9][A-Za-z0-9._:-]{0,63}",
+            Self::Secret => "credential secret must be canonical base64url of exactly 32 bytes",
+        })
+    }
+}
+
+impl core::error::Error for AuthError {}
+
+/// A Worker credential: id plus 32 secret bytes (zeroized on drop, redacted in `Debug`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct WorkerCredential {
+    credential_id: String,
+    secret: Zeroizing<[u8; 32]>,
+}
+
+impl fmt::Debug for WorkerCredential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerCredential")
+            .field("credential_id", &self.credential_id)
+            .field("secret", &"[redacted]")
+            .finish()
+    }
+}
+
+fn valid_credential_id(value: &str) -> bool {
+    let b = value.as_bytes();
+    (1..=64).contains(&b.len())
+        && b[0].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b':' | b'-'))
+}
+
+fn decode_secret(text: &str) -> Result<Zeroizing<[u8; 32]>, AuthError> {
+    if text.len() != 43
+        || !text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(AuthError::Secret);
+    }
+    let mut out = Zeroizing::new([0u8; 32]);
+    let n = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode_slice(text, &mut *out)
+        .map_err(|_| AuthError::Secret)?;
+    if n != 32 {
+        return Err(AuthError::Secret);
+    }
+    Ok(out)
+}
+
+impl WorkerCredential {
+    /// A credential from its id and secret bytes.
+    ///
+    /// # Errors
+    /// [`AuthError::CredentialId`] for an invalid id.
+    pub fn new(credential_id: &str, secret: [u8; 32]) -> Result<Self, AuthError> {
+        let secret = Zeroizing::new(secret);
+        if !valid_credential_id(credential_id) {
+            return Err(AuthError::CredentialId);
+        }
+        Ok(Self {
+            credential_id: String::from(credential_id),
+            secret,
+        })
+    }
+
+    /// A credential from its id and canonical base64url secret.
+    ///
+    /// # Errors
+    /// [`AuthError`] for an invalid id or non-canonical secret.
+    pub fn from_base64url(credential_id: &str, secret: &str) -> Result<Self, AuthError> {
+        if !valid_credential_id(credential_id) {
+            return Err(AuthError::CredentialId);
+        }
+        Ok(Self {
+            credential_id: String::from(credential_id),
+            secret: decode_secret(secret)?,
+        })
+    }
+
+    /// The credential id.
+    #[must_use]
+    pub fn credential_id(&self) -> &str {
+        &self.credential_id
+    }
+
+    /// The secret bytes (for the server-side HMAC check in the loopback control plane).
+    #[must_use]
+    pub fn expose_secret(&self) -> &[u8; 32] {
+        &self.secret
+    }
+
+    /// The header value `Worker ql3w_<id>_<secret>`; wiped on drop.
+    #[must_use]
+    pub fn header_value(&self) -> Zeroizing<String> {
+        let mut out = Zeroizing::new(String::with_capacity(PREFIX.len() + 64 + 1 + 43));
+        out.push_str(PREFIX);
+        out.push_str(&self.credential_id);
+        out.push('_');
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode_string(*self.secret, &mut out);
+        out
+    }
+
+    /// Parses and validates a header value exactly as the server does.
+    ///
+    /// # Errors
+    /// [`AuthError`] naming the broken part.
+    pub fn parse_header(value: &str) -> Result<Self, AuthError> {
+        let rest = value.strip_prefix(PREFIX).ok_or(AuthError::Scheme)?;
+        let (id, secret) = rest.split_once('_').ok_or(AuthError::Scheme)?;
+        Self::from_base64url(id, secret)
+    }
+}

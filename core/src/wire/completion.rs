@@ -1,0 +1,250 @@
+//! `POST …/completion` (reference §2.8, schema `qinglong/remote-worker-completion@v1`).
+//! No plaintext callback token ever crosses the wire: only its digest.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use serde::Deserialize;
+use zeroize::Zeroizing;
+
+use super::{Fence, WireError, bind, exact, finish, id, parse_json};
+use crate::ids::{
+    AttemptId, CallbackSequence, CapabilityDigest, LogArtifactId, RunId, Sha256Digest,
+};
+use crate::js::JsonWriter;
+use crate::time::UnixMillis;
+
+/// Schema id (request and response).
+pub const SCHEMA: &str = "qinglong/remote-worker-completion@v1";
+/// `MAX_REMOTE_WORKER_COMPLETION_REQUEST_BYTES` (an explicit opt-in above 4 KiB).
+pub const MAX_REQUEST_BYTES: usize = 16 * 1024;
+/// `MAX_REMOTE_WORKER_COMPLETION_RESPONSE_BYTES`.
+pub const MAX_RESPONSE_BYTES: usize = 4 * 1024;
+
+/// How the process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// `succeeded` (exit code 0).
+    Succeeded,
+    /// `failed` (exit code 1..=255).
+    Failed,
+}
+
+/// The execution result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompletionResult {
+    /// Outcome; `Succeeded` iff `exit_code == 0`.
+    pub outcome: Outcome,
+    /// Durable start time.
+    pub started_at_ms: UnixMillis,
+    /// Finish time (≥ start).
+    pub finished_at_ms: UnixMillis,
+    /// Exit code 0..=255.
+    pub exit_code: u8,
+}
+
+impl CompletionResult {
+    /// The result for an exit code; the outcome follows from it.
+    #[must_use]
+    pub fn from_exit(started_at_ms: UnixMillis, finished_at_ms: UnixMillis, exit_code: u8) -> Self {
+        Self {
+            outcome: if exit_code == 0 {
+                Outcome::Succeeded
+            } else {
+                Outcome::Failed
+            },
+            started_at_ms,
+            finished_at_ms,
+            exit_code,
+        }
+    }
+}
+
+/// The uploaded log the completion refers to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompletionArtifact {
+    /// The log id.
+    pub log_artifact_id: LogArtifactId,
+    /// Its length, `0..=64 MiB`.
+    pub byte_length: u64,
+    /// SHA-256 of its content.
+    pub sha256: Sha256Digest,
+    /// Truncation fact; `None` = unknown (`null`).
+    pub truncated: Option<bool>,
+}
+
+/// The completion request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompletionRequest {
+    /// The execution fence.
+    pub fence: Fence,
+    /// Callback sequence of the running ACK.
+    pub callback_sequence: CallbackSequence,
+    /// SHA-256 of the raw 32-byte completion capability.
+    pub callback_token_digest: CapabilityDigest,
+    /// The result.
+    pub result: CompletionResult,
+    /// The artifact.
+    pub artifact: CompletionArtifact,
+}
+
+impl CompletionRequest {
+    /// The request body (≤ 16 KiB); carries the lease token, so it is wiped on drop.
+    ///
+    /// # Errors
+    /// [`WireError::Request`] for an inconsistent result or oversized artifact.
+    pub fn to_body(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
+        let r = &self.result;
+        let a = &self.artifact;
+        let rule = |ok: bool, path, rule| {
+            if ok {
+                Ok(())
+            } else {
+                Err(WireError::Request { path, rule })
+            }
+        };
+        rule(
+            r.finished_at_ms >= r.started_at_ms,
+            "result.finishedAtMs",
+            ">= result.startedAtMs",
+        )?;
+        rule(
+            (r.outcome == Outcome::Succeeded) == (r.exit_code == 0),
+            "result.outcome",
+            "succeeded iff exitCode is 0",
+        )?;
+        rule(
+            a.byte_length <= super::artifact::MAX_ARTIFACT_BYTES,
+            "artifact.byteLength",
+            "0..=64 MiB",
+        )?;
+        let mut w = JsonWriter::with_cap(MAX_REQUEST_BYTES);
+        w.begin_object().field_str("schema", SCHEMA);
+        self.fence.write_execution(&mut w);
+        w.field_uint("callbackSequence", self.callback_sequence.get())
+            .field_str(
+                "callbackTokenDigest",
+                &self.callback_token_digest.expose().to_hex(),
+            )
+            .key("result")
+            .begin_object()
+            .field_str(
+                "outcome",
+                match r.outcome {
+                    Outcome::Succeeded => "succeeded",
+                    Outcome::Failed => "failed",
+                },
+            )
+            .field_uint("startedAtMs", r.started_at_ms.get())
+            .field_uint("finishedAtMs", r.finished_at_ms.get())
+            .field_uint("exitCode", u64::from(r.exit_code))
+            .end_object()
+            .key("artifact")
+            .begin_object()
+            .field_str("logArtifactId", a.log_artifact_id.as_str())
+            .field_uint("byteLength", a.byte_length)
+            .field_str("sha256", &a.sha256.to_hex())
+            .field_opt_bool("truncated", a.truncated)
+            .end_object()
+            .end_object();
+        finish(w, "completion")
+    }
+}
+
+/// Completion outcome at the control plane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompletionStatus {
+    /// `already_completed` (exact replay).
+    AlreadyCompleted,
+    /// `already_terminal` (another terminal outcome won).
+    AlreadyTerminal,
+    /// `applied`.
+    Applied,
+}
+
+impl CompletionStatus {
+    /// The wire spelling.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::AlreadyCompleted => "already_completed",
+            Self::AlreadyTerminal => "already_terminal",
+            Self::Applied => "applied",
+        }
+    }
+}
+
+/// A parsed completion response, bound to the request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompletionResponse {
+    /// Outcome.
+    pub status: CompletionStatus,
+    /// Run (equals the request's).
+    pub run_id: RunId,
+    /// Attempt (equals the request's).
+    pub attempt_id: AttemptId,
+    /// Sequence (equals the request's).
+    pub callback_sequence: CallbackSequence,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ResponseWire {
+    schema: String,
+    status: CompletionStatus,
+    run_id: String,
+    attempt_id: String,
+    callback_sequence: u64,
+}
+
+impl CompletionResponse {
+    /// Parses strictly (4 KiB cap first) and binds `runId, attemptId, callbackSequence` to the
+    /// request.
+    ///
+    /// # Errors
+    /// [`WireError`] naming the first violation.
+    pub fn parse(bytes: &[u8], request: &CompletionRequest) -> Result<Self, WireError> {
+        let wire: ResponseWire = parse_json("completion", bytes, MAX_RESPONSE_BYTES)?;
+        exact(&wire.schema, SCHEMA, "schema")?;
+        let response = Self {
+            status: wire.status,
+            run_id: id(RunId::new(wire.run_id), "runId")?,
+            attempt_id: id(AttemptId::new(wire.attempt_id), "attemptId")?,
+            callback_sequence: id(
+                CallbackSequence::new(wire.callback_sequence),
+                "callbackSequence",
+            )?,
+        };
+        bind(
+            response.run_id == request.fence.run_id,
+            "runId",
+            "the request's runId",
+        )?;
+        bind(
+            response.attempt_id == request.fence.attempt_id,
+            "attemptId",
+            "the request's attemptId",
+        )?;
+        bind(
+            response.callback_sequence == request.callback_sequence,
+            "callbackSequence",
+            "the request's callbackSequence",
+        )?;
+        Ok(response)
+    }
+
+    /// The response as the reference serializes it.
+    #[must_use]
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut w = JsonWriter::with_cap(MAX_RESPONSE_BYTES);
+        w.begin_object()
+            .field_str("schema", SCHEMA)
+            .field_str("status", self.status.as_str())
+            .field_str("runId", self.run_id.as_str())
+            .field_str("attemptId", self.attempt_id.as_str())
+            .field_uint("callbackSequence", self.callback_sequence.get())
+            .end_object();
+        w.finish().map(|b| b.to_vec()).unwrap_or_default()
+    }
+}

@@ -1,0 +1,648 @@
+//! `POST …/offers` (reference §2.2, schema `qinglong/remote-execution-offer@v1`) and offer
+//! admission: turning an `offered` response plus the pending claim into the inbox's [`Offer`].
+
+use alloc::boxed::Box;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::fmt;
+
+use serde::Deserialize;
+use zeroize::Zeroizing;
+
+use super::{WireError, bind, ensure, exact, finish, id, parse_json};
+use crate::ids::{
+    AttemptId, LeaseGeneration, LeaseToken, LeaseVersion, MAX_SAFE_INTEGER, OfferId, ProjectId,
+    RunId, SessionId, Sha256Digest, TaskId, TaskRevision, WorkerGeneration, WorkerId,
+};
+use crate::js::JsonWriter;
+use crate::offer::{
+    Candidate, DeliveryKind, ExecutorType, Lease, LeaseStatus, Offer, OfferError, OfferWorker,
+};
+use crate::revision::{ExecutionRevision, JsonForm, RevisionWire};
+use crate::time::UnixMillis;
+
+/// Schema id of the offer pull response.
+pub const SCHEMA: &str = "qinglong/remote-execution-offer@v1";
+/// `MAX_REMOTE_EXECUTION_OFFER_RESPONSE_BYTES`.
+pub const MAX_RESPONSE_BYTES: usize = 128 * 1024;
+/// Request cap (the 4 KiB default).
+pub const MAX_REQUEST_BYTES: usize = super::DEFAULT_REQUEST_CAP;
+
+/// The Pull request: exactly `workerGeneration, offerId, leaseToken` (no schema field).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OfferRequest {
+    /// Current Session generation.
+    pub worker_generation: WorkerGeneration,
+    /// The pending claim's offer id.
+    pub offer_id: OfferId,
+    /// The pending claim's lease capability.
+    pub lease_token: LeaseToken,
+}
+
+impl OfferRequest {
+    /// The request body; carries the lease token, so it is wiped on drop.
+    ///
+    /// # Errors
+    /// [`WireError::RequestTooLarge`] above 4 KiB (cannot happen with valid ids).
+    pub fn to_body(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
+        let mut w = JsonWriter::with_cap(MAX_REQUEST_BYTES);
+        w.begin_object()
+            .field_uint("workerGeneration", self.worker_generation.get())
+            .field_str("offerId", self.offer_id.as_str())
+            .field_str("leaseToken", self.lease_token.expose())
+            .end_object();
+        finish(w, "offers")
+    }
+}
+
+/// Why the control plane had nothing to offer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdleReason {
+    /// `claim_budget_exhausted`.
+    ClaimBudgetExhausted,
+    /// `claim_raced`.
+    ClaimRaced,
+    /// `no_candidates`.
+    NoCandidates,
+    /// `no_match`.
+    NoMatch,
+    /// `plans_unavailable`.
+    PlansUnavailable,
+    /// `scan_budget_exhausted`.
+    ScanBudgetExhausted,
+    /// `worker_unavailable`.
+    WorkerUnavailable,
+}
+
+impl IdleReason {
+    /// The wire spelling.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::ClaimBudgetExhausted => "claim_budget_exhausted",
+            Self::ClaimRaced => "claim_raced",
+            Self::NoCandidates => "no_candidates",
+            Self::NoMatch => "no_match",
+            Self::PlansUnavailable => "plans_unavailable",
+            Self::ScanBudgetExhausted => "scan_budget_exhausted",
+            Self::WorkerUnavailable => "worker_unavailable",
+        }
+    }
+}
+
+/// Scan statistics; bounded (`pages ≤ 16`, `candidates ≤ 1024`, `claimAttempts ≤ 64`, and the
+/// sub-counts within their totals).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct OfferStats {
+    /// Candidate pages scanned.
+    pub pages: u64,
+    /// Candidates seen.
+    pub candidates: u64,
+    /// Candidates without a plan.
+    pub plans_unavailable: u64,
+    /// Candidates whose placement did not match.
+    pub placement_mismatches: u64,
+    /// Claims attempted.
+    pub claim_attempts: u64,
+    /// Claims lost to a race.
+    pub claim_races: u64,
+}
+
+impl OfferStats {
+    fn validate(&self) -> Result<(), WireError> {
+        ensure(self.pages <= 16, "stats.pages", "<= 16")?;
+        ensure(self.candidates <= 1024, "stats.candidates", "<= 1024")?;
+        ensure(
+            self.plans_unavailable <= self.candidates,
+            "stats.plansUnavailable",
+            "<= stats.candidates",
+        )?;
+        ensure(
+            self.placement_mismatches <= self.candidates,
+            "stats.placementMismatches",
+            "<= stats.candidates",
+        )?;
+        ensure(self.claim_attempts <= 64, "stats.claimAttempts", "<= 64")?;
+        ensure(
+            self.claim_races <= self.claim_attempts,
+            "stats.claimRaces",
+            "<= stats.claimAttempts",
+        )
+    }
+
+    fn write(&self, w: &mut JsonWriter) {
+        w.key("stats")
+            .begin_object()
+            .field_uint("pages", self.pages)
+            .field_uint("candidates", self.candidates)
+            .field_uint("plansUnavailable", self.plans_unavailable)
+            .field_uint("placementMismatches", self.placement_mismatches)
+            .field_uint("claimAttempts", self.claim_attempts)
+            .field_uint("claimRaces", self.claim_races)
+            .end_object();
+    }
+}
+
+/// The lease as the response carries it: no token, no token digest, no identity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OfferedLease {
+    /// Lease version.
+    pub version: LeaseVersion,
+    /// Lease generation.
+    pub lease_generation: LeaseGeneration,
+    /// Acquired.
+    pub acquired_at_ms: UnixMillis,
+    /// Last renewed (≥ acquired).
+    pub renewed_at_ms: UnixMillis,
+    /// Expiry (> renewed).
+    pub expires_at_ms: UnixMillis,
+    /// Last update (≥ acquired).
+    pub updated_at_ms: UnixMillis,
+}
+
+/// The `offer` object of an `offered` response, validated but not yet admitted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OfferedOffer {
+    /// Must equal the pending claim's offer id.
+    pub offer_id: OfferId,
+    /// New claim or lease recovery.
+    pub delivery_kind: DeliveryKind,
+    /// Equals `execution_revision.content_digest`.
+    pub execution_digest: Sha256Digest,
+    /// The Run/Attempt.
+    pub candidate: Candidate,
+    /// Must equal the claim's Worker, Session and generation.
+    pub worker: OfferWorker,
+    /// The lease timings and versions.
+    pub lease: OfferedLease,
+    /// The normalized, digest-checked revision.
+    pub execution_revision: ExecutionRevision,
+    /// Placement score.
+    pub placement_score: u64,
+}
+
+/// A parsed offer pull response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OfferResponse {
+    /// Nothing offered.
+    Idle {
+        /// Why.
+        reason: IdleReason,
+        /// Scan statistics.
+        stats: OfferStats,
+        /// Whether the scan stopped at a budget.
+        truncated: bool,
+    },
+    /// An offer for the pending claim.
+    Offered {
+        /// The offer (boxed: it holds the whole revision).
+        offer: Box<OfferedOffer>,
+        /// Scan statistics.
+        stats: OfferStats,
+        /// Whether the scan stopped at a budget.
+        truncated: bool,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+enum ResponseWire {
+    Idle(IdleWire),
+    Offered(Box<OfferedWire>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IdleWire {
+    schema: String,
+    reason: IdleReason,
+    stats: OfferStats,
+    truncated: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OfferedWire {
+    schema: String,
+    offer: OfferWire,
+    stats: OfferStats,
+    truncated: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct OfferWire {
+    offer_id: String,
+    delivery_kind: DeliveryKind,
+    execution_digest: String,
+    candidate: CandidateWire,
+    worker: WorkerWire,
+    lease: LeaseWire,
+    execution_revision: RevisionWire,
+    placement_score: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct CandidateWire {
+    run_id: String,
+    attempt_id: String,
+    project_id: String,
+    task_id: String,
+    task_revision: String,
+    priority: i64,
+    queued_at_ms: u64,
+    attempt_created_at_ms: u64,
+    attempt_number: u64,
+    executor_type: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct WorkerWire {
+    worker_id: String,
+    session_id: String,
+    generation: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct LeaseWire {
+    version: u64,
+    lease_generation: u64,
+    acquired_at_ms: u64,
+    renewed_at_ms: u64,
+    expires_at_ms: u64,
+    updated_at_ms: u64,
+}
+
+impl CandidateWire {
+    fn into_candidate(self) -> Result<Candidate, WireError> {
+        let safe = i64::try_from(MAX_SAFE_INTEGER).unwrap_or(i64::MAX);
+        ensure(
+            (-safe..=safe).contains(&self.priority),
+            "offer.candidate.priority",
+            "a safe integer",
+        )?;
+        ensure(
+            (1..=MAX_SAFE_INTEGER).contains(&self.attempt_number),
+            "offer.candidate.attemptNumber",
+            "1..=2^53-1",
+        )?;
+        exact(
+            &self.executor_type,
+            "remote_worker",
+            "offer.candidate.executorType",
+        )?;
+        Ok(Candidate {
+            run_id: id(RunId::new(self.run_id), "offer.candidate.runId")?,
+            attempt_id: id(AttemptId::new(self.attempt_id), "offer.candidate.attemptId")?,
+            project_id: id(ProjectId::new(self.project_id), "offer.candidate.projectId")?,
+            task_id: id(TaskId::new(self.task_id), "offer.candidate.taskId")?,
+            task_revision: id(
+                TaskRevision::new(self.task_revision),
+                "offer.candidate.taskRevision",
+            )?,
+            priority: self.priority,
+            queued_at_ms: id(
+                UnixMillis::new(self.queued_at_ms),
+                "offer.candidate.queuedAtMs",
+            )?,
+            attempt_created_at_ms: id(
+                UnixMillis::new(self.attempt_created_at_ms),
+                "offer.candidate.attemptCreatedAtMs",
+            )?,
+            attempt_number: self.attempt_number,
+            executor_type: ExecutorType::RemoteWorker,
+        })
+    }
+}
+
+impl LeaseWire {
+    fn into_lease(self) -> Result<OfferedLease, WireError> {
+        let t = |v, path| id(UnixMillis::new(v), path);
+        let lease = OfferedLease {
+            version: id(LeaseVersion::new(self.version), "offer.lease.version")?,
+            lease_generation: id(
+                LeaseGeneration::new(self.lease_generation),
+                "offer.lease.leaseGeneration",
+            )?,
+            acquired_at_ms: t(self.acquired_at_ms, "offer.lease.acquiredAtMs")?,
+            renewed_at_ms: t(self.renewed_at_ms, "offer.lease.renewedAtMs")?,
+            expires_at_ms: t(self.expires_at_ms, "offer.lease.expiresAtMs")?,
+            updated_at_ms: t(self.updated_at_ms, "offer.lease.updatedAtMs")?,
+        };
+        ensure(
+            lease.renewed_at_ms >= lease.acquired_at_ms,
+            "offer.lease.renewedAtMs",
+            ">= offer.lease.acquiredAtMs",
+        )?;
+        ensure(
+            lease.expires_at_ms > lease.renewed_at_ms,
+            "offer.lease.expiresAtMs",
+            "> offer.lease.renewedAtMs",
+        )?;
+        ensure(
+            lease.updated_at_ms >= lease.acquired_at_ms,
+            "offer.lease.updatedAtMs",
+            ">= offer.lease.acquiredAtMs",
+        )?;
+        Ok(lease)
+    }
+}
+
+impl OfferWire {
+    fn into_offer(self) -> Result<OfferedOffer, WireError> {
+        let candidate = self.candidate.into_candidate()?;
+        let worker = OfferWorker {
+            worker_id: id(
+                WorkerId::new(self.worker.worker_id),
+                "offer.worker.workerId",
+            )?,
+            session_id: id(
+                SessionId::new(self.worker.session_id),
+                "offer.worker.sessionId",
+            )?,
+            generation: id(
+                WorkerGeneration::new(self.worker.generation),
+                "offer.worker.generation",
+            )?,
+        };
+        let lease = self.lease.into_lease()?;
+        let execution_revision = self.execution_revision.into_revision()?;
+        let execution_digest = id(
+            Sha256Digest::from_hex(&self.execution_digest),
+            "offer.executionDigest",
+        )?;
+        bind(
+            execution_digest == execution_revision.content_digest,
+            "offer.executionDigest",
+            "offer.executionRevision.contentDigest",
+        )?;
+        bind(
+            execution_revision.project_id == candidate.project_id
+                && execution_revision.task_id == candidate.task_id
+                && execution_revision.task_revision == candidate.task_revision,
+            "offer.executionRevision",
+            "the candidate's projectId, taskId and taskRevision",
+        )?;
+        ensure(
+            self.placement_score <= MAX_SAFE_INTEGER,
+            "offer.placementScore",
+            "0..=2^53-1",
+        )?;
+        Ok(OfferedOffer {
+            offer_id: id(OfferId::new(self.offer_id), "offer.offerId")?,
+            delivery_kind: self.delivery_kind,
+            execution_digest,
+            candidate,
+            worker,
+            lease,
+            execution_revision,
+            placement_score: self.placement_score,
+        })
+    }
+}
+
+impl OfferResponse {
+    /// Parses a response strictly: size `2..=128 KiB` first, exact shapes at every level, the
+    /// schema, every bound, the stats budget, and the revision's normalization and digest.
+    ///
+    /// # Errors
+    /// [`WireError`] naming the first violation.
+    pub fn parse(bytes: &[u8]) -> Result<Self, WireError> {
+        let wire: ResponseWire = parse_json("offers", bytes, MAX_RESPONSE_BYTES)?;
+        match wire {
+            ResponseWire::Idle(idle) => {
+                exact(&idle.schema, SCHEMA, "schema")?;
+                idle.stats.validate()?;
+                Ok(Self::Idle {
+                    reason: idle.reason,
+                    stats: idle.stats,
+                    truncated: idle.truncated,
+                })
+            }
+            ResponseWire::Offered(offered) => {
+                exact(&offered.schema, SCHEMA, "schema")?;
+                let offer = offered.offer.into_offer()?;
+                offered.stats.validate()?;
+                Ok(Self::Offered {
+                    offer: Box::new(offer),
+                    stats: offered.stats,
+                    truncated: offered.truncated,
+                })
+            }
+        }
+    }
+
+    /// The response as the reference control plane serializes it (used by round-trip tests and
+    /// the loopback control plane).
+    #[must_use]
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut w = JsonWriter::with_cap(MAX_RESPONSE_BYTES * 2);
+        w.begin_object().field_str("schema", SCHEMA);
+        match self {
+            Self::Idle {
+                reason,
+                stats,
+                truncated,
+            } => {
+                w.field_str("status", "idle")
+                    .field_str("reason", reason.as_str());
+                stats.write(&mut w);
+                w.key("truncated").bool(*truncated);
+            }
+            Self::Offered {
+                offer,
+                stats,
+                truncated,
+            } => {
+                w.field_str("status", "offered").key("offer");
+                write_offer(&mut w, offer);
+                stats.write(&mut w);
+                w.key("truncated").bool(*truncated);
+            }
+        }
+        w.end_object();
+        w.finish().map(|b| b.to_vec()).unwrap_or_default()
+    }
+}
+
+fn write_offer(w: &mut JsonWriter, o: &OfferedOffer) {
+    let c = &o.candidate;
+    let l = &o.lease;
+    w.begin_object()
+        .field_str("offerId", o.offer_id.as_str())
+        .field_str(
+            "deliveryKind",
+            match o.delivery_kind {
+                DeliveryKind::NewClaim => "new_claim",
+                DeliveryKind::LeaseRecovery => "lease_recovery",
+            },
+        )
+        .field_str("executionDigest", &o.execution_digest.to_hex())
+        .key("candidate")
+        .begin_object()
+        .field_str("runId", c.run_id.as_str())
+        .field_str("attemptId", c.attempt_id.as_str())
+        .field_str("projectId", c.project_id.as_str())
+        .field_str("taskId", c.task_id.as_str())
+        .field_str("taskRevision", c.task_revision.as_str())
+        .key("priority")
+        .int(c.priority)
+        .field_uint("queuedAtMs", c.queued_at_ms.get())
+        .field_uint("attemptCreatedAtMs", c.attempt_created_at_ms.get())
+        .field_uint("attemptNumber", c.attempt_number)
+        .field_str("executorType", "remote_worker")
+        .end_object()
+        .key("worker")
+        .begin_object()
+        .field_str("workerId", o.worker.worker_id.as_str())
+        .field_str("sessionId", o.worker.session_id.as_str())
+        .field_uint("generation", o.worker.generation.get())
+        .end_object()
+        .key("lease")
+        .begin_object()
+        .field_uint("version", l.version.get())
+        .field_uint("leaseGeneration", l.lease_generation.get())
+        .field_uint("acquiredAtMs", l.acquired_at_ms.get())
+        .field_uint("renewedAtMs", l.renewed_at_ms.get())
+        .field_uint("expiresAtMs", l.expires_at_ms.get())
+        .field_uint("updatedAtMs", l.updated_at_ms.get())
+        .end_object()
+        .key("executionRevision");
+    o.execution_revision.write_json(w, JsonForm::Wire);
+    w.field_uint("placementScore", o.placement_score)
+        .end_object();
+}
+
+/// Why an `offered` response could not be admitted for the pending claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdmissionError {
+    /// The offer is not for this claim or this Session.
+    ClaimMismatch {
+        /// The offer field.
+        path: &'static str,
+        /// What it must equal.
+        must_equal: &'static str,
+    },
+    /// The reconstructed offer is inconsistent.
+    Offer(OfferError),
+}
+
+impl fmt::Display for AdmissionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ClaimMismatch { path, must_equal } => {
+                write!(f, "offered {path} must equal {must_equal}")
+            }
+            Self::Offer(error) => write!(f, "offered offer rejected: {error}"),
+        }
+    }
+}
+
+impl core::error::Error for AdmissionError {}
+
+/// Offer admission (reference `parseRemoteExecutionOfferPullResponse` +
+/// `createClusterRemoteExecutionOffer`): binds the offered offer to the pending claim
+/// (`offer_id`, `worker` = Worker/Session/generation, `lease_token`), reconstructs the full lease
+/// (`status: leased`, Run/Attempt from the candidate, Worker fields from the claim,
+/// `leaseTokenDigest = sha256_hex(utf8(token))`) and validates the whole offer, including the
+/// execution revision's normalization and digest.
+///
+/// # Errors
+/// [`AdmissionError`] naming the first violation.
+pub fn admit_offer(
+    offered: &OfferedOffer,
+    offer_id: &OfferId,
+    worker: &OfferWorker,
+    lease_token: &LeaseToken,
+) -> Result<Offer, AdmissionError> {
+    let mismatch = |path, must_equal| AdmissionError::ClaimMismatch { path, must_equal };
+    if offered.offer_id != *offer_id {
+        return Err(mismatch("offer.offerId", "the pending claim's offerId"));
+    }
+    if offered.worker.worker_id != worker.worker_id {
+        return Err(mismatch("offer.worker.workerId", "the claim's workerId"));
+    }
+    if offered.worker.session_id != worker.session_id {
+        return Err(mismatch(
+            "offer.worker.sessionId",
+            "the claim's workerSessionId",
+        ));
+    }
+    if offered.worker.generation != worker.generation {
+        return Err(mismatch(
+            "offer.worker.generation",
+            "the claim's workerGeneration",
+        ));
+    }
+    let l = &offered.lease;
+    let offer = Offer {
+        offer_id: offer_id.clone(),
+        delivery_kind: offered.delivery_kind,
+        execution_digest: offered.execution_digest,
+        candidate: offered.candidate.clone(),
+        worker: worker.clone(),
+        lease: Lease {
+            attempt_id: offered.candidate.attempt_id.clone(),
+            run_id: offered.candidate.run_id.clone(),
+            status: LeaseStatus::Leased,
+            version: l.version,
+            lease_generation: l.lease_generation,
+            worker_id: worker.worker_id.clone(),
+            worker_session_id: worker.session_id.clone(),
+            worker_generation: worker.generation,
+            lease_token_digest: lease_token.digest(),
+            acquired_at_ms: l.acquired_at_ms,
+            renewed_at_ms: l.renewed_at_ms,
+            expires_at_ms: l.expires_at_ms,
+            updated_at_ms: l.updated_at_ms,
+        },
+        lease_token: lease_token.clone(),
+        execution_revision: offered.execution_revision.clone(),
+        placement_score: offered.placement_score,
+    };
+    offer.validate().map_err(AdmissionError::Offer)?;
+    Ok(offer)
+}
+
+/// Convenience: [`OfferResponse::parse`] then [`admit_offer`] when offered. `Ok(None)` for idle.
+///
+/// # Errors
+/// [`WireError`] for the response, [`AdmissionError`] (wrapped) for the binding.
+pub fn parse_and_admit(
+    bytes: &[u8],
+    offer_id: &OfferId,
+    worker: &OfferWorker,
+    lease_token: &LeaseToken,
+) -> Result<Option<Offer>, AdmitOrWireError> {
+    match OfferResponse::parse(bytes).map_err(AdmitOrWireError::Wire)? {
+        OfferResponse::Idle { .. } => Ok(None),
+        OfferResponse::Offered { offer, .. } => admit_offer(&offer, offer_id, worker, lease_token)
+            .map(Some)
+            .map_err(AdmitOrWireError::Admission),
+    }
+}
+
+/// Either failure of [`parse_and_admit`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdmitOrWireError {
+    /// The response broke the wire contract.
+    Wire(WireError),
+    /// The offer does not belong to the claim or is inconsistent.
+    Admission(AdmissionError),
+}
+
+impl fmt::Display for AdmitOrWireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Wire(e) => e.fmt(f),
+            Self::Admission(e) => e.fmt(f),
+        }
+    }
+}
+
+impl core::error::Error for AdmitOrWireError {}

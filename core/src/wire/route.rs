@@ -1,0 +1,231 @@
+//! Request paths: `/api/v3/worker-ingress/workers/{workerId}/sessions/{sessionId}/{operation}`
+//! (reference §2.1). Worker and Session identity travel only in the path, never in bodies.
+
+use alloc::string::String;
+use core::fmt;
+
+use crate::ids::{SessionId, WorkerId};
+
+/// The fixed path prefix.
+pub const PREFIX: &str = "/api/v3/worker-ingress/workers/";
+
+/// A server operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Operation {
+    /// `artifacts` (streamed upload).
+    Artifacts,
+    /// `attestations` (control plane only; the Worker never calls it).
+    Attestations,
+    /// `completion`.
+    Completion,
+    /// `heartbeat`.
+    Heartbeat,
+    /// `lease-control`.
+    LeaseControl,
+    /// `offers`.
+    Offers,
+    /// `register`.
+    Register,
+    /// `running`.
+    Running,
+    /// `secrets`.
+    Secrets,
+    /// `start-failure`.
+    StartFailure,
+    /// `starting`.
+    Starting,
+    /// `transition`.
+    Transition,
+}
+
+impl Operation {
+    /// Every server operation.
+    pub const ALL: [Self; 12] = [
+        Self::Artifacts,
+        Self::Attestations,
+        Self::Completion,
+        Self::Heartbeat,
+        Self::LeaseControl,
+        Self::Offers,
+        Self::Register,
+        Self::Running,
+        Self::Secrets,
+        Self::StartFailure,
+        Self::Starting,
+        Self::Transition,
+    ];
+
+    /// The path segment.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Artifacts => "artifacts",
+            Self::Attestations => "attestations",
+            Self::Completion => "completion",
+            Self::Heartbeat => "heartbeat",
+            Self::LeaseControl => "lease-control",
+            Self::Offers => "offers",
+            Self::Register => "register",
+            Self::Running => "running",
+            Self::Secrets => "secrets",
+            Self::StartFailure => "start-failure",
+            Self::Starting => "starting",
+            Self::Transition => "transition",
+        }
+    }
+
+    /// Parses a path segment.
+    #[must_use]
+    pub fn from_segment(segment: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|op| op.as_str() == segment)
+    }
+
+    /// How the Worker client may call it: JSON POST, artifact stream, or not at all.
+    #[must_use]
+    pub const fn client_body(self) -> ClientBody {
+        match self {
+            Self::Artifacts => ClientBody::ArtifactStream,
+            Self::Attestations => ClientBody::NotCalled,
+            Self::Completion
+            | Self::Heartbeat
+            | Self::LeaseControl
+            | Self::Offers
+            | Self::Register
+            | Self::Running
+            | Self::Secrets
+            | Self::StartFailure
+            | Self::Starting
+            | Self::Transition => ClientBody::Json,
+        }
+    }
+
+    /// The Worker client's request body cap for this operation (4 KiB default; opt-ins:
+    /// secrets 64 KiB, completion 16 KiB, lease-control 8 KiB, register 20 KiB; artifacts
+    /// `64 MiB + 4 KiB + 4`). `None` for `attestations`.
+    #[must_use]
+    pub const fn request_cap(self) -> Option<usize> {
+        match self {
+            Self::Artifacts => Some(super::artifact::MAX_REQUEST_BYTES),
+            Self::Attestations => None,
+            Self::Secrets => Some(super::secrets::MAX_REQUEST_BYTES),
+            Self::Completion => Some(super::completion::MAX_REQUEST_BYTES),
+            Self::LeaseControl => Some(super::lease_control::MAX_REQUEST_BYTES),
+            Self::Register => Some(super::session::MAX_REGISTER_REQUEST_BYTES),
+            Self::Heartbeat
+            | Self::Offers
+            | Self::Running
+            | Self::StartFailure
+            | Self::Starting
+            | Self::Transition => Some(super::DEFAULT_REQUEST_CAP),
+        }
+    }
+
+    /// The response cap of this operation (`None` for `attestations`).
+    #[must_use]
+    pub const fn response_cap(self) -> Option<usize> {
+        match self {
+            Self::Artifacts => Some(super::artifact::MAX_RESPONSE_BYTES),
+            Self::Attestations => None,
+            Self::Completion => Some(super::completion::MAX_RESPONSE_BYTES),
+            Self::Heartbeat | Self::Register | Self::Transition => {
+                Some(super::session::MAX_RESPONSE_BYTES)
+            }
+            Self::LeaseControl => Some(super::lease_control::MAX_RESPONSE_BYTES),
+            Self::Offers => Some(super::offer::MAX_RESPONSE_BYTES),
+            Self::Running | Self::StartFailure | Self::Starting => {
+                Some(super::activation::MAX_RESPONSE_BYTES)
+            }
+            Self::Secrets => Some(super::secrets::MAX_RESPONSE_BYTES),
+        }
+    }
+}
+
+/// How the Worker client sends a body to an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientBody {
+    /// `application/json`, exact `content-length`.
+    Json,
+    /// `application/vnd.qinglong.worker-artifact`, framed stream.
+    ArtifactStream,
+    /// The Worker never calls this operation.
+    NotCalled,
+}
+
+/// A path that does not match the route template (the server answers 404
+/// `worker_route_not_found`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouteError {
+    /// Which part is wrong.
+    pub part: &'static str,
+}
+
+impl fmt::Display for RouteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "worker ingress path rejected: invalid {}", self.part)
+    }
+}
+
+impl core::error::Error for RouteError {}
+
+/// A parsed route.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// Worker.
+    pub worker_id: WorkerId,
+    /// Session.
+    pub session_id: SessionId,
+    /// Operation.
+    pub operation: Operation,
+}
+
+impl Route {
+    /// The path of this route.
+    #[must_use]
+    pub fn path(&self) -> String {
+        path(&self.worker_id, &self.session_id, self.operation)
+    }
+}
+
+/// Builds the request path (ids are validated by their types, so no escaping is needed).
+#[must_use]
+pub fn path(worker_id: &WorkerId, session_id: &SessionId, operation: Operation) -> String {
+    let mut out = String::with_capacity(PREFIX.len() + 200);
+    out.push_str(PREFIX);
+    out.push_str(worker_id.as_str());
+    out.push_str("/sessions/");
+    out.push_str(session_id.as_str());
+    out.push('/');
+    out.push_str(operation.as_str());
+    out
+}
+
+/// Parses and validates a request path (no query string, no fragment, exact template).
+///
+/// # Errors
+/// [`RouteError`] naming the part that does not match.
+pub fn parse(path: &str) -> Result<Route, RouteError> {
+    if path.contains(['?', '#']) {
+        return Err(RouteError { part: "query" });
+    }
+    let rest = path
+        .strip_prefix(PREFIX)
+        .ok_or(RouteError { part: "prefix" })?;
+    let mut parts = rest.split('/');
+    let worker = parts.next().ok_or(RouteError { part: "workerId" })?;
+    if parts.next() != Some("sessions") {
+        return Err(RouteError { part: "template" });
+    }
+    let session = parts.next().ok_or(RouteError { part: "sessionId" })?;
+    let operation = parts
+        .next()
+        .and_then(Operation::from_segment)
+        .ok_or(RouteError { part: "operation" })?;
+    if parts.next().is_some() {
+        return Err(RouteError { part: "template" });
+    }
+    Ok(Route {
+        worker_id: WorkerId::new(worker).map_err(|_| RouteError { part: "workerId" })?,
+        session_id: SessionId::new(session).map_err(|_| RouteError { part: "sessionId" })?,
+        operation,
+    })
+}

@@ -1,0 +1,369 @@
+//! `POST …/secrets` (reference §2.6, schema `qinglong/remote-secret-delivery@v2`): one batch of
+//! secret values for the revision's references, in memory only.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::fmt;
+
+use serde::Deserialize;
+use serde::de::{Deserializer, Visitor};
+use zeroize::Zeroizing;
+
+use super::{Fence, WireError, bind, ensure, exact, finish, parse_json};
+use crate::ids::{ProjectId, Sha256Digest, TaskId, TaskRevision};
+use crate::js::JsonWriter;
+use crate::offer::Offer;
+use crate::revision::{EnvValue, SecretRef};
+
+/// Schema id (request and response).
+pub const SCHEMA: &str = "qinglong/remote-secret-delivery@v2";
+/// `MAX_REMOTE_SECRET_DELIVERY_REQUEST_BYTES` (an explicit opt-in above 4 KiB).
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// `MAX_REMOTE_SECRET_DELIVERY_RESPONSE_BYTES`.
+pub const MAX_RESPONSE_BYTES: usize = 256 * 1024;
+/// Most secret references per batch.
+pub const MAX_SECRET_REFS: usize = 64;
+/// Most environment bundle references per batch.
+pub const MAX_BUNDLE_REFS: usize = 1;
+/// Largest secret value, UTF-8 bytes.
+pub const MAX_VALUE_BYTES: usize = 16 * 1024;
+/// Largest total of secret values, UTF-8 bytes.
+pub const MAX_TOTAL_VALUE_BYTES: usize = 64 * 1024;
+/// Largest environment bundle value (and total), UTF-8 bytes.
+pub const MAX_BUNDLE_VALUE_BYTES: usize = 96 * 1024;
+
+/// The secrets request. Built from the offer; the references are the revision's secret
+/// bindings, de-duplicated in revision order, and its environment bundle reference.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretsRequest {
+    /// The execution fence.
+    pub fence: Fence,
+    /// Task.
+    pub task_id: TaskId,
+    /// Task revision.
+    pub task_revision: TaskRevision,
+    /// The offer's execution digest.
+    pub execution_digest: Sha256Digest,
+    /// ≤ 64 unique references of the project.
+    pub secret_refs: Vec<SecretRef>,
+    /// ≤ 1 bundle reference, disjoint from `secret_refs`.
+    pub environment_bundle_refs: Vec<SecretRef>,
+}
+
+impl SecretsRequest {
+    /// The batch for `offer`; `Ok(None)` when the revision references no secret at all.
+    ///
+    /// # Errors
+    /// [`WireError::Request`] above 64 references, or a reference of another project, or
+    /// overlapping roles.
+    pub fn from_offer(offer: &Offer) -> Result<Option<Self>, WireError> {
+        let revision = &offer.execution_revision;
+        let mut secret_refs: Vec<SecretRef> = Vec::new();
+        for binding in &revision.environment {
+            if let EnvValue::Secret(reference) = &binding.value
+                && !secret_refs.contains(reference)
+            {
+                secret_refs.push(reference.clone());
+            }
+        }
+        let environment_bundle_refs: Vec<SecretRef> =
+            revision.environment_bundle_ref.iter().cloned().collect();
+        if secret_refs.is_empty() && environment_bundle_refs.is_empty() {
+            return Ok(None);
+        }
+        let request = Self {
+            fence: Fence::from_offer(offer),
+            task_id: offer.candidate.task_id.clone(),
+            task_revision: offer.candidate.task_revision.clone(),
+            execution_digest: offer.execution_digest,
+            secret_refs,
+            environment_bundle_refs,
+        };
+        request.validate()?;
+        Ok(Some(request))
+    }
+
+    fn validate(&self) -> Result<(), WireError> {
+        let rule = |ok: bool, path, rule| {
+            if ok {
+                Ok(())
+            } else {
+                Err(WireError::Request { path, rule })
+            }
+        };
+        rule(
+            self.secret_refs.len() <= MAX_SECRET_REFS,
+            "secretRefs",
+            "at most 64 references",
+        )?;
+        rule(
+            self.environment_bundle_refs.len() <= MAX_BUNDLE_REFS,
+            "environmentBundleRefs",
+            "at most 1 reference",
+        )?;
+        rule(
+            self.secret_refs.len() + self.environment_bundle_refs.len() >= 1,
+            "secretRefs",
+            "at least one reference in total",
+        )?;
+        let project: &ProjectId = &self.fence.project_id;
+        rule(
+            self.secret_refs
+                .iter()
+                .chain(&self.environment_bundle_refs)
+                .all(|r| r.project_id() == project.as_str()),
+            "secretRefs",
+            "references of the fence's project",
+        )?;
+        rule(
+            self.secret_refs
+                .iter()
+                .enumerate()
+                .all(|(i, r)| !self.secret_refs[..i].contains(r)),
+            "secretRefs",
+            "unique",
+        )?;
+        rule(
+            self.secret_refs
+                .iter()
+                .all(|r| !self.environment_bundle_refs.contains(r)),
+            "environmentBundleRefs",
+            "disjoint from secretRefs",
+        )
+    }
+
+    /// The request body (≤ 64 KiB); carries the lease token, so it is wiped on drop.
+    ///
+    /// # Errors
+    /// [`WireError::RequestTooLarge`] above 64 KiB, [`WireError::Request`] for invalid refs.
+    pub fn to_body(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
+        self.validate()?;
+        let f = &self.fence;
+        let mut w = JsonWriter::with_cap(MAX_REQUEST_BYTES);
+        w.begin_object()
+            .field_str("schema", SCHEMA)
+            .field_uint("workerGeneration", f.worker_generation.get())
+            .field_str("runId", f.run_id.as_str())
+            .field_str("attemptId", f.attempt_id.as_str())
+            .field_str("projectId", f.project_id.as_str())
+            .field_str("taskId", self.task_id.as_str())
+            .field_str("taskRevision", self.task_revision.as_str())
+            .field_str("executionDigest", &self.execution_digest.to_hex())
+            .field_str("offerId", f.offer_id.as_str())
+            .field_uint("leaseGeneration", f.lease_generation.get())
+            .field_str("leaseToken", f.lease_token.expose())
+            .field_uint("expectedLeaseVersion", f.expected_lease_version.get())
+            .key("secretRefs")
+            .begin_array();
+        for r in &self.secret_refs {
+            w.string(r.as_str());
+        }
+        w.end_array().key("environmentBundleRefs").begin_array();
+        for r in &self.environment_bundle_refs {
+            w.string(r.as_str());
+        }
+        w.end_array().end_object();
+        finish(w, "secrets")
+    }
+}
+
+/// A secret value: zeroized on drop, `Debug` redacted, no `Serialize`. Only
+/// [`SecretValue::expose`] reveals it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretValue(Zeroizing<String>);
+
+impl SecretValue {
+    /// Wraps a value (for tests and the loopback control plane).
+    #[must_use]
+    pub fn new(value: String) -> Self {
+        Self(Zeroizing::new(value))
+    }
+
+    /// The plaintext, for materializing the child's environment.
+    #[must_use]
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretValue([redacted])")
+    }
+}
+
+impl<'de> Deserialize<'de> for SecretValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ValueVisitor;
+        impl Visitor<'_> for ValueVisitor {
+            type Value = SecretValue;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a secret value string")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<SecretValue, E> {
+                Ok(SecretValue::new(String::from(v)))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<SecretValue, E> {
+                Ok(SecretValue::new(v))
+            }
+        }
+        deserializer.deserialize_string(ValueVisitor)
+    }
+}
+
+/// One resolved reference.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedSecret {
+    /// The requested reference (same position as requested).
+    pub secret_ref: SecretRef,
+    /// Its value.
+    pub value: SecretValue,
+}
+
+/// A parsed secrets response, bound 1:1 and in order to the request's references.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretsResponse {
+    /// `values[i]` resolves `request.secret_refs[i]`.
+    pub values: Vec<ResolvedSecret>,
+    /// `environment_bundles[i]` resolves `request.environment_bundle_refs[i]`.
+    pub environment_bundles: Vec<ResolvedSecret>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ResponseWire {
+    schema: String,
+    run_id: String,
+    attempt_id: String,
+    offer_id: String,
+    execution_digest: String,
+    values: Vec<ValueWire>,
+    environment_bundles: Vec<ValueWire>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ValueWire {
+    secret_ref: String,
+    value: SecretValue,
+}
+
+fn bind_values(
+    wire: Vec<ValueWire>,
+    expected: &[SecretRef],
+    max_value: usize,
+    max_total: usize,
+    path: &'static str,
+) -> Result<Vec<ResolvedSecret>, WireError> {
+    ensure(
+        wire.len() == expected.len(),
+        path,
+        "one value per requested reference",
+    )?;
+    let mut total = 0usize;
+    let mut out = Vec::with_capacity(wire.len());
+    for (item, reference) in wire.into_iter().zip(expected) {
+        bind(
+            item.secret_ref == reference.as_str(),
+            path,
+            "the requested references, in request order",
+        )?;
+        let value = item.value.expose();
+        ensure(!value.contains('\0'), path, "values without NUL")?;
+        ensure(
+            value.len() <= max_value,
+            path,
+            "values within their byte cap",
+        )?;
+        total += value.len();
+        ensure(
+            total <= max_total,
+            path,
+            "values within their total byte cap",
+        )?;
+        out.push(ResolvedSecret {
+            secret_ref: reference.clone(),
+            value: item.value,
+        });
+    }
+    Ok(out)
+}
+
+impl SecretsResponse {
+    /// Parses strictly (256 KiB cap first) and binds to `request`: `runId, attemptId, offerId,
+    /// executionDigest` equal; values map 1:1 and in order to the requested references; value
+    /// ≤ 16 KiB without NUL, total ≤ 64 KiB; bundle ≤ 96 KiB. The caller wipes `bytes`.
+    ///
+    /// # Errors
+    /// [`WireError`]; never echoes a value.
+    pub fn parse(bytes: &[u8], request: &SecretsRequest) -> Result<Self, WireError> {
+        let wire: ResponseWire = parse_json("secrets", bytes, MAX_RESPONSE_BYTES)?;
+        exact(&wire.schema, SCHEMA, "schema")?;
+        let f = &request.fence;
+        bind(
+            wire.run_id == f.run_id.as_str(),
+            "runId",
+            "the request's runId",
+        )?;
+        bind(
+            wire.attempt_id == f.attempt_id.as_str(),
+            "attemptId",
+            "the request's attemptId",
+        )?;
+        bind(
+            wire.offer_id == f.offer_id.as_str(),
+            "offerId",
+            "the request's offerId",
+        )?;
+        bind(
+            wire.execution_digest == request.execution_digest.to_hex(),
+            "executionDigest",
+            "the request's executionDigest",
+        )?;
+        Ok(Self {
+            values: bind_values(
+                wire.values,
+                &request.secret_refs,
+                MAX_VALUE_BYTES,
+                MAX_TOTAL_VALUE_BYTES,
+                "values",
+            )?,
+            environment_bundles: bind_values(
+                wire.environment_bundles,
+                &request.environment_bundle_refs,
+                MAX_BUNDLE_VALUE_BYTES,
+                MAX_BUNDLE_VALUE_BYTES,
+                "environmentBundles",
+            )?,
+        })
+    }
+
+    /// The response as the reference serializes it for `request`; exposes every value, so the
+    /// buffer is wiped on drop (tests and the loopback control plane only).
+    #[must_use]
+    pub fn to_json(&self, request: &SecretsRequest) -> Zeroizing<Vec<u8>> {
+        let f = &request.fence;
+        let mut w = JsonWriter::with_cap(MAX_RESPONSE_BYTES * 2);
+        w.begin_object()
+            .field_str("schema", SCHEMA)
+            .field_str("runId", f.run_id.as_str())
+            .field_str("attemptId", f.attempt_id.as_str())
+            .field_str("offerId", f.offer_id.as_str())
+            .field_str("executionDigest", &request.execution_digest.to_hex());
+        for (key, list) in [
+            ("values", &self.values),
+            ("environmentBundles", &self.environment_bundles),
+        ] {
+            w.key(key).begin_array();
+            for item in list {
+                w.begin_object()
+                    .field_str("secretRef", item.secret_ref.as_str())
+                    .field_str("value", item.value.expose())
+                    .end_object();
+            }
+            w.end_array();
+        }
+        w.end_object();
+        w.finish().unwrap_or_default()
+    }
+}

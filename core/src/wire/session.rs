@@ -1,0 +1,699 @@
+//! Worker Session `register`, `heartbeat` and `transition` (reference §2.10, schemas
+//! `qinglong/worker-session-{register,heartbeat,transition}@v1`) and the canonical capabilities
+//! JSON and hash the register body carries.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use serde::Deserialize;
+
+use super::{WireError, bind, ensure, exact, finish, id, parse_json, semver};
+use crate::ids::{MAX_SAFE_INTEGER, SessionId, Sha256Digest, WorkerGeneration, WorkerId};
+use crate::js::{self, JsonWriter};
+use crate::revision::{Architecture, Label, SupportTier};
+use crate::time::UnixMillis;
+
+/// Register schema id.
+pub const REGISTER_SCHEMA: &str = "qinglong/worker-session-register@v1";
+/// Heartbeat schema id.
+pub const HEARTBEAT_SCHEMA: &str = "qinglong/worker-session-heartbeat@v1";
+/// Transition schema id.
+pub const TRANSITION_SCHEMA: &str = "qinglong/worker-session-transition@v1";
+/// `MAX_WORKER_SESSION_REGISTER_REQUEST_BYTES` (an explicit opt-in above 4 KiB).
+pub const MAX_REGISTER_REQUEST_BYTES: usize = 20 * 1024;
+/// `MAX_WORKER_SESSION_REQUEST_BYTES` (heartbeat, transition).
+pub const MAX_REQUEST_BYTES: usize = 4 * 1024;
+/// `MAX_WORKER_SESSION_RESPONSE_BYTES`.
+pub const MAX_RESPONSE_BYTES: usize = 4 * 1024;
+/// `MAX_WORKER_CAPABILITIES_BYTES`: the canonical capabilities JSON.
+pub const MAX_CAPABILITIES_BYTES: usize = 16 * 1024;
+/// `MAX_WORKER_CONCURRENT_RUNS`.
+pub const MAX_CONCURRENT_RUNS: u64 = 1024;
+/// Session lease bounds, ms.
+pub const MIN_LEASE_DURATION_MS: u64 = 5_000;
+/// Session lease bounds, ms.
+pub const MAX_LEASE_DURATION_MS: u64 = 600_000;
+/// The protocol version this Worker speaks.
+pub const PROTOCOL_VERSION: &str = "1.0.0";
+
+/// A runtime the Worker offers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeCapability {
+    /// `^[a-z0-9][a-z0-9._+-]*$`, ≤ 64.
+    pub name: String,
+    /// Strict semver.
+    pub version: String,
+}
+
+/// A GPU the Worker offers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuCapability {
+    /// Vendor, capability name ≤ 64.
+    pub vendor: String,
+    /// Model, 1..=128 characters.
+    pub model: Option<String>,
+    /// Memory, bytes ≥ 1.
+    pub memory_bytes: Option<u64>,
+}
+
+/// Capacity facts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CapacityCapability {
+    /// 1..=4096.
+    pub cpu_cores: Option<u64>,
+    /// Bytes ≥ 1.
+    pub memory_bytes: Option<u64>,
+    /// Bytes ≥ 1.
+    pub disk_bytes: Option<u64>,
+    /// ≤ 8 GPUs.
+    pub gpu: Option<Vec<GpuCapability>>,
+}
+
+/// The Worker's capabilities (reference `normalizeRemoteWorkerCapabilities`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Architecture.
+    pub architecture: Architecture,
+    /// 1..=16 executor names (e.g. `remote-worker`).
+    pub executors: Vec<String>,
+    /// Strict semver (this Worker: [`PROTOCOL_VERSION`]).
+    pub protocol_version: String,
+    /// Must be the architecture's tier.
+    pub support_tier: SupportTier,
+    /// Capability name ≤ 32.
+    pub operating_system: Option<String>,
+    /// ≤ 32 runtimes, unique names.
+    pub runtimes: Option<Vec<RuntimeCapability>>,
+    /// ≤ 32 labels.
+    pub labels: Option<Vec<Label>>,
+    /// Capacity.
+    pub capacity: Option<CapacityCapability>,
+    /// ≤ 32 feature names.
+    pub features: Option<Vec<String>>,
+}
+
+fn req(ok: bool, path: &'static str, rule: &'static str) -> Result<(), WireError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(WireError::Request { path, rule })
+    }
+}
+
+fn capability_name(value: &str, max: usize) -> bool {
+    let b = value.as_bytes();
+    (1..=max).contains(&b.len())
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && b.iter().all(|c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'+' | b'-')
+        })
+}
+
+fn sorted_names(list: &[String], path: &'static str, max: usize) -> Result<Vec<String>, WireError> {
+    req(list.len() <= max, path, "within its item budget")?;
+    req(
+        list.iter().all(|n| capability_name(n, 64)),
+        path,
+        "capability names",
+    )?;
+    let mut out = list.to_vec();
+    out.sort_by(|a, b| js::code_unit_cmp(a, b));
+    req(
+        out.windows(2).all(|w| w[0] != w[1]),
+        path,
+        "free of duplicates",
+    )?;
+    Ok(out)
+}
+
+fn bounded_text(value: &str, max: usize) -> bool {
+    (1..=max).contains(&crate::ids::js_length(value)) && !crate::ids::has_control_char(value)
+}
+
+fn positive(value: Option<u64>, max: u64, path: &'static str) -> Result<(), WireError> {
+    req(
+        value.is_none_or(|v| (1..=max).contains(&v)),
+        path,
+        "a positive safe integer",
+    )
+}
+
+impl Capabilities {
+    /// The capabilities of this Worker: `executors = ["remote-worker"]`, protocol
+    /// [`PROTOCOL_VERSION`], the architecture's support tier.
+    #[must_use]
+    pub fn for_architecture(architecture: Architecture) -> Self {
+        Self {
+            architecture,
+            executors: alloc::vec![String::from(crate::revision::REMOTE_WORKER_EXECUTOR)],
+            protocol_version: String::from(PROTOCOL_VERSION),
+            support_tier: architecture.support_tier(),
+            operating_system: None,
+            runtimes: None,
+            labels: None,
+            capacity: None,
+            features: None,
+        }
+    }
+
+    /// Validates, normalizes and serializes (`JSON.stringify` of the normalized object).
+    ///
+    /// # Errors
+    /// [`WireError::Request`] naming the broken rule.
+    pub fn canonical_json(&self) -> Result<String, WireError> {
+        req(!self.executors.is_empty(), "executors", "non-empty")?;
+        let executors = sorted_names(&self.executors, "executors", 16)?;
+        req(
+            semver::is_version(&self.protocol_version),
+            "protocolVersion",
+            "strict semver",
+        )?;
+        req(
+            self.architecture.support_tier() == self.support_tier,
+            "supportTier",
+            "the architecture's support tier",
+        )?;
+        let mut w = JsonWriter::with_cap(MAX_CAPABILITIES_BYTES);
+        w.begin_object()
+            .field_str("architecture", self.architecture.as_str())
+            .key("executors")
+            .begin_array();
+        for e in &executors {
+            w.string(e);
+        }
+        w.end_array()
+            .field_str("protocolVersion", &self.protocol_version)
+            .field_str("supportTier", self.support_tier.as_str());
+        if let Some(os) = &self.operating_system {
+            req(
+                capability_name(os, 32),
+                "operatingSystem",
+                "a capability name <= 32",
+            )?;
+            w.field_str("operatingSystem", os);
+        }
+        if let Some(runtimes) = &self.runtimes {
+            self.write_runtimes(&mut w, runtimes)?;
+        }
+        if let Some(labels) = &self.labels {
+            write_labels(&mut w, labels)?;
+        }
+        if let Some(capacity) = &self.capacity {
+            write_capacity(&mut w, capacity)?;
+        }
+        if let Some(features) = &self.features {
+            let features = sorted_names(features, "features", 32)?;
+            w.key("features").begin_array();
+            for f in &features {
+                w.string(f);
+            }
+            w.end_array();
+        }
+        w.end_object();
+        let bytes = finish(w, "capabilities")?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    fn write_runtimes(
+        &self,
+        w: &mut JsonWriter,
+        runtimes: &[RuntimeCapability],
+    ) -> Result<(), WireError> {
+        req(runtimes.len() <= 32, "runtimes", "at most 32")?;
+        for r in runtimes {
+            req(
+                capability_name(&r.name, 64),
+                "runtimes.name",
+                "a capability name",
+            )?;
+            req(
+                semver::is_version(&r.version),
+                "runtimes.version",
+                "strict semver",
+            )?;
+        }
+        let mut sorted = runtimes.to_vec();
+        for r in &sorted {
+            js::locale_compare(&r.name, "").map_err(|_| WireError::Request {
+                path: "runtimes.name",
+                rule: "orderable",
+            })?;
+        }
+        sorted.sort_by(|a, b| {
+            js::locale_compare(&a.name, &b.name).unwrap_or(core::cmp::Ordering::Equal)
+        });
+        req(
+            sorted.windows(2).all(|p| p[0].name != p[1].name),
+            "runtimes",
+            "unique names",
+        )?;
+        w.key("runtimes").begin_array();
+        for r in &sorted {
+            w.begin_object()
+                .field_str("name", &r.name)
+                .field_str("version", &r.version)
+                .end_object();
+        }
+        w.end_array();
+        Ok(())
+    }
+}
+
+fn write_labels(w: &mut JsonWriter, labels: &[Label]) -> Result<(), WireError> {
+    req(labels.len() <= 32, "labels", "at most 32")?;
+    let mut sorted = labels.to_vec();
+    for l in &sorted {
+        let key = l.key.as_bytes();
+        req(
+            (1..=128).contains(&key.len())
+                && key[0].is_ascii_alphanumeric()
+                && key
+                    .iter()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'/' | b'-')),
+            "labels",
+            "keys ^[A-Za-z0-9][A-Za-z0-9._/-]*$",
+        )?;
+        req(
+            bounded_text(&l.value, 256),
+            "labels",
+            "values of 1..=256 characters",
+        )?;
+    }
+    sorted.sort_by(|a, b| js::locale_compare(&a.key, &b.key).unwrap_or(core::cmp::Ordering::Equal));
+    req(
+        sorted.windows(2).all(|p| p[0].key != p[1].key),
+        "labels",
+        "unique keys",
+    )?;
+    let keys: Vec<&str> = sorted.iter().map(|l| l.key.as_str()).collect();
+    w.key("labels").begin_object();
+    for i in js::object_key_order(&keys) {
+        w.field_str(&sorted[i].key, &sorted[i].value);
+    }
+    w.end_object();
+    Ok(())
+}
+
+fn write_capacity(w: &mut JsonWriter, c: &CapacityCapability) -> Result<(), WireError> {
+    positive(c.cpu_cores, 4096, "capacity.cpuCores")?;
+    positive(c.memory_bytes, MAX_SAFE_INTEGER, "capacity.memoryBytes")?;
+    positive(c.disk_bytes, MAX_SAFE_INTEGER, "capacity.diskBytes")?;
+    w.key("capacity").begin_object();
+    for (key, value) in [
+        ("cpuCores", c.cpu_cores),
+        ("memoryBytes", c.memory_bytes),
+        ("diskBytes", c.disk_bytes),
+    ] {
+        if let Some(v) = value {
+            w.field_uint(key, v);
+        }
+    }
+    if let Some(gpus) = &c.gpu {
+        req(gpus.len() <= 8, "capacity.gpu", "at most 8")?;
+        w.key("gpu").begin_array();
+        for g in gpus {
+            req(
+                capability_name(&g.vendor, 64),
+                "capacity.gpu.vendor",
+                "a capability name",
+            )?;
+            req(
+                g.model.as_deref().is_none_or(|m| bounded_text(m, 128)),
+                "capacity.gpu.model",
+                "1..=128 characters",
+            )?;
+            positive(g.memory_bytes, MAX_SAFE_INTEGER, "capacity.gpu.memoryBytes")?;
+            w.begin_object().field_str("vendor", &g.vendor);
+            if let Some(m) = &g.model {
+                w.field_str("model", m);
+            }
+            if let Some(m) = g.memory_bytes {
+                w.field_uint("memoryBytes", m);
+            }
+            w.end_object();
+        }
+        w.end_array();
+    }
+    w.end_object();
+    Ok(())
+}
+
+/// The `register` request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegisterRequest {
+    /// Canonical capabilities JSON.
+    pub capabilities_json: String,
+    /// `sha256_hex(capabilitiesJson)`.
+    pub capabilities_hash: Sha256Digest,
+    /// 1..=1024.
+    pub max_concurrent_runs: u64,
+    /// 0..=max_concurrent_runs.
+    pub available_slots: u64,
+    /// 5,000..=600,000 ms.
+    pub lease_duration_ms: u64,
+}
+
+impl RegisterRequest {
+    /// Builds the request from capabilities (canonical JSON and hash computed here).
+    ///
+    /// # Errors
+    /// [`WireError::Request`] for invalid capabilities or bounds.
+    pub fn new(
+        capabilities: &Capabilities,
+        max_concurrent_runs: u64,
+        available_slots: u64,
+        lease_duration_ms: u64,
+    ) -> Result<Self, WireError> {
+        let capabilities_json = capabilities.canonical_json()?;
+        req(
+            (1..=MAX_CONCURRENT_RUNS).contains(&max_concurrent_runs),
+            "maxConcurrentRuns",
+            "1..=1024",
+        )?;
+        req(
+            available_slots <= max_concurrent_runs,
+            "availableSlots",
+            "<= maxConcurrentRuns",
+        )?;
+        req(
+            (MIN_LEASE_DURATION_MS..=MAX_LEASE_DURATION_MS).contains(&lease_duration_ms),
+            "leaseDurationMs",
+            "5000..=600000",
+        )?;
+        Ok(Self {
+            capabilities_hash: Sha256Digest::of(capabilities_json.as_bytes()),
+            capabilities_json,
+            max_concurrent_runs,
+            available_slots,
+            lease_duration_ms,
+        })
+    }
+
+    /// The request body (≤ 20 KiB).
+    ///
+    /// # Errors
+    /// [`WireError::RequestTooLarge`] above 20 KiB.
+    pub fn to_body(&self) -> Result<Vec<u8>, WireError> {
+        let mut w = JsonWriter::with_cap(MAX_REGISTER_REQUEST_BYTES);
+        w.begin_object()
+            .field_str("schema", REGISTER_SCHEMA)
+            .field_str("capabilitiesJson", &self.capabilities_json)
+            .field_str("capabilitiesHash", &self.capabilities_hash.to_hex())
+            .field_uint("maxConcurrentRuns", self.max_concurrent_runs)
+            .field_uint("availableSlots", self.available_slots)
+            .field_uint("leaseDurationMs", self.lease_duration_ms)
+            .end_object();
+        finish(w, "register").map(|b| b.to_vec())
+    }
+}
+
+/// The `heartbeat` request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeartbeatRequest {
+    /// Session generation.
+    pub generation: WorkerGeneration,
+    /// Session version held.
+    pub expected_version: u64,
+    /// 0..=1024.
+    pub available_slots: u64,
+    /// 5,000..=600,000 ms.
+    pub lease_duration_ms: u64,
+}
+
+impl HeartbeatRequest {
+    /// The request body (≤ 4 KiB).
+    ///
+    /// # Errors
+    /// [`WireError::Request`] for out-of-bounds values.
+    pub fn to_body(&self) -> Result<Vec<u8>, WireError> {
+        req(
+            self.expected_version <= MAX_SAFE_INTEGER,
+            "expectedVersion",
+            "0..=2^53-1",
+        )?;
+        req(
+            self.available_slots <= MAX_CONCURRENT_RUNS,
+            "availableSlots",
+            "0..=1024",
+        )?;
+        req(
+            (MIN_LEASE_DURATION_MS..=MAX_LEASE_DURATION_MS).contains(&self.lease_duration_ms),
+            "leaseDurationMs",
+            "5000..=600000",
+        )?;
+        let mut w = JsonWriter::with_cap(MAX_REQUEST_BYTES);
+        w.begin_object()
+            .field_str("schema", HEARTBEAT_SCHEMA)
+            .field_uint("generation", self.generation.get())
+            .field_uint("expectedVersion", self.expected_version)
+            .field_uint("availableSlots", self.available_slots)
+            .field_uint("leaseDurationMs", self.lease_duration_ms)
+            .end_object();
+        finish(w, "heartbeat").map(|b| b.to_vec())
+    }
+}
+
+/// A Session status on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionStatus {
+    /// `draining`.
+    Draining,
+    /// `offline`.
+    Offline,
+    /// `online`.
+    Online,
+}
+
+impl SessionStatus {
+    /// The wire spelling.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Draining => "draining",
+            Self::Offline => "offline",
+            Self::Online => "online",
+        }
+    }
+}
+
+/// The `transition` request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TransitionRequest {
+    /// Session generation.
+    pub generation: WorkerGeneration,
+    /// Session version held.
+    pub expected_version: u64,
+    /// `draining` or `offline` (never `online`).
+    pub status: SessionStatus,
+}
+
+impl TransitionRequest {
+    /// The request body (≤ 4 KiB).
+    ///
+    /// # Errors
+    /// [`WireError::Request`] for `online` or an out-of-bounds version.
+    pub fn to_body(&self) -> Result<Vec<u8>, WireError> {
+        req(
+            self.status != SessionStatus::Online,
+            "status",
+            "draining or offline",
+        )?;
+        req(
+            self.expected_version <= MAX_SAFE_INTEGER,
+            "expectedVersion",
+            "0..=2^53-1",
+        )?;
+        let mut w = JsonWriter::with_cap(MAX_REQUEST_BYTES);
+        w.begin_object()
+            .field_str("schema", TRANSITION_SCHEMA)
+            .field_uint("generation", self.generation.get())
+            .field_uint("expectedVersion", self.expected_version)
+            .field_str("status", self.status.as_str())
+            .end_object();
+        finish(w, "transition").map(|b| b.to_vec())
+    }
+}
+
+/// The Session projection every Session response carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionResponse {
+    /// Worker (equals the path's).
+    pub worker_id: WorkerId,
+    /// Session (equals the path's).
+    pub session_id: SessionId,
+    /// Generation.
+    pub generation: WorkerGeneration,
+    /// Session version.
+    pub version: u64,
+    /// Status.
+    pub status: SessionStatus,
+    /// Session lease expiry.
+    pub lease_expires_at_ms: UnixMillis,
+    /// `register` only: whether an older Session was replaced.
+    pub replaced_session: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ProjectionWire {
+    schema: String,
+    worker_id: String,
+    session_id: String,
+    generation: u64,
+    version: u64,
+    status: SessionStatus,
+    lease_expires_at_ms: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RegisterWire {
+    schema: String,
+    worker_id: String,
+    session_id: String,
+    generation: u64,
+    version: u64,
+    status: SessionStatus,
+    lease_expires_at_ms: u64,
+    replaced_session: bool,
+}
+
+impl From<RegisterWire> for (ProjectionWire, bool) {
+    fn from(w: RegisterWire) -> Self {
+        (
+            ProjectionWire {
+                schema: w.schema,
+                worker_id: w.worker_id,
+                session_id: w.session_id,
+                generation: w.generation,
+                version: w.version,
+                status: w.status,
+                lease_expires_at_ms: w.lease_expires_at_ms,
+            },
+            w.replaced_session,
+        )
+    }
+}
+
+fn projection(
+    wire: ProjectionWire,
+    schema: &'static str,
+    worker_id: &WorkerId,
+    session_id: &SessionId,
+    replaced_session: Option<bool>,
+) -> Result<SessionResponse, WireError> {
+    exact(&wire.schema, schema, "schema")?;
+    ensure(wire.version <= MAX_SAFE_INTEGER, "version", "0..=2^53-1")?;
+    let response = SessionResponse {
+        worker_id: id(WorkerId::new(wire.worker_id), "workerId")?,
+        session_id: id(SessionId::new(wire.session_id), "sessionId")?,
+        generation: id(WorkerGeneration::new(wire.generation), "generation")?,
+        version: wire.version,
+        status: wire.status,
+        lease_expires_at_ms: id(
+            UnixMillis::new(wire.lease_expires_at_ms),
+            "leaseExpiresAtMs",
+        )?,
+        replaced_session,
+    };
+    bind(
+        response.worker_id == *worker_id,
+        "workerId",
+        "the path's workerId",
+    )?;
+    bind(
+        response.session_id == *session_id,
+        "sessionId",
+        "the path's sessionId",
+    )?;
+    Ok(response)
+}
+
+impl SessionResponse {
+    /// Parses a `register` response and binds it to the path.
+    ///
+    /// # Errors
+    /// [`WireError`] naming the first violation.
+    pub fn parse_register(
+        bytes: &[u8],
+        worker_id: &WorkerId,
+        session_id: &SessionId,
+    ) -> Result<Self, WireError> {
+        let wire: RegisterWire = parse_json("register", bytes, MAX_RESPONSE_BYTES)?;
+        let (wire, replaced): (ProjectionWire, bool) = wire.into();
+        projection(wire, REGISTER_SCHEMA, worker_id, session_id, Some(replaced))
+    }
+
+    /// Parses a `heartbeat` response: bound to the path and request generation,
+    /// `version == expectedVersion + 1`, status not `offline`.
+    ///
+    /// # Errors
+    /// [`WireError`] naming the first violation.
+    pub fn parse_heartbeat(
+        bytes: &[u8],
+        worker_id: &WorkerId,
+        session_id: &SessionId,
+        request: &HeartbeatRequest,
+    ) -> Result<Self, WireError> {
+        let wire: ProjectionWire = parse_json("heartbeat", bytes, MAX_RESPONSE_BYTES)?;
+        let r = projection(wire, HEARTBEAT_SCHEMA, worker_id, session_id, None)?;
+        bind(
+            r.generation == request.generation,
+            "generation",
+            "the request's generation",
+        )?;
+        bind(
+            r.version == request.expected_version + 1,
+            "version",
+            "the request's expectedVersion + 1",
+        )?;
+        ensure(
+            r.status != SessionStatus::Offline,
+            "status",
+            "online or draining",
+        )?;
+        Ok(r)
+    }
+
+    /// Parses a `transition` response: bound to the path and request generation, status equal
+    /// to the requested one.
+    ///
+    /// # Errors
+    /// [`WireError`] naming the first violation.
+    pub fn parse_transition(
+        bytes: &[u8],
+        worker_id: &WorkerId,
+        session_id: &SessionId,
+        request: &TransitionRequest,
+    ) -> Result<Self, WireError> {
+        let wire: ProjectionWire = parse_json("transition", bytes, MAX_RESPONSE_BYTES)?;
+        let r = projection(wire, TRANSITION_SCHEMA, worker_id, session_id, None)?;
+        bind(
+            r.generation == request.generation,
+            "generation",
+            "the request's generation",
+        )?;
+        bind(r.status == request.status, "status", "the requested status")?;
+        Ok(r)
+    }
+
+    /// The response as the reference serializes it under `schema`.
+    #[must_use]
+    pub fn to_json(&self, schema: &str) -> Vec<u8> {
+        let mut w = JsonWriter::with_cap(MAX_RESPONSE_BYTES);
+        w.begin_object()
+            .field_str("schema", schema)
+            .field_str("workerId", self.worker_id.as_str())
+            .field_str("sessionId", self.session_id.as_str())
+            .field_uint("generation", self.generation.get())
+            .field_uint("version", self.version)
+            .field_str("status", self.status.as_str())
+            .field_uint("leaseExpiresAtMs", self.lease_expires_at_ms.get());
+        if let Some(r) = self.replaced_session {
+            w.key("replacedSession").bool(r);
+        }
+        w.end_object();
+        w.finish().map(|b| b.to_vec()).unwrap_or_default()
+    }
+}

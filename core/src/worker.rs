@@ -1,0 +1,610 @@
+//! The Worker: one sans-IO machine that composes the Session lifecycle, startup reconciliation,
+//! supervision, the Pull coordinator and the per-offer operations (reference §4.7; SPEC §8).
+//!
+//! # Driving it
+//!
+//! Method categories: inputs go in through [`Worker::handle`], outputs come out of
+//! [`Worker::poll_output`]. The driver alternates strictly:
+//!
+//! 1. `poll_output()` until it returns something other than [`Output::Command`]; for every
+//!    command, perform it and feed **one** [`Input::Outcome`] with the command's [`OpId`] before
+//!    polling again (one outstanding command at a time);
+//! 2. on [`Output::Idle`], sleep until `wake_at` (or a signal), then `handle(now, Input::Tick)`;
+//! 3. on [`Output::Stopped`] or [`Output::Halted`], exit (the owner lock is released with the
+//!    process).
+//!
+//! **Durability rule**: a command whose safety depends on a record being durable (spawn after
+//! `launching`, receipt removal after `completion_acknowledged`, clearing the claim after the
+//! offer is stored) is only emitted after [`Outcome::Persisted`] for that write. A write that
+//! may or may not have happened ([`StoreFailure::Uncertain`]) halts the machine: the next start
+//! reconciles from disk, never from memory.
+//!
+//! ```no_run
+//! # use ql_worker_core::worker::{Worker, Output};
+//! # use ql_worker_core::io::{Input, Outcome, Command};
+//! # use ql_worker_core::time::UnixMillis;
+//! # fn perform(_: Command) -> Outcome { unimplemented!() }
+//! # fn now() -> UnixMillis { unimplemented!() }
+//! # fn sleep_until(_: Option<UnixMillis>) {}
+//! # fn run(mut worker: Worker) {
+//! loop {
+//!     match worker.poll_output() {
+//!         Output::Command(command) => {
+//!             let id = command.id;
+//!             let outcome = perform(command);
+//!             worker.handle(now(), Input::Outcome { id, outcome }).expect("driver bug");
+//!         }
+//!         Output::Idle { wake_at } => {
+//!             sleep_until(wake_at);
+//!             worker.handle(now(), Input::Tick).expect("driver bug");
+//!         }
+//!         Output::Stopped(_) | Output::Halted(_) => break,
+//!     }
+//! }
+//! # }
+//! ```
+
+use alloc::collections::{BTreeMap, VecDeque};
+use alloc::format;
+use alloc::string::String;
+use core::fmt;
+
+use crate::ids::{OfferId, SessionId, WorkerGeneration, WorkerId};
+use crate::io::{Action, Command, Input, InputError, OpId, Outcome, StoreFailure};
+use crate::listing::{Capacity, PageLimit};
+use crate::offer::OfferWorker;
+use crate::record::{InboxRecord, RecoveryReason, State};
+use crate::time::UnixMillis;
+use crate::wire::session::Capabilities;
+
+/// Tunables of one Worker (reference §7 production defaults; see [`WorkerConfig::edge`] and
+/// [`WorkerConfig::node`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// This Worker.
+    pub worker_id: WorkerId,
+    /// Its Session id (persisted by the driver across restarts).
+    pub session_id: SessionId,
+    /// Tick interval.
+    pub cadence_ms: u64,
+    /// Records per startup reconciliation page.
+    pub startup_page: PageLimit,
+    /// Records per supervision page.
+    pub supervision_page: PageLimit,
+    /// Inbox capacity.
+    pub capacity: Capacity,
+    /// Concurrent Runs (`maxConcurrentRuns`).
+    pub max_concurrent_runs: u16,
+    /// Session lease asked for at register/heartbeat.
+    pub session_lease_ms: u64,
+    /// Heartbeat interval.
+    pub heartbeat_interval_ms: u64,
+    /// Pull backoff base (full jitter, capped at 60 s).
+    pub backoff_base_ms: u64,
+    /// Drain budget.
+    pub drain_budget_ms: u64,
+    /// Capabilities announced at `register`.
+    pub capabilities: Capabilities,
+}
+
+impl WorkerConfig {
+    /// Edge profile: cadence 2 s, pages 4/4, 64 records, 2 concurrent Runs, drain 60 s.
+    #[must_use]
+    pub fn edge(worker_id: WorkerId, session_id: SessionId, capabilities: Capabilities) -> Self {
+        Self {
+            worker_id,
+            session_id,
+            cadence_ms: 2_000,
+            startup_page: PageLimit::new(4).unwrap_or_default(),
+            supervision_page: PageLimit::new(4).unwrap_or_default(),
+            capacity: Capacity::DEFAULT,
+            max_concurrent_runs: 2,
+            session_lease_ms: 30_000,
+            heartbeat_interval_ms: 10_000,
+            backoff_base_ms: 1_000,
+            drain_budget_ms: 60_000,
+            capabilities,
+        }
+    }
+
+    /// Node profile: cadence 500 ms, pages 16/32, 256 records, 16 concurrent Runs, drain 300 s.
+    #[must_use]
+    pub fn node(worker_id: WorkerId, session_id: SessionId, capabilities: Capabilities) -> Self {
+        Self {
+            cadence_ms: 500,
+            startup_page: PageLimit::new(16).unwrap_or_default(),
+            supervision_page: PageLimit::new(32).unwrap_or_default(),
+            capacity: Capacity::new(256).unwrap_or_default(),
+            max_concurrent_runs: 16,
+            drain_budget_ms: 300_000,
+            ..Self::edge(worker_id, session_id, capabilities)
+        }
+    }
+
+    /// The route of one Worker-ingress operation.
+    #[must_use]
+    pub fn route(&self, operation: &str) -> String {
+        format!(
+            "/api/v3/worker-ingress/workers/{}/sessions/{}/{operation}",
+            self.worker_id, self.session_id
+        )
+    }
+}
+
+pub use crate::wire::session::SessionStatus;
+
+/// What the Worker knows of its Session from the last register/heartbeat/transition response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionView {
+    /// Worker, Session and generation, as an offer names them.
+    pub worker: OfferWorker,
+    /// Session record version (heartbeat CAS).
+    pub version: u64,
+    /// Status.
+    pub status: SessionStatus,
+    /// Session lease expiry.
+    pub lease_expires_at: UnixMillis,
+}
+
+impl SessionView {
+    /// Usable for execution: not offline and its lease unexpired at `now`.
+    #[must_use]
+    pub fn usable(&self, now: UnixMillis) -> bool {
+        self.status != SessionStatus::Offline && now < self.lease_expires_at
+    }
+
+    /// The Session generation.
+    #[must_use]
+    pub fn generation(&self) -> WorkerGeneration {
+        self.worker.generation
+    }
+}
+
+/// Why the machine stopped on purpose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// Drained: every record settled, the Session is offline.
+    Drained,
+    /// The drain budget ran out with unsettled records; they stay for the next start.
+    DrainBudgetExhausted,
+}
+
+/// Why the machine halted: a fact it cannot safely continue from. The next start reconciles
+/// from disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HaltReason {
+    /// A write may or may not be durable.
+    StoreUncertain,
+    /// The store refused a write the core proposed (concurrent writer or core bug).
+    StoreConflict,
+    /// A read found an unsafe or corrupt file.
+    UnsafeStorage,
+    /// The control plane fenced or replaced this Session.
+    SessionFenced {
+        /// The response that fenced it.
+        detail: String,
+    },
+    /// The register exchange failed permanently.
+    RegisterRejected {
+        /// Why.
+        detail: String,
+    },
+    /// The driver answered a command with an outcome of another kind (a driver bug).
+    UnexpectedOutcome {
+        /// The outcome, as `Debug` prints it (values redacted).
+        detail: String,
+    },
+}
+
+impl fmt::Display for HaltReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::StoreUncertain => {
+                f.write_str("a durable write may or may not have happened (fsync failed)")
+            }
+            Self::StoreConflict => f.write_str("the store refused a proposed write (CAS conflict)"),
+            Self::UnsafeStorage => f.write_str("unsafe or corrupt storage"),
+            Self::SessionFenced { detail } => write!(f, "the Worker Session was fenced: {detail}"),
+            Self::RegisterRejected { detail } => write!(f, "Session register failed: {detail}"),
+            Self::UnexpectedOutcome { detail } => {
+                write!(
+                    f,
+                    "the driver answered with an unexpected outcome: {detail}"
+                )
+            }
+        }
+    }
+}
+
+/// What [`Worker::poll_output`] returns.
+#[derive(Debug)]
+#[must_use]
+pub enum Output {
+    /// Perform this and report its outcome.
+    Command(Command),
+    /// Nothing to do before `wake_at` (`None`: only an operator input can wake it).
+    Idle {
+        /// Earliest deadline (tick cadence, heartbeat, backoff, drain budget).
+        wake_at: Option<UnixMillis>,
+    },
+    /// Stopped on purpose.
+    Stopped(StopReason),
+    /// Halted on a fact it cannot continue from.
+    Halted(HaltReason),
+}
+
+/// The fail-closed latch: set by the first recovery evidence seen (reference §4.7 step 1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailClosed {
+    /// The record that carries the evidence.
+    pub offer_id: OfferId,
+    /// Its reason.
+    pub reason: RecoveryReason,
+}
+
+/// What one Worker is doing, at the coarsest level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Registering its Session.
+    Registering,
+    /// Startup reconciliation: one page per tick, before any Pull.
+    Reconciling,
+    /// Normal operation.
+    Active,
+    /// Drain requested: no Pulls; stops when every record is settled or the budget ends.
+    Draining,
+    /// Stopped or halted.
+    Finished,
+}
+
+/// A unit of work of one tick.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Work {
+    Register,
+    Heartbeat,
+    Transition(SessionStatus),
+    ListPage {
+        purpose: ListPurpose,
+        after: Option<OfferId>,
+    },
+    Pull,
+    Process(OfferId),
+    Supervise(OfferId),
+}
+
+/// Why a page is listed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ListPurpose {
+    Reconcile,
+    Supervise,
+}
+
+/// The context an operation sees: configuration, Session and time, never the driver.
+pub(crate) struct Ctx<'a> {
+    pub(crate) config: &'a WorkerConfig,
+    pub(crate) session: Option<&'a SessionView>,
+    pub(crate) now: UnixMillis,
+}
+
+/// One step of an operation.
+pub(crate) enum Step<S, R> {
+    /// Perform this action; resume with its outcome.
+    Wait(S, Action),
+    /// Finished with a result.
+    Done(R),
+    /// A fact the Worker cannot continue from.
+    Halt(HaltReason),
+}
+
+impl<S, R> Step<S, R> {
+    pub(crate) fn map<T, Q>(
+        self,
+        state: impl FnOnce(S) -> T,
+        result: impl FnOnce(R) -> Q,
+    ) -> Step<T, Q> {
+        match self {
+            Self::Wait(s, a) => Step::Wait(state(s), a),
+            Self::Done(r) => Step::Done(result(r)),
+            Self::Halt(h) => Step::Halt(h),
+        }
+    }
+}
+
+/// Maps a storage failure on a write to the Worker's reaction: only `Unchanged` lets the
+/// operation continue (nothing was written); everything else halts.
+pub(crate) fn write_failure<S, R>(
+    failure: StoreFailure,
+    unchanged: impl FnOnce() -> Step<S, R>,
+) -> Step<S, R> {
+    match failure {
+        StoreFailure::Unchanged | StoreFailure::CapacityExhausted => unchanged(),
+        StoreFailure::Uncertain => Step::Halt(HaltReason::StoreUncertain),
+        StoreFailure::Conflict => Step::Halt(HaltReason::StoreConflict),
+        StoreFailure::Unsafe => Step::Halt(HaltReason::UnsafeStorage),
+    }
+}
+
+/// Maps a storage failure on a read: unsafe storage halts (fail closed); a transient failure
+/// ends the operation with no change.
+pub(crate) fn read_failure<S, R>(
+    failure: StoreFailure,
+    transient: impl FnOnce() -> Step<S, R>,
+) -> Step<S, R> {
+    match failure {
+        StoreFailure::Unsafe => Step::Halt(HaltReason::UnsafeStorage),
+        StoreFailure::Unchanged
+        | StoreFailure::CapacityExhausted
+        | StoreFailure::Uncertain
+        | StoreFailure::Conflict => transient(),
+    }
+}
+
+/// A record's state summary kept in memory between listings (bounded by the inbox capacity).
+pub(crate) fn is_active(state: State) -> bool {
+    !state.is_terminal()
+}
+
+/// Counts non-terminal records: the Runs this Worker holds.
+pub(crate) fn active_count(known: &BTreeMap<OfferId, State>) -> usize {
+    known.values().filter(|s| is_active(**s)).count()
+}
+
+/// The in-memory Worker. See the module documentation for the driving contract.
+#[derive(Debug)]
+pub struct Worker {
+    pub(crate) config: WorkerConfig,
+    pub(crate) now: UnixMillis,
+    pub(crate) next_op: u64,
+    pub(crate) phase: Phase,
+    pub(crate) session: Option<SessionView>,
+    pub(crate) known: BTreeMap<OfferId, State>,
+    pub(crate) fail_closed: Option<FailClosed>,
+    pub(crate) drain_started_at: Option<UnixMillis>,
+    pub(crate) queue: VecDeque<Work>,
+    pub(crate) staged: Option<Action>,
+    pub(crate) outstanding: Option<OpId>,
+    pub(crate) next_tick_at: UnixMillis,
+    pub(crate) heartbeat_due_at: UnixMillis,
+    pub(crate) pull_retry_at: Option<UnixMillis>,
+    pub(crate) supervision_cursor: Option<OfferId>,
+    pub(crate) reconcile_cursor: Option<OfferId>,
+    pub(crate) transition_offline_queued: bool,
+    pub(crate) pending_write: Option<InboxRecord>,
+    pub(crate) finished: Option<Finish>,
+    pub(crate) running: Option<crate::ops::Running>,
+}
+
+/// How the machine ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Finish {
+    Stopped(StopReason),
+    Halted(HaltReason),
+}
+
+impl Worker {
+    /// A new Worker. Inert until the first [`Input::Tick`]; the driver must already hold the
+    /// inbox owner lock.
+    #[must_use]
+    pub fn new(config: WorkerConfig, now: UnixMillis) -> Self {
+        Self {
+            config,
+            now,
+            next_op: 0,
+            phase: Phase::Registering,
+            session: None,
+            known: BTreeMap::new(),
+            fail_closed: None,
+            drain_started_at: None,
+            queue: VecDeque::new(),
+            staged: None,
+            outstanding: None,
+            next_tick_at: now,
+            heartbeat_due_at: now,
+            pull_retry_at: None,
+            supervision_cursor: None,
+            reconcile_cursor: None,
+            transition_offline_queued: false,
+            pending_write: None,
+            finished: None,
+            running: None,
+        }
+    }
+
+    /// The coarse phase.
+    #[must_use]
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The Session as last confirmed by the control plane.
+    #[must_use]
+    pub fn session(&self) -> Option<&SessionView> {
+        self.session.as_ref()
+    }
+
+    /// The fail-closed evidence, if any was seen.
+    #[must_use]
+    pub fn fail_closed(&self) -> Option<&FailClosed> {
+        self.fail_closed.as_ref()
+    }
+
+    /// Records known to this Worker and their last known state.
+    #[must_use]
+    pub fn known_records(&self) -> &BTreeMap<OfferId, State> {
+        &self.known
+    }
+
+    /// Feeds one input. `now` is the driver's single clock reading; an older reading than the
+    /// last one is clamped (time never goes back inside the core).
+    ///
+    /// # Errors
+    /// [`InputError`] when the input does not answer the outstanding command; nothing changes.
+    pub fn handle(&mut self, now: UnixMillis, input: Input) -> Result<(), InputError> {
+        if self.finished.is_some() {
+            return Err(InputError::Halted);
+        }
+        self.now = self.now.max(now);
+        match input {
+            Input::Tick => {
+                self.on_tick();
+                Ok(())
+            }
+            Input::DrainRequested => {
+                self.begin_drain();
+                Ok(())
+            }
+            Input::Outcome { id, outcome } => self.on_outcome(id, outcome),
+        }
+    }
+
+    /// The next output. See the module documentation.
+    pub fn poll_output(&mut self) -> Output {
+        loop {
+            if let Some(finish) = &self.finished {
+                return match finish {
+                    Finish::Stopped(reason) => Output::Stopped(*reason),
+                    Finish::Halted(reason) => Output::Halted(reason.clone()),
+                };
+            }
+            if self.outstanding.is_some() {
+                // The driver polled again before answering: nothing new until it does.
+                return Output::Idle { wake_at: None };
+            }
+            if let Some(action) = self.staged.take() {
+                let id = OpId(self.next_op);
+                self.next_op += 1;
+                self.outstanding = Some(id);
+                return Output::Command(Command { id, action });
+            }
+            if self.running.is_some() {
+                // INVARIANT: a running operation always has a staged or outstanding action.
+                unreachable!("running operation without an action");
+            }
+            match self.queue.pop_front() {
+                Some(work) => self.start(work),
+                None => {
+                    return Output::Idle {
+                        wake_at: self.wake_at(),
+                    };
+                }
+            }
+        }
+    }
+
+    fn wake_at(&self) -> Option<UnixMillis> {
+        let mut wake = self.next_tick_at;
+        if let Some(started) = self.drain_started_at {
+            wake = wake.min(started.saturating_add(self.config.drain_budget_ms));
+        }
+        Some(wake)
+    }
+
+    fn on_outcome(&mut self, id: OpId, outcome: Outcome) -> Result<(), InputError> {
+        if self.outstanding != Some(id) {
+            return Err(InputError::UnexpectedOutcome {
+                id,
+                outstanding: self.outstanding,
+            });
+        }
+        let Some(running) = self.running.take() else {
+            return Err(InputError::UnexpectedOutcome {
+                id,
+                outstanding: None,
+            });
+        };
+        self.outstanding = None;
+        match &outcome {
+            Outcome::Persisted => {
+                if let Some(record) = self.pending_write.take() {
+                    self.observe(&record);
+                }
+            }
+            Outcome::RecordRead(Some(record)) => self.observe(record),
+            _ => {}
+        }
+        self.pending_write = None;
+        let step = {
+            let ctx = Ctx {
+                config: &self.config,
+                session: self.session.as_ref(),
+                now: self.now,
+            };
+            running.resume(&ctx, outcome)
+        };
+        self.apply(step);
+        Ok(())
+    }
+
+    fn start(&mut self, work: Work) {
+        let step = {
+            let ctx = Ctx {
+                config: &self.config,
+                session: self.session.as_ref(),
+                now: self.now,
+            };
+            crate::ops::Running::begin(
+                &ctx,
+                work,
+                &self.known,
+                self.may_launch(),
+                self.available_slots(),
+            )
+        };
+        self.apply(step);
+    }
+
+    fn apply(&mut self, step: Step<crate::ops::Running, crate::ops::Finished>) {
+        match step {
+            Step::Wait(running, action) => {
+                if let Action::PersistRecord { record, .. } = &action {
+                    self.pending_write = Some((**record).clone());
+                }
+                self.running = Some(running);
+                self.staged = Some(action);
+            }
+            Step::Done(finished) => self.on_finished(finished),
+            Step::Halt(reason) => self.halt(reason),
+        }
+    }
+
+    pub(crate) fn halt(&mut self, reason: HaltReason) {
+        self.queue.clear();
+        self.running = None;
+        self.staged = None;
+        self.phase = Phase::Finished;
+        self.finished = Some(Finish::Halted(reason));
+    }
+
+    pub(crate) fn stop(&mut self, reason: StopReason) {
+        self.queue.clear();
+        self.phase = Phase::Finished;
+        self.finished = Some(Finish::Stopped(reason));
+    }
+
+    /// Records the state of a record the Worker read or wrote, and latches fail-closed on
+    /// recovery evidence.
+    pub(crate) fn observe(&mut self, record: &InboxRecord) {
+        self.known
+            .insert(record.offer.offer_id.clone(), record.state);
+        if let Some(reason) = record.recovery() {
+            self.latch_fail_closed(record.offer.offer_id.clone(), reason);
+        }
+    }
+
+    pub(crate) fn latch_fail_closed(&mut self, offer_id: OfferId, reason: RecoveryReason) {
+        if self.fail_closed.is_none() {
+            self.fail_closed = Some(FailClosed { offer_id, reason });
+        }
+    }
+
+    fn begin_drain(&mut self) {
+        if self.drain_started_at.is_none() {
+            self.drain_started_at = Some(self.now);
+            if self.phase == Phase::Active {
+                self.phase = Phase::Draining;
+                self.queue
+                    .push_back(Work::Transition(SessionStatus::Draining));
+            }
+        }
+    }
+}
