@@ -1,6 +1,7 @@
 //! The Executor port (reference §4.3–§4.4) and its real implementation, which launches the
 //! supervisor from the Worker's verified image.
 
+use std::fmt;
 use std::fs::File;
 use std::io::{self, Write as _};
 use std::os::fd::{AsFd, AsRawFd as _};
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 use ql_worker_core::ids::{
     AttemptId, CallbackSequence, ExecutorHandle, LogArtifactId, OfferId, RunId,
 };
+use ql_worker_core::io::{LaunchPlan, SpawnOutcome};
 use ql_worker_core::revision::ExecCommand;
 use ql_worker_core::time::UnixMillis;
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
@@ -21,13 +23,12 @@ use zeroize::Zeroizing;
 use super::SUPERVISE_ARG;
 use super::frame;
 use super::identity::{DurableHandle, ProcRoot};
-use super::plan::{Capability, EnvVar, Plan, Seams};
+use super::plan::{Capability, EnvVar, Plan, Seams, SecretText};
 use super::report::{MAX_REPORT_BYTES, REPORT_MAGIC, RejectReason, Report, UnknownReason};
 use super::unix_millis_now;
 
 /// Everything needed to start one Attempt (reference §4.3 `launch`). The capability and the
 /// environment are wiped when the launch is dropped, on every path.
-#[derive(Debug)]
 pub struct Launch {
     /// Offer.
     pub offer_id: OfferId,
@@ -57,6 +58,69 @@ pub struct Launch {
     pub capability: Capability,
 }
 
+impl fmt::Debug for Launch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Launch")
+            .field("offer_id", &self.offer_id)
+            .field("run_id", &self.run_id)
+            .field("attempt_id", &self.attempt_id)
+            .field("executor_started_at", &self.executor_started_at)
+            .field("command", &self.command)
+            .field("environment", &self.environment)
+            .field("working_directory", &self.working_directory)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("execution_deadline_at", &self.execution_deadline_at)
+            .field("log_artifact_id", &self.log_artifact_id)
+            .field("log_quota_bytes", &self.log_quota_bytes)
+            .field("callback_sequence", &self.callback_sequence)
+            .field("capability", &"[redacted]")
+            .finish()
+    }
+}
+
+impl Launch {
+    /// The launch for the core's `Action::Spawn` plan, with the driver's per-attempt log quota
+    /// (the spool policy's `maximum_attempt_bytes`). Secret values move without a copy.
+    #[must_use]
+    pub fn from_core(plan: LaunchPlan, log_quota_bytes: u64) -> Self {
+        let LaunchPlan {
+            offer_id,
+            run_id,
+            attempt_id,
+            executor_started_at,
+            command,
+            environment,
+            working_directory,
+            timeout,
+            log_artifact_id,
+            callback_sequence,
+            capability,
+        } = plan;
+        let environment = environment
+            .into_iter()
+            .map(|(name, mut value)| EnvVar {
+                name,
+                value: SecretText::new(std::mem::take(&mut *value)),
+            })
+            .collect();
+        Self {
+            offer_id,
+            run_id,
+            attempt_id,
+            executor_started_at,
+            command,
+            environment,
+            working_directory,
+            timeout_ms: timeout.map(|(ms, _)| ms),
+            execution_deadline_at: timeout.map(|(_, at)| at),
+            log_artifact_id,
+            log_quota_bytes,
+            callback_sequence,
+            capability,
+        }
+    }
+}
+
 /// The outcome of [`Executor::start`], exactly one of three (reference §4.3).
 #[must_use]
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,6 +142,21 @@ pub enum ExecutorOutcome {
         /// Why.
         reason: UnknownReason,
     },
+}
+
+impl From<ExecutorOutcome> for SpawnOutcome {
+    /// The core's input: the reasons stay in the driver (for diagnostics); the core needs only
+    /// the three-way answer.
+    fn from(outcome: ExecutorOutcome) -> Self {
+        match outcome {
+            ExecutorOutcome::Started { handle, started_at } => Self::Started {
+                handle: handle.as_str().to_owned(),
+                started_at,
+            },
+            ExecutorOutcome::Rejected { .. } => Self::Rejected,
+            ExecutorOutcome::Unknown { .. } => Self::Unknown,
+        }
+    }
 }
 
 /// The Executor port.
@@ -374,6 +453,47 @@ mod tests {
         let result = read_report(&reader, Duration::from_millis(100));
         drop(keep);
         result
+    }
+
+    #[test]
+    fn launch_from_the_core_plan_keeps_every_field() {
+        use ql_worker_core::ids::OfferId;
+        let plan = LaunchPlan {
+            offer_id: OfferId::new("offer-1").unwrap(),
+            run_id: RunId::new("run-1").unwrap(),
+            attempt_id: AttemptId::new("attempt-1").unwrap(),
+            executor_started_at: UnixMillis::new(5).unwrap(),
+            command: ExecCommand::Argv {
+                file: "/bin/true".into(),
+                args: vec![],
+            },
+            environment: vec![("SECRET".into(), Zeroizing::new("value".into()))],
+            working_directory: Some("/tmp".into()),
+            timeout: Some((5000, UnixMillis::new(9).unwrap())),
+            log_artifact_id: LogArtifactId::new("wlog-0123456789abcdef0123456789abcd").unwrap(),
+            callback_sequence: CallbackSequence::new(2).unwrap(),
+            capability: Capability::from_bytes([3; 32]),
+        };
+        let launch = Launch::from_core(plan, 4 * 1024 * 1024);
+        assert_eq!(launch.environment, vec![EnvVar::new("SECRET", "value")]);
+        assert_eq!(launch.timeout_ms, Some(5000));
+        assert_eq!(
+            launch.execution_deadline_at,
+            Some(UnixMillis::new(9).unwrap())
+        );
+        assert_eq!(launch.log_quota_bytes, 4 * 1024 * 1024);
+        assert_eq!(launch.capability.expose(), &[3; 32]);
+        let debug = format!("{launch:?}");
+        assert!(
+            !debug.contains("value\"") && debug.contains("[redacted]"),
+            "{debug}"
+        );
+        assert_eq!(
+            SpawnOutcome::from(ExecutorOutcome::Rejected {
+                reason: RejectReason::LogUnavailable
+            }),
+            SpawnOutcome::Rejected
+        );
     }
 
     #[test]

@@ -6,16 +6,12 @@
 
 use std::fmt;
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use ql_worker_core::ids::{
-    AttemptId, CallbackSequence, CapabilityDigest, LogArtifactId, OfferId, RunId, Sha256Digest,
-};
+use ql_worker_core::ids::{AttemptId, CallbackSequence, LogArtifactId, OfferId, RunId};
 use ql_worker_core::receipt::ReceiptToken;
 use ql_worker_core::revision::ExecCommand;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::truncation::{MAX_LOG_QUOTA_BYTES, MIN_LOG_QUOTA_BYTES};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 use zeroize::{Zeroize, Zeroizing};
 
 use super::frame::{self, FrameError};
@@ -40,63 +36,33 @@ pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
 /// Largest path.
 pub const MAX_PATH_BYTES: usize = 4096;
 
-/// The 32-byte completion capability. Wiped on drop; never printed; serialized only into the
-/// plan frame (itself wiped).
-#[derive(Clone)]
-pub struct Capability([u8; 32]);
+/// The completion capability: the core's type (wiped on drop, no `Debug`, no `Clone`).
+pub use ql_worker_core::capability::Capability;
 
-impl Capability {
-    /// Wraps raw capability bytes (from the OS CSPRNG in production).
-    #[must_use]
-    pub fn from_bytes(bytes: [u8; 32]) -> Self {
-        Self(bytes)
-    }
-
-    /// The raw bytes.
-    #[must_use]
-    pub fn expose(&self) -> &[u8; 32] {
-        &self.0
-    }
-
-    /// `SHA-256(raw bytes)`, as the inbox stores it.
-    #[must_use]
-    pub fn digest(&self) -> CapabilityDigest {
-        CapabilityDigest::new(Sha256Digest::of(&self.0))
-    }
-
-    /// The receipt token: canonical base64url of the 32 bytes, built in a buffer of the exact
-    /// final size so no reallocation leaves a copy behind.
-    #[must_use]
-    pub fn receipt_token(&self) -> ReceiptToken {
-        let mut text = String::with_capacity(43);
-        URL_SAFE_NO_PAD.encode_string(self.0, &mut text);
-        // INVARIANT: 32 bytes always encode to 43 characters of the base64url alphabet.
-        ReceiptToken::new(text).expect("43 base64url characters are a valid receipt token")
-    }
+/// The receipt token of `capability`: canonical base64url of the 32 bytes (43 characters). The
+/// core's wiped buffer is copied once into the token, which wipes itself on drop.
+#[must_use]
+pub fn receipt_token(capability: &Capability) -> ReceiptToken {
+    let text = capability.to_base64url();
+    // INVARIANT: 32 bytes always encode to 43 characters of the base64url alphabet.
+    ReceiptToken::new(String::from(text.as_str()))
+        .expect("43 base64url characters are a valid receipt token")
 }
 
-impl Drop for Capability {
-    fn drop(&mut self) {
-        self.0.zeroize();
-    }
-}
+/// Serializes the capability's raw bytes, into the (wiped) plan frame only.
+mod capability_bytes {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use zeroize::Zeroize;
 
-impl fmt::Debug for Capability {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Capability([redacted])")
-    }
-}
+    use super::Capability;
 
-impl Serialize for Capability {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(serializer)
+    pub(super) fn serialize<S: Serializer>(c: &Capability, s: S) -> Result<S::Ok, S::Error> {
+        c.expose().serialize(s)
     }
-}
 
-impl<'de> Deserialize<'de> for Capability {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let mut bytes = <[u8; 32]>::deserialize(deserializer)?;
-        let capability = Self(bytes);
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Capability, D::Error> {
+        let mut bytes = <[u8; 32]>::deserialize(d)?;
+        let capability = Capability::from_bytes(bytes);
         bytes.zeroize();
         Ok(capability)
     }
@@ -165,7 +131,7 @@ pub struct Seams {
 }
 
 /// The plan.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Serialize, Deserialize)]
 pub struct Plan {
     /// The state root of the file authority (inbox, receipts, logs).
     pub state_root: String,
@@ -178,6 +144,7 @@ pub struct Plan {
     /// `completionReceiptCallbackSequence` of the `launching` record.
     pub callback_sequence: CallbackSequence,
     /// The raw completion capability.
+    #[serde(with = "capability_bytes")]
     pub capability: Capability,
     /// Log artifact.
     pub log_artifact_id: LogArtifactId,
@@ -194,6 +161,26 @@ pub struct Plan {
     /// Test seams.
     #[doc(hidden)]
     pub seams: Seams,
+}
+
+impl fmt::Debug for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Plan")
+            .field("state_root", &self.state_root)
+            .field("offer_id", &self.offer_id)
+            .field("run_id", &self.run_id)
+            .field("attempt_id", &self.attempt_id)
+            .field("callback_sequence", &self.callback_sequence)
+            .field("capability", &"[redacted]")
+            .field("log_artifact_id", &self.log_artifact_id)
+            .field("log_quota_bytes", &self.log_quota_bytes)
+            .field("started_at_ms", &self.started_at_ms)
+            .field("command", &self.command)
+            .field("environment", &self.environment)
+            .field("working_directory", &self.working_directory)
+            .field("seams", &self.seams)
+            .finish()
+    }
 }
 
 /// A plan rule that is broken. Never carries a value (values may be Secrets).
@@ -368,6 +355,9 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine as _;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use ql_worker_core::ids::{CapabilityDigest, Sha256Digest};
 
     pub(crate) fn sample() -> Plan {
         Plan {
@@ -400,13 +390,13 @@ mod tests {
         assert_eq!(back.environment, plan.environment);
         let debug = format!("{plan:?}");
         assert!(!debug.contains("s3cr3t"), "{debug}");
-        assert!(debug.contains("Capability([redacted])"));
+        assert!(debug.contains("capability: \"[redacted]\""), "{debug}");
     }
 
     #[test]
     fn receipt_token_is_canonical_base64url_of_the_capability() {
         let cap = Capability::from_bytes([0xff; 32]);
-        let token = cap.receipt_token();
+        let token = receipt_token(&cap);
         assert_eq!(token.expose().len(), 43);
         assert_eq!(URL_SAFE_NO_PAD.decode(token.expose()).unwrap(), [0xff; 32]);
         assert_eq!(

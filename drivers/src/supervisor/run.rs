@@ -314,7 +314,7 @@ fn publish_receipt(plan: &Plan, exit_code: u8) {
         run_id: plan.run_id.clone(),
         attempt_id: plan.attempt_id.clone(),
         callback_sequence: plan.callback_sequence,
-        token: plan.capability.receipt_token(),
+        token: super::plan::receipt_token(&plan.capability),
         started_at_ms: plan.started_at_ms,
         finished_at_ms: finished_at,
         exit_code,

@@ -58,6 +58,17 @@ pub enum StopOutcome {
     Unknown(StopUnknown),
 }
 
+impl From<StopOutcome> for ql_worker_core::io::StopOutcome {
+    /// The core's input: stopped, already exited, or unknown.
+    fn from(outcome: StopOutcome) -> Self {
+        match outcome {
+            StopOutcome::Stopped(_) => Self::Stopped,
+            StopOutcome::AlreadyExited => Self::AlreadyExited,
+            StopOutcome::Unknown(_) => Self::Unknown,
+        }
+    }
+}
+
 /// Stop controller settings (reference defaults: 1 s TERM grace, 1 s KILL grace, 25 ms poll).
 #[derive(Clone, Debug)]
 pub struct StopController {
