@@ -10,3 +10,4 @@ pub mod lock;
 pub mod receipts;
 pub mod retention;
 pub mod spool;
+pub mod supervisor;
