@@ -559,21 +559,7 @@ impl FileSystem for RealFs {
         rustix::fs::flock(fd, FlockOperation::NonBlockingLockExclusive)
     }
     fn random(&self, buf: &mut [u8]) -> Result<(), Errno> {
-        let mut filled = 0;
-        let mut tries = 0u32;
-        while filled < buf.len() {
-            tries += 1;
-            if tries > 1000 {
-                return Err(Errno::IO);
-            }
-            match rustix::rand::getrandom(&mut buf[filled..], rustix::rand::GetRandomFlags::empty())
-            {
-                Ok(n) => filled += n,
-                Err(Errno::INTR) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+        crate::os::fill_random(buf)
     }
 }
 

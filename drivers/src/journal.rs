@@ -444,6 +444,42 @@ impl<F: FileSystem> Journal<F> {
     }
 }
 
+/// A read-only view of an inbox for operators (`ql-worker inbox`, `ql-worker recover`): the
+/// same file checks as the journal, no owner lock (reads never need it), no writes, no temp
+/// sweeping. Works while a Worker owns the root.
+#[derive(Debug)]
+pub struct InboxView {
+    offers: Dir,
+}
+
+impl InboxView {
+    /// Opens `root` read-only; `Ok(None)` when it has no `offers/` directory yet.
+    ///
+    /// # Errors
+    /// Unsafe storage (symlinks, modes, owners, foreign entries) or a failed call.
+    pub fn open(root: &Path) -> Result<Option<Self>, JournalError> {
+        let root = fsio::open_root(&RealFs, root, false)?;
+        Ok(open_offers(&RealFs, &root, false)?.map(|offers| Self { offers }))
+    }
+
+    /// One keyset page of offer ids.
+    ///
+    /// # Errors
+    /// Unsafe storage or a failed call.
+    pub fn list(&self, after: Option<&OfferId>, limit: PageLimit) -> Result<Page, JournalError> {
+        let ids = scan_offers(&RealFs, &self.offers)?.ids;
+        Ok(listing::page(ids, after, limit))
+    }
+
+    /// One record.
+    ///
+    /// # Errors
+    /// Unsafe storage, a corrupt record, or a failed call.
+    pub fn read(&self, offer_id: &OfferId) -> Result<Option<InboxRecord>, JournalError> {
+        read_record_in(&RealFs, &self.offers, offer_id)
+    }
+}
+
 /// Reads one record with the full checks and **no lock**: the supervisor uses it for its spawn
 /// barrier while the Worker holds the lock. Safe against a concurrent replace: a rename swaps
 /// whole inodes, so the read sees the old record or the new one. Nothing is created.
@@ -554,4 +590,49 @@ fn scan_offers(fs: &dyn FileSystem, offers: &Dir) -> Result<OffersScan, StorageE
         }
     }
     Ok(OffersScan { ids, entries })
+}
+
+/// Directory (in the state root) that keeps records an operator archived.
+pub const ARCHIVE_DIR: &str = "archive";
+
+/// Moves one reviewed `recovery_required` record out of the inbox into `<root>/archive/`
+/// (`ql-worker recover --archive`). Takes the owner lock, so the Worker must be stopped; refuses
+/// any record that is not `recovery_required`. Rename, then fsync both directories.
+///
+/// # Errors
+/// [`JournalError`]: another owner, no such record, a record in another state, or storage.
+pub fn archive_recovery_record(root: &Path, offer_id: &OfferId) -> Result<PathBuf, JournalError> {
+    let journal = Journal::open(
+        root,
+        Capacity::new(u64::from(Capacity::MAX)).unwrap_or_default(),
+    )?;
+    let name = layout::record_file_name(offer_id);
+    let path = journal.offers.child(&name);
+    let Some(record) = journal.read_record(offer_id)? else {
+        return Err(JournalError::NotFound { path });
+    };
+    if record.state != State::RecoveryRequired {
+        return Err(JournalError::Refused {
+            path,
+            rule: "only a recovery_required record can be archived",
+        });
+    }
+    let fs = &journal.fs;
+    let archive = fsio::open_subdir(fs, &journal.root, ARCHIVE_DIR, true)?.ok_or_else(|| {
+        StorageError::Io {
+            op: "mkdirat",
+            path: journal.root.child(ARCHIVE_DIR),
+            errno: rustix::io::Errno::NOENT,
+        }
+    })?;
+    let target = archive.child(&name);
+    fs.rename_noreplace(journal.offers.fd(), &name, archive.fd(), &name)
+        .map_err(|errno| StorageError::Io {
+            op: "renameat",
+            path: target.clone(),
+            errno,
+        })?;
+    fsio::sync_dir(fs, &archive)?;
+    fsio::sync_dir(fs, &journal.offers)?;
+    Ok(target)
 }

@@ -24,8 +24,6 @@ pub mod stop;
 
 mod authority;
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use ql_worker_core::time::UnixMillis;
 
 pub use executor::{
@@ -86,11 +84,7 @@ pub fn inheritable_descriptors() -> std::io::Result<Vec<u32>> {
     Ok(found)
 }
 
-/// The wall clock, in Unix milliseconds (the driver's clock reading for launch and receipt
-/// times). A clock before the epoch reads as the epoch.
+/// The wall clock, in Unix milliseconds (launch and receipt times), read in [`crate::os`].
 pub(crate) fn unix_millis_now() -> UnixMillis {
-    let millis = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    UnixMillis::new(millis).unwrap_or(UnixMillis::ZERO)
+    crate::os::now()
 }
