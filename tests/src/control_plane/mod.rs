@@ -13,6 +13,7 @@
 //! [`revisions`] builds sealed execution revisions; [`requests`] holds the strict request
 //! parsers; [`state`] the inspectable records. See `docs/control-plane.md`.
 
+pub mod harness;
 pub mod model;
 pub mod requests;
 pub mod revisions;
@@ -24,6 +25,7 @@ pub use model::{
     CpResponse, RequestLogEntry, RunSpec, ServiceFault,
 };
 pub use revisions::{RevisionBuildError, RevisionBuilder};
+pub use server::{Fault, ReferenceControlPlane, ReferenceOptions, WorkerSettings};
 
 pub use state::{
     ArtifactKey, CpState, LeaseRecord, LeaseState, RunEvent, RunEventKind, RunRecord,
