@@ -327,9 +327,11 @@ fn offers_report_idle_reasons_capacity_priority_and_placement() {
 
 #[test]
 fn offers_stop_at_the_scan_budget() {
-    let mut config = ql_worker_tests::control_plane::CpConfig::default();
-    config.offer_page_size = 1;
-    config.offer_max_pages = 2;
+    let config = ql_worker_tests::control_plane::CpConfig {
+        offer_page_size: 1,
+        offer_max_pages: 2,
+        ..Default::default()
+    };
     let mut h = ModelHarness::with_config(config);
     h.register(1);
     let never = || {
