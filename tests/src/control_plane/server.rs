@@ -39,7 +39,7 @@ use ql_worker_core::wire::route::Operation;
 use super::model::{
     CancelOutcome, ControlPlane, CpConfig, CpError, CpHead, CpResponse, RunSpec, ServiceFault,
 };
-use super::state::{CpState, RunRecord};
+use super::state::{CpState, RunRecord, SessionRecord};
 use crate::https_server::{
     self, Handler, HttpsServer, Request, RequestRecord, Response, ServerOptions, ServerTls,
 };
@@ -330,6 +330,11 @@ impl ReferenceControlPlane {
     /// A copy of one Run.
     pub fn run(&self, run_id: &RunId) -> Option<RunRecord> {
         lock(&self.shared.model).run(run_id).cloned()
+    }
+
+    /// A copy of a Worker's current Session.
+    pub fn session(&self, worker_id: &WorkerId) -> Option<SessionRecord> {
+        lock(&self.shared.model).session(worker_id).cloned()
     }
 
     /// What the transport saw, per request.
