@@ -174,6 +174,17 @@ pub fn artifact_body(upload: &ArtifactUpload, content: &[u8]) -> Vec<u8> {
     body
 }
 
+/// Frames an artifact body from the JSON header the Worker's `UploadLog` command carries and the
+/// content bytes: 4-byte big-endian header length, header, content (reference §2.7).
+pub fn frame_artifact(header_json: &[u8], content: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(header_json.len()).unwrap_or(u32::MAX);
+    let mut body = Vec::with_capacity(4 + header_json.len() + content.len());
+    body.extend_from_slice(&len.to_be_bytes());
+    body.extend_from_slice(header_json);
+    body.extend_from_slice(content);
+    body
+}
+
 /// The completion for `offer` after uploading `content` as `upload`, with exit code `exit`,
 /// started at `started` and finished at `finished`, capability `n`.
 pub fn completion(
@@ -348,4 +359,20 @@ pub fn digest(bytes: &[u8]) -> Sha256Digest {
 /// Parses a wire response with the core parser and names the endpoint on failure.
 pub fn expect_wire<T>(result: Result<T, WireError>, what: &str) -> T {
     result.unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn framing_from_the_header_equals_the_core_preamble() {
+        let offer = ql_worker_core::testkit::offer(1);
+        let up = upload(&offer, b"content", Some(true));
+        let header = up.header_json().unwrap();
+        assert_eq!(
+            frame_artifact(&header, b"content"),
+            artifact_body(&up, b"content")
+        );
+    }
 }

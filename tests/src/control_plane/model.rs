@@ -369,13 +369,16 @@ pub enum CancelOutcome {
     AlreadyTerminal,
 }
 
+#[derive(Clone)]
 struct CredentialRecord {
     worker_id: WorkerId,
     digest: [u8; 32],
     active: bool,
 }
 
-/// The reference control plane, in memory. See the module documentation.
+/// The reference control plane, in memory. See the module documentation. `Clone` copies
+/// everything (a simulation can fork it).
+#[derive(Clone)]
 pub struct ControlPlane {
     config: CpConfig,
     state: CpState,
