@@ -35,11 +35,8 @@ fn start_generates_a_private_pki_and_credential_and_stops_when_dropped() {
         assert_eq!(mode(file), 0o600, "{}", file.display());
     }
     let token = std::fs::read_to_string(&s.credential_file).unwrap();
-    assert!(token.starts_with("ql3w_worker-primary_") && token.ends_with('\n'));
-    assert_eq!(
-        format!("Worker {}", token.trim_end()),
-        *cp.credential().header_value()
-    );
+    assert!(token.starts_with("ql3w_worker-primary_") && !token.contains('\n'));
+    assert_eq!(format!("Worker {token}"), *cp.credential().header_value());
 
     // Sample Runs, and a Worker registering with the settings alone.
     for (n, command) in [(1, "echo hello"), (2, "exit 3")] {

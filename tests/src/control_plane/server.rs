@@ -136,8 +136,8 @@ pub struct WorkerSettings {
     pub client_key: PathBuf,
     /// The CA that issued the server certificate (the Worker's trust anchor).
     pub ca_cert: PathBuf,
-    /// A file (mode 0600) holding the credential token `ql3w_<credentialId>_<secret>` and a
-    /// newline; the `authorization` header is `Worker ` + that token.
+    /// A file (mode 0600) holding exactly the credential token `ql3w_<credentialId>_<secret>`
+    /// (no newline); the `authorization` header is `Worker ` + that token.
     pub credential_file: PathBuf,
 }
 
@@ -201,7 +201,7 @@ impl ReferenceControlPlane {
         let credential_file = pki.dir.join("worker-credential");
         let token = credential.header_value();
         let token = token.strip_prefix("Worker ").unwrap_or(&token);
-        write_private(&credential_file, format!("{token}\n").as_bytes())?;
+        write_private(&credential_file, token.as_bytes())?;
         let mut model = ControlPlane::new(options.model);
         model.add_credential(&credential, options.worker_id.clone());
         let shared = Arc::new(Shared {
