@@ -137,10 +137,13 @@ impl WorkerCredential {
         let rest = value.strip_prefix(PREFIX).ok_or(AuthError::Scheme)?;
         // The id may itself contain `_` (reference: `[A-Za-z0-9][A-Za-z0-9._:-]{0,63}`, e.g.
         // `worker_primary`), so the secret is the last 43 characters, after a `_`.
-        let split = rest.len().checked_sub(44).ok_or(AuthError::Scheme)?;
-        if !rest.is_char_boundary(split) || rest.as_bytes()[split] != b'_' {
-            return Err(AuthError::Scheme);
+        match rest.len().checked_sub(44) {
+            Some(split) if rest.is_char_boundary(split) && rest.as_bytes()[split] == b'_' => {
+                Self::from_base64url(&rest[..split], &rest[split + 1..])
+            }
+            // `<id>_<something>` whose tail is not a 43-character secret, or no `_` at all.
+            Some(_) | None if rest.contains('_') => Err(AuthError::Secret),
+            Some(_) | None => Err(AuthError::Scheme),
         }
-        Self::from_base64url(&rest[..split], &rest[split + 1..])
     }
 }
