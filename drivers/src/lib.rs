@@ -1,4 +1,20 @@
 //! ql-worker drivers: file authority, supervisor, HTTPS client and the blocking loop.
 #![forbid(unsafe_code)]
 
+pub mod cli;
+pub mod config;
+#[cfg(feature = "demo")]
+pub mod demo;
+pub mod fsio;
+pub mod host;
 pub mod https;
+pub mod journal;
+pub mod layout;
+pub mod lock;
+pub mod os;
+pub mod receipts;
+pub mod retention;
+pub mod runtime;
+pub mod session_store;
+pub mod spool;
+pub mod supervisor;

@@ -1,0 +1,638 @@
+//! The offer journal: inbox records (`<root>/offers/<offerId>.rec`) and the pending claim
+//! (`<root>/pending-claim`), under the owner lock.
+//!
+//! The driver makes no protocol decision here: every CAS rule is a core function
+//! ([`check_transition`], [`claim::check_create`], [`claim::check_replace`],
+//! [`claim::check_clear`]) called on the record read under the lock; this module only does the
+//! I/O around it, through the one recipe of [`crate::fsio`].
+//!
+//! Mutations take `&mut self`, so one `Journal` serializes them (the reference's promise queue);
+//! the owner lock serializes processes. Reads take `&self`. The supervisor, which does not own
+//! the root, reads with [`read_record_unlocked`].
+
+use std::path::{Path, PathBuf};
+
+use ql_worker_core::claim::{self, ClaimCreate, ClaimError, PendingClaim};
+use ql_worker_core::envelope::{self, MAX_ENVELOPE_BYTES};
+use ql_worker_core::ids::{OfferId, Revision};
+use ql_worker_core::listing::{self, Capacity, Page, PageLimit};
+use ql_worker_core::record::{InboxRecord, State, TransitionError, check_transition};
+
+use crate::fsio::{self, Dir, FileSystem, Kind, RealFs, Rule, Scanned, StorageError};
+use crate::layout;
+use crate::lock::{self, LockError, OwnerLock};
+
+/// Most entries the offers directory may hold: the hard capacity, plus room for temps.
+pub const MAX_OFFERS_DIR_ENTRIES: usize = 2 * Capacity::MAX as usize + 64;
+/// Most entries read from the root directory when sweeping its temps.
+pub const MAX_ROOT_DIR_ENTRIES: usize = 4096;
+
+/// A journal failure. Every variant names the path; none carries a lease token.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// Another live process owns the root (flock held).
+    #[error(
+        "state root already owned: {path} is locked by another live ql-worker process (flock); \
+         only one owner per root"
+    )]
+    AlreadyOwned {
+        /// The lock file.
+        path: PathBuf,
+    },
+    /// Unsafe storage, a corrupt file, a failed call, or a fatal fsync failure.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The inbox holds `capacity` records; settled ones count until retention removes them.
+    #[error("inbox at {path} is full: {capacity} records (capacity_exhausted)")]
+    CapacityExhausted {
+        /// The offers directory.
+        path: PathBuf,
+        /// The configured capacity.
+        capacity: usize,
+    },
+    /// The record or claim does not exist.
+    #[error("{path} does not exist")]
+    NotFound {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A first publication found the file already there (reference `offer_conflict` when the
+    /// caller did not expect it); nothing was written.
+    #[error("{path} already exists")]
+    AlreadyExists {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The core rejected the record update; nothing was written.
+    #[error("record update refused for {path}: {source}")]
+    Transition {
+        /// The record.
+        path: PathBuf,
+        /// The core's reason.
+        source: TransitionError,
+    },
+    /// The core rejected the claim operation; nothing was written.
+    #[error("pending claim operation refused for {path}: {source}")]
+    Claim {
+        /// The claim file.
+        path: PathBuf,
+        /// The core's reason.
+        source: ClaimError,
+    },
+    /// Retention asked to remove a record that is not settled; nothing was removed.
+    #[error("refusing to remove {path}: state {state} is not settled")]
+    NotSettled {
+        /// The record.
+        path: PathBuf,
+        /// Its state.
+        state: State,
+    },
+    /// The caller passed a value that cannot be stored as asked; nothing was written.
+    #[error("refusing to write {path}: {rule}")]
+    Refused {
+        /// The target.
+        path: PathBuf,
+        /// Why.
+        rule: &'static str,
+    },
+}
+
+impl JournalError {
+    /// Whether the caller must stop (an fsync failed: durability unknown).
+    #[must_use]
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, Self::Storage(e) if e.is_fatal())
+    }
+
+    /// The unsafe-storage rule, if that is what this is.
+    #[must_use]
+    pub fn unsafe_rule(&self) -> Option<Rule> {
+        match self {
+            Self::Storage(e) => e.unsafe_rule(),
+            Self::AlreadyOwned { .. }
+            | Self::CapacityExhausted { .. }
+            | Self::NotFound { .. }
+            | Self::AlreadyExists { .. }
+            | Self::Transition { .. }
+            | Self::Claim { .. }
+            | Self::NotSettled { .. }
+            | Self::Refused { .. } => None,
+        }
+    }
+}
+
+impl From<LockError> for JournalError {
+    fn from(e: LockError) -> Self {
+        match e {
+            LockError::AlreadyOwned { path } => Self::AlreadyOwned { path },
+            LockError::Storage(e) => Self::Storage(e),
+        }
+    }
+}
+
+/// The owned offer journal.
+#[derive(Debug)]
+pub struct Journal<F: FileSystem = RealFs> {
+    fs: F,
+    root: Dir,
+    offers: Dir,
+    capacity: Capacity,
+    lock: OwnerLock,
+}
+
+impl Journal<RealFs> {
+    /// Opens the journal at `root` with the real file system (see [`Journal::open_with`]).
+    ///
+    /// # Errors
+    /// See [`Journal::open_with`].
+    pub fn open(root: &Path, capacity: Capacity) -> Result<Self, JournalError> {
+        Self::open_with(RealFs, root, capacity)
+    }
+}
+
+impl<F: FileSystem> Journal<F> {
+    /// Opens the journal: verifies (creating 0700 when missing) the root, takes the owner lock
+    /// (a second owner fails at once with [`JournalError::AlreadyOwned`]), verifies (creating)
+    /// `offers/`, checks that `offers/` holds nothing foreign (fail closed), and only then
+    /// removes stale temp files of our own name pattern left by a crash.
+    ///
+    /// # Errors
+    /// [`JournalError::AlreadyOwned`], unsafe storage, or a failed call.
+    pub fn open_with(fs: F, root: &Path, capacity: Capacity) -> Result<Self, JournalError> {
+        let root = fsio::open_root(&fs, root, true)?;
+        let lock = lock::acquire(&fs, &root)?;
+        let offers = open_offers(&fs, &root, true)?.ok_or_else(|| StorageError::Io {
+            op: "mkdirat",
+            path: root.child(layout::OFFERS_DIR),
+            errno: rustix::io::Errno::NOENT,
+        })?;
+        let entries = scan_offers(&fs, &offers)?;
+        fsio::sweep_temps(&fs, &offers, &entries.entries, |target| {
+            layout::parse_record_file_name(target).is_some()
+        })?;
+        let root_entries = fsio::scan_dir(&fs, &root, MAX_ROOT_DIR_ENTRIES)?;
+        fsio::sweep_temps(&fs, &root, &root_entries, |target| {
+            target == layout::PENDING_CLAIM_FILE
+        })?;
+        Ok(Self {
+            fs,
+            root,
+            offers,
+            capacity,
+            lock,
+        })
+    }
+
+    /// The root.
+    #[must_use]
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+
+    /// The configured capacity.
+    #[must_use]
+    pub fn capacity(&self) -> Capacity {
+        self.capacity
+    }
+
+    /// The held owner lock.
+    #[must_use]
+    pub fn owner_lock(&self) -> &OwnerLock {
+        &self.lock
+    }
+
+    /// The seam, for tests and the benchmark.
+    #[must_use]
+    pub fn fs(&self) -> &F {
+        &self.fs
+    }
+
+    /// Reads one record with the full checks (`None` when absent).
+    ///
+    /// # Errors
+    /// Unsafe storage, a corrupt record, or a failed call.
+    pub fn read_record(&self, offer_id: &OfferId) -> Result<Option<InboxRecord>, JournalError> {
+        read_record_in(&self.fs, &self.offers, offer_id)
+    }
+
+    /// First publication of a record at revision 0: fails with
+    /// [`JournalError::AlreadyExists`] when the offer already has a record and with
+    /// [`JournalError::CapacityExhausted`] when the inbox is full (every record counts).
+    ///
+    /// # Errors
+    /// As above, unsafe storage (including a foreign entry in `offers/`), or a failed call;
+    /// [`JournalError::is_fatal`] for an fsync failure.
+    pub fn publish_record(&mut self, record: &InboxRecord) -> Result<(), JournalError> {
+        let offer_id = &record.offer.offer_id;
+        let name = layout::record_file_name(offer_id);
+        let path = self.offers.child(&name);
+        if record.revision != Revision::FIRST {
+            return Err(JournalError::Refused {
+                path,
+                rule: "a first publication must be revision 0",
+            });
+        }
+        let ids = scan_offers(&self.fs, &self.offers)?.ids;
+        if ids.contains(offer_id) {
+            return Err(JournalError::AlreadyExists { path });
+        }
+        if !self.capacity.admits_one_more(ids.len()) {
+            return Err(JournalError::CapacityExhausted {
+                path: self.offers.path().to_path_buf(),
+                capacity: self.capacity.get(),
+            });
+        }
+        let bytes = envelope::encode(record).map_err(|source| StorageError::Unencodable {
+            path: path.clone(),
+            source,
+        })?;
+        fsio::publish_new(&self.fs, &self.offers, &name, &bytes).map_err(|e| match e {
+            StorageError::AlreadyExists { path } => JournalError::AlreadyExists { path },
+            other => JournalError::Storage(other),
+        })
+    }
+
+    /// Replaces a record: reads the stored one under the owner lock, asks the core
+    /// ([`check_transition`]) whether `stored → proposed` at `expected_revision` is allowed,
+    /// and only then writes (temp → fsync → rename → dir fsync).
+    ///
+    /// # Errors
+    /// [`JournalError::NotFound`], [`JournalError::Transition`] (nothing written), unsafe
+    /// storage, a corrupt stored record, or a failed call; [`JournalError::is_fatal`] for an
+    /// fsync failure.
+    pub fn replace_record(
+        &mut self,
+        offer_id: &OfferId,
+        proposed: &InboxRecord,
+        expected_revision: Revision,
+    ) -> Result<(), JournalError> {
+        let name = layout::record_file_name(offer_id);
+        let path = self.offers.child(&name);
+        if proposed.offer.offer_id != *offer_id {
+            return Err(JournalError::Refused {
+                path,
+                rule: "the proposed record must carry the offer id it replaces",
+            });
+        }
+        let Some(stored) = read_record_in(&self.fs, &self.offers, offer_id)? else {
+            return Err(JournalError::NotFound { path });
+        };
+        check_transition(&stored, proposed, expected_revision).map_err(|source| {
+            JournalError::Transition {
+                path: path.clone(),
+                source,
+            }
+        })?;
+        let bytes = envelope::encode(proposed).map_err(|source| StorageError::Unencodable {
+            path: path.clone(),
+            source,
+        })?;
+        fsio::replace(&self.fs, &self.offers, &name, &bytes)?;
+        Ok(())
+    }
+
+    /// Removes a settled record (`completion_acknowledged`, `start_failure_acknowledged`) at
+    /// `expected_revision`; used by retention. A non-terminal record is never removed.
+    ///
+    /// # Errors
+    /// [`JournalError::NotSettled`], [`JournalError::Transition`] for a stale revision,
+    /// [`JournalError::NotFound`], unsafe storage, or a failed call.
+    pub fn remove_settled_record(
+        &mut self,
+        offer_id: &OfferId,
+        expected_revision: Revision,
+    ) -> Result<(), JournalError> {
+        let name = layout::record_file_name(offer_id);
+        let path = self.offers.child(&name);
+        let Some(stored) = read_record_in(&self.fs, &self.offers, offer_id)? else {
+            return Err(JournalError::NotFound { path });
+        };
+        if stored.revision != expected_revision {
+            return Err(JournalError::Transition {
+                path,
+                source: TransitionError::StaleRevision {
+                    expected: expected_revision,
+                    found: stored.revision,
+                },
+            });
+        }
+        if !stored.state.is_terminal() {
+            return Err(JournalError::NotSettled {
+                path,
+                state: stored.state,
+            });
+        }
+        fsio::remove(&self.fs, &self.offers, &name)?;
+        Ok(())
+    }
+
+    /// One keyset page of offer ids: ascending, strictly after `after`, at most `limit` (≤ 64),
+    /// with the next cursor only when more remain. Any foreign entry in `offers/` fails closed.
+    ///
+    /// # Errors
+    /// Unsafe storage or a failed call.
+    pub fn list(&self, after: Option<&OfferId>, limit: PageLimit) -> Result<Page, JournalError> {
+        let ids = scan_offers(&self.fs, &self.offers)?.ids;
+        Ok(listing::page(ids, after, limit))
+    }
+
+    /// How many records the inbox holds (settled ones included).
+    ///
+    /// # Errors
+    /// Unsafe storage or a failed call.
+    pub fn len(&self) -> Result<usize, JournalError> {
+        Ok(scan_offers(&self.fs, &self.offers)?.ids.len())
+    }
+
+    /// Whether the inbox is empty.
+    ///
+    /// # Errors
+    /// Unsafe storage or a failed call.
+    pub fn is_empty(&self) -> Result<bool, JournalError> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Reads the pending claim (`None` when there is none).
+    ///
+    /// # Errors
+    /// Unsafe storage, a corrupt claim, or a failed call.
+    pub fn read_claim(&self) -> Result<Option<PendingClaim>, JournalError> {
+        read_claim_in(&self.fs, &self.root)
+    }
+
+    /// Creates the pending claim after [`claim::check_create`]: idempotent for an identical
+    /// claim ([`ClaimCreate::AlreadyExists`], nothing written), a conflict for another one.
+    ///
+    /// # Errors
+    /// [`JournalError::Claim`] (nothing written), unsafe storage, or a failed call.
+    pub fn create_claim(&mut self, proposed: &PendingClaim) -> Result<ClaimCreate, JournalError> {
+        let path = self.root.child(layout::PENDING_CLAIM_FILE);
+        let existing = read_claim_in(&self.fs, &self.root)?;
+        let outcome = claim::check_create(existing.as_ref(), proposed).map_err(|source| {
+            JournalError::Claim {
+                path: path.clone(),
+                source,
+            }
+        })?;
+        match outcome {
+            ClaimCreate::AlreadyExists => Ok(outcome),
+            ClaimCreate::Publish => {
+                let bytes =
+                    envelope::encode(proposed).map_err(|source| StorageError::Unencodable {
+                        path: path.clone(),
+                        source,
+                    })?;
+                fsio::publish_new(&self.fs, &self.root, layout::PENDING_CLAIM_FILE, &bytes)
+                    .map_err(|e| match e {
+                        StorageError::AlreadyExists { path } => JournalError::Claim {
+                            path,
+                            source: ClaimError::Conflict,
+                        },
+                        other => JournalError::Storage(other),
+                    })?;
+                Ok(outcome)
+            }
+        }
+    }
+
+    /// Replaces the pending claim after [`claim::check_replace`] on the stored one.
+    ///
+    /// # Errors
+    /// [`JournalError::NotFound`], [`JournalError::Claim`] (nothing written), unsafe storage, or
+    /// a failed call.
+    pub fn replace_claim(
+        &mut self,
+        proposed: &PendingClaim,
+        expected_revision: Revision,
+    ) -> Result<(), JournalError> {
+        let path = self.root.child(layout::PENDING_CLAIM_FILE);
+        let Some(stored) = read_claim_in(&self.fs, &self.root)? else {
+            return Err(JournalError::NotFound { path });
+        };
+        claim::check_replace(&stored, proposed, expected_revision).map_err(|source| {
+            JournalError::Claim {
+                path: path.clone(),
+                source,
+            }
+        })?;
+        let bytes = envelope::encode(proposed).map_err(|source| StorageError::Unencodable {
+            path: path.clone(),
+            source,
+        })?;
+        fsio::replace(&self.fs, &self.root, layout::PENDING_CLAIM_FILE, &bytes)?;
+        Ok(())
+    }
+
+    /// Clears the pending claim after [`claim::check_clear`] (unlink → dir fsync).
+    ///
+    /// # Errors
+    /// [`JournalError::NotFound`], [`JournalError::Claim`] (nothing removed), unsafe storage, or
+    /// a failed call.
+    pub fn clear_claim(
+        &mut self,
+        offer_id: &OfferId,
+        revision: Revision,
+    ) -> Result<(), JournalError> {
+        let path = self.root.child(layout::PENDING_CLAIM_FILE);
+        let Some(stored) = read_claim_in(&self.fs, &self.root)? else {
+            return Err(JournalError::NotFound { path });
+        };
+        claim::check_clear(&stored, offer_id, revision)
+            .map_err(|source| JournalError::Claim { path, source })?;
+        fsio::remove(&self.fs, &self.root, layout::PENDING_CLAIM_FILE)?;
+        Ok(())
+    }
+}
+
+/// A read-only view of an inbox for operators (`ql-worker inbox`, `ql-worker recover`): the
+/// same file checks as the journal, no owner lock (reads never need it), no writes, no temp
+/// sweeping. Works while a Worker owns the root.
+#[derive(Debug)]
+pub struct InboxView {
+    offers: Dir,
+}
+
+impl InboxView {
+    /// Opens `root` read-only; `Ok(None)` when it has no `offers/` directory yet.
+    ///
+    /// # Errors
+    /// Unsafe storage (symlinks, modes, owners, foreign entries) or a failed call.
+    pub fn open(root: &Path) -> Result<Option<Self>, JournalError> {
+        let root = fsio::open_root(&RealFs, root, false)?;
+        Ok(open_offers(&RealFs, &root, false)?.map(|offers| Self { offers }))
+    }
+
+    /// One keyset page of offer ids.
+    ///
+    /// # Errors
+    /// Unsafe storage or a failed call.
+    pub fn list(&self, after: Option<&OfferId>, limit: PageLimit) -> Result<Page, JournalError> {
+        let ids = scan_offers(&RealFs, &self.offers)?.ids;
+        Ok(listing::page(ids, after, limit))
+    }
+
+    /// One record.
+    ///
+    /// # Errors
+    /// Unsafe storage, a corrupt record, or a failed call.
+    pub fn read(&self, offer_id: &OfferId) -> Result<Option<InboxRecord>, JournalError> {
+        read_record_in(&RealFs, &self.offers, offer_id)
+    }
+}
+
+/// Reads one record with the full checks and **no lock**: the supervisor uses it for its spawn
+/// barrier while the Worker holds the lock. Safe against a concurrent replace: a rename swaps
+/// whole inodes, so the read sees the old record or the new one. Nothing is created.
+///
+/// # Errors
+/// [`JournalError::NotFound`] when the root, `offers/` or the record is missing; unsafe storage,
+/// a corrupt record, or a failed call.
+pub fn read_record_unlocked(root: &Path, offer_id: &OfferId) -> Result<InboxRecord, JournalError> {
+    read_record_unlocked_with(&RealFs, root, offer_id)
+}
+
+/// [`read_record_unlocked`] through a given seam.
+///
+/// # Errors
+/// See [`read_record_unlocked`].
+pub fn read_record_unlocked_with(
+    fs: &dyn FileSystem,
+    root: &Path,
+    offer_id: &OfferId,
+) -> Result<InboxRecord, JournalError> {
+    let paths = layout::Paths::new(root);
+    let root_dir = fsio::open_root(fs, root, false).map_err(|e| match e {
+        StorageError::Io { errno, .. } if errno == rustix::io::Errno::NOENT => {
+            JournalError::NotFound {
+                path: root.to_path_buf(),
+            }
+        }
+        other => JournalError::Storage(other),
+    })?;
+    let Some(offers) = open_offers(fs, &root_dir, false)? else {
+        return Err(JournalError::NotFound {
+            path: paths.offers(),
+        });
+    };
+    read_record_in(fs, &offers, offer_id)?.ok_or_else(|| JournalError::NotFound {
+        path: paths.record(offer_id),
+    })
+}
+
+fn open_offers(fs: &dyn FileSystem, root: &Dir, create: bool) -> Result<Option<Dir>, StorageError> {
+    fsio::open_subdir(fs, root, layout::OFFERS_DIR, create)
+}
+
+fn read_record_in(
+    fs: &dyn FileSystem,
+    offers: &Dir,
+    offer_id: &OfferId,
+) -> Result<Option<InboxRecord>, JournalError> {
+    let name = layout::record_file_name(offer_id);
+    let Some(bytes) = fsio::read_checked(fs, offers, &name, MAX_ENVELOPE_BYTES)? else {
+        return Ok(None);
+    };
+    let path = offers.child(&name);
+    let record: InboxRecord = envelope::decode(&bytes).map_err(|source| StorageError::Corrupt {
+        path: path.clone(),
+        source,
+    })?;
+    if record.offer.offer_id != *offer_id {
+        return Err(StorageError::UnsafeStorage {
+            path,
+            rule: Rule::NameMismatch,
+        }
+        .into());
+    }
+    Ok(Some(record))
+}
+
+fn read_claim_in(fs: &dyn FileSystem, root: &Dir) -> Result<Option<PendingClaim>, JournalError> {
+    let name = layout::PENDING_CLAIM_FILE;
+    let Some(bytes) = fsio::read_checked(fs, root, name, MAX_ENVELOPE_BYTES)? else {
+        return Ok(None);
+    };
+    let claim = envelope::decode(&bytes).map_err(|source| StorageError::Corrupt {
+        path: root.child(name),
+        source,
+    })?;
+    Ok(Some(claim))
+}
+
+struct OffersScan {
+    ids: Vec<OfferId>,
+    entries: Vec<Scanned>,
+}
+
+/// Lists `offers/` and fails closed on anything that is neither a record (`<offerId>.rec`, a
+/// regular file) nor a temp of ours for a record (`.<offerId>.rec.<32 hex>.tmp`, regular).
+fn scan_offers(fs: &dyn FileSystem, offers: &Dir) -> Result<OffersScan, StorageError> {
+    let entries = fsio::scan_dir(fs, offers, MAX_OFFERS_DIR_ENTRIES)?;
+    let mut ids = Vec::with_capacity(entries.len());
+    for entry in &entries {
+        let unsafe_entry = |rule| StorageError::UnsafeStorage {
+            path: offers.child(&entry.name),
+            rule,
+        };
+        let is_temp = layout::temp_target(&entry.name)
+            .is_some_and(|target| layout::parse_record_file_name(target).is_some());
+        let record = layout::parse_record_file_name(&entry.name);
+        match (entry.kind, record, is_temp) {
+            (Kind::Regular, Some(id), _) => ids.push(id),
+            (Kind::Regular, None, true) => {}
+            (Kind::Symlink, Some(_), _) => return Err(unsafe_entry(Rule::Symlink)),
+            (Kind::Directory | Kind::Other, Some(_), _) => {
+                return Err(unsafe_entry(Rule::NotRegular));
+            }
+            (Kind::Regular | Kind::Directory | Kind::Symlink | Kind::Other, None, _) => {
+                return Err(unsafe_entry(Rule::ForeignEntry));
+            }
+        }
+    }
+    Ok(OffersScan { ids, entries })
+}
+
+/// Directory (in the state root) that keeps records an operator archived.
+pub const ARCHIVE_DIR: &str = "archive";
+
+/// Moves one reviewed `recovery_required` record out of the inbox into `<root>/archive/`
+/// (`ql-worker recover --archive`). Takes the owner lock, so the Worker must be stopped; refuses
+/// any record that is not `recovery_required`. Rename, then fsync both directories.
+///
+/// # Errors
+/// [`JournalError`]: another owner, no such record, a record in another state, or storage.
+pub fn archive_recovery_record(root: &Path, offer_id: &OfferId) -> Result<PathBuf, JournalError> {
+    let journal = Journal::open(
+        root,
+        Capacity::new(u64::from(Capacity::MAX)).unwrap_or_default(),
+    )?;
+    let name = layout::record_file_name(offer_id);
+    let path = journal.offers.child(&name);
+    let Some(record) = journal.read_record(offer_id)? else {
+        return Err(JournalError::NotFound { path });
+    };
+    if record.state != State::RecoveryRequired {
+        return Err(JournalError::Refused {
+            path,
+            rule: "only a recovery_required record can be archived",
+        });
+    }
+    let fs = &journal.fs;
+    let archive = fsio::open_subdir(fs, &journal.root, ARCHIVE_DIR, true)?.ok_or_else(|| {
+        StorageError::Io {
+            op: "mkdirat",
+            path: journal.root.child(ARCHIVE_DIR),
+            errno: rustix::io::Errno::NOENT,
+        }
+    })?;
+    let target = archive.child(&name);
+    fs.rename_noreplace(journal.offers.fd(), &name, archive.fd(), &name)
+        .map_err(|errno| StorageError::Io {
+            op: "renameat",
+            path: target.clone(),
+            errno,
+        })?;
+    fsio::sync_dir(fs, &archive)?;
+    fsio::sync_dir(fs, &journal.offers)?;
+    Ok(target)
+}

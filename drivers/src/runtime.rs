@@ -1,0 +1,362 @@
+//! The one blocking driver loop: it feeds the core facts from the effects, executes its
+//! commands one at a time, and sleeps until the earliest `wake_at` the core reports (or an
+//! operator signal). It mirrors the numbered loop in `ql_worker_core::worker`.
+//!
+//! Signals: the first `SIGTERM`/`SIGINT` (or a `<root>/drain` file, written by
+//! `ql-worker drain`) asks the core to drain; a second signal stops at once, leaving every
+//! record for the next start. Supervisors are independent processes and keep running.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ql_worker_core::io::Input;
+use ql_worker_core::time::UnixMillis;
+use ql_worker_core::wire::session::Capabilities;
+use ql_worker_core::worker::{HaltReason, Output, StopReason, Worker, WorkerConfig};
+
+use crate::config::Config;
+use crate::host::{Event, Host, HostError};
+use crate::https::{HttpsClient, Origin, RequestTimeout, TlsMaterial, TlsMaterialPaths};
+use crate::journal::Journal;
+use crate::retention::{self, RetentionPolicy};
+use crate::session_store;
+use crate::supervisor::{StopController, SupervisorExecutor, SupervisorImage};
+
+/// File whose presence in the state root asks the running Worker to drain.
+pub const DRAIN_FILE: &str = "drain";
+/// Longest uninterrupted sleep, so signals and the drain file are noticed promptly.
+const SLEEP_SLICE: Duration = Duration::from_millis(100);
+/// Interval of retention sweeps.
+const RETENTION_EVERY_MS: u64 = 60_000;
+
+/// How a run of the Worker ended.
+#[derive(Debug)]
+pub enum RunExit {
+    /// Drained: every record settled, the Session is offline.
+    Drained,
+    /// The drain budget ran out; unsettled records stay for the next start.
+    DrainBudgetExhausted,
+    /// A second signal: stopped at once; records stay for the next start.
+    Interrupted,
+    /// The core halted on a fact it cannot continue from.
+    Halted(HaltReason),
+    /// The effects hit a fatal fault (durability unknown).
+    Fatal(String),
+}
+
+/// A start-up failure (nothing was changed beyond what the message says).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The journal could not be opened (unsafe storage, or another owner).
+    #[error("{0}")]
+    Journal(#[from] crate::journal::JournalError),
+    /// The Session file is unusable.
+    #[error("{0}")]
+    Session(#[from] session_store::SessionStoreError),
+    /// TLS material, origin or client settings are invalid.
+    #[error("control plane: {0}")]
+    ControlPlane(String),
+    /// The supervisor image could not be opened.
+    #[error("cannot open this executable for the supervisor: {0}")]
+    Image(std::io::Error),
+    /// The configured capabilities are invalid.
+    #[error("capabilities: {0}")]
+    Capabilities(String),
+    /// An environment variable has an invalid value.
+    #[error("environment: {0}")]
+    Environment(String),
+}
+
+/// Operator requests: signals counted by a watcher thread, and the drain file.
+#[derive(Clone, Debug, Default)]
+pub struct Signals {
+    count: Arc<AtomicUsize>,
+}
+
+impl Signals {
+    /// Counts `SIGTERM` and `SIGINT` from now on.
+    ///
+    /// # Errors
+    /// The OS refused to install the handlers.
+    pub fn install() -> std::io::Result<Self> {
+        let count = Arc::new(AtomicUsize::new(0));
+        let mut signals = signal_hook::iterator::Signals::new([
+            signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGINT,
+        ])?;
+        let seen = Arc::clone(&count);
+        std::thread::Builder::new()
+            .name(String::from("signals"))
+            .spawn(move || {
+                for _ in signals.forever() {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }
+            })?;
+        Ok(Self { count })
+    }
+
+    /// Signals seen so far.
+    #[must_use]
+    pub fn seen(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Records one request (tests and the demo).
+    pub fn raise(&self) {
+        self.count.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Everything one Worker run needs.
+pub struct Runner {
+    worker: Worker,
+    host: Host<SupervisorExecutor>,
+    root: PathBuf,
+    retention: RetentionPolicy,
+    signals: Signals,
+    drain_sent: bool,
+    next_retention_at: UnixMillis,
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner")
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The core configuration for `config` and a Session id.
+///
+/// # Errors
+/// Capabilities that do not normalize.
+pub fn worker_config(
+    config: &Config,
+    session_id: ql_worker_core::ids::SessionId,
+) -> Result<WorkerConfig, StartError> {
+    let capabilities = Capabilities::for_architecture(config.architecture);
+    capabilities
+        .canonical_json()
+        .map_err(|e| StartError::Capabilities(e.to_string()))?;
+    let l = &config.limits;
+    Ok(WorkerConfig {
+        worker_id: config.worker_id.clone(),
+        session_id,
+        cadence_ms: l.cadence_ms,
+        startup_page: l.startup_page,
+        supervision_page: l.supervision_page,
+        capacity: l.inbox_capacity,
+        max_concurrent_runs: l.max_concurrent_runs,
+        session_lease_ms: l.session_lease_ms,
+        heartbeat_interval_ms: l.heartbeat_interval_ms,
+        backoff_base_ms: l.backoff_base_ms,
+        drain_budget_ms: l.drain_budget_ms,
+        capabilities,
+    })
+}
+
+impl Runner {
+    /// Opens the state root (taking the owner lock), the Session, the TLS client and the
+    /// supervisor image.
+    ///
+    /// # Errors
+    /// [`StartError`] naming what is wrong.
+    pub fn start(config: &Config, signals: Signals) -> Result<Self, StartError> {
+        let image = SupervisorImage::current_exe().map_err(StartError::Image)?;
+        Self::start_with_image(config, signals, image)
+    }
+
+    /// As [`Runner::start`], with an explicit supervisor image (tests, the demo).
+    ///
+    /// # Errors
+    /// [`StartError`] naming what is wrong.
+    pub fn start_with_image(
+        config: &Config,
+        signals: Signals,
+        image: SupervisorImage,
+    ) -> Result<Self, StartError> {
+        let journal = Journal::open(&config.root, config.limits.inbox_capacity)?;
+        let session = session_store::load_or_create(&config.root, &config.worker_id)?;
+        let cp = &config.control_plane;
+        let origin = Origin::parse(&cp.origin)
+            .map_err(|e| StartError::ControlPlane(format!("origin: {e}")))?;
+        crate::config::check_secret_file(&cp.client_key, "client key")
+            .map_err(StartError::ControlPlane)?;
+        let paths = TlsMaterialPaths {
+            cert_chain: cp.client_certificate.clone(),
+            private_key: cp.client_key.clone(),
+            trust_anchors: cp.trust_anchors.clone(),
+        };
+        let material =
+            TlsMaterial::load(&paths).map_err(|e| StartError::ControlPlane(e.to_string()))?;
+        let timeout = RequestTimeout::from_millis(cp.timeout_ms)
+            .map_err(|e| StartError::ControlPlane(e.to_string()))?;
+        let client = HttpsClient::new(origin, material, timeout)
+            .map_err(|e| StartError::ControlPlane(e.to_string()))?;
+        crate::host::authorization(&cp.credential_file).map_err(StartError::ControlPlane)?;
+        let executor = SupervisorExecutor::new(image, config.root.clone());
+        let mut host = Host::new(
+            journal,
+            config.limits.spool,
+            client,
+            cp.credential_file.clone(),
+            executor,
+            StopController::default(),
+        );
+        host.stall_after(stall_hook()?);
+        let now = crate::os::now();
+        let worker = Worker::new(worker_config(config, session.session_id)?, now);
+        Ok(Self {
+            worker,
+            host,
+            root: config.root.clone(),
+            retention: RetentionPolicy {
+                high_water_records: usize::try_from(config.retention.high_water_records)
+                    .unwrap_or(usize::MAX),
+                max_settled_age_ms: Some(config.retention.max_settled_age_ms),
+                log_keep_ms: config.retention.log_keep_ms,
+            },
+            signals,
+            drain_sent: false,
+            next_retention_at: now,
+        })
+    }
+
+    /// Installs an observer of persisted records and uploads (the demo prints lifecycles).
+    pub fn observe(&mut self, observer: Box<dyn FnMut(&Event<'_>)>) {
+        self.host.observe(observer);
+    }
+
+    /// The core machine (read-only), for status output.
+    #[must_use]
+    pub fn worker(&self) -> &Worker {
+        &self.worker
+    }
+
+    /// Runs until the Worker drains, halts, or a second signal arrives.
+    pub fn run(&mut self) -> RunExit {
+        loop {
+            if let Some(exit) = self.check_operator() {
+                return exit;
+            }
+            match self.worker.poll_output() {
+                Output::Command(command) => {
+                    let id = command.id;
+                    let outcome = match self.host.perform(command.action) {
+                        Ok(outcome) => outcome,
+                        Err(HostError::Fatal(detail)) => return RunExit::Fatal(detail),
+                    };
+                    let input = Input::Outcome { id, outcome };
+                    if let Err(e) = self.worker.handle(crate::os::now(), input) {
+                        return RunExit::Fatal(format!("core refused an outcome: {e}"));
+                    }
+                }
+                Output::Idle { wake_at } => {
+                    self.housekeeping();
+                    if let Some(exit) = self.sleep_until(wake_at) {
+                        return exit;
+                    }
+                    if self.worker.handle(crate::os::now(), Input::Tick).is_err() {
+                        return RunExit::Fatal(String::from("core refused a tick"));
+                    }
+                }
+                Output::Stopped(StopReason::Drained) => {
+                    let _ = session_store::forget(&self.root);
+                    let _ = std::fs::remove_file(self.root.join(DRAIN_FILE));
+                    return RunExit::Drained;
+                }
+                Output::Stopped(StopReason::DrainBudgetExhausted) => {
+                    return RunExit::DrainBudgetExhausted;
+                }
+                Output::Halted(reason) => return RunExit::Halted(reason),
+            }
+        }
+    }
+
+    /// First request ⇒ drain; second ⇒ stop now.
+    fn check_operator(&mut self) -> Option<RunExit> {
+        let signals = self.signals.seen();
+        let file = self.root.join(DRAIN_FILE).exists();
+        if signals >= 2 {
+            return Some(RunExit::Interrupted);
+        }
+        if (signals == 1 || file) && !self.drain_sent {
+            self.drain_sent = true;
+            if self
+                .worker
+                .handle(crate::os::now(), Input::DrainRequested)
+                .is_err()
+            {
+                return Some(RunExit::Fatal(String::from(
+                    "core refused the drain request",
+                )));
+            }
+        }
+        None
+    }
+
+    /// Between commands: reap finished supervisors; sweep retention now and then.
+    fn housekeeping(&mut self) {
+        self.host.executor_mut().reap_exited();
+        let now = crate::os::now();
+        if now >= self.next_retention_at {
+            self.next_retention_at = now.saturating_add(RETENTION_EVERY_MS);
+            let _ = retention::sweep(self.host.journal_mut(), now, &self.retention);
+        }
+    }
+
+    fn sleep_until(&mut self, wake_at: Option<UnixMillis>) -> Option<RunExit> {
+        loop {
+            let now = crate::os::now();
+            if wake_at.is_some_and(|at| now >= at) {
+                return None;
+            }
+            let left = wake_at.map_or(SLEEP_SLICE, |at| {
+                Duration::from_millis(at.saturating_since(now))
+            });
+            std::thread::sleep(left.min(SLEEP_SLICE));
+            let before = self.drain_sent;
+            if let Some(exit) = self.check_operator() {
+                return Some(exit);
+            }
+            if self.drain_sent != before {
+                return None;
+            }
+            self.host.executor_mut().reap_exited();
+        }
+    }
+}
+
+/// The crash-test hook `QL_WORKER_FAULT_STALL_AFTER=<state>` (see [`Host::stall_after`]).
+fn stall_hook() -> Result<Option<ql_worker_core::record::State>, StartError> {
+    let Ok(name) = std::env::var(STALL_HOOK_ENV) else {
+        return Ok(None);
+    };
+    ql_worker_core::record::State::ALL
+        .into_iter()
+        .find(|s| s.as_str() == name)
+        .map(Some)
+        .ok_or_else(|| {
+            StartError::Environment(format!("{STALL_HOOK_ENV}={name}: not a record state"))
+        })
+}
+
+/// Environment variable of the crash-test hook.
+pub const STALL_HOOK_ENV: &str = "QL_WORKER_FAULT_STALL_AFTER";
+
+/// Writes the drain request file in `root` (for `ql-worker drain`).
+///
+/// # Errors
+/// The I/O error.
+pub fn request_drain(root: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(root.join(DRAIN_FILE))?;
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! The launch report: one small frame the supervisor writes on its stdout pipe, once, and the
+//! reasons it can carry. Reasons are fixed vocabularies: no path, value or message text that could
+//! carry a Secret.
+
+use ql_worker_core::record::State;
+use serde::{Deserialize, Serialize};
+
+use super::frame::{self, FrameError};
+use super::plan::PlanError;
+
+/// Magic of a report frame.
+pub(crate) const REPORT_MAGIC: [u8; 4] = *b"QLSR";
+/// Largest report frame.
+pub(crate) const MAX_REPORT_BYTES: usize = 1024;
+
+/// What the supervisor tells the Worker about the launch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Report {
+    /// The user process exists; here is its durable handle.
+    Started {
+        /// The `ql3lp1.` handle.
+        handle: String,
+        /// `executorStartedAtMs`, echoed from the plan.
+        started_at_ms: u64,
+    },
+    /// Proof that no user process was started.
+    Rejected(RejectReason),
+    /// A user process may exist but its outcome is not proven.
+    Unknown(UnknownReason),
+}
+
+impl Report {
+    pub(crate) fn encode(&self) -> Result<zeroize::Zeroizing<Vec<u8>>, FrameError> {
+        frame::encode(REPORT_MAGIC, self, MAX_REPORT_BYTES)
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, FrameError> {
+        frame::decode(REPORT_MAGIC, bytes, MAX_REPORT_BYTES)
+    }
+}
+
+/// The inbox field whose durable value differs from the plan (spawn barrier drift).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BarrierField {
+    /// The record is not in `launching`.
+    State(State),
+    /// `offer.offerId`.
+    OfferId,
+    /// `offer.candidate.runId`.
+    RunId,
+    /// `offer.candidate.attemptId`.
+    AttemptId,
+    /// `completionReceiptCallbackSequence`.
+    CallbackSequence,
+    /// `completionReceiptTokenDigest`.
+    TokenDigest,
+    /// `logArtifactId`.
+    LogArtifactId,
+    /// `executorStartedAtMs`.
+    ExecutorStartedAtMs,
+}
+
+impl std::fmt::Display for BarrierField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::State(state) => write!(f, "state is {state}, not launching"),
+            Self::OfferId => f.write_str("offerId"),
+            Self::RunId => f.write_str("runId"),
+            Self::AttemptId => f.write_str("attemptId"),
+            Self::CallbackSequence => f.write_str("completionReceiptCallbackSequence"),
+            Self::TokenDigest => f.write_str("completionReceiptTokenDigest"),
+            Self::LogArtifactId => f.write_str("logArtifactId"),
+            Self::ExecutorStartedAtMs => f.write_str("executorStartedAtMs"),
+        }
+    }
+}
+
+/// Why no user process was started. Every variant is proof of no spawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum RejectReason {
+    /// The durable `launching` record differs from the plan: the spawn barrier drifted.
+    #[error("spawn barrier drifted: {0}")]
+    BarrierDrift(BarrierField),
+    /// The inbox record could not be read, so the barrier could not be crossed.
+    #[error("spawn barrier unreadable: the inbox record could not be read")]
+    BarrierUnreadable,
+    /// The plan broke a launcher rule.
+    #[error("launch plan invalid: {0}")]
+    PlanInvalid(PlanError),
+    /// The supervisor did not receive one complete plan.
+    #[error("launch plan not received by the supervisor")]
+    PlanNotReceived,
+    /// `executorStartedAtMs` is later than the launcher's clock.
+    #[error("executorStartedAtMs is in the future")]
+    StartTimeInFuture,
+    /// `timeoutMs` and `executionDeadlineAtMs` are not both present or both absent.
+    #[error("timeout without durable deadline authority (or deadline without timeout)")]
+    TimeoutWithoutDeadline,
+    /// The log spool file could not be opened for capture.
+    #[error("log spool unavailable")]
+    LogUnavailable,
+    /// The supervisor could not become a child subreaper.
+    #[error("child subreaper unavailable")]
+    SubreaperUnavailable,
+    /// The supervisor holds an inheritable descriptor beyond 0-2 that the user would inherit.
+    #[error("supervisor holds an inheritable descriptor {0} beyond stdio")]
+    InheritedDescriptor(u32),
+    /// The capture pipe could not be created.
+    #[error("capture pipe unavailable")]
+    PipeUnavailable,
+    /// `spawn` failed before exec: the user program never ran.
+    #[error("spawn failed before exec (os error {errno})")]
+    SpawnFailed {
+        /// The OS error number, or 0.
+        errno: i32,
+    },
+    /// The supervisor image could not be executed.
+    #[error("supervisor could not be started (os error {errno})")]
+    SupervisorSpawnFailed {
+        /// The OS error number, or 0.
+        errno: i32,
+    },
+}
+
+/// Why the launch outcome is not known. A user process may exist.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum UnknownReason {
+    /// The user process was spawned but its durable identity could not be captured; the
+    /// supervisor stopped its process group.
+    #[error("identity capture failed after spawn; process group stopped")]
+    IdentityCaptureFailed,
+    /// The durable handle could not be encoded.
+    #[error("durable handle could not be encoded")]
+    HandleUnencodable,
+    /// The supervisor closed its report pipe without a report.
+    #[error("supervisor ended without a launch report")]
+    ReportMissing,
+    /// The report bytes are not a valid report.
+    #[error("supervisor launch report is malformed")]
+    ReportGarbled,
+    /// No report arrived in time.
+    #[error("supervisor launch report timed out")]
+    ReportTimedOut,
+    /// Reading the report failed.
+    #[error("supervisor launch report unreadable")]
+    ReportUnreadable,
+    /// The reported handle is not a valid `ql3lp1.` handle.
+    #[error("reported executor handle is invalid")]
+    HandleInvalid,
+    /// The reported start time differs from the durable one.
+    #[error("reported start time differs from executorStartedAtMs")]
+    StartTimeMismatch,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_round_trip() {
+        for report in [
+            Report::Started {
+                handle: "ql3lp1.x".into(),
+                started_at_ms: 5,
+            },
+            Report::Rejected(RejectReason::BarrierDrift(BarrierField::State(
+                State::Started,
+            ))),
+            Report::Rejected(RejectReason::SpawnFailed { errno: 2 }),
+            Report::Unknown(UnknownReason::IdentityCaptureFailed),
+        ] {
+            let frame = report.encode().unwrap();
+            assert_eq!(Report::decode(&frame).unwrap(), report);
+        }
+    }
+}

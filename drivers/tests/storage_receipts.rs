@@ -1,0 +1,142 @@
+//! The receipt store on real files: publish once, read with the path/content attempt check,
+//! remove with a directory fsync, quarantine without replacing.
+
+mod storage_support;
+
+use std::fs;
+use std::os::unix::fs::MetadataExt as _;
+
+use ql_worker::fsio::{FaultFs, RealFs};
+use ql_worker::receipts::{self, ReceiptStoreError};
+use ql_worker_core::ids::AttemptId;
+use storage_support::*;
+
+fn root_dir() -> Sandbox {
+    let sb = sandbox();
+    fs::create_dir(&sb.root).unwrap();
+    fs::set_permissions(
+        &sb.root,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    sb
+}
+
+fn attempt(n: u32) -> AttemptId {
+    AttemptId::new(format!("attempt-{n}")).unwrap()
+}
+
+#[test]
+fn receipt_publishes_once_0600_in_a_0700_shard_and_reads_back() {
+    let sb = root_dir();
+    let published = receipts::publish(&sb.root, &receipt(1)).unwrap();
+    assert_eq!(published.path, sb.root.join("receipts/at/attempt-1.rcpt"));
+    let meta = fs::metadata(&published.path).unwrap();
+    assert_eq!((meta.mode() & 0o7777, meta.nlink()), (0o600, 1));
+    let shard = fs::metadata(sb.root.join("receipts/at")).unwrap();
+    assert_eq!(shard.mode() & 0o7777, 0o700);
+    assert_eq!(
+        receipts::read(&sb.root, &attempt(1)).unwrap(),
+        Some(receipt(1))
+    );
+    let err = unchanged(sb.dir.path(), || {
+        receipts::publish(&sb.root, &receipt(1)).unwrap_err()
+    });
+    assert!(
+        matches!(err, ReceiptStoreError::AlreadyExists { .. }),
+        "{err:?}"
+    );
+    assert!(temps_in(&sb.root.join("receipts/at")).is_empty());
+}
+
+#[test]
+fn receipt_file_never_contains_the_token_in_the_clear_outside_its_envelope_body() {
+    // The token is stored (it must be, until completion): but only inside the receipt file,
+    // and no other file under the root carries it.
+    let sb = root_dir();
+    receipts::publish(&sb.root, &receipt(1)).unwrap();
+    let token = receipt(1).token.expose().as_bytes().to_vec();
+    for (path, node) in snapshot(&sb.root) {
+        if node.kind == "file" && !path.ends_with("attempt-1.rcpt") {
+            let bytes = fs::read(&path).unwrap();
+            assert!(
+                !bytes.windows(token.len()).any(|w| w == token),
+                "{}",
+                path.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn read_of_a_missing_receipt_is_none_and_creates_nothing() {
+    let sb = root_dir();
+    let got = unchanged(sb.dir.path(), || {
+        receipts::read(&sb.root, &attempt(1)).unwrap()
+    });
+    assert_eq!(got, None);
+}
+
+#[test]
+fn remove_unlinks_and_fsyncs_the_shard_and_reports_absence() {
+    let sb = root_dir();
+    receipts::publish(&sb.root, &receipt(1)).unwrap();
+    let stale = sb.root.join(format!(
+        "receipts/at/.attempt-1.rcpt.{}.tmp",
+        "9e".repeat(16)
+    ));
+    fs::write(&stale, b"").unwrap();
+    let seam = FaultFs::new(RealFs);
+    assert!(receipts::remove_with(&seam, &sb.root, &attempt(1)).unwrap());
+    assert!(seam.fsyncs() >= 1, "{:?}", seam.trace());
+    assert!(!sb.root.join("receipts/at/attempt-1.rcpt").exists());
+    assert!(!stale.exists(), "stale temp of the settled receipt swept");
+    assert!(!receipts::remove(&sb.root, &attempt(1)).unwrap());
+}
+
+#[test]
+fn quarantine_moves_the_receipt_and_never_replaces_an_occupied_slot() {
+    let sb = root_dir();
+    receipts::publish(&sb.root, &receipt(1)).unwrap();
+    let original = fs::read(sb.root.join("receipts/at/attempt-1.rcpt")).unwrap();
+    assert!(receipts::quarantine(&sb.root, &attempt(1)).unwrap());
+    let slot = sb.root.join("receipts/.quarantine/at/attempt-1.rcpt");
+    assert_eq!(fs::read(&slot).unwrap(), original);
+    assert!(!sb.root.join("receipts/at/attempt-1.rcpt").exists());
+    assert_eq!(
+        fs::metadata(sb.root.join("receipts/.quarantine"))
+            .unwrap()
+            .mode()
+            & 0o7777,
+        0o700
+    );
+    assert!(
+        !receipts::quarantine(&sb.root, &attempt(1)).unwrap(),
+        "nothing left to move"
+    );
+    receipts::publish(&sb.root, &receipt(1)).unwrap();
+    let err = unchanged(sb.dir.path(), || {
+        receipts::quarantine(&sb.root, &attempt(1)).unwrap_err()
+    });
+    assert!(
+        matches!(err, ReceiptStoreError::QuarantineOccupied { .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_corrupt_receipt_can_be_quarantined_for_inspection() {
+    let sb = root_dir();
+    receipts::publish(&sb.root, &receipt(1)).unwrap();
+    let path = sb.root.join("receipts/at/attempt-1.rcpt");
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[60] ^= 1;
+    fs::write(&path, &bytes).unwrap();
+    assert!(receipts::read(&sb.root, &attempt(1)).is_err());
+    assert!(receipts::quarantine(&sb.root, &attempt(1)).unwrap());
+    assert_eq!(
+        fs::read(sb.root.join("receipts/.quarantine/at/attempt-1.rcpt")).unwrap(),
+        bytes
+    );
+    assert_eq!(receipts::read(&sb.root, &attempt(1)).unwrap(), None);
+}

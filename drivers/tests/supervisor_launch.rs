@@ -1,0 +1,518 @@
+//! POSIX executor scenarios (reference §6.3) and launch mechanics, with real processes: the real
+//! `ql-worker` binary as the supervisor image, real files under a 0700 temp root.
+
+mod supervisor_common;
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::Path;
+
+use ql_worker::supervisor::{
+    BarrierField, DurableHandle, EnvVar, Executor as _, ExecutorOutcome, ProcRoot, RejectReason,
+    SupervisorExecutor, SupervisorImage, UnknownReason,
+};
+use ql_worker_core::ids::{AttemptId, CallbackSequence, LogArtifactId, RunId};
+use ql_worker_core::record::State;
+use ql_worker_core::time::UnixMillis;
+use supervisor_common::{
+    Fixture, SUPERVISOR_BIN, WAIT, alive, argv, authenticate, in_clean_process, now_ms, sh,
+    wait_for,
+};
+
+#[test]
+fn verifies_the_worker_barrier_launches_through_the_reviewed_fd_and_writes_a_receipt() {
+    in_clean_process(
+        "verifies_the_worker_barrier_launches_through_the_reviewed_fd_and_writes_a_receipt",
+        || {
+            let fx = Fixture::new(1);
+            let outcome = fx.start(
+                sh("echo hello from the user; env | sort; exit 0"),
+                vec![EnvVar::new("PUBLIC_VALUE", "visible")],
+            );
+            let ExecutorOutcome::Started { handle, started_at } = &outcome else {
+                panic!("expected Started, got {outcome:?}");
+            };
+            assert!(handle.as_str().starts_with("ql3lp1."));
+            assert_eq!(Some(*started_at), fx.record.executor_started_at_ms);
+            let parsed = DurableHandle::parse(handle.as_str()).unwrap();
+            assert_eq!(
+                parsed.identity.pid, parsed.identity.pgid,
+                "own process group"
+            );
+            assert_eq!(parsed.handle_id, "attempt-1");
+            let receipt = fx.wait_receipt();
+            authenticate(&receipt, &fx.record);
+            assert_eq!(receipt.exit_code, 0);
+            let log = String::from_utf8(fx.log()).unwrap();
+            assert!(log.starts_with("hello from the user\n"), "{log}");
+            // Exactly the materialized environment (dash adds only PWD when asked to run `env`).
+            let env: BTreeSet<&str> = log.lines().skip(1).collect();
+            assert!(env.contains("PUBLIC_VALUE=visible"), "{log}");
+            assert!(
+                !log.contains("QL3_") && !log.contains(receipt.token.expose()),
+                "{log}"
+            );
+            let fact = fx.fact().expect("truncation fact");
+            assert!(!fact.quota_reached);
+            assert_eq!(fact.maximum_bytes, fx.quota);
+        },
+    );
+}
+
+#[test]
+fn does_not_spawn_when_the_durable_worker_barrier_rejects_authority() {
+    in_clean_process(
+        "does_not_spawn_when_the_durable_worker_barrier_rejects_authority",
+        || {
+            type Drift = fn(&mut ql_worker::supervisor::Launch);
+            let drifts: [(Drift, BarrierField); 6] = [
+                (
+                    |l| l.run_id = RunId::new("run-other").unwrap(),
+                    BarrierField::RunId,
+                ),
+                (
+                    |l| l.attempt_id = AttemptId::new("attempt-other").unwrap(),
+                    BarrierField::AttemptId,
+                ),
+                (
+                    |l| l.callback_sequence = CallbackSequence::new(4).unwrap(),
+                    BarrierField::CallbackSequence,
+                ),
+                (
+                    |l| l.capability = ql_worker::supervisor::Capability::from_bytes([0; 32]),
+                    BarrierField::TokenDigest,
+                ),
+                (
+                    |l| {
+                        l.log_artifact_id =
+                            LogArtifactId::new(format!("wlog-{:030x}", 999)).unwrap();
+                    },
+                    BarrierField::LogArtifactId,
+                ),
+                (
+                    |l| {
+                        l.executor_started_at =
+                            UnixMillis::new(l.executor_started_at.get() - 1).unwrap();
+                    },
+                    BarrierField::ExecutorStartedAtMs,
+                ),
+            ];
+            for (drift, field) in drifts {
+                let fx = Fixture::new(2);
+                let marker = fx.scratch("spawned");
+                let mut launch = fx.launch(sh(&format!("touch {}", marker.display())), vec![]);
+                drift(&mut launch);
+                let outcome = fx.executor().start(launch);
+                assert_eq!(
+                    outcome,
+                    ExecutorOutcome::Rejected {
+                        reason: RejectReason::BarrierDrift(field)
+                    }
+                );
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                assert!(!marker.exists(), "{field:?}: user code must not run");
+                assert!(
+                    fx.receipt().is_none(),
+                    "{field:?}: no receipt without a spawn"
+                );
+            }
+        },
+    );
+}
+
+#[test]
+fn barrier_rejects_a_record_that_is_no_longer_launching_or_is_missing() {
+    in_clean_process(
+        "barrier_rejects_a_record_that_is_no_longer_launching_or_is_missing",
+        || {
+            let fx = Fixture::new(3);
+            let mut journal = ql_worker::journal::Journal::open(
+                &fx.root,
+                ql_worker_core::listing::Capacity::DEFAULT,
+            )
+            .unwrap();
+            let mut started = fx.record.clone();
+            started.revision = ql_worker_core::ids::Revision::new(3).unwrap();
+            started.state = State::Started;
+            started.executor_handle =
+                Some(ql_worker_core::ids::ExecutorHandle::new("ql3lp1.e30").unwrap());
+            journal
+                .replace_record(
+                    &started.offer.offer_id.clone(),
+                    &started,
+                    fx.record.revision,
+                )
+                .unwrap();
+            drop(journal);
+            let marker = fx.scratch("spawned");
+            let outcome = fx.start(sh(&format!("touch {}", marker.display())), vec![]);
+            assert_eq!(
+                outcome,
+                ExecutorOutcome::Rejected {
+                    reason: RejectReason::BarrierDrift(BarrierField::State(State::Started))
+                }
+            );
+            fs::remove_file(fx.paths().record(&fx.record.offer.offer_id)).unwrap();
+            let outcome = fx.start(sh(&format!("touch {}", marker.display())), vec![]);
+            assert_eq!(
+                outcome,
+                ExecutorOutcome::Rejected {
+                    reason: RejectReason::BarrierUnreadable
+                }
+            );
+            assert!(!marker.exists());
+        },
+    );
+}
+
+#[test]
+fn rejects_timeout_without_durable_control_plane_deadline_before_spawn() {
+    in_clean_process(
+        "rejects_timeout_without_durable_control_plane_deadline_before_spawn",
+        || {
+            let fx = Fixture::new(4);
+            // No record at all: had the barrier been consulted, the reason would be
+            // BarrierUnreadable.
+            fs::remove_file(fx.paths().record(&fx.record.offer.offer_id)).unwrap();
+            let marker = fx.scratch("spawned");
+            let mut launch = fx.launch(sh(&format!("touch {}", marker.display())), vec![]);
+            launch.timeout_ms = Some(5000);
+            let outcome = fx.executor().start(launch);
+            assert_eq!(
+                outcome,
+                ExecutorOutcome::Rejected {
+                    reason: RejectReason::TimeoutWithoutDeadline
+                }
+            );
+            assert!(!marker.exists());
+        },
+    );
+}
+
+#[test]
+fn accepts_timeout_only_when_starting_ack_supplied_a_durable_deadline() {
+    in_clean_process(
+        "accepts_timeout_only_when_starting_ack_supplied_a_durable_deadline",
+        || {
+            let fx = Fixture::new(5);
+            let mut launch = fx.launch(argv("/bin/true", &[]), vec![]);
+            launch.timeout_ms = Some(5000);
+            launch.execution_deadline_at = Some(UnixMillis::new(now_ms().get() + 5000).unwrap());
+            let outcome = fx.executor().start(launch);
+            assert!(
+                matches!(outcome, ExecutorOutcome::Started { .. }),
+                "{outcome:?}"
+            );
+            authenticate(&fx.wait_receipt(), &fx.record);
+        },
+    );
+}
+
+#[test]
+fn propagates_unknown_outcome_when_durable_identity_capture_fails_after_spawn() {
+    in_clean_process(
+        "propagates_unknown_outcome_when_durable_identity_capture_fails_after_spawn",
+        || {
+            let fx = Fixture::new(6);
+            let empty_proc = fx.scratch("no-proc");
+            fs::create_dir(&empty_proc).unwrap();
+            let marker = fx.scratch("ran");
+            let image = SupervisorImage::open(Path::new(SUPERVISOR_BIN)).unwrap();
+            let mut executor = SupervisorExecutor::new(image, &fx.root)
+                .with_report_timeout(WAIT)
+                .with_identity_proc_root(&ProcRoot::at(&empty_proc));
+            let outcome = executor.start(fx.launch(
+                sh(&format!("touch {}; exec sleep 300", marker.display())),
+                vec![],
+            ));
+            assert_eq!(
+                outcome,
+                ExecutorOutcome::Unknown {
+                    reason: UnknownReason::IdentityCaptureFailed
+                }
+            );
+            // The process group was stopped; the receipt records the signal, never success.
+            let receipt = fx.wait_receipt();
+            authenticate(&receipt, &fx.record);
+            assert_eq!(receipt.exit_code, 128 + 15);
+        },
+    );
+}
+
+#[test]
+fn spawn_error_before_exec_is_rejected_without_receipt() {
+    in_clean_process(
+        "spawn_error_before_exec_is_rejected_without_receipt",
+        || {
+            let fx = Fixture::new(7);
+            let outcome = fx.start(argv("/nonexistent/program", &[]), vec![]);
+            assert_eq!(
+                outcome,
+                ExecutorOutcome::Rejected {
+                    reason: RejectReason::SpawnFailed { errno: 2 }
+                }
+            );
+            assert!(fx.receipt().is_none());
+            let mut launch = fx.launch(argv("/bin/true", &[]), vec![]);
+            launch.working_directory = Some(fx.scratch("missing-dir").display().to_string());
+            let outcome = fx.executor().start(launch);
+            assert!(
+                matches!(
+                    outcome,
+                    ExecutorOutcome::Rejected {
+                        reason: RejectReason::SpawnFailed { .. }
+                    }
+                ),
+                "{outcome:?}"
+            );
+            assert!(fx.receipt().is_none());
+        },
+    );
+}
+
+#[test]
+fn receipt_preserves_exit_code_and_signal_derived_code() {
+    in_clean_process(
+        "receipt_preserves_exit_code_and_signal_derived_code",
+        || {
+            let fx = Fixture::new(8);
+            let _ = fx.start(sh("exit 7"), vec![]);
+            assert_eq!(fx.wait_receipt().exit_code, 7);
+            let fx = Fixture::new(9);
+            let _ = fx.start(sh("kill -9 $$"), vec![]);
+            assert_eq!(fx.wait_receipt().exit_code, 128 + 9);
+            let fx = Fixture::new(10);
+            let _ = fx.start(argv("/bin/sh", &["-c", "exit 255"]), vec![]);
+            assert_eq!(fx.wait_receipt().exit_code, 255);
+        },
+    );
+}
+
+#[test]
+fn user_environ_is_exact_and_only_stdio_descriptors_are_inherited() {
+    in_clean_process(
+        "user_environ_is_exact_and_only_stdio_descriptors_are_inherited",
+        || {
+            let fx = Fixture::new(11);
+            let work = fx.scratch("work");
+            fs::create_dir(&work).unwrap();
+            let gate = fx.scratch("gate");
+            let env = vec![
+                EnvVar::new("PUBLIC_VALUE", "visible"),
+                EnvVar::new("SECRET_TOKEN", "s3cr3t-value-11"),
+            ];
+            let mut launch = fx.launch(
+                argv(
+                    "/bin/sh",
+                    &[
+                        "-c",
+                        &format!("while [ ! -e {} ]; do sleep 0.02; done", gate.display()),
+                    ],
+                ),
+                env,
+            );
+            launch.working_directory = Some(work.display().to_string());
+            let mut executor = fx.executor();
+            let outcome = executor.start(launch);
+            let pid = Fixture::user_pid(&outcome);
+            // environ: exactly the materialized pairs, nothing inherited.
+            let environ = fs::read(format!("/proc/{pid}/environ")).unwrap();
+            let mut pairs: Vec<&[u8]> = environ
+                .split(|b| *b == 0)
+                .filter(|p| !p.is_empty())
+                .collect();
+            pairs.sort_unstable();
+            assert_eq!(
+                pairs,
+                vec![
+                    &b"PUBLIC_VALUE=visible"[..],
+                    &b"SECRET_TOKEN=s3cr3t-value-11"[..]
+                ]
+            );
+            // Descriptors: exactly 0, 1, 2; stdin is /dev/null; stdout and stderr share one pipe.
+            let fds: BTreeSet<String> = fs::read_dir(format!("/proc/{pid}/fd"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            assert_eq!(fds, BTreeSet::from(["0".into(), "1".into(), "2".into()]));
+            let link = |n: u32| fs::read_link(format!("/proc/{pid}/fd/{n}")).unwrap();
+            assert_eq!(link(0), Path::new("/dev/null"));
+            assert!(link(1).to_string_lossy().starts_with("pipe:"));
+            assert_eq!(link(1), link(2));
+            assert_eq!(fs::read_link(format!("/proc/{pid}/cwd")).unwrap(), work);
+            // The supervisor: parent of the user, its own process group, empty environment, no
+            // plan data on argv.
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+            let fields: Vec<&str> = stat
+                .rsplit_once(')')
+                .unwrap()
+                .1
+                .split_whitespace()
+                .collect();
+            let supervisor: u32 = fields[1].parse().unwrap();
+            assert_eq!(executor.supervisor_pids(), vec![supervisor]);
+            let sup_stat = fs::read_to_string(format!("/proc/{supervisor}/stat")).unwrap();
+            let sup_fields: Vec<&str> = sup_stat
+                .rsplit_once(')')
+                .unwrap()
+                .1
+                .split_whitespace()
+                .collect();
+            assert_eq!(
+                sup_fields[2],
+                supervisor.to_string(),
+                "supervisor leads its own group"
+            );
+            assert_ne!(
+                sup_fields[2],
+                rustix::process::getpgrp().as_raw_pid().to_string()
+            );
+            assert!(
+                fs::read(format!("/proc/{supervisor}/environ"))
+                    .unwrap()
+                    .is_empty()
+            );
+            assert_eq!(
+                fs::read(format!("/proc/{supervisor}/cmdline")).unwrap(),
+                b"ql-worker\0__supervise\0"
+            );
+            fs::write(&gate, b"").unwrap();
+            authenticate(&fx.wait_receipt(), &fx.record);
+            assert!(wait_for(WAIT, || (executor.reap_exited() == 0).then_some(())).is_some());
+            assert!(!alive(pid));
+        },
+    );
+}
+
+#[test]
+fn executes_the_verified_image_fd_when_its_path_is_replaced() {
+    in_clean_process(
+        "executes_the_verified_image_fd_when_its_path_is_replaced",
+        || {
+            let fx = Fixture::new(12);
+            let copy = fx.scratch("ql-worker");
+            fs::copy(SUPERVISOR_BIN, &copy).unwrap();
+            let image = SupervisorImage::open(&copy).unwrap();
+            // Replace the path after the image was opened: a script that would forge a report.
+            let evil = fx.scratch("evil");
+            let marker = fx.scratch("evil-ran");
+            fs::write(&evil, format!("#!/bin/sh\ntouch {}\n", marker.display())).unwrap();
+            fs::set_permissions(&evil, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            fs::rename(&evil, &copy).unwrap();
+            assert_ne!(fs::metadata(&copy).unwrap().ino(), 0);
+            let mut executor = SupervisorExecutor::new(image, &fx.root).with_report_timeout(WAIT);
+            let outcome = executor.start(fx.launch(argv("/bin/true", &[]), vec![]));
+            assert!(
+                matches!(outcome, ExecutorOutcome::Started { .. }),
+                "{outcome:?}"
+            );
+            authenticate(&fx.wait_receipt(), &fx.record);
+            assert!(!marker.exists(), "the replaced file must never run");
+        },
+    );
+}
+
+#[test]
+fn supervisor_rejects_an_inheritable_descriptor_the_user_would_inherit() {
+    // Deliberately not in a clean process: the test gives itself a stray descriptor through
+    // bash and runs the executor from a stand-in.
+    if std::env::var_os("QL_STRAY_STANDIN").is_some() {
+        let fx = Fixture::new(13);
+        let marker = fx.scratch("spawned");
+        let outcome = fx.start(sh(&format!("touch {}", marker.display())), vec![]);
+        assert!(
+            matches!(
+                outcome,
+                ExecutorOutcome::Rejected {
+                    reason: RejectReason::InheritedDescriptor(_)
+                }
+            ),
+            "{outcome:?}"
+        );
+        assert!(!marker.exists());
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let status = std::process::Command::new("/bin/bash")
+        .arg("-c")
+        .arg(format!(
+            "{} 7</dev/null",
+            supervisor_common::CLOSE_STRAYS_AND_EXEC
+        ))
+        .arg("bash")
+        .arg(exe)
+        .args([
+            "--exact",
+            "supervisor_rejects_an_inheritable_descriptor_the_user_would_inherit",
+            "--nocapture",
+            "-q",
+        ])
+        .env("QL_STRAY_STANDIN", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.status.success() && stdout.contains("1 passed"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn missing_log_spool_is_rejected_before_spawn() {
+    in_clean_process("missing_log_spool_is_rejected_before_spawn", || {
+        let fx = Fixture::new(14);
+        fs::remove_file(fx.log_path()).unwrap();
+        let marker = fx.scratch("spawned");
+        let outcome = fx.start(sh(&format!("touch {}", marker.display())), vec![]);
+        assert_eq!(
+            outcome,
+            ExecutorOutcome::Rejected {
+                reason: RejectReason::LogUnavailable
+            }
+        );
+        assert!(!marker.exists());
+        assert!(fx.receipt().is_none());
+    });
+}
+
+#[test]
+fn missing_report_is_unknown_never_rejected() {
+    in_clean_process("missing_report_is_unknown_never_rejected", || {
+        let fx = Fixture::new(15);
+        // An image that is not a supervisor: it reads the whole plan and reports nothing. The
+        // Worker cannot prove anything, so the outcome is Unknown.
+        let image = SupervisorImage::open(Path::new("/usr/bin/xargs")).unwrap();
+        let mut executor = SupervisorExecutor::new(image, &fx.root).with_report_timeout(WAIT);
+        let outcome = executor.start(fx.launch(argv("/bin/true", &[]), vec![]));
+        assert_eq!(
+            outcome,
+            ExecutorOutcome::Unknown {
+                reason: UnknownReason::ReportMissing
+            }
+        );
+    });
+}
+
+#[test]
+fn plan_not_fully_delivered_is_rejected() {
+    in_clean_process("plan_not_fully_delivered_is_rejected", || {
+        let fx = Fixture::new(16);
+        // A plan larger than a pipe buffer, and an image that exits without reading it: the
+        // write fails, so no supervisor can have had the complete plan.
+        let image = SupervisorImage::open(Path::new("/bin/true")).unwrap();
+        let mut executor = SupervisorExecutor::new(image, &fx.root).with_report_timeout(WAIT);
+        let big = ":".repeat(60 * 1024);
+        let env = (0..4)
+            .map(|i| EnvVar::new(format!("BIG_{i}"), "x".repeat(15 * 1024)))
+            .collect();
+        let outcome = executor.start(fx.launch(sh(&big), env));
+        assert_eq!(
+            outcome,
+            ExecutorOutcome::Rejected {
+                reason: RejectReason::PlanNotReceived
+            }
+        );
+    });
+}
