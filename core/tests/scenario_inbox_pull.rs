@@ -68,7 +68,12 @@ fn first_write(sim: &Sim) -> (Option<Revision>, InboxRecord) {
 /// the stored record carries; the offer is published as `accepted` at revision 0; a second
 /// delivery of the stored offer is a replay that writes nothing. The files' modes (0600 records
 /// and claim, 0700 root) and the temp + fsync + link/rename recipe belong to the driver's file
-/// authority and are tested there (`drivers/` file-authority tests).
+/// authority: `drivers/tests/storage_journal.rs`
+/// (`publishing_an_existing_record_is_already_exists_and_changes_nothing`,
+/// `pending_claim_create_is_idempotent_then_replace_and_clear_follow_the_core_rules`),
+/// `drivers/tests/storage_hostile.rs` (`mode_0644_record_log_receipt_and_claim_are_refused`,
+/// `mode_0755_root_offers_and_shard_directories_are_refused`) and
+/// `drivers/tests/storage_faults.rs`.
 #[test]
 fn persists_the_claim_intent_and_accepted_capability_in_private_atomic_files() {
     let mut sim = started(World::one_offer(1));

@@ -28,8 +28,10 @@ fn with_slots(world: World, slots: u16) -> Sim {
 }
 
 /// Until its first tick the Worker does nothing: no command, idle. The single journal owner
-/// (the `flock` on the inbox root) is the driver's and is released with the process: tested with
-/// the driver (`drivers/` file-authority lock tests); here, the stop that lets the driver exit.
+/// (the `flock` on the inbox root) is the driver's and is released with the process:
+/// `drivers/tests/storage_journal.rs`
+/// (`second_owner_fails_at_once_with_already_owned_naming_the_lock`); here, the drained stop
+/// that lets the driver exit and release it.
 #[test]
 fn is_inert_until_explicit_start_and_releases_the_single_journal_owner() {
     let mut worker = Worker::new(testkit::config(), ms(1_000));

@@ -283,9 +283,10 @@ fn takes_output_only_after_the_durable_launching_barrier() {
 
 /// When the output cannot be handed off (the spool refuses the log), the start fails before
 /// the barrier: `start_failed`, `start-failure`, `start_failure_acknowledged`, zero spawns. The
-/// supervisor's own check of the handed-off file identity is tested with the driver
-/// (`drivers/` supervisor tests); here it answers `Rejected` like
-/// `reports_only_an_explicit_no_spawn_rejection_as_start_failure`.
+/// supervisor's own check of the handed-off file identity (drift ⇒ `Rejected`, zero spawns) is
+/// tested with the driver: `drivers/tests/supervisor_launch.rs`
+/// (`missing_log_spool_is_rejected_before_spawn`,
+/// `does_not_spawn_when_the_durable_worker_barrier_rejects_authority`).
 #[test]
 fn fails_without_spawning_when_the_handed_off_output_identity_drifts() {
     let sim = processed(
@@ -343,7 +344,10 @@ fn never_respawns_a_restart_visible_launching_record() {
 
 /// The plan handed to the supervisor carries exactly the durable barrier (start time, log id,
 /// callback sequence, capability digest); the supervisor re-reads the record and refuses any
-/// drift with zero spawns (the simulated supervisor here; the real one in `drivers/`).
+/// drift with zero spawns — the simulated supervisor here, the real one in
+/// `drivers/tests/supervisor_launch.rs`
+/// (`does_not_spawn_when_the_durable_worker_barrier_rejects_authority`,
+/// `barrier_rejects_a_record_that_is_no_longer_launching_or_is_missing`).
 #[test]
 fn revalidates_the_exact_durable_log_and_callback_barrier_before_posix_spawn() {
     let mut sim = processed(
