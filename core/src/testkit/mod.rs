@@ -258,3 +258,24 @@ pub fn record(n: u32, state: State) -> InboxRecord {
     }
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeded_records_are_valid_in_every_state() {
+        for state in State::ALL {
+            let record = record(1, state);
+            assert_eq!(record.validate(), Ok(()), "{state}");
+            assert_eq!(record.state, state);
+        }
+    }
+
+    #[test]
+    fn sample_revisions_are_sealed() {
+        assert!(secret_revision().validate().is_ok());
+        assert!(untimed_revision().validate().is_ok());
+        assert_eq!(untimed_revision().timeout_ms, None);
+    }
+}
