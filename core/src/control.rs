@@ -107,6 +107,7 @@ enum LState {
     PersistingLease(Box<InboxRecord>, bool),
     Stopping(Box<InboxRecord>, StopCause),
     Recording(RecoveryReason, StopOutcome),
+    Recompleting(CompletionOp, Box<InboxRecord>),
 }
 
 /// One supervision pass.
@@ -183,6 +184,11 @@ impl ControlOp {
                 fp.tag("recording");
                 fp.debug(&(reason, stopped));
             }
+            LState::Recompleting(op, record) => {
+                fp.tag("recompleting");
+                op.fingerprint(fp);
+                fp.record(record);
+            }
         }
     }
 
@@ -197,6 +203,15 @@ impl ControlOp {
                 Step::Halt(reason) => Step::Halt(reason),
             },
             LState::Reading(completion) => self.on_record(ctx, completion, outcome),
+            LState::Recompleting(op, record) => match op.resume(ctx, outcome) {
+                Step::Wait(op, action) => self.wait(LState::Recompleting(op, record), action),
+                Step::Done(
+                    result @ (CompletionOutcome::AlreadyCompleted(_)
+                    | CompletionOutcome::Acknowledged(_)),
+                ) => Step::Done(ControlResult::Completed(result)),
+                Step::Done(_) => self.stop(ctx, &record, StopCause::ControlPlaneTerminal),
+                Step::Halt(reason) => Step::Halt(reason),
+            },
             LState::Controlling(record, request) => self.on_control(ctx, record, &request, outcome),
             LState::PersistingLease(record, stop) => match outcome {
                 Outcome::Persisted if stop => self.stop(ctx, &record, StopCause::Requested),
@@ -311,6 +326,16 @@ impl ControlOp {
             Err(e) => return Step::Done(ControlResult::LeaseResponseInvalid(format!("{e}"))),
         };
         match answer {
+            // A terminal lease may be our own completion whose answer was lost: replay the
+            // completion once (an exact replay answers `already_completed`) before concluding
+            // the control plane settled the Run otherwise.
+            LeaseControlResponse::Terminal(_) if crate::completion::eligible_state(&record) => {
+                match CompletionOp::begin(self.offer_id.clone()) {
+                    Step::Wait(op, action) => self.wait(LState::Recompleting(op, record), action),
+                    Step::Done(_) => self.stop(ctx, &record, StopCause::ControlPlaneTerminal),
+                    Step::Halt(reason) => Step::Halt(reason),
+                }
+            }
             LeaseControlResponse::Terminal(_) => {
                 self.stop(ctx, &record, StopCause::ControlPlaneTerminal)
             }

@@ -18,13 +18,12 @@
 
 use alloc::vec::Vec;
 
+use crate::control::ControlResult;
 use crate::ops::{Finished, ListResult};
 use crate::pull::PullResult;
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::session::SessionResult;
-use crate::worker::{
-    HaltReason, ListPurpose, Phase, SessionStatus, StopReason, Work, Worker, active_count,
-};
+use crate::worker::{HaltReason, ListPurpose, Phase, SessionStatus, StopReason, Work, Worker};
 
 impl Worker {
     /// Plans a tick when the previous one is done and its time has come. A spurious early
@@ -58,6 +57,10 @@ impl Worker {
         if self.session.is_some() && self.now >= self.heartbeat_due_at {
             self.queue.push_back(Work::Heartbeat);
         }
+        // A receipt whose removal failed holds the capability: retry every tick until it is gone.
+        for offer_id in &self.pending_cleanup {
+            self.queue.push_back(Work::Supervise(offer_id.clone()));
+        }
         self.queue.push_back(Work::ListPage {
             purpose: ListPurpose::Supervise,
             after: self.supervision_cursor.clone(),
@@ -75,7 +78,7 @@ impl Worker {
                 .session
                 .as_ref()
                 .is_some_and(|s| s.usable(self.now) && s.status == SessionStatus::Online)
-            && active_count(&self.known) < usize::from(self.config.max_concurrent_runs)
+            && self.active_count() < usize::from(self.config.max_concurrent_runs)
             && self.pull_retry_at.is_none_or(|at| self.now >= at)
     }
 
@@ -90,7 +93,7 @@ impl Worker {
             return 0;
         }
         let max = usize::from(self.config.max_concurrent_runs);
-        u64::try_from(max.saturating_sub(active_count(&self.known))).unwrap_or(0)
+        u64::try_from(max.saturating_sub(self.active_count())).unwrap_or(0)
     }
 
     /// Applies a finished operation and queues what follows from it.
@@ -99,20 +102,25 @@ impl Worker {
             Finished::Session(result) => self.on_session(result),
             Finished::Listed(result) => self.on_listed(result),
             Finished::Pull(result) => self.on_pull(result),
-            Finished::Process { offer_id, result } => {
-                self.note_result(&offer_id, result.recovery());
-            }
+            // Recovery evidence an operation wrote was observed with its durable write.
+            Finished::Process(_) => {}
             Finished::Supervise { offer_id, result } => {
-                self.note_result(&offer_id, result.recovery());
+                use crate::completion::{Cleanup, CompletionOutcome};
+                let pending = matches!(
+                    result,
+                    ControlResult::Completed(
+                        CompletionOutcome::Acknowledged(Cleanup::Pending)
+                            | CompletionOutcome::AlreadyCompleted(Cleanup::Pending)
+                    )
+                );
+                if pending {
+                    self.pending_cleanup.insert(offer_id);
+                } else {
+                    self.pending_cleanup.remove(&offer_id);
+                }
             }
         }
         self.maybe_finish_drain();
-    }
-
-    fn note_result(&mut self, offer_id: &crate::ids::OfferId, recovery: Option<RecoveryReason>) {
-        if let Some(reason) = recovery {
-            self.latch_fail_closed(offer_id.clone(), reason);
-        }
     }
 
     fn on_session(&mut self, result: SessionResult) {
@@ -142,6 +150,11 @@ impl Worker {
     }
 
     fn on_listed(&mut self, result: ListResult) {
+        if result.failed {
+            // Nothing was learned: keep the phase and the cursor; the next tick lists the same
+            // page again (startup reconciliation never completes on a failed read).
+            return;
+        }
         for record in &result.records {
             self.observe(record);
         }
@@ -191,7 +204,7 @@ impl Worker {
     }
 
     fn maybe_finish_drain(&mut self) {
-        let settled = active_count(&self.known) == 0;
+        let settled = self.active_count() == 0;
         if self.phase == Phase::Draining
             && settled
             && self.queue.is_empty()
@@ -206,21 +219,28 @@ impl Worker {
 }
 
 /// Startup reconciliation (reference §4.7 step 2, §4.8): which records go to the Processor.
+///
+/// A `completion_acknowledged` record also gets one completion pass, which only removes its
+/// receipt: a crash between the durable acknowledgement and the removal would otherwise leave
+/// the receipt, and the capability it holds, on disk for good (settled records are never
+/// supervised again).
 fn reconcile_work(records: &[InboxRecord]) -> Vec<Work> {
-    records
-        .iter()
-        .filter(|r| {
-            matches!(
-                r.state,
-                State::Accepted
-                    | State::StartingAcknowledged
-                    | State::Launching
-                    | State::Started
-                    | State::StartFailed
-            )
-        })
-        .map(|r| Work::Process(r.offer.offer_id.clone()))
-        .collect()
+    let mut work = Vec::new();
+    for r in records {
+        let id = r.offer.offer_id.clone();
+        match r.state {
+            State::Accepted
+            | State::StartingAcknowledged
+            | State::Launching
+            | State::Started
+            | State::StartFailed => work.push(Work::Process(id)),
+            State::CompletionAcknowledged => work.push(Work::Supervise(id)),
+            State::RunningAcknowledged
+            | State::StartFailureAcknowledged
+            | State::RecoveryRequired => {}
+        }
+    }
+    work
 }
 
 /// Supervision of one page: completion first, then lease control, for every record that may

@@ -41,10 +41,9 @@ pub(crate) enum Finished {
     Session(SessionResult),
     Listed(ListResult),
     Pull(PullResult),
-    Process {
-        offer_id: OfferId,
-        result: ProcessResult,
-    },
+    /// The Worker's decisions come from the records it observed; the result itself is kept for
+    /// `Debug` traces (the model checker's and the simulation's).
+    Process(#[allow(dead_code, reason = "read through Debug traces")] ProcessResult),
     Supervise {
         offer_id: OfferId,
         result: ControlResult,
@@ -57,6 +56,9 @@ pub(crate) struct ListResult {
     pub(crate) purpose: ListPurpose,
     pub(crate) records: Vec<InboxRecord>,
     pub(crate) next_after: Option<OfferId>,
+    /// The page could not be read (a transient storage failure): nothing was learned, and the
+    /// same page must be listed again — never mistaken for an empty last page.
+    pub(crate) failed: bool,
 }
 
 impl Running {
@@ -88,13 +90,7 @@ impl Running {
             }
             Work::Pull => PullOp::begin(ctx).map(Self::Pull, Finished::Pull),
             Work::Process(offer_id) => {
-                let id = offer_id.clone();
-                ProcessOp::begin(offer_id, may_launch).map(Self::Process, move |result| {
-                    Finished::Process {
-                        offer_id: id,
-                        result,
-                    }
-                })
+                ProcessOp::begin(offer_id, may_launch).map(Self::Process, Finished::Process)
             }
             Work::Supervise(offer_id) => {
                 let id = offer_id.clone();
@@ -131,14 +127,9 @@ impl Running {
                 .map(Self::Session, Finished::Session),
             Self::List(purpose) => list_resume(purpose, outcome),
             Self::Pull(op) => op.resume(ctx, outcome).map(Self::Pull, Finished::Pull),
-            Self::Process(op) => {
-                let id = op.offer_id().clone();
-                op.resume(ctx, outcome)
-                    .map(Self::Process, move |result| Finished::Process {
-                        offer_id: id,
-                        result,
-                    })
-            }
+            Self::Process(op) => op
+                .resume(ctx, outcome)
+                .map(Self::Process, Finished::Process),
             Self::Supervise(op) => {
                 let id = op.offer_id().clone();
                 op.resume(ctx, outcome)
@@ -160,12 +151,14 @@ fn list_resume(purpose: ListPurpose, outcome: Outcome) -> Step<Running, Finished
             purpose,
             records,
             next_after,
+            failed: false,
         })),
         Outcome::Store(failure) => read_failure(failure, || {
             Step::Done(Finished::Listed(ListResult {
                 purpose,
                 records: Vec::new(),
                 next_after: None,
+                failed: true,
             }))
         }),
         other => unexpected(&other),

@@ -149,7 +149,8 @@ enum PState {
     ),
     Spawning(Box<InboxRecord>),
     PersistingStarted(Box<InboxRecord>, Box<InboxRecord>),
-    PersistingStartFailed(Box<InboxRecord>),
+    PersistingStartFailed(Box<InboxRecord>, bool),
+    StoppingTerminal(Box<InboxRecord>),
     AckingRunning(Box<InboxRecord>, ActivationRequest),
     PersistingRunningAck(bool),
     FailingStart(Box<InboxRecord>, ActivationRequest),
@@ -244,8 +245,13 @@ impl PState {
                 fp.record(launching);
                 fp.record(started);
             }
-            Self::PersistingStartFailed(record) => {
+            Self::PersistingStartFailed(record, must_land) => {
                 fp.tag("persisting-start-failed");
+                fp.record(record);
+                fp.debug(must_land);
+            }
+            Self::StoppingTerminal(record) => {
+                fp.tag("stopping-terminal");
                 fp.record(record);
             }
             Self::AckingRunning(record, request) | Self::FailingStart(record, request) => {
@@ -286,10 +292,6 @@ impl ProcessOp {
         )
     }
 
-    pub(crate) fn offer_id(&self) -> &OfferId {
-        &self.offer_id
-    }
-
     /// A canonical rendering of this operation's state (model checking).
     pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
         fp.tag("process");
@@ -322,19 +324,7 @@ impl ProcessOp {
                 },
                 other => self.write_failed(other, false),
             },
-            PState::DrawingCapability(authority) => match outcome {
-                Outcome::EntropyDrawn(entropy) => {
-                    let capability = Capability::from_entropy(&entropy);
-                    self.fetch_secrets(
-                        ctx,
-                        Box::new(Launch {
-                            authority,
-                            capability,
-                        }),
-                    )
-                }
-                other => unexpected(&other),
-            },
+            PState::DrawingCapability(authority) => self.on_capability(ctx, authority, outcome),
             PState::FetchingSecrets(launch, request) => {
                 self.on_secrets(ctx, launch, &request, outcome)
             }
@@ -360,9 +350,15 @@ impl ProcessOp {
                 }
                 other => self.write_failed(other, true),
             },
-            PState::PersistingStartFailed(record) => match outcome {
+            PState::PersistingStartFailed(record, must_land) => match outcome {
                 Outcome::Persisted => self.fail_start(ctx, record),
-                other => self.write_failed(other, false),
+                other => self.write_failed(other, must_land),
+            },
+            PState::StoppingTerminal(record) => match outcome {
+                Outcome::Stopped(_) => {
+                    self.recover(ctx, &record, RecoveryReason::ControlPlaneTerminal, false)
+                }
+                other => unexpected(&other),
             },
             PState::AckingRunning(record, request) => {
                 self.on_running(ctx, record, &request, outcome)
@@ -386,6 +382,21 @@ impl ProcessOp {
                 Outcome::Persisted => Step::Done(ProcessResult::RecoveryRequired(reason)),
                 other => self.write_failed(other, must_land),
             },
+        }
+    }
+
+    /// Step 6b: the capability comes from fresh entropy.
+    fn on_capability(self, ctx: &Ctx<'_>, authority: Authority, outcome: Outcome) -> PStep {
+        match outcome {
+            Outcome::EntropyDrawn(entropy) => {
+                let capability = Capability::from_entropy(&entropy);
+                let launch = Box::new(Launch {
+                    authority,
+                    capability,
+                });
+                self.fetch_secrets(ctx, launch)
+            }
+            other => unexpected(&other),
         }
     }
 
@@ -727,8 +738,15 @@ impl ProcessOp {
             Err(step) => return *step,
         };
         match (answer.status, answer.shape) {
+            // The control plane settled the Run while our process runs: stop the exact process
+            // group first (as lease control's `terminal` does), then record the evidence.
             (ActivationStatus::AlreadyTerminal, _) | (_, SnapshotShape::Terminal) => {
-                self.recover(ctx, &record, RecoveryReason::ControlPlaneTerminal, false)
+                match record.executor_handle.clone() {
+                    Some(handle) => {
+                        self.wait(PState::StoppingTerminal(record), Action::Stop { handle })
+                    }
+                    None => self.recover(ctx, &record, RecoveryReason::ControlPlaneTerminal, false),
+                }
             }
             (
                 ActivationStatus::Applied | ActivationStatus::AlreadyRunning,
@@ -751,11 +769,18 @@ impl ProcessOp {
         }
     }
 
-    /// Persists `start_failed` (proof of no spawn), then reports it.
+    /// Persists `start_failed` (proof of no spawn), then reports it. From `launching` (the
+    /// supervisor's `Rejected`) the write must land: left in `launching`, the record would be
+    /// supervised as if a process existed and the proof of no spawn would be lost, so a failed
+    /// write halts and the next start reconciles from disk.
     fn start_failed(self, ctx: &Ctx<'_>, record: &InboxRecord) -> PStep {
+        let must_land = record.state == State::Launching;
         let proposed = next_record(record, State::StartFailed, ctx.now, |_| {});
         let action = persist(record, proposed.clone());
-        self.wait(PState::PersistingStartFailed(Box::new(proposed)), action)
+        self.wait(
+            PState::PersistingStartFailed(Box::new(proposed), must_land),
+            action,
+        )
     }
 
     /// Step 8: report the start failure.

@@ -102,6 +102,8 @@ pub(crate) enum PullOp {
     },
     ClearingIdle,
     ClearingExhausted,
+    CheckingStored(Box<PendingClaim>),
+    ClearingStale,
     DrawingJitter(Box<PendingClaim>, PullFault),
     PersistingBackoff {
         retry_at: UnixMillis,
@@ -119,7 +121,12 @@ impl PullOp {
             | Self::ClearingForeign
             | Self::DrawingIdentity
             | Self::ClearingIdle
-            | Self::ClearingExhausted => fp.debug(self),
+            | Self::ClearingExhausted
+            | Self::ClearingStale => fp.debug(self),
+            Self::CheckingStored(claim) => {
+                fp.tag("checking-stored");
+                fp.durable(&**claim);
+            }
             Self::PersistingAttempt(claim) | Self::Requesting(claim) => {
                 fp.debug(&matches!(self, Self::Requesting(_)));
                 fp.durable(&**claim);
@@ -187,6 +194,8 @@ impl PullOp {
                     })
                 })
             }
+            Self::CheckingStored(claim) => on_stored_check(ctx, &claim, outcome),
+            Self::ClearingStale => after_write(outcome, draw_identity),
             Self::DrawingJitter(claim, fault) => match outcome {
                 Outcome::EntropyDrawn(entropy) => persist_backoff(ctx, &claim, &entropy, fault),
                 other => unexpected(&other),
@@ -252,6 +261,40 @@ fn on_claim(ctx: &Ctx<'_>, outcome: Outcome) -> Step<PullOp, PullResult> {
             until: claim.next_attempt_at_ms,
         });
     }
+    // A crash between storing the offer and clearing its claim leaves a claim whose offer is
+    // already in the inbox: replaying it would only be fenced (the lease moved on) and would
+    // block every Pull through its backoff. Check the inbox before retrying.
+    let action = Action::ReadRecord {
+        offer_id: claim.offer_id.clone(),
+    };
+    Step::Wait(PullOp::CheckingStored(claim), action)
+}
+
+/// The claim's offer is not stored yet: retry it (backoff and budget rules of reference §4.1).
+fn on_stored_check(
+    ctx: &Ctx<'_>,
+    claim: &PendingClaim,
+    outcome: Outcome,
+) -> Step<PullOp, PullResult> {
+    match outcome {
+        Outcome::RecordRead(None) => {}
+        Outcome::RecordRead(Some(_)) => {
+            let action = Action::ClearClaim {
+                offer_id: claim.offer_id.clone(),
+                revision: claim.revision,
+            };
+            return Step::Wait(PullOp::ClearingStale, action);
+        }
+        Outcome::Store(failure) => {
+            return read_failure(failure, || {
+                Step::Done(PullResult::Failed {
+                    fault: PullFault::StorageUnchanged,
+                    retry_at: ctx.now,
+                })
+            });
+        }
+        other => return unexpected(&other),
+    }
     if claim.attempt_count >= MAX_CLAIM_ATTEMPTS {
         let action = Action::ClearClaim {
             offer_id: claim.offer_id.clone(),
@@ -259,7 +302,7 @@ fn on_claim(ctx: &Ctx<'_>, outcome: Outcome) -> Step<PullOp, PullResult> {
         };
         return Step::Wait(PullOp::ClearingExhausted, action);
     }
-    let mut next = (*claim).clone();
+    let mut next = claim.clone();
     next.revision = next_revision(claim.revision);
     next.attempt_count += 1;
     next.last_attempt_at_ms = Some(ctx.now.max(claim.updated_at_ms));

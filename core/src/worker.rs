@@ -344,11 +344,6 @@ pub(crate) fn is_active(state: State) -> bool {
     !state.is_terminal()
 }
 
-/// Counts non-terminal records: the Runs this Worker holds.
-pub(crate) fn active_count(known: &BTreeMap<OfferId, State>) -> usize {
-    known.values().filter(|s| is_active(**s)).count()
-}
-
 /// The in-memory Worker. See the module documentation for the driving contract.
 #[derive(Debug)]
 pub struct Worker {
@@ -370,6 +365,13 @@ pub struct Worker {
     pub(crate) reconcile_cursor: Option<OfferId>,
     pub(crate) transition_offline_queued: bool,
     pub(crate) pending_write: Option<InboxRecord>,
+    /// Recovery evidence by record: the Worker is fail-closed while this is not empty.
+    pub(crate) evidence: BTreeMap<OfferId, RecoveryReason>,
+    /// Lease expiry of records that never crossed the spawn barrier (`accepted`,
+    /// `starting_acknowledged`, `start_failed`): once it passes they are dormant.
+    pub(crate) pre_barrier_expiry: BTreeMap<OfferId, UnixMillis>,
+    /// Settled records whose receipt removal failed: retried at the next tick.
+    pub(crate) pending_cleanup: alloc::collections::BTreeSet<OfferId>,
     pub(crate) finished: Option<Finish>,
     pub(crate) running: Option<crate::ops::Running>,
 }
@@ -405,6 +407,9 @@ impl Worker {
             reconcile_cursor: None,
             transition_offline_queued: false,
             pending_write: None,
+            evidence: BTreeMap::new(),
+            pre_barrier_expiry: BTreeMap::new(),
+            pending_cleanup: alloc::collections::BTreeSet::new(),
             finished: None,
             running: None,
         }
@@ -463,6 +468,9 @@ impl Worker {
             reconcile_cursor: self.reconcile_cursor.clone(),
             transition_offline_queued: self.transition_offline_queued,
             pending_write: self.pending_write.clone(),
+            evidence: self.evidence.clone(),
+            pre_barrier_expiry: self.pre_barrier_expiry.clone(),
+            pending_cleanup: self.pending_cleanup.clone(),
             finished: self.finished.clone(),
             running: self.running.clone(),
         }
@@ -481,6 +489,11 @@ impl Worker {
         fp.debug(&(self.next_tick_at, self.heartbeat_due_at, self.pull_retry_at));
         fp.debug(&(&self.supervision_cursor, &self.reconcile_cursor));
         fp.debug(&(self.transition_offline_queued, &self.finished));
+        fp.debug(&(
+            &self.evidence,
+            &self.pre_barrier_expiry,
+            &self.pending_cleanup,
+        ));
         match &self.pending_write {
             Some(record) => fp.record(record),
             None => fp.tag("no-pending-write"),
@@ -645,18 +658,61 @@ impl Worker {
 
     /// Records the state of a record the Worker read or wrote, and latches fail-closed on
     /// recovery evidence.
+    /// Records the state of a record the Worker read or wrote. Fail-closed follows the
+    /// evidence: it holds while any known record is `recovery_required` (startup
+    /// reconciliation lists every record, so nothing on disk is missed), and lifts once the last
+    /// piece of evidence resolves (a `launch_outcome_unknown` record completed from its receipt).
     pub(crate) fn observe(&mut self, record: &InboxRecord) {
-        self.known
-            .insert(record.offer.offer_id.clone(), record.state);
-        if let Some(reason) = record.recovery() {
-            self.latch_fail_closed(record.offer.offer_id.clone(), reason);
+        let id = record.offer.offer_id.clone();
+        self.known.insert(id.clone(), record.state);
+        match record.recovery() {
+            Some(reason) => {
+                self.evidence.insert(id.clone(), reason);
+            }
+            None => {
+                self.evidence.remove(&id);
+            }
         }
+        match record.state {
+            State::Accepted | State::StartingAcknowledged | State::StartFailed => {
+                self.pre_barrier_expiry
+                    .insert(id, record.offer.lease.expires_at_ms);
+            }
+            State::Launching
+            | State::Started
+            | State::RunningAcknowledged
+            | State::StartFailureAcknowledged
+            | State::CompletionAcknowledged
+            | State::RecoveryRequired => {
+                self.pre_barrier_expiry.remove(&id);
+            }
+        }
+        self.fail_closed = self
+            .evidence
+            .iter()
+            .next()
+            .map(|(offer_id, reason)| FailClosed {
+                offer_id: offer_id.clone(),
+                reason: *reason,
+            });
     }
 
-    pub(crate) fn latch_fail_closed(&mut self, offer_id: OfferId, reason: RecoveryReason) {
-        if self.fail_closed.is_none() {
-            self.fail_closed = Some(FailClosed { offer_id, reason });
-        }
+    /// Records that still hold, or may hold, a Run: every non-terminal record except dormant
+    /// ones — records that never crossed the spawn barrier and whose lease has expired. Those can
+    /// never progress (every call would be fenced) and hold no process; they stay on disk for
+    /// the operator (`ql-worker recover` lists them) but neither take a slot nor keep a drain
+    /// from completing.
+    pub(crate) fn active_count(&self) -> usize {
+        self.known
+            .iter()
+            .filter(|(id, state)| {
+                is_active(**state)
+                    && self
+                        .pre_barrier_expiry
+                        .get(*id)
+                        .is_none_or(|at| self.now < *at)
+            })
+            .count()
     }
 
     fn begin_drain(&mut self) {

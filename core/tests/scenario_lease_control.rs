@@ -211,7 +211,9 @@ fn waits_for_the_bound_worker_session_while_local_lease_authority_remains_live()
     assert_eq!(record_of(&sim).state, State::RunningAcknowledged);
 }
 
-/// `terminal` at lease control: the process is stopped and the record quarantined as
+/// `terminal` at lease control: the completion is replayed once first (a terminal lease may be
+/// this Worker's own completion whose answer was lost — found by the crash campaign; here there
+/// is no receipt), then the process is stopped and the record quarantined as
 /// `recovery_required(control_plane_terminal)`.
 #[test]
 fn stops_and_quarantines_execution_when_the_control_plane_is_terminal() {
@@ -226,6 +228,8 @@ fn stops_and_quarantines_execution_when_the_control_plane_is_terminal() {
             "read-receipt attempt-1",
             "read-record o1",
             "post lease-control o1",
+            "read-record o1",
+            "read-receipt attempt-1",
             "stop o1",
             "persist-record o1 r5 recovery_required",
         ])

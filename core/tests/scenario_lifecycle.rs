@@ -116,10 +116,13 @@ fn finishes_bounded_startup_reconciliation_before_pulling_and_processing() {
         .position(|l| l == "list-inbox after o4")
         .unwrap();
     assert!(last_page < first_pull, "{trail:#?}");
+    // The settled record of the last page gets one receipt cleanup (a crash between its durable
+    // acknowledgement and the removal must not leave the capability on disk; found by the crash
+    // campaign), then the first active page follows.
     assert_eq!(
-        trail[last_page + 1],
-        "list-inbox",
-        "the first active page follows"
+        trail[last_page + 1..last_page + 4],
+        lines(&["read-record o5", "remove-receipt attempt-5", "list-inbox"])[..],
+        "{trail:#?}"
     );
 }
 
