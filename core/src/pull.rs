@@ -6,7 +6,9 @@
 //! 1. read the claim; a claim of another Session can never be admitted, so it is cleared (the
 //!    reference fails with `claim_conflict` forever instead); no claim ⇒ draw entropy for a
 //!    fresh offer id (UUIDv4) and a 32-byte lease token;
-//! 2. a claim whose `nextAttemptAtMs` is in the future ⇒ `Backoff` without a request;
+//! 2. a claim whose `nextAttemptAtMs` is in the future ⇒ `Backoff` without a request; a claim
+//!    whose offer is already in the inbox (a crash between storing the offer and clearing the
+//!    claim) is cleared rather than replayed — a replay is fenced once the Run's lease moves on;
 //! 3. after 16 attempts the claim is cleared (nothing of it reached the inbox) and the next Pull
 //!    starts afresh;
 //! 4. persist the attempt (revision + 1, attempt count + 1) — durable before sending;
