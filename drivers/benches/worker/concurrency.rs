@@ -5,10 +5,12 @@
 //! included). Clean-up goes through the product: the Runs are cancelled at the control plane,
 //! the Worker stops each process group, completes every Run, then drains and exits.
 
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use ql_worker_core::record::State;
-use ql_worker_tests::control_plane::RevisionBuilder;
+use ql_worker_tests::control_plane::{ReferenceControlPlane, RevisionBuilder};
 
 use crate::procfs::{pss_kib, status_kib, supervisors_of};
 use crate::table::{Table, mib_from_kib};
@@ -55,6 +57,79 @@ impl Sample {
     }
 }
 
+/// Steady-state activity of the Worker over a few seconds: fsync calls per second (strace -c
+/// attached to the running Worker), and the control plane's requests per second by operation.
+struct Activity {
+    fsyncs_per_s: Option<f64>,
+    requests_per_s: BTreeMap<&'static str, f64>,
+}
+
+const WINDOW: Duration = Duration::from_secs(5);
+
+fn activity(world: &World, pid: u32, label: &str) -> Activity {
+    let out = world.dir.path().join(format!("strace-c-{label}.txt"));
+    let from = ReferenceControlPlane::now().get();
+    let tracer = Command::new("strace")
+        .args(["-c", "-f", "-e", "trace=fsync,fdatasync", "-o"])
+        .arg(&out)
+        .arg("-p")
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let started = Instant::now();
+    std::thread::sleep(WINDOW);
+    let to = ReferenceControlPlane::now().get();
+    let mut fsyncs_per_s = None;
+    if let Ok(mut tracer) = tracer {
+        if let Some(p) = rustix::process::Pid::from_raw(tracer.id() as i32) {
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::INT);
+        }
+        let secs = started.elapsed().as_secs_f64();
+        let exited = wait_until(Duration::from_secs(20), Duration::from_millis(20), || {
+            matches!(tracer.try_wait(), Ok(Some(_)))
+        });
+        if !exited {
+            let _ = tracer.kill();
+            let _ = tracer.wait();
+        }
+        let calls: u64 = std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.ends_with(" fsync") || l.ends_with(" fdatasync"))
+            .filter_map(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok())
+            .sum();
+        if exited {
+            fsyncs_per_s = Some(calls as f64 / secs);
+        }
+    }
+    let secs = (to - from) as f64 / 1000.0;
+    let mut requests_per_s = BTreeMap::new();
+    world.cp.with_model(|m| {
+        for e in m
+            .request_log()
+            .filter(|e| e.at.get() >= from && e.at.get() <= to)
+        {
+            if let Some(op) = e.operation {
+                *requests_per_s.entry(op.as_str()).or_insert(0.0) += 1.0 / secs;
+            }
+        }
+    });
+    Activity {
+        fsyncs_per_s,
+        requests_per_s,
+    }
+}
+
+fn rates(a: &Activity) -> String {
+    a.requests_per_s
+        .iter()
+        .map(|(op, r)| format!("{op} {r:.1}/s"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn running(world: &World) -> usize {
     world
         .records()
@@ -93,15 +168,17 @@ pub(crate) fn measure(exe: &std::path::Path, table: &mut Table) {
     let mut runs = vec![sleeping(&mut world)];
     settle_running(&world, &mut worker, 1, Duration::from_secs(60));
     let one = Sample::take(pid);
-    let ramp_started = std::time::Instant::now();
+    let quiet = activity(&world, pid, "one");
+    let ramp_started = Instant::now();
     while runs.len() < MANY {
         runs.push(sleeping(&mut world));
     }
     settle_running(&world, &mut worker, MANY, Duration::from_secs(600));
     let ramp = ramp_started.elapsed();
     let many = Sample::take(pid);
+    let busy = activity(&world, pid, "many");
     eprintln!("  256 running after {ramp:?}; cancelling and draining…");
-    let cleanup_started = std::time::Instant::now();
+    let cleanup_started = Instant::now();
 
     // Clean-up through the product: cancel, let the Worker stop and complete every Run, drain.
     for run in &runs {
@@ -151,4 +228,18 @@ pub(crate) fn measure(exe: &std::path::Path, table: &mut Table) {
             }
         ),
     );
+    if let (Some(q), Some(b)) = (quiet.fsyncs_per_s, busy.fsyncs_per_s) {
+        table.push(
+            "Worker fsyncs per second in steady state, 256 vs 1 sleeping Runs",
+            format!("{b:.0}/s"),
+            format!("{q:.0}/s (1 Run)"),
+            Some(b / q.max(0.001)),
+            format!(
+                "strace -c attached for {}s, cadence 100 ms. Requests with 256: {}; with 1: {}. Every supervision of a running Run is a lease-control round trip whose renewed lease is persisted (2 fsyncs) before anything else; every Pull writes and clears the pending claim (3)",
+                WINDOW.as_secs(),
+                rates(&busy),
+                rates(&quiet)
+            ),
+        );
+    }
 }
