@@ -176,8 +176,16 @@ pub(crate) fn measure(exe: &Path, fsyncs: u64) -> Measured {
     let mut parts = [Vec::new(), Vec::new(), Vec::new()];
     let mut essentials = Vec::new();
     let mut by_op: BTreeMap<String, usize> = BTreeMap::new();
+    // Enqueue at a random phase of the tick: right after a settle the next tick is always about
+    // one cadence away, which would bias the Pull wait towards a full cadence.
+    let mut phase: u64 = u64::from(std::process::id()) | 1;
+    let cadence_ms = Tunables::SEQUENTIAL.cadence_ms;
     for round in 0..=runs {
-        let measure_lifecycle = |world: &mut World| {
+        let measure_lifecycle = |world: &mut World, phase: &mut u64| {
+            *phase ^= *phase << 13;
+            *phase ^= *phase >> 7;
+            *phase ^= *phase << 17;
+            std::thread::sleep(Duration::from_millis(*phase % cadence_ms));
             let from = now_ms();
             let start = Instant::now();
             let run = world.enqueue_true();
@@ -202,7 +210,7 @@ pub(crate) fn measure(exe: &Path, fsyncs: u64) -> Measured {
             (elapsed, ops, pull_wait)
         };
         let (elapsed, ops, server, floor_parts) = if round % 2 == 0 {
-            let (e, o, s) = measure_lifecycle(&mut world);
+            let (e, o, s) = measure_lifecycle(&mut world, &mut phase);
             if floor.record.is_empty() {
                 floor.record = vec![0x5a; largest_record(world.root())];
             }
@@ -212,7 +220,7 @@ pub(crate) fn measure(exe: &Path, fsyncs: u64) -> Measured {
         } else {
             let n = essentials.last().copied().unwrap_or(6);
             let p = [floor.durable(fsyncs), floor.spawn(), floor.round_trips(n)];
-            let (e, o, s) = measure_lifecycle(&mut world);
+            let (e, o, s) = measure_lifecycle(&mut world, &mut phase);
             (e, o, s, p)
         };
         if round == 0 {
