@@ -15,13 +15,40 @@ fn mib(bytes: u64) -> String {
     format!("{:.2} MiB ({bytes} B)", bytes as f64 / 1024.0 / 1024.0)
 }
 
+/// Variables `cargo bench` sets for this process (package metadata, manifest paths). Build
+/// scripts watch some of them (`ring` reruns on `CARGO_MANIFEST_DIR`, `CARGO_PKG_NAME`, …), so a
+/// nested build that inherits them would rebuild the dependencies, and the next `cargo bench`
+/// would rebuild them back. Cargo's own configuration variables are kept.
+fn injected_by_cargo(name: &str) -> bool {
+    const KEPT: [&str; 9] = [
+        "CARGO_HOME",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_",
+        "CARGO_PROFILE_",
+        "CARGO_NET_",
+        "CARGO_HTTP_",
+        "CARGO_REGISTRIES_",
+        "CARGO_TERM_",
+        "CARGO_INCREMENTAL",
+    ];
+    name == "CARGO"
+        || name == "OUT_DIR"
+        || (name.starts_with("CARGO_") && !KEPT.iter().any(|k| name.starts_with(k)))
+}
+
 /// `cargo build --release --locked -p ql-worker --bin ql-worker <extra>`, bounded.
 fn build(extra: &[&str]) -> Result<(), String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .ok_or("no workspace")?;
-    let mut child = Command::new(cargo)
+    let mut command = Command::new(cargo);
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(injected_by_cargo) {
+            command.env_remove(name);
+        }
+    }
+    let mut child = command
         .args([
             "build",
             "--release",
