@@ -5,6 +5,15 @@
 //! cargo bench -p ql-worker --bench worker
 //! ```
 //!
+//! Rows: fsyncs per success lifecycle (Worker, supervisor) and per idle Pull against the
+//! documented minimum (`fsyncs`); lifecycle latency of `/bin/true` Runs against the physical
+//! floor (`latency`); the 64 MiB upload's peak RSS and throughput against `sha256sum`
+//! (`upload`); startup reconciliation of 1,024 records against raw reads (`reconcile`); peak RSS
+//! of the Worker and each supervisor with 1 and 256 sleeping Runs, and steady-state fsyncs per
+//! second (`concurrency`); release binary size (`size`).
+//!
+//! `QL_BENCH_ONLY=fsync,latency,upload,reconcile,rss,size` runs a subset; `QL_BENCH_RUNS` sets the
+//! timed lifecycles (default 20); `QL_BENCH_VERBOSE=1` prints each traced lifecycle by file.
 //! See `docs/performance.md` ("Whole-Worker benchmarks") for the method of each row.
 
 mod concurrency;
@@ -30,6 +39,16 @@ fn private_binary(dir: &Path) -> PathBuf {
     exe
 }
 
+/// Kills whatever still runs this run's copy of the binary when the benchmark ends, a panic
+/// included (a failed phase may leave supervisors and their sleeping Runs behind).
+struct Leftovers(PathBuf);
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        world::kill_leftovers(&self.0);
+    }
+}
+
 fn selected(name: &str) -> bool {
     std::env::var("QL_BENCH_ONLY").map_or(true, |only| only.split(',').any(|o| o.trim() == name))
 }
@@ -52,6 +71,8 @@ fn main() {
     }
     let bin_dir = world::scratch("ql-bench-bin-");
     let exe = private_binary(bin_dir.path());
+    // Dropped before `bin_dir`, while `/proc/<pid>/exe` still names the copy.
+    let _leftovers = Leftovers(exe.clone());
     let mut table = Table::default();
 
     // fsyncs per lifecycle; the latency floor does the same number.
@@ -90,7 +111,6 @@ fn main() {
         eprintln!("release binary size (two cargo builds)…");
         size::measure(&mut table, bin_dir.path());
     }
-    world::kill_leftovers(&exe);
     println!();
     table.print();
 }
