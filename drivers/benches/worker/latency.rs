@@ -1,0 +1,311 @@
+//! Lifecycle latency of `/bin/true` Runs through the real Worker against the loopback
+//! reference control plane, against the physical floor measured in the same run: the same
+//! number of fsyncs in the durable-write recipe on the same disk, one bare spawn-and-wait of
+//! `/bin/true`, and the same number of HTTPS round trips on one kept-alive mTLS connection to
+//! the same server. The two sides alternate run by run.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write as _;
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ql_worker::https::{
+    HttpsClient, JsonCaps, Origin, RequestTimeout, TlsMaterial, TlsMaterialPaths,
+};
+use ql_worker_core::wire::route::Operation;
+use ql_worker_tests::control_plane::RunEventKind;
+
+use crate::table::{Table, dur, median, percentile};
+use crate::world::{Tunables, World, wait_until};
+
+pub(crate) struct Measured {
+    pub(crate) runs: usize,
+    pub(crate) lifecycle: Vec<Duration>,
+    pub(crate) pull_wait: Vec<Duration>,
+    pub(crate) floor: Vec<Duration>,
+    pub(crate) floor_parts: [Duration; 3],
+    pub(crate) round_trips: usize,
+    pub(crate) requests: String,
+    pub(crate) fsyncs: u64,
+    pub(crate) record_bytes: usize,
+}
+
+fn runs() -> usize {
+    std::env::var("QL_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20)
+        .clamp(3, 500)
+}
+
+/// The floor's pieces, on the same disk and the same server.
+struct Floor {
+    client: HttpsClient,
+    authorization: String,
+    path: String,
+    body: Vec<u8>,
+    dir: std::path::PathBuf,
+    record: Vec<u8>,
+}
+
+impl Floor {
+    /// `fsyncs` in the durable recipe: ⌊fsyncs/2⌋ × (temp, write, fsync, rename, dir fsync),
+    /// plus one (write, fsync) when odd.
+    fn durable(&self, fsyncs: u64) -> Duration {
+        let target = self.dir.join("record");
+        let temp = self.dir.join(".record.tmp");
+        let start = Instant::now();
+        for _ in 0..fsyncs / 2 {
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&temp)
+                .expect("temp");
+            file.write_all(&self.record).expect("write");
+            file.sync_all().expect("fsync");
+            drop(file);
+            fs::rename(&temp, &target).expect("rename");
+            File::open(&self.dir)
+                .expect("dir")
+                .sync_all()
+                .expect("dir fsync");
+        }
+        if fsyncs % 2 == 1 {
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(self.dir.join("single"))
+                .expect("single");
+            file.write_all(&self.record).expect("write");
+            file.sync_all().expect("fsync");
+        }
+        start.elapsed()
+    }
+
+    fn spawn(&self) -> Duration {
+        let start = Instant::now();
+        let status = Command::new("/bin/true").status().expect("spawn /bin/true");
+        assert!(status.success());
+        start.elapsed()
+    }
+
+    fn round_trips(&self, n: usize) -> Duration {
+        let start = Instant::now();
+        for _ in 0..n {
+            // An unrouted path: the server answers 404 with a small JSON error over the same
+            // kept-alive connection; the model never changes.
+            let _ = self.client.post_json(
+                &self.path,
+                &self.authorization,
+                &self.body,
+                JsonCaps::default(),
+            );
+        }
+        start.elapsed()
+    }
+}
+
+/// The operations of the requests the control plane logged in `[from_ms, to_ms]`.
+fn requests_between(world: &World, from_ms: u64, to_ms: u64) -> Vec<Option<Operation>> {
+    world.cp.with_model(|m| {
+        m.request_log()
+            .filter(|e| e.at.get() >= from_ms && e.at.get() <= to_ms)
+            .filter(|e| !e.path.ends_with("/bench-floor"))
+            .map(|e| e.operation)
+            .collect()
+    })
+}
+
+fn now_ms() -> u64 {
+    ql_worker_tests::control_plane::ReferenceControlPlane::now().get()
+}
+
+/// Essential requests of one lifecycle: everything but heartbeats and Pulls after the first.
+fn essential(ops: &[Option<Operation>]) -> usize {
+    let pulls = ops
+        .iter()
+        .filter(|o| **o == Some(Operation::Offers))
+        .count();
+    let heartbeats = ops
+        .iter()
+        .filter(|o| **o == Some(Operation::Heartbeat))
+        .count();
+    ops.len() - heartbeats - pulls.saturating_sub(1)
+}
+
+pub(crate) fn measure(exe: &Path, fsyncs: u64) -> Measured {
+    let runs = runs();
+    let mut world = World::new(Tunables::SEQUENTIAL);
+    let mut worker = world.spawn(exe, &[]);
+    world.wait_ready(&mut worker);
+
+    let s = world.cp.worker_settings();
+    let material = TlsMaterial::load(&TlsMaterialPaths {
+        cert_chain: s.client_cert.clone(),
+        private_key: s.client_key.clone(),
+        trust_anchors: vec![s.ca_cert.clone()],
+    })
+    .expect("tls material");
+    let client = HttpsClient::new(
+        Origin::parse(&s.origin).expect("origin"),
+        material,
+        RequestTimeout::from_millis(10_000).expect("timeout"),
+    )
+    .expect("client");
+    let floor_dir = world.dir.path().join("floor");
+    fs::create_dir(&floor_dir).expect("floor dir");
+    fs::set_permissions(&floor_dir, fs::Permissions::from_mode(0o700)).expect("mode");
+    let mut floor = Floor {
+        client,
+        authorization: world.cp.credential().header_value().to_string(),
+        path: format!("/api/v3/worker-ingress/workers/{}/bench-floor", s.worker_id),
+        body: format!("{{\"pad\":\"{}\"}}", "x".repeat(500)).into_bytes(),
+        dir: floor_dir,
+        record: Vec::new(),
+    };
+
+    let mut lifecycle = Vec::new();
+    let mut pull_wait = Vec::new();
+    let mut floor_total = Vec::new();
+    let mut parts = [Vec::new(), Vec::new(), Vec::new()];
+    let mut essentials = Vec::new();
+    let mut by_op: BTreeMap<String, usize> = BTreeMap::new();
+    // Enqueue at a random phase of the tick: right after a settle the next tick is always about
+    // one cadence away, which would bias the Pull wait towards a full cadence.
+    let mut phase: u64 = u64::from(std::process::id()) | 1;
+    let cadence_ms = Tunables::SEQUENTIAL.cadence_ms;
+    for round in 0..=runs {
+        let measure_lifecycle = |world: &mut World, phase: &mut u64| {
+            *phase ^= *phase << 13;
+            *phase ^= *phase >> 7;
+            *phase ^= *phase << 17;
+            std::thread::sleep(Duration::from_millis(*phase % cadence_ms));
+            let from = now_ms();
+            let start = Instant::now();
+            let run = world.enqueue_true();
+            let done = wait_until(Duration::from_secs(60), Duration::from_millis(1), || {
+                world.settled(&run)
+            });
+            let elapsed = start.elapsed();
+            assert!(done, "a /bin/true Run did not settle");
+            let ops = requests_between(world, from, now_ms());
+            let record = world.cp.run(&run.run_id).expect("run");
+            let at = |want: fn(&RunEventKind) -> bool| {
+                record
+                    .events
+                    .iter()
+                    .find(|e| want(&e.kind))
+                    .map(|e| e.at.get())
+            };
+            // The wait for the Pull tick: enqueued → claimed, on the control plane's clock.
+            let claimed = at(|k| matches!(k, RunEventKind::Claimed { .. }));
+            let pull_wait =
+                claimed.map(|c| Duration::from_millis(c.saturating_sub(record.queued_at.get())));
+            (elapsed, ops, pull_wait)
+        };
+        let (elapsed, ops, server, floor_parts) = if round % 2 == 0 {
+            let (e, o, s) = measure_lifecycle(&mut world, &mut phase);
+            if floor.record.is_empty() {
+                floor.record = vec![0x5a; largest_record(world.root())];
+            }
+            let n = essential(&o);
+            let p = [floor.durable(fsyncs), floor.spawn(), floor.round_trips(n)];
+            (e, o, s, p)
+        } else {
+            let n = essentials.last().copied().unwrap_or(6);
+            let p = [floor.durable(fsyncs), floor.spawn(), floor.round_trips(n)];
+            let (e, o, s) = measure_lifecycle(&mut world, &mut phase);
+            (e, o, s, p)
+        };
+        if round == 0 {
+            continue; // warm-up: page cache, TLS session, first shard directories
+        }
+        lifecycle.push(elapsed);
+        if let Some(wait) = server {
+            pull_wait.push(wait);
+        }
+        essentials.push(essential(&ops));
+        for op in ops.iter().flatten() {
+            *by_op.entry(op.as_str().to_owned()).or_default() += 1;
+        }
+        floor_total.push(floor_parts.iter().sum());
+        for (i, p) in floor_parts.iter().enumerate() {
+            parts[i].push(*p);
+        }
+    }
+    let status = worker.drain(Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the Worker did not drain cleanly: {status:?}"
+    );
+    essentials.sort_unstable();
+    let requests = by_op
+        .iter()
+        .map(|(op, n)| format!("{op} {:.1}", *n as f64 / runs as f64))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Measured {
+        runs,
+        lifecycle,
+        pull_wait,
+        floor: floor_total,
+        floor_parts: [median(&parts[0]), median(&parts[1]), median(&parts[2])],
+        round_trips: essentials[essentials.len() / 2],
+        requests,
+        fsyncs,
+        record_bytes: floor.record.len(),
+    }
+}
+
+/// The size of the largest record in the inbox (the floor writes records of that size).
+fn largest_record(root: &Path) -> usize {
+    fs::read_dir(root.join("offers"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| usize::try_from(m.len()).unwrap_or(0))
+                .max()
+                .unwrap_or(1024)
+        })
+        .unwrap_or(1024)
+}
+
+pub(crate) fn report(m: &Measured, cadence_ms: u64, table: &mut Table) {
+    let floor = median(&m.floor);
+    let ours = median(&m.lifecycle);
+    let [durable, spawn, trips] = m.floor_parts;
+    let pull_wait = if m.pull_wait.is_empty() {
+        String::from("n/a")
+    } else {
+        dur(median(&m.pull_wait))
+    };
+    table.push(
+        "lifecycle latency of a `/bin/true` Run, enqueue → receipt removed (median)",
+        format!(
+            "{} (p90 {})",
+            dur(ours),
+            dur(percentile(&m.lifecycle, 90))
+        ),
+        format!("{} (floor)", dur(floor)),
+        Some(ours.as_secs_f64() / floor.as_secs_f64()),
+        format!(
+            "{} Runs, cadence {cadence_ms} ms, one slot. Floor = {} fsyncs as write+fsync+rename+dir fsync of a {}-byte record ({}) + bare spawn+wait of /bin/true ({}) + {} HTTPS round trips on one kept-alive mTLS connection ({}). Requests per lifecycle: {}. The rest is tick waits: enqueue → claimed {} (median, control-plane clock: the wait for the next Pull tick), and the completion is found by the next supervision tick; the supervisor's 5 fsyncs overlap the Worker's",
+            m.runs,
+            m.fsyncs,
+            m.record_bytes,
+            dur(durable),
+            dur(spawn),
+            m.round_trips,
+            dur(trips),
+            m.requests,
+            pull_wait,
+        ),
+    );
+}

@@ -1,0 +1,116 @@
+//! Whole-Worker benchmarks (issue 10, item 5): one command, one table of ratios, every
+//! baseline measured in the same run.
+//!
+//! ```sh
+//! cargo bench -p ql-worker --bench worker
+//! ```
+//!
+//! Rows: fsyncs per success lifecycle (Worker, supervisor) and per idle Pull against the
+//! documented minimum (`fsyncs`); lifecycle latency of `/bin/true` Runs against the physical
+//! floor (`latency`); the 64 MiB upload's peak RSS and throughput against `sha256sum`
+//! (`upload`); startup reconciliation of 1,024 records against raw reads (`reconcile`); peak RSS
+//! of the Worker and each supervisor with 1 and 256 sleeping Runs, and steady-state fsyncs per
+//! second (`concurrency`); release binary size (`size`).
+//!
+//! `QL_BENCH_ONLY=fsync,latency,upload,reconcile,rss,size` runs a subset; `QL_BENCH_RUNS` sets the
+//! timed lifecycles (default 20); `QL_BENCH_VERBOSE=1` prints each traced lifecycle by file.
+//! See `docs/performance.md` ("Whole-Worker benchmarks") for the method of each row.
+
+mod concurrency;
+mod fsyncs;
+mod latency;
+mod machine;
+mod procfs;
+mod reconcile;
+mod size;
+mod table;
+mod upload;
+mod world;
+
+use std::path::{Path, PathBuf};
+
+use table::Table;
+
+/// Copies the binary under test into a private directory, so that the processes this run
+/// starts can be recognised by `/proc/<pid>/exe` and a rebuild meanwhile changes nothing.
+fn private_binary(dir: &Path) -> PathBuf {
+    let exe = dir.join("ql-worker");
+    std::fs::copy(env!("CARGO_BIN_EXE_ql-worker"), &exe).expect("copy the binary");
+    exe
+}
+
+/// Kills whatever still runs this run's copy of the binary when the benchmark ends, a panic
+/// included (a failed phase may leave supervisors and their sleeping Runs behind).
+struct Leftovers(PathBuf);
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        world::kill_leftovers(&self.0);
+    }
+}
+
+fn selected(name: &str) -> bool {
+    std::env::var("QL_BENCH_ONLY").map_or(true, |only| only.split(',').any(|o| o.trim() == name))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(upload::CHILD_ARG) {
+        upload::child(&args[2..]);
+        return;
+    }
+    if !args.iter().any(|a| a == "--bench") {
+        println!(
+            "whole-Worker benchmarks: run them with `cargo bench -p ql-worker --bench worker`"
+        );
+        return;
+    }
+    println!("# ql-worker whole-Worker benchmarks");
+    for line in machine::describe() {
+        println!("{line}");
+    }
+    let bin_dir = world::scratch("ql-bench-bin-");
+    let exe = private_binary(bin_dir.path());
+    // Dropped before `bin_dir`, while `/proc/<pid>/exe` still names the copy.
+    let _leftovers = Leftovers(exe.clone());
+    let mut table = Table::default();
+
+    // fsyncs per lifecycle; the latency floor does the same number.
+    let mut lifecycle_fsyncs = fsyncs::DOCUMENTED_MINIMUM;
+    if selected("fsync") {
+        eprintln!("fsyncs per success lifecycle (strace -f of the real binary)…");
+        if fsyncs::strace_available() {
+            let counted = fsyncs::count(&exe);
+            lifecycle_fsyncs = fsyncs::report(&counted, &mut table);
+        } else {
+            table.skipped("fsyncs per success lifecycle", "strace is not installed");
+        }
+    }
+    if selected("latency") {
+        eprintln!("lifecycle latency against the physical floor…");
+        let measured = latency::measure(&exe, lifecycle_fsyncs);
+        latency::report(
+            &measured,
+            world::Tunables::SEQUENTIAL.cadence_ms,
+            &mut table,
+        );
+    }
+    if selected("upload") {
+        eprintln!("64 MiB upload against sha256sum…");
+        upload::measure(&mut table);
+    }
+    if selected("reconcile") {
+        eprintln!("startup reconciliation of 1,024 records…");
+        reconcile::measure(&mut table);
+    }
+    if selected("rss") {
+        eprintln!("peak RSS with 1 and with 256 concurrent sleeping Runs…");
+        concurrency::measure(&exe, &mut table);
+    }
+    if selected("size") {
+        eprintln!("release binary size (two cargo builds)…");
+        size::measure(&mut table, bin_dir.path());
+    }
+    println!();
+    table.print();
+}
