@@ -47,6 +47,8 @@ pub enum ControlResult {
     SessionUnavailable,
     /// The lease was renewed and persisted.
     Renewed,
+    /// The lease was renewed recently: no call this pass (pacing).
+    Paced,
     /// Renewed and persisted, then the process was stopped as requested.
     StopRequested(StopOutcome),
     /// The Attempt is terminal at the control plane; stopped and recorded.
@@ -79,6 +81,7 @@ impl ControlResult {
             | Self::LeaseExpired(_)
             | Self::SessionUnavailable
             | Self::Renewed
+            | Self::Paced
             | Self::StopRequested(_)
             | Self::Terminal(_)
             | Self::Unavailable
@@ -114,6 +117,9 @@ enum LState {
 #[derive(Clone)]
 pub(crate) struct ControlOp {
     offer_id: OfferId,
+    /// The lease was renewed less than the pacing interval ago (local time): skip the
+    /// lease-control call this pass unless the lease is close to expiry.
+    paced_ms: Option<u64>,
     state: LState,
 }
 
@@ -128,18 +134,22 @@ impl core::fmt::Debug for ControlOp {
 type LStep = Step<ControlOp, ControlResult>;
 
 impl ControlOp {
-    pub(crate) fn begin(offer_id: OfferId) -> LStep {
+    /// A pass for `offer_id`. `paced_ms`: the interval, when the lease was renewed less than it
+    /// ago (the call is then skipped while more than three intervals of lease remain).
+    pub(crate) fn begin(offer_id: OfferId, paced_ms: Option<u64>) -> LStep {
         let id = offer_id.clone();
         match CompletionOp::begin(offer_id.clone()) {
             Step::Wait(op, action) => Step::Wait(
                 Self {
                     offer_id: id,
+                    paced_ms,
                     state: LState::Completing(op),
                 },
                 action,
             ),
             Step::Done(outcome) => Self {
                 offer_id,
+                paced_ms,
                 state: LState::Reading(CompletionOutcome::Deferred),
             }
             .after_completion(outcome),
@@ -158,7 +168,7 @@ impl ControlOp {
     /// A canonical rendering of this pass's state (model checking).
     pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
         fp.tag("supervise");
-        fp.debug(&self.offer_id);
+        fp.debug(&(&self.offer_id, self.paced_ms));
         match &self.state {
             LState::Completing(op) => op.fingerprint(fp),
             LState::Reading(completion) => {
@@ -289,6 +299,13 @@ impl ControlOp {
             .is_some_and(|s| s.worker == record.offer.worker && s.usable(ctx.now));
         if !session_ok {
             return Step::Done(ControlResult::SessionUnavailable);
+        }
+        let remaining = record.offer.lease.expires_at_ms.saturating_since(ctx.now);
+        if self
+            .paced_ms
+            .is_some_and(|interval| remaining > interval.saturating_mul(3))
+        {
+            return Step::Done(ControlResult::Paced);
         }
         let request = LeaseControlRequest::from_offer(&record.offer);
         // INVARIANT: the lease-control body of a valid offer is far below its 8 KiB cap.

@@ -113,6 +113,27 @@ impl Worker {
                             | CompletionOutcome::AlreadyCompleted(Cleanup::Pending)
                     )
                 );
+                match result {
+                    ControlResult::Renewed | ControlResult::StopRequested(_) => {
+                        self.last_renewal.insert(offer_id.clone(), self.now);
+                    }
+                    ControlResult::Paced
+                    | ControlResult::SessionUnavailable
+                    | ControlResult::Unavailable
+                    | ControlResult::Refused(_)
+                    | ControlResult::LeaseResponseInvalid(_)
+                    | ControlResult::StorageUnchanged
+                    | ControlResult::Pending(_) => {}
+                    ControlResult::NotFound
+                    | ControlResult::Completed(_)
+                    | ControlResult::Settled
+                    | ControlResult::CompletionTerminal(_)
+                    | ControlResult::LeaseExpired(_)
+                    | ControlResult::Terminal(_)
+                    | ControlResult::Recovered(..) => {
+                        self.last_renewal.remove(&offer_id);
+                    }
+                }
                 if pending {
                     self.pending_cleanup.insert(offer_id);
                 } else {
@@ -176,7 +197,24 @@ impl Worker {
                 self.next_tick_at = self.now;
             }
             ListPurpose::Supervise => {
-                let work = supervision_work(&result.records);
+                let active = result
+                    .records
+                    .iter()
+                    .filter(|r| !r.state.is_terminal())
+                    .count();
+                let mut work = supervision_work(&result.records);
+                // Settled records fill pages without needing supervision: when a page held fewer
+                // active records than a page's worth, the next page follows in the same tick, so
+                // the time between two visits of a live Run does not grow with settled records
+                // (found by the crash campaign). Bounded: the cursor ends at the inbox's end.
+                if active < self.config.supervision_page.get()
+                    && let Some(after) = result.next_after.clone()
+                {
+                    work.push(Work::ListPage {
+                        purpose: ListPurpose::Supervise,
+                        after: Some(after),
+                    });
+                }
                 // Supervision runs before the Pull queued behind it in this tick.
                 for item in work.into_iter().rev() {
                     self.queue.push_front(item);

@@ -69,6 +69,7 @@ impl Running {
         known: &BTreeMap<OfferId, State>,
         may_launch: bool,
         available_slots: u64,
+        paced: bool,
     ) -> Step<Self, Finished> {
         let _ = known;
         match work {
@@ -94,9 +95,12 @@ impl Running {
             }
             Work::Supervise(offer_id) => {
                 let id = offer_id.clone();
-                ControlOp::begin(offer_id).map(Self::Supervise, move |result| Finished::Supervise {
-                    offer_id: id,
-                    result,
+                let paced = paced.then_some(ctx.config.lease_control_interval_ms);
+                ControlOp::begin(offer_id, paced).map(Self::Supervise, move |result| {
+                    Finished::Supervise {
+                        offer_id: id,
+                        result,
+                    }
                 })
             }
         }

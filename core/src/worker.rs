@@ -83,6 +83,10 @@ pub struct WorkerConfig {
     pub backoff_base_ms: u64,
     /// Drain budget.
     pub drain_budget_ms: u64,
+    /// Least time between two lease-control calls for one Run (0: every supervision pass, as
+    /// the reference). Each call renews the lease and writes it durably, so pacing divides the
+    /// renewal writes; a stop request (cancel, timeout) is then seen within this interval.
+    pub lease_control_interval_ms: u64,
     /// Capabilities announced at `register`.
     pub capabilities: Capabilities,
 }
@@ -103,6 +107,7 @@ impl WorkerConfig {
             heartbeat_interval_ms: 10_000,
             backoff_base_ms: 1_000,
             drain_budget_ms: 60_000,
+            lease_control_interval_ms: 5_000,
             capabilities,
         }
     }
@@ -372,6 +377,8 @@ pub struct Worker {
     pub(crate) pre_barrier_expiry: BTreeMap<OfferId, UnixMillis>,
     /// Settled records whose receipt removal failed: retried at the next tick.
     pub(crate) pending_cleanup: alloc::collections::BTreeSet<OfferId>,
+    /// When each live Run's lease was last renewed (local time), for pacing.
+    pub(crate) last_renewal: BTreeMap<OfferId, UnixMillis>,
     pub(crate) finished: Option<Finish>,
     pub(crate) running: Option<crate::ops::Running>,
 }
@@ -410,6 +417,7 @@ impl Worker {
             evidence: BTreeMap::new(),
             pre_barrier_expiry: BTreeMap::new(),
             pending_cleanup: alloc::collections::BTreeSet::new(),
+            last_renewal: BTreeMap::new(),
             finished: None,
             running: None,
         }
@@ -471,6 +479,7 @@ impl Worker {
             evidence: self.evidence.clone(),
             pre_barrier_expiry: self.pre_barrier_expiry.clone(),
             pending_cleanup: self.pending_cleanup.clone(),
+            last_renewal: self.last_renewal.clone(),
             finished: self.finished.clone(),
             running: self.running.clone(),
         }
@@ -617,12 +626,24 @@ impl Worker {
                 session: self.session.as_ref(),
                 now: self.now,
             };
+            let paced = match &work {
+                Work::Supervise(offer_id) => self.last_renewal.get(offer_id).is_some_and(|at| {
+                    self.now < at.saturating_add(self.config.lease_control_interval_ms)
+                }),
+                Work::Register
+                | Work::Heartbeat
+                | Work::Transition(_)
+                | Work::ListPage { .. }
+                | Work::Pull
+                | Work::Process(_) => false,
+            };
             crate::ops::Running::begin(
                 &ctx,
                 work,
                 &self.known,
                 self.may_launch(),
                 self.available_slots(),
+                paced,
             )
         };
         self.apply(step);

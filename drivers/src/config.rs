@@ -69,6 +69,7 @@ struct LimitsFile {
     heartbeat_interval_ms: Option<u64>,
     backoff_base_ms: Option<u64>,
     drain_budget_ms: Option<u64>,
+    lease_control_interval_ms: Option<u64>,
     log_quota_bytes: Option<u64>,
     log_reserve_bytes: Option<u64>,
 }
@@ -140,6 +141,8 @@ pub struct Limits {
     pub backoff_base_ms: u64,
     /// Drain budget (1 000..=600 000 ms).
     pub drain_budget_ms: u64,
+    /// Least time between two lease-control calls for one Run (0..=60 000 ms; 0 = every tick).
+    pub lease_control_interval_ms: u64,
     /// Log spool policy (quota per attempt and free-space reserve).
     pub spool: SpoolPolicy,
 }
@@ -486,6 +489,13 @@ impl Config {
                 pick(file.drain_budget_ms, 60_000, 300_000),
                 1_000,
                 600_000,
+            )?,
+            lease_control_interval_ms: within(
+                path,
+                "limits.lease_control_interval_ms",
+                pick(file.lease_control_interval_ms, 5_000, 5_000),
+                0,
+                60_000,
             )?,
             spool,
         })

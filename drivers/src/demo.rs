@@ -73,7 +73,7 @@ pub fn write_config(
          trust_anchors = [\"{}\"]\nclient_certificate = \"{}\"\nclient_key = \"{}\"\n\
          credential_file = \"{}\"\ntimeout_ms = 5000\n\n[limits]\ncadence_ms = {cadence_ms}\n\
          max_concurrent_runs = 8\nsession_lease_ms = 30000\nlog_quota_bytes = {DEMO_LOG_QUOTA}\n\
-         log_reserve_bytes = 0\ndrain_budget_ms = 20000\n",
+         log_reserve_bytes = 0\ndrain_budget_ms = 20000\nlease_control_interval_ms = 300\n",
         s.worker_id,
         root.display(),
         s.origin,

@@ -153,6 +153,7 @@ pub fn worker_config(
         heartbeat_interval_ms: l.heartbeat_interval_ms,
         backoff_base_ms: l.backoff_base_ms,
         drain_budget_ms: l.drain_budget_ms,
+        lease_control_interval_ms: l.lease_control_interval_ms,
         capabilities,
     })
 }

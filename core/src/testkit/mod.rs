@@ -119,11 +119,16 @@ pub fn untimed_revision() -> ExecutionRevision {
 #[must_use]
 pub fn config() -> WorkerConfig {
     let worker = worker();
-    WorkerConfig::edge(
-        worker.worker_id,
-        worker.session_id,
-        Capabilities::for_architecture(Architecture::Amd64),
-    )
+    WorkerConfig {
+        // Every supervision pass calls lease control, as the reference does: the scenarios and
+        // the model checks follow the reference's cadence (pacing has its own scenario).
+        lease_control_interval_ms: 0,
+        ..WorkerConfig::edge(
+            worker.worker_id,
+            worker.session_id,
+            Capabilities::for_architecture(Architecture::Amd64),
+        )
+    }
 }
 
 /// A valid sample offer for Run `run-<n>` / Attempt `attempt-<n>`, lease version 0, expiring at
