@@ -235,9 +235,9 @@ fn trace_machine_input() {
 }
 
 /// Many pseudo-random op sequences through every machine target (a quick stable stand-in for
-/// the fuzzer): `FUZZ_RUNS=2000 FUZZ_SEED=7 [FUZZ_STRICT=1] cargo test --release -p
-/// ql-worker-core --test fuzz_corpus -- --ignored random_machine_inputs`. A failing input is
-/// written to `target/fuzz-failure-<target>.bin`.
+/// the fuzzer): `FUZZ_RUNS=2000 FUZZ_SEED=7 [FUZZ_TARGET=machine_…] [FUZZ_STRICT=1] cargo test
+/// --release -p ql-worker-core --test fuzz_corpus -- --ignored random_machine_inputs`. A failing
+/// input is written to `target/fuzz-failure-<target>.bin`.
 #[test]
 #[ignore = "a tool: slow in debug builds"]
 fn random_machine_inputs() {
@@ -260,6 +260,9 @@ fn random_machine_inputs() {
             })
             .collect();
         for (target, _) in MACHINES {
+            if std::env::var("FUZZ_TARGET").is_ok_and(|t| t != target) {
+                continue;
+            }
             let scenario = machine_target(target);
             let run = std::panic::catch_unwind(|| {
                 machine::run_with(scenario, &data, strict, &mut |_| {})
