@@ -370,3 +370,38 @@ fn regression_drained_with_unsettled_records() {
         "bug-pull-before-reconciled-drain.bin",
     );
 }
+
+/// Copies the inputs of `FUZZ_FROM` that the wire target `FUZZ_TARGET` accepts into its
+/// checked-in corpus (the wire replay test requires every wire corpus file to be accepted):
+/// `FUZZ_TARGET=wire_offer_response FUZZ_FROM=/tmp/min/wire_offer_response cargo test -p
+/// ql-worker-core --test fuzz_corpus -- --ignored copy_accepted_wire_inputs`.
+#[test]
+#[ignore = "a tool: reads FUZZ_TARGET and FUZZ_FROM"]
+fn copy_accepted_wire_inputs() {
+    use ql_worker_core::wire::fuzzing as wire;
+    let target = std::env::var("FUZZ_TARGET").unwrap();
+    let entry: Decoder = match target.as_str() {
+        "wire_offer_response" => wire::offer_response,
+        "wire_offer_admission" => wire::offer_admission,
+        "wire_activation_response" => wire::activation_response,
+        "wire_secrets_response" => wire::secrets_response,
+        "wire_artifact_response" => wire::artifact_response,
+        "wire_completion_response" => wire::completion_response,
+        "wire_lease_control_response" => wire::lease_control_response,
+        "wire_session_responses" => wire::session_responses,
+        other => panic!("not a wire target: {other}"),
+    };
+    let from = PathBuf::from(std::env::var("FUZZ_FROM").unwrap());
+    let dir = corpus_dir(&target);
+    let mut copied = 0;
+    for entry_path in fs::read_dir(&from).unwrap() {
+        let path = entry_path.unwrap().path();
+        let bytes = fs::read(&path).unwrap();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if entry(&bytes) && !dir.join(&name).exists() {
+            fs::write(dir.join(&name), &bytes).unwrap();
+            copied += 1;
+        }
+    }
+    println!("{target}: {copied} accepted inputs copied");
+}

@@ -60,8 +60,8 @@ pub struct Ghost {
     /// Every capability candidate: the first 32 bytes of every entropy draw (and the preloaded
     /// capabilities), with their SHA-256.
     pub candidates: Vec<([u8; 32], Sha256Digest)>,
-    /// The capabilities in use (a candidate whose digest a record carries, or one a spawn plan
-    /// carried), with the three forms searched for: raw, base64url and hex.
+    /// The text forms (base64url, hex) of the capabilities in use: a candidate whose digest a
+    /// record carries, or one a spawn plan carried.
     pub capabilities: Vec<[String; 2]>,
     /// The raw bytes of [`Self::capabilities`].
     pub raw_capabilities: Vec<[u8; 32]>,
