@@ -113,11 +113,13 @@ fn wire_authorization_header_builds_and_validates() {
             "{bad}"
         );
     }
-    // The credential id cannot contain `_` (the reference regex); the split is unambiguous.
-    assert_eq!(
-        WorkerCredential::new("worker_primary", [0; 32]).unwrap_err(),
-        AuthError::CredentialId
-    );
+    // The credential id may contain `_` (the reference class `[A-Za-z0-9._:-]`, and its tests
+    // use `worker_primary`): the secret is the last 43 characters.
+    let primary = WorkerCredential::new("worker_primary", [7; 32]).unwrap();
+    let header = primary.header_value();
+    let parsed = WorkerCredential::parse_header(&header).unwrap();
+    assert_eq!(parsed.credential_id(), "worker_primary");
+    assert_eq!(parsed.expose_secret(), &[7; 32]);
     let underscore_secret = format!("Worker ql3w_w_{}", "_".repeat(42) + "w");
     let parsed = WorkerCredential::parse_header(&underscore_secret).unwrap();
     assert_eq!(parsed.credential_id(), "w", "the secret may contain `_`");

@@ -101,6 +101,7 @@ pub struct Host<E: Executor> {
     executor: E,
     stopper: StopController,
     observer: Box<dyn FnMut(&Event<'_>)>,
+    stall_after: Option<ql_worker_core::record::State>,
 }
 
 impl<E: Executor> fmt::Debug for Host<E> {
@@ -130,7 +131,15 @@ impl<E: Executor> Host<E> {
             executor,
             stopper,
             observer: Box::new(|_| {}),
+            stall_after: None,
         }
+    }
+
+    /// Crash-test hook: after the first record persisted in `state`, never answer again (the
+    /// Worker hangs with that record durable until it is killed). See `QL_WORKER_FAULT_STALL_AFTER`
+    /// in `docs/operations.md`; never set in production.
+    pub fn stall_after(&mut self, state: Option<ql_worker_core::record::State>) {
+        self.stall_after = state;
     }
 
     /// Installs an observer of persisted records and uploads.
@@ -170,6 +179,11 @@ impl<E: Executor> Host<E> {
                 match result {
                     Ok(()) => {
                         (self.observer)(&Event::Persisted(&record));
+                        if self.stall_after == Some(record.state) {
+                            loop {
+                                std::thread::sleep(std::time::Duration::from_secs(3600));
+                            }
+                        }
                         Outcome::Persisted
                     }
                     Err(e) => Outcome::Store(journal_failure(&e)),

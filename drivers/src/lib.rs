@@ -3,6 +3,8 @@
 
 pub mod cli;
 pub mod config;
+#[cfg(feature = "demo")]
+pub mod demo;
 pub mod fsio;
 pub mod host;
 pub mod https;

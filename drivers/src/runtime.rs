@@ -64,6 +64,9 @@ pub enum StartError {
     /// The configured capabilities are invalid.
     #[error("capabilities: {0}")]
     Capabilities(String),
+    /// An environment variable has an invalid value.
+    #[error("environment: {0}")]
+    Environment(String),
 }
 
 /// Operator requests: signals counted by a watcher thread, and the drain file.
@@ -194,7 +197,7 @@ impl Runner {
             .map_err(|e| StartError::ControlPlane(e.to_string()))?;
         crate::host::authorization(&cp.credential_file).map_err(StartError::ControlPlane)?;
         let executor = SupervisorExecutor::new(image, config.root.clone());
-        let host = Host::new(
+        let mut host = Host::new(
             journal,
             config.limits.spool,
             client,
@@ -202,6 +205,7 @@ impl Runner {
             executor,
             StopController::default(),
         );
+        host.stall_after(stall_hook()?);
         let now = crate::os::now();
         let worker = Worker::new(worker_config(config, session.session_id)?, now);
         Ok(Self {
@@ -324,6 +328,23 @@ impl Runner {
         }
     }
 }
+
+/// The crash-test hook `QL_WORKER_FAULT_STALL_AFTER=<state>` (see [`Host::stall_after`]).
+fn stall_hook() -> Result<Option<ql_worker_core::record::State>, StartError> {
+    let Ok(name) = std::env::var(STALL_HOOK_ENV) else {
+        return Ok(None);
+    };
+    ql_worker_core::record::State::ALL
+        .into_iter()
+        .find(|s| s.as_str() == name)
+        .map(Some)
+        .ok_or_else(|| {
+            StartError::Environment(format!("{STALL_HOOK_ENV}={name}: not a record state"))
+        })
+}
+
+/// Environment variable of the crash-test hook.
+pub const STALL_HOOK_ENV: &str = "QL_WORKER_FAULT_STALL_AFTER";
 
 /// Writes the drain request file in `root` (for `ql-worker drain`).
 ///

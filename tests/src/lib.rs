@@ -1,5 +1,6 @@
 //! Test support for ql-worker: the loopback reference control plane and the simulation.
 #![forbid(unsafe_code)]
 
+pub mod control_plane;
 pub mod https_server;
 pub mod pki;

@@ -55,7 +55,7 @@ fn valid_credential_id(value: &str) -> bool {
     (1..=64).contains(&b.len())
         && b[0].is_ascii_alphanumeric()
         && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b':' | b'-'))
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b':' | b'-'))
 }
 
 fn decode_secret(text: &str) -> Result<Zeroizing<[u8; 32]>, AuthError> {
@@ -135,7 +135,15 @@ impl WorkerCredential {
     /// [`AuthError`] naming the broken part.
     pub fn parse_header(value: &str) -> Result<Self, AuthError> {
         let rest = value.strip_prefix(PREFIX).ok_or(AuthError::Scheme)?;
-        let (id, secret) = rest.split_once('_').ok_or(AuthError::Scheme)?;
-        Self::from_base64url(id, secret)
+        // The id may itself contain `_` (reference: `[A-Za-z0-9][A-Za-z0-9._:-]{0,63}`, e.g.
+        // `worker_primary`), so the secret is the last 43 characters, after a `_`.
+        match rest.len().checked_sub(44) {
+            Some(split) if rest.is_char_boundary(split) && rest.as_bytes()[split] == b'_' => {
+                Self::from_base64url(&rest[..split], &rest[split + 1..])
+            }
+            // `<id>_<something>` whose tail is not a 43-character secret, or no `_` at all.
+            Some(_) | None if rest.contains('_') => Err(AuthError::Secret),
+            Some(_) | None => Err(AuthError::Scheme),
+        }
     }
 }

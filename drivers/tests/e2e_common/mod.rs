@@ -1,0 +1,164 @@
+//! Shared harness of the end-to-end tests: the real `ql-worker` binary as a child process
+//! (`ql-worker run --config …`), the loopback reference control plane in this process (TLS 1.3,
+//! mutual authentication, freshly generated certificates), a private state root.
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use ql_worker::config::Config;
+use ql_worker::journal::InboxView;
+use ql_worker_core::ids::{OfferId, RunId};
+use ql_worker_core::listing::PageLimit;
+use ql_worker_core::record::{InboxRecord, State};
+use ql_worker_tests::control_plane::{ReferenceControlPlane, ReferenceOptions};
+
+/// One world: a control plane, a state root, a configuration.
+pub struct World {
+    pub cp: ReferenceControlPlane,
+    pub dir: tempfile::TempDir,
+    pub config_path: PathBuf,
+    pub config: Config,
+}
+
+impl World {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = ReferenceControlPlane::start(ReferenceOptions::default()).unwrap();
+        let config = ql_worker::demo::write_config(&cp, dir.path(), 100).unwrap();
+        let config_path = dir.path().join("ql-worker.toml");
+        Self {
+            cp,
+            dir,
+            config_path,
+            config,
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.config.root
+    }
+
+    /// Starts `ql-worker run` with extra environment variables.
+    pub fn spawn_worker(&self, env: &[(&str, &str)]) -> Child {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ql-worker"));
+        command
+            .arg("run")
+            .arg("--config")
+            .arg(&self.config_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        command.spawn().unwrap()
+    }
+
+    /// Every record of the inbox, by Run.
+    pub fn records(&self) -> BTreeMap<RunId, InboxRecord> {
+        let mut out = BTreeMap::new();
+        if !self.root().exists() {
+            return out;
+        }
+        let Some(view) = InboxView::open(self.root()).unwrap() else {
+            return out;
+        };
+        let mut after: Option<OfferId> = None;
+        loop {
+            let page = view
+                .list(after.as_ref(), PageLimit::new(64).unwrap())
+                .unwrap();
+            for id in &page.offer_ids {
+                if let Some(record) = view.read(id).unwrap() {
+                    out.insert(record.offer.candidate.run_id.clone(), record);
+                }
+            }
+            match page.next_after {
+                Some(next) => after = Some(next),
+                None => return out,
+            }
+        }
+    }
+
+    pub fn state_of(&self, run: &RunId) -> Option<State> {
+        self.records().get(run).map(|r| r.state)
+    }
+
+    /// Waits (bounded) until `done` holds.
+    pub fn wait_for(&self, what: &str, timeout: Duration, mut done: impl FnMut(&Self) -> bool) {
+        let start = Instant::now();
+        while !done(self) {
+            assert!(
+                start.elapsed() < timeout,
+                "timed out after {timeout:?} waiting for {what}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether the control plane applied a completion for `run`.
+    pub fn completed_at_cp(&self, run: &RunId) -> bool {
+        self.cp.run(run).is_some_and(|r| r.completion.is_some())
+    }
+}
+
+/// SIGKILL and reap.
+pub fn kill9(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// SIGTERM (drain); a second one stops at once.
+pub fn sigterm(child: &Child) {
+    let pid = rustix::process::Pid::from_child(child);
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+}
+
+/// Waits (bounded) for the Worker to exit.
+pub fn wait_exit(child: &mut Child, timeout: Duration) -> ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if start.elapsed() > timeout {
+            kill9(child);
+            panic!("the Worker did not exit within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Lines in a marker file (0 when absent).
+pub fn marker_lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
+}
+
+/// Every regular file under `dir` whose bytes contain `needle`.
+pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut hits = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if meta.is_dir() {
+                stack.push(path);
+            } else if meta.is_file() {
+                let bytes = std::fs::read(&path).unwrap_or_default();
+                if bytes.windows(needle.len()).any(|w| w == needle) {
+                    hits.push(path);
+                }
+            }
+        }
+    }
+    hits
+}

@@ -1,0 +1,186 @@
+//! `artifacts` (reference §2.7, `remoteWorkerCompletionService.ts`): one framed, streamed log
+//! upload into an immutable, digest-authenticated, put-if-absent store.
+
+use std::io::Read;
+
+use ql_worker_core::wire::activation::AttemptStatus;
+use ql_worker_core::wire::artifact::{
+    ArtifactReceipt, ArtifactUpload, MAX_HEADER_BYTES, MAX_REQUEST_BYTES, MIN_HEADER_BYTES,
+    UploadStatus,
+};
+use ql_worker_core::wire::error::ErrorCode;
+
+use sha2::{Digest, Sha256};
+
+use super::{ControlPlane, CountingReader, CpResponse, Ctx, Handled};
+use crate::control_plane::requests::Reject;
+use crate::control_plane::state::{ArtifactKey, StoredArtifact};
+
+/// Smallest body the service accepts (reference: `contentLength < 6` is invalid).
+const MIN_BODY_BYTES: u64 = 6;
+
+/// Read chunk while hashing content.
+const CHUNK_BYTES: usize = 64 * 1024;
+
+fn fenced(reason: &'static str) -> Reject {
+    Reject::new(ErrorCode::WorkerCompletionFenced, reason)
+}
+
+fn short() -> Reject {
+    Reject::new(
+        ErrorCode::ContentLengthMismatch,
+        "body ended before content-length",
+    )
+}
+
+/// Whether an upload may create a new artifact or only replay an existing one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// The Attempt is `starting` or `running` with a live lease at the expected version.
+    Fresh,
+    /// The completion referring to this log was applied with this fence: only an exact replay of
+    /// the stored artifact is accepted (`already_stored`), so a Worker that lost the completion
+    /// answer can replay its whole upload-then-complete sequence.
+    ReplayOnly,
+}
+
+impl ControlPlane {
+    /// `artifacts`: reads the 4-byte prefix and the header, parses and checks the frame against
+    /// `content-length`, authorizes the fence **before** consuming content, then streams the
+    /// content through SHA-256. Put-if-absent: the same key with the same length, digest and
+    /// truncation fact is `already_stored`; anything else under that key is 409.
+    pub(super) fn artifacts(
+        &mut self,
+        ctx: &Ctx<'_>,
+        content_length: u64,
+        body: &mut CountingReader<'_>,
+    ) -> Handled {
+        if content_length < MIN_BODY_BYTES {
+            return Err(Reject::invalid("artifact envelope too short"));
+        }
+        if content_length > MAX_REQUEST_BYTES as u64 {
+            return Err(Reject::new(ErrorCode::RequestTooLarge, "artifact body cap"));
+        }
+        let mut preamble = vec![0_u8; 4];
+        body.read_exact(&mut preamble).map_err(|_| short())?;
+        let header_len = u32::from_be_bytes([preamble[0], preamble[1], preamble[2], preamble[3]]);
+        let header_len = header_len as usize;
+        if !(MIN_HEADER_BYTES..=MAX_HEADER_BYTES).contains(&header_len) {
+            return Err(Reject::invalid("artifact header length"));
+        }
+        preamble.resize(4 + header_len, 0);
+        body.read_exact(&mut preamble[4..]).map_err(|_| short())?;
+        let (upload, _) = ArtifactUpload::parse_preamble(&preamble, Some(content_length))
+            .map_err(|_| Reject::invalid("artifact header"))?;
+        ctx.storage()?;
+        let mode = self.authorize_upload(ctx, &upload)?;
+        let (byte_length, sha256, head) = self.stream_content(body, upload.byte_length)?;
+        let key = ArtifactKey {
+            project_id: upload.fence.project_id.clone(),
+            run_id: upload.fence.run_id.clone(),
+            attempt_id: upload.fence.attempt_id.clone(),
+            log_artifact_id: upload.log_artifact_id.clone(),
+        };
+        let status = match self.state.artifacts.get(&key) {
+            Some(stored) => {
+                let same = stored.byte_length == byte_length
+                    && stored.sha256 == sha256
+                    && stored.truncated == upload.truncated;
+                if !same {
+                    return Err(fenced("artifact replay differs"));
+                }
+                UploadStatus::AlreadyStored
+            }
+            None if mode == Mode::ReplayOnly => return Err(fenced("attempt is terminal")),
+            None => {
+                self.state.artifacts.insert(
+                    key,
+                    StoredArtifact {
+                        byte_length,
+                        sha256,
+                        truncated: upload.truncated,
+                        stored_at: ctx.now,
+                        head,
+                    },
+                );
+                UploadStatus::Stored
+            }
+        };
+        let body = ArtifactReceipt { status, sha256 }.to_json(&upload);
+        let reason = match status {
+            UploadStatus::Stored => "stored",
+            UploadStatus::AlreadyStored => "already_stored",
+        };
+        Ok((CpResponse::ok(body), reason))
+    }
+
+    fn authorize_upload(&self, ctx: &Ctx<'_>, upload: &ArtifactUpload) -> Result<Mode, Reject> {
+        let fence = crate::control_plane::requests::ExecFence {
+            project_id: Some(upload.fence.project_id.clone()),
+            run_id: upload.fence.run_id.clone(),
+            attempt_id: upload.fence.attempt_id.clone(),
+            worker_generation: upload.fence.worker_generation,
+            offer_id: upload.fence.offer_id.clone(),
+            lease_generation: upload.fence.lease_generation,
+            lease_token: upload.fence.lease_token.clone(),
+            expected_lease_version: upload.fence.expected_lease_version,
+        };
+        let (run, lease) = self.check_identity(ctx, &fence).map_err(fenced)?;
+        if run
+            .log_artifact_id
+            .as_deref()
+            .is_some_and(|id| id != upload.log_artifact_id.as_str())
+        {
+            return Err(fenced("log id differs from the running ACK"));
+        }
+        match run.attempt_status {
+            Some(AttemptStatus::Starting | AttemptStatus::Running) => {
+                Self::check_live_lease(ctx.now, lease, fence.expected_lease_version)
+                    .map_err(fenced)?;
+                Ok(Mode::Fresh)
+            }
+            _ => {
+                let replay = run.completion.as_ref().is_some_and(|c| {
+                    c.expected_lease_version == fence.expected_lease_version
+                        && c.artifact.log_artifact_id == upload.log_artifact_id.as_str()
+                });
+                if replay {
+                    Ok(Mode::ReplayOnly)
+                } else {
+                    Err(fenced("state mismatch"))
+                }
+            }
+        }
+    }
+
+    /// Reads exactly `len` content bytes, hashing them and keeping the first
+    /// `artifact_head_bytes`.
+    fn stream_content(
+        &self,
+        body: &mut CountingReader<'_>,
+        len: u64,
+    ) -> Result<(u64, ql_worker_core::ids::Sha256Digest, Vec<u8>), Reject> {
+        let keep = self.config.artifact_head_bytes;
+        let mut hasher = Sha256::new();
+        let mut head = Vec::new();
+        let mut buf = vec![0_u8; CHUNK_BYTES];
+        let mut total = 0_u64;
+        while total < len {
+            let want = buf
+                .len()
+                .min(usize::try_from(len - total).unwrap_or(usize::MAX));
+            let n = match body.read(&mut buf[..want]) {
+                Ok(0) => return Err(short()),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => return Err(short()),
+            };
+            hasher.update(&buf[..n]);
+            let room = keep.saturating_sub(head.len()).min(n);
+            head.extend_from_slice(&buf[..room]);
+            total += n as u64;
+        }
+        let digest = ql_worker_core::ids::Sha256Digest::from_bytes(hasher.finalize().into());
+        Ok((total, digest, head))
+    }
+}
