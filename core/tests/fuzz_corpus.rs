@@ -2,7 +2,9 @@
 //! (`fuzz/corpus/<target>/*`) through the same entry points the cargo-fuzz targets use
 //! (`ql_worker_core::fuzzing`), on stable, in every test run. Files named `seed-*` are the
 //! generated seeds and must be accepted (decoders) or reach a milestone (machines); every other
-//! file (minimised fuzzer finds, regression inputs) must run without a panic.
+//! file (minimised fuzzer finds, regression inputs) must run without a panic. The minimised
+//! corpora of the wire targets (`fuzz/corpus-min/<target>/*`) are replayed here too (their
+//! seeds are replayed by `wire_fuzz_corpus.rs`). See `docs/fuzzing.md`.
 //!
 //! The seeds are written by the ignored test `write_seed_corpora`:
 //! `cargo test -p ql-worker-core --test fuzz_corpus -- --ignored write_seed_corpora`.
@@ -16,6 +18,7 @@ use ql_worker_core::fuzzing::machine::{self, Scenario, Summary};
 use ql_worker_core::fuzzing::samples;
 use ql_worker_core::receipt::Receipt;
 use ql_worker_core::record::InboxRecord;
+use ql_worker_core::wire::fuzzing as wire;
 
 type Decoder = fn(&[u8]) -> bool;
 type Machine = fn(&[u8]) -> Summary;
@@ -55,6 +58,36 @@ fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
         .collect();
     files.sort();
     files
+}
+
+/// The wire targets, for their minimised corpora (`fuzz/corpus-min/<target>/`).
+const WIRE: [(&str, Decoder); 8] = [
+    ("wire_offer_response", wire::offer_response),
+    ("wire_offer_admission", wire::offer_admission),
+    ("wire_activation_response", wire::activation_response),
+    ("wire_secrets_response", wire::secrets_response),
+    ("wire_artifact_response", wire::artifact_response),
+    ("wire_completion_response", wire::completion_response),
+    ("wire_lease_control_response", wire::lease_control_response),
+    ("wire_session_responses", wire::session_responses),
+];
+
+/// The minimised corpora of the wire targets live beside `fuzz/corpus/` because
+/// `wire_fuzz_corpus.rs` requires every file in `fuzz/corpus/wire_*` to be accepted; most
+/// minimised inputs are rejections. They must run without a panic.
+#[test]
+fn wire_minimised_corpora_replay() {
+    for (target, entry) in WIRE {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../fuzz/corpus-min")
+            .join(target);
+        let Ok(files) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for file in files {
+            let _ = entry(&fs::read(file.unwrap().path()).unwrap());
+        }
+    }
 }
 
 #[test]
@@ -378,19 +411,11 @@ fn regression_drained_with_unsettled_records() {
 #[test]
 #[ignore = "a tool: reads FUZZ_TARGET and FUZZ_FROM"]
 fn copy_accepted_wire_inputs() {
-    use ql_worker_core::wire::fuzzing as wire;
     let target = std::env::var("FUZZ_TARGET").unwrap();
-    let entry: Decoder = match target.as_str() {
-        "wire_offer_response" => wire::offer_response,
-        "wire_offer_admission" => wire::offer_admission,
-        "wire_activation_response" => wire::activation_response,
-        "wire_secrets_response" => wire::secrets_response,
-        "wire_artifact_response" => wire::artifact_response,
-        "wire_completion_response" => wire::completion_response,
-        "wire_lease_control_response" => wire::lease_control_response,
-        "wire_session_responses" => wire::session_responses,
-        other => panic!("not a wire target: {other}"),
-    };
+    let (_, entry) = WIRE
+        .into_iter()
+        .find(|(name, _)| *name == target)
+        .unwrap_or_else(|| panic!("not a wire target: {target}"));
     let from = PathBuf::from(std::env::var("FUZZ_FROM").unwrap());
     let dir = corpus_dir(&target);
     let mut copied = 0;
