@@ -14,6 +14,8 @@ pub mod completion;
 pub mod control;
 pub mod envelope;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ids;
 pub mod io;
 pub mod js;

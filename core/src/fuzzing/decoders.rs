@@ -1,0 +1,246 @@
+//! Decoder targets: the four durable envelope kinds and receipt authentication.
+//!
+//! Each envelope entry point feeds the bytes twice:
+//! 1. as a whole envelope to [`envelope::decode`] (framing, checksum, body, validation);
+//! 2. as a **body** framed with a correct header (magic, kind, version, length, SHA-256), so the
+//!    postcard parser and the value's own validation are reached — a raw fuzzer almost never
+//!    gets past the checksum.
+//!
+//! Neither may panic. Whatever decodes must round-trip: [`envelope::encode`] of the value
+//! decodes to the same value, and so does its bare postcard body; a correctly framed body may
+//! only fail in the body (never in the framing).
+
+use alloc::vec::Vec;
+use core::fmt::Debug;
+
+use crate::envelope::{self, Durable, EnvelopeError, FORMAT_VERSION, HEADER_BYTES, MAGIC};
+use crate::ids::{CallbackSequence, CapabilityDigest, Sha256Digest};
+use crate::receipt::{Receipt, ReceiptToken, authenticate};
+use crate::record::{InboxRecord, RecoveryReason, State};
+use crate::time::UnixMillis;
+
+use super::bytes::Bytes;
+use super::samples;
+
+/// Frames `body` (cut to the kind's bound) with a correct header for `T`.
+#[must_use]
+pub fn frame<T: Durable>(body: &[u8]) -> Vec<u8> {
+    let body = &body[..body.len().min(T::MAX_BYTES - HEADER_BYTES)];
+    let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
+    out.extend_from_slice(&MAGIC);
+    out.push(T::KIND.byte());
+    out.push(FORMAT_VERSION);
+    out.extend_from_slice(&[0, 0]);
+    // INVARIANT: the body was cut to the kind's bound (≤ 160 KiB), far below 2^32.
+    let len = u32::try_from(body.len()).unwrap_or(u32::MAX);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(Sha256Digest::of(body).as_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// The round-trip property of a decoded value.
+fn round_trip<T: Durable + PartialEq + Debug>(value: &T) {
+    let encoded =
+        envelope::encode(value).unwrap_or_else(|e| panic!("a decoded value must re-encode: {e}"));
+    let again: T = envelope::decode(&encoded)
+        .unwrap_or_else(|e| panic!("a re-encoded value must decode: {e}"));
+    assert_eq!(&again, value, "envelope round trip changed the value");
+    let body =
+        envelope::open::<T>(&encoded).unwrap_or_else(|e| panic!("a fresh envelope must open: {e}"));
+    let (bare, rest) = postcard::take_from_bytes::<T>(body)
+        .unwrap_or_else(|e| panic!("a fresh body must parse: {e}"));
+    assert!(rest.is_empty(), "a fresh body has no trailing bytes");
+    assert_eq!(&bare, value, "postcard round trip changed the value");
+    let reencoded =
+        envelope::encode(&bare).unwrap_or_else(|e| panic!("a decoded value must re-encode: {e}"));
+    assert_eq!(*reencoded, *encoded, "encoding is not deterministic");
+}
+
+/// Both layers for kind `T`; true when either accepted the bytes.
+fn both_layers<T: Durable + PartialEq + Debug>(data: &[u8]) -> bool {
+    let raw = envelope::decode::<T>(data);
+    if let Ok(value) = &raw {
+        round_trip(value);
+    }
+    let framed = frame::<T>(data);
+    let body = envelope::decode::<T>(&framed);
+    match &body {
+        Ok(value) => round_trip(value),
+        Err(
+            EnvelopeError::BodyMalformed
+            | EnvelopeError::TrailingBytes { .. }
+            | EnvelopeError::Invalid(_),
+        ) => {}
+        Err(other) => panic!("a correctly framed body failed in the framing: {other}"),
+    }
+    raw.is_ok() || body.is_ok()
+}
+
+/// `envelope_inbox_record`.
+#[must_use]
+pub fn envelope_inbox_record(data: &[u8]) -> bool {
+    both_layers::<InboxRecord>(data)
+}
+
+/// `envelope_pending_claim`.
+#[must_use]
+pub fn envelope_pending_claim(data: &[u8]) -> bool {
+    both_layers::<crate::claim::PendingClaim>(data)
+}
+
+/// `envelope_receipt`.
+#[must_use]
+pub fn envelope_receipt(data: &[u8]) -> bool {
+    both_layers::<Receipt>(data)
+}
+
+/// `envelope_truncation_fact`.
+#[must_use]
+pub fn envelope_truncation_fact(data: &[u8]) -> bool {
+    both_layers::<crate::truncation::TruncationFact>(data)
+}
+
+/// How the fuzzed receipt token is made.
+fn token(r: &mut Bytes<'_>, genuine: &[u8; 32]) -> alloc::string::String {
+    match r.below(4) {
+        // The genuine token (the empty input authenticates).
+        0 => samples::base64url(genuine),
+        // The genuine bytes with one byte changed.
+        1 => {
+            let mut bytes = *genuine;
+            let at = usize::from(r.below(32));
+            bytes[at] ^= r.u8() | 1;
+            samples::base64url(&bytes)
+        }
+        // The genuine text with one character replaced (non-canonical tails, wrong alphabet).
+        2 => {
+            let mut text = samples::base64url(genuine).into_bytes();
+            let at = usize::from(r.below(43));
+            text[at] = r.u8() & 0x7f;
+            alloc::string::String::from_utf8_lossy(&text).into_owned()
+        }
+        // Arbitrary text.
+        _ => alloc::string::String::from_utf8_lossy(r.slice(160)).into_owned(),
+    }
+}
+
+/// `receipt_authenticate`: a sample record with fuzzed barrier fields, a fuzzed receipt and a
+/// fuzzed `now` against [`authenticate`]. Never panics; an accepted receipt's token is
+/// canonical base64url of 32 bytes whose SHA-256 is the record's digest, with matching identity
+/// and times; the genuine receipt with matching fields is always accepted. Returns whether it
+/// authenticated.
+#[must_use]
+pub fn receipt_authenticate(data: &[u8]) -> bool {
+    let mut r = Bytes::new(data);
+    let n = u32::from(r.below(4)) + 1;
+    // `launching` first, so the empty input is the genuine case.
+    let state = State::ALL[(usize::from(r.below(9)) + 2) % 9];
+    let reason = RecoveryReason::ALL[usize::from(r.below(5))];
+    let at = samples::ms(u64::from(r.u16()));
+    let extras = samples::Extras {
+        barrier: !r.flag(),
+        handle: r.flag(),
+    };
+    // The revision is left unsealed: authentication never looks at it, and sealing costs more
+    // than everything else here.
+    let offer = samples::offer_with(
+        n,
+        samples::offer_id(n),
+        samples::worker(),
+        samples::lease_token(n),
+        samples::unsealed_revision(false, true),
+        (0, samples::ms(20), samples::ms(1 << 40)),
+    );
+    let mut record = samples::record(offer, n, state, reason, at, extras);
+    let genuine = samples::capability(n);
+    if r.flag() {
+        record.completion_receipt_token_digest =
+            Some(CapabilityDigest::new(Sha256Digest::of(r.slice(40))));
+    }
+    let mut receipt = samples::receipt_for(&record, &genuine, at, r.u8());
+    let text = token(&mut r, &genuine);
+    let exact_token = text == samples::base64url(&genuine);
+    let Ok(parsed) = ReceiptToken::new(text) else {
+        return false;
+    };
+    receipt.token = parsed;
+    let tweak = r.u8();
+    if tweak & 1 != 0 {
+        receipt.callback_sequence =
+            CallbackSequence::new(u64::from(r.u16()).max(1)).unwrap_or(receipt.callback_sequence);
+    }
+    if tweak & 2 != 0 {
+        receipt.started_at_ms = samples::ms(u64::from(r.u16()));
+    }
+    if tweak & 4 != 0 {
+        let (run, attempt, _) = samples::ids(n + 1);
+        receipt.run_id = run;
+        if tweak & 8 != 0 {
+            receipt.attempt_id = attempt;
+        }
+    }
+    receipt.finished_at_ms = samples::ms(receipt.started_at_ms.get() + u64::from(r.u16()));
+    let now = samples::ms(u64::from(r.u32()));
+    check_authentication(&receipt, &record, now, exact_token)
+}
+
+fn check_authentication(
+    receipt: &Receipt,
+    record: &InboxRecord,
+    now: UnixMillis,
+    exact_token: bool,
+) -> bool {
+    let result = authenticate(receipt, record, now);
+    let identity = receipt.run_id == record.offer.candidate.run_id
+        && receipt.attempt_id == record.offer.candidate.attempt_id
+        && Some(receipt.callback_sequence) == record.completion_receipt_callback_sequence
+        && Some(receipt.started_at_ms) == record.executor_started_at_ms
+        && receipt.finished_at_ms <= now;
+    let Ok(accepted) = result else {
+        let genuine_digest = record.completion_receipt_token_digest
+            == Some(CapabilityDigest::new(Sha256Digest::of(
+                &samples::capability(receipt_number(record)),
+            )));
+        assert!(
+            !(exact_token && identity && genuine_digest),
+            "the genuine receipt was refused: {result:?}"
+        );
+        return false;
+    };
+    assert!(
+        identity,
+        "a receipt with another identity or time authenticated"
+    );
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(receipt.token.expose())
+        .unwrap_or_else(|_| panic!("an accepted token must be base64url"));
+    assert_eq!(bytes.len(), 32, "an accepted token holds exactly 32 bytes");
+    assert_eq!(
+        samples::base64url(&bytes),
+        receipt.token.expose(),
+        "an accepted token must be canonical"
+    );
+    let digest = CapabilityDigest::new(Sha256Digest::of(&bytes));
+    assert_eq!(
+        Some(digest),
+        record.completion_receipt_token_digest,
+        "an accepted token must hash to the record's digest"
+    );
+    assert_eq!(accepted.callback_sequence, receipt.callback_sequence);
+    assert_eq!(accepted.finished_at_ms, receipt.finished_at_ms);
+    true
+}
+
+/// The sample number of a sample record (its run id is `run-<n>`).
+fn receipt_number(record: &InboxRecord) -> u32 {
+    record
+        .offer
+        .candidate
+        .run_id
+        .as_str()
+        .strip_prefix("run-")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}

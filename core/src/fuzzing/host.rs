@@ -1,0 +1,818 @@
+//! The fuzz host: an in-memory stand-in for the driver (file authority, spool, supervisor,
+//! HTTPS client and control plane) that answers every [`Action`] — validly, with a fault, or
+//! not at all (a crash) as the fuzz input decides — and checks the Worker's safety invariants
+//! on every command it receives ([`Host::on_command`]) and on the durable state after every
+//! step ([`Host::check_state`]).
+//!
+//! Durable state survives crashes: records and the claim are kept as **envelope bytes** (so
+//! every write is encoded, scanned for secrets and decoded again on every read), receipts,
+//! logs and live processes. The [`Ghost`] holds what only the host knows.
+
+use alloc::boxed::Box;
+use alloc::collections::BTreeMap;
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use serde_json::Value;
+
+use crate::capability::{ENTROPY_BYTES, Entropy};
+use crate::claim::{self, PendingClaim};
+use crate::envelope;
+use crate::ids::{AttemptId, LogArtifactId, OfferId, Revision, Sha256Digest};
+use crate::io::{
+    Action, HttpCall, HttpFailure, LaunchPlan, Outcome, ReceiptRead, SpawnOutcome, StopOutcome,
+    StoreFailure,
+};
+use crate::listing::{PageLimit, page};
+use crate::receipt::{Receipt, ReceiptToken};
+use crate::record::{InboxRecord, RecoveryReason, State, check_transition};
+use crate::time::UnixMillis;
+use crate::wire::artifact::{ArtifactReceipt, ArtifactUpload, UploadStatus};
+use crate::wire::route::{self, Operation};
+use crate::worker::Worker;
+
+use super::bytes::Bytes;
+use super::ghost::{Ghost, License, SpawnFate};
+use super::plane::{self, Plane};
+use super::samples;
+
+/// A spool file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Log {
+    /// Bytes captured.
+    pub len: u64,
+    /// The truncation fact (`None`: missing, i.e. unknown).
+    pub truncated: Option<bool>,
+}
+
+impl Log {
+    /// The deterministic content of a log of `len` bytes.
+    #[must_use]
+    pub fn content(len: u64) -> Vec<u8> {
+        (0..len)
+            .map(|i| b'a' + u8::try_from(i % 26).unwrap_or(0))
+            .collect()
+    }
+}
+
+/// A user process started by the supervisor.
+#[derive(Debug)]
+pub struct Process {
+    /// The `launching` record it was started from (its barrier fields).
+    pub launching: InboxRecord,
+    /// The raw capability the supervisor writes into the receipt.
+    pub capability: [u8; 32],
+    /// Its durable handle.
+    pub handle: String,
+    /// Still running.
+    pub alive: bool,
+}
+
+/// How the host answers one command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Perform it and answer the truth.
+    Valid,
+    /// Answer a fault (the number picks which one for this kind of action).
+    Fault(u8),
+}
+
+/// The answer to one command.
+#[derive(Debug)]
+pub struct Answer {
+    /// What to feed back.
+    pub outcome: Outcome,
+    /// Which halts it licenses.
+    pub license: License,
+}
+
+impl Answer {
+    fn new(outcome: Outcome) -> Self {
+        Self {
+            outcome,
+            license: License::default(),
+        }
+    }
+}
+
+/// The fuzz host.
+#[derive(Debug)]
+pub struct Host {
+    /// The host clock (never goes back).
+    pub now: UnixMillis,
+    /// Inbox records: the envelope as written and the value it decoded to.
+    pub records: BTreeMap<OfferId, (Vec<u8>, InboxRecord)>,
+    /// The pending claim as an envelope.
+    pub claim: Option<Vec<u8>>,
+    /// Completion receipts by attempt.
+    pub receipts: BTreeMap<AttemptId, Receipt>,
+    /// Spool files.
+    pub logs: BTreeMap<LogArtifactId, Log>,
+    /// Processes ever started.
+    pub processes: Vec<Process>,
+    /// The control plane.
+    pub plane: Plane,
+    /// The host's private knowledge.
+    pub ghost: Ghost,
+    draws: u64,
+}
+
+fn store(failure: StoreFailure) -> Answer {
+    let license = License {
+        uncertain: failure == StoreFailure::Uncertain,
+        conflict: failure == StoreFailure::Conflict,
+        unsafe_storage: failure == StoreFailure::Unsafe,
+        session: false,
+    };
+    Answer {
+        outcome: Outcome::Store(failure),
+        license,
+    }
+}
+
+/// The write failures, by fault number; `true` when an uncertain write lands anyway.
+fn write_fault(f: u8) -> (StoreFailure, bool) {
+    match f % 6 {
+        0 => (StoreFailure::Unchanged, false),
+        1 => (StoreFailure::Uncertain, false),
+        2 => (StoreFailure::Uncertain, true),
+        3 => (StoreFailure::Conflict, false),
+        4 => (StoreFailure::CapacityExhausted, false),
+        _ => (StoreFailure::Unsafe, false),
+    }
+}
+
+fn read_fault(f: u8) -> StoreFailure {
+    if f.is_multiple_of(2) {
+        StoreFailure::Unchanged
+    } else {
+        StoreFailure::Unsafe
+    }
+}
+
+impl Host {
+    /// A host at `now` with an empty store and `plane`.
+    #[must_use]
+    pub fn new(now: UnixMillis, plane: Plane) -> Self {
+        Self {
+            now,
+            records: BTreeMap::new(),
+            claim: None,
+            receipts: BTreeMap::new(),
+            logs: BTreeMap::new(),
+            processes: Vec::new(),
+            plane,
+            ghost: Ghost::default(),
+            draws: 0,
+        }
+    }
+
+    /// The durable record of `offer_id` (decoded once, when written).
+    #[must_use]
+    pub fn record(&self, offer_id: &OfferId) -> Option<InboxRecord> {
+        self.records.get(offer_id).map(|(_, record)| record.clone())
+    }
+
+    /// Every durable record, ascending.
+    #[must_use]
+    pub fn all_records(&self) -> Vec<InboxRecord> {
+        self.records
+            .values()
+            .map(|(_, record)| record.clone())
+            .collect()
+    }
+
+    fn record_of_attempt(&self, attempt: &AttemptId) -> Option<InboxRecord> {
+        self.all_records()
+            .into_iter()
+            .find(|r| r.offer.candidate.attempt_id == *attempt)
+    }
+
+    fn stored_claim(&self) -> Option<PendingClaim> {
+        self.claim.as_ref().map(|bytes| {
+            envelope::decode(bytes)
+                .unwrap_or_else(|e| panic!("INVARIANT durable-decode: claim: {e}"))
+        })
+    }
+
+    /// Stores a record durably (encode, scan, keep the bytes).
+    pub fn put_record(&mut self, record: &InboxRecord) {
+        if let Some(digest) = &record.completion_receipt_token_digest {
+            self.ghost.capability_of(digest.expose());
+        }
+        let bytes = envelope::encode(record)
+            .unwrap_or_else(|e| panic!("INVARIANT persist-valid: record does not encode: {e}"));
+        self.ghost.check_no_secret("a persisted record", &bytes);
+        let decoded: InboxRecord = envelope::decode(&bytes)
+            .unwrap_or_else(|e| panic!("INVARIANT durable-decode: a written record: {e}"));
+        assert_eq!(
+            &decoded, record,
+            "INVARIANT durable-decode: record round trip"
+        );
+        self.records
+            .insert(record.offer.offer_id.clone(), (bytes.to_vec(), decoded));
+    }
+
+    /// Stores the claim durably.
+    pub fn put_claim(&mut self, claim: &PendingClaim) {
+        let bytes = envelope::encode(claim)
+            .unwrap_or_else(|e| panic!("INVARIANT persist-valid: claim does not encode: {e}"));
+        self.ghost.check_no_secret("the persisted claim", &bytes);
+        self.claim = Some(bytes.to_vec());
+    }
+
+    /// Invariants on a command as the Worker emits it (before the host performs it).
+    pub fn on_command(&mut self, action: &Action, worker: &Worker) {
+        match action {
+            Action::PersistRecord { expected, record } => self.check_persist(*expected, record),
+            Action::PersistClaim { expected, claim } => self.check_claim(*expected, claim),
+            Action::ClearClaim { offer_id, revision } => {
+                let stored = self.stored_claim();
+                let stored = stored
+                    .unwrap_or_else(|| panic!("INVARIANT claim-cas: clearing an absent claim"));
+                let check = claim::check_clear(&stored, offer_id, *revision);
+                assert!(
+                    check.is_ok(),
+                    "INVARIANT claim-cas: clear refused: {check:?}"
+                );
+            }
+            Action::ReadClaim => self.ghost.check_pull(worker.fail_closed().is_some()),
+            Action::RemoveReceipt { attempt_id } => {
+                let state = self.record_of_attempt(attempt_id).map(|r| r.state);
+                assert_eq!(
+                    state,
+                    Some(State::CompletionAcknowledged),
+                    "INVARIANT receipt-kept: receipt of {attempt_id} removed while the record \
+                     is {state:?}"
+                );
+            }
+            Action::UploadLog {
+                log_artifact_id,
+                header,
+                ..
+            } => self.check_upload(log_artifact_id, header),
+            Action::Spawn(plan) => {
+                assert!(
+                    worker.fail_closed().is_none(),
+                    "INVARIANT fail-closed: a spawn while the Worker is fail-closed"
+                );
+                let stored = self.record(&plan.offer_id);
+                self.ghost.check_spawn(plan, stored.as_ref());
+            }
+            Action::Stop { handle } => assert!(
+                self.ghost.handles.contains(handle.as_str()),
+                "INVARIANT stop-known-handle: stop of a handle the supervisor never issued"
+            ),
+            Action::Post(call) => self.check_post(call, worker),
+            Action::ListInbox { .. }
+            | Action::ReadRecord { .. }
+            | Action::ReadReceipt { .. }
+            | Action::AllocateLog { .. }
+            | Action::InspectLog { .. }
+            | Action::DrawEntropy => {}
+        }
+    }
+
+    fn check_persist(&self, expected: Option<Revision>, record: &InboxRecord) {
+        let offer = &record.offer.offer_id;
+        match (expected, self.record(offer)) {
+            (None, None) => {
+                assert!(
+                    record.validate().is_ok()
+                        && record.revision == Revision::FIRST
+                        && record.state == State::Accepted,
+                    "INVARIANT persist-valid: first publication of {offer} is not a valid \
+                     accepted record at revision 0"
+                );
+            }
+            (Some(revision), Some(stored)) => {
+                let check = check_transition(&stored, record, revision);
+                assert!(
+                    check.is_ok(),
+                    "INVARIANT persist-valid: {offer} {} -> {}: {check:?}",
+                    stored.state,
+                    record.state
+                );
+            }
+            (expected, stored) => panic!(
+                "INVARIANT persist-valid: {offer} written with expected {expected:?} while \
+                 stored is {:?}",
+                stored.map(|s| s.revision)
+            ),
+        }
+    }
+
+    fn check_claim(&self, expected: Option<Revision>, proposed: &PendingClaim) {
+        let stored = self.stored_claim();
+        let check = match (expected, &stored) {
+            (None, existing) => claim::check_create(existing.as_ref(), proposed).map(|_| ()),
+            (Some(revision), Some(stored)) => claim::check_replace(stored, proposed, revision),
+            (Some(_), None) => panic!("INVARIANT claim-cas: replacing an absent claim"),
+        };
+        assert!(check.is_ok(), "INVARIANT claim-cas: {check:?}");
+    }
+
+    fn check_upload(&self, log: &LogArtifactId, header: &[u8]) {
+        self.ghost.check_no_secret("an upload header", header);
+        let record = self
+            .all_records()
+            .into_iter()
+            .find(|r| r.log_artifact_id.as_ref() == Some(log));
+        let Some(record) = record else {
+            panic!("INVARIANT upload-known-log: upload of a log no record names");
+        };
+        let attempt = &record.offer.candidate.attempt_id;
+        assert_eq!(
+            self.ghost.genuine.get(attempt),
+            Some(&true),
+            "INVARIANT receipt-authenticated: upload for {attempt} without a genuine receipt"
+        );
+    }
+
+    fn check_post(&self, call: &HttpCall, worker: &Worker) {
+        assert!(
+            call.body.len() <= call.request_cap,
+            "INVARIANT request-cap: body above its cap"
+        );
+        self.ghost.check_no_secret("a request body", &call.body);
+        let route = route::parse(&call.path)
+            .unwrap_or_else(|e| panic!("INVARIANT route: {}: {e}", call.path));
+        let body: Value = serde_json::from_slice(&call.body)
+            .unwrap_or_else(|_| panic!("INVARIANT request-json: {} body", call.path));
+        let offer = OfferId::new(plane::text(&body, "offerId")).ok();
+        match (route.operation, offer) {
+            (Operation::Offers, Some(offer)) => {
+                let claim = self.stored_claim();
+                let durable = claim.is_some_and(|c| {
+                    c.offer_id == offer
+                        && c.lease_token.expose() == plane::text(&body, "leaseToken")
+                });
+                assert!(
+                    durable,
+                    "INVARIANT claim-first: offers POST without its durable claim"
+                );
+            }
+            (Operation::StartFailure, Some(offer)) => self.ghost.check_start_failure(&offer),
+            (Operation::Starting, Some(_)) => {
+                assert!(
+                    worker.fail_closed().is_none() && !self.ghost.drain_requested,
+                    "INVARIANT fail-closed: a starting ACK while fail-closed or draining"
+                );
+            }
+            (Operation::Completion, Some(offer)) => self.check_completion(&offer, &body),
+            (Operation::Register | Operation::Heartbeat | Operation::Transition, _) => {}
+            (op, None) => panic!("INVARIANT request-json: {} without an offerId", op.as_str()),
+            (Operation::Running | Operation::Secrets | Operation::LeaseControl, Some(_)) => {}
+            (op @ (Operation::Artifacts | Operation::Attestations), _) => {
+                panic!("INVARIANT route: {} is not a JSON call", op.as_str())
+            }
+        }
+    }
+
+    fn check_completion(&self, offer: &OfferId, body: &Value) {
+        let artifact = body.get("artifact").cloned().unwrap_or(Value::Null);
+        let reported = (
+            plane::number(&artifact, "byteLength"),
+            plane::text(&artifact, "sha256"),
+        );
+        let uploaded = self.ghost.uploaded.get(offer);
+        assert!(
+            uploaded.is_some_and(|(len, sha)| *len == reported.0 && sha.to_hex() == reported.1),
+            "INVARIANT upload-first: completion for {offer} without a matching valid upload"
+        );
+        let attempt = plane::text(body, "attemptId");
+        let genuine = self
+            .ghost
+            .genuine
+            .iter()
+            .any(|(a, g)| a.as_str() == attempt && *g);
+        assert!(
+            genuine,
+            "INVARIANT receipt-authenticated: completion without a genuine receipt"
+        );
+    }
+
+    /// State invariants after every step.
+    pub fn check_state(&self) {
+        for (_, record) in self.records.values() {
+            self.ghost.check_record(record);
+        }
+    }
+
+    /// Performs `action` in `mode`.
+    pub fn perform(&mut self, action: Action, mode: Mode, r: &mut Bytes<'_>) -> Answer {
+        match action {
+            Action::ListInbox { after, limit } => self.list(after, limit, mode),
+            Action::ReadRecord { offer_id } => match mode {
+                Mode::Fault(f) => store(read_fault(f)),
+                Mode::Valid => {
+                    Answer::new(Outcome::RecordRead(self.record(&offer_id).map(Box::new)))
+                }
+            },
+            Action::PersistRecord { record, .. } => self.persist_record(*record, mode),
+            Action::ReadClaim => match mode {
+                Mode::Fault(f) => store(read_fault(f)),
+                Mode::Valid => Answer::new(Outcome::ClaimRead(self.stored_claim().map(Box::new))),
+            },
+            Action::PersistClaim { claim, .. } => self.write(mode, |h| h.put_claim(&claim)),
+            Action::ClearClaim { .. } => self.write(mode, |h| h.claim = None),
+            Action::ReadReceipt { attempt_id } => self.read_receipt(&attempt_id, mode),
+            Action::RemoveReceipt { attempt_id } => match mode {
+                Mode::Fault(_) => store(StoreFailure::Unchanged),
+                Mode::Valid => Answer::new(Outcome::ReceiptRemoved {
+                    existed: self.receipts.remove(&attempt_id).is_some(),
+                }),
+            },
+            Action::AllocateLog { log_artifact_id } => match mode {
+                Mode::Fault(_) => Answer::new(Outcome::LogUnavailable),
+                Mode::Valid => {
+                    self.logs.entry(log_artifact_id).or_insert(Log {
+                        len: 0,
+                        truncated: None,
+                    });
+                    Answer::new(Outcome::LogAllocated)
+                }
+            },
+            Action::InspectLog { log_artifact_id } => match (mode, self.logs.get(&log_artifact_id))
+            {
+                (Mode::Fault(_), _) => Answer::new(Outcome::LogUnavailable),
+                (Mode::Valid, None) => Answer::new(Outcome::LogMissing),
+                (Mode::Valid, Some(log)) => Answer::new(Outcome::LogInspected {
+                    byte_length: log.len,
+                    truncated: log.truncated,
+                }),
+            },
+            Action::UploadLog {
+                log_artifact_id,
+                header,
+                byte_length,
+                ..
+            } => self.upload(&log_artifact_id, &header, byte_length, mode, r),
+            Action::Post(call) => self.post(&call, mode, r),
+            Action::Spawn(plan) => self.spawn(*plan, mode, r),
+            Action::Stop { handle } => self.stop(handle.as_str(), mode),
+            Action::DrawEntropy => Answer::new(Outcome::EntropyDrawn(self.entropy(r.u8()))),
+        }
+    }
+
+    fn list(&self, after: Option<OfferId>, limit: PageLimit, mode: Mode) -> Answer {
+        if let Mode::Fault(f) = mode {
+            return store(read_fault(f));
+        }
+        let ids: Vec<OfferId> = self.records.keys().cloned().collect();
+        let page = page(ids, after.as_ref(), limit);
+        let records = page
+            .offer_ids
+            .iter()
+            .filter_map(|id| self.record(id))
+            .collect();
+        Answer::new(Outcome::InboxListed {
+            records,
+            next_after: page.next_after,
+        })
+    }
+
+    fn write(&mut self, mode: Mode, apply: impl FnOnce(&mut Self)) -> Answer {
+        match mode {
+            Mode::Valid => {
+                apply(self);
+                Answer::new(Outcome::Persisted)
+            }
+            Mode::Fault(f) => {
+                let (failure, lands) = write_fault(f);
+                if lands {
+                    apply(self);
+                }
+                store(failure)
+            }
+        }
+    }
+
+    fn persist_record(&mut self, record: InboxRecord, mode: Mode) -> Answer {
+        let must_land = record.state == State::RecoveryRequired
+            && record.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown);
+        let mut answer = self.write(mode, |h| h.put_record(&record));
+        if answer.outcome_is(StoreFailure::Unchanged) && must_land {
+            answer.license.uncertain = true;
+        }
+        answer
+    }
+
+    /// Fresh entropy: distinct for every draw (so no capability can collide with a lease token
+    /// or offer id), with the fuzz byte `salt` mixed in.
+    pub fn entropy(&mut self, salt: u8) -> Entropy {
+        self.draws += 1;
+        let mut bytes = [0u8; ENTROPY_BYTES];
+        for (half, chunk) in bytes.chunks_mut(32).enumerate() {
+            let seed = format!("ql-fuzz-entropy-{}-{salt}-{half}", self.draws);
+            chunk.copy_from_slice(Sha256Digest::of(seed.as_bytes()).as_bytes());
+        }
+        let mut first = [0u8; 32];
+        first.copy_from_slice(&bytes[..32]);
+        self.ghost.candidate(first);
+        Entropy::new(bytes)
+    }
+
+    fn read_receipt(&mut self, attempt: &AttemptId, mode: Mode) -> Answer {
+        let genuine = self.receipts.get(attempt).cloned();
+        let (read, is_genuine) = match (mode, genuine) {
+            (Mode::Valid, Some(receipt)) => (ReceiptRead::Present(receipt), true),
+            (Mode::Valid, None) => (ReceiptRead::Absent, false),
+            (Mode::Fault(f), genuine) => (self.forged(attempt, genuine, f), false),
+        };
+        self.ghost.genuine.insert(attempt.clone(), is_genuine);
+        Answer::new(Outcome::ReceiptRead(read))
+    }
+
+    /// A receipt that must not authenticate.
+    fn forged(&self, attempt: &AttemptId, genuine: Option<Receipt>, f: u8) -> ReceiptRead {
+        let base = genuine.or_else(|| {
+            let record = self.record_of_attempt(attempt)?;
+            record.executor_started_at_ms?;
+            let capability = samples::capability(0);
+            Some(samples::receipt_for(&record, &capability, self.now, 0))
+        });
+        let Some(mut receipt) = base else {
+            return ReceiptRead::Invalid;
+        };
+        match f % 6 {
+            0 => return ReceiptRead::Invalid,
+            1 => return ReceiptRead::Unavailable,
+            2 => {
+                let forged = samples::base64url(&samples::capability(u32::MAX));
+                receipt.token = ReceiptToken::new(forged).unwrap_or(receipt.token);
+            }
+            3 => {
+                receipt.callback_sequence = receipt
+                    .callback_sequence
+                    .next()
+                    .unwrap_or(receipt.callback_sequence);
+            }
+            4 => receipt.started_at_ms = samples::ms(receipt.started_at_ms.get() + 1),
+            _ => receipt.finished_at_ms = samples::ms(self.now.get() + 1),
+        }
+        if receipt.finished_at_ms < receipt.started_at_ms {
+            receipt.finished_at_ms = receipt.started_at_ms;
+        }
+        ReceiptRead::Present(receipt)
+    }
+
+    fn upload(
+        &mut self,
+        log: &LogArtifactId,
+        header: &[u8],
+        byte_length: u64,
+        mode: Mode,
+        r: &mut Bytes<'_>,
+    ) -> Answer {
+        let offer = self
+            .all_records()
+            .into_iter()
+            .find(|rec| rec.log_artifact_id.as_ref() == Some(log))
+            .map(|rec| rec.offer.offer_id);
+        if let Some(offer) = &offer {
+            self.ghost.uploaded.remove(offer);
+        }
+        let Some(stored) = self.logs.get(log).copied() else {
+            return Answer::new(Outcome::LogMissing);
+        };
+        if stored.len != byte_length {
+            return Answer::new(Outcome::LogUnavailable);
+        }
+        let mut framed = Vec::with_capacity(header.len() + 4);
+        framed.extend_from_slice(&u32::try_from(header.len()).unwrap_or(0).to_be_bytes());
+        framed.extend_from_slice(header);
+        let upload = ArtifactUpload::parse_preamble(&framed, None)
+            .unwrap_or_else(|e| panic!("INVARIANT request-json: upload header: {e}"))
+            .0;
+        let sha = Sha256Digest::of(&Log::content(stored.len));
+        let receipt = ArtifactReceipt {
+            status: UploadStatus::Stored,
+            sha256: sha,
+        };
+        let mut body = receipt.to_json(&upload);
+        let mut sent = stored.len;
+        match mode {
+            Mode::Valid => {
+                if let Some(offer) = offer {
+                    self.ghost.uploaded.insert(offer, (stored.len, sha));
+                }
+            }
+            Mode::Fault(f) => match f % 6 {
+                0 => return Answer::new(Outcome::Http(HttpFailure::Unavailable)),
+                1 => return Answer::new(http_status(409)),
+                2 => body = r.slice(64).to_vec(),
+                3 => {
+                    let other = ArtifactReceipt {
+                        status: UploadStatus::AlreadyStored,
+                        sha256: Sha256Digest::of(b"other content"),
+                    };
+                    body = other.to_json(&upload);
+                }
+                4 => sent = sent.saturating_sub(1).min(stored.len.saturating_add(1)),
+                _ => return Answer::new(Outcome::LogUnavailable),
+            },
+        }
+        Answer::new(Outcome::Uploaded {
+            body,
+            sent_bytes: sent,
+            sent_sha256: if sent == stored.len {
+                sha
+            } else {
+                Sha256Digest::of(b"short")
+            },
+        })
+    }
+
+    fn post(&mut self, call: &HttpCall, mode: Mode, r: &mut Bytes<'_>) -> Answer {
+        let Ok(route) = route::parse(&call.path) else {
+            return Answer::new(http_status(404));
+        };
+        let body: Value = serde_json::from_slice(&call.body).unwrap_or(Value::Null);
+        let session = matches!(
+            route.operation,
+            Operation::Register | Operation::Heartbeat | Operation::Transition
+        );
+        let v = r.u8();
+        let valid = self.valid_body(route.operation, &body, v);
+        let mut answer = match (mode, valid) {
+            (Mode::Valid, Some(bytes)) => Answer::new(Outcome::Responded(bytes)),
+            (Mode::Valid, None) => Answer::new(http_status(404)),
+            (Mode::Fault(f), valid) => {
+                let mut answer = Answer::new(post_fault(f, valid, r));
+                answer.license.session = session;
+                answer
+            }
+        };
+        if session && matches!(answer.outcome, Outcome::Http(HttpFailure::Status { .. })) {
+            answer.license.session = true;
+        }
+        answer
+    }
+
+    /// The valid answer of the control plane, when it has one.
+    fn valid_body(&mut self, op: Operation, body: &Value, v: u8) -> Option<Vec<u8>> {
+        let now = self.now;
+        let record = OfferId::new(plane::text(body, "offerId"))
+            .ok()
+            .and_then(|id| self.record(&id));
+        match op {
+            Operation::Register | Operation::Heartbeat | Operation::Transition => {
+                Some(self.plane.session(op.as_str(), body, now, v))
+            }
+            Operation::Offers => Some(self.plane.offers(body, now, v)),
+            Operation::Starting | Operation::Running | Operation::StartFailure => {
+                Some(self.plane.activation(op.as_str(), body, &record?, now, v))
+            }
+            Operation::Secrets => {
+                let answer = self.plane.secrets(&record?, v);
+                self.ghost.secret_values = self.plane.secret_values.clone();
+                answer
+            }
+            Operation::Completion => Plane::completion(body, v),
+            Operation::LeaseControl => Plane::lease_control(body, &record?, now, v),
+            Operation::Artifacts | Operation::Attestations => None,
+        }
+    }
+
+    fn spawn(&mut self, plan: LaunchPlan, mode: Mode, r: &mut Bytes<'_>) -> Answer {
+        let Some(launching) = self.record(&plan.offer_id) else {
+            return Answer::new(Outcome::Spawned(SpawnOutcome::Rejected));
+        };
+        let handle = format!("ql3lp1.fuzz-{}", self.processes.len());
+        let started_at = plan.executor_started_at;
+        let (outcome, fate, exists) = match mode {
+            Mode::Valid => (
+                SpawnOutcome::Started {
+                    handle: handle.clone(),
+                    started_at,
+                },
+                SpawnFate::Started,
+                true,
+            ),
+            Mode::Fault(f) => match f % 5 {
+                0 => (SpawnOutcome::Rejected, SpawnFate::Rejected, false),
+                1 => (SpawnOutcome::Unknown, SpawnFate::Unknown, true),
+                2 => (SpawnOutcome::Unknown, SpawnFate::Unknown, false),
+                3 => (
+                    SpawnOutcome::Started {
+                        handle: handle.clone(),
+                        started_at: samples::ms(started_at.get() + 1),
+                    },
+                    SpawnFate::Unknown,
+                    true,
+                ),
+                _ => (
+                    SpawnOutcome::Started {
+                        handle: String::from("bad\nhandle"),
+                        started_at,
+                    },
+                    SpawnFate::Unknown,
+                    true,
+                ),
+            },
+        };
+        self.ghost.spawns.insert(plan.offer_id.clone(), fate);
+        if exists {
+            self.ghost.handles.insert(handle.clone());
+            self.processes.push(Process {
+                launching,
+                capability: *plan.capability.expose(),
+                handle,
+                alive: true,
+            });
+            let last = self.processes.len() - 1;
+            match r.below(4) {
+                0 => self.exit(last, 0, true),
+                2 => self.exit(last, 1, false),
+                _ => {}
+            }
+        }
+        Answer::new(Outcome::Spawned(outcome))
+    }
+
+    /// Process `index` ends: the log is captured and, when `receipt`, the supervisor publishes
+    /// the genuine receipt.
+    pub fn exit(&mut self, index: usize, code: u8, receipt: bool) {
+        let now = self.now;
+        let Some(process) = self.processes.get_mut(index) else {
+            return;
+        };
+        if !process.alive {
+            return;
+        }
+        process.alive = false;
+        let record = &process.launching;
+        if let Some(log) = &record.log_artifact_id {
+            let len = u64::from(code) * 7 + 5;
+            self.logs.insert(
+                log.clone(),
+                Log {
+                    len,
+                    truncated: (code % 3 != 2).then_some(code % 3 == 1),
+                },
+            );
+        }
+        if receipt {
+            let genuine = samples::receipt_for(record, &process.capability, now, code);
+            self.receipts
+                .insert(record.offer.candidate.attempt_id.clone(), genuine);
+        }
+    }
+
+    fn stop(&mut self, handle: &str, mode: Mode) -> Answer {
+        let index = self.processes.iter().position(|p| p.handle == handle);
+        let outcome = match (mode, index) {
+            (Mode::Fault(f), _) if f.is_multiple_of(2) => StopOutcome::Unknown,
+            (Mode::Fault(_), _) | (Mode::Valid, None) => StopOutcome::AlreadyExited,
+            (Mode::Valid, Some(i)) if self.processes[i].alive => {
+                self.exit(i, 143, true);
+                StopOutcome::Stopped
+            }
+            (Mode::Valid, Some(_)) => StopOutcome::AlreadyExited,
+        };
+        Answer::new(Outcome::Stopped(outcome))
+    }
+}
+
+impl Answer {
+    fn outcome_is(&self, failure: StoreFailure) -> bool {
+        matches!(self.outcome, Outcome::Store(f) if f == failure)
+    }
+}
+
+fn http_status(status: u16) -> Outcome {
+    Outcome::Http(HttpFailure::Status {
+        status,
+        code: Some(String::from("worker_fenced")),
+    })
+}
+
+/// A faulty answer to a JSON call.
+fn post_fault(f: u8, valid: Option<Vec<u8>>, r: &mut Bytes<'_>) -> Outcome {
+    match f % 8 {
+        0 => Outcome::Http(HttpFailure::Unavailable),
+        1 => http_status(409),
+        2 => http_status(400),
+        3 => http_status(503),
+        4 => Outcome::Responded(r.slice(96).to_vec()),
+        5 => {
+            let mut bytes = valid.unwrap_or_default();
+            if !bytes.is_empty() {
+                let at = usize::from(r.u16()) % bytes.len();
+                bytes[at] ^= r.u8() | 1;
+            }
+            Outcome::Responded(bytes)
+        }
+        6 => {
+            let mut bytes = valid.unwrap_or_default();
+            bytes.truncate(usize::from(r.u16()) % (bytes.len() + 1));
+            Outcome::Responded(bytes)
+        }
+        _ => Outcome::Http(HttpFailure::Status {
+            status: 401,
+            code: None,
+        }),
+    }
+}

@@ -1,0 +1,509 @@
+//! Machine targets: the real [`Worker`] driven by a fuzzed op sequence through the fuzz
+//! [`Host`], with the safety invariants checked on every command and after every step.
+//!
+//! The op sequence is read from the fuzz bytes as the run goes:
+//! * a **setup** (configuration profile, pages, concurrency; scenario-specific durable state);
+//! * then, each step, one byte deciding what happens next: for an emitted command, how the host
+//!   answers it (valid, a fault of that command's kind, a crash before performing it, or a
+//!   crash after performing it); when the Worker is idle, a tick, a time jump, a drain request,
+//!   a crash, or a user process ending.
+//!
+//! Zero is always the cooperative choice, and the input reads as zeros past its end: after the
+//! fuzzed part, the run continues for [`HEAL_STEPS`] healthy steps, so the empty input is the
+//! happy path and every input ends in a quiet stretch that lets pending work surface.
+//!
+//! A crash rebuilds the Worker from nothing but the host's durable state. A halt or a stop is
+//! checked (only for a cause the host produced) and followed by a restart.
+
+use alloc::string::String;
+
+use crate::ids::OfferId;
+use crate::io::{Command, Input, Outcome};
+use crate::listing::PageLimit;
+use crate::record::{RecoveryReason, State};
+use crate::revision::Architecture;
+use crate::time::UnixMillis;
+use crate::wire::session::Capabilities;
+use crate::worker::{HaltReason, Output, StopReason, Worker, WorkerConfig};
+
+use super::bytes::Bytes;
+use super::ghost::{License, SpawnFate};
+use super::host::{Host, Mode, Process};
+use super::plane::{OfferPolicy, Plane};
+use super::samples;
+
+/// Steps per run, at most.
+pub const MAX_STEPS: u32 = 4_000;
+/// Healthy steps after the input is used up.
+pub const HEAL_STEPS: u32 = 150;
+/// Restarts (crashes, halts, stops) per run, at most.
+pub const MAX_RESTARTS: u32 = 48;
+
+/// Which part of the Worker a target focuses on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// Pull and the Processor: every Pull is offered a Run.
+    StartPath,
+    /// Records already launched or started, with receipts present or absent: completion, lease
+    /// control, stops. Pulls are answered idle.
+    FinishPath,
+    /// Register, heartbeat, drain and fail-closed, over records in any state.
+    Lifecycle,
+}
+
+/// What a run did (for the corpus test and for minimising seeds).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Steps taken.
+    pub steps: u32,
+    /// Commands answered or dropped.
+    pub commands: u32,
+    /// Offers that got a spawn.
+    pub spawns: u32,
+    /// Records `completion_acknowledged` at the end.
+    pub completed: u32,
+    /// Records `start_failure_acknowledged` at the end.
+    pub start_failed: u32,
+    /// Records `recovery_required` at the end.
+    pub recovery: u32,
+    /// Crashes and restarts.
+    pub restarts: u32,
+    /// Halts (each licensed by a host fault).
+    pub halts: u32,
+    /// Stops after a drain.
+    pub stops: u32,
+}
+
+impl Summary {
+    /// Whether the run reached an end of a Run's or a Worker's life (a seed must).
+    #[must_use]
+    pub fn milestone(&self) -> bool {
+        self.completed + self.start_failed + self.stops > 0
+    }
+}
+
+/// `machine_start_path`.
+#[must_use]
+pub fn machine_start_path(data: &[u8]) -> Summary {
+    run(Scenario::StartPath, data)
+}
+
+/// `machine_finish_path`.
+#[must_use]
+pub fn machine_finish_path(data: &[u8]) -> Summary {
+    run(Scenario::FinishPath, data)
+}
+
+/// `machine_lifecycle`.
+#[must_use]
+pub fn machine_lifecycle(data: &[u8]) -> Summary {
+    run(Scenario::Lifecycle, data)
+}
+
+/// Runs one fuzz case of `scenario`.
+#[must_use]
+pub fn run(scenario: Scenario, data: &[u8]) -> Summary {
+    run_traced(scenario, data, &mut |_| {})
+}
+
+/// [`run`] with the known bugs checked too (see [`KNOWN_BUGS`](super::ghost::KNOWN_BUGS)).
+#[must_use]
+pub fn run_strict(scenario: Scenario, data: &[u8]) -> Summary {
+    run_with(scenario, data, true, &mut |_| {})
+}
+
+/// [`run`], reporting every step to `trace` (for reading a reproducer).
+pub fn run_traced(scenario: Scenario, data: &[u8], trace: &mut dyn FnMut(&str)) -> Summary {
+    run_with(scenario, data, false, trace)
+}
+
+/// One fuzz case; `strict` also checks the known bugs; every step is reported to `trace`.
+pub fn run_with(
+    scenario: Scenario,
+    data: &[u8],
+    strict: bool,
+    trace: &mut dyn FnMut(&str),
+) -> Summary {
+    let mut r = Bytes::new(data);
+    let mut sim = Sim::new(scenario, &mut r);
+    sim.host.ghost.strict = strict;
+    sim.trace = Some(trace);
+    let mut healing = 0;
+    sim.note(format_args!("setup: {} records", sim.host.records.len()));
+    while sim.summary.steps < MAX_STEPS {
+        if r.is_empty() {
+            healing += 1;
+            if healing > HEAL_STEPS {
+                break;
+            }
+        }
+        sim.summary.steps += 1;
+        if !sim.step(&mut r) {
+            break;
+        }
+        sim.host.check_state();
+    }
+    sim.finish()
+}
+
+/// The Worker and its host.
+pub struct Sim<'t> {
+    trace: Option<&'t mut dyn FnMut(&str)>,
+    config: WorkerConfig,
+    worker: Worker,
+    /// The host.
+    pub host: Host,
+    license: License,
+    /// What happened so far.
+    pub summary: Summary,
+}
+
+fn config(r: &mut Bytes<'_>) -> WorkerConfig {
+    let worker = samples::worker();
+    let capabilities = Capabilities::for_architecture(Architecture::Amd64);
+    let c = r.u8();
+    let mut config = if c & 1 == 1 {
+        WorkerConfig::node(worker.worker_id, worker.session_id, capabilities)
+    } else {
+        WorkerConfig::edge(worker.worker_id, worker.session_id, capabilities)
+    };
+    let page = |bits: u8| PageLimit::new(u64::from(bits % 4) + 1).unwrap_or_default();
+    config.startup_page = page(c >> 1);
+    config.supervision_page = page(c >> 3);
+    config.max_concurrent_runs = u16::from((c >> 5) % 3) + 1;
+    config
+}
+
+impl core::fmt::Debug for Sim<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Sim")
+            .field("host", &self.host)
+            .field("summary", &self.summary)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sim<'_> {
+    fn note(&mut self, line: core::fmt::Arguments<'_>) {
+        if let Some(trace) = &mut self.trace {
+            trace(&alloc::format!("[{}] {line}", self.host.now));
+        }
+    }
+
+    /// Sets up `scenario` from the first bytes of `r`.
+    pub fn new(scenario: Scenario, r: &mut Bytes<'_>) -> Self {
+        let config = config(r);
+        let now = samples::ms(1_000_000 + u64::from(r.u16()));
+        let policy = match scenario {
+            Scenario::StartPath => OfferPolicy::Always,
+            Scenario::FinishPath => OfferPolicy::Never,
+            Scenario::Lifecycle => OfferPolicy::Sometimes,
+        };
+        let mut host = Host::new(now, Plane::new(policy));
+        match scenario {
+            Scenario::StartPath => preload_claim(&mut host, r),
+            Scenario::FinishPath => {
+                let states = [
+                    State::Launching,
+                    State::Started,
+                    State::RunningAcknowledged,
+                    State::RecoveryRequired,
+                    State::CompletionAcknowledged,
+                    State::RecoveryRequired,
+                ];
+                for i in 0..=r.below(3) {
+                    let s = r.below(6);
+                    let reason = if s == 5 {
+                        RecoveryReason::ALL[usize::from(r.below(5))]
+                    } else {
+                        RecoveryReason::LaunchOutcomeUnknown
+                    };
+                    let extras = samples::Extras {
+                        barrier: true,
+                        handle: r.flag(),
+                    };
+                    preload(
+                        &mut host,
+                        10 + u32::from(i),
+                        states[usize::from(s)],
+                        reason,
+                        extras,
+                        r,
+                    );
+                }
+            }
+            Scenario::Lifecycle => {
+                for i in 0..r.below(4) {
+                    let state = State::ALL[usize::from(r.below(9))];
+                    let reason = RecoveryReason::ALL[usize::from(r.below(5))];
+                    let extras = samples::Extras {
+                        barrier: r.flag(),
+                        handle: r.flag(),
+                    };
+                    preload(&mut host, 20 + u32::from(i), state, reason, extras, r);
+                }
+                preload_claim(&mut host, r);
+            }
+        }
+        let worker = Worker::new(config.clone(), now);
+        Self {
+            trace: None,
+            config,
+            worker,
+            host,
+            license: License::default(),
+            summary: Summary::default(),
+        }
+    }
+
+    /// One step; false when the run must end (restart budget used up).
+    pub fn step(&mut self, r: &mut Bytes<'_>) -> bool {
+        match self.worker.poll_output() {
+            Output::Command(command) => {
+                self.command(command, r);
+                true
+            }
+            Output::Idle { wake_at } => {
+                self.idle(wake_at, r);
+                true
+            }
+            Output::Stopped(reason) => {
+                self.note(format_args!("stopped: {reason:?}"));
+                assert!(
+                    self.host.ghost.drain_requested,
+                    "INVARIANT stop-only-drained: stopped ({reason:?}) without a drain request"
+                );
+                if reason == StopReason::Drained {
+                    let settled = self
+                        .host
+                        .all_records()
+                        .iter()
+                        .all(|r| r.state.is_terminal());
+                    let ghost = &self.host.ghost;
+                    let known_bug = !ghost.strict && ghost.reconcile_failed && !ghost.reconciled;
+                    assert!(
+                        settled || known_bug,
+                        "INVARIANT drain (known bug pull-before-reconciled when a page failed): \
+                         drained with unsettled records"
+                    );
+                }
+                self.summary.stops += 1;
+                self.restart()
+            }
+            Output::Halted(reason) => {
+                self.note(format_args!("halted: {reason}"));
+                self.check_halt(&reason);
+                self.summary.halts += 1;
+                self.restart()
+            }
+        }
+    }
+
+    fn check_halt(&self, reason: &HaltReason) {
+        assert!(
+            self.license.allows(reason),
+            "INVARIANT halt-licensed: halted ({reason}) without a host fault that causes it \
+             (last answer licensed {:?})",
+            self.license
+        );
+    }
+
+    fn command(&mut self, command: Command, r: &mut Bytes<'_>) {
+        self.summary.commands += 1;
+        self.note(format_args!("{} {:?}", command.id, command.action));
+        self.host.on_command(&command.action, &self.worker);
+        let byte = r.u8();
+        if byte >= 200 {
+            self.note(format_args!("  answer byte {byte}"));
+        }
+        let mode = match byte {
+            0..=199 => Mode::Valid,
+            m @ 200..=239 => Mode::Fault(m - 200),
+            240..=247 => {
+                // Crash before the driver performed the command.
+                let _ = self.restart();
+                return;
+            }
+            _ => {
+                // Performed, then the process died before reporting.
+                let _ = self.host.perform(command.action, Mode::Valid, r);
+                let _ = self.restart();
+                return;
+            }
+        };
+        let reconciling = matches!(command.action, crate::io::Action::ListInbox { .. })
+            && self.worker.phase() == crate::worker::Phase::Reconciling;
+        let answer = self.host.perform(command.action, mode, r);
+        self.note(format_args!("  -> {:?}", answer.outcome));
+        if reconciling {
+            match &answer.outcome {
+                Outcome::InboxListed {
+                    next_after: None, ..
+                } => self.host.ghost.reconciled = true,
+                Outcome::Store(_) => self.host.ghost.reconcile_failed = true,
+                _ => {}
+            }
+        }
+        self.license = answer.license;
+        let id = command.id;
+        let now = self.host.now;
+        let result = self.worker.handle(
+            now,
+            Input::Outcome {
+                id,
+                outcome: answer.outcome,
+            },
+        );
+        assert!(
+            result.is_ok(),
+            "INVARIANT input-accepted: handle refused a well-formed outcome: {result:?}"
+        );
+    }
+
+    fn idle(&mut self, wake_at: Option<UnixMillis>, r: &mut Bytes<'_>) {
+        self.license = License::default();
+        let op = r.u8();
+        let (phase, latch) = (self.worker.phase(), self.worker.fail_closed().cloned());
+        self.note(format_args!(
+            "idle (wake {wake_at:?}) op {op}; {phase:?} fail-closed {latch:?}"
+        ));
+        match op {
+            0..=159 => {
+                if let Some(wake) = wake_at {
+                    self.host.now = self.host.now.max(wake);
+                }
+            }
+            160..=179 => self.advance(u64::from(r.u16()) * 100),
+            180..=189 => {
+                self.host.ghost.drain_requested = true;
+                let now = self.host.now;
+                let result = self.worker.handle(now, Input::DrainRequested);
+                assert!(
+                    result.is_ok(),
+                    "INVARIANT input-accepted: drain: {result:?}"
+                );
+                return;
+            }
+            190..=199 => {
+                let _ = self.restart();
+                return;
+            }
+            200..=219 => {
+                let alive: alloc::vec::Vec<usize> = (0..self.host.processes.len())
+                    .filter(|i| self.host.processes[*i].alive)
+                    .collect();
+                if !alive.is_empty() {
+                    let pick = alive[usize::from(r.u8()) % alive.len()];
+                    let code = r.u8();
+                    self.host.exit(pick, code, code % 8 != 7);
+                }
+            }
+            220..=239 => self.advance(u64::from(r.u8()) * 10),
+            240..=255 => {}
+        }
+        let now = self.host.now;
+        self.host.ghost.latched_at_tick = self.worker.fail_closed().is_some();
+        let result = self.worker.handle(now, Input::Tick);
+        assert!(result.is_ok(), "INVARIANT input-accepted: tick: {result:?}");
+    }
+
+    fn advance(&mut self, ms: u64) {
+        self.host.now = samples::ms(self.host.now.get().saturating_add(ms));
+    }
+
+    /// A crash or restart: the Worker is rebuilt from the durable state alone.
+    fn restart(&mut self) -> bool {
+        self.note(format_args!("restart"));
+        self.summary.restarts += 1;
+        self.host.ghost.restart();
+        self.license = License::default();
+        self.worker = Worker::new(self.config.clone(), self.host.now);
+        self.summary.restarts <= MAX_RESTARTS
+    }
+
+    fn finish(mut self) -> Summary {
+        let records = self.host.all_records();
+        let count = |state: State| {
+            u32::try_from(records.iter().filter(|r| r.state == state).count()).unwrap_or(0)
+        };
+        self.summary.completed = count(State::CompletionAcknowledged);
+        self.summary.start_failed = count(State::StartFailureAcknowledged);
+        self.summary.recovery = count(State::RecoveryRequired);
+        self.summary.spawns = u32::try_from(self.host.ghost.spawns.len()).unwrap_or(0);
+        self.summary
+    }
+}
+
+/// A durable record of sample `n` left by a previous incarnation, with its process (exited
+/// with a receipt, still alive, exited without a receipt, or never started) and its log.
+fn preload(
+    host: &mut Host,
+    n: u32,
+    state: State,
+    reason: RecoveryReason,
+    extras: samples::Extras,
+    r: &mut Bytes<'_>,
+) {
+    let now = host.now;
+    let expires = match r.below(4) {
+        0 | 3 => samples::ms(now.get() + 30_000),
+        1 => samples::ms(now.get() + 3_000),
+        _ => samples::ms(21),
+    };
+    let at = samples::ms(now.get() - 500);
+    let record = samples::record(samples::offer(n, expires), n, state, reason, at, extras);
+    host.ghost.candidate(samples::capability(n));
+    host.put_record(&record);
+    if record.executor_started_at_ms.is_none() {
+        return;
+    }
+    let capability = samples::capability(n);
+    let offer: OfferId = record.offer.offer_id.clone();
+    let fate = match state {
+        State::StartFailed | State::StartFailureAcknowledged => SpawnFate::Rejected,
+        State::Started | State::RunningAcknowledged => SpawnFate::Started,
+        _ if record.executor_handle.is_some() => SpawnFate::Started,
+        _ => SpawnFate::Unknown,
+    };
+    host.ghost.spawns.insert(offer, fate);
+    if let Some(handle) = &record.executor_handle {
+        host.ghost.handles.insert(String::from(handle.as_str()));
+    }
+    let process = r.below(4);
+    if fate == SpawnFate::Rejected || process == 3 {
+        return;
+    }
+    let handle = record.executor_handle.as_ref().map_or_else(
+        || alloc::format!("ql3lp1.fuzz-pre-{n}"),
+        |h| String::from(h.as_str()),
+    );
+    host.ghost.handles.insert(handle.clone());
+    host.processes.push(Process {
+        launching: record,
+        capability,
+        handle,
+        alive: true,
+    });
+    let index = host.processes.len() - 1;
+    match process {
+        0 => host.exit(index, r.u8() % 4, true),
+        2 => host.exit(index, 1, false),
+        _ => {}
+    }
+}
+
+/// Maybe a pending claim left by a previous incarnation: of this Session (some attempts
+/// used) or of an older generation.
+fn preload_claim(host: &mut Host, r: &mut Bytes<'_>) {
+    let p = r.u8();
+    let mut claim = samples::claim(90, p % 17);
+    match p % 4 {
+        1 => {}
+        2 => {
+            claim.worker_generation =
+                crate::ids::WorkerGeneration::new(1).unwrap_or(claim.worker_generation);
+        }
+        _ => return,
+    }
+    host.put_claim(&claim);
+}

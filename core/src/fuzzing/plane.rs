@@ -1,0 +1,410 @@
+//! The fuzz host's control plane: fabricates **valid** answers for every Worker-ingress call
+//! with the wire types' own `to_json` (so a valid answer always parses), with a variation byte
+//! choosing among the valid alternatives (`already_*` statuses, terminal snapshots, stop
+//! requests, generation changes…). Faulty answers are made by the host around these.
+
+use alloc::boxed::Box;
+use alloc::collections::BTreeMap;
+use alloc::format;
+use alloc::string::String;
+use alloc::vec;
+use alloc::vec::Vec;
+
+use serde_json::Value;
+
+use crate::ids::{
+    AttemptId, CallbackSequence, ExecutorHandle, LeaseGeneration, LeaseToken, LeaseVersion,
+    OfferId, RunId, WorkerGeneration,
+};
+use crate::offer::DeliveryKind;
+use crate::record::InboxRecord;
+use crate::revision::{ExecutionRevision, SecretRef};
+use crate::time::UnixMillis;
+use crate::wire::Fence;
+use crate::wire::activation::{
+    ActivationResponse, ActivationSnapshot, ActivationStatus, AttemptStatus, RunStatus,
+    SnapshotShape,
+};
+use crate::wire::completion::{CompletionResponse, CompletionStatus};
+use crate::wire::lease_control::{
+    LeaseControlRequest, LeaseControlResponse, RenewedLease, StopReason, StopRequest,
+    TerminalStatus,
+};
+use crate::wire::offer::{IdleReason, OfferResponse, OfferStats, OfferedLease, OfferedOffer};
+use crate::wire::secrets::{ResolvedSecret, SecretValue, SecretsRequest, SecretsResponse};
+use crate::wire::session::{
+    HEARTBEAT_SCHEMA, REGISTER_SCHEMA, SessionResponse, SessionStatus, TRANSITION_SCHEMA,
+};
+
+use super::samples;
+
+/// Whether the control plane has work for the Worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OfferPolicy {
+    /// Every Pull is offered a Run (new or replayed), up to [`MAX_RUNS`].
+    Always,
+    /// Every Pull is answered idle.
+    Never,
+    /// The variation byte decides.
+    Sometimes,
+}
+
+/// Distinct Runs the control plane hands out per fuzz case (bounds the inbox).
+pub const MAX_RUNS: u32 = 4;
+
+/// What the control plane remembers of an offer it made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Offered {
+    /// Sample number (Run `run-<n>`).
+    pub n: u32,
+    /// Whether its revision has a Secret binding.
+    pub secret: bool,
+    /// Whether its revision has a timeout.
+    pub timeout: bool,
+    /// Lease version last handed out.
+    pub lease_version: u64,
+}
+
+/// The simulated control plane.
+#[derive(Debug)]
+pub struct Plane {
+    /// Session generation handed out at register.
+    pub generation: u64,
+    /// Session version.
+    pub version: u64,
+    /// Offers made, by offer id.
+    pub offers: BTreeMap<OfferId, Offered>,
+    /// Next sample number.
+    pub next_run: u32,
+    /// When to offer.
+    pub policy: OfferPolicy,
+    /// Secret values handed out (the host checks none reaches the disk).
+    pub secret_values: Vec<String>,
+    /// The four sample revisions (Secret × timeout), sealed once.
+    revisions: [ExecutionRevision; 4],
+}
+
+/// A string field of a request body.
+#[must_use]
+pub fn text<'a>(body: &'a Value, key: &str) -> &'a str {
+    body.get(key).and_then(Value::as_str).unwrap_or("")
+}
+
+/// An integer field of a request body.
+#[must_use]
+pub fn number(body: &Value, key: &str) -> u64 {
+    body.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+fn later(now: UnixMillis, ms: u64) -> UnixMillis {
+    samples::ms(now.get().saturating_add(ms))
+}
+
+impl Plane {
+    /// A control plane at generation [`samples::GENERATION`].
+    #[must_use]
+    pub fn new(policy: OfferPolicy) -> Self {
+        Self {
+            generation: samples::GENERATION,
+            version: 0,
+            offers: BTreeMap::new(),
+            next_run: 1,
+            policy,
+            secret_values: Vec::new(),
+            revisions: [
+                samples::revision(false, false),
+                samples::revision(false, true),
+                samples::revision(true, false),
+                samples::revision(true, true),
+            ],
+        }
+    }
+
+    /// The sample revision with or without a Secret and a timeout.
+    #[must_use]
+    pub fn revision(&self, secret: bool, timeout: bool) -> &ExecutionRevision {
+        &self.revisions[usize::from(secret) * 2 + usize::from(timeout)]
+    }
+
+    /// `register`, `heartbeat` or `transition`.
+    pub fn session(&mut self, op: &str, body: &Value, now: UnixMillis, v: u8) -> Vec<u8> {
+        let worker = samples::worker_at(self.generation);
+        let mut response = SessionResponse {
+            worker_id: worker.worker_id,
+            session_id: worker.session_id,
+            generation: worker.generation,
+            version: number(body, "expectedVersion").saturating_add(1),
+            status: SessionStatus::Online,
+            lease_expires_at_ms: later(now, number(body, "leaseDurationMs").max(5_000)),
+            replaced_session: None,
+        };
+        let schema = match op {
+            "register" => {
+                if v % 8 == 6 {
+                    self.generation += 1;
+                }
+                response.generation =
+                    WorkerGeneration::new(self.generation).unwrap_or(response.generation);
+                self.version += 1;
+                response.version = self.version;
+                response.replaced_session = Some(v % 8 == 5);
+                if v % 8 == 7 {
+                    response.lease_expires_at_ms = later(now, 1);
+                }
+                REGISTER_SCHEMA
+            }
+            "heartbeat" => {
+                response.generation = WorkerGeneration::new(number(body, "generation"))
+                    .unwrap_or(response.generation);
+                if v % 4 == 3 {
+                    response.status = SessionStatus::Draining;
+                }
+                HEARTBEAT_SCHEMA
+            }
+            _ => {
+                response.generation = WorkerGeneration::new(number(body, "generation"))
+                    .unwrap_or(response.generation);
+                response.status = if text(body, "status") == "offline" {
+                    SessionStatus::Offline
+                } else {
+                    SessionStatus::Draining
+                };
+                TRANSITION_SCHEMA
+            }
+        };
+        self.version = self.version.max(response.version);
+        response.to_json(schema)
+    }
+
+    /// `offers`: idle, a new Run, or the replay of the offer made for this offer id.
+    pub fn offers(&mut self, body: &Value, now: UnixMillis, v: u8) -> Vec<u8> {
+        let idle = OfferResponse::Idle {
+            reason: IdleReason::NoCandidates,
+            stats: OfferStats::default(),
+            truncated: false,
+        };
+        let Ok(offer_id) = OfferId::new(text(body, "offerId")) else {
+            return idle.to_json();
+        };
+        let offer = match (self.offers.get(&offer_id).copied(), self.policy) {
+            (Some(known), _) => known,
+            (None, OfferPolicy::Never) => return idle.to_json(),
+            (None, OfferPolicy::Sometimes) if v & 1 == 1 => return idle.to_json(),
+            (None, _) if self.next_run > MAX_RUNS => return idle.to_json(),
+            (None, _) => {
+                let made = Offered {
+                    n: self.next_run,
+                    secret: v & 2 == 0,
+                    timeout: v & 4 == 0,
+                    lease_version: 0,
+                };
+                self.next_run += 1;
+                made
+            }
+        };
+        let mut offer = offer;
+        if v & 8 != 0 {
+            offer.lease_version += 1;
+        }
+        self.offers.insert(offer_id.clone(), offer);
+        let Ok(token) = LeaseToken::new(text(body, "leaseToken")) else {
+            return idle.to_json();
+        };
+        let worker = samples::worker_at(number(body, "workerGeneration"));
+        let expires = if v & 16 != 0 { 1_000 } else { 30_000 };
+        let full = samples::offer_with(
+            offer.n,
+            offer_id.clone(),
+            worker.clone(),
+            token,
+            self.revision(offer.secret, offer.timeout).clone(),
+            (offer.lease_version, now, later(now, expires)),
+        );
+        let offered = OfferedOffer {
+            offer_id,
+            delivery_kind: if v & 32 != 0 {
+                DeliveryKind::LeaseRecovery
+            } else {
+                DeliveryKind::NewClaim
+            },
+            execution_digest: full.execution_digest,
+            candidate: full.candidate,
+            worker,
+            lease: OfferedLease {
+                version: full.lease.version,
+                lease_generation: full.lease.lease_generation,
+                acquired_at_ms: now,
+                renewed_at_ms: now,
+                expires_at_ms: full.lease.expires_at_ms,
+                updated_at_ms: now,
+            },
+            execution_revision: full.execution_revision,
+            placement_score: 0,
+        };
+        OfferResponse::Offered {
+            offer: Box::new(offered),
+            stats: OfferStats::default(),
+            truncated: false,
+        }
+        .to_json()
+    }
+
+    /// `starting`, `running` or `start-failure` for `record`.
+    #[must_use]
+    pub fn activation(
+        &self,
+        op: &str,
+        body: &Value,
+        record: &InboxRecord,
+        now: UnixMillis,
+        v: u8,
+    ) -> Vec<u8> {
+        let expected = number(body, "expectedLeaseVersion");
+        let timeout = record.offer.execution_revision.timeout_ms.is_some();
+        let (status, shape, version) = match (op, v % 8) {
+            ("starting", 1) => (
+                ActivationStatus::AlreadyStarting,
+                SnapshotShape::Starting,
+                0,
+            ),
+            ("starting", 4) => (ActivationStatus::AlreadyRunning, SnapshotShape::Running, 0),
+            ("starting", 5) => (
+                ActivationStatus::AlreadyTerminal,
+                SnapshotShape::Terminal,
+                0,
+            ),
+            ("starting", 6) => (ActivationStatus::Applied, SnapshotShape::Starting, 1),
+            ("starting", _) => (ActivationStatus::Applied, SnapshotShape::Starting, 0),
+            ("running", 1 | 5) => (ActivationStatus::AlreadyRunning, SnapshotShape::Running, 0),
+            ("running", 2) => (
+                ActivationStatus::AlreadyTerminal,
+                SnapshotShape::Terminal,
+                0,
+            ),
+            ("running", 3) => (ActivationStatus::Applied, SnapshotShape::Starting, 0),
+            ("running", _) => (ActivationStatus::Applied, SnapshotShape::Running, 0),
+            (_, 1) => (
+                ActivationStatus::AlreadyTerminal,
+                SnapshotShape::Terminal,
+                1,
+            ),
+            (_, 2) => (ActivationStatus::AlreadyRunning, SnapshotShape::Running, 1),
+            (_, _) => (ActivationStatus::Applied, SnapshotShape::Terminal, 1),
+        };
+        let deadline = (timeout != (op == "starting" && v % 8 == 7)).then(|| later(now, 5_000));
+        let started = record.executor_started_at_ms.unwrap_or(now);
+        let running = shape == SnapshotShape::Running;
+        let terminal = shape == SnapshotShape::Terminal;
+        let handle = text(body, "executorHandle");
+        let snapshot = ActivationSnapshot {
+            run_id: RunId::new(text(body, "runId")).unwrap_or(record.offer.lease.run_id.clone()),
+            attempt_id: AttemptId::new(text(body, "attemptId"))
+                .unwrap_or(record.offer.lease.attempt_id.clone()),
+            run_status: match shape {
+                SnapshotShape::Starting => RunStatus::Dispatching,
+                SnapshotShape::Running => RunStatus::Running,
+                SnapshotShape::Terminal => RunStatus::Failed,
+            },
+            attempt_status: match shape {
+                SnapshotShape::Starting => AttemptStatus::Starting,
+                SnapshotShape::Running => AttemptStatus::Running,
+                SnapshotShape::Terminal => AttemptStatus::Failed,
+            },
+            lease_version: LeaseVersion::new(expected.saturating_add(version))
+                .unwrap_or(LeaseVersion::FIRST),
+            lease_generation: number(body, "leaseGeneration"),
+            callback_sequence: if v % 16 == 15 { (1 << 31) - 1 } else { 0 },
+            deadline_at_ms: deadline,
+            started_at_ms: running.then_some(started),
+            finished_at_ms: terminal.then_some(now),
+            executor_handle: running.then(|| {
+                ExecutorHandle::new(if handle.is_empty() {
+                    "ql3lp1.other"
+                } else {
+                    handle
+                })
+                .unwrap_or_else(|_| samples::handle(0))
+            }),
+            log_artifact_id: None,
+            error_code: terminal.then(|| String::from("start_failed")),
+        };
+        ActivationResponse {
+            status,
+            snapshot,
+            shape,
+        }
+        .to_json()
+    }
+
+    /// `secrets` for `record`; `None` when the revision names no Secret.
+    pub fn secrets(&mut self, record: &InboxRecord, v: u8) -> Option<Vec<u8>> {
+        let request = SecretsRequest::from_offer(&record.offer).ok().flatten()?;
+        let value = if v % 4 == 1 {
+            String::from("bad\0value")
+        } else {
+            format!("s3cr3t-value-{:04}", self.secret_values.len())
+        };
+        self.secret_values.push(value.clone());
+        let values = request
+            .secret_refs
+            .iter()
+            .map(|r: &SecretRef| ResolvedSecret {
+                secret_ref: r.clone(),
+                value: SecretValue::new(value.clone()),
+            })
+            .collect();
+        let response = SecretsResponse {
+            values,
+            environment_bundles: vec![],
+        };
+        Some(response.to_json(&request).to_vec())
+    }
+
+    /// `completion`.
+    #[must_use]
+    pub fn completion(body: &Value, v: u8) -> Option<Vec<u8>> {
+        let status = match v % 4 {
+            1 => CompletionStatus::AlreadyCompleted,
+            2 => CompletionStatus::AlreadyTerminal,
+            _ => CompletionStatus::Applied,
+        };
+        let response = CompletionResponse {
+            status,
+            run_id: RunId::new(text(body, "runId")).ok()?,
+            attempt_id: AttemptId::new(text(body, "attemptId")).ok()?,
+            callback_sequence: CallbackSequence::new(number(body, "callbackSequence")).ok()?,
+        };
+        Some(response.to_json())
+    }
+
+    /// `lease-control` for `record`.
+    #[must_use]
+    pub fn lease_control(
+        body: &Value,
+        record: &InboxRecord,
+        now: UnixMillis,
+        v: u8,
+    ) -> Option<Vec<u8>> {
+        let mut fence = Fence::from_offer(&record.offer);
+        fence.expected_lease_version =
+            LeaseVersion::new(number(body, "expectedLeaseVersion")).ok()?;
+        fence.lease_generation = LeaseGeneration::new(number(body, "leaseGeneration")).ok()?;
+        let lease = RenewedLease {
+            lease_version: fence.expected_lease_version.next().ok()?,
+            renewed_at_ms: now,
+            expires_at_ms: later(now, if v % 8 == 5 { 1 } else { 30_000 }),
+        };
+        let response = match v % 8 {
+            3 => LeaseControlResponse::StopRequested(
+                lease,
+                StopRequest {
+                    reason: StopReason::Policy,
+                    requested_at_ms: now,
+                },
+            ),
+            4 => LeaseControlResponse::Terminal(TerminalStatus::Cancelled),
+            _ => LeaseControlResponse::Renewed(lease),
+        };
+        Some(response.to_json(&LeaseControlRequest { fence }))
+    }
+}
