@@ -405,7 +405,7 @@ impl ProcessOp {
     fn write_failed(self, outcome: Outcome, must_land: bool) -> PStep {
         match outcome {
             Outcome::Store(StoreFailure::Unchanged) if must_land => {
-                Step::Halt(HaltReason::StoreUncertain)
+                Step::Halt(HaltReason::LaunchOutcomeUnrecorded)
             }
             Outcome::Store(failure) => {
                 write_failure(failure, || Step::Done(ProcessResult::StorageUnchanged))

@@ -184,6 +184,11 @@ pub enum HaltReason {
     StoreConflict,
     /// A read found an unsafe or corrupt file.
     UnsafeStorage,
+    /// A write that records what became of a launch (`start_failed` after a proven rejection,
+    /// `recovery_required(launch_outcome_unknown)`) failed cleanly. Nothing was written; going
+    /// on would act on a fact that is not durable, so the Worker stops and the next start
+    /// reconciles from disk.
+    LaunchOutcomeUnrecorded,
     /// The control plane fenced or replaced this Session.
     SessionFenced {
         /// The response that fenced it.
@@ -209,6 +214,10 @@ impl fmt::Display for HaltReason {
             }
             Self::StoreConflict => f.write_str("the store refused a proposed write (CAS conflict)"),
             Self::UnsafeStorage => f.write_str("unsafe or corrupt storage"),
+            Self::LaunchOutcomeUnrecorded => f.write_str(
+                "the write recording a launch outcome failed (nothing written); \
+                 the next start reconciles from disk",
+            ),
             Self::SessionFenced { detail } => write!(f, "the Worker Session was fenced: {detail}"),
             Self::RegisterRejected { detail } => write!(f, "Session register failed: {detail}"),
             Self::UnexpectedOutcome { detail } => {

@@ -255,20 +255,19 @@ fn machine_target(name: &str) -> Scenario {
 }
 
 /// Prints the step-by-step trace of one machine input:
-/// `FUZZ_TARGET=machine_start_path FUZZ_INPUT=path [FUZZ_STRICT=1] cargo test -p
+/// `FUZZ_TARGET=machine_start_path FUZZ_INPUT=path cargo test -p
 /// ql-worker-core --test fuzz_corpus -- --ignored --nocapture trace_machine_input`.
 #[test]
 #[ignore = "a tool: reads FUZZ_TARGET and FUZZ_INPUT"]
 fn trace_machine_input() {
     let scenario = machine_target(&std::env::var("FUZZ_TARGET").unwrap());
     let data = fs::read(std::env::var("FUZZ_INPUT").unwrap()).unwrap();
-    let strict = std::env::var("FUZZ_STRICT").is_ok();
-    let summary = machine::run_with(scenario, &data, strict, &mut |line| println!("{line}"));
+    let summary = machine::run_traced(scenario, &data, &mut |line| println!("{line}"));
     println!("{summary:?}");
 }
 
 /// Many pseudo-random op sequences through every machine target (a quick stable stand-in for
-/// the fuzzer): `FUZZ_RUNS=2000 FUZZ_SEED=7 [FUZZ_TARGET=machine_…] [FUZZ_STRICT=1] cargo test
+/// the fuzzer): `FUZZ_RUNS=2000 FUZZ_SEED=7 [FUZZ_TARGET=machine_…] cargo test
 /// --release -p ql-worker-core --test fuzz_corpus -- --ignored random_machine_inputs`. A failing
 /// input is written to `target/fuzz-failure-<target>.bin`.
 #[test]
@@ -276,7 +275,6 @@ fn trace_machine_input() {
 fn random_machine_inputs() {
     let runs: u64 = std::env::var("FUZZ_RUNS").map_or(300, |v| v.parse().unwrap());
     let mut x: u64 = std::env::var("FUZZ_SEED").map_or(1, |v| v.parse().unwrap());
-    let strict = std::env::var("FUZZ_STRICT").is_ok();
     for i in 0..runs {
         let len = 20 + usize::try_from(i % 200).unwrap();
         let data: Vec<u8> = (0..len)
@@ -297,9 +295,7 @@ fn random_machine_inputs() {
                 continue;
             }
             let scenario = machine_target(target);
-            let run = std::panic::catch_unwind(|| {
-                machine::run_with(scenario, &data, strict, &mut |_| {})
-            });
+            let run = std::panic::catch_unwind(|| machine::run(scenario, &data));
             if run.is_err() {
                 let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
                     .join(format!("../target/fuzz-failure-{target}.bin"));
@@ -311,8 +307,8 @@ fn random_machine_inputs() {
 }
 
 /// The panic message of a machine input, if it panics.
-fn machine_failure(scenario: Scenario, data: &[u8], strict: bool) -> Option<String> {
-    let run = std::panic::catch_unwind(|| machine::run_with(scenario, data, strict, &mut |_| {}));
+fn machine_failure(scenario: Scenario, data: &[u8]) -> Option<String> {
+    let run = std::panic::catch_unwind(|| machine::run(scenario, data));
     let payload = run.err()?;
     payload
         .downcast_ref::<String>()
@@ -323,20 +319,18 @@ fn machine_failure(scenario: Scenario, data: &[u8], strict: bool) -> Option<Stri
 
 /// Shrinks a failing machine input while it keeps failing with the same invariant (drops
 /// chunks, then zeroes bytes) and writes `<FUZZ_INPUT>.min`:
-/// `FUZZ_TARGET=… FUZZ_INPUT=… [FUZZ_STRICT=1] cargo test --release -p ql-worker-core --test
+/// `FUZZ_TARGET=… FUZZ_INPUT=… cargo test --release -p ql-worker-core --test
 /// fuzz_corpus -- --ignored minimize_machine_input`.
 #[test]
 #[ignore = "a tool: reads FUZZ_TARGET and FUZZ_INPUT"]
 fn minimize_machine_input() {
     let scenario = machine_target(&std::env::var("FUZZ_TARGET").unwrap());
     let input = std::env::var("FUZZ_INPUT").unwrap();
-    let strict = std::env::var("FUZZ_STRICT").is_ok();
     let mut data = fs::read(&input).unwrap();
     std::panic::set_hook(Box::new(|_| {}));
-    let failure = machine_failure(scenario, &data, strict).expect("the input must fail");
+    let failure = machine_failure(scenario, &data).expect("the input must fail");
     let invariant: String = failure.split(':').next().unwrap().to_string();
-    let same =
-        |d: &[u8]| machine_failure(scenario, d, strict).is_some_and(|f| f.starts_with(&invariant));
+    let same = |d: &[u8]| machine_failure(scenario, d).is_some_and(|f| f.starts_with(&invariant));
     let mut chunk = data.len().max(1);
     while chunk >= 1 {
         let mut at = 0;
@@ -365,21 +359,21 @@ fn minimize_machine_input() {
     println!("{invariant}\n{} bytes: {data:02x?}", data.len());
 }
 
-/// Runs a committed reproducer of a known bug with the strict checks on.
-fn strict_reproducer(target: &str, file: &str) {
+/// Runs the committed reproducer of a bug these targets found (fixed in `0f4c600`); every
+/// invariant is checked.
+fn reproducer(target: &str, file: &str) {
     let data = fs::read(corpus_dir(target).join(file)).unwrap();
-    let summary = machine::run_strict(machine_target(target), &data);
+    let summary = machine::run(machine_target(target), &data);
     println!("{summary:?}");
 }
 
 /// Known bug `pull-after-midtick-latch` (`core/src/lifecycle.rs`): the Pull queued when the
 /// tick was planned still runs after supervision in the same tick recorded lease loss and
 /// latched fail-closed (reference lifecycle test 6.7 #4: "fails closed before Pull when active
-/// supervision records lease loss"). Fails until fixed; then drop the entry from `KNOWN_BUGS`.
+/// supervision records lease loss"). Fixed in `0f4c600`.
 #[test]
-#[ignore = "known bug pull-after-midtick-latch: fails until core/src/lifecycle.rs is fixed"]
 fn regression_pull_after_midtick_latch() {
-    strict_reproducer("machine_start_path", "bug-pull-after-midtick-latch.bin");
+    reproducer("machine_start_path", "bug-pull-after-midtick-latch.bin");
 }
 
 /// Known bug `pull-before-reconciled` (`core/src/ops.rs` `list_resume`, `core/src/lifecycle.rs`
@@ -387,18 +381,16 @@ fn regression_pull_after_midtick_latch() {
 /// last page, so reconciliation "completes" without listing the inbox; the Worker goes active,
 /// never applies the restart rules (a `launching` record is not marked recovery), and pulls.
 #[test]
-#[ignore = "known bug pull-before-reconciled: fails until startup reconciliation is fixed"]
 fn regression_pull_before_reconciled() {
-    strict_reproducer("machine_finish_path", "bug-pull-before-reconciled.bin");
+    reproducer("machine_finish_path", "bug-pull-before-reconciled.bin");
 }
 
 /// Known bug `pull-before-reconciled`, drain variant: after the same failed reconciliation page
 /// a drain request stops the Worker (`Drained`, Session offline) with an unsettled `launching`
 /// record on disk.
 #[test]
-#[ignore = "known bug pull-before-reconciled: fails until startup reconciliation is fixed"]
 fn regression_drained_with_unsettled_records() {
-    strict_reproducer(
+    reproducer(
         "machine_finish_path",
         "bug-pull-before-reconciled-drain.bin",
     );

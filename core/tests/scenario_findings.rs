@@ -82,7 +82,10 @@ fn a_rejected_spawn_whose_start_failed_write_fails_halts() {
         ],
     );
     assert!(
-        matches!(sim.status, Status::Halted(HaltReason::StoreUncertain)),
+        matches!(
+            sim.status,
+            Status::Halted(HaltReason::LaunchOutcomeUnrecorded)
+        ),
         "{:?}",
         sim.status
     );

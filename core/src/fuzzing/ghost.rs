@@ -28,8 +28,10 @@ pub enum SpawnFate {
 /// Which halts the last answer licenses: the Worker may halt only for a fact the host caused.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct License {
-    /// A write that may or may not have landed (or a must-land write that failed cleanly).
+    /// A write that may or may not have landed.
     pub uncertain: bool,
+    /// A must-land write (a launch outcome) that failed cleanly.
+    pub unrecorded: bool,
     /// The store refused a write.
     pub conflict: bool,
     /// Unsafe storage.
@@ -44,6 +46,7 @@ impl License {
     pub fn allows(self, reason: &HaltReason) -> bool {
         match reason {
             HaltReason::StoreUncertain => self.uncertain,
+            HaltReason::LaunchOutcomeUnrecorded => self.unrecorded,
             HaltReason::StoreConflict => self.conflict,
             HaltReason::UnsafeStorage => self.unsafe_storage,
             HaltReason::SessionFenced { .. } | HaltReason::RegisterRejected { .. } => self.session,
@@ -80,30 +83,7 @@ pub struct Ghost {
     /// Startup reconciliation listed every page (a reconciliation page answered validly with
     /// no next cursor) in this incarnation.
     pub reconciled: bool,
-    /// A reconciliation page was answered with a storage failure in this incarnation.
-    pub reconcile_failed: bool,
-    /// Check the known bugs too (see [`KNOWN_BUGS`]).
-    pub strict: bool,
 }
-
-/// Core bugs found by these targets and not fixed yet (the core machine files belong to
-/// another branch). Fuzz runs check a weaker form of the invariant each one breaks, which the
-/// current code satisfies, so the targets keep exploring; the ignored regression tests in
-/// `core/tests/fuzz_corpus.rs` run their reproducers with [`Ghost::strict`] set and fail until
-/// the bug is fixed. Once fixed, remove the entry and make the check unconditional.
-pub const KNOWN_BUGS: [(&str, &str); 2] = [
-    (
-        "pull-after-midtick-latch",
-        "a Pull planned at the start of a tick still runs after supervision in the same tick \
-         latched fail-closed (reference lifecycle test 6.7 #4)",
-    ),
-    (
-        "pull-before-reconciled",
-        "a storage failure while listing a startup reconciliation page ends reconciliation: \
-         the Worker goes active and pulls without having listed the rest of the inbox, and a \
-         drain then stops (Session offline) with unsettled records on disk",
-    ),
-];
 
 impl Ghost {
     /// Forgets what an incarnation knew (a crash or restart).
@@ -113,7 +93,6 @@ impl Ghost {
         self.drain_requested = false;
         self.latched_at_tick = false;
         self.reconciled = false;
-        self.reconcile_failed = false;
     }
 
     /// Pull rules: never after a drain request, never while fail-closed, never before startup
@@ -128,14 +107,14 @@ impl Ghost {
             "INVARIANT fail-closed: a Pull planned while the Worker is fail-closed"
         );
         assert!(
-            !(latched && self.strict),
-            "INVARIANT fail-closed (known bug pull-after-midtick-latch): a Pull began after \
-             supervision latched fail-closed in the same tick"
+            !latched,
+            "INVARIANT fail-closed: a Pull began after supervision latched fail-closed in the \
+             same tick (reference lifecycle test 6.7 #4)"
         );
         assert!(
-            self.reconciled || (self.reconcile_failed && !self.strict),
-            "INVARIANT reconcile-first (known bug pull-before-reconciled when a page failed): \
-             a Pull before startup reconciliation listed the whole inbox"
+            self.reconciled,
+            "INVARIANT reconcile-first: a Pull before startup reconciliation listed the whole \
+             inbox"
         );
     }
 

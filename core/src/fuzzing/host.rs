@@ -121,6 +121,7 @@ pub struct Host {
 fn store(failure: StoreFailure) -> Answer {
     let license = License {
         uncertain: failure == StoreFailure::Uncertain,
+        unrecorded: false,
         conflict: failure == StoreFailure::Conflict,
         unsafe_storage: failure == StoreFailure::Unsafe,
         session: false,
@@ -490,11 +491,13 @@ impl Host {
     }
 
     fn persist_record(&mut self, record: InboxRecord, mode: Mode) -> Answer {
-        let must_land = record.state == State::RecoveryRequired
-            && record.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown);
+        let stored = self.record(&record.offer.offer_id).map(|r| r.state);
+        let must_land = (record.state == State::RecoveryRequired
+            && record.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown))
+            || (record.state == State::StartFailed && stored == Some(State::Launching));
         let mut answer = self.write(mode, |h| h.put_record(&record));
         if answer.outcome_is(StoreFailure::Unchanged) && must_land {
-            answer.license.uncertain = true;
+            answer.license.unrecorded = true;
         }
         answer
     }
