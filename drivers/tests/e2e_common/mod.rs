@@ -3,6 +3,8 @@
 //! mutual authentication, freshly generated certificates), a private state root.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod evidence;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -37,6 +39,30 @@ impl World {
         }
     }
 
+    /// As [`World::new`] with cadence `cadence_ms` and extra `key = value` lines appended to the
+    /// configuration's `[limits]` section (the last section `write_config` writes), reloaded
+    /// through the normal path.
+    pub fn with_limits(cadence_ms: u64, extra_limits: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = ReferenceControlPlane::start(ReferenceOptions::default()).unwrap();
+        ql_worker::demo::write_config(&cp, dir.path(), cadence_ms).unwrap();
+        let config_path = dir.path().join("ql-worker.toml");
+        let mut text = std::fs::read_to_string(&config_path).unwrap();
+        assert!(
+            text.trim_end().ends_with("drain_budget_ms = 20000"),
+            "[limits] is last"
+        );
+        text.push_str(extra_limits);
+        std::fs::write(&config_path, text).unwrap();
+        let config = Config::load(&config_path, &ql_worker::config::ProcessEnvironment).unwrap();
+        Self {
+            cp,
+            dir,
+            config_path,
+            config,
+        }
+    }
+
     pub fn root(&self) -> &Path {
         &self.config.root
     }
@@ -55,6 +81,42 @@ impl World {
             command.env(k, v);
         }
         command.spawn().unwrap()
+    }
+
+    /// Starts `ql-worker run` with extra environment variables, its stderr appended to `log`.
+    pub fn spawn_worker_logged(&self, env: &[(&str, &str)], log: &Path) -> Child {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ql-worker"));
+        command
+            .arg("run")
+            .arg("--config")
+            .arg(&self.config_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file));
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        command.spawn().unwrap()
+    }
+
+    /// Records an operator archived (`ql-worker recover --archive`), by Run.
+    pub fn archived_records(&self) -> BTreeMap<RunId, InboxRecord> {
+        let mut out = BTreeMap::new();
+        let Ok(entries) = std::fs::read_dir(self.root().join(ql_worker::journal::ARCHIVE_DIR))
+        else {
+            return out;
+        };
+        for entry in entries.flatten() {
+            let bytes = std::fs::read(entry.path()).unwrap();
+            let record: InboxRecord = ql_worker_core::envelope::decode(&bytes).unwrap();
+            out.insert(record.offer.candidate.run_id.clone(), record);
+        }
+        out
     }
 
     /// Every record of the inbox, by Run.
