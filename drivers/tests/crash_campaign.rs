@@ -58,6 +58,7 @@ use ql_worker::journal::InboxView;
 use ql_worker_core::ids::{AttemptId, OfferId, ProjectId, RunId};
 use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
 use ql_worker_core::wire::activation::RunStatus;
+use ql_worker_core::wire::route::Operation;
 use ql_worker_tests::control_plane::{Fault, ReferenceControlPlane, RevisionBuilder, RunSpec};
 
 /// Kills in CI (`QL_CRASH_KILLS` overrides).
@@ -72,7 +73,10 @@ const GRACE: Duration = Duration::from_millis(1_500);
 /// complete within this long is a liveness failure.
 const RECEIPT_STUCK: Duration = Duration::from_secs(20);
 /// Settling after the last kill (a generous upper bound, not a timing assertion).
-const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// A Worker with queued work, no evidence and no claim that does not pull for this long is
+/// stuck (its cadence is 100 ms).
+const IDLE_WITH_WORK: Duration = Duration::from_secs(15);
 /// Longest a targeted kill waits for its state before killing anyway.
 const TARGET_CAP: Duration = Duration::from_millis(2_000);
 /// Log quota of the campaign Worker (the demo's: 64 KiB).
@@ -284,6 +288,7 @@ struct Campaign {
     unresolved_since: BTreeMap<OfferId, Instant>,
     receipt_since: BTreeMap<OfferId, Instant>,
     operator_stops: usize,
+    archive_notes: Vec<String>,
     unexpected_exits: Vec<String>,
     violations: Vec<String>,
     started: Instant,
@@ -320,6 +325,7 @@ impl Campaign {
             unresolved_since: BTreeMap::new(),
             receipt_since: BTreeMap::new(),
             operator_stops: 0,
+            archive_notes: Vec::new(),
             unexpected_exits: Vec::new(),
             violations: Vec::new(),
             started: Instant::now(),
@@ -598,7 +604,7 @@ impl Campaign {
             }
             self.refresh();
             let receipts = self.harvest();
-            if polls % 16 == 0 {
+            if polls.is_multiple_of(16) {
                 self.snapshot(Some(pid));
             }
             match plan {
@@ -743,6 +749,26 @@ impl Campaign {
                      (receipt lost)"
                 ));
             }
+            let cp_run = self.cp().run(&run).expect("enqueued");
+            let events: Vec<String> = cp_run
+                .events
+                .iter()
+                .map(|e| {
+                    let text = format!("{:?}", e.kind);
+                    text.split([' ', '{', '(']).next().unwrap_or("").to_owned()
+                })
+                .collect();
+            self.archive_notes.push(format!(
+                "{run} ({}): {reason}; receipt={receipt}; marker={}; handle={}; held {} ms; at                  the control plane {:?}, events {}",
+                self.runs[i].kind.as_str(),
+                marker_lines(&self.runs[i].marker),
+                record.executor_handle.is_some(),
+                record
+                    .updated_at_ms
+                    .saturating_since(record.accepted_at_ms),
+                cp_run.run_status,
+                events.join(">")
+            ));
             self.archived.insert(run, (reason, receipt));
             self.records.remove(offer);
             self.unresolved_since.remove(offer);
@@ -777,16 +803,61 @@ impl Campaign {
         })
     }
 
+    /// Starts a Worker and waits (bounded) until it has installed its signal handlers (it
+    /// prints its start line after that), so a SIGTERM drains instead of killing it.
+    fn spawn_started(&self) -> Child {
+        let count = || {
+            std::fs::read_to_string(&self.stderr_log)
+                .unwrap_or_default()
+                .matches(" running on ")
+                .count()
+        };
+        let before = count();
+        let mut worker = self.spawn();
+        let start = Instant::now();
+        while count() == before {
+            if worker.try_wait().unwrap().is_some() || start.elapsed() > Duration::from_secs(30) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        worker
+    }
+
+    /// Operator stop (systemctl stop: SIGTERM; a second one stops at once instead of waiting
+    /// out the drain budget).
+    fn operator_stop(&mut self, worker: &mut Child) {
+        sigterm(worker);
+        std::thread::sleep(Duration::from_millis(100));
+        sigterm(worker);
+        let status = wait_exit(worker, Duration::from_secs(60));
+        self.operator_stops += 1;
+        assert!(
+            matches!(status.code(), Some(0 | 4)),
+            "operator stop: {status}"
+        );
+    }
+
+    /// `offers` requests the control plane has seen.
+    fn pulls_seen(&self) -> usize {
+        self.cp().with_model(|m| {
+            m.request_log()
+                .filter(|e| e.operation == Some(Operation::Offers))
+                .count()
+        })
+    }
+
     fn settle(&mut self) -> Option<i32> {
         let deadline = Instant::now() + SETTLE_TIMEOUT;
-        let mut worker = self.spawn();
+        let mut worker = self.spawn_started();
         let mut polls = 0u64;
+        let mut pulls = (self.pulls_seen(), Instant::now());
         loop {
             polls += 1;
             self.reap();
             self.refresh();
             self.harvest();
-            if polls % 8 == 0 {
+            if polls.is_multiple_of(8) {
                 self.snapshot(Some(worker.id()));
             }
             if self.all_final() {
@@ -801,26 +872,42 @@ impl Campaign {
             }
             if let Some(status) = worker.try_wait().unwrap() {
                 self.note_exit(status, "settling");
-                worker = self.spawn();
+                worker = self.spawn_started();
                 continue;
             }
             if !self.archive_candidates().is_empty() {
-                // Operator: stop the Worker (systemctl stop: SIGTERM; a second one stops at
-                // once instead of waiting out the drain budget), review, archive, start again.
-                sigterm(&worker);
-                std::thread::sleep(Duration::from_millis(100));
-                sigterm(&worker);
-                let status = wait_exit(&mut worker, Duration::from_secs(60));
-                self.operator_stops += 1;
-                assert!(
-                    matches!(status.code(), Some(0 | 4)),
-                    "operator stop: {status}"
-                );
+                // Operator: stop, review, archive, start again.
+                self.operator_stop(&mut worker);
                 self.refresh();
                 let ready = self.archive_candidates();
                 self.archive(&ready);
-                worker = self.spawn();
+                worker = self.spawn_started();
+                pulls = (self.pulls_seen(), Instant::now());
                 continue;
+            }
+            if polls.is_multiple_of(20) {
+                let seen = self.pulls_seen();
+                if seen != pulls.0 {
+                    pulls = (seen, Instant::now());
+                }
+                // Work is queued, nothing needs recovery, no claim is in flight, yet the Worker
+                // has not pulled for a long time: it is fail-closed without evidence.
+                let evidence = self.records.values().any(|r| r.recovery().is_some());
+                if self.queued() > 0
+                    && !evidence
+                    && !self.claim_present()
+                    && pulls.1.elapsed() > IDLE_WITH_WORK
+                {
+                    self.violations.push(format!(
+                        "the Worker took no new work for {IDLE_WITH_WORK:?} with Runs queued, no \
+                         recovery_required record and no claim in flight (a fail-closed latch \
+                         that outlived its evidence?); restarted by the operator"
+                    ));
+                    self.operator_stop(&mut worker);
+                    worker = self.spawn_started();
+                    pulls = (self.pulls_seen(), Instant::now());
+                    continue;
+                }
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -1175,7 +1262,7 @@ fn crash_campaign() {
     let mut c = Campaign::new(params);
     while c.kills < kills {
         c.kill_cycle();
-        if c.kills % 50 == 0 || c.kills == kills {
+        if c.kills.is_multiple_of(50) || c.kills == kills {
             println!(
                 "crash-campaign: progress {}/{kills} kills, {} runs, {} archived, {:.0} s",
                 c.kills,
@@ -1250,6 +1337,9 @@ fn crash_campaign() {
             .collect::<Vec<_>>()
             .join(" ")
     );
+    for note in c.archive_notes.iter().take(40) {
+        println!("  archived: {note}");
+    }
     println!("{scan}");
     for violation in c.violations.iter().take(50) {
         println!("  VIOLATION: {violation}");
@@ -1270,21 +1360,49 @@ fn crash_campaign() {
     );
 }
 
-/// The campaign's first finding, made deterministic: a kill after `completion_acknowledged` is
-/// durable but before the receipt is removed must not leave the receipt (and the capability it
-/// holds) on disk for ever. The restarted Worker must finish the cleanup.
+// ---------------------------------------------------------------------------- findings
+//
+// The campaign's findings, each made as deterministic as a black-box test can make it. They
+// fail until the product is fixed (see docs/reliability.md, "Findings").
+
+fn session_path(world: &World, operation: &str) -> String {
+    world.wait_for("the Session registered", Duration::from_secs(30), |w| {
+        w.cp.session(w.cp.worker_id()).is_some()
+    });
+    let session = world.cp.session(world.cp.worker_id()).unwrap();
+    format!(
+        "/api/v3/worker-ingress/workers/{}/sessions/{}/{operation}",
+        world.cp.worker_id(),
+        session.session_id
+    )
+}
+
+fn marked_run(world: &World, n: u32, marker: &std::path::Path, rest: &str) -> RunId {
+    let revision = RevisionBuilder::shell(&format!("echo ran >> {}{rest}", marker.display()))
+        .build()
+        .unwrap();
+    world
+        .cp
+        .enqueue_run(RunSpec::numbered(n, revision))
+        .unwrap()
+}
+
+fn stop_now(worker: &mut Child) {
+    sigterm(worker);
+    std::thread::sleep(Duration::from_millis(100));
+    sigterm(worker);
+    let _ = wait_exit(worker, Duration::from_secs(30));
+}
+
+/// Finding 1: a kill after `completion_acknowledged` is durable but before the receipt is
+/// removed must not leave the receipt (and the capability it holds) on disk for ever. Nothing
+/// revisits a settled record, so the restarted Worker never finishes the cleanup.
 #[test]
 fn a_kill_between_completion_acknowledged_and_receipt_removal_leaves_no_receipt() {
     use ql_worker::runtime::STALL_HOOK_ENV;
     let world = World::new();
     let marker = world.dir.path().join("marker");
-    let revision = RevisionBuilder::shell(&format!("echo ran >> {}", marker.display()))
-        .build()
-        .unwrap();
-    let run = world
-        .cp
-        .enqueue_run(RunSpec::numbered(1, revision))
-        .unwrap();
+    let run = marked_run(&world, 1, &marker, "");
     let attempt = AttemptId::new("attempt-1").unwrap();
     let mut first = world.spawn_worker(&[(STALL_HOOK_ENV, State::CompletionAcknowledged.as_str())]);
     world.wait_for("completion_acknowledged", Duration::from_secs(60), |w| {
@@ -1312,4 +1430,126 @@ fn a_kill_between_completion_acknowledged_and_receipt_removal_leaves_no_receipt(
         "the receipt (holding the completion capability) outlived completion_acknowledged \
          across a restart"
     );
+}
+
+/// Finding 2: a kill after `accepted` is durable but before the pending claim is cleared. The
+/// restarted Worker runs the Run to completion, then replays the stale claim: the control
+/// plane fences it (the lease is completed), and the claim is retried with backoff up to 16
+/// times (minutes), blocking every Pull meanwhile.
+#[test]
+fn a_kill_between_accepted_and_clearing_the_claim_does_not_block_later_pulls() {
+    use ql_worker::runtime::STALL_HOOK_ENV;
+    let world = World::new();
+    let marker = world.dir.path().join("marker");
+    let first_run = marked_run(&world, 1, &marker, "");
+    let mut first = world.spawn_worker(&[(STALL_HOOK_ENV, State::Accepted.as_str())]);
+    world.wait_for("accepted", Duration::from_secs(60), |w| {
+        w.state_of(&first_run) == Some(State::Accepted)
+    });
+    kill9(&mut first);
+    let mut second = world.spawn_worker(&[]);
+    world.wait_for("the first Run settled", Duration::from_secs(60), |w| {
+        w.state_of(&first_run) == Some(State::CompletionAcknowledged)
+    });
+    let second_marker = world.dir.path().join("marker-2");
+    let second_run = marked_run(&world, 2, &second_marker, "");
+    let start = Instant::now();
+    while world.state_of(&second_run).is_none() && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let fenced = world.cp.with_model(|m| {
+        m.request_log()
+            .filter(|e| e.operation == Some(Operation::Offers) && e.status == 409)
+            .count()
+    });
+    stop_now(&mut second);
+    assert!(
+        world.state_of(&second_run).is_some(),
+        "a Run queued after the restart was not pulled within 20 s ({fenced} Pull replays \
+         fenced with 409; pending claim present: {})",
+        world.root().join("pending-claim").exists()
+    );
+}
+
+/// Finding 3: a lost completion answer (committed at the control plane, connection dropped)
+/// must end `completion_acknowledged` (the control plane answers the replay
+/// `already_completed`), not `recovery_required(control_plane_terminal)` with the receipt, and
+/// its capability, left on disk.
+#[test]
+fn a_lost_completion_answer_still_ends_completion_acknowledged() {
+    let world = World::new();
+    let log = world.dir.path().join("stderr.log");
+    let mut worker = world.spawn_worker_logged(&[], &log);
+    world
+        .cp
+        .inject_for(&session_path(&world, "completion"), Fault::CommitThenDrop);
+    let marker = world.dir.path().join("marker");
+    let run = marked_run(&world, 1, &marker, "");
+    world.wait_for(
+        "settled or recovery_required",
+        Duration::from_secs(60),
+        |w| {
+            matches!(
+                w.state_of(&run),
+                Some(State::CompletionAcknowledged | State::RecoveryRequired)
+            )
+        },
+    );
+    let record = world.records().remove(&run).unwrap();
+    stop_now(&mut worker);
+    assert_eq!(marker_lines(&marker), 1);
+    assert_eq!(world.cp.run(&run).unwrap().run_status, RunStatus::Succeeded);
+    assert_eq!(
+        (record.state, record.recovery_reason),
+        (State::CompletionAcknowledged, None),
+        "the Run completed at the control plane"
+    );
+}
+
+/// Finding 4: after a `recovery_required(launch_outcome_unknown)` record is completed from its
+/// receipt (the process had started), no evidence remains, so the Worker must take work again
+/// (operations.md: fail-closed "while any record is recovery_required"). The latch lasts for
+/// the process's life instead. Needs a kill right after the spawn and before `started` is
+/// durable, so it tries a bounded number of times.
+#[test]
+fn once_launch_outcome_unknown_resolves_from_its_receipt_the_worker_takes_work_again() {
+    for attempt in 0..30u64 {
+        let world = World::new();
+        let log = world.dir.path().join("stderr.log");
+        let marker = world.dir.path().join("marker");
+        let run = marked_run(&world, 1, &marker, "; sleep 1");
+        let mut first = world.spawn_worker_logged(&[], &log);
+        world.wait_for("launching", Duration::from_secs(60), |w| {
+            w.state_of(&run)
+                .is_some_and(|s| !matches!(s, State::Accepted | State::StartingAcknowledged))
+        });
+        std::thread::sleep(Duration::from_millis(attempt % 6));
+        kill9(&mut first);
+        let mut second = world.spawn_worker_logged(&[], &log);
+        std::thread::sleep(Duration::from_millis(600));
+        let record = world.records().remove(&run).unwrap();
+        if record.recovery() != Some(RecoveryReason::LaunchOutcomeUnknown)
+            || marker_lines(&marker) != 1
+        {
+            kill9(&mut second);
+            continue;
+        }
+        world.wait_for("completed from its receipt", Duration::from_secs(60), |w| {
+            w.state_of(&run) == Some(State::CompletionAcknowledged)
+        });
+        let next = marked_run(&world, 2, &world.dir.path().join("marker-2"), "");
+        let start = Instant::now();
+        while world.state_of(&next).is_none() && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let pulled = world.state_of(&next).is_some();
+        stop_now(&mut second);
+        assert!(
+            pulled,
+            "no evidence remains (the record settled from its receipt), yet the Worker took no \
+             new work for 10 s"
+        );
+        return;
+    }
+    println!("launch_outcome_unknown with a started process not reproduced in 30 tries");
 }
