@@ -759,13 +759,12 @@ impl Campaign {
                 })
                 .collect();
             self.archive_notes.push(format!(
-                "{run} ({}): {reason}; receipt={receipt}; marker={}; handle={}; held {} ms; at                  the control plane {:?}, events {}",
+                "{run} ({}): {reason}; receipt={receipt}; marker={}; handle={}; held {} ms; at \
+                 the control plane {:?}, events {}",
                 self.runs[i].kind.as_str(),
                 marker_lines(&self.runs[i].marker),
                 record.executor_handle.is_some(),
-                record
-                    .updated_at_ms
-                    .saturating_since(record.accepted_at_ms),
+                record.updated_at_ms.saturating_since(record.accepted_at_ms),
                 cp_run.run_status,
                 events.join(">")
             ));
@@ -852,6 +851,8 @@ impl Campaign {
         let mut worker = self.spawn_started();
         let mut polls = 0u64;
         let mut pulls = (self.pulls_seen(), Instant::now());
+        let settle_start = Instant::now();
+        let mut next_status = Duration::from_secs(15);
         loop {
             polls += 1;
             self.reap();
@@ -885,6 +886,14 @@ impl Campaign {
                 pulls = (self.pulls_seen(), Instant::now());
                 continue;
             }
+            if settle_start.elapsed() >= next_status {
+                next_status += Duration::from_secs(15);
+                println!(
+                    "crash-campaign: settling for {} s: {}",
+                    settle_start.elapsed().as_secs(),
+                    self.settle_status()
+                );
+            }
             if polls.is_multiple_of(20) {
                 let seen = self.pulls_seen();
                 if seen != pulls.0 {
@@ -916,6 +925,37 @@ impl Campaign {
         self.refresh();
         self.harvest();
         status.code()
+    }
+
+    /// One line: what is not settled yet and the last Pull's answer.
+    fn settle_status(&self) -> String {
+        let unsettled: Vec<String> = self
+            .records
+            .values()
+            .filter(|r| !r.state.is_terminal())
+            .map(|r| {
+                format!(
+                    "{}={}{}",
+                    r.offer.candidate.run_id,
+                    r.state,
+                    r.recovery().map(|x| format!("({x})")).unwrap_or_default()
+                )
+            })
+            .collect();
+        let last_pull = self.cp().with_model(|m| {
+            m.request_log()
+                .filter(|e| e.operation == Some(Operation::Offers))
+                .last()
+                .map(|e| format!("{} {}", e.status, e.reason))
+                .unwrap_or_default()
+        });
+        format!(
+            "{} unsettled [{}], {} queued, pending claim {}, last Pull: {last_pull}",
+            unsettled.len(),
+            unsettled.join(" "),
+            self.queued(),
+            self.claim_present()
+        )
     }
 
     fn unsettled_summary(&self) -> String {
@@ -1280,6 +1320,7 @@ fn crash_campaign() {
     }
     let kill_secs = c.started.elapsed().as_secs_f64();
     let drained = c.settle();
+    let settle_secs = c.started.elapsed().as_secs_f64() - kill_secs;
     if drained != Some(0) {
         c.violations
             .push(format!("the final drain exited {drained:?}, not 0"));
@@ -1289,7 +1330,8 @@ fn crash_campaign() {
     let elapsed = c.started.elapsed().as_secs_f64();
 
     println!(
-        "crash-campaign: seed={seed}; {:.0} s ({kill_secs:.0} s killing); kills by moment: {}",
+        "crash-campaign: seed={seed}; {:.0} s ({kill_secs:.0} s killing, {settle_secs:.0} s \
+         settling); kills by moment: {}",
         elapsed,
         c.kill_reasons
             .iter()
