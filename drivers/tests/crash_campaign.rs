@@ -53,7 +53,7 @@ use e2e_common::evidence::{
     self, Needles, ProcSnapshot, Role, capability_bytes, harvest_receipts, run_cli,
     snapshot_processes,
 };
-use e2e_common::{World, kill9, marker_lines, sigterm, wait_exit};
+use e2e_common::{KillOnDrop, World, kill9, marker_lines, read_settling, sigterm, wait_exit};
 use ql_worker::journal::InboxView;
 use ql_worker_core::ids::{AttemptId, OfferId, ProjectId, RunId};
 use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
@@ -498,7 +498,7 @@ impl Campaign {
             {
                 continue;
             }
-            let Some(record) = view.read(&offer).unwrap() else {
+            let Some(record) = read_settling(view, &offer) else {
                 continue;
             };
             let old = self.records.get(&offer).map(|r| r.revision.get());
@@ -549,8 +549,8 @@ impl Campaign {
             .exists()
     }
 
-    fn spawn(&self) -> Child {
-        self.world.spawn_worker_logged(&[], &self.stderr_log)
+    fn spawn(&self) -> KillOnDrop {
+        KillOnDrop(self.world.spawn_worker_logged(&[], &self.stderr_log))
     }
 
     /// Whether `target` appeared since `base`.
@@ -806,7 +806,7 @@ impl Campaign {
 
     /// Starts a Worker and waits (bounded) until it has installed its signal handlers (it
     /// prints its start line after that), so a SIGTERM drains instead of killing it.
-    fn spawn_started(&self) -> Child {
+    fn spawn_started(&self) -> KillOnDrop {
         let count = || {
             std::fs::read_to_string(&self.stderr_log)
                 .unwrap_or_default()
@@ -1460,7 +1460,8 @@ fn a_kill_between_completion_acknowledged_and_receipt_removal_leaves_no_receipt(
     let marker = world.dir.path().join("marker");
     let run = marked_run(&world, 1, &marker, "");
     let attempt = AttemptId::new("attempt-1").unwrap();
-    let mut first = world.spawn_worker(&[(STALL_HOOK_ENV, State::CompletionAcknowledged.as_str())]);
+    let mut first =
+        KillOnDrop(world.spawn_worker(&[(STALL_HOOK_ENV, State::CompletionAcknowledged.as_str())]));
     world.wait_for("completion_acknowledged", Duration::from_secs(60), |w| {
         w.state_of(&run) == Some(State::CompletionAcknowledged)
     });
@@ -1471,7 +1472,7 @@ fn a_kill_between_completion_acknowledged_and_receipt_removal_leaves_no_receipt(
         "stalled before the receipt removal"
     );
     kill9(&mut first);
-    let mut second = world.spawn_worker(&[]);
+    let mut second = KillOnDrop(world.spawn_worker(&[]));
     std::thread::sleep(Duration::from_secs(2));
     sigterm(&second);
     assert_eq!(
@@ -1499,12 +1500,12 @@ fn a_kill_between_accepted_and_clearing_the_claim_does_not_block_later_pulls() {
     let world = World::new();
     let marker = world.dir.path().join("marker");
     let first_run = marked_run(&world, 1, &marker, "");
-    let mut first = world.spawn_worker(&[(STALL_HOOK_ENV, State::Accepted.as_str())]);
+    let mut first = KillOnDrop(world.spawn_worker(&[(STALL_HOOK_ENV, State::Accepted.as_str())]));
     world.wait_for("accepted", Duration::from_secs(60), |w| {
         w.state_of(&first_run) == Some(State::Accepted)
     });
     kill9(&mut first);
-    let mut second = world.spawn_worker(&[]);
+    let mut second = KillOnDrop(world.spawn_worker(&[]));
     world.wait_for("the first Run settled", Duration::from_secs(60), |w| {
         w.state_of(&first_run) == Some(State::CompletionAcknowledged)
     });
@@ -1537,7 +1538,7 @@ fn a_kill_between_accepted_and_clearing_the_claim_does_not_block_later_pulls() {
 fn a_lost_completion_answer_still_ends_completion_acknowledged() {
     let world = World::new();
     let log = world.dir.path().join("stderr.log");
-    let mut worker = world.spawn_worker_logged(&[], &log);
+    let mut worker = KillOnDrop(world.spawn_worker_logged(&[], &log));
     world
         .cp
         .inject_for(&session_path(&world, "completion"), Fault::CommitThenDrop);
@@ -1578,14 +1579,14 @@ fn once_launch_outcome_unknown_resolves_from_its_receipt_the_worker_takes_work_a
         let log = world.dir.path().join("stderr.log");
         let marker = world.dir.path().join("marker");
         let run = marked_run(&world, 1, &marker, "; sleep 1");
-        let mut first = world.spawn_worker_logged(&[], &log);
+        let mut first = KillOnDrop(world.spawn_worker_logged(&[], &log));
         world.wait_for("launching", Duration::from_secs(60), |w| {
             w.state_of(&run)
                 .is_some_and(|s| !matches!(s, State::Accepted | State::StartingAcknowledged))
         });
         std::thread::sleep(Duration::from_millis(attempt % 6));
         kill9(&mut first);
-        let mut second = world.spawn_worker_logged(&[], &log);
+        let mut second = KillOnDrop(world.spawn_worker_logged(&[], &log));
         std::thread::sleep(Duration::from_millis(600));
         let record = world.records().remove(&run).unwrap();
         if record.recovery() != Some(RecoveryReason::LaunchOutcomeUnknown)

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use e2e_common::evidence::{
     Needles, ProcSnapshot, Role, capability_bytes, harvest_receipts, scan_tree, snapshot_processes,
 };
-use e2e_common::{World, sigterm, wait_exit};
+use e2e_common::{KillOnDrop, World, sigterm, wait_exit};
 use ql_worker_core::ids::AttemptId;
 use ql_worker_core::record::State;
 use ql_worker_tests::control_plane::Fault;
@@ -137,7 +137,7 @@ impl Sampler {
 fn after_the_demo_runs_no_secret_or_capability_is_on_disk_or_in_a_process_view() {
     let world = World::new();
     let log = world.dir.path().join("worker-stderr.log");
-    let mut worker = world.spawn_worker_logged(&[], &log);
+    let mut worker = KillOnDrop(world.spawn_worker_logged(&[], &log));
     world.wait_for("the Session registered", Duration::from_secs(30), |w| {
         w.cp.session(w.cp.worker_id()).is_some()
     });
@@ -246,15 +246,17 @@ fn ql_worker_demo_keep_leaves_no_secret_or_capability() {
     std::fs::create_dir(&output).unwrap();
     let stdout = std::fs::File::create(output.join("stdout")).unwrap();
     let stderr = std::fs::File::create(output.join("stderr")).unwrap();
-    let mut demo = Command::new(env!("CARGO_BIN_EXE_ql-worker"))
-        .arg("demo")
-        .arg("--keep")
-        .arg(&keep)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(stdout))
-        .stderr(Stdio::from(stderr))
-        .spawn()
-        .unwrap();
+    let mut demo = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_ql-worker"))
+            .arg("demo")
+            .arg("--keep")
+            .arg(&keep)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(stdout))
+            .stderr(Stdio::from(stderr))
+            .spawn()
+            .unwrap(),
+    );
     let root = keep.join("state");
     let mut sampler = Sampler::new();
     let start = Instant::now();

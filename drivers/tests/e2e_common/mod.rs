@@ -134,7 +134,7 @@ impl World {
                 .list(after.as_ref(), PageLimit::new(64).unwrap())
                 .unwrap();
             for id in &page.offer_ids {
-                if let Some(record) = view.read(id).unwrap() {
+                if let Some(record) = read_settling(&view, id) {
                     out.insert(record.offer.candidate.run_id.clone(), record);
                 }
             }
@@ -164,6 +164,47 @@ impl World {
     /// Whether the control plane applied a completion for `run`.
     pub fn completed_at_cp(&self, run: &RunId) -> bool {
         self.cp.run(run).is_some_and(|r| r.completion.is_some())
+    }
+}
+
+/// Reads one record while the Worker may replace it: a read that opened the old inode just as
+/// a rename replaced it sees no link left (`LinkCount { found: 0 }`) and is retried.
+pub fn read_settling(view: &InboxView, id: &OfferId) -> Option<InboxRecord> {
+    let mut tries = 0;
+    loop {
+        match view.read(id) {
+            Ok(record) => return record,
+            Err(e)
+                if tries < 20
+                    && e.unsafe_rule() == Some(ql_worker::fsio::Rule::LinkCount { found: 0 }) =>
+            {
+                tries += 1;
+            }
+            Err(e) => panic!("{id}: {e}"),
+        }
+    }
+}
+
+/// A child that is SIGKILLed and reaped when dropped, so a failing test leaves no Worker
+/// running behind it (supervisors are independent and end with their commands).
+pub struct KillOnDrop(pub Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        kill9(&mut self.0);
     }
 }
 
