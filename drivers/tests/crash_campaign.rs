@@ -1067,9 +1067,6 @@ impl Campaign {
                             "{id}: completion_acknowledged but marker has {lines}"
                         ));
                     }
-                    if receipts.contains(&run.attempt) {
-                        v.push(format!("{id}: receipt left after completion_acknowledged"));
-                    }
                     let Some(facts) = cp_run.completion.as_ref() else {
                         v.push(format!(
                             "{id}: completion_acknowledged, no completion at the CP"
