@@ -1051,6 +1051,19 @@ impl Campaign {
                 continue;
             };
             tally.by_kind.entry(run.kind).or_default().0 += 1;
+            // Every completion the control plane holds (whatever the record ended as) carries
+            // exactly the spool's bytes.
+            if let Some(facts) = cp_run.completion.as_ref() {
+                match record.log_artifact_id.as_ref() {
+                    Some(log_id) => {
+                        let (checked, problem) = check_digest(&root, log_id, policy, facts, run);
+                        tally.digests_checked += 1;
+                        tally.bytes_checked += checked;
+                        v.extend(problem.map(|p| format!("{id}: {p}")));
+                    }
+                    None => v.push(format!("{id}: completed at the CP without a local log id")),
+                }
+            }
             if let Some((reason, _)) = self.archived.get(id) {
                 tally.recovery_required += 1;
                 *tally.recovery.entry(reason.as_str()).or_default() += 1;
@@ -1080,40 +1093,6 @@ impl Campaign {
                             facts.result.exit_code
                         ));
                     }
-                    let log_id = record
-                        .log_artifact_id
-                        .as_ref()
-                        .expect("a completed Run has a log");
-                    let mut reader = ql_worker::spool::open_reader(&root, log_id, policy)
-                        .unwrap_or_else(|e| panic!("{id}: spool {log_id}: {e}"));
-                    std::io::copy(&mut reader, &mut std::io::sink()).unwrap();
-                    let expected_len = reader.len();
-                    let truncation = reader.truncation;
-                    let digest = reader.finish();
-                    let artifact = &facts.artifact;
-                    if digest.byte_length != expected_len
-                        || artifact.byte_length != digest.byte_length
-                        || artifact.sha256 != digest.sha256
-                        || artifact.truncated != truncation
-                    {
-                        v.push(format!(
-                            "{id}: uploaded {} bytes {} (truncated {:?}), spool has {} bytes {} \
-                             (truncated {:?})",
-                            artifact.byte_length,
-                            artifact.sha256.to_hex(),
-                            artifact.truncated,
-                            digest.byte_length,
-                            digest.sha256.to_hex(),
-                            truncation
-                        ));
-                    }
-                    if run.kind == Kind::Large
-                        && (artifact.byte_length != LOG_QUOTA || artifact.truncated != Some(true))
-                    {
-                        v.push(format!("{id}: log over the quota not capped and flagged"));
-                    }
-                    tally.digests_checked += 1;
-                    tally.bytes_checked += digest.byte_length;
                 }
                 State::StartFailureAcknowledged => {
                     tally.settled += 1;
@@ -1269,6 +1248,50 @@ impl Campaign {
             .extend(hits.into_iter().map(|h| format!("secret: {h}")));
         summary
     }
+}
+
+/// Reads the spool file of `log_id` to the end and compares its length, SHA-256 and truncation
+/// fact with what the control plane's completion refers to. Returns the bytes read and a
+/// violation, if any.
+fn check_digest(
+    root: &std::path::Path,
+    log_id: &ql_worker_core::ids::LogArtifactId,
+    policy: ql_worker::spool::SpoolPolicy,
+    facts: &ql_worker_tests::control_plane::state::CompletionFacts,
+    run: &PlannedRun,
+) -> (u64, Option<String>) {
+    let mut reader = ql_worker::spool::open_reader(root, log_id, policy)
+        .unwrap_or_else(|e| panic!("{}: spool {log_id}: {e}", run.id));
+    std::io::copy(&mut reader, &mut std::io::sink()).unwrap();
+    let expected_len = reader.len();
+    let truncation = reader.truncation;
+    let digest = reader.finish();
+    let artifact = &facts.artifact;
+    if digest.byte_length != expected_len
+        || artifact.byte_length != digest.byte_length
+        || artifact.sha256 != digest.sha256
+        || artifact.truncated != truncation
+    {
+        let problem = format!(
+            "uploaded {} bytes {} (truncated {:?}), spool has {} bytes {} (truncated {:?})",
+            artifact.byte_length,
+            artifact.sha256.to_hex(),
+            artifact.truncated,
+            digest.byte_length,
+            digest.sha256.to_hex(),
+            truncation
+        );
+        return (digest.byte_length, Some(problem));
+    }
+    if run.kind == Kind::Large
+        && (artifact.byte_length != LOG_QUOTA || artifact.truncated != Some(true))
+    {
+        return (
+            digest.byte_length,
+            Some(String::from("log over the quota not capped and flagged")),
+        );
+    }
+    (digest.byte_length, None)
 }
 
 #[derive(Default)]
