@@ -80,6 +80,8 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// A Worker with queued work, no evidence and no claim that does not pull for this long is
 /// stuck (its cadence is 100 ms).
 const IDLE_WITH_WORK: Duration = Duration::from_secs(15);
+/// A kill phase that claims nothing for this long prints why.
+const STALL_REPORT: Duration = Duration::from_secs(30);
 /// Longest a targeted kill waits for its state before killing anyway.
 const TARGET_CAP: Duration = Duration::from_millis(2_000);
 /// Log quota of the campaign Worker (the demo's: 64 KiB).
@@ -293,6 +295,8 @@ struct Campaign {
     operator_stops: usize,
     archive_notes: Vec<String>,
     latch_restarts: usize,
+    /// Runs claimed at the control plane, and since when.
+    claimed: (usize, Instant),
     unexpected_exits: Vec<String>,
     violations: Vec<String>,
     started: Instant,
@@ -334,6 +338,7 @@ impl Campaign {
             operator_stops: 0,
             archive_notes: Vec::new(),
             latch_restarts: 0,
+            claimed: (0, Instant::now()),
             unexpected_exits: Vec::new(),
             violations: Vec::new(),
             started: Instant::now(),
@@ -637,6 +642,30 @@ impl Campaign {
         self.harvest();
         self.snapshot(None);
         self.operator();
+        self.note_stall();
+    }
+
+    /// Prints (once per 30 s) why no Run was claimed for 30 s while Runs were queued.
+    fn note_stall(&mut self) {
+        let claimed = self.cp().with_model(|m| {
+            m.state()
+                .runs
+                .values()
+                .filter(|r| r.lease.is_some())
+                .count()
+        });
+        if claimed != self.claimed.0 || self.queued() == 0 {
+            self.claimed = (claimed, Instant::now());
+            return;
+        }
+        if self.claimed.1.elapsed() >= STALL_REPORT {
+            self.claimed.1 = Instant::now();
+            println!(
+                "crash-campaign: no Run claimed for {STALL_REPORT:?} at kill {}: {}",
+                self.kills,
+                self.settle_status()
+            );
+        }
     }
 
     // ---------------------------------------------------------------- the operator
@@ -956,12 +985,25 @@ impl Campaign {
                 .map(|e| format!("{} {}", e.status, e.reason))
                 .unwrap_or_default()
         });
+        let claim = std::fs::read(self.root().join(ql_worker::layout::PENDING_CLAIM_FILE))
+            .ok()
+            .and_then(|bytes| {
+                ql_worker_core::envelope::decode::<ql_worker_core::claim::PendingClaim>(&bytes).ok()
+            })
+            .map_or_else(
+                || String::from("none"),
+                |c| {
+                    let wait = c
+                        .next_attempt_at_ms
+                        .saturating_since(ReferenceControlPlane::now());
+                    format!("{} attempts, next in {wait} ms", c.attempt_count)
+                },
+            );
         format!(
-            "{} unsettled [{}], {} queued, pending claim {}, last Pull: {last_pull}",
+            "{} unsettled [{}], {} queued, pending claim: {claim}, last Pull: {last_pull}",
             unsettled.len(),
             unsettled.join(" "),
             self.queued(),
-            self.claim_present()
         )
     }
 
