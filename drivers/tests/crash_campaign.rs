@@ -1558,43 +1558,63 @@ fn a_kill_between_completion_acknowledged_and_receipt_removal_leaves_no_receipt(
 }
 
 /// Finding 2: a kill after `accepted` is durable but before the pending claim is cleared. The
-/// restarted Worker runs the Run to completion, then replays the stale claim: the control
-/// plane fences it (the lease is completed), and the claim is retried with backoff up to 16
-/// times (minutes), blocking every Pull meanwhile.
+/// restarted Worker runs the Run; if it replays the stale claim only after the Run's lease
+/// completed (the order of the two is the Worker's), the control plane fences the replay and
+/// the claim is retried with backoff up to 16 times (minutes), blocking every Pull meanwhile.
+/// Tries a bounded number of times for that order.
 #[test]
 #[ignore = "finding 2 (liveness; the reference behaves the same): un-ignore with the fix"]
 fn a_kill_between_accepted_and_clearing_the_claim_does_not_block_later_pulls() {
     use ql_worker::runtime::STALL_HOOK_ENV;
-    let world = World::new();
-    let marker = world.dir.path().join("marker");
-    let first_run = marked_run(&world, 1, &marker, "");
-    let mut first = KillOnDrop(world.spawn_worker(&[(STALL_HOOK_ENV, State::Accepted.as_str())]));
-    world.wait_for("accepted", Duration::from_secs(60), |w| {
-        w.state_of(&first_run) == Some(State::Accepted)
-    });
-    kill9(&mut first);
-    let mut second = KillOnDrop(world.spawn_worker(&[]));
-    world.wait_for("the first Run settled", Duration::from_secs(60), |w| {
-        w.state_of(&first_run) == Some(State::CompletionAcknowledged)
-    });
-    let second_marker = world.dir.path().join("marker-2");
-    let second_run = marked_run(&world, 2, &second_marker, "");
-    let start = Instant::now();
-    while world.state_of(&second_run).is_none() && start.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_millis(50));
+    for _ in 0..10 {
+        let world = World::new();
+        let marker = world.dir.path().join("marker");
+        let first_run = marked_run(&world, 1, &marker, "");
+        let mut first =
+            KillOnDrop(world.spawn_worker(&[(STALL_HOOK_ENV, State::Accepted.as_str())]));
+        world.wait_for("accepted", Duration::from_secs(60), |w| {
+            w.state_of(&first_run) == Some(State::Accepted)
+        });
+        kill9(&mut first);
+        let mut second = KillOnDrop(world.spawn_worker(&[]));
+        world.wait_for("the first Run settled", Duration::from_secs(60), |w| {
+            w.state_of(&first_run) == Some(State::CompletionAcknowledged)
+        });
+        let offer = world.records()[&first_run].offer.offer_id.clone();
+        let stale = std::fs::read(world.root().join(ql_worker::layout::PENDING_CLAIM_FILE))
+            .ok()
+            .and_then(|b| {
+                ql_worker_core::envelope::decode::<ql_worker_core::claim::PendingClaim>(&b).ok()
+            })
+            .is_some_and(|claim| claim.offer_id == offer);
+        if !stale {
+            // The replay came first and was answered `lease_recovery`: not this order.
+            stop_now(&mut second);
+            continue;
+        }
+        let second_run = marked_run(&world, 2, &world.dir.path().join("marker-2"), "");
+        let start = Instant::now();
+        while world.state_of(&second_run).is_none() && start.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let fenced = world.cp.with_model(|m| {
+            m.request_log()
+                .filter(|e| e.operation == Some(Operation::Offers) && e.status == 409)
+                .count()
+        });
+        stop_now(&mut second);
+        assert!(
+            world.state_of(&second_run).is_some(),
+            "a Run queued after the restart was not pulled within 20 s ({fenced} Pull replays \
+             fenced with 409; pending claim present: {})",
+            world
+                .root()
+                .join(ql_worker::layout::PENDING_CLAIM_FILE)
+                .exists()
+        );
+        return;
     }
-    let fenced = world.cp.with_model(|m| {
-        m.request_log()
-            .filter(|e| e.operation == Some(Operation::Offers) && e.status == 409)
-            .count()
-    });
-    stop_now(&mut second);
-    assert!(
-        world.state_of(&second_run).is_some(),
-        "a Run queued after the restart was not pulled within 20 s ({fenced} Pull replays \
-         fenced with 409; pending claim present: {})",
-        world.root().join("pending-claim").exists()
-    );
+    println!("the stale-claim order was not reproduced in 10 tries");
 }
 
 /// Finding 3: a lost completion answer (committed at the control plane, connection dropped)
