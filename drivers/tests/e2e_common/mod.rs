@@ -3,6 +3,8 @@
 //! mutual authentication, freshly generated certificates), a private state root.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod evidence;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -37,6 +39,30 @@ impl World {
         }
     }
 
+    /// As [`World::new`] with cadence `cadence_ms` and extra `key = value` lines appended to the
+    /// configuration's `[limits]` section (the last section `write_config` writes), reloaded
+    /// through the normal path.
+    pub fn with_limits(cadence_ms: u64, extra_limits: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = ReferenceControlPlane::start(ReferenceOptions::default()).unwrap();
+        ql_worker::demo::write_config(&cp, dir.path(), cadence_ms).unwrap();
+        let config_path = dir.path().join("ql-worker.toml");
+        let mut text = std::fs::read_to_string(&config_path).unwrap();
+        assert!(
+            text.trim_end().ends_with("drain_budget_ms = 20000"),
+            "[limits] is last"
+        );
+        text.push_str(extra_limits);
+        std::fs::write(&config_path, text).unwrap();
+        let config = Config::load(&config_path, &ql_worker::config::ProcessEnvironment).unwrap();
+        Self {
+            cp,
+            dir,
+            config_path,
+            config,
+        }
+    }
+
     pub fn root(&self) -> &Path {
         &self.config.root
     }
@@ -57,6 +83,42 @@ impl World {
         command.spawn().unwrap()
     }
 
+    /// Starts `ql-worker run` with extra environment variables, its stderr appended to `log`.
+    pub fn spawn_worker_logged(&self, env: &[(&str, &str)], log: &Path) -> Child {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ql-worker"));
+        command
+            .arg("run")
+            .arg("--config")
+            .arg(&self.config_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file));
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        command.spawn().unwrap()
+    }
+
+    /// Records an operator archived (`ql-worker recover --archive`), by Run.
+    pub fn archived_records(&self) -> BTreeMap<RunId, InboxRecord> {
+        let mut out = BTreeMap::new();
+        let Ok(entries) = std::fs::read_dir(self.root().join(ql_worker::journal::ARCHIVE_DIR))
+        else {
+            return out;
+        };
+        for entry in entries.flatten() {
+            let bytes = std::fs::read(entry.path()).unwrap();
+            let record: InboxRecord = ql_worker_core::envelope::decode(&bytes).unwrap();
+            out.insert(record.offer.candidate.run_id.clone(), record);
+        }
+        out
+    }
+
     /// Every record of the inbox, by Run.
     pub fn records(&self) -> BTreeMap<RunId, InboxRecord> {
         let mut out = BTreeMap::new();
@@ -72,7 +134,7 @@ impl World {
                 .list(after.as_ref(), PageLimit::new(64).unwrap())
                 .unwrap();
             for id in &page.offer_ids {
-                if let Some(record) = view.read(id).unwrap() {
+                if let Some(record) = read_settling(&view, id) {
                     out.insert(record.offer.candidate.run_id.clone(), record);
                 }
             }
@@ -102,6 +164,47 @@ impl World {
     /// Whether the control plane applied a completion for `run`.
     pub fn completed_at_cp(&self, run: &RunId) -> bool {
         self.cp.run(run).is_some_and(|r| r.completion.is_some())
+    }
+}
+
+/// Reads one record while the Worker may replace it: a read that opened the old inode just as
+/// a rename replaced it sees no link left (`LinkCount { found: 0 }`) and is retried.
+pub fn read_settling(view: &InboxView, id: &OfferId) -> Option<InboxRecord> {
+    let mut tries = 0;
+    loop {
+        match view.read(id) {
+            Ok(record) => return record,
+            Err(e)
+                if tries < 20
+                    && e.unsafe_rule() == Some(ql_worker::fsio::Rule::LinkCount { found: 0 }) =>
+            {
+                tries += 1;
+            }
+            Err(e) => panic!("{id}: {e}"),
+        }
+    }
+}
+
+/// A child that is SIGKILLed and reaped when dropped, so a failing test leaves no Worker
+/// running behind it (supervisors are independent and end with their commands).
+pub struct KillOnDrop(pub Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        kill9(&mut self.0);
     }
 }
 
