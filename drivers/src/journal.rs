@@ -476,7 +476,7 @@ impl InboxView {
     /// # Errors
     /// Unsafe storage, a corrupt record, or a failed call.
     pub fn read(&self, offer_id: &OfferId) -> Result<Option<InboxRecord>, JournalError> {
-        read_record_in(&RealFs, &self.offers, offer_id)
+        read_record_lockless(&RealFs, &self.offers, offer_id)
     }
 }
 
@@ -514,9 +514,33 @@ pub fn read_record_unlocked_with(
             path: paths.offers(),
         });
     };
-    read_record_in(fs, &offers, offer_id)?.ok_or_else(|| JournalError::NotFound {
+    read_record_lockless(fs, &offers, offer_id)?.ok_or_else(|| JournalError::NotFound {
         path: paths.record(offer_id),
     })
+}
+
+/// Opens that found no link left before a lockless read gives up (each is a fresh open).
+const UNLINKED_RETRIES: usize = 16;
+
+/// [`read_record_in`] for a reader without the owner lock. The owner's replace renames a new
+/// inode over the name; a reader that opened the old one just before sees `nlink == 0` at its
+/// `fstat`. That is not unsafe storage but a lost race, so it opens the name again (bounded:
+/// every retry means the owner wrote in between, and the owner writes each record rarely).
+fn read_record_lockless(
+    fs: &dyn FileSystem,
+    offers: &Dir,
+    offer_id: &OfferId,
+) -> Result<Option<InboxRecord>, JournalError> {
+    let mut tries = 0;
+    loop {
+        match read_record_in(fs, offers, offer_id) {
+            Err(JournalError::Storage(StorageError::UnsafeStorage {
+                rule: Rule::LinkCount { found: 0 },
+                ..
+            })) if tries < UNLINKED_RETRIES => tries += 1,
+            other => return other,
+        }
+    }
 }
 
 fn open_offers(fs: &dyn FileSystem, root: &Dir, create: bool) -> Result<Option<Dir>, StorageError> {

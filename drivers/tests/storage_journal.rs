@@ -350,3 +350,149 @@ fn a_relative_or_dotted_root_is_refused_before_anything_is_created() {
     }
     assert!(!sb.root.exists());
 }
+
+/// A seam that plays the owner's replace at the worst moment: after a lockless reader opened
+/// the record and before its `fstat`, a new inode (same bytes, mode 0600) is renamed over the
+/// name, exactly as `Journal::replace_record` does. Everything else is the real file system.
+#[derive(Debug)]
+struct RaceFs {
+    record: &'static str,
+    replacement: std::path::PathBuf,
+    target: std::path::PathBuf,
+    armed: std::sync::atomic::AtomicBool,
+    raced: std::sync::atomic::AtomicU32,
+}
+
+mod race_seam {
+    use std::os::fd::{BorrowedFd, OwnedFd};
+    use std::path::Path;
+    use std::sync::atomic::Ordering;
+
+    use ql_worker::fsio::{Entry, FileSystem, Meta, RealFs, Space};
+    use rustix::fs::OFlags;
+    use rustix::io::Errno;
+
+    impl FileSystem for super::RaceFs {
+        fn open(&self, path: &Path, flags: OFlags, mode: u32) -> Result<OwnedFd, Errno> {
+            RealFs.open(path, flags, mode)
+        }
+        fn mkdir(&self, path: &Path, mode: u32) -> Result<(), Errno> {
+            RealFs.mkdir(path, mode)
+        }
+        fn openat(
+            &self,
+            dir: BorrowedFd<'_>,
+            name: &str,
+            flags: OFlags,
+            mode: u32,
+        ) -> Result<OwnedFd, Errno> {
+            let fd = RealFs.openat(dir, name, flags, mode)?;
+            if name == self.record && self.raced.load(Ordering::SeqCst) == 0 {
+                self.armed.store(true, Ordering::SeqCst);
+            }
+            Ok(fd)
+        }
+        fn mkdirat(&self, dir: BorrowedFd<'_>, name: &str, mode: u32) -> Result<(), Errno> {
+            RealFs.mkdirat(dir, name, mode)
+        }
+        fn fstat(&self, fd: BorrowedFd<'_>) -> Result<Meta, Errno> {
+            if self.armed.swap(false, Ordering::SeqCst) {
+                std::fs::rename(&self.replacement, &self.target).unwrap();
+                self.raced.fetch_add(1, Ordering::SeqCst);
+            }
+            RealFs.fstat(fd)
+        }
+        fn stat_nofollow(&self, dir: BorrowedFd<'_>, name: &str) -> Result<Meta, Errno> {
+            RealFs.stat_nofollow(dir, name)
+        }
+        fn fstatvfs(&self, fd: BorrowedFd<'_>) -> Result<Space, Errno> {
+            RealFs.fstatvfs(fd)
+        }
+        fn fchmod(&self, fd: BorrowedFd<'_>, mode: u32) -> Result<(), Errno> {
+            RealFs.fchmod(fd, mode)
+        }
+        fn clear_nonblock(&self, fd: BorrowedFd<'_>) -> Result<(), Errno> {
+            RealFs.clear_nonblock(fd)
+        }
+        fn read(&self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<usize, Errno> {
+            RealFs.read(fd, buf)
+        }
+        fn write(&self, fd: BorrowedFd<'_>, buf: &[u8]) -> Result<usize, Errno> {
+            RealFs.write(fd, buf)
+        }
+        fn fsync(&self, fd: BorrowedFd<'_>) -> Result<(), Errno> {
+            RealFs.fsync(fd)
+        }
+        fn rename(
+            &self,
+            old_dir: BorrowedFd<'_>,
+            old: &str,
+            new_dir: BorrowedFd<'_>,
+            new: &str,
+        ) -> Result<(), Errno> {
+            RealFs.rename(old_dir, old, new_dir, new)
+        }
+        fn rename_noreplace(
+            &self,
+            old_dir: BorrowedFd<'_>,
+            old: &str,
+            new_dir: BorrowedFd<'_>,
+            new: &str,
+        ) -> Result<(), Errno> {
+            RealFs.rename_noreplace(old_dir, old, new_dir, new)
+        }
+        fn link(
+            &self,
+            old_dir: BorrowedFd<'_>,
+            old: &str,
+            new_dir: BorrowedFd<'_>,
+            new: &str,
+        ) -> Result<(), Errno> {
+            RealFs.link(old_dir, old, new_dir, new)
+        }
+        fn unlink(&self, dir: BorrowedFd<'_>, name: &str) -> Result<(), Errno> {
+            RealFs.unlink(dir, name)
+        }
+        fn read_dir(&self, dir: BorrowedFd<'_>, max: usize) -> Result<Vec<Entry>, Errno> {
+            RealFs.read_dir(dir, max)
+        }
+        fn lock_exclusive(&self, fd: BorrowedFd<'_>) -> Result<(), Errno> {
+            RealFs.lock_exclusive(fd)
+        }
+        fn random(&self, buf: &mut [u8]) -> Result<(), Errno> {
+            RealFs.random(buf)
+        }
+    }
+}
+
+/// Finding 6 of docs/reliability.md: a read-only reader (`ql-worker inbox`, `recover`, the
+/// supervisor's barrier re-check) beside a busy owner. The owner's replace renames a new inode
+/// over the record; a reader that opened the old inode sees no link left at its `fstat`. That
+/// is a lost race, not unsafe storage: the read must open the name again and return the record.
+#[test]
+fn a_lockless_read_that_loses_the_race_with_a_replace_reads_the_new_inode() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let sb = sandbox();
+    let mut journal = open(&sb.root);
+    let record = accepted(1);
+    journal.publish_record(&record).unwrap();
+    let target = sb.root.join("offers/offer-000001.rec");
+    let replacement = sb.root.join("offers.replacement");
+    fs::copy(&target, &replacement).unwrap();
+    fs::set_permissions(&replacement, fs::Permissions::from_mode(0o600)).unwrap();
+    let seam = RaceFs {
+        record: "offer-000001.rec",
+        replacement,
+        target,
+        armed: std::sync::atomic::AtomicBool::new(false),
+        raced: std::sync::atomic::AtomicU32::new(0),
+    };
+    let id = &record.offer.offer_id;
+    let read = journal::read_record_unlocked_with(&seam, &sb.root, id);
+    assert_eq!(
+        seam.raced.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the race was played"
+    );
+    assert_eq!(read.unwrap(), record);
+}
