@@ -2,8 +2,10 @@
 //! test pins one, by the command sequence the core issues against the simulated host.
 
 use ql_worker_core::record::{RecoveryReason, State};
+use ql_worker_core::testkit;
 use ql_worker_core::testkit::sim::{On, Sim, Status};
 use ql_worker_core::testkit::world::{Answer, World};
+use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::worker::{HaltReason, Phase};
 
@@ -90,4 +92,74 @@ fn a_rejected_spawn_whose_start_failed_write_fails_halts() {
         sim.status
     );
     assert!(sim.world.supervisor.processes.is_empty(), "nothing spawned");
+}
+
+fn ticks_with(trail: &[String], command: &str) -> Vec<u64> {
+    let mut tick = 0;
+    let mut at = Vec::new();
+    for line in trail {
+        if let Some(ms) = line.strip_prefix("tick ") {
+            tick = ms.parse().unwrap();
+        } else if line == command {
+            at.push(tick);
+        }
+    }
+    at
+}
+
+/// Lease control is paced per Run (`lease_control_interval_ms`): renewing on every tick made
+/// the window in which a lost renewal answer strands a Run (reliability finding 5) as wide as
+/// it can be. With a 5 s interval and the edge cadence of 2 s, two calls for the same Run are
+/// at least 5 s apart; with 0 (the reference's behaviour) every pass calls.
+#[test]
+fn lease_control_is_paced_per_run() {
+    let run = |interval: u64| {
+        let mut world = World::new(1, Vec::new());
+        world.seed(1, testkit::record(1, State::RunningAcknowledged), true);
+        let mut config = ql_worker_core::testkit::explore::model_config();
+        config.lease_control_interval_ms = interval;
+        let start = UnixMillis::new(1_000).unwrap();
+        let mut sim = Sim::new(config, world, start).recording();
+        sim.run(12);
+        let trail = sim.take_trail();
+        (
+            ticks_with(&trail, "post lease-control o1"),
+            ticks_with(&trail, "list-inbox").len(),
+        )
+    };
+    let (paced, passes) = run(5_000);
+    assert!(paced.len() >= 3, "{paced:?}");
+    assert!(
+        paced.windows(2).all(|w| w[1] - w[0] >= 5_000),
+        "calls closer than the interval: {paced:?}"
+    );
+    assert!(paced.len() < passes, "{paced:?} in {passes} passes");
+    let (every, passes) = run(0);
+    assert_eq!(
+        every.len() + 1,
+        passes,
+        "one call per supervision pass: {every:?}"
+    );
+}
+
+/// Settled records do not slow supervision down: a page that held fewer live Runs than a
+/// page's worth goes on to the next page in the same tick, so a live Run behind eight settled
+/// records (pages of 4) is supervised on every tick, not every third. Found by the crash
+/// campaign (reliability finding 7).
+#[test]
+fn a_live_run_behind_settled_records_is_supervised_every_tick() {
+    let mut world = World::new(1, Vec::new());
+    for n in 1..=8 {
+        world.seed(n, testkit::record(n, State::CompletionAcknowledged), false);
+    }
+    world.seed(9, testkit::record(9, State::RunningAcknowledged), true);
+    let mut sim = Sim::scenario(world);
+    sim.run(6);
+    sim.take_trail();
+    sim.run(3);
+    let trail = sim.take_trail();
+    let ticks = trail.iter().filter(|l| l.starts_with("tick ")).count();
+    let calls = ticks_with(&trail, "post lease-control o9");
+    assert_eq!(ticks, 3);
+    assert_eq!(calls.len(), ticks, "{trail:#?}");
 }
