@@ -116,7 +116,7 @@ fn lease_control_is_paced_per_run() {
     let run = |interval: u64| {
         let mut world = World::new(1, Vec::new());
         world.seed(1, testkit::record(1, State::RunningAcknowledged), true);
-        let mut config = ql_worker_core::testkit::explore::model_config();
+        let mut config = testkit::explore::model_config();
         config.lease_control_interval_ms = interval;
         let start = UnixMillis::new(1_000).unwrap();
         let mut sim = Sim::new(config, world, start).recording();
