@@ -85,6 +85,21 @@ impl State {
             | Self::RecoveryRequired => false,
         }
     }
+
+    /// States before the spawn barrier: no process was ever started for the record (a
+    /// `start_failed` record carries the proof that none was).
+    #[must_use]
+    pub const fn is_pre_barrier(self) -> bool {
+        match self {
+            Self::Accepted | Self::StartingAcknowledged | Self::StartFailed => true,
+            Self::Launching
+            | Self::Started
+            | Self::RunningAcknowledged
+            | Self::StartFailureAcknowledged
+            | Self::CompletionAcknowledged
+            | Self::RecoveryRequired => false,
+        }
+    }
 }
 
 impl fmt::Display for State {
@@ -410,6 +425,15 @@ impl InboxRecord {
             }
         }
         self.offer.validate().map_err(RecordError::Offer)
+    }
+
+    /// Whether the record is *dormant* at `now`: before the spawn barrier (`accepted`,
+    /// `starting_acknowledged`, `start_failed`: nothing ran) with its lease expired, so it can
+    /// never start and the control plane reclaims the Run. A dormant record takes no slot, does
+    /// not hold a drain, and may be archived by an operator (`ql-worker recover`).
+    #[must_use]
+    pub fn is_dormant(&self, now: UnixMillis) -> bool {
+        self.state.is_pre_barrier() && self.offer.lease.expires_at_ms <= now
     }
 
     /// The recovery reason, when the record is `recovery_required`.

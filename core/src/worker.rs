@@ -703,19 +703,12 @@ impl Worker {
                 self.evidence.remove(&id);
             }
         }
-        match record.state {
-            State::Accepted | State::StartingAcknowledged | State::StartFailed => {
-                self.pre_barrier_expiry
-                    .insert(id, record.offer.lease.expires_at_ms);
-            }
-            State::Launching
-            | State::Started
-            | State::RunningAcknowledged
-            | State::StartFailureAcknowledged
-            | State::CompletionAcknowledged
-            | State::RecoveryRequired => {
-                self.pre_barrier_expiry.remove(&id);
-            }
+        // Kept to tell dormant records apart (`InboxRecord::is_dormant`) without the record.
+        if record.state.is_pre_barrier() {
+            self.pre_barrier_expiry
+                .insert(id, record.offer.lease.expires_at_ms);
+        } else {
+            self.pre_barrier_expiry.remove(&id);
         }
         self.fail_closed = self
             .evidence

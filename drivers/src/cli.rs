@@ -86,14 +86,17 @@ enum Command {
         #[command(subcommand)]
         command: InboxCommand,
     },
-    /// List recovery_required records with their reason and what an operator can do.
+    /// List recovery_required records with their reason and what an operator can do, and
+    /// dormant records (nothing ran, lease expired: they can never start).
     ///
-    /// Read-only. `--archive OFFER_ID` moves one reviewed recovery_required record out of the
-    /// inbox (the Worker must be stopped), which lifts fail-closed at the next start.
+    /// Read-only. `--archive OFFER_ID` moves one reviewed recovery_required or dormant record
+    /// out of the inbox (the Worker must be stopped): archiving the last recovery_required
+    /// record lifts fail-closed; archiving a dormant one frees its inbox capacity.
     Recover {
         #[command(flatten)]
         root: RootArgs,
-        /// Move this reviewed recovery_required record to `<root>/archive/` (Worker stopped).
+        /// Move this reviewed recovery_required or dormant record to `<root>/archive/` (Worker
+        /// stopped).
         #[arg(long, value_name = "OFFER_ID")]
         archive: Option<String>,
     },
@@ -420,7 +423,9 @@ fn recover(root: &Path, archive: Option<&str>) -> ExitCode {
         Ok(None) => return fail(EXIT_STORAGE, format!("{}: no inbox here", root.display())),
         Err(code) => return code,
     };
+    let now = crate::os::now();
     let mut found = 0;
+    let mut dormant = Vec::new();
     let mut after: Option<OfferId> = None;
     loop {
         let page = match view.list(after.as_ref(), PageLimit::new(64).unwrap_or_default()) {
@@ -450,12 +455,32 @@ fn recover(root: &Path, archive: Option<&str>) -> ExitCode {
                 }
                 println!("  receipt present: {receipt}");
                 println!("  what to do: {}", advice(reason));
+            } else if record.is_dormant(now) {
+                dormant.push(record);
             }
         }
         match page.next_after {
             Some(next) => after = Some(next),
             None => break,
         }
+    }
+    for record in &dormant {
+        println!(
+            "{} run={} attempt={} dormant: {} with its lease expired at {} ms",
+            record.offer.offer_id,
+            record.offer.candidate.run_id,
+            record.offer.candidate.attempt_id,
+            record.state,
+            record.offer.lease.expires_at_ms.get(),
+        );
+        println!(
+            "  what to do: nothing ran and it can never start; the control plane reclaims the \
+             Run when it reaps the lease. It takes no slot and does not hold a drain, but it \
+             counts against the inbox capacity: archive it (`--archive`, Worker stopped)."
+        );
+    }
+    if !dormant.is_empty() {
+        println!("{} dormant record(s)", dormant.len());
     }
     if found == 0 {
         println!("no recovery_required records: the Worker is not fail-closed");
@@ -473,7 +498,7 @@ fn archive_record(root: &Path, offer_id: &str) -> ExitCode {
     let Ok(offer_id) = OfferId::new(offer_id) else {
         return fail(EXIT_CONFIG, format!("offer id must be {}", OfferId::RULE));
     };
-    match crate::journal::archive_recovery_record(root, &offer_id) {
+    match crate::journal::archive_record(root, &offer_id, crate::os::now()) {
         Ok(path) => {
             println!("archived {offer_id} to {}", path.display());
             ExitCode::from(EXIT_OK)

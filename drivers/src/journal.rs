@@ -17,6 +17,7 @@ use ql_worker_core::envelope::{self, MAX_ENVELOPE_BYTES};
 use ql_worker_core::ids::{OfferId, Revision};
 use ql_worker_core::listing::{self, Capacity, Page, PageLimit};
 use ql_worker_core::record::{InboxRecord, State, TransitionError, check_transition};
+use ql_worker_core::time::UnixMillis;
 
 use crate::fsio::{self, Dir, FileSystem, Kind, RealFs, Rule, Scanned, StorageError};
 use crate::layout;
@@ -619,13 +620,18 @@ fn scan_offers(fs: &dyn FileSystem, offers: &Dir) -> Result<OffersScan, StorageE
 /// Directory (in the state root) that keeps records an operator archived.
 pub const ARCHIVE_DIR: &str = "archive";
 
-/// Moves one reviewed `recovery_required` record out of the inbox into `<root>/archive/`
-/// (`ql-worker recover --archive`). Takes the owner lock, so the Worker must be stopped; refuses
-/// any record that is not `recovery_required`. Rename, then fsync both directories.
+/// Moves one reviewed record out of the inbox into `<root>/archive/` (`ql-worker recover
+/// --archive`): a `recovery_required` record, or a dormant one (before the spawn barrier with
+/// its lease expired at `now`: nothing ran and nothing can start). Takes the owner lock, so the
+/// Worker must be stopped; refuses any other record. Rename, then fsync both directories.
 ///
 /// # Errors
 /// [`JournalError`]: another owner, no such record, a record in another state, or storage.
-pub fn archive_recovery_record(root: &Path, offer_id: &OfferId) -> Result<PathBuf, JournalError> {
+pub fn archive_record(
+    root: &Path,
+    offer_id: &OfferId,
+    now: UnixMillis,
+) -> Result<PathBuf, JournalError> {
     let journal = Journal::open(
         root,
         Capacity::new(u64::from(Capacity::MAX)).unwrap_or_default(),
@@ -635,10 +641,11 @@ pub fn archive_recovery_record(root: &Path, offer_id: &OfferId) -> Result<PathBu
     let Some(record) = journal.read_record(offer_id)? else {
         return Err(JournalError::NotFound { path });
     };
-    if record.state != State::RecoveryRequired {
+    if record.state != State::RecoveryRequired && !record.is_dormant(now) {
         return Err(JournalError::Refused {
             path,
-            rule: "only a recovery_required record can be archived",
+            rule: "only a recovery_required record or a dormant one (accepted, \
+                   starting_acknowledged or start_failed with its lease expired) can be archived",
         });
     }
     let fs = &journal.fs;

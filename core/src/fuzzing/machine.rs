@@ -260,13 +260,11 @@ impl Sim<'_> {
                     // Settled, or dormant: before the spawn barrier with its lease expired,
                     // so nothing ran and nothing can start (docs/model-check.md, findings).
                     let now = self.host.now;
-                    let settled = self.host.all_records().iter().all(|r| {
-                        r.state.is_terminal()
-                            || (matches!(
-                                r.state,
-                                State::Accepted | State::StartingAcknowledged | State::StartFailed
-                            ) && r.offer.lease.expires_at_ms <= now)
-                    });
+                    let settled = self
+                        .host
+                        .all_records()
+                        .iter()
+                        .all(|r| r.state.is_terminal() || r.is_dormant(now));
                     assert!(
                         settled,
                         "INVARIANT drain: drained with records neither settled nor dormant"
