@@ -317,7 +317,16 @@ fn user_environ_is_exact_and_only_stdio_descriptors_are_inherited() {
             let outcome = executor.start(launch);
             let pid = Fixture::user_pid(&outcome);
             // environ: exactly the materialized pairs, nothing inherited.
-            let environ = fs::read(format!("/proc/{pid}/environ")).unwrap();
+            // Read once the exec has published the new image's environment: seen empty once
+            // under heavy load (a read racing exec). Bounded; the exact check follows.
+            let mut environ = Vec::new();
+            for _ in 0..100 {
+                environ = fs::read(format!("/proc/{pid}/environ")).unwrap();
+                if !environ.is_empty() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
             let mut pairs: Vec<&[u8]> = environ
                 .split(|b| *b == 0)
                 .filter(|p| !p.is_empty())
