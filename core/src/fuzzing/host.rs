@@ -78,6 +78,18 @@ pub enum Mode {
     Fault(u8),
 }
 
+/// A deliberately lying host, for the simulation's self-test (`tests/tests/simulation.rs`): each
+/// lie must make a checker report a violation. Never set by the fuzz targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lie {
+    /// The supervisor starts the process of a valid spawn but answers `Rejected`.
+    SpawnedButRejected,
+    /// A valid upload is answered `stored` but nothing reaches the control plane.
+    UploadNotStored,
+    /// In the liveness phase, user processes never end (an unfair environment).
+    HungProcesses,
+}
+
 /// The answer to one command.
 #[derive(Debug)]
 pub struct Answer {
@@ -115,6 +127,8 @@ pub struct Host {
     pub plane: Plane,
     /// The host's private knowledge.
     pub ghost: Ghost,
+    /// A deliberate lie (self-test only).
+    pub lie: Option<Lie>,
     draws: u64,
 }
 
@@ -165,6 +179,7 @@ impl Host {
             processes: Vec::new(),
             plane,
             ghost: Ghost::default(),
+            lie: None,
             draws: 0,
         }
     }
@@ -598,7 +613,9 @@ impl Host {
         let mut sent = stored.len;
         match mode {
             Mode::Valid => {
-                if let Some(offer) = offer {
+                if let Some(offer) = offer
+                    && self.lie != Some(Lie::UploadNotStored)
+                {
                     self.ghost.uploaded.insert(offer, (stored.len, sha));
                 }
             }
@@ -686,6 +703,9 @@ impl Host {
         let handle = format!("ql3lp1.fuzz-{}", self.processes.len());
         let started_at = plan.executor_started_at;
         let (outcome, fate, exists) = match mode {
+            Mode::Valid if self.lie == Some(Lie::SpawnedButRejected) => {
+                (SpawnOutcome::Rejected, SpawnFate::Started, true)
+            }
             Mode::Valid => (
                 SpawnOutcome::Started {
                     handle: handle.clone(),
