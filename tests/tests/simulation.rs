@@ -19,7 +19,7 @@ use std::sync::Once;
 use std::time::Instant;
 
 use ql_worker_core::fuzzing::host::Lie;
-use ql_worker_core::fuzzing::machine::{self, Scenario, SimFaults, Summary};
+use ql_worker_core::fuzzing::machine::{self, Scenario, SimOptions, Summary};
 
 const REPLAY: &str = "cargo test --release -p ql-worker-tests --test simulation -- --nocapture";
 
@@ -49,7 +49,7 @@ impl SplitMix {
 #[derive(Debug)]
 struct Case {
     scenario: Scenario,
-    faults: SimFaults,
+    faults: SimOptions,
     /// Chance of a fault byte (answer fault, crash), per 1024.
     fault_rate: u64,
     data: Vec<u8>,
@@ -66,9 +66,10 @@ fn case(seed: u64) -> Case {
         Scenario::Lifecycle,
     ][usize::try_from(g.below(3)).unwrap_or(0)];
     let fault_rate = FAULT_RATES[usize::try_from(g.below(4)).unwrap_or(0)];
-    let faults = SimFaults {
+    let faults = SimOptions {
         delays: g.below(4) != 0,
         duplicates: g.below(4) != 0,
+        plane_timeout: true,
     };
     let len = 24 + usize::try_from(g.below(360)).unwrap_or(0);
     // The first bytes are the setup (configuration profile, pages, concurrency, clock and the

@@ -129,6 +129,9 @@ pub struct Host {
     pub ghost: Ghost,
     /// A deliberate lie (self-test only).
     pub lie: Option<Lie>,
+    /// The control plane ends every Run without a receipt on disk (`terminal` on lease
+    /// control): its own Run timeout (simulation liveness phase only).
+    pub plane_timeout: bool,
     draws: u64,
 }
 
@@ -180,6 +183,7 @@ impl Host {
             plane,
             ghost: Ghost::default(),
             lie: None,
+            plane_timeout: false,
             draws: 0,
         }
     }
@@ -691,7 +695,12 @@ impl Host {
                 answer
             }
             Operation::Completion => Plane::completion(body, v),
-            Operation::LeaseControl => Plane::lease_control(body, &record?, now, v),
+            Operation::LeaseControl => {
+                let record = record?;
+                let attempt = &record.offer.candidate.attempt_id;
+                let timed_out = self.plane_timeout && !self.receipts.contains_key(attempt);
+                Plane::lease_control(body, &record, now, if timed_out { 4 } else { v })
+            }
             Operation::Artifacts | Operation::Attestations => None,
         }
     }

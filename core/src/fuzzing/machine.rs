@@ -41,16 +41,21 @@ pub const MAX_RESTARTS: u32 = 48;
 /// Steps of the simulation's liveness phase, at most ([`Sim::settle`]).
 pub const LIVE_STEPS: u32 = 400;
 
-/// Fault classes only the whole-Worker simulation (`tests/tests/simulation.rs`) turns on: each
-/// reads extra bytes, so the fuzz targets (all off) keep the meaning of their corpora.
+/// What only the whole-Worker simulation (`tests/tests/simulation.rs`) turns on: two fault
+/// classes that read extra bytes (so the fuzz targets, all off, keep the meaning of their
+/// corpora) and the control plane's Run timeout in the liveness phase.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SimFaults {
+pub struct SimOptions {
     /// A control-plane call (JSON or upload) may be delayed in flight: the request before the
     /// plane sees it, or the response after the plane committed it (one byte per call).
     pub delays: bool,
     /// An answered command's outcome may be delivered a second time (a duplicate or stale
     /// delivery); the Worker must refuse it (one byte per answered command).
     pub duplicates: bool,
+    /// In the second half of the liveness phase, the control plane ends (`terminal` on lease
+    /// control) every Run that has no receipt on disk: the control plane's own Run timeout,
+    /// which is what ends a Run whose supervisor died (`docs/simulation.md`, finding F1).
+    pub plane_timeout: bool,
 }
 
 /// Which part of the Worker a target focuses on.
@@ -88,6 +93,8 @@ pub struct Summary {
     pub stops: u32,
     /// Steps the liveness phase took to settle every Run ([`simulate`] only).
     pub live_steps: u32,
+    /// Whether the control plane's Run timeout had to end a silent Run ([`simulate`] only).
+    pub plane_timeout: bool,
 }
 
 impl Summary {
@@ -152,7 +159,7 @@ pub fn run_traced(scenario: Scenario, data: &[u8], trace: &mut dyn FnMut(&str)) 
 pub fn simulate(
     scenario: Scenario,
     data: &[u8],
-    faults: SimFaults,
+    faults: SimOptions,
     lie: Option<super::host::Lie>,
     trace: &mut dyn FnMut(&str),
 ) -> Summary {
@@ -180,8 +187,8 @@ pub fn simulate(
 /// The Worker and its host.
 pub struct Sim<'t> {
     trace: Option<&'t mut dyn FnMut(&str)>,
-    /// The simulation's extra fault classes (off for the fuzz targets).
-    pub faults: SimFaults,
+    /// The simulation's options (off for the fuzz targets).
+    pub faults: SimOptions,
     live: bool,
     config: WorkerConfig,
     worker: Worker,
@@ -282,7 +289,7 @@ impl Sim<'_> {
         let worker = Worker::new(config.clone(), now);
         Self {
             trace: None,
-            faults: SimFaults::default(),
+            faults: SimOptions::default(),
             live: false,
             config,
             worker,
@@ -498,6 +505,11 @@ impl Sim<'_> {
             if self.unsettled().is_empty() {
                 return Ok(step);
             }
+            if self.faults.plane_timeout && step == max_steps / 2 && !self.host.plane_timeout {
+                self.note(format_args!("control plane: Run timeout for silent Runs"));
+                self.host.plane_timeout = true;
+                self.summary.plane_timeout = true;
+            }
             let _ = self.step(&mut healed);
             self.host.check_state();
         }
@@ -536,7 +548,7 @@ impl Sim<'_> {
                 ));
             }
         }
-        if self.host.claim.is_some() {
+        if self.host.claim.is_some() && self.worker.fail_closed().is_none() {
             stuck.push(String::from("a pending claim"));
         }
         for process in self.host.processes.iter().filter(|p| p.alive) {
@@ -608,7 +620,9 @@ fn preload(
         host.ghost.handles.insert(String::from(handle.as_str()));
     }
     let process = r.below(4);
-    if fate == SpawnFate::Rejected || process == 3 {
+    // A settled completion proves the process exited and its receipt was read (then removed):
+    // no process is left for it.
+    if fate == SpawnFate::Rejected || process == 3 || state == State::CompletionAcknowledged {
         return;
     }
     let handle = record.executor_handle.as_ref().map_or_else(
