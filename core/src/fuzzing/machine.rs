@@ -39,7 +39,7 @@ pub const HEAL_STEPS: u32 = 150;
 /// Restarts (crashes, halts, stops) per run, at most.
 pub const MAX_RESTARTS: u32 = 48;
 /// Steps of the simulation's liveness phase, at most ([`Sim::settle`]).
-pub const LIVE_STEPS: u32 = 400;
+pub const LIVE_STEPS: u32 = 4_000;
 
 /// What only the whole-Worker simulation (`tests/tests/simulation.rs`) turns on: two fault
 /// classes that read extra bytes (so the fuzz targets, all off, keep the meaning of their
