@@ -139,7 +139,10 @@ impl Worker {
                 // keeps it pending (whole-Worker simulation, seed 1913).
                 if pending {
                     self.pending_cleanup.insert(offer_id);
-                } else if matches!(result, ControlResult::Completed(_) | ControlResult::NotFound) {
+                } else if matches!(
+                    result,
+                    ControlResult::Completed(_) | ControlResult::NotFound
+                ) {
                     self.pending_cleanup.remove(&offer_id);
                 }
             }

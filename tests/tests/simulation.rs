@@ -103,8 +103,8 @@ thread_local! {
     static QUIET: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Silences the panic hook on threads that run seeds (a violation is reported once, by the
-/// simulation, not by the hook); other panics keep the default report.
+/// Silences the panic hook while a seed runs (a violation is reported once, by the simulation,
+/// not by the hook); other panics keep the default report.
 fn quiet_panics() {
     static HOOK: Once = Once::new();
     HOOK.call_once(|| {
@@ -115,12 +115,19 @@ fn quiet_panics() {
             }
         }));
     });
-    QUIET.with(|q| q.set(true));
 }
 
 /// Runs `seed`; `Err` holds the violation (the checker's panic message).
 fn run_seed(seed: u64, lie: Option<Lie>, trace: &mut dyn FnMut(&str)) -> Result<Summary, String> {
-    let case = case(seed);
+    run_case(seed, case(seed), lie, trace)
+}
+
+fn run_case(
+    seed: u64,
+    case: Case,
+    lie: Option<Lie>,
+    trace: &mut dyn FnMut(&str),
+) -> Result<Summary, String> {
     trace(&format!(
         "seed {seed}: {:?}, fault rate {}/1024, {:?}, {} op bytes, lie {lie:?}",
         case.scenario,
@@ -128,9 +135,12 @@ fn run_seed(seed: u64, lie: Option<Lie>, trace: &mut dyn FnMut(&str)) -> Result<
         case.faults,
         case.data.len()
     ));
+    quiet_panics();
+    QUIET.with(|q| q.set(true));
     let run = panic::catch_unwind(AssertUnwindSafe(|| {
         machine::simulate(case.scenario, &case.data, case.faults, lie, trace)
     }));
+    QUIET.with(|q| q.set(false));
     run.map_err(|payload| {
         payload
             .downcast_ref::<String>()
@@ -140,33 +150,86 @@ fn run_seed(seed: u64, lie: Option<Lie>, trace: &mut dyn FnMut(&str)) -> Result<
     })
 }
 
-/// Runs seeds `0..n` on every core; the violations, by seed.
-fn run_seeds(n: u64, lie: Option<Lie>) -> Vec<(u64, String)> {
+/// What the seeds of a run did, summed (`QL_SIM_STATS=1` prints it to stderr).
+#[derive(Debug, Default)]
+struct Totals {
+    steps: u64,
+    live_steps: u64,
+    spawns: u64,
+    completed: u64,
+    start_failed: u64,
+    recovery: u64,
+    restarts: u64,
+    halts: u64,
+    stops: u64,
+    plane_timeouts: u64,
+}
+
+impl Totals {
+    fn add(&mut self, s: &Summary) {
+        self.steps += u64::from(s.steps);
+        self.live_steps += u64::from(s.live_steps);
+        self.spawns += u64::from(s.spawns);
+        self.completed += u64::from(s.completed);
+        self.start_failed += u64::from(s.start_failed);
+        self.recovery += u64::from(s.recovery);
+        self.restarts += u64::from(s.restarts);
+        self.halts += u64::from(s.halts);
+        self.stops += u64::from(s.stops);
+        self.plane_timeouts += u64::from(s.plane_timeout);
+    }
+
+    fn merge(&mut self, o: &Self) {
+        self.steps += o.steps;
+        self.live_steps += o.live_steps;
+        self.spawns += o.spawns;
+        self.completed += o.completed;
+        self.start_failed += o.start_failed;
+        self.recovery += o.recovery;
+        self.restarts += o.restarts;
+        self.halts += o.halts;
+        self.stops += o.stops;
+        self.plane_timeouts += o.plane_timeouts;
+    }
+}
+
+/// Runs seeds `0..n` on every core; the violations, by seed, and the totals.
+fn run_seeds(n: u64, lie: Option<Lie>) -> (Vec<(u64, String)>, Totals) {
     let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    let threads = u64::try_from(threads).unwrap_or(1).clamp(1, 8);
-    let mut violations: Vec<(u64, String)> = std::thread::scope(|scope| {
+    let threads = threads.clamp(1, 8);
+    let parts: Vec<(Vec<(u64, String)>, Totals)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 scope.spawn(move || {
-                    quiet_panics();
-                    (t..n)
-                        .step_by(usize::try_from(threads).unwrap_or(1))
-                        .filter_map(|seed| {
-                            run_seed(seed, lie, &mut |_| {})
-                                .err()
-                                .map(|e| (seed, e))
-                        })
-                        .collect::<Vec<_>>()
+                    let mut totals = Totals::default();
+                    let mut violations = Vec::new();
+                    let first = u64::try_from(t).unwrap_or(0);
+                    for seed in (first..n).step_by(threads) {
+                        match run_seed(seed, lie, &mut |_| {}) {
+                            Ok(summary) => totals.add(&summary),
+                            Err(violation) => violations.push((seed, violation)),
+                        }
+                    }
+                    (violations, totals)
                 })
             })
             .collect();
         handles
             .into_iter()
-            .flat_map(|h| h.join().unwrap_or_default())
+            .map(|h| {
+                h.join()
+                    .expect("a simulation thread panicked outside a seed")
+            })
             .collect()
     });
+    let mut violations = Vec::new();
+    let mut totals = Totals::default();
+    for (part, sum) in parts {
+        violations.extend(part);
+        totals.merge(&sum);
+    }
     violations.sort_by_key(|(seed, _)| *seed);
-    violations
+    (violations, totals)
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -180,7 +243,6 @@ fn env_u64(name: &str) -> Option<u64> {
 #[test]
 fn simulation() {
     if let Some(seed) = env_u64("QL_SIM_SEED") {
-        quiet_panics();
         let result = run_seed(seed, None, &mut |line| println!("{line}"));
         match &result {
             Ok(summary) => println!("{summary:?}"),
@@ -194,12 +256,13 @@ fn simulation() {
     let default = if cfg!(debug_assertions) { 500 } else { 10_000 };
     let n = env_u64("QL_SIM_SEEDS").unwrap_or(default);
     let started = Instant::now();
-    let violations = run_seeds(n, None);
+    let (violations, totals) = run_seeds(n, None);
     for (seed, violation) in violations.iter().take(20) {
         println!("seed {seed}: {violation}\n  replay: QL_SIM_SEED={seed} {REPLAY}");
     }
-    if std::env::var_os("QL_SIM_TIME").is_some() {
-        eprintln!("simulation: {:.1} s", started.elapsed().as_secs_f64());
+    if std::env::var_os("QL_SIM_STATS").is_some() {
+        let secs = started.elapsed().as_secs_f64();
+        eprintln!("simulation stats: {secs:.1} s, {totals:?}");
     }
     println!("simulation: {n} seeds, {} violations", violations.len());
     assert!(
@@ -219,7 +282,6 @@ fn checkers_can_fail() {
         (Lie::UploadNotStored, "INVARIANT upload-first"),
         (Lie::HungProcesses, "INVARIANT liveness"),
     ];
-    quiet_panics();
     for (lie, invariant) in lies {
         let caught = (0..400).find_map(|seed| {
             let violation = run_seed(seed, Some(lie), &mut |_| {}).err()?;
@@ -240,7 +302,6 @@ fn checkers_can_fail() {
 /// byte; different seeds differ.
 #[test]
 fn same_seed_same_trace() {
-    quiet_panics();
     let trace = |seed: u64| {
         let mut lines = Vec::new();
         let result = run_seed(seed, None, &mut |line| lines.push(line.to_owned()));
@@ -252,7 +313,50 @@ fn same_seed_same_trace() {
             first.lines().count() > 10 && first.contains(" -> "),
             "seed {seed}: the trace records no commands:\n{first}"
         );
-        assert_eq!((first, result), trace(seed), "seed {seed} is not deterministic");
+        assert_eq!(
+            (first, result),
+            trace(seed),
+            "seed {seed} is not deterministic"
+        );
     }
     assert_ne!(trace(1).0, trace(2).0, "seeds 1 and 2 give the same trace");
+}
+
+/// Finding F1 (`docs/simulation.md`): when the supervisor dies with the user process (no
+/// receipt will ever be written) and the Run has no timeout, the Worker keeps renewing the
+/// lease: nothing local ends the Run, only the control plane's own Run timeout does (which the
+/// liveness phase models). The first seeds that needed that timeout (31, 39 and 45 today) stay
+/// unsettled without it; if this test fails, the Worker now ends such Runs itself: update the
+/// finding.
+#[test]
+fn finding_f1_silent_run_needs_the_control_plane() {
+    let needing: Vec<u64> = (0..400)
+        .filter(|seed| run_seed(*seed, None, &mut |_| {}).is_ok_and(|s| s.plane_timeout))
+        .take(3)
+        .collect();
+    assert!(
+        !needing.is_empty(),
+        "no seed in 0..400 needed the Run timeout"
+    );
+    for seed in needing {
+        let mut without = case(seed);
+        without.faults.plane_timeout = false;
+        let violation = run_case(seed, without, None, &mut |_| {})
+            .expect_err("settles without the control plane's Run timeout");
+        assert!(
+            violation.contains("INVARIANT liveness") && violation.contains("receipt on disk false"),
+            "seed {seed}: unexpected violation: {violation}"
+        );
+    }
+}
+
+/// Regression (found by this simulation): a failed record read in the retry of a failed receipt
+/// removal dropped the retry, leaving the receipt (and its capability) on disk until the next
+/// restart. Seeds 1913 and 3346 reproduced it.
+#[test]
+fn regression_cleanup_retry_survives_a_failed_read() {
+    for seed in [1913, 3346] {
+        let result = run_seed(seed, None, &mut |_| {});
+        assert!(result.is_ok(), "seed {seed}: {result:?}");
+    }
 }
