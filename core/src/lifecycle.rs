@@ -134,9 +134,15 @@ impl Worker {
                         self.last_renewal.remove(&offer_id);
                     }
                 }
+                // A pending cleanup ends only with a pass that reached it (completed) or a
+                // record that is gone; a pass that ended before (a failed read, then `Settled`)
+                // keeps it pending (whole-Worker simulation, seed 1913).
                 if pending {
                     self.pending_cleanup.insert(offer_id);
-                } else {
+                } else if matches!(
+                    result,
+                    ControlResult::Completed(_) | ControlResult::NotFound
+                ) {
                     self.pending_cleanup.remove(&offer_id);
                 }
             }

@@ -78,6 +78,18 @@ pub enum Mode {
     Fault(u8),
 }
 
+/// A deliberately lying host, for the simulation's self-test (`tests/tests/simulation.rs`): each
+/// lie must make a checker report a violation. Never set by the fuzz targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lie {
+    /// The supervisor starts the process of a valid spawn but answers `Rejected`.
+    SpawnedButRejected,
+    /// A valid upload is answered `stored` but nothing reaches the control plane.
+    UploadNotStored,
+    /// In the liveness phase, user processes never end (an unfair environment).
+    HungProcesses,
+}
+
 /// The answer to one command.
 #[derive(Debug)]
 pub struct Answer {
@@ -115,6 +127,11 @@ pub struct Host {
     pub plane: Plane,
     /// The host's private knowledge.
     pub ghost: Ghost,
+    /// A deliberate lie (self-test only).
+    pub lie: Option<Lie>,
+    /// The control plane ends every Run without a receipt on disk (`terminal` on lease
+    /// control): its own Run timeout (simulation liveness phase only).
+    pub plane_timeout: bool,
     draws: u64,
 }
 
@@ -165,6 +182,8 @@ impl Host {
             processes: Vec::new(),
             plane,
             ghost: Ghost::default(),
+            lie: None,
+            plane_timeout: false,
             draws: 0,
         }
     }
@@ -598,7 +617,9 @@ impl Host {
         let mut sent = stored.len;
         match mode {
             Mode::Valid => {
-                if let Some(offer) = offer {
+                if let Some(offer) = offer
+                    && self.lie != Some(Lie::UploadNotStored)
+                {
                     self.ghost.uploaded.insert(offer, (stored.len, sha));
                 }
             }
@@ -674,7 +695,12 @@ impl Host {
                 answer
             }
             Operation::Completion => Plane::completion(body, v),
-            Operation::LeaseControl => Plane::lease_control(body, &record?, now, v),
+            Operation::LeaseControl => {
+                let record = record?;
+                let attempt = &record.offer.candidate.attempt_id;
+                let timed_out = self.plane_timeout && !self.receipts.contains_key(attempt);
+                Plane::lease_control(body, &record, now, if timed_out { 4 } else { v })
+            }
             Operation::Artifacts | Operation::Attestations => None,
         }
     }
@@ -686,6 +712,9 @@ impl Host {
         let handle = format!("ql3lp1.fuzz-{}", self.processes.len());
         let started_at = plan.executor_started_at;
         let (outcome, fate, exists) = match mode {
+            Mode::Valid if self.lie == Some(Lie::SpawnedButRejected) => {
+                (SpawnOutcome::Rejected, SpawnFate::Started, true)
+            }
             Mode::Valid => (
                 SpawnOutcome::Started {
                     handle: handle.clone(),

@@ -38,6 +38,25 @@ pub const MAX_STEPS: u32 = 4_000;
 pub const HEAL_STEPS: u32 = 150;
 /// Restarts (crashes, halts, stops) per run, at most.
 pub const MAX_RESTARTS: u32 = 48;
+/// Steps of the simulation's liveness phase, at most ([`Sim::settle`]).
+pub const LIVE_STEPS: u32 = 4_000;
+
+/// What only the whole-Worker simulation (`tests/tests/simulation.rs`) turns on: two fault
+/// classes that read extra bytes (so the fuzz targets, all off, keep the meaning of their
+/// corpora) and the control plane's Run timeout in the liveness phase.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimOptions {
+    /// A control-plane call (JSON or upload) may be delayed in flight: the request before the
+    /// plane sees it, or the response after the plane committed it (one byte per call).
+    pub delays: bool,
+    /// An answered command's outcome may be delivered a second time (a duplicate or stale
+    /// delivery); the Worker must refuse it (one byte per answered command).
+    pub duplicates: bool,
+    /// In the second half of the liveness phase, the control plane ends (`terminal` on lease
+    /// control) every Run that has no receipt on disk: the control plane's own Run timeout,
+    /// which is what ends a Run whose supervisor died (`docs/simulation.md`, finding F1).
+    pub plane_timeout: bool,
+}
 
 /// Which part of the Worker a target focuses on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +91,10 @@ pub struct Summary {
     pub halts: u32,
     /// Stops after a drain.
     pub stops: u32,
+    /// Steps the liveness phase took to settle every Run ([`simulate`] only).
+    pub live_steps: u32,
+    /// Whether the control plane's Run timeout had to end a silent Run ([`simulate`] only).
+    pub plane_timeout: bool,
 }
 
 impl Summary {
@@ -129,9 +152,44 @@ pub fn run_traced(scenario: Scenario, data: &[u8], trace: &mut dyn FnMut(&str)) 
     sim.finish()
 }
 
+/// The whole simulation: the safety phase of [`run_traced`] over `data` (with the extra
+/// `faults` and the host's `lie`, if any), then the liveness phase ([`Sim::settle`], at most
+/// [`LIVE_STEPS`] steps). Panics with `INVARIANT <name>` on the first violation, liveness
+/// included.
+pub fn simulate(
+    scenario: Scenario,
+    data: &[u8],
+    faults: SimOptions,
+    lie: Option<super::host::Lie>,
+    trace: &mut dyn FnMut(&str),
+) -> Summary {
+    let mut r = Bytes::new(data);
+    let mut sim = Sim::new(scenario, &mut r);
+    sim.faults = faults;
+    sim.host.lie = lie;
+    sim.trace = Some(trace);
+    sim.note(format_args!("setup: {} records", sim.host.records.len()));
+    while sim.summary.steps < MAX_STEPS && !r.is_empty() {
+        sim.summary.steps += 1;
+        if !sim.step(&mut r) {
+            break;
+        }
+        sim.host.check_state();
+    }
+    sim.note(format_args!("liveness phase"));
+    match sim.settle(LIVE_STEPS) {
+        Ok(steps) => sim.summary.live_steps = steps,
+        Err(stuck) => panic!("INVARIANT liveness: not settled after {LIVE_STEPS} steps: {stuck}"),
+    }
+    sim.finish()
+}
+
 /// The Worker and its host.
 pub struct Sim<'t> {
     trace: Option<&'t mut dyn FnMut(&str)>,
+    /// The simulation's options (off for the fuzz targets).
+    pub faults: SimOptions,
+    live: bool,
     config: WorkerConfig,
     worker: Worker,
     /// The host.
@@ -231,6 +289,8 @@ impl Sim<'_> {
         let worker = Worker::new(config.clone(), now);
         Self {
             trace: None,
+            faults: SimOptions::default(),
+            live: false,
             config,
             worker,
             host,
@@ -316,7 +376,25 @@ impl Sim<'_> {
         };
         let reconciling = matches!(command.action, crate::io::Action::ListInbox { .. })
             && self.worker.phase() == crate::worker::Phase::Reconciling;
+        let remote = matches!(
+            command.action,
+            crate::io::Action::Post(_) | crate::io::Action::UploadLog { .. }
+        );
+        let delay = if self.faults.delays && remote {
+            r.u8()
+        } else {
+            0
+        };
+        let lag = u64::from(delay % 16 + 1) * 2_000;
+        if (224..240).contains(&delay) {
+            self.note(format_args!("  request delayed {lag} ms"));
+            self.advance(lag);
+        }
         let answer = self.host.perform(command.action, mode, r);
+        if delay >= 240 {
+            self.note(format_args!("  response delayed {lag} ms"));
+            self.advance(lag);
+        }
         self.note(format_args!("  -> {:?}", answer.outcome));
         if reconciling
             && let Outcome::InboxListed {
@@ -339,10 +417,34 @@ impl Sim<'_> {
             result.is_ok(),
             "INVARIANT input-accepted: handle refused a well-formed outcome: {result:?}"
         );
+        if self.faults.duplicates && r.u8() >= 240 {
+            self.note(format_args!("  duplicate delivery of {id}"));
+            let again = Input::Outcome {
+                id,
+                outcome: Outcome::Http(crate::io::HttpFailure::Unavailable),
+            };
+            let result = self.worker.handle(now, again);
+            assert!(
+                result.is_err(),
+                "INVARIANT duplicate-refused: a second outcome for {id} was accepted"
+            );
+        }
     }
 
     fn idle(&mut self, wake_at: Option<UnixMillis>, r: &mut Bytes<'_>) {
         self.license = License::default();
+        if self.live {
+            // Healed: a process ends (slowly: one per idle step) with its receipt, and time
+            // moves even when the Worker has no wake-up.
+            let hung = self.host.lie == Some(super::host::Lie::HungProcesses);
+            let alive = self.host.processes.iter().position(|p| p.alive);
+            if let Some(index) = alive.filter(|_| !hung) {
+                self.host.exit(index, 0, true);
+            }
+            if wake_at.is_none_or(|wake| wake <= self.host.now) {
+                self.advance(1_000);
+            }
+        }
         let op = r.u8();
         let (phase, latch) = (self.worker.phase(), self.worker.fail_closed().cloned());
         self.note(format_args!(
@@ -386,6 +488,71 @@ impl Sim<'_> {
         self.host.ghost.latched_at_tick = self.worker.fail_closed().is_some();
         let result = self.worker.handle(now, Input::Tick);
         assert!(result.is_ok(), "INVARIANT input-accepted: tick: {result:?}");
+    }
+
+    /// The liveness phase: every answer valid, no crash, no drain, processes end, time moves.
+    /// `Ok(steps)` once every Run is settled ([`Self::unsettled`] is empty), else the unsettled
+    /// Runs after `max_steps` steps.
+    ///
+    /// # Errors
+    /// The description of the Runs still unsettled.
+    pub fn settle(&mut self, max_steps: u32) -> Result<u32, String> {
+        self.live = true;
+        let mut healed = Bytes::new(&[]);
+        for step in 0..max_steps {
+            if self.unsettled().is_empty() {
+                return Ok(step);
+            }
+            if self.faults.plane_timeout && step == max_steps / 2 && !self.host.plane_timeout {
+                self.note(format_args!("control plane: Run timeout for silent Runs"));
+                self.host.plane_timeout = true;
+                self.summary.plane_timeout = true;
+            }
+            let _ = self.step(&mut healed);
+            self.host.check_state();
+        }
+        let stuck = self.unsettled();
+        if stuck.is_empty() {
+            Ok(max_steps)
+        } else {
+            Err(stuck.join("; "))
+        }
+    }
+
+    /// The Runs not settled: records neither terminal (`completion_acknowledged`,
+    /// `start_failure_acknowledged`, `recovery_required`) nor dormant (before the spawn barrier
+    /// with the lease expired), a `completion_acknowledged` record whose receipt is still on
+    /// disk, a pending claim, or a live process.
+    #[must_use]
+    pub fn unsettled(&self) -> alloc::vec::Vec<String> {
+        let now = self.host.now;
+        let mut stuck = alloc::vec::Vec::new();
+        for record in self.host.all_records() {
+            let dormant = matches!(
+                record.state,
+                State::Accepted | State::StartingAcknowledged | State::StartFailed
+            ) && record.offer.lease.expires_at_ms <= now;
+            let attempt = &record.offer.candidate.attempt_id;
+            let receipt = record.state == State::CompletionAcknowledged
+                && self.host.receipts.contains_key(attempt);
+            let settled = record.state.is_terminal() || record.state == State::RecoveryRequired;
+            if !(settled || dormant) || receipt {
+                stuck.push(alloc::format!(
+                    "{} {} (lease expires {}, receipt on disk {})",
+                    record.offer.offer_id,
+                    record.state,
+                    record.offer.lease.expires_at_ms,
+                    self.host.receipts.contains_key(attempt)
+                ));
+            }
+        }
+        if self.host.claim.is_some() && self.worker.fail_closed().is_none() {
+            stuck.push(String::from("a pending claim"));
+        }
+        for process in self.host.processes.iter().filter(|p| p.alive) {
+            stuck.push(alloc::format!("process {} alive", process.handle));
+        }
+        stuck
     }
 
     fn advance(&mut self, ms: u64) {
@@ -451,7 +618,9 @@ fn preload(
         host.ghost.handles.insert(String::from(handle.as_str()));
     }
     let process = r.below(4);
-    if fate == SpawnFate::Rejected || process == 3 {
+    // A settled completion proves the process exited and its receipt was read (then removed):
+    // no process is left for it.
+    if fate == SpawnFate::Rejected || process == 3 || state == State::CompletionAcknowledged {
         return;
     }
     let handle = record.executor_handle.as_ref().map_or_else(
