@@ -49,7 +49,10 @@ impl World {
         let config_path = dir.path().join("ql-worker.toml");
         let mut text = std::fs::read_to_string(&config_path).unwrap();
         let limits = text.rfind("[limits]").expect("a [limits] section");
-        assert!(!text[limits + 1..].contains('['), "[limits] is the last section");
+        assert!(
+            !text[limits + 1..].contains('['),
+            "[limits] is the last section"
+        );
         text.push_str(extra_limits);
         std::fs::write(&config_path, text).unwrap();
         let config = Config::load(&config_path, &ql_worker::config::ProcessEnvironment).unwrap();
