@@ -41,10 +41,10 @@ fn model_check_finish_path() {
         model.bounds.faults = 1;
     }
     let report = explore(&model, &CatchPanics);
-    println!(
+    report_line(&format!(
         "model-check finish-path: {} states, {} transitions, {} violations",
         report.states, report.transitions, report.violations
-    );
+    ));
     println!(
         "  bounded: {} (complete within the bounds: {}; deepest path {} moves)",
         model.bounds.describe(),
@@ -114,4 +114,11 @@ fn model_check_finish_path_catches_a_host_that_drops_the_new_lease() {
             .iter()
             .any(|f| f.invariant == "stop-after-durable-lease")
     );
+}
+
+/// Prints a result line even while libtest captures test output, so `.ci/run` shows it: a
+/// direct write to the process's stdout, which the capture does not intercept.
+fn report_line(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
 }

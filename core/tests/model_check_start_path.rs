@@ -42,10 +42,10 @@ fn model_check_start_path() {
         model.bounds.faults = 1;
     }
     let report = explore(&model, &CatchPanics);
-    println!(
+    report_line(&format!(
         "model-check start-path: {} states, {} transitions, {} violations",
         report.states, report.transitions, report.violations
-    );
+    ));
     println!(
         "  bounded: {} (complete within the bounds: {}; deepest path {} moves)",
         model.bounds.describe(),
@@ -113,4 +113,11 @@ fn model_check_start_path_catches_a_host_that_drops_the_started_record() {
             .iter()
             .any(|f| f.invariant == "running-ack-after-started")
     );
+}
+
+/// Prints a result line even while libtest captures test output, so `.ci/run` shows it: a
+/// direct write to the process's stdout, which the capture does not intercept.
+fn report_line(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
 }

@@ -1465,14 +1465,14 @@ fn crash_campaign() {
     for violation in c.violations.iter().take(50) {
         println!("  VIOLATION: {violation}");
     }
-    println!(
+    report_line(&format!(
         "crash-campaign: {} kills, {} runs, {} settled, {} recovery_required, {} violations",
         c.kills,
         c.runs.len(),
         tally.settled,
         tally.recovery_required,
         c.violations.len()
-    );
+    ));
     assert!(
         c.violations.is_empty(),
         "{} violations (seed {seed}); first: {}",
@@ -1698,4 +1698,11 @@ fn once_launch_outcome_unknown_resolves_from_its_receipt_the_worker_takes_work_a
     }
     // Measured: reproduced within 2–14 tries; a test that cannot reproduce must not pass.
     panic!("launch_outcome_unknown with a started process not reproduced in 60 tries");
+}
+
+/// Prints a result line even while libtest captures test output, so `.ci/run` shows it: a
+/// direct write to the process's stdout, which the capture does not intercept.
+fn report_line(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
 }

@@ -264,7 +264,10 @@ fn simulation() {
         let secs = started.elapsed().as_secs_f64();
         eprintln!("simulation stats: {secs:.1} s, {totals:?}");
     }
-    println!("simulation: {n} seeds, {} violations", violations.len());
+    report_line(&format!(
+        "simulation: {n} seeds, {} violations",
+        violations.len()
+    ));
     assert!(
         violations.is_empty(),
         "{} of {n} seeds violate an invariant (first: seed {})",
@@ -359,4 +362,11 @@ fn regression_cleanup_retry_survives_a_failed_read() {
         let result = run_seed(seed, None, &mut |_| {});
         assert!(result.is_ok(), "seed {seed}: {result:?}");
     }
+}
+
+/// Prints a result line even while libtest captures test output, so `.ci/run` shows it: a
+/// direct write to the process's stdout, which the capture does not intercept.
+fn report_line(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
