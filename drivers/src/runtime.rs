@@ -237,7 +237,19 @@ impl Runner {
     }
 
     /// Runs until the Worker drains, halts, or a second signal arrives.
+    ///
+    /// A drain request (`ql-worker drain`'s file) is addressed to this run of the Worker and ends
+    /// with it, however it ends, so the next start takes work again. (After a crash the file is
+    /// still there, and that start drains at once: the request was never answered.)
     pub fn run(&mut self) -> RunExit {
+        let exit = self.run_until_exit();
+        if self.drain_sent {
+            let _ = std::fs::remove_file(self.root.join(DRAIN_FILE));
+        }
+        exit
+    }
+
+    fn run_until_exit(&mut self) -> RunExit {
         loop {
             if let Some(exit) = self.check_operator() {
                 return exit;
@@ -265,7 +277,6 @@ impl Runner {
                 }
                 Output::Stopped(StopReason::Drained) => {
                     let _ = session_store::forget(&self.root);
-                    let _ = std::fs::remove_file(self.root.join(DRAIN_FILE));
                     return RunExit::Drained;
                 }
                 Output::Stopped(StopReason::DrainBudgetExhausted) => {
