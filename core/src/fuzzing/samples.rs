@@ -12,11 +12,11 @@ use base64::Engine as _;
 
 use crate::claim::PendingClaim;
 use crate::ids::{
-    AttemptId, CallbackSequence, CapabilityDigest, ExecutorHandle, LeaseGeneration, LeaseToken,
-    LeaseVersion, OfferId, ProjectId, Revision, RunId, SessionId, Sha256Digest, TaskId,
-    TaskRevision, WorkerGeneration, WorkerId,
+    AttemptId, CallbackSequence, CapabilityDigest, ExecutorHandle, LeaseToken, LeaseVersion,
+    OfferId, ProjectId, Revision, RunId, SessionId, Sha256Digest, TaskId, TaskRevision,
+    WorkerGeneration, WorkerId,
 };
-use crate::offer::{Candidate, DeliveryKind, ExecutorType, Lease, LeaseStatus, Offer, OfferWorker};
+use crate::offer::{Offer, OfferWorker};
 use crate::receipt::{Receipt, ReceiptToken};
 use crate::record::{InboxRecord, OptionalField, Presence, RecoveryReason, State, presence};
 use crate::revision::{EnvBinding, EnvName, EnvValue, ExecCommand, ExecutionRevision, SecretRef};
@@ -136,45 +136,16 @@ pub fn offer_with(
     revision: ExecutionRevision,
     lease: (u64, UnixMillis, UnixMillis),
 ) -> Offer {
-    let (run_id, attempt_id, _) = ids(n);
     let (version, acquired, expires) = lease;
     let expires = expires.max(acquired.saturating_add(1));
-    Offer {
-        offer_id,
-        delivery_kind: DeliveryKind::NewClaim,
-        execution_digest: revision.content_digest,
-        candidate: Candidate {
-            run_id: run_id.clone(),
-            attempt_id: attempt_id.clone(),
-            project_id: revision.project_id.clone(),
-            task_id: revision.task_id.clone(),
-            task_revision: revision.task_revision.clone(),
-            priority: 1,
-            queued_at_ms: ms(10),
-            attempt_created_at_ms: ms(11),
-            attempt_number: 1,
-            executor_type: ExecutorType::RemoteWorker,
-        },
-        lease: Lease {
-            attempt_id,
-            run_id,
-            status: LeaseStatus::Leased,
-            version: LeaseVersion::new(version).expect("sample lease version"),
-            lease_generation: LeaseGeneration::new(1).expect("sample lease generation"),
-            worker_id: worker.worker_id.clone(),
-            worker_session_id: worker.session_id.clone(),
-            worker_generation: worker.generation,
-            lease_token_digest: token.digest(),
-            acquired_at_ms: acquired,
-            renewed_at_ms: acquired,
-            expires_at_ms: expires,
-            updated_at_ms: acquired,
-        },
-        worker,
-        lease_token: token,
-        execution_revision: revision,
-        placement_score: 0,
-    }
+    let lease_ms = expires.saturating_since(acquired);
+    let mut offer = crate::testkit::offer_for(n, offer_id, token, revision, acquired, lease_ms);
+    offer.lease.version = LeaseVersion::new(version).expect("sample lease version");
+    offer.lease.worker_id = worker.worker_id.clone();
+    offer.lease.worker_session_id = worker.session_id.clone();
+    offer.lease.worker_generation = worker.generation;
+    offer.worker = worker;
+    offer
 }
 
 /// The sample offer `n` (no Secret, with timeout) at lease version 0, acquired at 20 ms and

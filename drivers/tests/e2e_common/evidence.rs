@@ -255,28 +255,13 @@ pub struct TreeScan {
 /// Every regular file under `dir` (symlinks are not followed), searched for every needle.
 pub fn scan_tree(dir: &Path, needles: &Needles) -> TreeScan {
     let mut scan = TreeScan::default();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let Ok(meta) = std::fs::symlink_metadata(&path) else {
-                continue;
-            };
-            if meta.is_dir() {
-                stack.push(path);
-            } else if meta.is_file() {
-                let bytes = std::fs::read(&path).unwrap_or_default();
-                scan.files += 1;
-                scan.bytes += bytes.len() as u64;
-                for i in needles.find(&bytes) {
-                    scan.hits.push((path.clone(), i));
-                }
-            }
+    super::each_file(dir, |path, bytes| {
+        scan.files += 1;
+        scan.bytes += bytes.len() as u64;
+        for i in needles.find(bytes) {
+            scan.hits.push((path.to_path_buf(), i));
         }
-    }
+    });
     scan
 }
 

@@ -241,9 +241,9 @@ pub fn marker_lines(path: &Path) -> usize {
     std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
 }
 
-/// Every regular file under `dir` whose bytes contain `needle`.
-pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
-    let mut hits = Vec::new();
+/// Calls `visit` with the path and bytes of every regular file under `dir` (symlinks are not
+/// followed; unreadable entries are skipped).
+pub fn each_file(dir: &Path, mut visit: impl FnMut(&Path, &[u8])) {
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         let Ok(entries) = std::fs::read_dir(&d) else {
@@ -257,12 +257,19 @@ pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
             if meta.is_dir() {
                 stack.push(path);
             } else if meta.is_file() {
-                let bytes = std::fs::read(&path).unwrap_or_default();
-                if bytes.windows(needle.len()).any(|w| w == needle) {
-                    hits.push(path);
-                }
+                visit(&path, &std::fs::read(&path).unwrap_or_default());
             }
         }
     }
+}
+
+/// Every regular file under `dir` whose bytes contain `needle`.
+pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut hits = Vec::new();
+    each_file(dir, |path, bytes| {
+        if bytes.windows(needle.len()).any(|w| w == needle) {
+            hits.push(path.to_path_buf());
+        }
+    });
     hits
 }
