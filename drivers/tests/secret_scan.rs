@@ -219,19 +219,7 @@ fn after_the_demo_runs_no_secret_or_capability_is_on_disk_or_in_a_process_view()
             }
         }
     });
-    println!(
-        "secret-scan: demo Runs (real binary): 1 Secret value, {} capabilities, {} files ({} \
-         bytes), {} process snapshots ({} worker, {} supervisor, {} user): {} hits",
-        sampler.tokens.len(),
-        findings.files,
-        findings.bytes,
-        sampler.procs.len(),
-        count(&sampler.procs, Role::Worker),
-        count(&sampler.procs, Role::Supervisor),
-        count(&sampler.procs, Role::User),
-        findings.hits.len()
-    );
-    assert!(findings.hits.is_empty(), "{:#?}", findings.hits);
+    report("demo Runs (real binary)", &sampler, &findings);
 }
 
 /// `ql-worker demo --keep DIR` as a child process: everything it leaves (state root, spool,
@@ -274,19 +262,7 @@ fn ql_worker_demo_keep_leaves_no_secret_or_capability() {
     assert!(status.success(), "ql-worker demo failed: {status}");
     let needles = needles(&sampler.tokens);
     let findings = scan(&[&keep, &output], &sampler.procs, &needles);
-    println!(
-        "secret-scan: ql-worker demo --keep: 1 Secret value, {} capabilities, {} files ({} bytes), \
-         {} process snapshots ({} worker, {} supervisor, {} user): {} hits",
-        sampler.tokens.len(),
-        findings.files,
-        findings.bytes,
-        sampler.procs.len(),
-        count(&sampler.procs, Role::Worker),
-        count(&sampler.procs, Role::Supervisor),
-        count(&sampler.procs, Role::User),
-        findings.hits.len()
-    );
-    assert!(findings.hits.is_empty(), "{:#?}", findings.hits);
+    report("ql-worker demo --keep", &sampler, &findings);
 }
 
 /// The scanner finds what it looks for: a Secret value, a capability's text and its raw bytes,
@@ -326,4 +302,21 @@ fn the_scanner_finds_each_needle_in_files_and_process_views() {
     let findings = scan(&[dir.path()], &procs, &needles);
     assert_eq!(findings.files, 4);
     assert_eq!(findings.hits.len(), 5, "{:#?}", findings.hits);
+}
+
+/// Prints the scan's summary line and asserts it found nothing.
+fn report(what: &str, sampler: &Sampler, findings: &Findings) {
+    println!(
+        "secret-scan: {what}: 1 Secret value, {} capabilities, {} files ({} bytes), {} process \
+         snapshots ({} worker, {} supervisor, {} user): {} hits",
+        sampler.tokens.len(),
+        findings.files,
+        findings.bytes,
+        sampler.procs.len(),
+        count(&sampler.procs, Role::Worker),
+        count(&sampler.procs, Role::Supervisor),
+        count(&sampler.procs, Role::User),
+        findings.hits.len()
+    );
+    assert!(findings.hits.is_empty(), "{:#?}", findings.hits);
 }
