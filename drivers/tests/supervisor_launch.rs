@@ -17,7 +17,7 @@ use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
 use supervisor_common::{
     Fixture, SUPERVISOR_BIN, WAIT, alive, argv, authenticate, in_clean_process, now_ms, sh,
-    wait_for,
+    started_environ, wait_for,
 };
 
 #[test]
@@ -317,16 +317,7 @@ fn user_environ_is_exact_and_only_stdio_descriptors_are_inherited() {
             let outcome = executor.start(launch);
             let pid = Fixture::user_pid(&outcome);
             // environ: exactly the materialized pairs, nothing inherited.
-            // Read once the exec has published the new image's environment: seen empty once
-            // under heavy load (a read racing exec). Bounded; the exact check follows.
-            let mut environ = Vec::new();
-            for _ in 0..100 {
-                environ = fs::read(format!("/proc/{pid}/environ")).unwrap();
-                if !environ.is_empty() {
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
+            let environ = started_environ(pid);
             let mut pairs: Vec<&[u8]> = environ
                 .split(|b| *b == 0)
                 .filter(|p| !p.is_empty())

@@ -18,7 +18,7 @@ use ql_worker::supervisor::{
 };
 use supervisor_common::{
     CLOSE_STRAYS_AND_EXEC, Fixture, SUPERVISOR_BIN, WAIT, alive, authenticate, capability_bytes,
-    in_clean_process, launch_for, sh, wait_for,
+    in_clean_process, launch_for, sh, started_environ, wait_for,
 };
 
 const STANDIN_ROOT: &str = "QL_STANDIN_WORKER_ROOT";
@@ -175,7 +175,7 @@ fn capability_and_secrets_appear_in_no_file_environ_or_cmdline_but_the_receipt()
             let supervisor = executor.supervisor_pids()[0];
             // The user's environment holds its materialized Secret (by design) and never the
             // capability; no argv holds either; the supervisor's environment is empty.
-            let user_environ = fs::read(format!("/proc/{user}/environ")).unwrap();
+            let user_environ = started_environ(user);
             assert!(contains(&user_environ, &secret));
             for pid in [user, supervisor] {
                 let environ = fs::read(format!("/proc/{pid}/environ")).unwrap();

@@ -91,6 +91,18 @@ pub fn wait_for<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Opt
     }
 }
 
+/// `/proc/<pid>/environ` of a process the supervisor reported `Started`. The spawn returns once
+/// the child's `execve` passed its point of no return, but the kernel sets the new image's
+/// environment bounds a little later; a read in between sees an empty environment (seen under
+/// heavy load). Retried while empty, bounded (2 s); the caller asserts on the result.
+pub fn started_environ(pid: u32) -> Vec<u8> {
+    wait_for(Duration::from_secs(2), || {
+        let environ = fs::read(format!("/proc/{pid}/environ")).unwrap();
+        (!environ.is_empty()).then_some(environ)
+    })
+    .unwrap_or_default()
+}
+
 /// Whether `/proc/<pid>` exists and is not a zombie.
 pub fn alive(pid: u32) -> bool {
     fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
