@@ -3,7 +3,7 @@
 //! (`ql_worker_core::fuzzing`), on stable, in every test run. Files named `seed-*` are the
 //! generated seeds and must be accepted (decoders) or reach a milestone (machines); every other
 //! file (minimised fuzzer finds, regression inputs) must run without a panic. The minimised
-//! corpora of the wire targets (`fuzz/corpus-min/<target>/*`) are replayed here too (their
+//! corpora of all 16 targets (`fuzz/corpus-min/<target>/*`) are replayed here too (the wire
 //! seeds are replayed by `wire_fuzz_corpus.rs`). See `docs/fuzzing.md`.
 //!
 //! The seeds are written by the ignored test `write_seed_corpora`:
@@ -72,22 +72,40 @@ const WIRE: [(&str, Decoder); 8] = [
     ("wire_session_responses", wire::session_responses),
 ];
 
-/// The minimised corpora of the wire targets live beside `fuzz/corpus/` because
-/// `wire_fuzz_corpus.rs` requires every file in `fuzz/corpus/wire_*` to be accepted; most
-/// minimised inputs are rejections. They must run without a panic.
+/// The minimised corpus of `target`: `fuzz/corpus-min/<target>/`, the `-set_cover_merge=1` of
+/// the last long libFuzzer run (docs/fuzzing.md, "Runs"). Kept beside `fuzz/corpus/` because
+/// `wire_fuzz_corpus.rs` requires every file in `fuzz/corpus/wire_*` to be accepted, and most
+/// minimised inputs are rejections.
+fn minimised(target: &str) -> Vec<Vec<u8>> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus-min")
+        .join(target);
+    let files: Vec<Vec<u8>> = fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| fs::read(entry.unwrap().path()).unwrap())
+        .collect();
+    assert!(!files.is_empty(), "{} is empty", dir.display());
+    files
+}
+
+/// Every target's minimised corpus replays through the entry point the fuzzer used: wire and
+/// decoder inputs without a panic, machine inputs with every invariant checked.
 #[test]
-fn wire_minimised_corpora_replay() {
-    for (target, entry) in WIRE {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../fuzz/corpus-min")
-            .join(target);
-        let Ok(files) = fs::read_dir(&dir) else {
-            continue;
-        };
-        for file in files {
-            let _ = entry(&fs::read(file.unwrap().path()).unwrap());
+fn minimised_corpora_replay() {
+    let mut replayed = 0;
+    for (target, entry) in WIRE.iter().chain(DECODERS.iter()) {
+        for bytes in minimised(target) {
+            let _ = entry(&bytes);
+            replayed += 1;
         }
     }
+    for (target, entry) in MACHINES {
+        for bytes in minimised(target) {
+            let _ = entry(&bytes);
+            replayed += 1;
+        }
+    }
+    println!("minimised corpora: {replayed} inputs replayed");
 }
 
 #[test]
