@@ -256,173 +256,96 @@ pub trait FileSystem: fmt::Debug + Send + Sync {
     fn random(&self, buf: &mut [u8]) -> Result<(), Errno>;
 }
 
-impl<T: FileSystem + ?Sized> FileSystem for &T {
-    fn open(&self, path: &Path, flags: OFlags, mode: u32) -> Result<OwnedFd, Errno> {
-        (**self).open(path, flags, mode)
-    }
-    fn mkdir(&self, path: &Path, mode: u32) -> Result<(), Errno> {
-        (**self).mkdir(path, mode)
-    }
-    fn openat(
-        &self,
-        dir: BorrowedFd<'_>,
-        name: &str,
-        flags: OFlags,
-        mode: u32,
-    ) -> Result<OwnedFd, Errno> {
-        (**self).openat(dir, name, flags, mode)
-    }
-    fn mkdirat(&self, dir: BorrowedFd<'_>, name: &str, mode: u32) -> Result<(), Errno> {
-        (**self).mkdirat(dir, name, mode)
-    }
-    fn fstat(&self, fd: BorrowedFd<'_>) -> Result<Meta, Errno> {
-        (**self).fstat(fd)
-    }
-    fn stat_nofollow(&self, dir: BorrowedFd<'_>, name: &str) -> Result<Meta, Errno> {
-        (**self).stat_nofollow(dir, name)
-    }
-    fn fstatvfs(&self, fd: BorrowedFd<'_>) -> Result<Space, Errno> {
-        (**self).fstatvfs(fd)
-    }
-    fn fchmod(&self, fd: BorrowedFd<'_>, mode: u32) -> Result<(), Errno> {
-        (**self).fchmod(fd, mode)
-    }
-    fn clear_nonblock(&self, fd: BorrowedFd<'_>) -> Result<(), Errno> {
-        (**self).clear_nonblock(fd)
-    }
-    fn read(&self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<usize, Errno> {
-        (**self).read(fd, buf)
-    }
-    fn write(&self, fd: BorrowedFd<'_>, buf: &[u8]) -> Result<usize, Errno> {
-        (**self).write(fd, buf)
-    }
-    fn fsync(&self, fd: BorrowedFd<'_>) -> Result<(), Errno> {
-        (**self).fsync(fd)
-    }
-    fn rename(
-        &self,
-        old_dir: BorrowedFd<'_>,
-        old: &str,
-        new_dir: BorrowedFd<'_>,
-        new: &str,
-    ) -> Result<(), Errno> {
-        (**self).rename(old_dir, old, new_dir, new)
-    }
-    fn rename_noreplace(
-        &self,
-        old_dir: BorrowedFd<'_>,
-        old: &str,
-        new_dir: BorrowedFd<'_>,
-        new: &str,
-    ) -> Result<(), Errno> {
-        (**self).rename_noreplace(old_dir, old, new_dir, new)
-    }
-    fn link(
-        &self,
-        old_dir: BorrowedFd<'_>,
-        old: &str,
-        new_dir: BorrowedFd<'_>,
-        new: &str,
-    ) -> Result<(), Errno> {
-        (**self).link(old_dir, old, new_dir, new)
-    }
-    fn unlink(&self, dir: BorrowedFd<'_>, name: &str) -> Result<(), Errno> {
-        (**self).unlink(dir, name)
-    }
-    fn read_dir(&self, dir: BorrowedFd<'_>, max: usize) -> Result<Vec<Entry>, Errno> {
-        (**self).read_dir(dir, max)
-    }
-    fn lock_exclusive(&self, fd: BorrowedFd<'_>) -> Result<(), Errno> {
-        (**self).lock_exclusive(fd)
-    }
-    fn random(&self, buf: &mut [u8]) -> Result<(), Errno> {
-        (**self).random(buf)
-    }
+/// Forwards every [`FileSystem`] call through a pointer type (`&T`, `Arc<T>`).
+macro_rules! forward_file_system {
+    ($($pointer:ty),+) => {$(
+        impl<T: FileSystem + ?Sized> FileSystem for $pointer {
+            fn open(&self, path: &Path, flags: OFlags, mode: u32) -> Result<OwnedFd, Errno> {
+                (**self).open(path, flags, mode)
+            }
+            fn mkdir(&self, path: &Path, mode: u32) -> Result<(), Errno> {
+                (**self).mkdir(path, mode)
+            }
+            fn openat(
+                &self,
+                dir: BorrowedFd<'_>,
+                name: &str,
+                flags: OFlags,
+                mode: u32,
+            ) -> Result<OwnedFd, Errno> {
+                (**self).openat(dir, name, flags, mode)
+            }
+            fn mkdirat(&self, dir: BorrowedFd<'_>, name: &str, mode: u32) -> Result<(), Errno> {
+                (**self).mkdirat(dir, name, mode)
+            }
+            fn fstat(&self, fd: BorrowedFd<'_>) -> Result<Meta, Errno> {
+                (**self).fstat(fd)
+            }
+            fn stat_nofollow(&self, dir: BorrowedFd<'_>, name: &str) -> Result<Meta, Errno> {
+                (**self).stat_nofollow(dir, name)
+            }
+            fn fstatvfs(&self, fd: BorrowedFd<'_>) -> Result<Space, Errno> {
+                (**self).fstatvfs(fd)
+            }
+            fn fchmod(&self, fd: BorrowedFd<'_>, mode: u32) -> Result<(), Errno> {
+                (**self).fchmod(fd, mode)
+            }
+            fn clear_nonblock(&self, fd: BorrowedFd<'_>) -> Result<(), Errno> {
+                (**self).clear_nonblock(fd)
+            }
+            fn read(&self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<usize, Errno> {
+                (**self).read(fd, buf)
+            }
+            fn write(&self, fd: BorrowedFd<'_>, buf: &[u8]) -> Result<usize, Errno> {
+                (**self).write(fd, buf)
+            }
+            fn fsync(&self, fd: BorrowedFd<'_>) -> Result<(), Errno> {
+                (**self).fsync(fd)
+            }
+            fn rename(
+                &self,
+                old_dir: BorrowedFd<'_>,
+                old: &str,
+                new_dir: BorrowedFd<'_>,
+                new: &str,
+            ) -> Result<(), Errno> {
+                (**self).rename(old_dir, old, new_dir, new)
+            }
+            fn rename_noreplace(
+                &self,
+                old_dir: BorrowedFd<'_>,
+                old: &str,
+                new_dir: BorrowedFd<'_>,
+                new: &str,
+            ) -> Result<(), Errno> {
+                (**self).rename_noreplace(old_dir, old, new_dir, new)
+            }
+            fn link(
+                &self,
+                old_dir: BorrowedFd<'_>,
+                old: &str,
+                new_dir: BorrowedFd<'_>,
+                new: &str,
+            ) -> Result<(), Errno> {
+                (**self).link(old_dir, old, new_dir, new)
+            }
+            fn unlink(&self, dir: BorrowedFd<'_>, name: &str) -> Result<(), Errno> {
+                (**self).unlink(dir, name)
+            }
+            fn read_dir(&self, dir: BorrowedFd<'_>, max: usize) -> Result<Vec<Entry>, Errno> {
+                (**self).read_dir(dir, max)
+            }
+            fn lock_exclusive(&self, fd: BorrowedFd<'_>) -> Result<(), Errno> {
+                (**self).lock_exclusive(fd)
+            }
+            fn random(&self, buf: &mut [u8]) -> Result<(), Errno> {
+                (**self).random(buf)
+            }
+        }
+    )+};
 }
 
-impl<T: FileSystem + ?Sized> FileSystem for std::sync::Arc<T> {
-    fn open(&self, path: &Path, flags: OFlags, mode: u32) -> Result<OwnedFd, Errno> {
-        (**self).open(path, flags, mode)
-    }
-    fn mkdir(&self, path: &Path, mode: u32) -> Result<(), Errno> {
-        (**self).mkdir(path, mode)
-    }
-    fn openat(
-        &self,
-        dir: BorrowedFd<'_>,
-        name: &str,
-        flags: OFlags,
-        mode: u32,
-    ) -> Result<OwnedFd, Errno> {
-        (**self).openat(dir, name, flags, mode)
-    }
-    fn mkdirat(&self, dir: BorrowedFd<'_>, name: &str, mode: u32) -> Result<(), Errno> {
-        (**self).mkdirat(dir, name, mode)
-    }
-    fn fstat(&self, fd: BorrowedFd<'_>) -> Result<Meta, Errno> {
-        (**self).fstat(fd)
-    }
-    fn stat_nofollow(&self, dir: BorrowedFd<'_>, name: &str) -> Result<Meta, Errno> {
-        (**self).stat_nofollow(dir, name)
-    }
-    fn fstatvfs(&self, fd: BorrowedFd<'_>) -> Result<Space, Errno> {
-        (**self).fstatvfs(fd)
-    }
-    fn fchmod(&self, fd: BorrowedFd<'_>, mode: u32) -> Result<(), Errno> {
-        (**self).fchmod(fd, mode)
-    }
-    fn clear_nonblock(&self, fd: BorrowedFd<'_>) -> Result<(), Errno> {
-        (**self).clear_nonblock(fd)
-    }
-    fn read(&self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<usize, Errno> {
-        (**self).read(fd, buf)
-    }
-    fn write(&self, fd: BorrowedFd<'_>, buf: &[u8]) -> Result<usize, Errno> {
-        (**self).write(fd, buf)
-    }
-    fn fsync(&self, fd: BorrowedFd<'_>) -> Result<(), Errno> {
-        (**self).fsync(fd)
-    }
-    fn rename(
-        &self,
-        old_dir: BorrowedFd<'_>,
-        old: &str,
-        new_dir: BorrowedFd<'_>,
-        new: &str,
-    ) -> Result<(), Errno> {
-        (**self).rename(old_dir, old, new_dir, new)
-    }
-    fn rename_noreplace(
-        &self,
-        old_dir: BorrowedFd<'_>,
-        old: &str,
-        new_dir: BorrowedFd<'_>,
-        new: &str,
-    ) -> Result<(), Errno> {
-        (**self).rename_noreplace(old_dir, old, new_dir, new)
-    }
-    fn link(
-        &self,
-        old_dir: BorrowedFd<'_>,
-        old: &str,
-        new_dir: BorrowedFd<'_>,
-        new: &str,
-    ) -> Result<(), Errno> {
-        (**self).link(old_dir, old, new_dir, new)
-    }
-    fn unlink(&self, dir: BorrowedFd<'_>, name: &str) -> Result<(), Errno> {
-        (**self).unlink(dir, name)
-    }
-    fn read_dir(&self, dir: BorrowedFd<'_>, max: usize) -> Result<Vec<Entry>, Errno> {
-        (**self).read_dir(dir, max)
-    }
-    fn lock_exclusive(&self, fd: BorrowedFd<'_>) -> Result<(), Errno> {
-        (**self).lock_exclusive(fd)
-    }
-    fn random(&self, buf: &mut [u8]) -> Result<(), Errno> {
-        (**self).random(buf)
-    }
-}
+forward_file_system!(&T, std::sync::Arc<T>);
 
 /// The real file system, through rustix.
 #[derive(Clone, Copy, Debug, Default)]
