@@ -11,7 +11,9 @@ use std::fs;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
-use ql_worker_core::io::{Action, HttpFailure, LaunchPlan, Outcome, ReceiptRead, StoreFailure};
+use ql_worker_core::io::{
+    Action, HttpFailure, LaunchPlan, Outcome, ReceiptRead, SpawnOutcome, StoreFailure,
+};
 use ql_worker_core::wire::auth::WorkerCredential;
 use zeroize::{Zeroize as _, Zeroizing};
 
@@ -101,7 +103,41 @@ pub struct Host<E: Executor> {
     executor: E,
     stopper: StopController,
     observer: Box<dyn FnMut(&Event<'_>)>,
-    stall_after: Option<ql_worker_core::record::State>,
+    stall_after: Option<StallPoint>,
+}
+
+/// Where the crash-test hook `QL_WORKER_FAULT_STALL_AFTER` stops the Worker answering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StallPoint {
+    /// After the first record persisted in this state.
+    Persisted(ql_worker_core::record::State),
+    /// After the first spawn the supervisor reported `started`, before the outcome reaches the
+    /// core: the user process runs while its record is still `launching`.
+    Spawned,
+}
+
+impl StallPoint {
+    /// The hook's value for the spawn moment.
+    pub const SPAWNED: &'static str = "spawned";
+
+    /// Parses a hook value: a record state's name or [`Self::SPAWNED`].
+    #[must_use]
+    pub fn parse(name: &str) -> Option<Self> {
+        if name == Self::SPAWNED {
+            return Some(Self::Spawned);
+        }
+        ql_worker_core::record::State::ALL
+            .into_iter()
+            .find(|s| s.as_str() == name)
+            .map(Self::Persisted)
+    }
+}
+
+/// Never answers again (the crash-test hook's stall).
+fn stall_forever() -> ! {
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
 }
 
 impl<E: Executor> fmt::Debug for Host<E> {
@@ -135,11 +171,11 @@ impl<E: Executor> Host<E> {
         }
     }
 
-    /// Crash-test hook: after the first record persisted in `state`, never answer again (the
-    /// Worker hangs with that record durable until it is killed). See `QL_WORKER_FAULT_STALL_AFTER`
-    /// in `docs/operations.md`; never set in production.
-    pub fn stall_after(&mut self, state: Option<ql_worker_core::record::State>) {
-        self.stall_after = state;
+    /// Crash-test hook: at `point`, never answer again (the Worker hangs there until it is
+    /// killed). See `QL_WORKER_FAULT_STALL_AFTER` in `docs/operations.md`; never set in
+    /// production.
+    pub fn stall_after(&mut self, point: Option<StallPoint>) {
+        self.stall_after = point;
     }
 
     /// Installs an observer of persisted records and uploads.
@@ -179,10 +215,8 @@ impl<E: Executor> Host<E> {
                 match result {
                     Ok(()) => {
                         (self.observer)(&Event::Persisted(&record));
-                        if self.stall_after == Some(record.state) {
-                            loop {
-                                std::thread::sleep(std::time::Duration::from_secs(3600));
-                            }
+                        if self.stall_after == Some(StallPoint::Persisted(record.state)) {
+                            stall_forever();
                         }
                         Outcome::Persisted
                     }
@@ -261,7 +295,13 @@ impl<E: Executor> Host<E> {
             Action::Spawn(plan) => {
                 let quota = self.spool.maximum_attempt_bytes;
                 let launch = Launch::from_core(*plan, quota);
-                Outcome::Spawned(self.executor.start(launch).into())
+                let outcome: SpawnOutcome = self.executor.start(launch).into();
+                if self.stall_after == Some(StallPoint::Spawned)
+                    && matches!(outcome, SpawnOutcome::Started { .. })
+                {
+                    stall_forever();
+                }
+                Outcome::Spawned(outcome)
             }
             Action::Stop { handle } => Outcome::Stopped(self.stopper.stop(handle.as_str()).into()),
             Action::DrawEntropy => match crate::os::entropy() {

@@ -17,7 +17,7 @@ use ql_worker_core::wire::session::Capabilities;
 use ql_worker_core::worker::{HaltReason, Output, StopReason, Worker, WorkerConfig};
 
 use crate::config::Config;
-use crate::host::{Event, Host, HostError};
+use crate::host::{Event, Host, HostError, StallPoint};
 use crate::https::{HttpsClient, Origin, RequestTimeout, TlsMaterial, TlsMaterialPaths};
 use crate::journal::Journal;
 use crate::retention::{self, RetentionPolicy};
@@ -342,17 +342,16 @@ impl Runner {
 }
 
 /// The crash-test hook `QL_WORKER_FAULT_STALL_AFTER=<state>` (see [`Host::stall_after`]).
-fn stall_hook() -> Result<Option<ql_worker_core::record::State>, StartError> {
+fn stall_hook() -> Result<Option<StallPoint>, StartError> {
     let Ok(name) = std::env::var(STALL_HOOK_ENV) else {
         return Ok(None);
     };
-    ql_worker_core::record::State::ALL
-        .into_iter()
-        .find(|s| s.as_str() == name)
-        .map(Some)
-        .ok_or_else(|| {
-            StartError::Environment(format!("{STALL_HOOK_ENV}={name}: not a record state"))
-        })
+    StallPoint::parse(&name).map(Some).ok_or_else(|| {
+        StartError::Environment(format!(
+            "{STALL_HOOK_ENV}={name}: neither a record state nor `{}`",
+            StallPoint::SPAWNED
+        ))
+    })
 }
 
 /// Environment variable of the crash-test hook.

@@ -1652,52 +1652,54 @@ fn a_lost_completion_answer_still_ends_completion_acknowledged() {
 
 /// Finding 4: after a `recovery_required(launch_outcome_unknown)` record is completed from its
 /// receipt (the process had started), no evidence remains, so the Worker must take work again
-/// (operations.md: fail-closed "while any record is recovery_required"). The latch lasts for
-/// the process's life instead (fixed: the latch lifts with its evidence). Needs a kill right
-/// after the spawn and before `started` is durable, so it tries a bounded number of times.
+/// (operations.md: fail-closed "while any record is recovery_required"). The latch lasted for
+/// the process's life instead (fixed: the latch lifts with its evidence). The kill must fall
+/// after the spawn and before `started` is durable: the stall hook's `spawned` point holds the
+/// first Worker exactly there (the user process runs, the record stays `launching`), so the
+/// case is reproduced every time instead of by timing.
 #[test]
 fn once_launch_outcome_unknown_resolves_from_its_receipt_the_worker_takes_work_again() {
-    for attempt in 0..60u64 {
-        let world = World::new();
-        let log = world.dir.path().join("stderr.log");
-        let marker = world.dir.path().join("marker");
-        let run = marked_run(&world, 1, &marker, "; sleep 1");
-        let mut first = KillOnDrop(world.spawn_worker_logged(&[], &log));
-        world.wait_for("launching", Duration::from_secs(60), |w| {
-            w.state_of(&run)
-                .is_some_and(|s| !matches!(s, State::Accepted | State::StartingAcknowledged))
-        });
-        std::thread::sleep(Duration::from_millis(attempt % 6));
-        kill9(&mut first);
-        let mut second = KillOnDrop(world.spawn_worker_logged(&[], &log));
-        std::thread::sleep(Duration::from_millis(600));
-        let record = world.records().remove(&run).unwrap();
-        if record.recovery() != Some(RecoveryReason::LaunchOutcomeUnknown)
-            || marker_lines(&marker) != 1
-        {
-            kill9(&mut second);
-            continue;
-        }
-        world.wait_for("completed from its receipt", Duration::from_secs(60), |w| {
-            w.state_of(&run) == Some(State::CompletionAcknowledged)
-        });
-        let next = marked_run(&world, 2, &world.dir.path().join("marker-2"), "");
-        let start = Instant::now();
-        while world.state_of(&next).is_none() && start.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let pulled = world.state_of(&next).is_some();
-        stop_now(&mut second);
-        println!("reproduced on try {}", attempt + 1);
-        assert!(
-            pulled,
-            "no evidence remains (the record settled from its receipt), yet the Worker took no \
-             new work for 10 s"
-        );
-        return;
+    use ql_worker::host::StallPoint;
+    use ql_worker::runtime::STALL_HOOK_ENV;
+    let world = World::new();
+    let log = world.dir.path().join("stderr.log");
+    let marker = world.dir.path().join("marker");
+    // The user process outlives the restart by seconds, so the recovery record is observed
+    // before the receipt resolves it.
+    let run = marked_run(&world, 1, &marker, "; sleep 3");
+    let mut first =
+        KillOnDrop(world.spawn_worker_logged(&[(STALL_HOOK_ENV, StallPoint::SPAWNED)], &log));
+    world.wait_for("the user process ran", Duration::from_secs(60), |_| {
+        marker_lines(&marker) == 1
+    });
+    assert_eq!(
+        world.state_of(&run),
+        Some(State::Launching),
+        "stalled before `started`"
+    );
+    kill9(&mut first);
+    let mut second = KillOnDrop(world.spawn_worker_logged(&[], &log));
+    world.wait_for("recovery evidence recorded", Duration::from_secs(60), |w| {
+        w.records()
+            .get(&run)
+            .is_some_and(|r| r.recovery() == Some(RecoveryReason::LaunchOutcomeUnknown))
+    });
+    world.wait_for("completed from its receipt", Duration::from_secs(60), |w| {
+        w.state_of(&run) == Some(State::CompletionAcknowledged)
+    });
+    let next = marked_run(&world, 2, &world.dir.path().join("marker-2"), "");
+    let start = Instant::now();
+    while world.state_of(&next).is_none() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
     }
-    // Measured: reproduced within 2–14 tries; a test that cannot reproduce must not pass.
-    panic!("launch_outcome_unknown with a started process not reproduced in 60 tries");
+    let pulled = world.state_of(&next).is_some();
+    stop_now(&mut second);
+    assert_eq!(marker_lines(&marker), 1, "the first Run ran once");
+    assert!(
+        pulled,
+        "no evidence remains (the record settled from its receipt), yet the Worker took no \
+         new work for 10 s"
+    );
 }
 
 /// Prints a result line even while libtest captures test output, so `.ci/run` shows it: a
