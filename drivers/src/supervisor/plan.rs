@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use zeroize::{Zeroize, Zeroizing};
 
 use super::frame::{self, FrameError};
+use crate::containment::ContainmentPlan;
 
 /// Magic of a plan frame.
 pub(crate) const PLAN_MAGIC: [u8; 4] = *b"QLSP";
@@ -158,6 +159,8 @@ pub struct Plan {
     pub environment: Vec<EnvVar>,
     /// Absolute working directory; absent means the supervisor's (the Worker's) own.
     pub working_directory: Option<String>,
+    /// What the supervisor enforces: identity, limits, cgroup, policy, masking.
+    pub containment: ContainmentPlan,
     /// Test seams.
     #[doc(hidden)]
     pub seams: Seams,
@@ -178,6 +181,7 @@ impl fmt::Debug for Plan {
             .field("command", &self.command)
             .field("environment", &self.environment)
             .field("working_directory", &self.working_directory)
+            .field("containment", &self.containment)
             .field("seams", &self.seams)
             .finish()
     }
@@ -222,6 +226,9 @@ pub enum PlanError {
     /// A test seam path is not absolute.
     #[error("proc root must be an absolute path")]
     ProcRoot,
+    /// The containment plan is malformed (a path, a duplicate limit, the policy).
+    #[error("containment plan is malformed")]
+    Containment,
 }
 
 fn is_absolute_path(path: &str) -> bool {
@@ -332,6 +339,9 @@ impl Plan {
         {
             return Err(PlanError::ProcRoot);
         }
+        self.containment
+            .validate()
+            .map_err(|_| PlanError::Containment)?;
         Ok(())
     }
 
@@ -376,6 +386,7 @@ mod tests {
             },
             environment: vec![EnvVar::new("SECRET", "s3cr3t-value")],
             working_directory: None,
+            containment: ContainmentPlan::default(),
             seams: Seams::default(),
         }
     }
