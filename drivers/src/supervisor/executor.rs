@@ -220,6 +220,7 @@ pub struct SupervisorExecutor {
     seams: Seams,
     containment: ContainmentPlan,
     worker_policy_check: bool,
+    supervisor_stderr: Option<File>,
     supervisors: Vec<Child>,
 }
 
@@ -237,8 +238,17 @@ impl SupervisorExecutor {
             seams: Seams::default(),
             containment: ContainmentPlan::default(),
             worker_policy_check: true,
+            supervisor_stderr: None,
             supervisors: Vec::new(),
         }
+    }
+
+    /// Test seam: the supervisors' diagnostics go to `file` instead of the Worker's stderr.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn with_supervisor_stderr(mut self, file: File) -> Self {
+        self.supervisor_stderr = Some(file);
+        self
     }
 
     /// Sets what every supervisor enforces (from `containment::prepare`).
@@ -353,7 +363,10 @@ impl SupervisorExecutor {
             .stdout(Stdio::piped())
             // The supervisor's diagnostics (a cgroup OOM kill, a Run directory it could not
             // remove) go where the Worker's own go: the service's journal.
-            .stderr(Stdio::inherit())
+            .stderr(match &self.supervisor_stderr {
+                Some(file) => Stdio::from(file.try_clone()?),
+                None => Stdio::inherit(),
+            })
             .spawn()
     }
 }
