@@ -18,14 +18,12 @@ use ql_worker_core::wire::auth::WorkerCredential;
 use zeroize::{Zeroize as _, Zeroizing};
 
 use crate::config::check_secret_file;
+use crate::containment::Policy;
 use crate::https::{HttpsClient, JsonCaps, TransportError};
 use crate::journal::{Journal, JournalError};
 use crate::receipts::{self, ReceiptStoreError};
 use crate::spool::{self, SpoolError, SpoolPolicy};
-use crate::containment::Policy;
-use crate::supervisor::{
-    Executor, ExecutorOutcome, Launch, RejectReason, StopController,
-};
+use crate::supervisor::{Executor, ExecutorOutcome, Launch, RejectReason, StopController};
 
 /// Largest credential file read.
 const MAX_CREDENTIAL_BYTES: u64 = 1024;
@@ -195,9 +193,10 @@ impl<E: Executor> Host<E> {
     /// supervisor's. Returns how many were removed.
     pub fn sweep_runs(&mut self) -> usize {
         let journal = &self.journal;
+        // Kept: anything not named by an offer id (not ours), a record not settled, and a
+        // record that cannot be read (never remove what might still be in use).
         let live = |name: &str| {
-            ql_worker_core::ids::OfferId::new(name).is_ok_and(|id| {
-                // Unreadable counts as live: never remove what might still be in use.
+            ql_worker_core::ids::OfferId::new(name).map_or(true, |id| {
                 journal
                     .read_record(&id)
                     .map_or(true, |r| r.is_some_and(|r| !r.state.is_terminal()))
@@ -472,7 +471,10 @@ impl SpawnContext {
                 self.line
             ),
         };
-        let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("ql-worker: {line}\n").as_bytes());
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!("ql-worker: {line}\n").as_bytes(),
+        );
     }
 }
 

@@ -209,16 +209,21 @@ impl Runner {
             .map_err(|e| StartError::ControlPlane(e.to_string()))?;
         crate::host::authorization(&cp.credential_file).map_err(StartError::ControlPlane)?;
         // ---- containment (issue 20): identity, runs area, delegated cgroup ----
-        let prepared = crate::containment::prepare(&config.containment).map_err(|(field, rule)| {
-            StartError::Containment {
-                path: config.source.display().to_string(),
-                field,
-                rule,
-            }
-        })?;
+        let prepared =
+            crate::containment::prepare(&config.containment).map_err(|(field, rule)| {
+                StartError::Containment {
+                    path: config.source.display().to_string(),
+                    field,
+                    rule,
+                }
+            })?;
         let leftovers = crate::host::Leftovers {
             runs_dir: crate::containment::runs_dir(&prepared.plan),
-            cgroup_parent: prepared.plan.cgroup.as_ref().map(|c| PathBuf::from(&c.parent)),
+            cgroup_parent: prepared
+                .plan
+                .cgroup
+                .as_ref()
+                .map(|c| PathBuf::from(&c.parent)),
         };
         let executor =
             SupervisorExecutor::new(image, config.root.clone()).with_containment(prepared.plan);

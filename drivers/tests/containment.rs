@@ -74,7 +74,11 @@ fn worker_secrets(fx: &Fixture) -> (PathBuf, PathBuf, PathBuf) {
     let credential = etc.join("credential");
     let cert = etc.join("client.pem");
     for (path, mode, text) in [
-        (&key, 0o600, "-----BEGIN PRIVATE KEY-----\nsecret-key-bytes\n"),
+        (
+            &key,
+            0o600,
+            "-----BEGIN PRIVATE KEY-----\nsecret-key-bytes\n",
+        ),
         (&credential, 0o600, "ql3w_cred_secret-credential-bytes\n"),
         (&cert, 0o644, "-----BEGIN CERTIFICATE-----\npublic\n"),
     ] {
@@ -133,6 +137,7 @@ fn a_run_under_run_as_gets_eacces_for_the_key_credential_records_receipts_and_th
 try cert {cert}; try key {key}; try credential {credential}; try record {record}; try receipt {receipt}; try own-record {own}
 if (echo forged > {offers}/offer-999999.rec) 2>/dev/null; then echo "WROTE inbox"; else echo "DENIED inbox: $( (echo forged > {offers}/offer-999999.rec) 2>&1)"; fi
 if ls {root} >/dev/null 2>&1; then echo "LISTED root"; else echo "DENIED root: $(ls {root} 2>&1)"; fi
+if out=$(kill -0 $PPID 2>&1); then echo "SIGNALLED supervisor"; else echo "DENIED supervisor: $out"; fi
 echo "uid=$(id -u) gid=$(id -g) groups=$(id -G)"
 grep -E '^(NoNewPrivs|CapEff|CapPrm|CapAmb|CapInh):' /proc/self/status | tr -s '\t' ' '
 echo "cwd=$(pwd) tmpdir=$TMPDIR core=$(ulimit -c)"
@@ -146,21 +151,57 @@ touch "$TMPDIR/scratch" && echo "tmp writable""#,
                 offers = offers.display(),
                 root = fx.root.display(),
             );
+            // Control: without [run_as] the same command reads everything (what the Worker's
+            // start-up warning says).
+            let shared = fixture(3);
+            another_runs_files(&shared);
+            let shared_script = script.replace(fx.root.to_str().unwrap(), shared.root.to_str().unwrap());
+            shared.start(sh(&shared_script), vec![]);
+            shared.wait_receipt();
+            let shared_log = log_text(&shared);
+            for what in ["cert", "key", "credential", "record", "receipt"] {
+                assert!(shared_log.contains(&format!("READ {what}\n")), "{shared_log}");
+            }
+            assert!(shared_log.contains("SIGNALLED supervisor"), "{shared_log}");
+            assert!(shared_log.contains("WROTE inbox"), "{shared_log}");
+            assert!(shared_log.contains("NoNewPrivs: 1"), "no new privileges by default: {shared_log}");
+            assert!(shared_log.contains("core=0"), "core = 0 by default: {shared_log}");
             let mut executor = fx.executor().with_containment(run_as(&runs, nobody()));
             let outcome = executor.start(fx.launch(sh(&script), vec![]));
-            assert!(matches!(outcome, ExecutorOutcome::Started { .. }), "{outcome:?}");
+            assert!(
+                matches!(outcome, ExecutorOutcome::Started { .. }),
+                "{outcome:?}"
+            );
             let done = fx.wait_receipt();
             let log = log_text(&fx);
             assert_eq!(done.exit_code, 0, "{log}");
-            assert!(log.contains("READ cert"), "traversal works, so denials are real: {log}");
-            for what in ["key", "credential", "record", "receipt", "own-record", "inbox", "root"] {
+            assert!(
+                log.contains("READ cert"),
+                "traversal works, so denials are real: {log}"
+            );
+            for what in [
+                "key",
+                "credential",
+                "record",
+                "receipt",
+                "own-record",
+                "inbox",
+                "root",
+            ] {
                 let line = log
                     .lines()
                     .find(|l| l.starts_with(&format!("DENIED {what}:")))
                     .unwrap_or_else(|| panic!("{what} was not denied: {log}"));
-                assert!(line.contains("Permission denied"), "EACCES for {what}: {line}");
+                assert!(
+                    line.contains("Permission denied"),
+                    "EACCES for {what}: {line}"
+                );
             }
             assert!(!log.contains("secret-key-bytes") && !log.contains("secret-credential"));
+            assert!(
+                log.contains("DENIED supervisor") && log.contains("Operation not permitted"),
+                "the Run cannot signal its supervisor: {log}"
+            );
             assert!(!offers.join("offer-999999.rec").exists());
             assert!(
                 log.contains(&format!("uid={NOBODY} gid={NOBODY} groups={NOBODY}\n")),
@@ -183,7 +224,10 @@ touch "$TMPDIR/scratch" && echo "tmp writable""#,
                 "{log}"
             );
             assert!(log.contains("tmp writable"), "{log}");
-            assert!(!run_dir.exists(), "the Run's directory is removed once it is settled");
+            assert!(
+                !run_dir.exists(),
+                "the Run's directory is removed once it is settled"
+            );
             assert_eq!(fs::read_dir(&runs).unwrap().count(), 0);
         },
     );
@@ -222,8 +266,14 @@ if out=$(ls {a_dir} 2>&1); then echo "LISTED dir"; else echo "DENIED dir: $out";
 if out=$(kill -0 {a_pid} 2>&1); then echo "SIGNALLED"; else echo "DENIED signal: $out"; fi"#,
                 a_dir = a_dir.display()
             );
-            let second = b.executor().with_containment(plan).start(b.launch(sh(&script), vec![]));
-            assert!(matches!(second, ExecutorOutcome::Started { .. }), "{second:?}");
+            let second = b
+                .executor()
+                .with_containment(plan)
+                .start(b.launch(sh(&script), vec![]));
+            assert!(
+                matches!(second, ExecutorOutcome::Started { .. }),
+                "{second:?}"
+            );
             let receipt = b.wait_receipt();
             let log = log_text(&b);
             assert_eq!(receipt.exit_code, 0, "{log}");
@@ -294,7 +344,10 @@ fn a_fork_bomb_is_contained_by_nproc_and_the_run_is_still_reported() {
                 .executor()
                 .with_containment(plan)
                 .start(fx.launch(sh(bomb), vec![]));
-            assert!(matches!(outcome, ExecutorOutcome::Started { .. }), "{outcome:?}");
+            assert!(
+                matches!(outcome, ExecutorOutcome::Started { .. }),
+                "{outcome:?}"
+            );
             let mut most = 0;
             let receipt = wait_for(Duration::from_secs(60), || {
                 most = most.max(processes_of(3_810_000..3_810_001));
@@ -309,7 +362,11 @@ fn a_fork_bomb_is_contained_by_nproc_and_the_run_is_still_reported() {
                 "forks were refused: {log}"
             );
             assert_eq!(receipt.exit_code, 0, "the Run ends and is reported: {log}");
-            assert_eq!(processes_of(3_810_000..3_810_001), 0, "nothing of the Run remains");
+            assert_eq!(
+                processes_of(3_810_000..3_810_001),
+                0,
+                "nothing of the Run remains"
+            );
         },
     );
 }
@@ -330,8 +387,14 @@ fn a_memory_hog_is_contained_by_the_address_space_limit() {
             let fx = Fixture::new(2);
             let mut plan = ContainmentPlan::default();
             plan.rlimits.push((RlimitKind::AddressSpace, 256 << 20));
-            let outcome = fx.executor().with_containment(plan).start(fx.launch(hog, vec![]));
-            assert!(matches!(outcome, ExecutorOutcome::Started { .. }), "{outcome:?}");
+            let outcome = fx
+                .executor()
+                .with_containment(plan)
+                .start(fx.launch(hog, vec![]));
+            assert!(
+                matches!(outcome, ExecutorOutcome::Started { .. }),
+                "{outcome:?}"
+            );
             let receipt = fx.wait_receipt();
             let log = log_text(&fx);
             assert_ne!(receipt.exit_code, 0, "{log}");
@@ -361,9 +424,8 @@ fn a_policy_refusal_is_a_start_failure_with_zero_spawns_in_the_worker_and_in_the
                 if !worker_check {
                     executor = executor.without_worker_policy_check();
                 }
-                let outcome = executor.start(
-                    fx.launch(sh(&format!("touch {}", marker.display())), vec![]),
-                );
+                let outcome =
+                    executor.start(fx.launch(sh(&format!("touch {}", marker.display())), vec![]));
                 assert_eq!(
                     outcome,
                     ExecutorOutcome::Rejected {
@@ -401,7 +463,10 @@ fn a_policy_refusal_is_a_start_failure_with_zero_spawns_in_the_worker_and_in_the
                 .executor()
                 .with_containment(plan)
                 .start(allowed.launch(argv("/bin/true", &[]), vec![]));
-            assert!(matches!(outcome, ExecutorOutcome::Started { .. }), "{outcome:?}");
+            assert!(
+                matches!(outcome, ExecutorOutcome::Started { .. }),
+                "{outcome:?}"
+            );
             assert_eq!(allowed.wait_receipt().exit_code, 0);
         },
     );
@@ -451,7 +516,10 @@ fn secret_values_split_across_pipe_reads_are_masked_only_when_asked() {
                 .executor()
                 .with_containment(plan)
                 .start(masked.launch(sh(script), env()));
-            assert!(matches!(outcome, ExecutorOutcome::Started { .. }), "{outcome:?}");
+            assert!(
+                matches!(outcome, ExecutorOutcome::Started { .. }),
+                "{outcome:?}"
+            );
             masked.wait_receipt();
             assert_eq!(
                 log_text(&masked),

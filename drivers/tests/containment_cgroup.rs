@@ -63,7 +63,10 @@ impl Lab {
         let mount = cgroup2_mount(&mountinfo).ok_or("no cgroup2 mount")?;
         let mut unbound = Vec::new();
         for controller in wanted {
-            if root_controllers(&mount).split_whitespace().any(|c| c == *controller) {
+            if root_controllers(&mount)
+                .split_whitespace()
+                .any(|c| c == *controller)
+            {
                 continue;
             }
             // A v1 mount of exactly this controller, without child cgroups.
@@ -128,7 +131,11 @@ impl Lab {
     /// controllers for its children.
     fn enable_children(&self) {
         let enable: Vec<String> = self.controllers.iter().map(|c| format!("+{c}")).collect();
-        write(&self.parent.join("cgroup.subtree_control"), &enable.join(" ")).unwrap();
+        write(
+            &self.parent.join("cgroup.subtree_control"),
+            &enable.join(" "),
+        )
+        .unwrap();
     }
 
     fn has(&self, controller: &str) -> bool {
@@ -167,7 +174,10 @@ impl Drop for Lab {
     fn drop(&mut self) {
         remove_tree(&self.parent);
         let disable: Vec<String> = self.controllers.iter().map(|c| format!("-{c}")).collect();
-        let _ = write(&self.mount.join("cgroup.subtree_control"), &disable.join(" "));
+        let _ = write(
+            &self.mount.join("cgroup.subtree_control"),
+            &disable.join(" "),
+        );
         for v1 in self.unbound.drain(..) {
             // The kernel releases a controller from cgroup2 asynchronously: retry (bounded).
             let ok = wait_for(Duration::from_secs(10), || {
@@ -248,7 +258,10 @@ fn a_fork_bomb_is_contained_by_pids_max_reported_and_its_cgroup_removed() {
                 .with_containment(plan)
                 .with_supervisor_stderr(diag)
                 .start(fx.launch(sh(&bomb), vec![]));
-            assert!(matches!(outcome, ExecutorOutcome::Started { .. }), "{outcome:?}");
+            assert!(
+                matches!(outcome, ExecutorOutcome::Started { .. }),
+                "{outcome:?}"
+            );
             let mut most = 0u64;
             let receipt = wait_for(Duration::from_secs(60), || {
                 let current = fs::read_to_string(run_cgroup.join("pids.current"))
@@ -329,15 +342,19 @@ fn a_memory_hog_is_oom_killed_under_memory_max_reported_as_its_signal_and_logged
                 .with_containment(plan)
                 .with_supervisor_stderr(diag)
                 .start(fx.launch(hog, vec![]));
-            assert!(matches!(outcome, ExecutorOutcome::Started { .. }), "{outcome:?}");
+            assert!(
+                matches!(outcome, ExecutorOutcome::Started { .. }),
+                "{outcome:?}"
+            );
             let receipt = fx.wait_receipt();
             assert_eq!(receipt.exit_code, 128 + 9, "OOM-killed: SIGKILL");
             let diag = read_to_string(&mut fs::File::open(&diag_path).unwrap());
             assert!(diag.contains("memory.max reached"), "{diag:?}");
-            assert!(!lab
-                .parent
-                .join(format!("run-{}", fx.record.offer.offer_id))
-                .exists());
+            assert!(
+                !lab.parent
+                    .join(format!("run-{}", fx.record.offer.offer_id))
+                    .exists()
+            );
         },
     );
 }

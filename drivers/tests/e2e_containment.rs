@@ -18,7 +18,10 @@ const WAIT: Duration = Duration::from_secs(60);
 
 fn enqueue(world: &World, n: u32, builder: RevisionBuilder) -> ql_worker_core::ids::RunId {
     let revision = builder.build().unwrap();
-    world.cp.enqueue_run(RunSpec::numbered(n, revision)).unwrap()
+    world
+        .cp
+        .enqueue_run(RunSpec::numbered(n, revision))
+        .unwrap()
 }
 
 fn settled(world: &World, run: &ql_worker_core::ids::RunId) -> bool {
@@ -97,7 +100,10 @@ fn masked_secret_values_are_what_is_uploaded_and_nowhere_on_disk() {
     });
     assert_eq!(artifacts.len(), 1);
     let expected = b"*** and ***\n";
-    assert_eq!(artifacts[0].head, expected, "the masked bytes were uploaded");
+    assert_eq!(
+        artifacts[0].head, expected,
+        "the masked bytes were uploaded"
+    );
     assert_eq!(artifacts[0].byte_length, expected.len() as u64);
     assert_eq!(
         artifacts[0].sha256,
@@ -135,12 +141,22 @@ fn run_as_reaches_the_user_command_through_the_real_worker() {
             "echo \"uid=$(id -u) cwd=$(pwd)\"; cat {key} 2>&1 >/dev/null | sed 's/^.*: //'"
         )),
     );
+    // What a killed supervisor would leave behind (no record: swept), and an entry that is not
+    // a Run's (kept).
+    fs::create_dir(&runs).unwrap();
+    fs::set_permissions(&runs, fs::Permissions::from_mode(0o711)).unwrap();
+    fs::create_dir(runs.join("offer-leftover")).unwrap();
+    fs::create_dir(runs.join("not a run")).unwrap();
     let log = world.dir.path().join("worker.log");
     let mut worker = KillOnDrop(world.spawn_worker_logged(&[], &log));
     world.wait_for("the Run settled", WAIT, |w| settled(w, &run));
+    world.wait_for("the leftover swept", WAIT, |_| {
+        !runs.join("offer-leftover").exists()
+    });
     sigterm(&worker);
     assert_eq!(wait_exit(&mut worker, WAIT).code(), Some(0));
     assert_eq!(world.state_of(&run), Some(State::CompletionAcknowledged));
+    assert!(runs.join("not a run").exists(), "not a Run's: kept");
     let head = world.cp.with_model(|m| {
         m.artifacts_of(&run)
             .into_iter()
@@ -160,6 +176,23 @@ fn run_as_reaches_the_user_command_through_the_real_worker() {
     let stderr = fs::read_to_string(&log).unwrap();
     assert!(
         !stderr.contains("Runs share the Worker's identity"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn init_warns_that_runs_share_the_workers_identity_without_run_as() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ql-worker"))
+        .args(["init", "--root"])
+        .arg(dir.path().join("state"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: Runs share the Worker's identity")
+            && stderr.contains("init --config FILE"),
         "{stderr}"
     );
 }

@@ -122,9 +122,8 @@ pub fn detect(proc_self: &Path, settings: &CgroupSettings) -> Result<CgroupPlan,
     } else {
         own_dir.clone()
     };
-    let available = fs::read_to_string(parent.join("cgroup.controllers")).map_err(|e| {
-        format!("{}: cannot read cgroup.controllers: {e}", parent.display())
-    })?;
+    let available = fs::read_to_string(parent.join("cgroup.controllers"))
+        .map_err(|e| format!("{}: cannot read cgroup.controllers: {e}", parent.display()))?;
     let missing: Vec<&str> = needs
         .iter()
         .copied()
@@ -146,8 +145,11 @@ pub fn detect(proc_self: &Path, settings: &CgroupSettings) -> Result<CgroupPlan,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(format!("{}: cannot create: {e}", leaf.display())),
         }
-        write(&leaf.join("cgroup.procs"), &rustix::process::getpid().as_raw_nonzero().to_string())
-            .map_err(|e| format!("{}: cannot move the Worker into it: {e}", leaf.display()))?;
+        write(
+            &leaf.join("cgroup.procs"),
+            &rustix::process::getpid().as_raw_nonzero().to_string(),
+        )
+        .map_err(|e| format!("{}: cannot move the Worker into it: {e}", leaf.display()))?;
     }
     let enable: Vec<String> = needs.iter().map(|c| format!("+{c}")).collect();
     write(&parent.join("cgroup.subtree_control"), &enable.join(" ")).map_err(|e| {
@@ -340,7 +342,10 @@ mod tests {
             Some("/system.slice/ql-worker.service/worker")
         );
         assert_eq!(unified_path("4:memory:/x\n"), None);
-        assert_eq!(cgroup2_mount(MOUNTINFO), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(
+            cgroup2_mount(MOUNTINFO),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
         assert_eq!(cgroup2_mount(&MOUNTINFO.replace("cgroup2", "cgroup")), None);
         assert_eq!(
             cgroup2_mount("1 2 0:3 / /a\\040b rw - cgroup2 cgroup2 rw\n"),
@@ -416,7 +421,10 @@ mod tests {
     fn detection_names_the_missing_controller() {
         let (_dir, proc_self, _) = world("/svc/worker", "hugetlb");
         let err = detect(&proc_self, &pids(64)).unwrap_err();
-        assert!(err.contains("lacks pids") && err.contains("Delegate=yes"), "{err}");
+        assert!(
+            err.contains("lacks pids") && err.contains("Delegate=yes"),
+            "{err}"
+        );
         fs::write(proc_self.join("cgroup"), "4:memory:/x\n").unwrap();
         let err = detect(&proc_self, &pids(64)).unwrap_err();
         assert!(err.contains("no 0:: line"), "{err}");

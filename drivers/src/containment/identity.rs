@@ -125,7 +125,9 @@ pub fn resolve(
             }
             let gid = gid.or(primary).ok_or((
                 "run_as.group",
-                format!("uid {uid} has no passwd entry to take a primary group from: set run_as.group"),
+                format!(
+                    "uid {uid} has no passwd entry to take a primary group from: set run_as.group"
+                ),
             ))?;
             if gid == 0 {
                 return Err((
@@ -206,11 +208,17 @@ mod tests {
                 etc.path(),
                 0
             ),
-            Ok(RunIdentity::Fixed { uid: 990, gid: 2000 })
+            Ok(RunIdentity::Fixed {
+                uid: 990,
+                gid: 2000
+            })
         );
         assert_eq!(
             resolve(
-                &run_as(RunUser::User(Principal::Id(4242)), Some(Principal::Id(4242))),
+                &run_as(
+                    RunUser::User(Principal::Id(4242)),
+                    Some(Principal::Id(4242))
+                ),
                 etc.path(),
                 0
             ),
@@ -221,7 +229,13 @@ mod tests {
         );
         assert_eq!(
             resolve(
-                &run_as(RunUser::Range { first: 300_000, count: 10 }, None),
+                &run_as(
+                    RunUser::Range {
+                        first: 300_000,
+                        count: 10
+                    },
+                    None
+                ),
                 etc.path(),
                 0
             ),
@@ -238,10 +252,22 @@ mod tests {
         let etc = etc();
         let name = |n: &str| Principal::Name(n.into());
         let field = |r: RunAs, worker: u32| resolve(&r, etc.path(), worker).unwrap_err().0;
-        assert_eq!(field(run_as(RunUser::User(name("root")), None), 1), "run_as.user");
-        assert_eq!(field(run_as(RunUser::User(name("nobody-here")), None), 0), "run_as.user");
-        assert_eq!(field(run_as(RunUser::User(name("ql-run")), None), 990), "run_as.user");
-        assert_eq!(field(run_as(RunUser::User(name("rooty")), None), 0), "run_as.group");
+        assert_eq!(
+            field(run_as(RunUser::User(name("root")), None), 1),
+            "run_as.user"
+        );
+        assert_eq!(
+            field(run_as(RunUser::User(name("nobody-here")), None), 0),
+            "run_as.user"
+        );
+        assert_eq!(
+            field(run_as(RunUser::User(name("ql-run")), None), 990),
+            "run_as.user"
+        );
+        assert_eq!(
+            field(run_as(RunUser::User(name("rooty")), None), 0),
+            "run_as.group"
+        );
         assert_eq!(
             field(run_as(RunUser::User(name("ql-run")), Some(name("root"))), 0),
             "run_as.group"
@@ -252,12 +278,30 @@ mod tests {
             "a uid without a passwd entry needs an explicit group"
         );
         assert_eq!(
-            field(run_as(RunUser::Range { first: 900, count: 100 }, None), 0),
+            field(
+                run_as(
+                    RunUser::Range {
+                        first: 900,
+                        count: 100
+                    },
+                    None
+                ),
+                0
+            ),
             "run_as.uid_range",
             "the range holds ql-run's uid"
         );
         assert_eq!(
-            field(run_as(RunUser::Range { first: 1, count: 10 }, None), 5),
+            field(
+                run_as(
+                    RunUser::Range {
+                        first: 1,
+                        count: 10
+                    },
+                    None
+                ),
+                5
+            ),
             "run_as.uid_range"
         );
     }

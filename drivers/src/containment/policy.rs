@@ -59,7 +59,9 @@ pub enum PolicyRule {
     #[error("policy.working_directories does not contain the working directory")]
     WorkingDirectoryNotListed,
     /// The working directory has a `.` or `..` component, so a prefix proves nothing.
-    #[error("the working directory must have no '.' or '..' component under policy.working_directories")]
+    #[error(
+        "the working directory must have no '.' or '..' component under policy.working_directories"
+    )]
     WorkingDirectoryNotNormal,
     /// `policy.working_directories` is set and the revision names none (it would inherit the
     /// Worker's own directory).
@@ -152,7 +154,10 @@ impl Policy {
         ] {
             let Some(list) = list else { continue };
             if list.len() > MAX_POLICY_ENTRIES {
-                return Err((field, format!("must list at most {MAX_POLICY_ENTRIES} entries")));
+                return Err((
+                    field,
+                    format!("must list at most {MAX_POLICY_ENTRIES} entries"),
+                ));
             }
             for entry in list {
                 total += entry.len();
@@ -187,9 +192,16 @@ impl Policy {
     /// What the rule looked at, for the Worker's log line (the revision is not secret; the shell
     /// command text is never logged, only its shell).
     #[must_use]
-    pub fn subject(rule: PolicyRule, command: &ExecCommand, working_directory: Option<&str>) -> String {
+    pub fn subject(
+        rule: PolicyRule,
+        command: &ExecCommand,
+        working_directory: Option<&str>,
+    ) -> String {
         match (rule, command) {
-            (PolicyRule::ShellRefused | PolicyRule::ShellNotListed, ExecCommand::Shell { shell, .. }) => {
+            (
+                PolicyRule::ShellRefused | PolicyRule::ShellNotListed,
+                ExecCommand::Shell { shell, .. },
+            ) => {
                 format!("shell {}", shell.as_deref().unwrap_or(KNOWN_SHELLS[0]))
             }
             (PolicyRule::ExecutableNotListed, ExecCommand::Argv { file, .. }) => {
@@ -271,7 +283,11 @@ mod tests {
             Err(PolicyRule::WorkingDirectoryNotListed)
         );
         assert_eq!(
-            p.check(&argv("/usr/bin/python3"), Some("/srv/tasks/../../etc"), false),
+            p.check(
+                &argv("/usr/bin/python3"),
+                Some("/srv/tasks/../../etc"),
+                false
+            ),
             Err(PolicyRule::WorkingDirectoryNotNormal)
         );
         assert_eq!(

@@ -76,7 +76,9 @@ pub fn prepare_area(runs_dir: &Path) -> Result<(), String> {
             fd
         }
         Err(Errno::NOTDIR | Errno::LOOP) => {
-            return Err(format!("{show}: the runs area must be a directory, not a symlink"));
+            return Err(format!(
+                "{show}: the runs area must be a directory, not a symlink"
+            ));
         }
         Err(e) => return Err(format!("{show}: {e}")),
     };
@@ -122,14 +124,21 @@ fn uids_in_use(proc_root: &Path) -> Vec<u32> {
         return uids;
     };
     for entry in entries.flatten() {
-        if !entry.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
+        if !entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        {
             continue;
         }
         let Ok(status) = fs::read_to_string(entry.path().join("status")) else {
             continue;
         };
         if let Some(line) = status.lines().find_map(|l| l.strip_prefix("Uid:")) {
-            uids.extend(line.split_ascii_whitespace().filter_map(|u| u.parse::<u32>().ok()));
+            uids.extend(
+                line.split_ascii_whitespace()
+                    .filter_map(|u| u.parse::<u32>().ok()),
+            );
         }
     }
     uids
@@ -140,11 +149,7 @@ fn uids_in_use(proc_root: &Path) -> Vec<u32> {
 ///
 /// # Errors
 /// Any failure: the caller refuses the launch (no user process exists yet).
-pub fn create_run_dir(
-    runs_dir: &Path,
-    name: &str,
-    identity: RunIdentity,
-) -> Result<RunDir, Errno> {
+pub fn create_run_dir(runs_dir: &Path, name: &str, identity: RunIdentity) -> Result<RunDir, Errno> {
     let area = rustix::fs::open(runs_dir, DIR_FLAGS, Mode::empty())?;
     check_area(&area).map_err(|_| Errno::PERM)?;
     let (uid, gid) = match identity {
@@ -158,7 +163,9 @@ pub fn create_run_dir(
                 }
             }
             // Start at a point derived from the name, so uids are not reused in lockstep.
-            let start = name.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+            let start = name
+                .bytes()
+                .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
             let uid = (0..count)
                 .map(|i| first + (start.wrapping_add(i) % count))
                 .find(|uid| !taken.contains(uid))
@@ -283,12 +290,29 @@ mod tests {
         }
         let (_dir, runs) = area();
         prepare_area(&runs).unwrap();
-        let fixed = create_run_dir(&runs, "offer-a", RunIdentity::Fixed { uid: 65534, gid: 65534 })
-            .unwrap();
+        let fixed = create_run_dir(
+            &runs,
+            "offer-a",
+            RunIdentity::Fixed {
+                uid: 65534,
+                gid: 65534,
+            },
+        )
+        .unwrap();
         let meta = fs::metadata(fixed.tmp()).unwrap();
-        assert_eq!((meta.uid(), meta.gid(), meta.mode() & 0o7777), (65534, 65534, 0o700));
         assert_eq!(
-            create_run_dir(&runs, "offer-a", RunIdentity::Fixed { uid: 65534, gid: 65534 }),
+            (meta.uid(), meta.gid(), meta.mode() & 0o7777),
+            (65534, 65534, 0o700)
+        );
+        assert_eq!(
+            create_run_dir(
+                &runs,
+                "offer-a",
+                RunIdentity::Fixed {
+                    uid: 65534,
+                    gid: 65534
+                }
+            ),
             Err(Errno::EXIST)
         );
         let range = RunIdentity::Range {
@@ -300,7 +324,11 @@ mod tests {
         let two = create_run_dir(&runs, "offer-c", range).unwrap();
         assert_ne!(one.uid, two.uid);
         assert_eq!(one.gid, one.uid);
-        assert_eq!(create_run_dir(&runs, "offer-d", range), Err(Errno::AGAIN), "range exhausted");
+        assert_eq!(
+            create_run_dir(&runs, "offer-d", range),
+            Err(Errno::AGAIN),
+            "range exhausted"
+        );
         remove_run_dir(&one).unwrap();
         assert!(!one.path.exists());
         let three = create_run_dir(&runs, "offer-d", range).unwrap();

@@ -273,7 +273,10 @@ fn range(field: &'static str, value: u64, min: u64, max: u64) -> Result<u64, Fie
     if (min..=max).contains(&value) {
         Ok(value)
     } else {
-        Err((field, format!("must be within {min}..={max}, found {value}")))
+        Err((
+            field,
+            format!("must be within {min}..={max}, found {value}"),
+        ))
     }
 }
 
@@ -301,10 +304,16 @@ impl Containment {
         let limits = file.run_limits.cloned().unwrap_or_default();
         let mut rlimits = vec![(RlimitKind::Core, limits.core.unwrap_or(0))];
         if let Some(v) = limits.nofile {
-            rlimits.push((RlimitKind::Nofile, range("run_limits.nofile", v, 32, 1 << 20)?));
+            rlimits.push((
+                RlimitKind::Nofile,
+                range("run_limits.nofile", v, 32, 1 << 20)?,
+            ));
         }
         if let Some(v) = limits.nproc {
-            rlimits.push((RlimitKind::Nproc, range("run_limits.nproc", v, 1, 4_194_304)?));
+            rlimits.push((
+                RlimitKind::Nproc,
+                range("run_limits.nproc", v, 1, 4_194_304)?,
+            ));
         }
         if let Some(v) = limits.fsize {
             if v < log_quota_bytes {
@@ -526,7 +535,10 @@ mod tests {
         assert_eq!(field("[run_as]\nuid_range = [0, 10]\n"), "run_as.uid_range");
         assert_eq!(field("[run_as]\nuid_range = [10, 9]\n"), "run_as.uid_range");
         assert_eq!(field("[run_as]\nuser = \"-x\"\n"), "run_as.user");
-        assert_eq!(field("[run_as]\nuser = \"a\"\ngroup = \"a b\"\n"), "run_as.group");
+        assert_eq!(
+            field("[run_as]\nuser = \"a\"\ngroup = \"a b\"\n"),
+            "run_as.group"
+        );
         assert_eq!(
             field("[run_as]\nuser = \"a\"\nruns_dir = \"/var/lib/ql-worker/runs\"\n"),
             "run_as.runs_dir"
@@ -535,7 +547,10 @@ mod tests {
             field("[run_as]\nuser = \"a\"\nruns_dir = \"/var/lib\"\n"),
             "run_as.runs_dir"
         );
-        assert_eq!(field("[run_as]\nuser = \"a\"\nruns_dir = \"runs\"\n"), "run_as.runs_dir");
+        assert_eq!(
+            field("[run_as]\nuser = \"a\"\nruns_dir = \"runs\"\n"),
+            "run_as.runs_dir"
+        );
         assert_eq!(field("[run_limits]\nnofile = 3\n"), "run_limits.nofile");
         assert_eq!(field("[run_limits]\nfsize = 1024\n"), "run_limits.fsize");
         assert_eq!(field("[run_limits]\nas = 1024\n"), "run_limits.as");
@@ -543,7 +558,10 @@ mod tests {
         assert_eq!(field("[cgroup]\nmemory_max = 1\n"), "cgroup.memory_max");
         assert_eq!(field("[cgroup]\ncpu_max = \"50%\"\n"), "cgroup.cpu_max");
         assert_eq!(field("[cgroup]\nrequired = true\n"), "cgroup.required");
-        assert_eq!(field("[policy]\nshells = [\"/bin/zsh\"]\n"), "policy.shells");
+        assert_eq!(
+            field("[policy]\nshells = [\"/bin/zsh\"]\n"),
+            "policy.shells"
+        );
         let range = parse("[run_as]\nuid_range = [200000, 200999]\n").unwrap();
         assert_eq!(
             range.run_as.unwrap().user,

@@ -136,7 +136,11 @@ mod tests {
 
     impl Read for Chunked<'_> {
         fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-            let want = if self.1.is_empty() { self.0.len() } else { self.1.remove(0) };
+            let want = if self.1.is_empty() {
+                self.0.len()
+            } else {
+                self.1.remove(0)
+            };
             let n = want.min(buf.len()).min(self.0.len());
             buf[..n].copy_from_slice(&self.0[..n]);
             self.0 = &self.0[n..];
@@ -150,7 +154,12 @@ mod tests {
         for split in 1..input.len() {
             let mut masker = Masker::new([b"hunter2".as_slice()], CAPTURE_BLOCK_BYTES);
             let mut out = Vec::new();
-            let t = pump_masked(Chunked(input, vec![split, 3]), &mut out, 1 << 20, Some(&mut masker));
+            let t = pump_masked(
+                Chunked(input, vec![split, 3]),
+                &mut out,
+                1 << 20,
+                Some(&mut masker),
+            );
             assert_eq!(out, b"token=***!\nagain ***", "split at {split}");
             assert_eq!((t.written, t.dropped), (out.len() as u64, 0));
         }

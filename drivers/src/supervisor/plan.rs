@@ -405,6 +405,52 @@ mod tests {
     }
 
     #[test]
+    fn the_largest_valid_plan_with_the_largest_containment_fits_the_frame() {
+        use crate::containment::{CgroupPlan, Policy, RunAsPlan, RunIdentity};
+        let path = |c: char| format!("/{}", c.to_string().repeat(MAX_PATH_BYTES - 1));
+        let mut plan = sample();
+        plan.state_root = path('s');
+        plan.working_directory = Some(path('w'));
+        plan.seams.proc_root = Some(path('p'));
+        plan.command = ExecCommand::Shell {
+            command: "x".repeat(MAX_COMMAND_BYTES),
+            shell: Some("/bin/bash".into()),
+        };
+        // 256 entries, 64 KiB of names and values in all.
+        let value = "v".repeat(MAX_ENV_TOTAL_BYTES / MAX_ENV_ENTRIES - 8);
+        plan.environment = (0..MAX_ENV_ENTRIES)
+            .map(|i| EnvVar::new(format!("NAME_{i:03}"), value.clone()))
+            .collect();
+        let entry = |i: usize| format!("/p/{i:03}/{}", "e".repeat(80));
+        let list = || Some((0..64).map(entry).collect::<Vec<_>>());
+        plan.containment.policy = Policy {
+            executables: list(),
+            shells: Some(vec!["/bin/sh".into(), "/bin/bash".into()]),
+            shell: true,
+            working_directories: Some((0..64).map(|i| entry(i + 100)).collect()),
+        };
+        plan.containment.run_as = Some(RunAsPlan {
+            identity: RunIdentity::Range {
+                first: 1,
+                count: 65_536,
+                gid: Some(7),
+            },
+            runs_dir: path('r'),
+        });
+        plan.containment.cgroup = Some(CgroupPlan {
+            mount: path('m'),
+            parent: path('c'),
+            memory_max: Some(u64::MAX >> 1),
+            pids_max: Some(4_194_304),
+            cpu_max: None,
+        });
+        plan.validate().unwrap();
+        let frame = plan.encode().expect("fits");
+        assert!(frame.len() <= MAX_PLAN_BYTES);
+        assert_eq!(Plan::decode(&frame).unwrap().containment, plan.containment);
+    }
+
+    #[test]
     fn receipt_token_is_canonical_base64url_of_the_capability() {
         let cap = Capability::from_bytes([0xff; 32]);
         let token = receipt_token(&cap);

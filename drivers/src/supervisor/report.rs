@@ -133,7 +133,9 @@ pub enum RejectReason {
         errno: i32,
     },
     /// No new privileges, the capability sets or a resource limit could not be set.
-    #[error("no_new_privileges, capabilities or a resource limit could not be set (os error {errno})")]
+    #[error(
+        "no_new_privileges, capabilities or a resource limit could not be set (os error {errno})"
+    )]
     LimitsUnavailable {
         /// The OS error number, or 0.
         errno: i32,

@@ -174,7 +174,10 @@ impl Made {
         if let Some(cgroup) = self.cgroup {
             let path = cgroup.path().to_path_buf();
             if let Err(e) = cgroup.remove(Instant::now() + CGROUP_REMOVE_GRACE) {
-                diag(plan, &format!("cgroup {} could not be removed: {e}", path.display()));
+                diag(
+                    plan,
+                    &format!("cgroup {} could not be removed: {e}", path.display()),
+                );
             }
         }
         if let Some(dir) = self.run_dir
@@ -182,7 +185,10 @@ impl Made {
         {
             diag(
                 plan,
-                &format!("Run directory {} could not be removed: {e}", dir.path.display()),
+                &format!(
+                    "Run directory {} could not be removed: {e}",
+                    dir.path.display()
+                ),
             );
         }
     }
