@@ -155,17 +155,31 @@ touch "$TMPDIR/scratch" && echo "tmp writable""#,
             // start-up warning says).
             let shared = fixture(3);
             another_runs_files(&shared);
-            let shared_script = script.replace(fx.root.to_str().unwrap(), shared.root.to_str().unwrap());
-            shared.start(sh(&shared_script), vec![]);
+            let shared_script =
+                script.replace(fx.root.to_str().unwrap(), shared.root.to_str().unwrap());
+            let started = shared.start(sh(&shared_script), vec![]);
+            assert!(
+                matches!(started, ExecutorOutcome::Started { .. }),
+                "{started:?}"
+            );
             shared.wait_receipt();
             let shared_log = log_text(&shared);
             for what in ["cert", "key", "credential", "record", "receipt"] {
-                assert!(shared_log.contains(&format!("READ {what}\n")), "{shared_log}");
+                assert!(
+                    shared_log.contains(&format!("READ {what}\n")),
+                    "{shared_log}"
+                );
             }
             assert!(shared_log.contains("SIGNALLED supervisor"), "{shared_log}");
             assert!(shared_log.contains("WROTE inbox"), "{shared_log}");
-            assert!(shared_log.contains("NoNewPrivs: 1"), "no new privileges by default: {shared_log}");
-            assert!(shared_log.contains("core=0"), "core = 0 by default: {shared_log}");
+            assert!(
+                shared_log.contains("NoNewPrivs: 1"),
+                "no new privileges by default: {shared_log}"
+            );
+            assert!(
+                shared_log.contains("core=0"),
+                "core = 0 by default: {shared_log}"
+            );
             let mut executor = fx.executor().with_containment(run_as(&runs, nobody()));
             let outcome = executor.start(fx.launch(sh(&script), vec![]));
             assert!(
@@ -382,7 +396,11 @@ fn a_memory_hog_is_contained_by_the_address_space_limit() {
             );
             // Control: without the limit the same command succeeds.
             let free = Fixture::new(1);
-            free.start(hog.clone(), vec![]);
+            let started = free.start(hog.clone(), vec![]);
+            assert!(
+                matches!(started, ExecutorOutcome::Started { .. }),
+                "{started:?}"
+            );
             assert_eq!(free.wait_receipt().exit_code, 0, "{}", log_text(&free));
             let fx = Fixture::new(2);
             let mut plan = ContainmentPlan::default();
@@ -500,7 +518,11 @@ fn secret_values_split_across_pipe_reads_are_masked_only_when_asked() {
                 ]
             };
             let exact = secret_fixture(1);
-            exact.start(sh(script), env());
+            let started = exact.start(sh(script), env());
+            assert!(
+                matches!(started, ExecutorOutcome::Started { .. }),
+                "{started:?}"
+            );
             exact.wait_receipt();
             assert_eq!(
                 log_text(&exact),

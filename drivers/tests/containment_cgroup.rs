@@ -288,7 +288,7 @@ fn a_fork_bomb_is_contained_by_pids_max_reported_and_its_cgroup_removed() {
             if lab.has("cpu") {
                 assert!(log.contains("50000 100000\n"), "cpu.max written: {log}");
             }
-            assert!(most <= 16 && most >= 2, "pids.current peaked at {most}");
+            assert!((2..=16).contains(&most), "pids.current peaked at {most}");
             assert!(
                 log.contains("Cannot fork") || log.contains("Resource temporarily unavailable"),
                 "{log}"
@@ -359,6 +359,14 @@ fn a_memory_hog_is_oom_killed_under_memory_max_reported_as_its_signal_and_logged
     );
 }
 
+fn init(config: &Path) -> std::process::Output {
+    Command::new(SUPERVISOR_BIN)
+        .args(["init", "--config"])
+        .arg(config)
+        .output()
+        .unwrap()
+}
+
 fn init_config(dir: &Path, cgroup: &str) -> PathBuf {
     let config = dir.join("ql-worker.toml");
     fs::write(
@@ -421,11 +429,7 @@ fn without_a_delegated_cgroup_required_refuses_to_start_and_auto_warns() {
     }
     let dir = tempfile::tempdir().unwrap();
     let config = init_config(dir.path(), "required = true\npids_max = 32\n");
-    let out = Command::new(SUPERVISOR_BIN)
-        .args(["init", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
+    let out = init(&config);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
@@ -433,11 +437,7 @@ fn without_a_delegated_cgroup_required_refuses_to_start_and_auto_warns() {
         "{stderr}"
     );
     let config = init_config(dir.path(), "pids_max = 32\n");
-    let out = Command::new(SUPERVISOR_BIN)
-        .args(["init", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
+    let out = init(&config);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(

@@ -72,6 +72,20 @@ impl ContainmentPlan {
         }
     }
 
+    /// The execution policy for one launch (the Run's own directory counts as allowed when
+    /// `[run_as]` gives it one).
+    ///
+    /// # Errors
+    /// The [`PolicyRule`] that refuses it.
+    pub fn check_policy(
+        &self,
+        command: &ql_worker_core::revision::ExecCommand,
+        working_directory: Option<&str>,
+    ) -> Result<(), PolicyRule> {
+        self.policy
+            .check(command, working_directory, self.run_as.is_some())
+    }
+
     /// Checks the plan's own shape (the supervisor re-checks what it received).
     ///
     /// # Errors

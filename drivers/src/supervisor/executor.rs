@@ -323,12 +323,7 @@ impl SupervisorExecutor {
         // The execution policy, decided before any supervisor (let alone a user process) exists.
         if self.worker_policy_check {
             self.containment
-                .policy
-                .check(
-                    &launch.command,
-                    launch.working_directory.as_deref(),
-                    self.containment.run_as.is_some(),
-                )
+                .check_policy(&launch.command, launch.working_directory.as_deref())
                 .map_err(RejectReason::PolicyRefused)?;
         }
         let plan = Plan {

@@ -247,12 +247,7 @@ fn prepare_and_spawn(plan: &mut Plan) -> Result<Spawned, RejectReason> {
     barrier::check(&record, plan).map_err(RejectReason::BarrierDrift)?;
     // The execution policy, re-decided where the barrier is re-checked.
     plan.containment
-        .policy
-        .check(
-            &plan.command,
-            plan.working_directory.as_deref(),
-            plan.containment.run_as.is_some(),
-        )
+        .check_policy(&plan.command, plan.working_directory.as_deref())
         .map_err(RejectReason::PolicyRefused)?;
     let masker = masker_for(plan, &record);
     drop(record);
