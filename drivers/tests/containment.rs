@@ -553,3 +553,77 @@ fn secret_values_split_across_pipe_reads_are_masked_only_when_asked() {
         },
     );
 }
+
+/// Set in the test's own re-execution as a non-root Worker holding only capabilities.
+const CAPS_ENV: &str = "QL_CONTAINMENT_CAPS_TEST";
+/// The capabilities a non-root Worker needs for `[run_as]`.
+const CAPS: &str = "+setuid,+setgid,+chown,+kill,+dac_override";
+
+#[test]
+fn a_non_root_worker_with_only_ambient_capabilities_passes_none_to_the_run() {
+    let name = "a_non_root_worker_with_only_ambient_capabilities_passes_none_to_the_run";
+    if std::env::var_os(CAPS_ENV).is_none() {
+        if !is_root() || !Path::new("/usr/bin/setpriv").exists() {
+            eprintln!(
+                "SKIPPED: needs root and setpriv(1) to start a non-root Worker with capabilities"
+            );
+            return;
+        }
+        // Re-execute this test as uid 3820000 holding the five capabilities as ambient ones
+        // (what systemd's AmbientCapabilities= gives), with a clean descriptor table.
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new("/usr/bin/setpriv")
+            .args([
+                "--reuid=3820000",
+                "--regid=3820000",
+                "--clear-groups",
+                &format!("--inh-caps={CAPS}"),
+                &format!("--ambient-caps={CAPS}"),
+                "/bin/bash",
+                "-c",
+                supervisor_common::CLOSE_STRAYS_AND_EXEC,
+                "bash",
+            ])
+            .arg(exe)
+            .args(["--exact", name, "--nocapture", "--test-threads=1", "-q"])
+            .env(CAPS_ENV, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    assert_eq!(rustix::process::geteuid().as_raw(), 3_820_000);
+    assert!(ql_worker::containment::identity::missing_capabilities().is_empty());
+    in_clean_process(name, || {
+        let fx = fixture(1);
+        let runs = runs_area(&fx);
+        let script = "echo \"uid=$(id -u)\"; grep -E '^(CapEff|CapPrm|CapAmb|CapInh):' /proc/self/status | tr -s '\\t' ' '";
+        let outcome = fx
+            .executor()
+            .with_containment(run_as(&runs, nobody()))
+            .start(fx.launch(sh(script), vec![]));
+        assert!(
+            matches!(outcome, ExecutorOutcome::Started { .. }),
+            "{outcome:?}"
+        );
+        let receipt = fx.wait_receipt();
+        let log = log_text(&fx);
+        assert_eq!(receipt.exit_code, 0, "{log}");
+        assert!(log.starts_with(&format!("uid={NOBODY}\n")), "{log}");
+        for set in ["CapEff", "CapPrm", "CapAmb", "CapInh"] {
+            assert!(
+                log.contains(&format!("{set}: 0000000000000000")),
+                "no {set} passed on: {log}"
+            );
+        }
+        assert!(
+            !runs.join(fx.record.offer.offer_id.as_str()).exists(),
+            "CAP_DAC_OVERRIDE let the supervisor remove the Run's directory"
+        );
+    });
+}

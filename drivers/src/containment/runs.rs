@@ -192,15 +192,17 @@ pub fn create_run_dir(runs_dir: &Path, name: &str, identity: RunIdentity) -> Res
     })
 }
 
-/// Opens the directory we just made (never following a link) and gives it to the Run.
+/// Opens the directory we just made (never following a link) and gives it to the Run: mode
+/// first, while it is still ours (changing the mode of another's file would need
+/// `CAP_FOWNER`), then the owner.
 fn own(parent: &OwnedFd, name: &str, uid: u32, gid: u32) -> Result<OwnedFd, Errno> {
     let dir = rustix::fs::openat(parent.as_fd(), name, DIR_FLAGS, Mode::empty())?;
+    rustix::fs::fchmod(&dir, Mode::from_raw_mode(RUN_DIR_MODE))?;
     rustix::fs::fchown(
         &dir,
         Some(rustix::fs::Uid::from_raw(uid)),
         Some(rustix::fs::Gid::from_raw(gid)),
     )?;
-    rustix::fs::fchmod(&dir, Mode::from_raw_mode(RUN_DIR_MODE))?;
     Ok(dir)
 }
 
