@@ -363,15 +363,14 @@ fn prepare_and_spawn(plan: &mut Plan) -> Result<Spawned, RejectReason> {
     })
 }
 
-/// No new privileges, no inheritable or ambient capabilities (under `[run_as]`), and the
+/// No new privileges, no inheritable or ambient capabilities, and the
 /// resource limits, on the supervisor itself. Returns the previous limits to restore.
 fn restrict_self(plan: &Plan) -> io::Result<limits::Saved> {
     if plan.containment.no_new_privileges {
         limits::no_new_privileges()?;
     }
-    if plan.containment.run_as.is_some() {
-        limits::drop_inheritable_capabilities()?;
-    }
+    // Always: a Worker holding ambient capabilities must not pass them to any user command.
+    limits::drop_inheritable_capabilities()?;
     limits::apply(&plan.containment.rlimits)
 }
 
