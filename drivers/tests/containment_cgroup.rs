@@ -249,8 +249,9 @@ fn a_fork_bomb_is_contained_by_pids_max_reported_and_its_cgroup_removed() {
             // Bounded even without containment (2^9 processes), so a failure cannot hurt the host.
             let bomb = format!(
                 "cat /proc/self/cgroup; cat {}$(sed -n 's/^0:://p' /proc/self/cgroup)/cpu.max 2>/dev/null; \
-                 b() {{ if [ $1 -gt 0 ]; then b $(($1-1)) & b $(($1-1)) & wait; else sleep 2; fi; }}; b 8; \
-                 setsid sleep 100 & echo escaped $!",
+                 setsid sleep 100 & echo escaped $!; \
+                 b() {{ if [ $1 -gt 0 ]; then b $(($1-1)) & b $(($1-1)) & wait; else sleep 2; fi; }}; (b 8); \
+                 echo bomb over",
                 lab.mount.display()
             );
             let outcome = fx
@@ -288,12 +289,17 @@ fn a_fork_bomb_is_contained_by_pids_max_reported_and_its_cgroup_removed() {
             if lab.has("cpu") {
                 assert!(log.contains("50000 100000\n"), "cpu.max written: {log}");
             }
-            assert!((2..=16).contains(&most), "pids.current peaked at {most}");
+            // Sampled: an upper bound only (that the limit was hit, the refused forks show).
+            assert!(most <= 16, "pids.current peaked at {most}");
             assert!(
                 log.contains("Cannot fork") || log.contains("Resource temporarily unavailable"),
                 "{log}"
             );
-            assert_eq!(receipt.exit_code, 0);
+            assert_eq!(receipt.exit_code, 0, "{log}");
+            assert!(
+                log.contains("bomb over\n"),
+                "the Run's own shell reached its end: {log}"
+            );
             let escaped: u32 = log
                 .lines()
                 .find_map(|l| l.strip_prefix("escaped "))
