@@ -62,10 +62,16 @@ enum Command {
     /// Create the private state root (0700 directories, owner lock) and check its permissions.
     ///
     /// Refuses a root that is a symlink, not owned by this user, or readable by group/other.
+    /// With `--config`, also prepares containment: resolves `[run_as]`, checks the Worker may
+    /// switch to it, creates the runs area, finds a delegated cgroup. Without `[run_as]` it warns
+    /// that Runs share the Worker's identity.
     Init {
         /// Absolute path of the state root (inbox, receipts, log spool).
-        #[arg(long, value_name = "DIR")]
-        root: PathBuf,
+        #[arg(long, value_name = "DIR", required_unless_present = "config")]
+        root: Option<PathBuf>,
+        /// The Worker's configuration (its `root`, and its containment tables).
+        #[arg(long, value_name = "FILE", conflicts_with = "root")]
+        config: Option<PathBuf>,
     },
     /// Run the Worker: register the Session, reconcile the inbox, then supervise and pull.
     ///
@@ -167,7 +173,18 @@ fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Init { root } => init(&root),
+        Command::Init { root, config } => match (root, config) {
+            (_, Some(config)) => init_with_config(&config),
+            (Some(root), None) => {
+                let code = init(&root);
+                eprintln!(
+                    "ql-worker: warning: {} (`init --config FILE` checks [run_as])",
+                    crate::containment::shared_identity_warning(crate::fsio::euid())
+                );
+                code
+            }
+            (None, None) => fail(EXIT_CONFIG, "give --root DIR or --config FILE"),
+        },
         Command::Run { config } => run(&config),
         Command::Drain(root) => match root.resolve() {
             Ok(root) => match crate::runtime::request_drain(&root) {
@@ -206,6 +223,39 @@ fn init(root: &Path) -> ExitCode {
     }
 }
 
+/// `init --config`: the state root, then containment (issue 20).
+fn init_with_config(path: &Path) -> ExitCode {
+    let config = match Config::load(path, &ProcessEnvironment) {
+        Ok(config) => config,
+        Err(e) => return fail(EXIT_CONFIG, e),
+    };
+    let code = init(&config.root);
+    if code != ExitCode::from(EXIT_OK) {
+        return code;
+    }
+    match crate::containment::prepare(&config.containment) {
+        Ok(prepared) => {
+            if let Some(run_as) = &prepared.plan.run_as {
+                println!(
+                    "runs area ready: {} (0711); Runs run as {:?}",
+                    run_as.runs_dir, run_as.identity
+                );
+            }
+            if let Some(cgroup) = &prepared.plan.cgroup {
+                println!(
+                    "delegated cgroup: {} (one run-<offerId> child per Run)",
+                    cgroup.parent
+                );
+            }
+            for warning in &prepared.warnings {
+                eprintln!("ql-worker: warning: {warning}");
+            }
+            ExitCode::from(EXIT_OK)
+        }
+        Err((field, rule)) => fail(EXIT_CONFIG, format!("{}: {field}: {rule}", path.display())),
+    }
+}
+
 fn run(config: &Path) -> ExitCode {
     let config = match Config::load(config, &ProcessEnvironment) {
         Ok(config) => config,
@@ -220,6 +270,9 @@ fn run(config: &Path) -> ExitCode {
         Err(crate::runtime::StartError::Journal(e)) => return fail(EXIT_STORAGE, e),
         Err(e) => return fail(EXIT_CONFIG, e),
     };
+    for warning in runner.containment_warnings() {
+        eprintln!("ql-worker: warning: {warning}");
+    }
     eprintln!(
         "ql-worker: {} running on {} ({:?} profile)",
         config.worker_id,

@@ -44,6 +44,12 @@ struct FileConfig {
     limits: LimitsFile,
     #[serde(default)]
     retention: RetentionFile,
+    // ---- containment tables (issue 20): rules in `crate::containment::settings` ----
+    run_as: Option<crate::containment::settings::RunAsFile>,
+    run_limits: Option<crate::containment::settings::RunLimitsFile>,
+    cgroup: Option<crate::containment::settings::CgroupFile>,
+    policy: Option<crate::containment::settings::PolicyFile>,
+    capture: Option<crate::containment::settings::CaptureFile>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -101,6 +107,9 @@ pub struct Config {
     pub limits: Limits,
     /// Retention of settled records and their logs.
     pub retention: Retention,
+    /// Containment of each Run (`[run_as]`, `[run_limits]`, `[cgroup]`, `[policy]`,
+    /// `[capture]`; issue 20).
+    pub containment: crate::containment::Containment,
 }
 
 /// Control-plane connection settings.
@@ -342,6 +351,19 @@ impl Config {
                 .unwrap_or(7 * 24 * 3_600_000),
             log_keep_ms: file.retention.log_keep_ms.unwrap_or(24 * 3_600_000),
         };
+        // ---- containment (issue 20) ----
+        let containment = crate::containment::Containment::from_file(
+            &crate::containment::settings::ContainmentFile {
+                run_as: file.run_as.as_ref(),
+                run_limits: file.run_limits.as_ref(),
+                cgroup: file.cgroup.as_ref(),
+                policy: file.policy.as_ref(),
+                capture: file.capture.as_ref(),
+            },
+            &root,
+            limits.spool.maximum_attempt_bytes,
+        )
+        .map_err(|(name, rule)| field(path, name, rule))?;
         Ok(Self {
             source: path.to_path_buf(),
             profile: file.profile,
@@ -351,6 +373,7 @@ impl Config {
             control_plane,
             limits,
             retention,
+            containment,
         })
     }
 

@@ -18,11 +18,12 @@ use ql_worker_core::wire::auth::WorkerCredential;
 use zeroize::{Zeroize as _, Zeroizing};
 
 use crate::config::check_secret_file;
+use crate::containment::Policy;
 use crate::https::{HttpsClient, JsonCaps, TransportError};
 use crate::journal::{Journal, JournalError};
 use crate::receipts::{self, ReceiptStoreError};
 use crate::spool::{self, SpoolError, SpoolPolicy};
-use crate::supervisor::{Executor, Launch, StopController};
+use crate::supervisor::{Executor, ExecutorOutcome, Launch, RejectReason, StopController};
 
 /// Largest credential file read.
 const MAX_CREDENTIAL_BYTES: u64 = 1024;
@@ -104,6 +105,16 @@ pub struct Host<E: Executor> {
     stopper: StopController,
     observer: Box<dyn FnMut(&Event<'_>)>,
     stall_after: Option<StallPoint>,
+    leftovers: Leftovers,
+}
+
+/// Where supervisors make things per Run that a killed supervisor could leave behind (issue 20).
+#[derive(Clone, Debug, Default)]
+pub struct Leftovers {
+    /// The `[run_as]` runs area.
+    pub runs_dir: Option<PathBuf>,
+    /// The delegated cgroup whose `run-<offerId>` children are the Runs'.
+    pub cgroup_parent: Option<PathBuf>,
 }
 
 /// Where the crash-test hook `QL_WORKER_FAULT_STALL_AFTER` stops the Worker answering.
@@ -168,7 +179,37 @@ impl<E: Executor> Host<E> {
             stopper,
             observer: Box::new(|_| {}),
             stall_after: None,
+            leftovers: Leftovers::default(),
         }
+    }
+
+    /// Where [`Host::sweep_runs`] looks for what killed supervisors left.
+    pub fn set_leftovers(&mut self, leftovers: Leftovers) {
+        self.leftovers = leftovers;
+    }
+
+    /// Removes Run directories and (empty) Run cgroups whose Run is settled or no longer in the
+    /// inbox: a supervisor removes its own before the receipt, so these are a killed
+    /// supervisor's. Returns how many were removed.
+    pub fn sweep_runs(&mut self) -> usize {
+        let journal = &self.journal;
+        // Kept: anything not named by an offer id (not ours), a record not settled, and a
+        // record that cannot be read (never remove what might still be in use).
+        let live = |name: &str| {
+            ql_worker_core::ids::OfferId::new(name).map_or(true, |id| {
+                journal
+                    .read_record(&id)
+                    .map_or(true, |r| r.is_some_and(|r| !r.state.is_terminal()))
+            })
+        };
+        let mut removed = 0;
+        if let Some(runs) = &self.leftovers.runs_dir {
+            removed += crate::containment::runs::sweep(runs, live);
+        }
+        if let Some(parent) = &self.leftovers.cgroup_parent {
+            removed += crate::containment::cgroup::sweep(parent, live);
+        }
+        removed
     }
 
     /// Crash-test hook: at `point`, never answer again (the Worker hangs there until it is
@@ -294,8 +335,11 @@ impl<E: Executor> Host<E> {
             } => self.upload(&path, &log_artifact_id, &header, byte_length, response_cap),
             Action::Spawn(plan) => {
                 let quota = self.spool.maximum_attempt_bytes;
+                let context = SpawnContext::of(&plan);
                 let launch = Launch::from_core(*plan, quota);
-                let outcome: SpawnOutcome = self.executor.start(launch).into();
+                let outcome = self.executor.start(launch);
+                context.log(&outcome);
+                let outcome: SpawnOutcome = outcome.into();
                 if self.stall_after == Some(StallPoint::Spawned)
                     && matches!(outcome, SpawnOutcome::Started { .. })
                 {
@@ -373,6 +417,64 @@ impl<E: Executor> Host<E> {
             }
             Err(e) => Outcome::Http(http_failure(e)),
         }
+    }
+}
+
+/// What a failed launch's log line names (never a value: ids, paths and the rule).
+struct SpawnContext {
+    line: String,
+    command: ql_worker_core::revision::ExecCommand,
+    working_directory: Option<String>,
+}
+
+impl SpawnContext {
+    fn of(plan: &LaunchPlan) -> Self {
+        let command = match &plan.command {
+            // The shell command's text is not needed to name a rule; keep only its shell.
+            ql_worker_core::revision::ExecCommand::Shell { shell, .. } => {
+                ql_worker_core::revision::ExecCommand::Shell {
+                    command: String::new(),
+                    shell: shell.clone(),
+                }
+            }
+            argv => argv.clone(),
+        };
+        Self {
+            line: format!(
+                "offer {} (run {}, attempt {})",
+                plan.offer_id, plan.run_id, plan.attempt_id
+            ),
+            command,
+            working_directory: plan.working_directory.clone(),
+        }
+    }
+
+    /// One line on stderr for a launch that did not start (`Rejected`: a start failure is
+    /// reported; `Unknown`: recovery evidence).
+    fn log(&self, outcome: &ExecutorOutcome) {
+        let line = match outcome {
+            ExecutorOutcome::Started { .. } => return,
+            ExecutorOutcome::Rejected {
+                reason: RejectReason::PolicyRefused(rule),
+            } => format!(
+                "{}: start failed, no user process started: refused by the execution policy: \
+                 {rule} ({})",
+                self.line,
+                Policy::subject(*rule, &self.command, self.working_directory.as_deref())
+            ),
+            ExecutorOutcome::Rejected { reason } => format!(
+                "{}: start failed, no user process started: {reason}",
+                self.line
+            ),
+            ExecutorOutcome::Unknown { reason } => format!(
+                "{}: launch outcome unknown (recovery evidence): {reason}",
+                self.line
+            ),
+        };
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!("ql-worker: {line}\n").as_bytes(),
+        );
     }
 }
 

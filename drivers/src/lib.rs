@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod containment;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod fsio;

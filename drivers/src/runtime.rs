@@ -67,6 +67,16 @@ pub enum StartError {
     /// An environment variable has an invalid value.
     #[error("environment: {0}")]
     Environment(String),
+    /// Containment cannot be set up (`[run_as]`, the runs area, a required cgroup).
+    #[error("{path}: {field}: {rule}")]
+    Containment {
+        /// The configuration file.
+        path: String,
+        /// The field, dotted.
+        field: &'static str,
+        /// The rule.
+        rule: String,
+    },
 }
 
 /// Operator requests: signals counted by a watcher thread, and the drain file.
@@ -118,6 +128,7 @@ pub struct Runner {
     signals: Signals,
     drain_sent: bool,
     next_retention_at: UnixMillis,
+    containment_warnings: Vec<String>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -197,7 +208,25 @@ impl Runner {
         let client = HttpsClient::new(origin, material, timeout)
             .map_err(|e| StartError::ControlPlane(e.to_string()))?;
         crate::host::authorization(&cp.credential_file).map_err(StartError::ControlPlane)?;
-        let executor = SupervisorExecutor::new(image, config.root.clone());
+        // ---- containment (issue 20): identity, runs area, delegated cgroup ----
+        let prepared =
+            crate::containment::prepare(&config.containment).map_err(|(field, rule)| {
+                StartError::Containment {
+                    path: config.source.display().to_string(),
+                    field,
+                    rule,
+                }
+            })?;
+        let leftovers = crate::host::Leftovers {
+            runs_dir: crate::containment::runs_dir(&prepared.plan),
+            cgroup_parent: prepared
+                .plan
+                .cgroup
+                .as_ref()
+                .map(|c| PathBuf::from(&c.parent)),
+        };
+        let executor =
+            SupervisorExecutor::new(image, config.root.clone()).with_containment(prepared.plan);
         let mut host = Host::new(
             journal,
             config.limits.spool,
@@ -207,6 +236,7 @@ impl Runner {
             StopController::default(),
         );
         host.stall_after(stall_hook()?);
+        host.set_leftovers(leftovers);
         let now = crate::os::now();
         let worker = Worker::new(worker_config(config, session.session_id)?, now);
         Ok(Self {
@@ -222,7 +252,14 @@ impl Runner {
             signals,
             drain_sent: false,
             next_retention_at: now,
+            containment_warnings: prepared.warnings,
         })
+    }
+
+    /// What the operator should know about containment (printed by `ql-worker run`).
+    #[must_use]
+    pub fn containment_warnings(&self) -> &[String] {
+        &self.containment_warnings
     }
 
     /// Installs an observer of persisted records and uploads (the demo prints lifecycles).
@@ -316,6 +353,7 @@ impl Runner {
         if now >= self.next_retention_at {
             self.next_retention_at = now.saturating_add(RETENTION_EVERY_MS);
             let _ = retention::sweep(self.host.journal_mut(), now, &self.retention);
+            self.host.sweep_runs();
         }
     }
 
