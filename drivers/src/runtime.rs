@@ -277,6 +277,14 @@ impl Runner {
         self.host.observe(observer);
     }
 
+    /// The supervisors started by this run that have not exited yet (finished ones are reaped
+    /// first), for the demo's clean-up.
+    pub fn supervisors(&mut self) -> Vec<u32> {
+        let executor = self.host.executor_mut();
+        executor.reap_exited();
+        executor.supervisor_pids()
+    }
+
     /// The core machine (read-only), for status output.
     #[must_use]
     pub fn worker(&self) -> &Worker {
