@@ -957,10 +957,13 @@ fn redact_parser_message(message: &str) -> String {
             return out;
         };
         let inner = &after[..end];
-        if quote == '`' && looks_like_field_name(inner) {
+        let punctuation = inner.len() <= 3 && inner.chars().all(|c| c.is_ascii_punctuation());
+        if quote == '`' && (looks_like_field_name(inner) || punctuation) {
             out.push('`');
             out.push_str(inner);
             out.push('`');
+        } else if quote == '`' {
+            out.push_str("(a name that is not a field, hidden)");
         } else {
             out.push_str("(value hidden)");
         }

@@ -278,7 +278,7 @@ fn describe_rustls(error: &rustls::Error) -> String {
             | CertificateError::UnsupportedSignatureAlgorithmForPublicKeyContext { .. } => {
                 String::from("the certificate uses an unsupported signature algorithm")
             }
-            CertificateError::Other(other) => describe_webpki(&other.0),
+            CertificateError::Other(other) => describe_webpki(other.0.as_ref()),
             _ => sentence(&format!("{cert:?}")),
         },
         Error::InconsistentKeys(InconsistentKeys::KeyMismatch) => {
@@ -288,7 +288,7 @@ fn describe_rustls(error: &rustls::Error) -> String {
             "the private key's public half cannot be compared with the certificate (unsupported key type)",
         ),
         Error::General(text) => text.clone(),
-        Error::Other(other) => describe_webpki(&other.0),
+        Error::Other(other) => describe_webpki(other.0.as_ref()),
         _ => sentence(&format!("{error:?}")),
     }
 }
