@@ -298,10 +298,10 @@ impl Runner {
     /// still there, and that start drains at once: the request was never answered.)
     pub fn run(&mut self) -> RunExit {
         let exit = self.run_until_exit();
-        if self.drain_sent {
-            if let Err(e) = self.host.journal_mut().clear_drain_request() {
-                say(&format!("could not remove the drain request: {e}"));
-            }
+        if self.drain_sent
+            && let Err(e) = self.host.journal_mut().clear_drain_request()
+        {
+            say(&format!("could not remove the drain request: {e}"));
         }
         exit
     }

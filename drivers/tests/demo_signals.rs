@@ -118,10 +118,10 @@ fn stat(pid: u32) -> Option<(u32, char)> {
 fn descendants(root: u32) -> Vec<u32> {
     let mut all: Vec<(u32, u32)> = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        if let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) {
-            if let Some((ppid, _)) = stat(pid) {
-                all.push((pid, ppid));
-            }
+        if let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok())
+            && let Some((ppid, _)) = stat(pid)
+        {
+            all.push((pid, ppid));
         }
     }
     let mut found = vec![root];

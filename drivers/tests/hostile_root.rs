@@ -87,7 +87,8 @@ fn drain_never_follows_a_link_or_truncates_what_is_at_its_name() {
     fs::set_permissions(&private_victim, fs::Permissions::from_mode(0o600)).unwrap();
     let drain = sb.root.join("drain");
     let dangling = sb.dir.path().join("created-through-the-link");
-    let plant: [(&str, Box<dyn Fn()>, &str); 5] = [
+    type Plant<'a> = Box<dyn Fn() + 'a>;
+    let plant: [(&str, Plant<'_>, &str); 5] = [
         (
             "a symlink to a file",
             Box::new(|| std::os::unix::fs::symlink(&victim, &drain).unwrap()),

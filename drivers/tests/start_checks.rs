@@ -80,11 +80,13 @@ fn assert_no_debug(message: &str) {
     }
 }
 
+/// Edits the configuration text and may create files in the world's directory.
+type Edit = Box<dyn Fn(&World, &str) -> String>;
+
 /// One class of bad input: how to make it, and what the message must say.
 struct Case {
     name: &'static str,
-    /// Edits the configuration text and may create files in the world's directory.
-    edit: Box<dyn Fn(&World, &str) -> String>,
+    edit: Edit,
     env: Vec<(&'static str, String)>,
     /// Every one of these is in the message.
     says: Vec<String>,
