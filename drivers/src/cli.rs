@@ -70,7 +70,8 @@ pub struct Cli {
 enum Command {
     /// Create the private state root (0700 directories, owner lock) and check its permissions.
     ///
-    /// Refuses a root that is a symlink, not owned by this user, or readable by group/other.
+    /// Refuses a root that is a symlink, not owned by this user, readable by group/other, or
+    /// holding anything the Worker does not write (it never adopts a directory of other files).
     Init {
         /// Absolute path of the state root (inbox, receipts, log spool).
         #[arg(long, value_name = "DIR")]
@@ -88,7 +89,8 @@ enum Command {
     },
     /// Ask the running Worker of a state root to drain (writes `<root>/drain`).
     ///
-    /// Equivalent to sending SIGTERM to the Worker process.
+    /// Equivalent to sending SIGTERM to the Worker process. Only a state root (one `init`
+    /// made) is written to; nothing at `<root>/drain` is ever followed or truncated.
     Drain(#[command(flatten)] RootArgs),
     /// Inspect the inbox (read-only; works while a Worker runs). Capabilities are redacted.
     Inbox {

@@ -833,21 +833,6 @@ impl fmt::Display for FileProblem {
     }
 }
 
-impl FileProblem {
-    /// The I/O error kind, when it is one.
-    #[must_use]
-    pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
-        match self {
-            Self::Io(e) => Some(e.kind()),
-            Self::Symlink
-            | Self::NotRegular
-            | Self::Owner { .. }
-            | Self::Mode { .. }
-            | Self::TooLarge { .. } => None,
-        }
-    }
-}
-
 /// An I/O error without Rust's `(os error N)` suffix.
 fn io_text(e: &std::io::Error) -> String {
     let text = e.to_string();

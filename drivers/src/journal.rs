@@ -355,12 +355,14 @@ impl<F: FileSystem> Journal<F> {
         capacity: Capacity,
         create: bool,
     ) -> Result<Self, JournalError> {
+        // Nothing foreign in the root, checked before anything is created in it.
         let root = if create {
-            fsio::open_root(&fs, root_path, true)?
+            let root = fsio::open_root(&fs, root_path, true)?;
+            check_root_entries(&fs, &root)?;
+            root
         } else {
             open_state_root(&fs, root_path)?
         };
-        check_root_entries(&fs, &root)?;
         let lock = lock::acquire(&fs, &root, create)?;
         let Some(offers) = open_offers(&fs, &root, create)? else {
             return Err(JournalError::NotFound {

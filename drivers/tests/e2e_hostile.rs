@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use e2e_common::{KillOnDrop, PRODUCTION_BINARY, World, sigterm, wait_exit};
+use e2e_common::{KillOnDrop, PRODUCTION_BINARY, World, init_root, sigterm, wait_exit};
 use ql_worker_core::record::State;
 use ql_worker_tests::control_plane::{RevisionBuilder, RunSpec};
 
@@ -107,12 +107,7 @@ fn a_deleted_or_replaced_owner_lock_stops_the_worker_at_once() {
 fn something_other_than_a_regular_file_at_drain_is_refused_at_start_and_stops_a_running_worker() {
     // At start: refused before anything changes, instead of draining at once for ever.
     let world = World::new();
-    let init = Command::new(PRODUCTION_BINARY)
-        .args(["init", "--root"])
-        .arg(world.root())
-        .output()
-        .unwrap();
-    assert!(init.status.success());
+    init_root(world.root());
     let drain = world.root().join("drain");
     fs::create_dir(&drain).unwrap();
     let log = world.dir.path().join("stderr.log");
@@ -267,12 +262,7 @@ fn sighup_and_sigusr_signals_are_reported_and_do_not_kill_the_worker() {
 #[test]
 fn an_unusable_session_file_is_exit_3() {
     let world = World::new();
-    let init = Command::new(PRODUCTION_BINARY)
-        .args(["init", "--root"])
-        .arg(world.root())
-        .output()
-        .unwrap();
-    assert!(init.status.success());
+    init_root(world.root());
     let session = world.root().join("session");
     type Plant = Box<dyn Fn(&Path)>;
     let other_worker = "ql-worker-session v1\nworker_id=someone-else\nsession_id=018f0000-0000-7000-8000-000000000001\n";
@@ -356,12 +346,7 @@ fn a_session_write_that_fails_with_enospc_is_exit_3() {
     }
     let _unmount = Unmount(&mount);
     let root = mount.join("state");
-    let init = Command::new(PRODUCTION_BINARY)
-        .args(["init", "--root"])
-        .arg(&root)
-        .output()
-        .unwrap();
-    assert!(init.status.success(), "{init:?}");
+    init_root(&root);
     // Fill the file system to the last byte.
     let filler = mount.join("filler");
     let mut file = fs::File::create(&filler).unwrap();

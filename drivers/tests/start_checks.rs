@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use base64::Engine as _;
-use e2e_common::{KillOnDrop, PRODUCTION_BINARY, World, sigterm, wait_exit};
+use e2e_common::{KillOnDrop, PRODUCTION_BINARY, World, init_root, sigterm, wait_exit};
 use storage_support::snapshot;
 
 fn write_file(path: &Path, bytes: &[u8], mode: u32) {
@@ -462,12 +462,7 @@ fn every_configuration_check_runs_before_anything_is_created_or_written() {
     let bad_config = world.dir.path().join("bad.toml");
     for initialised in [false, true] {
         if initialised {
-            let init = Command::new(PRODUCTION_BINARY)
-                .args(["init", "--root"])
-                .arg(world.root())
-                .output()
-                .unwrap();
-            assert!(init.status.success(), "{init:?}");
+            init_root(world.root());
         }
         for case in cases(&world, &bad_config) {
             let text = (case.edit)(&world, &good);

@@ -238,6 +238,16 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// `ql-worker init --root <root>`, which must succeed.
+pub fn init_root(root: &Path) {
+    let out = Command::new(PRODUCTION_BINARY)
+        .args(["init", "--root"])
+        .arg(root)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "init {}: {out:?}", root.display());
+}
+
 /// SIGKILL and reap.
 pub fn kill9(child: &mut Child) {
     let _ = child.kill();
