@@ -7,17 +7,15 @@
 //! Worker here ([`HostError::Fatal`]) — never retried.
 
 use std::fmt;
-use std::fs;
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use ql_worker_core::io::{
     Action, HttpFailure, LaunchPlan, Outcome, ReceiptRead, SpawnOutcome, StoreFailure,
 };
-use ql_worker_core::wire::auth::WorkerCredential;
+use ql_worker_core::wire::auth::{AuthError, WorkerCredential};
 use zeroize::{Zeroize as _, Zeroizing};
 
-use crate::config::check_secret_file;
+use crate::config::FileClass;
 use crate::containment::Policy;
 use crate::https::{HttpsClient, JsonCaps, TransportError};
 use crate::journal::{Journal, JournalError};
@@ -45,34 +43,60 @@ impl fmt::Display for HostError {
 
 impl std::error::Error for HostError {}
 
-/// Reads the `ql3w_…` credential file (regular, owned, 0600) and returns the `Authorization`
-/// header value. The file is re-read on every call, so a rotated credential is picked up; every
-/// buffer that held the secret is wiped.
+/// Reads the `ql3w_…` credential file (not a symlink, regular, owned by this user, 0600 or
+/// stricter) and returns the `Authorization` header value. The file is re-read on every call,
+/// so a rotated credential is picked up; every buffer that held the secret is wiped.
 ///
 /// # Errors
-/// A message naming the file and the rule.
+/// A message naming the file and the rule (never the file's content).
 pub fn authorization(path: &Path) -> Result<Zeroizing<String>, String> {
-    check_secret_file(path, "credential file")?;
-    let mut file =
-        fs::File::open(path).map_err(|e| format!("credential file {}: {e}", path.display()))?;
-    let mut text = Zeroizing::new(String::new());
-    file.by_ref()
-        .take(MAX_CREDENTIAL_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("credential file {}: {e}", path.display()))?;
-    if text.len() as u64 > MAX_CREDENTIAL_BYTES {
+    authorization_rule(path).map_err(|rule| format!("credential file {}: {rule}", path.display()))
+}
+
+/// [`authorization`], with an error that is only the rule (the caller names the file).
+///
+/// # Errors
+/// The rule the file breaks.
+pub fn authorization_rule(path: &Path) -> Result<Zeroizing<String>, String> {
+    const FORM: &str = "one line ql3w_<credentialId>_<43 base64url characters>";
+    let bytes = crate::config::read_checked(path, FileClass::Secret, MAX_CREDENTIAL_BYTES)
+        .map_err(|problem| problem.to_string())?;
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|_| format!("must hold {FORM} (it is not UTF-8 text)"))?;
+    // One line, with or without its line ending; nothing else (no second line, no spaces).
+    let line = text
+        .strip_suffix("\r\n")
+        .or_else(|| text.strip_suffix('\n'))
+        .unwrap_or(text);
+    if line.is_empty() {
+        return Err(format!("must hold {FORM} (it is empty)"));
+    }
+    let lines = line.split('\n').count();
+    if lines > 1 {
+        return Err(format!("must hold {FORM} (it holds {lines} lines)"));
+    }
+    if line.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(format!(
-            "credential file {}: larger than {MAX_CREDENTIAL_BYTES} bytes",
-            path.display()
+            "must hold {FORM} (it holds a space or control character)"
         ));
     }
+    if !line.starts_with("ql3w_") {
+        return Err(format!("must hold {FORM} (it does not start with ql3w_)"));
+    }
     let mut header = Zeroizing::new(String::from("Worker "));
-    header.push_str(text.trim());
+    header.push_str(line);
     let credential = WorkerCredential::parse_header(&header).map_err(|e| {
-        format!(
-            "credential file {}: must hold ql3w_<credentialId>_<43 base64url characters>: {e}",
-            path.display()
-        )
+        let why = match e {
+            AuthError::Scheme => "it is not of that form",
+            AuthError::CredentialId => {
+                "the credential id must be 1 to 64 characters from A-Z a-z 0-9 . _ : - starting \
+                 with a letter or digit"
+            }
+            AuthError::Secret => {
+                "the secret must be 43 characters of canonical base64url (32 bytes)"
+            }
+        };
+        format!("must hold {FORM} ({why})")
     })?;
     header.zeroize();
     Ok(credential.header_value())
@@ -104,6 +128,7 @@ pub struct Host<E: Executor> {
     executor: E,
     stopper: StopController,
     observer: Box<dyn FnMut(&Event<'_>)>,
+    #[cfg(feature = "test-hooks")]
     stall_after: Option<StallPoint>,
     leftovers: Leftovers,
 }
@@ -117,7 +142,9 @@ pub struct Leftovers {
     pub cgroup_parent: Option<PathBuf>,
 }
 
-/// Where the crash-test hook `QL_WORKER_FAULT_STALL_AFTER` stops the Worker answering.
+/// Where the crash-test hook `QL_WORKER_FAULT_STALL_AFTER` stops the Worker answering (test
+/// builds only: [`crate::test_hooks`]).
+#[cfg(feature = "test-hooks")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StallPoint {
     /// After the first record persisted in this state.
@@ -127,6 +154,7 @@ pub enum StallPoint {
     Spawned,
 }
 
+#[cfg(feature = "test-hooks")]
 impl StallPoint {
     /// The hook's value for the spawn moment.
     pub const SPAWNED: &'static str = "spawned";
@@ -145,6 +173,7 @@ impl StallPoint {
 }
 
 /// Never answers again (the crash-test hook's stall).
+#[cfg(feature = "test-hooks")]
 fn stall_forever() -> ! {
     loop {
         std::thread::sleep(std::time::Duration::from_secs(3600));
@@ -178,6 +207,7 @@ impl<E: Executor> Host<E> {
             executor,
             stopper,
             observer: Box::new(|_| {}),
+            #[cfg(feature = "test-hooks")]
             stall_after: None,
             leftovers: Leftovers::default(),
         }
@@ -213,8 +243,8 @@ impl<E: Executor> Host<E> {
     }
 
     /// Crash-test hook: at `point`, never answer again (the Worker hangs there until it is
-    /// killed). See `QL_WORKER_FAULT_STALL_AFTER` in `docs/operations.md`; never set in
-    /// production.
+    /// killed). See "Test-only hooks" in `docs/operations.md`; test builds only.
+    #[cfg(feature = "test-hooks")]
     pub fn stall_after(&mut self, point: Option<StallPoint>) {
         self.stall_after = point;
     }
@@ -256,6 +286,7 @@ impl<E: Executor> Host<E> {
                 match result {
                     Ok(()) => {
                         (self.observer)(&Event::Persisted(&record));
+                        #[cfg(feature = "test-hooks")]
                         if self.stall_after == Some(StallPoint::Persisted(record.state)) {
                             stall_forever();
                         }
@@ -340,6 +371,7 @@ impl<E: Executor> Host<E> {
                 let outcome = self.executor.start(launch);
                 context.log(&outcome);
                 let outcome: SpawnOutcome = outcome.into();
+                #[cfg(feature = "test-hooks")]
                 if self.stall_after == Some(StallPoint::Spawned)
                     && matches!(outcome, SpawnOutcome::Started { .. })
                 {
@@ -495,7 +527,11 @@ pub fn journal_failure(error: &JournalError) -> StoreFailure {
         | JournalError::NotFound { .. }
         | JournalError::AlreadyOwned { .. } => StoreFailure::Conflict,
         JournalError::Storage(crate::fsio::StorageError::Corrupt { .. }) => StoreFailure::Unsafe,
+        JournalError::NotStateRoot { .. } | JournalError::OwnerLockLost { .. } => {
+            StoreFailure::Unsafe
+        }
         JournalError::Storage(_)
+        | JournalError::NotAllowed { .. }
         | JournalError::NotSettled { .. }
         | JournalError::Refused { .. } => StoreFailure::Unchanged,
     }

@@ -19,3 +19,5 @@ pub mod runtime;
 pub mod session_store;
 pub mod spool;
 pub mod supervisor;
+#[cfg(feature = "test-hooks")]
+pub mod test_hooks;

@@ -1522,13 +1522,14 @@ fn stop_now(worker: &mut Child) {
 /// revisits a settled record, so the restarted Worker never finishes the cleanup.
 #[test]
 fn a_kill_between_completion_acknowledged_and_receipt_removal_leaves_no_receipt() {
-    use ql_worker::runtime::STALL_HOOK_ENV;
+    use ql_worker::test_hooks::STALL_HOOK_ENV;
     let world = World::new();
     let marker = world.dir.path().join("marker");
     let run = marked_run(&world, 1, &marker, "");
     let attempt = AttemptId::new("attempt-1").unwrap();
-    let mut first =
-        KillOnDrop(world.spawn_worker(&[(STALL_HOOK_ENV, State::CompletionAcknowledged.as_str())]));
+    let mut first = KillOnDrop(
+        world.spawn_hooked_worker(&[(STALL_HOOK_ENV, State::CompletionAcknowledged.as_str())]),
+    );
     world.wait_for("completion_acknowledged", Duration::from_secs(60), |w| {
         w.state_of(&run) == Some(State::CompletionAcknowledged)
     });
@@ -1563,13 +1564,13 @@ fn a_kill_between_completion_acknowledged_and_receipt_removal_leaves_no_receipt(
 /// Tries a bounded number of times for that order.
 #[test]
 fn a_kill_between_accepted_and_clearing_the_claim_does_not_block_later_pulls() {
-    use ql_worker::runtime::STALL_HOOK_ENV;
+    use ql_worker::test_hooks::STALL_HOOK_ENV;
     for _ in 0..10 {
         let world = World::new();
         let marker = world.dir.path().join("marker");
         let first_run = marked_run(&world, 1, &marker, "");
         let mut first =
-            KillOnDrop(world.spawn_worker(&[(STALL_HOOK_ENV, State::Accepted.as_str())]));
+            KillOnDrop(world.spawn_hooked_worker(&[(STALL_HOOK_ENV, State::Accepted.as_str())]));
         world.wait_for("accepted", Duration::from_secs(60), |w| {
             w.state_of(&first_run) == Some(State::Accepted)
         });
@@ -1659,16 +1660,17 @@ fn a_lost_completion_answer_still_ends_completion_acknowledged() {
 /// case is reproduced every time instead of by timing.
 #[test]
 fn once_launch_outcome_unknown_resolves_from_its_receipt_the_worker_takes_work_again() {
-    use ql_worker::host::StallPoint;
-    use ql_worker::runtime::STALL_HOOK_ENV;
+    use ql_worker::test_hooks::STALL_HOOK_ENV;
+    use ql_worker::test_hooks::StallPoint;
     let world = World::new();
     let log = world.dir.path().join("stderr.log");
     let marker = world.dir.path().join("marker");
     // The user process outlives the restart by seconds, so the recovery record is observed
     // before the receipt resolves it.
     let run = marked_run(&world, 1, &marker, "; sleep 3");
-    let mut first =
-        KillOnDrop(world.spawn_worker_logged(&[(STALL_HOOK_ENV, StallPoint::SPAWNED)], &log));
+    let mut first = KillOnDrop(
+        world.spawn_hooked_worker_logged(&[(STALL_HOOK_ENV, StallPoint::SPAWNED)], &log),
+    );
     world.wait_for("the user process ran", Duration::from_secs(60), |_| {
         marker_lines(&marker) == 1
     });

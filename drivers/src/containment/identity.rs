@@ -32,6 +32,22 @@ pub enum RunIdentity {
     },
 }
 
+impl std::fmt::Display for RunIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Fixed { uid, gid } => write!(f, "uid {uid}, gid {gid}"),
+            Self::Range { first, count, gid } => {
+                let last = first.saturating_add(count.saturating_sub(1));
+                write!(f, "one uid of {first}..={last} per live Run, ")?;
+                match gid {
+                    Some(gid) => write!(f, "gid {gid}"),
+                    None => f.write_str("gid = the uid"),
+                }
+            }
+        }
+    }
+}
+
 /// The capabilities a Worker needs to run commands under another identity: switch uid and gid
 /// (and clear supplementary groups), give the Run its directory, signal the Run's processes,
 /// and remove the Run's directory afterwards.
