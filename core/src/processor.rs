@@ -922,19 +922,20 @@ fn environment(
     let revision = &record.offer.execution_revision;
     let mut env = Vec::with_capacity(revision.environment.len());
     for binding in &revision.environment {
+        // A public value reaches the child as Node would pass it: lone surrogates as U+FFFD.
         let value = match &binding.value {
-            EnvValue::Public(value) => value.as_str(),
+            EnvValue::Public(value) => value.to_utf8_lossy(),
             EnvValue::Secret(reference) => secrets
                 .values
                 .iter()
                 .find(|v| v.secret_ref == *reference)
-                .map(|v| v.value.expose())?,
+                .map(|v| alloc::borrow::Cow::Borrowed(v.value.expose()))?,
         };
         let name = binding.name.as_str();
         if value.contains('\0') || name.contains('=') || name.is_empty() {
             return None;
         }
-        env.push((String::from(name), Zeroizing::new(String::from(value))));
+        env.push((String::from(name), Zeroizing::new(value.into_owned())));
     }
     let unique = env
         .iter()
