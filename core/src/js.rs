@@ -205,8 +205,7 @@ fn wtf8_at(bytes: &[u8], i: usize) -> Option<(u32, usize)> {
             (c >= 0x800).then_some((c, 3))
         }
         0xf0..=0xf4 => {
-            let c =
-                (u32::from(b0 & 0x07) << 18) | (cont(1)? << 12) | (cont(2)? << 6) | cont(3)?;
+            let c = (u32::from(b0 & 0x07) << 18) | (cont(1)? << 12) | (cont(2)? << 6) | cont(3)?;
             (0x1_0000..=0x10_ffff).contains(&c).then_some((c, 4))
         }
         _ => None,
@@ -658,13 +657,20 @@ mod tests {
         // serde_json decodes `"x\ud800y\udc00"` into these WTF-8 bytes when asked for bytes.
         let lone = JsString::from_wtf8(b"x\xed\xa0\x80y\xed\xb0\x80".to_vec()).unwrap();
         assert!(lone.has_lone_surrogate() && lone.as_str().is_none());
-        assert_eq!(lone.byte_len(), 8, "Buffer.byteLength counts 3 per lone surrogate");
+        assert_eq!(
+            lone.byte_len(),
+            8,
+            "Buffer.byteLength counts 3 per lone surrogate"
+        );
         let mut out = Vec::new();
         write_json_js_string(&mut out, &lone);
         assert_eq!(out, br#""x\ud800y\udc00""#);
         assert_eq!(json_js_string_len(&lone), out.len());
         assert_eq!(lone.to_utf8_lossy(), "x\u{fffd}y\u{fffd}");
-        assert_eq!(alloc::format!("{lone:?}"), r#"JsString("x\u{d800}y\u{dc00}")"#);
+        assert_eq!(
+            alloc::format!("{lone:?}"),
+            r#"JsString("x\u{d800}y\u{dc00}")"#
+        );
         // A split surrogate pair and invalid UTF-8 are not WTF-8.
         assert_eq!(
             JsString::from_wtf8(b"\xed\xa0\x80\xed\xb0\x80".to_vec()),

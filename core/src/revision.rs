@@ -993,10 +993,9 @@ impl ExecutionRevision {
         for binding in &self.environment {
             w.begin_object().field_str("name", binding.name.as_str());
             match &binding.value {
-                EnvValue::Public(value) => w
-                    .field_str("kind", "public")
-                    .key("value")
-                    .js_string(value),
+                EnvValue::Public(value) => {
+                    w.field_str("kind", "public").key("value").js_string(value)
+                }
                 EnvValue::Secret(r) => w
                     .field_str("kind", "secret")
                     .field_str("secretRef", r.as_str()),

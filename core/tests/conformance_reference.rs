@@ -90,7 +90,10 @@ fn conformance_semver_ranges_match_the_reference() {
                 case["referenceValidRange"]
             ));
         }
-        let digest = case["digest"].as_str().unwrap_or(&"0".repeat(64)).to_owned();
+        let digest = case["digest"]
+            .as_str()
+            .unwrap_or(&"0".repeat(64))
+            .to_owned();
         let parsed = ExecutionRevision::parse_json(range_revision(field, text, &digest).as_bytes());
         match (accepts, parsed) {
             (true, Ok(revision)) => {
@@ -107,6 +110,46 @@ fn conformance_semver_ranges_match_the_reference() {
     }
     assert!(cases.len() >= 180);
     report("semver-ranges.json", cases.len(), accepted, &differences);
+}
+
+/// The reference's `offer: argv, no placement key` response carrying `text` (the wire form of
+/// `revision`) in place of its own revision, with the candidate and digest to match, parsed as
+/// an offer.
+fn offered(text: &str, revision: &ExecutionRevision) -> Result<ExecutionRevision, WireError> {
+    let responses = cases(RESPONSES);
+    let body = responses["offer: argv, no placement key"]["body"]
+        .as_str()
+        .unwrap();
+    let start = body.find("\"executionRevision\":").unwrap() + "\"executionRevision\":".len();
+    let end = body.find(",\"placementScore\"").unwrap();
+    let quoted = |s: &str| serde_json::to_string(s).unwrap();
+    let candidate =
+        "\"projectId\":\"project-1\",\"taskId\":\"task-1\",\"taskRevision\":\"qltd:v1:1:";
+    let old: Value = serde_json::from_str(body).unwrap();
+    let old_digest = old["offer"]["executionDigest"].as_str().unwrap();
+    let body = format!("{}{text}{}", &body[..start], &body[end..])
+        .replacen(
+            &format!("\"executionDigest\":\"{old_digest}\""),
+            &format!(
+                "\"executionDigest\":\"{}\"",
+                revision.content_digest.to_hex()
+            ),
+            1,
+        )
+        .replacen(
+            &format!("{candidate}{}\"", "a".repeat(64)),
+            &format!(
+                "\"projectId\":{},\"taskId\":{},\"taskRevision\":{}",
+                quoted(revision.project_id.as_str()),
+                quoted(revision.task_id.as_str()),
+                quoted(revision.task_revision.as_str())
+            ),
+            1,
+        );
+    match OfferResponse::parse(body.as_bytes())? {
+        OfferResponse::Offered { offer, .. } => Ok(offer.execution_revision),
+        OfferResponse::Idle { .. } => panic!("an offered body"),
+    }
 }
 
 #[test]
@@ -137,6 +180,12 @@ fn conformance_revision_edges_match_the_reference() {
                 }
                 if let Err(e) = revision.validate() {
                     differences.push(format!("{name}: stored form does not validate: {e}"));
+                }
+                // The same revision inside the reference's own offer body parses the same way.
+                match offered(input, &revision) {
+                    Ok(inside) if inside == revision => {}
+                    Ok(_) => differences.push(format!("{name}: differs inside an offer")),
+                    Err(e) => differences.push(format!("{name}: refused inside an offer: {e}")),
                 }
                 // The inbox keeps it in postcard; it must come back exactly.
                 let stored = postcard::to_allocvec(&revision).unwrap();
@@ -219,8 +268,8 @@ fn replay(kind: &str, body: &[u8]) -> Result<Option<Vec<u8>>, String> {
         "heartbeat" => {
             let mut request = fx::heartbeat_request();
             request.expected_version = 3;
-            let parsed = SessionResponse::parse_heartbeat(body, &worker, &session, &request)
-                .map_err(err)?;
+            let parsed =
+                SessionResponse::parse_heartbeat(body, &worker, &session, &request).map_err(err)?;
             Ok(Some(parsed.to_json(HEARTBEAT_SCHEMA)))
         }
         "transition" => {
@@ -257,6 +306,15 @@ fn conformance_reference_responses_parse_and_round_trip() {
         }
     }
     assert!(cases.len() >= 40);
-    assert_eq!(kinds.len(), 11, "every Worker-facing response kind: {kinds:?}");
-    report("reference-responses.json", cases.len(), cases.len(), &differences);
+    assert_eq!(
+        kinds.len(),
+        11,
+        "every Worker-facing response kind: {kinds:?}"
+    );
+    report(
+        "reference-responses.json",
+        cases.len(),
+        cases.len(),
+        &differences,
+    );
 }
