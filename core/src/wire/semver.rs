@@ -229,78 +229,8 @@ fn is_x(part: Option<&str>) -> bool {
     matches!(part, None | Some("x" | "X" | "*"))
 }
 
-/// Matches the whole of `text` as `XRANGEPLAIN`. Its parts cannot overlap (an identifier never
-/// holds a `.`, a prerelease never a `+`), so the only parse is the greedy one.
-fn xrange_plain_full(text: &str) -> Option<XPlain<'_>> {
-    let b = text.as_bytes();
-    let start = prefix_run(b, 0);
-    let major_len = xrange_id(b, start)?;
-    let mut i = start + major_len;
-    let mut plain = XPlain {
-        text,
-        major: &text[start..i],
-        minor: None,
-        patch: None,
-        pre: None,
-    };
-    if i == b.len() {
-        return Some(plain);
-    }
-    if b[i] != b'.' {
-        return None;
-    }
-    let n = xrange_id(b, i + 1)?;
-    plain.minor = Some(&text[i + 1..i + 1 + n]);
-    i += 1 + n;
-    if i == b.len() {
-        return Some(plain);
-    }
-    if b[i] != b'.' {
-        return None;
-    }
-    let n = xrange_id(b, i + 1)?;
-    plain.patch = Some(&text[i + 1..i + 1 + n]);
-    i += 1 + n;
-    if at(b, i) == b'-' {
-        let end = b[i..]
-            .iter()
-            .position(|c| *c == b'+')
-            .map_or(b.len(), |p| i + p);
-        if !dotted_full(&b[i + 1..end], prerelease_id) {
-            return None;
-        }
-        plain.pre = Some(&text[i + 1..end]);
-        i = end;
-    }
-    if at(b, i) == b'+' {
-        if !dotted_full(&b[i + 1..], build_id) {
-            return None;
-        }
-        i = b.len();
-    }
-    (i == b.len()).then_some(plain)
-}
-
-/// A comparator's version: `FULLPLAIN` (`v?M.m.p(-pre)?(+build)?`) matched whole, numbers within
-/// 2^53-1 — the `SemVer` constructor. Returns `M.m.p[-pre]`.
-fn full_version(text: &str) -> Option<String> {
-    if text.len() > MAX_VERSION_LENGTH {
-        return None;
-    }
-    let b = text.as_bytes();
-    let mut i = usize::from(at(b, 0) == b'v');
-    let mut parts: [&str; 3] = [""; 3];
-    for (k, part) in parts.iter_mut().enumerate() {
-        if k > 0 {
-            if at(b, i) != b'.' {
-                return None;
-            }
-            i += 1;
-        }
-        let n = numeric_id(b, i)?;
-        *part = &text[i..i + n];
-        i += n;
-    }
+/// `(?:-(pre))?(?:\+(build))?$` from `i`, matched whole: the prerelease's byte range, if any.
+fn pre_build_full(b: &[u8], mut i: usize) -> Option<Option<(usize, usize)>> {
     let mut pre = None;
     if at(b, i) == b'-' {
         let end = b[i..]
@@ -310,7 +240,7 @@ fn full_version(text: &str) -> Option<String> {
         if !dotted_full(&b[i + 1..end], prerelease_id) {
             return None;
         }
-        pre = Some(&text[i + 1..end]);
+        pre = Some((i + 1, end));
         i = end;
     }
     if at(b, i) == b'+' {
@@ -319,13 +249,74 @@ fn full_version(text: &str) -> Option<String> {
         }
         i = b.len();
     }
-    if i != b.len() || !parts.iter().all(|p| is_safe(p)) {
+    (i == b.len()).then_some(pre)
+}
+
+/// `M(.m(.p…)?)?` from `i` with each part matched by `part`: the parts found and where they end.
+/// After a part comes the end of the text or a `.` and the next part; after the third, `None`
+/// is left for the caller to match.
+fn dotted_parts(
+    text: &str,
+    mut i: usize,
+    part: fn(&[u8], usize) -> Option<usize>,
+) -> Option<([Option<&str>; 3], usize)> {
+    let b = text.as_bytes();
+    let mut parts = [None; 3];
+    for (k, slot) in parts.iter_mut().enumerate() {
+        if k > 0 {
+            if i == b.len() {
+                break;
+            }
+            if b[i] != b'.' {
+                return None;
+            }
+            i += 1;
+        }
+        let n = part(b, i)?;
+        *slot = Some(&text[i..i + n]);
+        i += n;
+    }
+    Some((parts, i))
+}
+
+/// Matches the whole of `text` as `XRANGEPLAIN`. Its parts cannot overlap (an identifier never
+/// holds a `.`, a prerelease never a `+`), so the only parse is the greedy one.
+fn xrange_plain_full(text: &str) -> Option<XPlain<'_>> {
+    let b = text.as_bytes();
+    let (parts, end) = dotted_parts(text, prefix_run(b, 0), xrange_id)?;
+    let pre = match parts[2] {
+        Some(_) => pre_build_full(b, end)?,
+        None if end == b.len() => None,
+        None => return None,
+    };
+    Some(XPlain {
+        text,
+        major: parts[0]?,
+        minor: parts[1],
+        patch: parts[2],
+        pre: pre.map(|(from, to)| &text[from..to]),
+    })
+}
+
+/// A comparator's version: `FULLPLAIN` (`v?M.m.p(-pre)?(+build)?`) matched whole, numbers within
+/// 2^53-1 — the `SemVer` constructor. Returns `M.m.p[-pre]`.
+fn full_version(text: &str) -> Option<String> {
+    if text.len() > MAX_VERSION_LENGTH {
         return None;
     }
-    let mut version = alloc::format!("{}.{}.{}", parts[0], parts[1], parts[2]);
-    if let Some(pre) = pre {
+    let b = text.as_bytes();
+    let (parts, end) = dotted_parts(text, usize::from(at(b, 0) == b'v'), numeric_id)?;
+    let [Some(major), Some(minor), Some(patch)] = parts else {
+        return None;
+    };
+    let pre = pre_build_full(b, end)?;
+    if ![major, minor, patch].iter().all(|p| is_safe(p)) {
+        return None;
+    }
+    let mut version = alloc::format!("{major}.{minor}.{patch}");
+    if let Some((from, to)) = pre {
         version.push('-');
-        version.push_str(pre);
+        version.push_str(&text[from..to]);
     }
     Some(version)
 }
