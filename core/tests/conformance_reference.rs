@@ -30,12 +30,12 @@ fn cases(text: &str) -> Value {
 }
 
 fn report(file: &str, total: usize, accepted: usize, differences: &[String]) {
-    println!(
+    report_line(&format!(
         "conformance/{file}: {total} cases ({accepted} accepted, {} rejected by the reference), \
          {} differences",
         total - accepted,
         differences.len()
-    );
+    ));
     assert!(
         differences.is_empty(),
         "{file}: {} differences:\n{}",
@@ -317,4 +317,11 @@ fn conformance_reference_responses_parse_and_round_trip() {
         cases.len(),
         &differences,
     );
+}
+
+/// One line on the test's real stdout, so it shows in a normal `cargo test` run (the harness
+/// captures `println!` of passing tests).
+fn report_line(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
