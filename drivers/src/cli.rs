@@ -57,8 +57,9 @@ Exit codes:
 ///
 /// Pulls task Runs from a Qinglong control plane over mutual-TLS 1.3, runs each under its own
 /// supervisor, uploads the log, then reports completion. A Run is never executed twice because
-/// of a crash; a start failure is reported only with proof that nothing started; the completion
-/// capability and Secret values never touch the disk.
+/// of a crash; a start failure is reported only with proof that nothing started; Secret values
+/// never touch the disk, and the completion capability is on disk only in the supervisor's
+/// receipt until the Worker has authenticated it and removed the receipt.
 #[derive(Debug, Parser)]
 #[command(name = "ql-worker", version, after_help = EXIT_CODES)]
 pub struct Cli {
