@@ -68,6 +68,7 @@ fn recover_lists_recovery_and_dormant_records_and_archives_only_those() {
             }
         }
     }
+    wait_lock_free(&sb.root);
     let root = sb.root.to_str().unwrap();
 
     let (code, out, err) = cli(&["recover", "--root", root]);

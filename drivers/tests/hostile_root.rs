@@ -454,6 +454,7 @@ fn recover_archive_creates_nothing_and_refusals_are_usage_errors() {
             State::CompletionAcknowledged
         );
     }
+    wait_lock_free(&sb.root);
     let before = snapshot(sb.dir.path());
     for (offer, says) in [
         ("offer-000001", "can be archived"),

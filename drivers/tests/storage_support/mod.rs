@@ -230,3 +230,34 @@ pub fn temps_in(dir: &Path) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// Waits (bounded, 10 s) until nobody holds the owner lock of `root`, after the test dropped
+/// its `Journal`. Dropping closes the lock's descriptor, but a process that another test thread
+/// is spawning holds a copy of every descriptor between its fork and its exec (`O_CLOEXEC`
+/// closes it only at the exec), so for a moment the lock is still held and a `ql-worker`
+/// command started now would rightly say the root is owned. The check reads `/proc/locks`, so
+/// it holds no descriptor of its own that a fork could copy.
+pub fn wait_lock_free(root: &Path) {
+    let meta = fs::metadata(root.join(ql_worker::layout::LOCK_FILE)).unwrap();
+    let dev = meta.dev();
+    let id = format!(
+        "{:02x}:{:02x}:{}",
+        rustix::fs::major(dev),
+        rustix::fs::minor(dev),
+        meta.ino()
+    );
+    for _ in 0..1_000 {
+        let locks = fs::read_to_string("/proc/locks").unwrap();
+        if !locks
+            .lines()
+            .any(|l| l.contains("FLOCK") && l.split_whitespace().any(|f| f == id))
+        {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!(
+        "the owner lock of {} is still held after 10 s",
+        root.display()
+    );
+}
