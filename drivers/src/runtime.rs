@@ -20,7 +20,7 @@ use crate::config::Config;
 use crate::host::{Event, Host, HostError, StallPoint};
 use crate::https::{HttpsClient, Origin, RequestTimeout, TlsMaterial, TlsMaterialPaths};
 use crate::journal::Journal;
-use crate::retention::{self, RetentionPolicy};
+use crate::retention::{self, RetentionPolicy, Scope};
 use crate::session_store;
 use crate::supervisor::{StopController, SupervisorExecutor, SupervisorImage};
 
@@ -28,7 +28,8 @@ use crate::supervisor::{StopController, SupervisorExecutor, SupervisorImage};
 pub const DRAIN_FILE: &str = "drain";
 /// Longest uninterrupted sleep, so signals and the drain file are noticed promptly.
 const SLEEP_SLICE: Duration = Duration::from_millis(100);
-/// Interval of retention sweeps.
+/// Interval of the full retention sweeps (logs and archive included); the inbox's own sweep runs
+/// whenever it holds more than `high_water_records`.
 const RETENTION_EVERY_MS: u64 = 60_000;
 
 /// How a run of the Worker ended.
@@ -118,6 +119,10 @@ pub struct Runner {
     signals: Signals,
     drain_sent: bool,
     next_retention_at: UnixMillis,
+    /// The inbox's record count after the last sweep (see `retention::due`).
+    last_swept_records: Option<usize>,
+    /// Whether the last "inbox full" event said full.
+    reported_full: bool,
 }
 
 impl std::fmt::Debug for Runner {
@@ -222,6 +227,8 @@ impl Runner {
             signals,
             drain_sent: false,
             next_retention_at: now,
+            last_swept_records: None,
+            reported_full: false,
         })
     }
 
@@ -267,7 +274,12 @@ impl Runner {
                     }
                 }
                 Output::Idle { wake_at } => {
-                    self.housekeeping();
+                    match self.housekeeping() {
+                        Err(exit) => return exit,
+                        // A supervisor exited: its completion pass is queued; run it now.
+                        Ok(true) => continue,
+                        Ok(false) => {}
+                    }
                     if let Some(exit) = self.sleep_until(wake_at) {
                         return exit;
                     }
@@ -309,13 +321,87 @@ impl Runner {
         None
     }
 
-    /// Between commands: reap finished supervisors; sweep retention now and then.
-    fn housekeeping(&mut self) {
-        self.host.executor_mut().reap_exited();
+    /// Reaps finished supervisors and reports each to the core ([`Input::ProcessExited`]), so
+    /// the Run's completion pass runs now rather than at the next tick. Whether any exited.
+    fn reap(&mut self) -> Result<bool, RunExit> {
+        let executor = self.host.executor_mut();
+        executor.reap_exited();
+        let exited = executor.take_exited();
+        for offer_id in &exited {
+            let input = Input::ProcessExited {
+                offer_id: offer_id.clone(),
+            };
+            if self.worker.handle(crate::os::now(), input).is_err() {
+                return Err(RunExit::Fatal(String::from(
+                    "core refused a supervisor exit",
+                )));
+            }
+        }
+        Ok(!exited.is_empty())
+    }
+
+    /// Between commands: reap finished supervisors; sweep retention when the inbox is above its
+    /// high-water mark or the periodic sweep is due; report an inbox that became full or has
+    /// room again. Whether a supervisor exited (work is queued).
+    fn housekeeping(&mut self) -> Result<bool, RunExit> {
+        let exited = self.reap()?;
         let now = crate::os::now();
-        if now >= self.next_retention_at {
-            self.next_retention_at = now.saturating_add(RETENTION_EVERY_MS);
-            let _ = retention::sweep(self.host.journal_mut(), now, &self.retention);
+        let periodic = now >= self.next_retention_at;
+        let records = self.worker.inbox_status().records;
+        if ql_worker_core::retention::due(
+            records,
+            self.last_swept_records,
+            periodic,
+            &self.retention,
+        ) {
+            if periodic {
+                self.next_retention_at = now.saturating_add(RETENTION_EVERY_MS);
+            }
+            let scope = if periodic {
+                Scope::Full
+            } else {
+                Scope::Records
+            };
+            match retention::sweep(self.host.journal_mut(), now, &self.retention, scope) {
+                Ok(report) => {
+                    for offer_id in report.records_removed {
+                        let input = Input::RecordRemoved { offer_id };
+                        if self.worker.handle(crate::os::now(), input).is_err() {
+                            return Err(RunExit::Fatal(String::from(
+                                "core refused a retention report",
+                            )));
+                        }
+                    }
+                }
+                Err(e) if e.is_fatal() => return Err(RunExit::Fatal(format!("retention: {e}"))),
+                Err(e) => eprintln!("ql-worker: retention: {e} (retried at the next sweep)"),
+            }
+            self.last_swept_records = Some(self.worker.inbox_status().records);
+        }
+        self.report_inbox();
+        Ok(exited)
+    }
+
+    /// The "inbox full" event: once when the Worker first holds a Pull back for want of room,
+    /// once when room is back. The counter of held-back Pulls is the metric.
+    fn report_inbox(&mut self) {
+        let inbox = self.worker.inbox_status();
+        if inbox.full == self.reported_full {
+            return;
+        }
+        self.reported_full = inbox.full;
+        if inbox.full {
+            eprintln!(
+                "ql-worker: inbox full: {} of {} records; no offer is taken until retention \
+                 frees a place (settled records with their receipt gone; see \
+                 `ql-worker inbox list`); Pulls held back so far: {}",
+                inbox.records, inbox.capacity, inbox.full_deferrals
+            );
+        } else {
+            eprintln!(
+                "ql-worker: inbox has room again: {} of {} records",
+                inbox.records, inbox.capacity
+            );
         }
     }
 
@@ -336,7 +422,11 @@ impl Runner {
             if self.drain_sent != before {
                 return None;
             }
-            self.host.executor_mut().reap_exited();
+            match self.reap() {
+                Err(exit) => return Some(exit),
+                Ok(true) => return None,
+                Ok(false) => {}
+            }
         }
     }
 }

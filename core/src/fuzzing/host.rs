@@ -117,6 +117,8 @@ pub struct Host {
     pub records: BTreeMap<OfferId, (Vec<u8>, InboxRecord)>,
     /// The pending claim as an envelope.
     pub claim: Option<Vec<u8>>,
+    /// The stored Session id (the driver's `<root>/session`): a restarted Worker uses it.
+    pub session_id: crate::ids::SessionId,
     /// Completion receipts by attempt.
     pub receipts: BTreeMap<AttemptId, Receipt>,
     /// Spool files.
@@ -177,6 +179,7 @@ impl Host {
             now,
             records: BTreeMap::new(),
             claim: None,
+            session_id: samples::worker().session_id,
             receipts: BTreeMap::new(),
             logs: BTreeMap::new(),
             processes: Vec::new(),
@@ -285,12 +288,39 @@ impl Host {
                 "INVARIANT stop-known-handle: stop of a handle the supervisor never issued"
             ),
             Action::Post(call) => self.check_post(call, worker),
+            Action::PersistSession { .. } => self.check_renewal(),
             Action::ListInbox { .. }
             | Action::ReadRecord { .. }
             | Action::ReadReceipt { .. }
             | Action::AllocateLog { .. }
             | Action::InspectLog { .. }
             | Action::DrawEntropy => {}
+        }
+    }
+
+    /// A new Session replaces the stored one only when the control plane holds the stored one
+    /// draining or offline, and no Run of it may still be live (its leases would be fenced).
+    fn check_renewal(&self) {
+        assert!(
+            self.plane.session_id == self.session_id
+                && self.plane.status != crate::wire::session::SessionStatus::Online,
+            "INVARIANT renewal-only-retired: a new Session while the stored one is {:?} at the \
+             control plane",
+            self.plane.status
+        );
+        for (_, record) in self.records.values() {
+            let live = matches!(
+                record.state,
+                State::Launching | State::Started | State::RunningAcknowledged
+            ) || record.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown);
+            assert!(
+                !(live && record.offer.worker.session_id == self.session_id)
+                    || self.plane.status == crate::wire::session::SessionStatus::Offline,
+                "INVARIANT renewal-after-runs: a new Session while {} ({}) of the old one may \
+                 still run",
+                record.offer.offer_id,
+                record.state
+            );
         }
     }
 
@@ -473,6 +503,9 @@ impl Host {
             Action::Spawn(plan) => self.spawn(*plan, mode, r),
             Action::Stop { handle } => self.stop(handle.as_str(), mode),
             Action::DrawEntropy => Answer::new(Outcome::EntropyDrawn(self.entropy(r.u8()))),
+            Action::PersistSession { session_id } => {
+                self.write(mode, |h| h.session_id = session_id)
+            }
         }
     }
 
@@ -659,7 +692,7 @@ impl Host {
             Operation::Register | Operation::Heartbeat | Operation::Transition
         );
         let v = r.u8();
-        let valid = self.valid_body(route.operation, &body, v);
+        let valid = self.valid_body(route.operation, &route.session_id, &body, v);
         let mut answer = match (mode, valid) {
             (Mode::Valid, Some(bytes)) => Answer::new(Outcome::Responded(bytes)),
             (Mode::Valid, None) => Answer::new(http_status(404)),
@@ -676,16 +709,22 @@ impl Host {
     }
 
     /// The valid answer of the control plane, when it has one.
-    fn valid_body(&mut self, op: Operation, body: &Value, v: u8) -> Option<Vec<u8>> {
+    fn valid_body(
+        &mut self,
+        op: Operation,
+        session: &crate::ids::SessionId,
+        body: &Value,
+        v: u8,
+    ) -> Option<Vec<u8>> {
         let now = self.now;
         let record = OfferId::new(plane::text(body, "offerId"))
             .ok()
             .and_then(|id| self.record(&id));
         match op {
             Operation::Register | Operation::Heartbeat | Operation::Transition => {
-                Some(self.plane.session(op.as_str(), body, now, v))
+                Some(self.plane.session(op.as_str(), session, body, now, v))
             }
-            Operation::Offers => Some(self.plane.offers(body, now, v)),
+            Operation::Offers => Some(self.plane.offers(session, body, now, v)),
             Operation::Starting | Operation::Running | Operation::StartFailure => {
                 Some(self.plane.activation(op.as_str(), body, &record?, now, v))
             }

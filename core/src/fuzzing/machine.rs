@@ -417,6 +417,9 @@ impl Sim<'_> {
             result.is_ok(),
             "INVARIANT input-accepted: handle refused a well-formed outcome: {result:?}"
         );
+        if self.worker.fail_closed().is_none() {
+            self.host.ghost.latched_at_tick = false;
+        }
         if self.faults.duplicates && r.u8() >= 240 {
             self.note(format_args!("  duplicate delivery of {id}"));
             let again = Input::Outcome {
@@ -565,7 +568,9 @@ impl Sim<'_> {
         self.summary.restarts += 1;
         self.host.ghost.restart();
         self.license = License::default();
-        self.worker = Worker::new(self.config.clone(), self.host.now);
+        let mut config = self.config.clone();
+        config.session_id = self.host.session_id.clone();
+        self.worker = Worker::new(config, self.host.now);
         self.summary.restarts <= MAX_RESTARTS
     }
 

@@ -217,7 +217,9 @@ pub struct SupervisorExecutor {
     state_root: PathBuf,
     report_timeout: Duration,
     seams: Seams,
-    supervisors: Vec<Child>,
+    supervisors: Vec<(OfferId, Child)>,
+    /// Offers whose supervisor was reaped since the last [`SupervisorExecutor::take_exited`].
+    exited: Vec<OfferId>,
 }
 
 /// How long the Worker waits for the supervisor's launch report by default.
@@ -233,6 +235,7 @@ impl SupervisorExecutor {
             report_timeout: DEFAULT_REPORT_TIMEOUT,
             seams: Seams::default(),
             supervisors: Vec::new(),
+            exited: Vec::new(),
         }
     }
 
@@ -262,15 +265,31 @@ impl SupervisorExecutor {
     /// Reaps supervisors that have exited; returns how many are still running. The Worker calls
     /// this from its loop so finished supervisors do not linger as zombies.
     pub fn reap_exited(&mut self) -> usize {
-        self.supervisors
-            .retain_mut(|child| !matches!(child.try_wait(), Ok(Some(_)) | Err(_)));
+        let exited = &mut self.exited;
+        self.supervisors.retain_mut(|(offer_id, child)| {
+            let gone = matches!(child.try_wait(), Ok(Some(_)) | Err(_));
+            if gone {
+                exited.push(offer_id.clone());
+            }
+            !gone
+        });
         self.supervisors.len()
+    }
+
+    /// The offers whose supervisor exited (was reaped) since the last call, in reaping order.
+    /// A supervisor exits once its user process has ended and its receipt is published (or it
+    /// failed), so the Worker can run that record's completion pass at once.
+    pub fn take_exited(&mut self) -> Vec<OfferId> {
+        std::mem::take(&mut self.exited)
     }
 
     /// The supervisors started by this executor that have not been reaped yet (pids).
     #[must_use]
     pub fn supervisor_pids(&self) -> Vec<u32> {
-        self.supervisors.iter().map(Child::id).collect()
+        self.supervisors
+            .iter()
+            .map(|(_, child)| child.id())
+            .collect()
     }
 
     fn plan(&self, launch: Launch) -> Result<Plan, RejectReason> {
@@ -321,6 +340,7 @@ impl Executor for SupervisorExecutor {
     fn start(&mut self, launch: Launch) -> ExecutorOutcome {
         self.reap_exited();
         let started_at = launch.executor_started_at;
+        let offer_id = launch.offer_id.clone();
         let plan = match self.plan(launch) {
             Ok(plan) => plan,
             Err(reason) => return ExecutorOutcome::Rejected { reason },
@@ -346,7 +366,7 @@ impl Executor for SupervisorExecutor {
         };
         let delivered = deliver(&mut child, frame);
         let stdout = child.stdout.take();
-        self.supervisors.push(child);
+        self.supervisors.push((offer_id, child));
         if !delivered {
             // The supervisor acts only on a complete plan frame; an incomplete write proves it
             // never had one.
