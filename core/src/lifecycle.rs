@@ -43,10 +43,22 @@ pub(crate) enum PullBlocker {
 }
 
 impl Worker {
-    /// Plans a tick when the previous one is done and its time has come. A spurious early
-    /// wake-up is a no-op.
+    /// Plans a tick when its time has come. A spurious early wake-up is a no-op.
+    ///
+    /// A tick waits for the previous tick's work, with one exception: while active or draining,
+    /// a tick overdue by a whole cadence with work still queued (a burst of Pulls and the Runs
+    /// it started, completions the supervisors' exits brought) is planned between two
+    /// operations (`poll_output` calls this): its periodic work joins the queue, the heartbeat
+    /// first, so no stream of quick Runs starves the Session or a long Run's lease control (a
+    /// tick comes at least every two cadences).
     pub(crate) fn on_tick(&mut self) {
-        if self.running.is_some() || self.staged.is_some() || !self.queue.is_empty() {
+        if self.running.is_some() || self.staged.is_some() {
+            return;
+        }
+        let overdue = self.next_tick_at.saturating_add(self.config.cadence_ms);
+        if !self.queue.is_empty()
+            && !(matches!(self.phase, Phase::Active | Phase::Draining) && self.now >= overdue)
+        {
             return;
         }
         if let Some(started) = self.drain_started_at
@@ -70,22 +82,43 @@ impl Worker {
         }
     }
 
+    /// The active tick: heartbeat when due (first, ahead of anything still queued), the
+    /// receipts whose removal failed, one supervision page, then a Pull or the Session renewal.
+    /// Nothing already queued is queued twice.
     fn plan_active_tick(&mut self) {
-        if self.session.is_some() && self.now >= self.heartbeat_due_at {
-            self.queue.push_back(Work::Heartbeat);
+        if self.session.is_some()
+            && self.now >= self.heartbeat_due_at
+            && !self.queue.contains(&Work::Heartbeat)
+        {
+            self.queue.push_front(Work::Heartbeat);
         }
         // A receipt whose removal failed holds the capability: retry every tick until it is gone.
-        for offer_id in &self.pending_cleanup {
-            self.queue.push_back(Work::Supervise(offer_id.clone()));
-        }
-        self.queue.push_back(Work::ListPage {
-            purpose: ListPurpose::Supervise,
-            after: self.supervision_cursor.clone(),
+        let cleanup: Vec<Work> = self
+            .pending_cleanup
+            .iter()
+            .map(|offer_id| Work::Supervise(offer_id.clone()))
+            .filter(|work| !self.queue.contains(work))
+            .collect();
+        self.queue.extend(cleanup);
+        let supervising = self.queue.iter().any(|w| {
+            matches!(
+                w,
+                Work::ListPage {
+                    purpose: ListPurpose::Supervise,
+                    ..
+                }
+            )
         });
+        if !supervising {
+            self.queue.push_back(Work::ListPage {
+                purpose: ListPurpose::Supervise,
+                after: self.supervision_cursor.clone(),
+            });
+        }
         if self.renewal_due() {
             self.queue.push_back(Work::RenewSession);
-        } else if self.decide_pull() {
-            self.queue.push_back(Work::Pull);
+        } else {
+            self.pull_again(false);
         }
     }
 

@@ -632,6 +632,13 @@ impl Worker {
                 // INVARIANT: a running operation always has a staged or outstanding action.
                 unreachable!("running operation without an action");
             }
+            if !self.queue.is_empty() {
+                // A tick that came due while work is still queued (see `on_tick`).
+                self.on_tick();
+                if self.finished.is_some() {
+                    continue;
+                }
+            }
             match self.queue.pop_front() {
                 Some(work) => self.start(work),
                 None => {

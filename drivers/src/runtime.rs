@@ -272,6 +272,11 @@ impl Runner {
                     if let Err(e) = self.worker.handle(crate::os::now(), input) {
                         return RunExit::Fatal(format!("core refused an outcome: {e}"));
                     }
+                    // Between two commands too: a stream of quick Runs keeps the core busy,
+                    // and its supervisors' exits and the inbox's bound must not wait for it.
+                    if let Err(exit) = self.housekeeping() {
+                        return exit;
+                    }
                 }
                 Output::Idle { wake_at } => {
                     match self.housekeeping() {
