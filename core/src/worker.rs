@@ -476,6 +476,14 @@ impl Worker {
         }
     }
 
+    /// Whether the Session registered at start is draining or offline at the control plane
+    /// although this start asked for no drain (an earlier drain did not finish): new work
+    /// waits until none of its Runs is live, then a new Session replaces it.
+    #[must_use]
+    pub fn retiring(&self) -> bool {
+        self.retiring
+    }
+
     /// The Session id in use: the configured one, or the new one that replaced it when this
     /// start found the stored Session draining or offline (see [`Action::PersistSession`]).
     #[must_use]

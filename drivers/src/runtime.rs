@@ -123,6 +123,8 @@ pub struct Runner {
     last_swept_records: Option<usize>,
     /// Whether the last "inbox full" event said full.
     reported_full: bool,
+    /// The Session id and retiring state last reported (events on change).
+    reported_session: (ql_worker_core::ids::SessionId, bool),
 }
 
 impl std::fmt::Debug for Runner {
@@ -213,6 +215,7 @@ impl Runner {
         );
         host.stall_after(stall_hook()?);
         let now = crate::os::now();
+        let reported_session = (session.session_id.clone(), false);
         let worker = Worker::new(worker_config(config, session.session_id)?, now);
         Ok(Self {
             worker,
@@ -229,6 +232,7 @@ impl Runner {
             next_retention_at: now,
             last_swept_records: None,
             reported_full: false,
+            reported_session,
         })
     }
 
@@ -384,7 +388,32 @@ impl Runner {
             self.last_swept_records = Some(self.worker.inbox_status().records);
         }
         self.report_inbox();
+        self.report_session();
         Ok(exited)
+    }
+
+    /// Events for a Session found draining at start and for the new Session replacing it.
+    fn report_session(&mut self) {
+        let now = (self.worker.session_id().clone(), self.worker.retiring());
+        if now == self.reported_session {
+            return;
+        }
+        if now.1 {
+            eprintln!(
+                "ql-worker: Session {} is draining or offline at the control plane (an earlier \
+                 drain did not finish); its live Runs finish under it, then a new Session \
+                 replaces it and new work flows",
+                now.0
+            );
+        } else if now.0 != self.reported_session.0 {
+            eprintln!(
+                "ql-worker: new Session {} replaces {} (stored in {})",
+                now.0,
+                self.reported_session.0,
+                self.root.join(session_store::SESSION_FILE).display()
+            );
+        }
+        self.reported_session = now;
     }
 
     /// The "inbox full" event: once when the Worker first holds a Pull back for want of room,
