@@ -217,14 +217,22 @@ impl Worker {
     }
 
     /// Queues a Pull right away (a burst, or a slot freed between ticks) when one may go out and
-    /// none is queued.
+    /// none is queued. The control plane offers nothing to a Session whose last heartbeat (or
+    /// register) reported no free slot: then a heartbeat that reports the slots goes first.
     fn pull_again(&mut self, at_front: bool) {
         if self.queue.contains(&Work::Pull) || !self.decide_pull() {
             return;
         }
+        let stale = self.reported_slots == Some(0) && !self.queue.contains(&Work::Heartbeat);
         if at_front {
             self.queue.push_front(Work::Pull);
+            if stale {
+                self.queue.push_front(Work::Heartbeat);
+            }
         } else {
+            if stale {
+                self.queue.push_back(Work::Heartbeat);
+            }
             self.queue.push_back(Work::Pull);
         }
     }
@@ -298,6 +306,7 @@ impl Worker {
     fn on_session(&mut self, result: SessionResult) {
         match result {
             SessionResult::Registered(view) | SessionResult::Heartbeat(view) => {
+                self.reported_slots = self.reporting_slots.take();
                 if self.phase == Phase::Registering {
                     // Draining or offline although this start asked for no drain: a previous
                     // incarnation stopped during its drain. See `renewal_due`.
@@ -323,6 +332,7 @@ impl Worker {
                 // queued was planned for the old Session.
                 self.config.session_id = session_id;
                 self.session = None;
+                self.reported_slots = None;
                 self.retiring = false;
                 self.phase = Phase::Registering;
                 self.reconcile_cursor = None;

@@ -233,17 +233,19 @@ pub fn plan(
 }
 
 /// Whether a sweep is worth running now: the periodic sweep is due (`periodic_due`), or the
-/// inbox holds more than `high_water_records` and its count changed since the last sweep found
-/// nothing more to remove (`last_swept_records`), so a full inbox of live Runs is not rescanned
-/// between every two commands.
+/// inbox holds more than `high_water_records` and its `(records, settled)` counts changed since
+/// the last sweep (`last_swept`): a record came, or one settled. So an inbox above the mark is
+/// brought back as soon as a record may go, and one full of live Runs is not rescanned between
+/// every two commands.
 #[must_use]
 pub fn due(
     records: usize,
-    last_swept_records: Option<usize>,
+    settled: usize,
+    last_swept: Option<(usize, usize)>,
     periodic_due: bool,
     policy: &RetentionPolicy,
 ) -> bool {
-    periodic_due || (records > policy.high_water_records && last_swept_records != Some(records))
+    periodic_due || (records > policy.high_water_records && last_swept != Some((records, settled)))
 }
 
 /// Why a record may not be archived.
@@ -421,11 +423,18 @@ mod tests {
     }
 
     #[test]
-    fn a_sweep_is_due_above_the_mark_once_per_inbox_count_or_when_periodic() {
-        assert!(!due(3, None, false, &POLICY), "at the mark");
-        assert!(due(4, None, false, &POLICY), "above the mark, never swept");
-        assert!(!due(4, Some(4), false, &POLICY), "nothing changed since");
-        assert!(due(5, Some(4), false, &POLICY), "one more record");
-        assert!(due(0, Some(0), true, &POLICY), "periodic");
+    fn a_sweep_is_due_above_the_mark_once_per_change_or_when_periodic() {
+        assert!(!due(3, 3, None, false, &POLICY), "at the mark");
+        assert!(
+            due(4, 0, None, false, &POLICY),
+            "above the mark, never swept"
+        );
+        assert!(
+            !due(4, 0, Some((4, 0)), false, &POLICY),
+            "nothing changed since"
+        );
+        assert!(due(5, 0, Some((4, 0)), false, &POLICY), "one more record");
+        assert!(due(4, 1, Some((4, 0)), false, &POLICY), "one more settled");
+        assert!(due(0, 0, Some((0, 0)), true, &POLICY), "periodic");
     }
 }

@@ -403,6 +403,11 @@ pub struct Worker {
     /// The inbox status of the last Pull decision, and how often a Pull was held back because
     /// the inbox had no room (the metric behind the driver's "inbox full" event).
     pub(crate) inbox: InboxStatus,
+    /// `availableSlots` the control plane last accepted (register, heartbeat), and what the
+    /// exchange in flight sends. A Session that reported none gets no offer: a Pull for a slot
+    /// freed since is preceded by a heartbeat that reports it.
+    pub(crate) reported_slots: Option<u64>,
+    pub(crate) reporting_slots: Option<u64>,
 }
 
 /// The inbox as the Pull decision sees it.
@@ -418,6 +423,9 @@ pub struct InboxStatus {
     pub full: bool,
     /// Pull decisions held back because the inbox was full, since start (a counter).
     pub full_deferrals: u64,
+    /// Of [`Self::records`], those settled (`completion_acknowledged`,
+    /// `start_failure_acknowledged`): what retention may remove.
+    pub settled: usize,
 }
 
 /// How the machine ended.
@@ -460,6 +468,8 @@ impl Worker {
             running: None,
             claim_pending: true,
             retiring: false,
+            reported_slots: None,
+            reporting_slots: None,
             inbox: InboxStatus {
                 capacity: config_capacity,
                 ..InboxStatus::default()
@@ -472,6 +482,7 @@ impl Worker {
     pub fn inbox_status(&self) -> InboxStatus {
         InboxStatus {
             records: self.known.len(),
+            settled: self.known.values().filter(|s| s.is_terminal()).count(),
             ..self.inbox
         }
     }
@@ -553,6 +564,8 @@ impl Worker {
             claim_pending: self.claim_pending,
             retiring: self.retiring,
             inbox: self.inbox,
+            reported_slots: self.reported_slots,
+            reporting_slots: self.reporting_slots,
         }
     }
 
@@ -570,7 +583,7 @@ impl Worker {
         fp.debug(&(&self.supervision_cursor, &self.reconcile_cursor));
         fp.debug(&(self.transition_offline_queued, &self.finished));
         fp.debug(&(self.claim_pending, self.retiring, &self.config.session_id));
-        fp.debug(&self.inbox);
+        fp.debug(&(self.inbox, self.reported_slots, self.reporting_slots));
         fp.debug(&(
             &self.evidence,
             &self.pre_barrier_expiry,
@@ -726,14 +739,23 @@ impl Worker {
                 | Work::Pull
                 | Work::Process(_) => false,
             };
-            crate::ops::Running::begin(
-                &ctx,
-                work,
-                &self.known,
-                self.may_launch(),
-                self.available_slots(),
-                paced,
-            )
+            let slots = self.available_slots();
+            self.reporting_slots = match &work {
+                Work::Register => Some(slots.min(u64::from(self.config.max_concurrent_runs))),
+                Work::Heartbeat => Some(
+                    self.session
+                        .as_ref()
+                        .filter(|s| s.status == SessionStatus::Online)
+                        .map_or(0, |_| slots),
+                ),
+                Work::Transition(_)
+                | Work::RenewSession
+                | Work::ListPage { .. }
+                | Work::Pull
+                | Work::Process(_)
+                | Work::Supervise(_) => self.reporting_slots,
+            };
+            crate::ops::Running::begin(&ctx, work, &self.known, self.may_launch(), slots, paced)
         };
         self.apply(step);
     }

@@ -119,8 +119,8 @@ pub struct Runner {
     signals: Signals,
     drain_sent: bool,
     next_retention_at: UnixMillis,
-    /// The inbox's record count after the last sweep (see `retention::due`).
-    last_swept_records: Option<usize>,
+    /// The inbox's record and settled counts after the last sweep (see `retention::due`).
+    last_swept: Option<(usize, usize)>,
     /// Whether the last "inbox full" event said full.
     reported_full: bool,
     /// The Session id and retiring state last reported (events on change).
@@ -230,7 +230,7 @@ impl Runner {
             signals,
             drain_sent: false,
             next_retention_at: now,
-            last_swept_records: None,
+            last_swept: None,
             reported_full: false,
             reported_session,
         })
@@ -356,10 +356,11 @@ impl Runner {
         let exited = self.reap()?;
         let now = crate::os::now();
         let periodic = now >= self.next_retention_at;
-        let records = self.worker.inbox_status().records;
+        let inbox = self.worker.inbox_status();
         if ql_worker_core::retention::due(
-            records,
-            self.last_swept_records,
+            inbox.records,
+            inbox.settled,
+            self.last_swept,
             periodic,
             &self.retention,
         ) {
@@ -385,7 +386,8 @@ impl Runner {
                 Err(e) if e.is_fatal() => return Err(RunExit::Fatal(format!("retention: {e}"))),
                 Err(e) => eprintln!("ql-worker: retention: {e} (retried at the next sweep)"),
             }
-            self.last_swept_records = Some(self.worker.inbox_status().records);
+            let after = self.worker.inbox_status();
+            self.last_swept = Some((after.records, after.settled));
         }
         self.report_inbox();
         self.report_session();
