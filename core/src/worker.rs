@@ -392,8 +392,10 @@ pub struct Worker {
     pub(crate) last_renewal: BTreeMap<OfferId, UnixMillis>,
     pub(crate) finished: Option<Finish>,
     pub(crate) running: Option<crate::ops::Running>,
-    /// Whether a pending claim may be on disk (unknown at start, so assumed): it may still
-    /// bring one record, so it takes one place of the inbox's room in `availableSlots`.
+    /// Whether the last Pull kept its pending claim (a failure or a backoff): it may still bring
+    /// one record, so it takes one place of the inbox's room in `availableSlots`. Unknown until
+    /// the first Pull reads the claim; taken as absent (the Pull itself stores at most one
+    /// record and only with room for it, so this only shapes what is offered).
     pub(crate) claim_pending: bool,
     /// The Session registered at start is `draining` or `offline` at the control plane although
     /// this incarnation asked for no drain (a previous one stopped during its drain): once no
@@ -466,7 +468,7 @@ impl Worker {
             last_renewal: BTreeMap::new(),
             finished: None,
             running: None,
-            claim_pending: true,
+            claim_pending: false,
             retiring: false,
             reported_slots: None,
             reporting_slots: None,

@@ -278,6 +278,19 @@ impl Sim {
         }
     }
 
+    /// Feeds a driver notification (a supervisor exited, retention removed a record) while the
+    /// Worker is idle, then polls.
+    pub fn notify(&mut self, input: Input) {
+        if matches!(self.status, Status::Idle(_)) {
+            self.note(format!("{input:?}"));
+            if let Err(e) = self.worker.handle(self.now, input) {
+                self.world
+                    .violation("worker-error", format!("the Worker refused an input: {e}"));
+            }
+            self.poll();
+        }
+    }
+
     /// Applies a world event (a process exit).
     pub fn event(&mut self, event: Event) {
         self.note(format!("{event:?}"));

@@ -335,7 +335,12 @@ impl World {
             );
         }
         if !known && let Some(t) = self.plane.templates.pop_front() {
-            let offer = offer_for(t.n, id.clone(), token, t.revision, now, t.lease_ms);
+            let mut offer = offer_for(t.n, id.clone(), token, t.revision, now, t.lease_ms);
+            // Claimed by the Session the Worker calls with (a new one once it replaced it).
+            if let Some(session_id) = &self.session_id {
+                offer.worker.session_id = session_id.clone();
+                offer.lease.worker_session_id = session_id.clone();
+            }
             self.aliases.insert(id.clone(), format!("o{}", t.n));
             self.plane.runs.insert(id.clone(), new_run(t.n, offer));
         }
