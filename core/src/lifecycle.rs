@@ -173,6 +173,13 @@ impl Worker {
     /// Session live any more (an offline Session serves none). Until then its Runs finish under
     /// it: a new Session fences every lease of the old one at the control plane.
     fn renewal_due(&self) -> bool {
+        self.renewal_ready() && !self.queue.contains(&Work::RenewSession)
+    }
+
+    /// [`Self::renewal_due`] without the queue: checked again when the renewal starts (work
+    /// queued before it, such as a launch of a `lease_recovery` record, may have started a Run
+    /// of the old Session meanwhile).
+    pub(crate) fn renewal_ready(&self) -> bool {
         let offline = self
             .session
             .as_ref()
@@ -181,7 +188,6 @@ impl Worker {
             && self.phase == Phase::Active
             && self.drain_started_at.is_none()
             && (offline || !self.holds_live_runs())
-            && !self.queue.contains(&Work::RenewSession)
     }
 
     /// Records that may hold a process, or be completed from a receipt: past the spawn barrier
@@ -361,6 +367,15 @@ impl Worker {
         match result.purpose {
             ListPurpose::Reconcile => {
                 let work = reconcile_work(&result.records);
+                // A settled completion's receipt may still be on disk (a crash before its
+                // removal): its cleanup pass is retried every tick until one reaches the
+                // receipt, like a failed removal's (a pass cut short by a failed read would
+                // otherwise leave the capability on disk for good; simulation seed 5581).
+                for r in &result.records {
+                    if r.state == State::CompletionAcknowledged {
+                        self.pending_cleanup.insert(r.offer.offer_id.clone());
+                    }
+                }
                 self.queue.extend(work);
                 self.reconcile_cursor = result.next_after.clone();
                 if result.next_after.is_none() {

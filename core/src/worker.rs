@@ -723,6 +723,11 @@ impl Worker {
             // latched fail-closed, a drain began, or the slots or the inbox filled: no Pull.
             return;
         }
+        if work == Work::RenewSession && !self.renewal_ready() {
+            // Queued when no Run of the retiring Session was live, but one started since (or a
+            // drain began): the next tick decides again.
+            return;
+        }
         let step = {
             let ctx = Ctx {
                 config: &self.config,
