@@ -88,6 +88,10 @@ pub enum Lie {
     UploadNotStored,
     /// In the liveness phase, user processes never end (an unfair environment).
     HungProcesses,
+    /// Retention reports a removal but leaves the record in the inbox.
+    RemovalNotDone,
+    /// The control plane registers a new Session `draining` (so it never takes work).
+    SessionStaysDraining,
 }
 
 /// The answer to one command.
@@ -260,7 +264,15 @@ impl Host {
                     "INVARIANT claim-cas: clear refused: {check:?}"
                 );
             }
-            Action::ReadClaim => self.ghost.check_pull(worker.fail_closed().is_some()),
+            Action::ReadClaim => {
+                self.ghost.check_pull(worker.fail_closed().is_some());
+                let capacity = worker.inbox_status().capacity;
+                assert!(
+                    self.records.len() < capacity,
+                    "INVARIANT pull-with-room: a Pull with {} records in an inbox of {capacity}",
+                    self.records.len()
+                );
+            }
             Action::RemoveReceipt { attempt_id } => {
                 let state = self.record_of_attempt(attempt_id).map(|r| r.state);
                 assert_eq!(

@@ -87,6 +87,8 @@ pub struct Plane {
     pub secret_values: Vec<String>,
     /// The four sample revisions (Secret × timeout), sealed once.
     revisions: [ExecutionRevision; 4],
+    /// A lie for the simulation's self-test: a new Session is registered `draining`.
+    pub new_sessions_draining: bool,
 }
 
 /// A string field of a request body.
@@ -124,6 +126,7 @@ impl Plane {
                 samples::revision(true, false),
                 samples::revision(true, true),
             ],
+            new_sessions_draining: false,
         }
     }
 
@@ -161,7 +164,11 @@ impl Plane {
                     self.generation += 1;
                 }
                 if replaced || self.status == SessionStatus::Offline {
-                    self.status = SessionStatus::Online;
+                    self.status = if replaced && self.new_sessions_draining {
+                        SessionStatus::Draining
+                    } else {
+                        SessionStatus::Online
+                    };
                 }
                 self.session_id = session.clone();
                 response.status = self.status;
