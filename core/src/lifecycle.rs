@@ -56,9 +56,9 @@ impl Worker {
             return;
         }
         let overdue = self.next_tick_at.saturating_add(self.config.cadence_ms);
-        if !self.queue.is_empty()
-            && !(matches!(self.phase, Phase::Active | Phase::Draining) && self.now >= overdue)
-        {
+        let busy_tick =
+            matches!(self.phase, Phase::Active | Phase::Draining) && self.now >= overdue;
+        if !self.queue.is_empty() && !busy_tick {
             return;
         }
         if let Some(started) = self.drain_started_at

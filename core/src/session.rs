@@ -246,21 +246,6 @@ fn session_id_v7(now: UnixMillis, random: &[u8]) -> Option<SessionId> {
     SessionId::new(hex).ok()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_new_session_id_is_a_lowercase_uuid_v7_of_the_time_and_the_entropy() {
-        let now = UnixMillis::new(0x0190_1234_5678).unwrap();
-        let id = session_id_v7(now, &[0xff; 10]).unwrap();
-        assert_eq!(id.as_str(), "01901234-5678-7fff-bfff-ffffffffffff");
-        let id = session_id_v7(now, &[0; 10]).unwrap();
-        assert_eq!(id.as_str(), "01901234-5678-7000-8000-000000000000");
-        assert!(session_id_v7(now, &[0; 9]).is_none(), "too little entropy");
-    }
-}
-
 fn fault_result(fault: CallFault) -> SessionResult {
     match fault {
         CallFault::Unavailable => SessionResult::Unavailable,
@@ -273,5 +258,20 @@ fn fault_result(fault: CallFault) -> SessionResult {
             code.as_deref().unwrap_or("without a code")
         )),
         CallFault::Invalid(e) => SessionResult::Rejected(format!("{e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_session_id_is_a_lowercase_uuid_v7_of_the_time_and_the_entropy() {
+        let now = UnixMillis::new(0x0190_1234_5678).unwrap();
+        let id = session_id_v7(now, &[0xff; 10]).unwrap();
+        assert_eq!(id.as_str(), "01901234-5678-7fff-bfff-ffffffffffff");
+        let id = session_id_v7(now, &[0; 10]).unwrap();
+        assert_eq!(id.as_str(), "01901234-5678-7000-8000-000000000000");
+        assert!(session_id_v7(now, &[0; 9]).is_none(), "too little entropy");
     }
 }

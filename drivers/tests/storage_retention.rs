@@ -111,7 +111,10 @@ fn a_receipt_on_disk_or_the_pending_claim_keeps_a_settled_record() {
         record.offer.lease_token.clone(),
         ms(10),
     );
-    journal.create_claim(&claim).unwrap();
+    assert_eq!(
+        journal.create_claim(&claim).unwrap(),
+        ql_worker_core::claim::ClaimCreate::Publish
+    );
     let policy = RetentionPolicy {
         high_water_records: 0,
         max_settled_age_ms: Some(1),
