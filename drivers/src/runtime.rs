@@ -450,7 +450,8 @@ impl Runner {
             let left = wake_at.map_or(SLEEP_SLICE, |at| {
                 Duration::from_millis(at.saturating_since(now))
             });
-            std::thread::sleep(left.min(SLEEP_SLICE));
+            // Wakes early when a supervisor exits (its pidfd), else sleeps one slice.
+            let _ = self.host.executor_mut().wait_exit(left.min(SLEEP_SLICE));
             let before = self.drain_sent;
             if let Some(exit) = self.check_operator() {
                 return Some(exit);

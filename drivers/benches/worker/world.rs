@@ -117,6 +117,41 @@ impl World {
         }
     }
 
+    /// A world whose Worker runs `profile` ("edge" or "node") with all its defaults: only the
+    /// state root, the control plane's settings and, when given, `max_concurrent_runs` are
+    /// written.
+    pub(crate) fn with_profile(profile: &str, max_concurrent_runs: Option<u16>) -> Self {
+        let dir = scratch("ql-bench-worker-");
+        let cp = ReferenceControlPlane::start(ReferenceOptions::default()).expect("control plane");
+        let s = cp.worker_settings();
+        let root = dir.path().join("state");
+        let text = format!(
+            "profile = \"{profile}\"\nworker_id = \"{}\"\nroot = \"{}\"\n\n[control_plane]\n\
+             origin = \"{}\"\ntrust_anchors = [\"{}\"]\nclient_certificate = \"{}\"\n\
+             client_key = \"{}\"\ncredential_file = \"{}\"\n{}",
+            s.worker_id,
+            root.display(),
+            s.origin,
+            s.ca_cert.display(),
+            s.client_cert.display(),
+            s.client_key.display(),
+            s.credential_file.display(),
+            max_concurrent_runs.map_or_else(String::new, |n| format!(
+                "\n[limits]\nmax_concurrent_runs = {n}\n"
+            )),
+        );
+        let config_path = dir.path().join("ql-worker.toml");
+        std::fs::write(&config_path, text).expect("config");
+        let config = Config::load(&config_path, &ProcessEnvironment).expect("valid config");
+        Self {
+            cp,
+            dir,
+            config_path,
+            config,
+            next_run: 0,
+        }
+    }
+
     pub(crate) fn root(&self) -> &Path {
         &self.config.root
     }

@@ -217,7 +217,9 @@ pub struct SupervisorExecutor {
     state_root: PathBuf,
     report_timeout: Duration,
     seams: Seams,
-    supervisors: Vec<(OfferId, Child)>,
+    /// Live supervisors: the offer, the child and its pidfd (readable once it exits; `None`
+    /// where the kernel has no `pidfd_open`, before Linux 5.3).
+    supervisors: Vec<(OfferId, Child, Option<std::os::fd::OwnedFd>)>,
     /// Offers whose supervisor was reaped since the last [`SupervisorExecutor::take_exited`].
     exited: Vec<OfferId>,
 }
@@ -266,7 +268,7 @@ impl SupervisorExecutor {
     /// this from its loop so finished supervisors do not linger as zombies.
     pub fn reap_exited(&mut self) -> usize {
         let exited = &mut self.exited;
-        self.supervisors.retain_mut(|(offer_id, child)| {
+        self.supervisors.retain_mut(|(offer_id, child, _)| {
             let gone = matches!(child.try_wait(), Ok(Some(_)) | Err(_));
             if gone {
                 exited.push(offer_id.clone());
@@ -274,6 +276,29 @@ impl SupervisorExecutor {
             !gone
         });
         self.supervisors.len()
+    }
+
+    /// Waits at most `timeout` for a live supervisor to exit: returns as soon as one has (its
+    /// pidfd turns readable), so the Worker runs that Run's completion at once instead of at
+    /// its next poll. Without supervisors, or without pidfds, it just sleeps `timeout`. Whether
+    /// one may have exited (reap to know).
+    pub fn wait_exit(&self, timeout: Duration) -> bool {
+        let mut fds: Vec<PollFd<'_>> = self
+            .supervisors
+            .iter()
+            .filter_map(|(_, _, pidfd)| pidfd.as_ref())
+            .map(|fd| PollFd::new(fd, PollFlags::IN))
+            .collect();
+        if fds.is_empty() {
+            std::thread::sleep(timeout);
+            return false;
+        }
+        let wait = Timespec {
+            tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        // EINTR (a signal) or any failure: the caller checks signals and reaps anyway.
+        poll(&mut fds, Some(&wait)).map_or(true, |ready| ready > 0)
     }
 
     /// The offers whose supervisor exited (was reaped) since the last call, in reaping order.
@@ -288,7 +313,7 @@ impl SupervisorExecutor {
     pub fn supervisor_pids(&self) -> Vec<u32> {
         self.supervisors
             .iter()
-            .map(|(_, child)| child.id())
+            .map(|(_, child, _)| child.id())
             .collect()
     }
 
@@ -366,7 +391,11 @@ impl Executor for SupervisorExecutor {
         };
         let delivered = deliver(&mut child, frame);
         let stdout = child.stdout.take();
-        self.supervisors.push((offer_id, child));
+        let pidfd = rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap_or(0))
+            .and_then(|pid| {
+                rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+            });
+        self.supervisors.push((offer_id, child, pidfd));
         if !delivered {
             // The supervisor acts only on a complete plan frame; an incomplete write proves it
             // never had one.
