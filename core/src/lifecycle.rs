@@ -432,6 +432,12 @@ impl Worker {
                 self.pull_retry_at = None;
                 self.claim_pending = false;
             }
+            // The claim is gone: the next tick pulls afresh, with no backoff.
+            PullResult::Refused { offer_id, reason } => {
+                self.pull_retry_at = None;
+                self.claim_pending = false;
+                self.notify(crate::worker::Notice::OfferRefused { offer_id, reason });
+            }
             PullResult::Backoff { until } => {
                 self.pull_retry_at = Some(until);
                 self.claim_pending = true;

@@ -1,11 +1,16 @@
 //! The `ql-worker` command line: `init`, `run`, `drain`, `inbox`, `recover`, `demo`.
 //!
 //! Exit codes (also in `--help` and `docs/operations.md`):
-//! 0 success · 2 usage or configuration error · 3 state root unusable (unsafe storage, another
-//! owner) · 4 stopped with unsettled records (drain budget, second signal) · 5 halted on a fact
-//! it cannot continue from (see the message) · 6 `recover` found `recovery_required` records ·
-//! 7 `demo`: a Run did not end as expected.
+//! 0 success · 1 the output could not be written (stdout closed or full) · 2 usage or
+//! configuration error · 3 state root unusable (unsafe storage, not a state root, another
+//! owner, a write that failed) · 4 stopped with unsettled records (drain budget, second signal) ·
+//! 5 halted on a fact it cannot continue from (see the message) · 6 `recover` found
+//! `recovery_required` records · 7 `demo`: a Run did not end as expected.
+//!
+//! Nothing here panics on a failing stdout or stderr: output is written once, checked, and a
+//! failure is exit 1 with a message on stderr.
 
+use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -21,6 +26,8 @@ use crate::runtime::{RunExit, Runner, Signals};
 
 /// Exit: success.
 pub const EXIT_OK: u8 = 0;
+/// Exit: the output could not be written (stdout closed or full).
+pub const EXIT_OUTPUT: u8 = 1;
 /// Exit: usage or configuration error.
 pub const EXIT_CONFIG: u8 = 2;
 /// Exit: the state root is unusable.
@@ -37,8 +44,10 @@ pub const EXIT_DEMO_FAILED: u8 = 7;
 const EXIT_CODES: &str = "\
 Exit codes:
   0  success (for `run`: drained, every record settled, Session offline)
-  2  usage or configuration error (the message names the file, field and rule)
-  3  state root unusable: unsafe storage (symlink, mode, owner, foreign entry) or another owner
+  1  the output could not be written (stdout closed or full); the message says what was done
+  2  usage or configuration error (the message names the file, field or variable, and the rule)
+  3  state root unusable: unsafe storage (symlink, mode, owner, foreign entry), not a state
+     root, another owner or a lost owner lock, or a write to it that failed (ENOSPC, EIO)
   4  stopped with unsettled records (drain budget ended, or a second signal); they resume at the next start
   5  halted on a fact it cannot continue from (fsync failed, Session fenced, credentials rejected...)
   6  `recover`: recovery_required records are present (the Worker takes no new work)
@@ -61,11 +70,18 @@ pub struct Cli {
 enum Command {
     /// Create the private state root (0700 directories, owner lock) and check its permissions.
     ///
-    /// Refuses a root that is a symlink, not owned by this user, or readable by group/other.
+    /// Refuses a root that is a symlink, not owned by this user, readable by group/other, or
+    /// holding anything the Worker does not write (it never adopts a directory of other files).
+    /// With `--config`, also prepares containment: resolves `[run_as]`, checks the Worker may
+    /// switch to it, creates the runs area, finds a delegated cgroup. Without `[run_as]` it warns
+    /// that Runs share the Worker's identity.
     Init {
         /// Absolute path of the state root (inbox, receipts, log spool).
-        #[arg(long, value_name = "DIR")]
-        root: PathBuf,
+        #[arg(long, value_name = "DIR", required_unless_present = "config")]
+        root: Option<PathBuf>,
+        /// The Worker's configuration (its `root`, and its containment tables).
+        #[arg(long, value_name = "FILE", conflicts_with = "root")]
+        config: Option<PathBuf>,
     },
     /// Run the Worker: register the Session, reconcile the inbox, then supervise and pull.
     ///
@@ -79,7 +95,8 @@ enum Command {
     },
     /// Ask the running Worker of a state root to drain (writes `<root>/drain`).
     ///
-    /// Equivalent to sending SIGTERM to the Worker process.
+    /// Equivalent to sending SIGTERM to the Worker process. Only a state root (one `init`
+    /// made) is written to; nothing at `<root>/drain` is ever followed or truncated.
     Drain(#[command(flatten)] RootArgs),
     /// Inspect the inbox (read-only; works while a Worker runs). Capabilities are redacted.
     Inbox {
@@ -99,6 +116,9 @@ enum Command {
         /// stopped).
         #[arg(long, value_name = "OFFER_ID")]
         archive: Option<String>,
+        /// Print JSON (one object with `recoveryRequired` and `dormant` lists).
+        #[arg(long, conflicts_with = "archive")]
+        json: bool,
     },
     /// Run sample Runs end to end against an embedded loopback mTLS control plane.
     #[cfg(feature = "demo")]
@@ -142,67 +162,229 @@ struct RootArgs {
 }
 
 impl RootArgs {
-    fn resolve(&self) -> Result<PathBuf, String> {
-        match (&self.root, &self.config) {
-            (Some(root), _) => Ok(root.clone()),
-            (None, Some(config)) => Config::load(config, &ProcessEnvironment)
-                .map(|c| c.root)
-                .map_err(|e| e.to_string()),
-            (None, None) => std::env::var("QL_WORKER_ROOT")
-                .map(PathBuf::from)
-                .map_err(|_| {
-                    String::from("give --root DIR or --config FILE (or set QL_WORKER_ROOT)")
-                }),
+    /// The root, or a usage/configuration error (exit 2) naming where the bad value came from.
+    fn resolve(&self) -> Result<PathBuf, ExitCode> {
+        let (root, source) = match (&self.root, &self.config) {
+            (Some(root), _) => (root.clone(), String::from("--root")),
+            (None, Some(config)) => match Config::load(config, &ProcessEnvironment) {
+                // `Config::load` has checked the root path already.
+                Ok(c) => return Ok(c.root),
+                Err(e) => return Err(fail(EXIT_CONFIG, e)),
+            },
+            (None, None) => match std::env::var_os(crate::config::ENV_ROOT) {
+                Some(value) if value.is_empty() => {
+                    return Err(fail(
+                        EXIT_CONFIG,
+                        format!(
+                            "{} (environment) is set but empty: give an absolute path (or use \
+                             --root DIR or --config FILE)",
+                            crate::config::ENV_ROOT
+                        ),
+                    ));
+                }
+                Some(value) => (
+                    PathBuf::from(value),
+                    format!("{} (environment)", crate::config::ENV_ROOT),
+                ),
+                None => {
+                    return Err(fail(
+                        EXIT_CONFIG,
+                        format!(
+                            "give --root DIR or --config FILE (or set {})",
+                            crate::config::ENV_ROOT
+                        ),
+                    ));
+                }
+            },
+        };
+        checked_root(&root, &source)?;
+        Ok(root)
+    }
+}
+
+/// A root path that breaks the path rules is a usage error (exit 2), before anything is opened.
+fn checked_root(root: &Path, source: &str) -> Result<(), ExitCode> {
+    crate::layout::check_root_path(root).map_err(|e| {
+        fail(
+            EXIT_CONFIG,
+            format!("{source} {}: {}", root.display(), e.rule()),
+        )
+    })
+}
+
+fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
+    let _ = writeln!(std::io::stderr().lock(), "ql-worker: {message}");
+    ExitCode::from(code)
+}
+
+/// Writes `text` to stdout in one go and flushes it. A failure (closed pipe, full disk) is exit 1
+/// with a message that says what `done` already happened, never a panic.
+fn emit(text: &str, done: Option<&str>, code: u8) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => ExitCode::from(code),
+        Err(e) => {
+            let done = done.map_or_else(String::new, |d| format!("{d}, but "));
+            fail(
+                EXIT_OUTPUT,
+                format!("{done}the output could not be written to stdout: {e}"),
+            )
         }
     }
 }
 
-fn fail(code: u8, message: impl std::fmt::Display) -> ExitCode {
-    let _ = writeln!(std::io::stderr(), "ql-worker: {message}");
-    ExitCode::from(code)
+/// The whole binary: the hidden supervisor mode, then the command line. Both `ql-worker` and
+/// the test-only `ql-worker-test-hooks` are this function.
+#[must_use]
+pub fn binary_main() -> ExitCode {
+    // Hidden supervisor mode: the Worker runs its own image as `ql-worker __supervise` and sends
+    // the plan over stdin (never argv). See `crate::supervisor`.
+    if std::env::args_os().nth(1).as_deref() == Some(crate::supervisor::SUPERVISE_ARG.as_ref()) {
+        crate::supervisor::main();
+    }
+    // Descriptors inherited from whoever started us (a shell, cargo's jobserver) must never
+    // reach a supervisor or a user process: mark them close-on-exec before anything else runs.
+    close_fds::set_fds_cloexec_threadsafe(3, &[]);
+    main()
 }
 
 /// Parses the command line and runs the command.
 #[must_use]
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return parse_failure(&e),
+    };
     match cli.command {
-        Command::Init { root } => init(&root),
+        Command::Init { root, config } => match (root, config) {
+            (_, Some(config)) => init_with_config(&config),
+            (Some(root), None) => {
+                let code = init(&root);
+                eprintln!(
+                    "ql-worker: warning: {} (`init --config FILE` checks [run_as])",
+                    crate::containment::shared_identity_warning(crate::fsio::euid())
+                );
+                code
+            }
+            (None, None) => fail(EXIT_CONFIG, "give --root DIR or --config FILE"),
+        },
         Command::Run { config } => run(&config),
         Command::Drain(root) => match root.resolve() {
-            Ok(root) => match crate::runtime::request_drain(&root) {
-                Ok(()) => {
-                    println!(
-                        "drain requested: {}",
-                        root.join(crate::runtime::DRAIN_FILE).display()
-                    );
-                    ExitCode::from(EXIT_OK)
-                }
-                Err(e) => fail(EXIT_STORAGE, format!("{}: {e}", root.display())),
-            },
-            Err(e) => fail(EXIT_CONFIG, e),
+            Ok(root) => drain(&root),
+            Err(code) => code,
         },
         Command::Inbox { command } => inbox(command),
-        Command::Recover { root, archive } => match root.resolve() {
-            Ok(root) => recover(&root, archive.as_deref()),
-            Err(e) => fail(EXIT_CONFIG, e),
+        Command::Recover {
+            root,
+            archive,
+            json,
+        } => match root.resolve() {
+            Ok(root) => match archive {
+                Some(offer_id) => archive_record(&root, &offer_id),
+                None => recover(&root, json),
+            },
+            Err(code) => code,
         },
         #[cfg(feature = "demo")]
         Command::Demo(args) => crate::demo::main(&args),
     }
 }
 
+/// `--help` and `--version` go to stdout (exit 0, or 1 when stdout fails); every other parse
+/// error to stderr with exit 2.
+fn parse_failure(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let text = e.render().to_string();
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => emit(&text, None, EXIT_OK),
+        _ => {
+            let _ = std::io::stderr().lock().write_all(text.as_bytes());
+            ExitCode::from(EXIT_CONFIG)
+        }
+    }
+}
+
 fn init(root: &Path) -> ExitCode {
+    if let Err(code) = checked_root(root, "--root") {
+        return code;
+    }
     match Journal::open(root, ql_worker_core::listing::Capacity::DEFAULT) {
         Ok(journal) => {
-            println!(
-                "state root ready: {} (0700, owner lock {})",
+            let text = format!(
+                "state root ready: {} (0700, owner lock {})\n",
                 root.display(),
                 journal.owner_lock().path().display()
             );
-            ExitCode::from(EXIT_OK)
+            emit(&text, Some("the state root is ready"), EXIT_OK)
         }
         Err(e) => fail(EXIT_STORAGE, e),
+    }
+}
+
+/// `init --config`: the state root, then containment (issue 20).
+fn init_with_config(path: &Path) -> ExitCode {
+    let config = match Config::load(path, &ProcessEnvironment) {
+        Ok(config) => config,
+        Err(e) => return fail(EXIT_CONFIG, e),
+    };
+    let code = init(&config.root);
+    if code != ExitCode::from(EXIT_OK) {
+        return code;
+    }
+    match crate::containment::prepare(&config.containment) {
+        Ok(prepared) => {
+            let mut text = String::new();
+            if let Some(run_as) = &prepared.plan.run_as {
+                text.push_str(&format!(
+                    "runs area ready: {} (0711); Runs run as {}\n",
+                    run_as.runs_dir, run_as.identity
+                ));
+            }
+            if let Some(cgroup) = &prepared.plan.cgroup {
+                text.push_str(&format!(
+                    "delegated cgroup: {} (one run-<offerId> child per Run)\n",
+                    cgroup.parent
+                ));
+            }
+            for warning in &prepared.warnings {
+                let _ = writeln!(std::io::stderr().lock(), "ql-worker: warning: {warning}");
+            }
+            emit(
+                &text,
+                Some("the state root and containment are ready"),
+                EXIT_OK,
+            )
+        }
+        Err((field, rule)) => fail(EXIT_CONFIG, format!("{}: {field}: {rule}", path.display())),
+    }
+}
+
+fn drain(root: &Path) -> ExitCode {
+    match crate::runtime::request_drain(root) {
+        Ok((path, existed)) => {
+            let text = if existed {
+                format!("drain already requested: {}\n", path.display())
+            } else {
+                format!("drain requested: {}\n", path.display())
+            };
+            emit(&text, Some("the drain was requested"), EXIT_OK)
+        }
+        Err(e) => fail(EXIT_STORAGE, state_root_error(root, &e)),
+    }
+}
+
+/// A journal error as an operator reads it: a missing root says so.
+fn state_root_error(root: &Path, e: &crate::journal::JournalError) -> String {
+    match e {
+        crate::journal::JournalError::NotFound { path } if path == root => format!(
+            "no state root at {}: no such directory (create one with `ql-worker init --root {}`)",
+            root.display(),
+            root.display()
+        ),
+        other => other.to_string(),
     }
 }
 
@@ -217,11 +399,16 @@ fn run(config: &Path) -> ExitCode {
     };
     let mut runner = match Runner::start(&config, signals) {
         Ok(runner) => runner,
-        Err(crate::runtime::StartError::Journal(e)) => return fail(EXIT_STORAGE, e),
+        Err(e) if e.is_storage() => return fail(EXIT_STORAGE, e),
+        Err(e @ crate::runtime::StartError::Image(_)) => return fail(EXIT_HALTED, e),
         Err(e) => return fail(EXIT_CONFIG, e),
     };
-    eprintln!(
-        "ql-worker: {} running on {} ({:?} profile)",
+    for warning in runner.containment_warnings() {
+        let _ = writeln!(std::io::stderr().lock(), "ql-worker: warning: {warning}");
+    }
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "ql-worker: {} running on {} ({} profile)",
         config.worker_id,
         config.root.display(),
         config.profile
@@ -234,7 +421,10 @@ fn run(config: &Path) -> ExitCode {
 pub fn exit_of(exit: RunExit) -> ExitCode {
     match exit {
         RunExit::Drained => {
-            eprintln!("ql-worker: drained; every record settled; Session offline");
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "ql-worker: drained; every record settled; Session offline"
+            );
             ExitCode::from(EXIT_OK)
         }
         RunExit::DrainBudgetExhausted => fail(
@@ -247,11 +437,22 @@ pub fn exit_of(exit: RunExit) -> ExitCode {
         ),
         RunExit::Halted(reason) => fail(EXIT_HALTED, format!("halted: {reason}")),
         RunExit::Fatal(detail) => fail(EXIT_HALTED, format!("halted: {detail}")),
+        RunExit::Unusable(detail) => fail(EXIT_STORAGE, format!("stopped: {detail}")),
     }
 }
 
-fn open_view(root: &Path) -> Result<Option<InboxView>, ExitCode> {
-    InboxView::open(root).map_err(|e| fail(EXIT_STORAGE, e))
+fn open_view(root: &Path) -> Result<InboxView, ExitCode> {
+    match InboxView::open(root) {
+        Ok(Some(view)) => Ok(view),
+        Ok(None) => Err(fail(
+            EXIT_STORAGE,
+            format!(
+                "{}: no inbox here (no offers/ directory; run `ql-worker init`)",
+                root.display()
+            ),
+        )),
+        Err(e) => Err(fail(EXIT_STORAGE, state_root_error(root, &e))),
+    }
 }
 
 fn inbox(command: InboxCommand) -> ExitCode {
@@ -264,21 +465,26 @@ fn inbox(command: InboxCommand) -> ExitCode {
         } => {
             let root = match root.resolve() {
                 Ok(root) => root,
-                Err(e) => return fail(EXIT_CONFIG, e),
+                Err(code) => return code,
             };
             let Ok(limit) = PageLimit::new(limit) else {
                 return fail(EXIT_CONFIG, "--limit must be within 1..=64");
             };
             let after = match after.map(OfferId::new).transpose() {
                 Ok(after) => after,
-                Err(e) => return fail(EXIT_CONFIG, format!("--after: {e}")),
+                Err(_) => {
+                    return fail(
+                        EXIT_CONFIG,
+                        format!("--after: offer id must be {}", OfferId::RULE),
+                    );
+                }
             };
             list(&root, after.as_ref(), limit, json)
         }
         InboxCommand::Show { root, offer_id } => {
             let root = match root.resolve() {
                 Ok(root) => root,
-                Err(e) => return fail(EXIT_CONFIG, e),
+                Err(code) => return code,
             };
             let Ok(offer_id) = OfferId::new(offer_id) else {
                 return fail(EXIT_CONFIG, format!("offer id must be {}", OfferId::RULE));
@@ -290,13 +496,7 @@ fn inbox(command: InboxCommand) -> ExitCode {
 
 fn list(root: &Path, after: Option<&OfferId>, limit: PageLimit, json: bool) -> ExitCode {
     let view = match open_view(root) {
-        Ok(Some(view)) => view,
-        Ok(None) => {
-            return fail(
-                EXIT_STORAGE,
-                format!("{}: no inbox here (run `ql-worker init`)", root.display()),
-            );
-        }
+        Ok(view) => view,
         Err(code) => return code,
     };
     let page = match view.list(after, limit) {
@@ -311,30 +511,62 @@ fn list(root: &Path, after: Option<&OfferId>, limit: PageLimit, json: bool) -> E
             Err(e) => return fail(EXIT_STORAGE, e),
         }
     }
+    let mut out = String::new();
     if json {
         let rows: Vec<serde_json::Value> = records.iter().map(summary_json).collect();
-        let out = serde_json::json!({ "records": rows, "nextAfter": page.next_after.as_ref().map(OfferId::as_str) });
-        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+        let value = serde_json::json!({ "records": rows, "nextAfter": page.next_after.as_ref().map(OfferId::as_str) });
+        out.push_str(&serde_json::to_string_pretty(&value).unwrap_or_default());
+        out.push('\n');
     } else {
-        println!(
-            "{:<40} {:<28} {:<24} {:<24}",
-            "OFFER", "STATE", "RUN", "ATTEMPT"
-        );
-        for r in &records {
-            let state = match r.recovery() {
-                Some(reason) => format!("{}({reason})", r.state),
-                None => r.state.to_string(),
-            };
-            println!(
-                "{:<40} {:<28} {:<24} {:<24}",
-                r.offer.offer_id, state, r.offer.candidate.run_id, r.offer.candidate.attempt_id
-            );
-        }
+        let rows: Vec<[String; 4]> = records
+            .iter()
+            .map(|r| {
+                let state = match r.recovery() {
+                    Some(reason) => format!("{}({reason})", r.state),
+                    None => r.state.to_string(),
+                };
+                [
+                    r.offer.offer_id.to_string(),
+                    state,
+                    r.offer.candidate.run_id.to_string(),
+                    r.offer.candidate.attempt_id.to_string(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["OFFER", "STATE", "RUN", "ATTEMPT"], &rows));
         if let Some(next) = &page.next_after {
-            println!("more: --after {next}");
+            let _ = writeln!(out, "more: --after {next}");
         }
     }
-    ExitCode::from(EXIT_OK)
+    emit(&out, None, EXIT_OK)
+}
+
+/// Left-aligned columns as wide as their widest cell, two spaces apart; no trailing spaces.
+fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
+    let mut widths = header.map(|h| h.chars().count());
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: [&str; N]| {
+        let mut text = String::new();
+        for (i, (cell, width)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == N {
+                text.push_str(cell);
+            } else {
+                let _ = write!(text, "{cell:<width$}  ");
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(*header);
+    for row in rows {
+        line(std::array::from_fn(|i| row[i].as_str()));
+    }
+    out
 }
 
 fn summary_json(record: &InboxRecord) -> serde_json::Value {
@@ -365,17 +597,14 @@ pub fn record_json(record: &InboxRecord) -> serde_json::Value {
 
 fn show(root: &Path, offer_id: &OfferId) -> ExitCode {
     let view = match open_view(root) {
-        Ok(Some(view)) => view,
-        Ok(None) => return fail(EXIT_STORAGE, format!("{}: no inbox here", root.display())),
+        Ok(view) => view,
         Err(code) => return code,
     };
     match view.read(offer_id) {
         Ok(Some(record)) => {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&record_json(&record)).unwrap_or_default()
-            );
-            ExitCode::from(EXIT_OK)
+            let mut text = serde_json::to_string_pretty(&record_json(&record)).unwrap_or_default();
+            text.push('\n');
+            emit(&text, None, EXIT_OK)
         }
         Ok(None) => fail(
             EXIT_CONFIG,
@@ -414,17 +643,57 @@ pub fn advice(reason: RecoveryReason) -> &'static str {
     }
 }
 
-fn recover(root: &Path, archive: Option<&str>) -> ExitCode {
-    if let Some(offer_id) = archive {
-        return archive_record(root, offer_id);
+/// What `recover` found for a record's receipt. A receipt that cannot be read is reported as
+/// such, never as absent: the advice depends on it.
+enum ReceiptState {
+    Present,
+    Absent,
+    Unreadable(String),
+}
+
+impl ReceiptState {
+    fn of(root: &Path, attempt_id: &ql_worker_core::ids::AttemptId) -> Self {
+        match crate::receipts::read(root, attempt_id) {
+            Ok(Some(_)) => Self::Present,
+            Ok(None) => Self::Absent,
+            Err(e) => Self::Unreadable(e.to_string()),
+        }
     }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Present => "present",
+            Self::Absent => "absent",
+            Self::Unreadable(_) => "unreadable",
+        }
+    }
+
+    /// What the receipt changes about the advice for `reason`.
+    fn advice(&self, reason: RecoveryReason) -> String {
+        match (self, reason) {
+            (Self::Unreadable(_), _) => String::from(
+                "the receipt cannot be read (see the error): it may be the proof that the process \
+                 ran and how it exited. Inspect and repair that path (never delete the receipt); \
+                 until it reads, the Worker cannot complete the Run from it.",
+            ),
+            (Self::Present, RecoveryReason::LaunchOutcomeUnknown) => String::from(
+                "the receipt is there: the process ran and exited. A running Worker completes \
+                 the Run from it by itself (receipt first, log uploaded, then completion); start \
+                 the Worker if it is stopped.",
+            ),
+            (Self::Present | Self::Absent, reason) => advice(reason).to_string(),
+        }
+    }
+}
+
+fn recover(root: &Path, json: bool) -> ExitCode {
     let view = match open_view(root) {
-        Ok(Some(view)) => view,
-        Ok(None) => return fail(EXIT_STORAGE, format!("{}: no inbox here", root.display())),
+        Ok(view) => view,
         Err(code) => return code,
     };
+    let paths = crate::layout::Paths::new(root);
     let now = crate::os::now();
-    let mut found = 0;
+    let mut recovery = Vec::new();
     let mut dormant = Vec::new();
     let mut after: Option<OfferId> = None;
     loop {
@@ -439,22 +708,8 @@ fn recover(root: &Path, archive: Option<&str>) -> ExitCode {
                 Err(e) => return fail(EXIT_STORAGE, e),
             };
             if let Some(reason) = record.recovery() {
-                found += 1;
-                let receipt = crate::receipts::read(root, &record.offer.candidate.attempt_id)
-                    .ok()
-                    .flatten()
-                    .is_some();
-                println!(
-                    "{} run={} attempt={} reason={reason}",
-                    record.offer.offer_id,
-                    record.offer.candidate.run_id,
-                    record.offer.candidate.attempt_id
-                );
-                if let Some(handle) = &record.executor_handle {
-                    println!("  executor handle: {handle}");
-                }
-                println!("  receipt present: {receipt}");
-                println!("  what to do: {}", advice(reason));
+                let receipt = ReceiptState::of(root, &record.offer.candidate.attempt_id);
+                recovery.push((record, reason, receipt));
             } else if record.is_dormant(now) {
                 dormant.push(record);
             }
@@ -464,8 +719,89 @@ fn recover(root: &Path, archive: Option<&str>) -> ExitCode {
             None => break,
         }
     }
+    const DORMANT_ADVICE: &str = "nothing ran and it can never start; the control plane \
+        reclaims the Run when it reaps the lease. It takes no slot and does not hold a drain, \
+        but it counts against the inbox capacity: archive it (`--archive`, Worker stopped).";
+    let code = if recovery.is_empty() {
+        EXIT_OK
+    } else {
+        EXIT_RECOVERY
+    };
+    let mut out = String::new();
+    if json {
+        let recovery_rows: Vec<serde_json::Value> = recovery
+            .iter()
+            .map(|(record, reason, receipt)| {
+                let attempt = &record.offer.candidate.attempt_id;
+                serde_json::json!({
+                    "offerId": record.offer.offer_id.as_str(),
+                    "runId": record.offer.candidate.run_id.as_str(),
+                    "attemptId": attempt.as_str(),
+                    "reason": reason.as_str(),
+                    "executorHandle": record.executor_handle.as_ref().map(|h| h.as_str()),
+                    "receipt": {
+                        "state": receipt.name(),
+                        "path": paths.receipt(attempt).display().to_string(),
+                        "error": match receipt {
+                            ReceiptState::Unreadable(e) => Some(e.as_str()),
+                            ReceiptState::Present | ReceiptState::Absent => None,
+                        },
+                    },
+                    "advice": receipt.advice(*reason),
+                })
+            })
+            .collect();
+        let dormant_rows: Vec<serde_json::Value> = dormant
+            .iter()
+            .map(|record| {
+                serde_json::json!({
+                    "offerId": record.offer.offer_id.as_str(),
+                    "runId": record.offer.candidate.run_id.as_str(),
+                    "attemptId": record.offer.candidate.attempt_id.as_str(),
+                    "state": record.state.as_str(),
+                    "leaseExpiresAtMs": record.offer.lease.expires_at_ms.get(),
+                    "advice": DORMANT_ADVICE,
+                })
+            })
+            .collect();
+        let value = serde_json::json!({
+            "failClosed": !recovery.is_empty(),
+            "recoveryRequired": recovery_rows,
+            "dormant": dormant_rows,
+        });
+        out.push_str(&serde_json::to_string_pretty(&value).unwrap_or_default());
+        out.push('\n');
+        return emit(&out, None, code);
+    }
+    for (record, reason, receipt) in &recovery {
+        let attempt = &record.offer.candidate.attempt_id;
+        let _ = writeln!(
+            out,
+            "{} run={} attempt={} reason={reason}",
+            record.offer.offer_id, record.offer.candidate.run_id, attempt
+        );
+        if let Some(handle) = &record.executor_handle {
+            let _ = writeln!(out, "  executor handle: {handle}");
+        }
+        let receipt_path = paths.receipt(attempt);
+        match receipt {
+            ReceiptState::Unreadable(e) => {
+                let _ = writeln!(out, "  receipt: unreadable: {e}");
+            }
+            ReceiptState::Present | ReceiptState::Absent => {
+                let _ = writeln!(
+                    out,
+                    "  receipt: {} ({})",
+                    receipt.name(),
+                    receipt_path.display()
+                );
+            }
+        }
+        let _ = writeln!(out, "  what to do: {}", receipt.advice(*reason));
+    }
     for record in &dormant {
-        println!(
+        let _ = writeln!(
+            out,
             "{} run={} attempt={} dormant: {} with its lease expired at {} ms",
             record.offer.offer_id,
             record.offer.candidate.run_id,
@@ -473,37 +809,39 @@ fn recover(root: &Path, archive: Option<&str>) -> ExitCode {
             record.state,
             record.offer.lease.expires_at_ms.get(),
         );
-        println!(
-            "  what to do: nothing ran and it can never start; the control plane reclaims the \
-             Run when it reaps the lease. It takes no slot and does not hold a drain, but it \
-             counts against the inbox capacity: archive it (`--archive`, Worker stopped)."
-        );
+        let _ = writeln!(out, "  what to do: {DORMANT_ADVICE}");
     }
     if !dormant.is_empty() {
-        println!("{} dormant record(s)", dormant.len());
+        let _ = writeln!(out, "{} dormant record(s)", dormant.len());
     }
-    if found == 0 {
-        println!("no recovery_required records: the Worker is not fail-closed");
-        ExitCode::from(EXIT_OK)
+    if recovery.is_empty() {
+        out.push_str("no recovery_required records: the Worker is not fail-closed\n");
     } else {
-        println!(
-            "{found} recovery_required record(s): the Worker takes no new work while they remain. \
-             After review, `ql-worker recover --archive OFFER_ID` (Worker stopped) moves one out."
+        let _ = writeln!(
+            out,
+            "{} recovery_required record(s): the Worker takes no new work while they remain. \
+             After review, `ql-worker recover --archive OFFER_ID` (Worker stopped) moves one out.",
+            recovery.len()
         );
-        ExitCode::from(EXIT_RECOVERY)
     }
+    emit(&out, None, code)
 }
 
 fn archive_record(root: &Path, offer_id: &str) -> ExitCode {
     let Ok(offer_id) = OfferId::new(offer_id) else {
-        return fail(EXIT_CONFIG, format!("offer id must be {}", OfferId::RULE));
+        return fail(
+            EXIT_CONFIG,
+            format!("--archive: offer id must be {}", OfferId::RULE),
+        );
     };
     match crate::journal::archive_record(root, &offer_id, crate::os::now()) {
-        Ok(path) => {
-            println!("archived {offer_id} to {}", path.display());
-            ExitCode::from(EXIT_OK)
-        }
-        Err(e) => fail(EXIT_STORAGE, e),
+        Ok(path) => emit(
+            &format!("archived {offer_id} to {}\n", path.display()),
+            Some("the record was archived"),
+            EXIT_OK,
+        ),
+        Err(e) if e.is_refusal() => fail(EXIT_CONFIG, e),
+        Err(e) => fail(EXIT_STORAGE, state_root_error(root, &e)),
     }
 }
 

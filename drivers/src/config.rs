@@ -1,15 +1,29 @@
 //! The Worker's configuration file (TOML) and its validation.
 //!
-//! Every error names the file, the field and the rule. Paths may be overridden from the
-//! environment (`QL_WORKER_ROOT`, `QL_WORKER_CREDENTIAL_FILE`, `QL_WORKER_CLIENT_CERTIFICATE`,
-//! `QL_WORKER_CLIENT_KEY`), which is convenient for containers and systemd credentials. Secret
-//! files (the credential and the private key) must be regular files owned by this user with mode
-//! `0600` (no group or other bits); they are re-read when needed, never cached in the config.
+//! Every error names the file, the field (or the environment variable) and the rule, and never
+//! echoes a value that could be a secret. Paths may be overridden from the environment
+//! (`QL_WORKER_ROOT`, `QL_WORKER_CREDENTIAL_FILE`, `QL_WORKER_CLIENT_CERTIFICATE`,
+//! `QL_WORKER_CLIENT_KEY`), which is convenient for containers and systemd credentials; an error
+//! about such a value names the variable, not the file.
+//!
+//! Files read from outside the state root are opened without following a symbolic link and
+//! checked on the open descriptor ([`open_checked`]):
+//! * [`FileClass::Secret`] (the credential, the private key): a regular file owned by the
+//!   Worker's uid with no group or other permission bit (0600 or stricter);
+//! * [`FileClass::Public`] (this configuration file, the client certificate, the trust
+//!   anchors): a regular file owned by the Worker's uid or root, not writable by group or
+//!   other. Whoever could write one of these could point the Worker at their own control plane.
+//!
+//! Secret files are re-read when needed, never cached in the config.
 
 use std::fmt;
 use std::fs;
-use std::os::unix::fs::MetadataExt as _;
+use std::io::Read as _;
+use std::os::fd::AsFd as _;
 use std::path::{Path, PathBuf};
+
+use rustix::fs::{FileType, OFlags};
+use rustix::io::Errno;
 
 use ql_worker_core::ids::WorkerId;
 use ql_worker_core::listing::{Capacity, PageLimit};
@@ -31,6 +45,15 @@ pub enum Profile {
     Node,
 }
 
+impl fmt::Display for Profile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Edge => "edge",
+            Self::Node => "node",
+        })
+    }
+}
+
 /// The file as written.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -44,6 +67,12 @@ struct FileConfig {
     limits: LimitsFile,
     #[serde(default)]
     retention: RetentionFile,
+    // ---- containment tables (issue 20): rules in `crate::containment::settings` ----
+    run_as: Option<crate::containment::settings::RunAsFile>,
+    run_limits: Option<crate::containment::settings::RunLimitsFile>,
+    cgroup: Option<crate::containment::settings::CgroupFile>,
+    policy: Option<crate::containment::settings::PolicyFile>,
+    capture: Option<crate::containment::settings::CaptureFile>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -101,6 +130,107 @@ pub struct Config {
     pub limits: Limits,
     /// Retention of settled records and their logs.
     pub retention: Retention,
+    /// Containment of each Run (`[run_as]`, `[run_limits]`, `[cgroup]`, `[policy]`,
+    /// `[capture]`; issue 20).
+    pub containment: crate::containment::Containment,
+    /// Which settings came from the environment instead of the file (for messages).
+    pub overrides: Overrides,
+}
+
+/// The environment variables that override paths of the file.
+pub const ENV_ROOT: &str = "QL_WORKER_ROOT";
+/// Overrides `control_plane.credential_file`.
+pub const ENV_CREDENTIAL_FILE: &str = "QL_WORKER_CREDENTIAL_FILE";
+/// Overrides `control_plane.client_certificate`.
+pub const ENV_CLIENT_CERTIFICATE: &str = "QL_WORKER_CLIENT_CERTIFICATE";
+/// Overrides `control_plane.client_key`.
+pub const ENV_CLIENT_KEY: &str = "QL_WORKER_CLIENT_KEY";
+
+/// Which settings came from the environment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `root` from [`ENV_ROOT`].
+    pub root: bool,
+    /// `control_plane.credential_file` from [`ENV_CREDENTIAL_FILE`].
+    pub credential_file: bool,
+    /// `control_plane.client_certificate` from [`ENV_CLIENT_CERTIFICATE`].
+    pub client_certificate: bool,
+    /// `control_plane.client_key` from [`ENV_CLIENT_KEY`].
+    pub client_key: bool,
+}
+
+/// A setting of the configuration, for messages that must say where a value came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Setting {
+    /// `root`.
+    Root,
+    /// `control_plane.origin`.
+    Origin,
+    /// `control_plane.trust_anchors[i]`.
+    TrustAnchor(usize),
+    /// `control_plane.trust_anchors` as a whole.
+    TrustAnchors,
+    /// `control_plane.client_certificate`.
+    ClientCertificate,
+    /// `control_plane.client_key`.
+    ClientKey,
+    /// `control_plane.credential_file`.
+    CredentialFile,
+    /// `control_plane.timeout_ms`.
+    Timeout,
+}
+
+impl Config {
+    /// Where `setting` came from, for a message: `<file>: <field> (<path>)`, or
+    /// `<VARIABLE> (<path>; environment, overrides <field> of <file>)`.
+    #[must_use]
+    pub fn blame(&self, setting: Setting) -> String {
+        let cp = &self.control_plane;
+        let (field, env, path): (String, Option<&str>, Option<&Path>) = match setting {
+            Setting::Root => (
+                "root".into(),
+                self.overrides.root.then_some(ENV_ROOT),
+                Some(&self.root),
+            ),
+            Setting::Origin => ("control_plane.origin".into(), None, None),
+            Setting::TrustAnchor(i) => (
+                format!("control_plane.trust_anchors[{i}]"),
+                None,
+                cp.trust_anchors.get(i).map(PathBuf::as_path),
+            ),
+            Setting::TrustAnchors => ("control_plane.trust_anchors".into(), None, None),
+            Setting::ClientCertificate => (
+                "control_plane.client_certificate".into(),
+                self.overrides
+                    .client_certificate
+                    .then_some(ENV_CLIENT_CERTIFICATE),
+                Some(&cp.client_certificate),
+            ),
+            Setting::ClientKey => (
+                "control_plane.client_key".into(),
+                self.overrides.client_key.then_some(ENV_CLIENT_KEY),
+                Some(&cp.client_key),
+            ),
+            Setting::CredentialFile => (
+                "control_plane.credential_file".into(),
+                self.overrides
+                    .credential_file
+                    .then_some(ENV_CREDENTIAL_FILE),
+                Some(&cp.credential_file),
+            ),
+            Setting::Timeout => ("control_plane.timeout_ms".into(), None, None),
+        };
+        let source = self.source.display();
+        match (env, path) {
+            (Some(var), Some(path)) => format!(
+                "{var} ({}; environment, overrides {field} of {source})",
+                path.display()
+            ),
+            (Some(var), None) => format!("{var} (environment, overrides {field} of {source})"),
+            (None, Some(path)) => format!("{source}: {field} ({})", path.display()),
+            (None, None) => format!("{source}: {field}"),
+        }
+    }
 }
 
 /// Control-plane connection settings.
@@ -158,21 +288,22 @@ pub struct Retention {
     pub log_keep_ms: u64,
 }
 
-/// A configuration problem: the file, the field and the rule.
+/// A configuration problem: the file, the field (or variable) and the rule.
 #[derive(Debug)]
 pub enum ConfigError {
-    /// The file could not be read.
-    Read {
+    /// The file is unsafe or could not be read.
+    File {
         /// The file.
         path: PathBuf,
-        /// Why.
-        error: std::io::Error,
+        /// What is wrong with it.
+        problem: FileProblem,
     },
     /// The TOML does not parse or has unknown or missing fields.
     Syntax {
         /// The file.
         path: PathBuf,
-        /// The parser's message (field names, no values of secret files).
+        /// Where and what, without the offending text: no value of the file is echoed (a
+        /// credential pasted into it must not reach a log).
         message: String,
     },
     /// A field breaks its rule.
@@ -184,16 +315,39 @@ pub enum ConfigError {
         /// The rule.
         rule: String,
     },
+    /// An environment override breaks the rule of the field it overrides.
+    Env {
+        /// The variable.
+        var: &'static str,
+        /// The field it overrides.
+        field: &'static str,
+        /// The configuration file.
+        path: PathBuf,
+        /// The rule.
+        rule: String,
+    },
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Read { path, error } => write!(f, "{}: cannot read: {error}", path.display()),
+            Self::File { path, problem } => {
+                write!(f, "{}: configuration file {problem}", path.display())
+            }
             Self::Syntax { path, message } => write!(f, "{}: {message}", path.display()),
             Self::Field { path, field, rule } => {
                 write!(f, "{}: {field}: {rule}", path.display())
             }
+            Self::Env {
+                var,
+                field,
+                path,
+                rule,
+            } => write!(
+                f,
+                "{var} (environment, overrides {field} of {}): {rule}",
+                path.display()
+            ),
         }
     }
 }
@@ -211,8 +365,9 @@ pub trait Environment {
 pub struct ProcessEnvironment;
 
 impl Environment for ProcessEnvironment {
+    /// The value, even when empty (an empty override is an error, never silently ignored).
     fn var(&self, name: &str) -> Option<String> {
-        std::env::var(name).ok().filter(|v| !v.is_empty())
+        std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
     }
 }
 
@@ -242,15 +397,78 @@ fn within(
     }
 }
 
-fn absolute(path: &Path, name: &'static str, value: PathBuf) -> Result<PathBuf, ConfigError> {
-    if value.is_absolute() {
-        Ok(value)
-    } else {
-        Err(field(
-            path,
-            name,
-            format!("must be an absolute path, found {}", value.display()),
+fn absolute_rule(value: &Path) -> Option<String> {
+    if value.as_os_str().is_empty() {
+        Some(String::from(
+            "must be an absolute path, found an empty value",
         ))
+    } else if !value.is_absolute() {
+        Some(format!(
+            "must be an absolute path, found the relative path {}",
+            value.display()
+        ))
+    } else {
+        None
+    }
+}
+
+fn absolute(path: &Path, name: &'static str, value: PathBuf) -> Result<PathBuf, ConfigError> {
+    match absolute_rule(&value) {
+        None => Ok(value),
+        Some(rule) => Err(field(path, name, rule)),
+    }
+}
+
+/// `value` from the environment variable `var` (absolute, or an error naming the variable),
+/// else the file's value (absolute, or an error naming the field).
+fn path_setting(
+    path: &Path,
+    env: &dyn Environment,
+    var: &'static str,
+    name: &'static str,
+    file_value: &Path,
+) -> Result<(PathBuf, bool), ConfigError> {
+    match env.var(var) {
+        Some(text) => {
+            let value = PathBuf::from(text);
+            match absolute_rule(&value) {
+                None => Ok((value, true)),
+                Some(rule) => Err(ConfigError::Env {
+                    var,
+                    field: name,
+                    path: path.to_path_buf(),
+                    rule,
+                }),
+            }
+        }
+        None => absolute(path, name, file_value.to_path_buf()).map(|v| (v, false)),
+    }
+}
+
+/// The rule of a worker id, in words, and where `value` breaks it (the value is not echoed).
+fn worker_id_rule(value: &str) -> String {
+    let rule = "must be 1 to 128 characters from A-Z a-z 0-9 . _ : - starting with a letter or \
+                digit";
+    let count = value.chars().count();
+    if count == 0 {
+        return format!("{rule}; it is empty");
+    }
+    if count > 128 {
+        return format!("{rule}; it has {count} characters");
+    }
+    let bad = value.chars().enumerate().find(|&(i, c)| {
+        let allowed = c.is_ascii_alphanumeric() || (i > 0 && matches!(c, '.' | '_' | ':' | '-'));
+        !allowed
+    });
+    match bad {
+        Some((i, c)) if c.is_ascii_graphic() => {
+            format!("{rule}; character {} ('{c}') is not allowed there", i + 1)
+        }
+        Some((i, _)) => format!(
+            "{rule}; character {} is not allowed there (a space, control or non-ASCII character)",
+            i + 1
+        ),
+        None => String::from(rule),
     }
 }
 
@@ -274,20 +492,19 @@ impl Config {
     /// # Errors
     /// [`ConfigError`] naming the file, field and rule.
     pub fn load(path: &Path, env: &dyn Environment) -> Result<Self, ConfigError> {
-        let read_error = |error| ConfigError::Read {
+        let file_error = |problem| ConfigError::File {
             path: path.to_path_buf(),
-            error,
+            problem,
         };
-        let meta = fs::metadata(path).map_err(read_error)?;
-        if !meta.is_file() || meta.len() > MAX_CONFIG_BYTES {
-            return Err(field(
-                path,
-                "(file)",
-                format!("must be a regular file of at most {MAX_CONFIG_BYTES} bytes"),
-            ));
-        }
-        let text = fs::read_to_string(path).map_err(read_error)?;
-        Self::parse(path, &text, env)
+        let bytes = read_checked(path, FileClass::Public, MAX_CONFIG_BYTES).map_err(file_error)?;
+        let text = std::str::from_utf8(&bytes).map_err(|e| ConfigError::Syntax {
+            path: path.to_path_buf(),
+            message: format!(
+                "must be UTF-8 text; byte {} is not valid UTF-8",
+                e.valid_up_to() + 1
+            ),
+        })?;
+        Self::parse(path, text, env)
     }
 
     /// Validates configuration text as if read from `path`.
@@ -297,15 +514,23 @@ impl Config {
     pub fn parse(path: &Path, text: &str, env: &dyn Environment) -> Result<Self, ConfigError> {
         let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
             path: path.to_path_buf(),
-            message: e.to_string(),
+            message: syntax_message(text, &e),
         })?;
-        let worker_id =
-            WorkerId::new(file.worker_id.clone()).map_err(|e| field(path, "worker_id", e.rule))?;
-        let root = env
-            .var("QL_WORKER_ROOT")
-            .map(PathBuf::from)
-            .unwrap_or(file.root.clone());
-        let root = absolute(path, "root", root)?;
+        let worker_id = WorkerId::new(file.worker_id.clone())
+            .map_err(|_| field(path, "worker_id", worker_id_rule(&file.worker_id)))?;
+        let (root, root_overridden) = path_setting(path, env, ENV_ROOT, "root", &file.root)?;
+        if let Err(e) = crate::layout::check_root_path(&root) {
+            return Err(if root_overridden {
+                ConfigError::Env {
+                    var: ENV_ROOT,
+                    field: "root",
+                    path: path.to_path_buf(),
+                    rule: e.rule().to_string(),
+                }
+            } else {
+                field(path, "root", e.rule())
+            });
+        }
         let architecture = match &file.architecture {
             None => host_architecture().ok_or_else(|| {
                 field(
@@ -324,7 +549,8 @@ impl Config {
                 })?
             }
         };
-        let control_plane = Self::control_plane(path, &file.control_plane, env)?;
+        let (control_plane, mut overrides) = Self::control_plane(path, &file.control_plane, env)?;
+        overrides.root = root_overridden;
         let limits = Self::limits(path, file.profile, &file.limits)?;
         let retention = Retention {
             high_water_records: within(
@@ -342,6 +568,19 @@ impl Config {
                 .unwrap_or(7 * 24 * 3_600_000),
             log_keep_ms: file.retention.log_keep_ms.unwrap_or(24 * 3_600_000),
         };
+        // ---- containment (issue 20) ----
+        let containment = crate::containment::Containment::from_file(
+            &crate::containment::settings::ContainmentFile {
+                run_as: file.run_as.as_ref(),
+                run_limits: file.run_limits.as_ref(),
+                cgroup: file.cgroup.as_ref(),
+                policy: file.policy.as_ref(),
+                capture: file.capture.as_ref(),
+            },
+            &root,
+            limits.spool.maximum_attempt_bytes,
+        )
+        .map_err(|(name, rule)| field(path, name, rule))?;
         Ok(Self {
             source: path.to_path_buf(),
             profile: file.profile,
@@ -351,6 +590,8 @@ impl Config {
             control_plane,
             limits,
             retention,
+            containment,
+            overrides,
         })
     }
 
@@ -358,9 +599,7 @@ impl Config {
         path: &Path,
         file: &ControlPlaneFile,
         env: &dyn Environment,
-    ) -> Result<ControlPlane, ConfigError> {
-        let over =
-            |name: &str, value: &PathBuf| env.var(name).map(PathBuf::from).unwrap_or(value.clone());
+    ) -> Result<(ControlPlane, Overrides), ConfigError> {
         if file.trust_anchors.is_empty() || file.trust_anchors.len() > 8 {
             return Err(field(
                 path,
@@ -376,24 +615,33 @@ impl Config {
                 anchor.clone(),
             )?);
         }
-        Ok(ControlPlane {
+        let (client_certificate, cert_env) = path_setting(
+            path,
+            env,
+            ENV_CLIENT_CERTIFICATE,
+            "control_plane.client_certificate",
+            &file.client_certificate,
+        )?;
+        let (client_key, key_env) = path_setting(
+            path,
+            env,
+            ENV_CLIENT_KEY,
+            "control_plane.client_key",
+            &file.client_key,
+        )?;
+        let (credential_file, credential_env) = path_setting(
+            path,
+            env,
+            ENV_CREDENTIAL_FILE,
+            "control_plane.credential_file",
+            &file.credential_file,
+        )?;
+        let control_plane = ControlPlane {
             origin: file.origin.clone(),
             trust_anchors: anchors,
-            client_certificate: absolute(
-                path,
-                "control_plane.client_certificate",
-                over("QL_WORKER_CLIENT_CERTIFICATE", &file.client_certificate),
-            )?,
-            client_key: absolute(
-                path,
-                "control_plane.client_key",
-                over("QL_WORKER_CLIENT_KEY", &file.client_key),
-            )?,
-            credential_file: absolute(
-                path,
-                "control_plane.credential_file",
-                over("QL_WORKER_CREDENTIAL_FILE", &file.credential_file),
-            )?,
+            client_certificate,
+            client_key,
+            credential_file,
             timeout_ms: within(
                 path,
                 "control_plane.timeout_ms",
@@ -401,7 +649,14 @@ impl Config {
                 1_000,
                 60_000,
             )?,
-        })
+        };
+        let overrides = Overrides {
+            root: false,
+            credential_file: credential_env,
+            client_certificate: cert_env,
+            client_key: key_env,
+        };
+        Ok((control_plane, overrides))
     }
 
     fn limits(path: &Path, profile: Profile, file: &LimitsFile) -> Result<Limits, ConfigError> {
@@ -433,9 +688,21 @@ impl Config {
             64 << 10,
             64 << 20,
         )?;
-        let reserve = pick(file.log_reserve_bytes, 32 << 20, 256 << 20);
-        let spool = SpoolPolicy::custom(quota, reserve, 1 << 20)
-            .map_err(|e| field(path, "limits.log_quota_bytes", e.to_string()))?;
+        let reserve = within(
+            path,
+            "limits.log_reserve_bytes",
+            pick(file.log_reserve_bytes, 32 << 20, 256 << 20),
+            0,
+            crate::spool::MAX_RESERVE_BYTES,
+        )?;
+        // Both bounds were checked above, so this cannot fail; it is mapped all the same.
+        let spool = SpoolPolicy::custom(quota, reserve, 1 << 20).map_err(|_| {
+            field(
+                path,
+                "limits.log_quota_bytes",
+                "must be within 65536..=67108864",
+            )
+        })?;
         Ok(Limits {
             cadence_ms: within(
                 path,
@@ -502,33 +769,233 @@ impl Config {
     }
 }
 
-/// Checks that a secret-bearing file is a regular file, owned by this user, with no group or
-/// other permission bits.
+/// The rule set of a file read from outside the state root (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileClass {
+    /// The credential and the private key: owned by the Worker's uid, mode 0600 or stricter.
+    Secret,
+    /// The configuration, the client certificate and the trust anchors: owned by the Worker's uid
+    /// or root, not writable by group or other.
+    Public,
+}
+
+/// What is wrong with a file read from outside the state root. Never holds its content.
+#[derive(Debug)]
+pub enum FileProblem {
+    /// It could not be opened or read.
+    Io(std::io::Error),
+    /// The last path component is a symbolic link.
+    Symlink,
+    /// A directory, FIFO, socket or device.
+    NotRegular,
+    /// Owned by someone the rule does not allow.
+    Owner {
+        /// The class (which owners are allowed).
+        class: FileClass,
+        /// The Worker's effective uid.
+        euid: u32,
+        /// The owner found.
+        found: u32,
+    },
+    /// Permission bits the rule does not allow.
+    Mode {
+        /// The class (which bits are allowed).
+        class: FileClass,
+        /// The permission bits found.
+        found: u32,
+    },
+    /// Larger than the bound.
+    TooLarge {
+        /// The bound, in bytes.
+        max: u64,
+    },
+}
+
+impl fmt::Display for FileProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Io(e) => write!(f, "cannot be read: {}", io_text(e)),
+            Self::Symlink => f.write_str(
+                "must be a regular file, not a symbolic link (give the path of the file itself)",
+            ),
+            Self::NotRegular => {
+                f.write_str("must be a regular file (not a directory, FIFO or device)")
+            }
+            Self::Owner {
+                class: FileClass::Secret,
+                euid,
+                found,
+            } => write!(
+                f,
+                "must be owned by uid {euid} (the Worker's user), is owned by uid {found}"
+            ),
+            Self::Owner {
+                class: FileClass::Public,
+                euid,
+                found,
+            } => write!(
+                f,
+                "must be owned by uid {euid} (the Worker's user) or root, is owned by uid {found}"
+            ),
+            Self::Mode {
+                class: FileClass::Secret,
+                found,
+            } => write!(
+                f,
+                "must have mode 0600 or stricter (no group or other permission bits), has {found:04o}"
+            ),
+            Self::Mode {
+                class: FileClass::Public,
+                found,
+            } => write!(
+                f,
+                "must not be writable by group or other (e.g. mode 0644), has {found:04o}"
+            ),
+            Self::TooLarge { max } => write!(f, "must be at most {max} bytes"),
+        }
+    }
+}
+
+/// An I/O error without Rust's `(os error N)` suffix.
+fn io_text(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match text.find(" (os error") {
+        Some(cut) => text[..cut].to_string(),
+        None => text,
+    }
+}
+
+/// Opens `path` without following a symbolic link (`O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC`; a FIFO
+/// cannot block the open) and checks the open descriptor against `class` and `max` bytes.
+///
+/// # Errors
+/// The [`FileProblem`].
+pub fn open_checked(path: &Path, class: FileClass, max: u64) -> Result<fs::File, FileProblem> {
+    let flags =
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
+    let fd = match rustix::fs::open(path, flags, rustix::fs::Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::LOOP) => return Err(FileProblem::Symlink),
+        Err(Errno::NXIO | Errno::OPNOTSUPP | Errno::NODEV) => return Err(FileProblem::NotRegular),
+        Err(e) => return Err(FileProblem::Io(e.into())),
+    };
+    let st = rustix::fs::fstat(fd.as_fd()).map_err(|e| FileProblem::Io(e.into()))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(FileProblem::NotRegular);
+    }
+    let euid = rustix::process::geteuid().as_raw();
+    let owner_ok = st.st_uid == euid || (class == FileClass::Public && st.st_uid == 0);
+    if !owner_ok {
+        return Err(FileProblem::Owner {
+            class,
+            euid,
+            found: st.st_uid,
+        });
+    }
+    let mode = st.st_mode & 0o7777;
+    let forbidden = match class {
+        FileClass::Secret => 0o077,
+        FileClass::Public => 0o022,
+    };
+    if mode & forbidden != 0 {
+        return Err(FileProblem::Mode { class, found: mode });
+    }
+    if u64::try_from(st.st_size).unwrap_or(u64::MAX) > max {
+        return Err(FileProblem::TooLarge { max });
+    }
+    Ok(fs::File::from(fd))
+}
+
+/// [`open_checked`], then reads the whole file (at most `max` bytes, re-checked while reading)
+/// into a buffer that is wiped when dropped.
+///
+/// # Errors
+/// The [`FileProblem`].
+pub fn read_checked(
+    path: &Path,
+    class: FileClass,
+    max: u64,
+) -> Result<zeroize::Zeroizing<Vec<u8>>, FileProblem> {
+    let file = open_checked(path, class, max)?;
+    // Sized up front so the buffer never reallocates (a reallocation would leave an unwiped
+    // copy of the old contents behind).
+    let capacity = usize::try_from(max.saturating_add(1)).unwrap_or(usize::MAX);
+    let mut buf = zeroize::Zeroizing::new(Vec::with_capacity(capacity));
+    file.take(max.saturating_add(1))
+        .read_to_end(&mut buf)
+        .map_err(FileProblem::Io)?;
+    if buf.len() as u64 > max {
+        return Err(FileProblem::TooLarge { max });
+    }
+    Ok(buf)
+}
+
+/// The TOML error as `line L, column C: <what>` without the source excerpt the parser would
+/// show, and with every quoted value and every key that does not look like a field name
+/// hidden: a credential pasted into the file must not be echoed to a log.
+fn syntax_message(text: &str, error: &toml::de::Error) -> String {
+    let at = error.span().map(|span| {
+        let start = span.start.min(text.len());
+        let before = text.get(..start).unwrap_or("");
+        let line = before.matches('\n').count() + 1;
+        let column = before
+            .rsplit('\n')
+            .next()
+            .map_or(1, |l| l.chars().count() + 1);
+        format!("line {line}, column {column}: ")
+    });
+    let message = error.message().trim_end_matches('\n');
+    format!(
+        "{}{}",
+        at.unwrap_or_default(),
+        redact_parser_message(message)
+    )
+}
+
+/// Hides `"quoted values"` and `` `tokens` `` that are not plain field names in a parser message.
+fn redact_parser_message(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(pos) = rest.find(['"', '`']) {
+        out.push_str(&rest[..pos]);
+        let quote = rest[pos..].chars().next().unwrap_or('"');
+        let after = &rest[pos + 1..];
+        let Some(end) = after.find(quote) else {
+            out.push_str("(rest hidden)");
+            return out;
+        };
+        let inner = &after[..end];
+        let punctuation = inner.len() <= 3 && inner.chars().all(|c| c.is_ascii_punctuation());
+        if quote == '`' && (looks_like_field_name(inner) || punctuation) {
+            out.push('`');
+            out.push_str(inner);
+            out.push('`');
+        } else if quote == '`' {
+            out.push_str("(a name that is not a field, hidden)");
+        } else {
+            out.push_str("(value hidden)");
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn looks_like_field_name(token: &str) -> bool {
+    let mut chars = token.chars();
+    chars.next().is_some_and(|c| c.is_ascii_lowercase())
+        && token.len() <= 40
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.')
+        && !token.starts_with("ql3w")
+}
+
+/// Checks that a secret-bearing file is a regular file (not a symbolic link), owned by this
+/// user, with no group or other permission bits.
 ///
 /// # Errors
 /// A message naming the file and the rule.
 pub fn check_secret_file(path: &Path, what: &str) -> Result<(), String> {
-    let meta = fs::symlink_metadata(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
-    if !meta.file_type().is_file() {
-        return Err(format!(
-            "{what} {}: must be a regular file (not a symlink)",
-            path.display()
-        ));
-    }
-    let euid = rustix::process::geteuid().as_raw();
-    if meta.uid() != euid {
-        return Err(format!(
-            "{what} {}: must be owned by uid {euid}, found {}",
-            path.display(),
-            meta.uid()
-        ));
-    }
-    if meta.mode() & 0o077 != 0 {
-        return Err(format!(
-            "{what} {}: must have mode 0600 (no group/other bits), found {:04o}",
-            path.display(),
-            meta.mode() & 0o7777
-        ));
-    }
-    Ok(())
+    open_checked(path, FileClass::Secret, u64::MAX)
+        .map(drop)
+        .map_err(|problem| format!("{what} {}: {problem}", path.display()))
 }

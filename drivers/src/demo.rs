@@ -6,11 +6,22 @@
 //! log exceeds the quota, and one the control plane times out. Each Run's lifecycle is printed
 //! as it happens; a final table shows what the control plane stored. Exit 0 only if every Run
 //! ended as expected.
+//!
+//! Everything the demo creates lives in one directory: a temporary one (0700), removed when the
+//! demo ends however it ends, or the new `--keep` directory (0700, files 0600, whatever the
+//! umask): `pki/` (the CA, the client and server certificates and keys, the credential),
+//! `ql-worker.toml` and the state root `state/`. SIGINT, SIGTERM and SIGHUP are caught from the
+//! start: the first drains (no new Run; every running one settles or the drain budget ends), a
+//! second stops at once; either way the user processes still running are stopped and their
+//! supervisors waited for before the directory is removed.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,8 +31,9 @@ use ql_worker_core::wire::activation::RunStatus;
 use ql_worker_tests::control_plane::{
     ReferenceControlPlane, ReferenceOptions, RevisionBuilder, RunSpec,
 };
+use ql_worker_tests::pki::TestPki;
 
-use crate::cli::{EXIT_DEMO_FAILED, EXIT_OK};
+use crate::cli::{EXIT_DEMO_FAILED, EXIT_OK, EXIT_OUTPUT};
 use crate::config::{Config, ProcessEnvironment};
 use crate::host::Event;
 use crate::runtime::{RunExit, Runner, Signals};
@@ -33,13 +45,18 @@ const SECRET_VALUE: &str = "s3cr3t-demo-value-7f3a";
 /// Options of `ql-worker demo`.
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
-    /// Keep the state root, certificates and configuration in this new directory (default: a
-    /// temporary directory removed at the end).
+    /// Keep everything in this new directory (created 0700; files 0600): `pki/` (CA, client and
+    /// server certificates and keys, credential), `ql-worker.toml` and the state root `state/`.
+    /// Default: a temporary directory removed at the end, however the demo ends.
     #[arg(long, value_name = "DIR")]
     pub keep: Option<PathBuf>,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 60)]
     pub timeout_secs: u64,
+    /// Add a sixth sample that runs this many seconds (1..=600), to try a drain while it runs:
+    /// Ctrl-C waits for it (within the drain budget of 20 s), a second Ctrl-C stops it.
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub hold_secs: Option<u64>,
 }
 
 /// What one sample Run must end as.
@@ -83,7 +100,14 @@ pub fn write_config(
         s.credential_file.display(),
     );
     let path = dir.join("ql-worker.toml");
-    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    // 0600 whatever the umask: the Worker refuses a configuration file others could write.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut file| file.write_all(text.as_bytes()))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     Config::load(&path, &ProcessEnvironment).map_err(|e| e.to_string())
 }
 
@@ -152,6 +176,25 @@ pub fn enqueue_samples(cp: &ReferenceControlPlane) -> Result<Vec<Expected>, Stri
     Ok(expected)
 }
 
+/// Enqueues the `--hold-secs` sample: a Run that sleeps `secs` seconds, numbered `n`.
+///
+/// # Errors
+/// A revision or queue error, as text.
+pub fn enqueue_hold(cp: &ReferenceControlPlane, secs: u64, n: usize) -> Result<Expected, String> {
+    let revision = RevisionBuilder::shell(&format!("echo holding for {secs} s; sleep {secs}"))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let spec = RunSpec::numbered(u32::try_from(n).unwrap_or(0), revision);
+    let run_id = cp.enqueue_run(spec).map_err(|e| e.to_string())?;
+    Ok(Expected {
+        name: "hold",
+        run_id,
+        status: RunStatus::Succeeded,
+        exit_code: 0,
+        truncated: Some(false),
+    })
+}
+
 /// Lifecycles as they happen: Run id → states persisted so far.
 pub type Lifecycles = Arc<Mutex<BTreeMap<RunId, Vec<State>>>>;
 
@@ -179,7 +222,7 @@ pub fn lifecycle_observer(
                     .recovery()
                     .map(|r| format!("({r})"))
                     .unwrap_or_default();
-                println!("  {run:<8} {}{reason}", record.state);
+                say(&format!("  {:<8} {}{reason}", run.as_str(), record.state));
             }
         }
         let settled = map
@@ -192,48 +235,117 @@ pub fn lifecycle_observer(
     })
 }
 
+/// Set once a write to stdout failed; the demo goes on (it still cleans up) and exits 1.
+static STDOUT_FAILED: AtomicBool = AtomicBool::new(false);
+
+/// One line on stdout; a failure is remembered, never a panic.
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+        STDOUT_FAILED.store(true, Ordering::SeqCst);
+    }
+}
+
 /// Runs the demo.
 #[must_use]
 pub fn main(args: &DemoArgs) -> ExitCode {
-    match run(args) {
+    let result = run(args);
+    let failed_output = STDOUT_FAILED.load(Ordering::SeqCst);
+    match result {
+        Err(e) => {
+            let _ = writeln!(std::io::stderr().lock(), "ql-worker demo: {e}");
+            ExitCode::from(EXIT_DEMO_FAILED)
+        }
+        Ok(_) if failed_output => {
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "ql-worker demo: the output could not be written to stdout (the demo ran and \
+                 cleaned up)"
+            );
+            ExitCode::from(EXIT_OUTPUT)
+        }
         Ok(true) => ExitCode::from(EXIT_OK),
         Ok(false) => ExitCode::from(EXIT_DEMO_FAILED),
-        Err(e) => {
-            eprintln!("ql-worker demo: {e}");
-            ExitCode::from(EXIT_DEMO_FAILED)
+    }
+}
+
+/// The demo's directory: a new `--keep` directory (0700 whatever the umask) or a temporary one,
+/// removed when this value drops.
+enum DemoDir {
+    Kept(PathBuf),
+    Temporary(tempfile::TempDir),
+}
+
+impl DemoDir {
+    fn create(keep: Option<&Path>) -> Result<Self, String> {
+        match keep {
+            Some(dir) => {
+                std::fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(dir)
+                    .and_then(|()| {
+                        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                    })
+                    .map_err(|e| {
+                        format!(
+                            "--keep {}: {e} (give a directory that does not exist yet)",
+                            dir.display()
+                        )
+                    })?;
+                Ok(Self::Kept(dir.to_path_buf()))
+            }
+            None => tempfile::Builder::new()
+                .prefix("ql-worker-demo-")
+                .tempdir()
+                .map(Self::Temporary)
+                .map_err(|e| format!("temporary directory: {e}")),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        match self {
+            Self::Kept(dir) => dir,
+            Self::Temporary(temp) => temp.path(),
         }
     }
 }
 
 fn run(args: &DemoArgs) -> Result<bool, String> {
-    let temp;
-    let dir = match &args.keep {
-        Some(dir) => {
-            std::fs::create_dir(dir)
-                .map_err(|e| format!("--keep {}: {e} (give a new directory)", dir.display()))?;
-            dir.clone()
-        }
-        None => {
-            temp = tempfile::tempdir().map_err(|e| e.to_string())?;
-            temp.path().to_path_buf()
-        }
-    };
-    println!(
-        "ql-worker demo: loopback control plane with fresh certificates (TLS 1.3, mutual auth)"
-    );
-    let cp = ReferenceControlPlane::start(ReferenceOptions::default())
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+    // Before anything is created: no signal can kill the demo and leave its files behind.
+    let signals = Signals::install_with(&[SIGINT, SIGTERM, SIGHUP], &[SIGUSR1, SIGUSR2])
+        .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let dir = DemoDir::create(args.keep.as_deref())?;
+    let outcome = run_in(args, dir.path(), &signals);
+    if let DemoDir::Kept(keep) = &dir {
+        say(&format!(
+            "kept: {} (pki/, ql-worker.toml, state/; try `ql-worker inbox list --root {}`)",
+            keep.display(),
+            keep.join("state").display()
+        ));
+    }
+    drop(dir);
+    outcome
+}
+
+fn run_in(args: &DemoArgs, dir: &Path, signals: &Signals) -> Result<bool, String> {
+    say("ql-worker demo: loopback control plane with fresh certificates (TLS 1.3, mutual auth)");
+    let pki = TestPki::generate(&dir.join("pki")).map_err(|e| format!("certificates: {e}"))?;
+    let cp = ReferenceControlPlane::start_with_pki(pki, ReferenceOptions::default())
         .map_err(|e| format!("control plane: {e}"))?;
-    let config = write_config(&cp, &dir, 200)?;
-    println!(
+    let config = write_config(&cp, dir, 200)?;
+    say(&format!(
         "  control plane {} · state root {}",
         cp.origin(),
         config.root.display()
-    );
-    let expected = enqueue_samples(&cp)?;
-    for e in &expected {
-        println!("  queued {:<8} {}", e.run_id, e.name);
+    ));
+    let mut expected = enqueue_samples(&cp)?;
+    if let Some(secs) = args.hold_secs {
+        expected.push(enqueue_hold(&cp, secs, expected.len() + 1)?);
     }
-    let signals = Signals::default();
+    for e in &expected {
+        say(&format!("  queued {:<8} {}", e.run_id.as_str(), e.name));
+    }
     let lifecycles: Lifecycles = Arc::default();
     let mut runner = Runner::start(&config, signals.clone()).map_err(|e| e.to_string())?;
     runner.observe(lifecycle_observer(
@@ -242,7 +354,7 @@ fn run(args: &DemoArgs) -> Result<bool, String> {
         signals.clone(),
         true,
     ));
-    println!("lifecycles, as they happen:");
+    say("lifecycles, as they happen (Ctrl-C drains; a second Ctrl-C stops at once):");
     let started = Instant::now();
     let deadline = Duration::from_secs(args.timeout_secs);
     let watchdog = signals.clone();
@@ -253,17 +365,86 @@ fn run(args: &DemoArgs) -> Result<bool, String> {
     });
     let exit = runner.run();
     let elapsed = started.elapsed();
+    let left = stop_user_processes(&mut runner, Duration::from_secs(10));
+    if left > 0 {
+        say(&format!(
+            "  {left} supervisor(s) did not exit within 10 s after their user processes were \
+             stopped"
+        ));
+    }
     let ok = report(&cp, &expected, &lifecycles, &config)?;
     let drained = matches!(exit, RunExit::Drained);
-    println!("worker: {exit:?} after {:.1} s", elapsed.as_secs_f64());
-    if let Some(keep) = &args.keep {
-        println!(
-            "kept: {} (try `ql-worker inbox list --root {}`)",
-            keep.display(),
-            config.root.display()
-        );
-    }
+    let how = match &exit {
+        RunExit::Drained => String::from("drained"),
+        RunExit::DrainBudgetExhausted => String::from("drain budget ended"),
+        RunExit::Interrupted => String::from("stopped by a second signal (or the timeout)"),
+        RunExit::Halted(reason) => format!("halted: {reason}"),
+        RunExit::Fatal(detail) | RunExit::Unusable(detail) => format!("stopped: {detail}"),
+    };
+    say(&format!(
+        "worker: {how} after {:.1} s",
+        elapsed.as_secs_f64()
+    ));
     Ok(ok && drained)
+}
+
+/// Stops what this demo's supervisors still run (after a second signal, the timeout or an
+/// ended drain budget) and waits for the supervisors to exit, so nothing outlives the demo or
+/// writes into its directory after it is removed. Each user command runs in its own process
+/// group as a supervisor's child: that group gets SIGTERM, then SIGKILL after a second.
+/// Returns how many supervisors were still running at `wait`.
+fn stop_user_processes(runner: &mut Runner, wait: Duration) -> usize {
+    use rustix::process::{Pid, Signal, kill_process_group};
+    let start = Instant::now();
+    loop {
+        let supervisors = runner.supervisors();
+        if supervisors.is_empty() {
+            return 0;
+        }
+        if start.elapsed() >= wait {
+            return supervisors.len();
+        }
+        let signal = if start.elapsed() < Duration::from_secs(1) {
+            Signal::TERM
+        } else {
+            Signal::KILL
+        };
+        for group in children_of(&supervisors) {
+            if let Some(pgid) = i32::try_from(group).ok().and_then(Pid::from_raw) {
+                let _ = kill_process_group(pgid, signal);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The pids whose parent is one of `parents` (from `/proc/<pid>/stat`).
+fn children_of(parents: &[u32]) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut children = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid.is_some_and(|p| parents.contains(&p)) {
+            children.push(pid);
+        }
+    }
+    children
 }
 
 /// Prints the lifecycles and the final table; true when every Run ended as expected.
@@ -280,13 +461,13 @@ pub fn report(
         .lock()
         .map_err(|_| String::from("lifecycle lock poisoned"))?
         .clone();
-    println!("\nlifecycles:");
+    say("\nlifecycles:");
     for e in expected {
         let chain: Vec<&str> = map
             .get(&e.run_id)
             .map(|s| s.iter().map(|st| st.as_str()).collect())
             .unwrap_or_default();
-        println!("  {:<8} {}", e.run_id, chain.join(" → "));
+        say(&format!("  {:<8} {}", e.run_id.as_str(), chain.join(" → ")));
     }
     let mut table = String::new();
     let _ = writeln!(
@@ -341,14 +522,14 @@ pub fn report(
             if ok { "yes" } else { "NO" },
         );
     }
-    print!("{table}");
-    println!(
+    say(table.trim_end_matches('\n'));
+    say(&format!(
         "\n{}",
         if all_ok {
             "every Run ended as expected"
         } else {
             "some Run did NOT end as expected"
         }
-    );
+    ));
     Ok(all_ok)
 }

@@ -7,22 +7,21 @@
 //! Worker here ([`HostError::Fatal`]) — never retried.
 
 use std::fmt;
-use std::fs;
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use ql_worker_core::io::{
     Action, HttpFailure, LaunchPlan, Outcome, ReceiptRead, SpawnOutcome, StoreFailure,
 };
-use ql_worker_core::wire::auth::WorkerCredential;
+use ql_worker_core::wire::auth::{AuthError, WorkerCredential};
 use zeroize::{Zeroize as _, Zeroizing};
 
-use crate::config::check_secret_file;
+use crate::config::FileClass;
+use crate::containment::Policy;
 use crate::https::{HttpsClient, JsonCaps, TransportError};
 use crate::journal::{Journal, JournalError};
 use crate::receipts::{self, ReceiptStoreError};
 use crate::spool::{self, SpoolError, SpoolPolicy};
-use crate::supervisor::{Executor, Launch, StopController};
+use crate::supervisor::{Executor, ExecutorOutcome, Launch, RejectReason, StopController};
 
 /// Largest credential file read.
 const MAX_CREDENTIAL_BYTES: u64 = 1024;
@@ -44,34 +43,60 @@ impl fmt::Display for HostError {
 
 impl std::error::Error for HostError {}
 
-/// Reads the `ql3w_…` credential file (regular, owned, 0600) and returns the `Authorization`
-/// header value. The file is re-read on every call, so a rotated credential is picked up; every
-/// buffer that held the secret is wiped.
+/// Reads the `ql3w_…` credential file (not a symlink, regular, owned by this user, 0600 or
+/// stricter) and returns the `Authorization` header value. The file is re-read on every call,
+/// so a rotated credential is picked up; every buffer that held the secret is wiped.
 ///
 /// # Errors
-/// A message naming the file and the rule.
+/// A message naming the file and the rule (never the file's content).
 pub fn authorization(path: &Path) -> Result<Zeroizing<String>, String> {
-    check_secret_file(path, "credential file")?;
-    let mut file =
-        fs::File::open(path).map_err(|e| format!("credential file {}: {e}", path.display()))?;
-    let mut text = Zeroizing::new(String::new());
-    file.by_ref()
-        .take(MAX_CREDENTIAL_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("credential file {}: {e}", path.display()))?;
-    if text.len() as u64 > MAX_CREDENTIAL_BYTES {
+    authorization_rule(path).map_err(|rule| format!("credential file {}: {rule}", path.display()))
+}
+
+/// [`authorization`], with an error that is only the rule (the caller names the file).
+///
+/// # Errors
+/// The rule the file breaks.
+pub fn authorization_rule(path: &Path) -> Result<Zeroizing<String>, String> {
+    const FORM: &str = "one line ql3w_<credentialId>_<43 base64url characters>";
+    let bytes = crate::config::read_checked(path, FileClass::Secret, MAX_CREDENTIAL_BYTES)
+        .map_err(|problem| problem.to_string())?;
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|_| format!("must hold {FORM} (it is not UTF-8 text)"))?;
+    // One line, with or without its line ending; nothing else (no second line, no spaces).
+    let line = text
+        .strip_suffix("\r\n")
+        .or_else(|| text.strip_suffix('\n'))
+        .unwrap_or(text);
+    if line.is_empty() {
+        return Err(format!("must hold {FORM} (it is empty)"));
+    }
+    let lines = line.split('\n').count();
+    if lines > 1 {
+        return Err(format!("must hold {FORM} (it holds {lines} lines)"));
+    }
+    if line.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(format!(
-            "credential file {}: larger than {MAX_CREDENTIAL_BYTES} bytes",
-            path.display()
+            "must hold {FORM} (it holds a space or control character)"
         ));
     }
+    if !line.starts_with("ql3w_") {
+        return Err(format!("must hold {FORM} (it does not start with ql3w_)"));
+    }
     let mut header = Zeroizing::new(String::from("Worker "));
-    header.push_str(text.trim());
+    header.push_str(line);
     let credential = WorkerCredential::parse_header(&header).map_err(|e| {
-        format!(
-            "credential file {}: must hold ql3w_<credentialId>_<43 base64url characters>: {e}",
-            path.display()
-        )
+        let why = match e {
+            AuthError::Scheme => "it is not of that form",
+            AuthError::CredentialId => {
+                "the credential id must be 1 to 64 characters from A-Z a-z 0-9 . _ : - starting \
+                 with a letter or digit"
+            }
+            AuthError::Secret => {
+                "the secret must be 43 characters of canonical base64url (32 bytes)"
+            }
+        };
+        format!("must hold {FORM} ({why})")
     })?;
     header.zeroize();
     Ok(credential.header_value())
@@ -91,6 +116,9 @@ pub enum Event<'a> {
         /// SHA-256 of what was sent.
         sha256: &'a ql_worker_core::ids::Sha256Digest,
     },
+    /// The core reported something that went wrong without stopping it (e.g. an offer refused
+    /// for good); the runtime also prints it to stderr.
+    Notice(&'a ql_worker_core::worker::Notice),
 }
 
 /// The Worker's effects.
@@ -103,10 +131,23 @@ pub struct Host<E: Executor> {
     executor: E,
     stopper: StopController,
     observer: Box<dyn FnMut(&Event<'_>)>,
+    #[cfg(feature = "test-hooks")]
     stall_after: Option<StallPoint>,
+    leftovers: Leftovers,
 }
 
-/// Where the crash-test hook `QL_WORKER_FAULT_STALL_AFTER` stops the Worker answering.
+/// Where supervisors make things per Run that a killed supervisor could leave behind (issue 20).
+#[derive(Clone, Debug, Default)]
+pub struct Leftovers {
+    /// The `[run_as]` runs area.
+    pub runs_dir: Option<PathBuf>,
+    /// The delegated cgroup whose `run-<offerId>` children are the Runs'.
+    pub cgroup_parent: Option<PathBuf>,
+}
+
+/// Where the crash-test hook `QL_WORKER_FAULT_STALL_AFTER` stops the Worker answering (test
+/// builds only: [`crate::test_hooks`]).
+#[cfg(feature = "test-hooks")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StallPoint {
     /// After the first record persisted in this state.
@@ -116,6 +157,7 @@ pub enum StallPoint {
     Spawned,
 }
 
+#[cfg(feature = "test-hooks")]
 impl StallPoint {
     /// The hook's value for the spawn moment.
     pub const SPAWNED: &'static str = "spawned";
@@ -134,6 +176,7 @@ impl StallPoint {
 }
 
 /// Never answers again (the crash-test hook's stall).
+#[cfg(feature = "test-hooks")]
 fn stall_forever() -> ! {
     loop {
         std::thread::sleep(std::time::Duration::from_secs(3600));
@@ -167,20 +210,56 @@ impl<E: Executor> Host<E> {
             executor,
             stopper,
             observer: Box::new(|_| {}),
+            #[cfg(feature = "test-hooks")]
             stall_after: None,
+            leftovers: Leftovers::default(),
         }
     }
 
+    /// Where [`Host::sweep_runs`] looks for what killed supervisors left.
+    pub fn set_leftovers(&mut self, leftovers: Leftovers) {
+        self.leftovers = leftovers;
+    }
+
+    /// Removes Run directories and (empty) Run cgroups whose Run is settled or no longer in the
+    /// inbox: a supervisor removes its own before the receipt, so these are a killed
+    /// supervisor's. Returns how many were removed.
+    pub fn sweep_runs(&mut self) -> usize {
+        let journal = &self.journal;
+        // Kept: anything not named by an offer id (not ours), a record not settled, and a
+        // record that cannot be read (never remove what might still be in use).
+        let live = |name: &str| {
+            ql_worker_core::ids::OfferId::new(name).map_or(true, |id| {
+                journal
+                    .read_record(&id)
+                    .map_or(true, |r| r.is_some_and(|r| !r.state.is_terminal()))
+            })
+        };
+        let mut removed = 0;
+        if let Some(runs) = &self.leftovers.runs_dir {
+            removed += crate::containment::runs::sweep(runs, live);
+        }
+        if let Some(parent) = &self.leftovers.cgroup_parent {
+            removed += crate::containment::cgroup::sweep(parent, live);
+        }
+        removed
+    }
+
     /// Crash-test hook: at `point`, never answer again (the Worker hangs there until it is
-    /// killed). See `QL_WORKER_FAULT_STALL_AFTER` in `docs/operations.md`; never set in
-    /// production.
+    /// killed). See "Test-only hooks" in `docs/operations.md`; test builds only.
+    #[cfg(feature = "test-hooks")]
     pub fn stall_after(&mut self, point: Option<StallPoint>) {
         self.stall_after = point;
     }
 
-    /// Installs an observer of persisted records and uploads.
+    /// Installs an observer of persisted records, uploads and core notices.
     pub fn observe(&mut self, observer: Box<dyn FnMut(&Event<'_>)>) {
         self.observer = observer;
+    }
+
+    /// Passes `event` to the observer.
+    pub fn notify(&mut self, event: &Event<'_>) {
+        (self.observer)(event);
     }
 
     /// The journal (for retention sweeps between commands).
@@ -215,6 +294,7 @@ impl<E: Executor> Host<E> {
                 match result {
                     Ok(()) => {
                         (self.observer)(&Event::Persisted(&record));
+                        #[cfg(feature = "test-hooks")]
                         if self.stall_after == Some(StallPoint::Persisted(record.state)) {
                             stall_forever();
                         }
@@ -294,8 +374,12 @@ impl<E: Executor> Host<E> {
             } => self.upload(&path, &log_artifact_id, &header, byte_length, response_cap),
             Action::Spawn(plan) => {
                 let quota = self.spool.maximum_attempt_bytes;
+                let context = SpawnContext::of(&plan);
                 let launch = Launch::from_core(*plan, quota);
-                let outcome: SpawnOutcome = self.executor.start(launch).into();
+                let outcome = self.executor.start(launch);
+                context.log(&outcome);
+                let outcome: SpawnOutcome = outcome.into();
+                #[cfg(feature = "test-hooks")]
                 if self.stall_after == Some(StallPoint::Spawned)
                     && matches!(outcome, SpawnOutcome::Started { .. })
                 {
@@ -386,6 +470,64 @@ impl<E: Executor> Host<E> {
     }
 }
 
+/// What a failed launch's log line names (never a value: ids, paths and the rule).
+struct SpawnContext {
+    line: String,
+    command: ql_worker_core::revision::ExecCommand,
+    working_directory: Option<String>,
+}
+
+impl SpawnContext {
+    fn of(plan: &LaunchPlan) -> Self {
+        let command = match &plan.command {
+            // The shell command's text is not needed to name a rule; keep only its shell.
+            ql_worker_core::revision::ExecCommand::Shell { shell, .. } => {
+                ql_worker_core::revision::ExecCommand::Shell {
+                    command: String::new(),
+                    shell: shell.clone(),
+                }
+            }
+            argv => argv.clone(),
+        };
+        Self {
+            line: format!(
+                "offer {} (run {}, attempt {})",
+                plan.offer_id, plan.run_id, plan.attempt_id
+            ),
+            command,
+            working_directory: plan.working_directory.clone(),
+        }
+    }
+
+    /// One line on stderr for a launch that did not start (`Rejected`: a start failure is
+    /// reported; `Unknown`: recovery evidence).
+    fn log(&self, outcome: &ExecutorOutcome) {
+        let line = match outcome {
+            ExecutorOutcome::Started { .. } => return,
+            ExecutorOutcome::Rejected {
+                reason: RejectReason::PolicyRefused(rule),
+            } => format!(
+                "{}: start failed, no user process started: refused by the execution policy: \
+                 {rule} ({})",
+                self.line,
+                Policy::subject(*rule, &self.command, self.working_directory.as_deref())
+            ),
+            ExecutorOutcome::Rejected { reason } => format!(
+                "{}: start failed, no user process started: {reason}",
+                self.line
+            ),
+            ExecutorOutcome::Unknown { reason } => format!(
+                "{}: launch outcome unknown (recovery evidence): {reason}",
+                self.line
+            ),
+        };
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!("ql-worker: {line}\n").as_bytes(),
+        );
+    }
+}
+
 /// Journal errors as the core's storage facts.
 #[must_use]
 pub fn journal_failure(error: &JournalError) -> StoreFailure {
@@ -403,7 +545,11 @@ pub fn journal_failure(error: &JournalError) -> StoreFailure {
         | JournalError::NotFound { .. }
         | JournalError::AlreadyOwned { .. } => StoreFailure::Conflict,
         JournalError::Storage(crate::fsio::StorageError::Corrupt { .. }) => StoreFailure::Unsafe,
+        JournalError::NotStateRoot { .. } | JournalError::OwnerLockLost { .. } => {
+            StoreFailure::Unsafe
+        }
         JournalError::Storage(_)
+        | JournalError::NotAllowed { .. }
         | JournalError::NotSettled { .. }
         | JournalError::Refused { .. } => StoreFailure::Unchanged,
     }

@@ -19,8 +19,8 @@ use ql_worker_core::listing::{self, Capacity, Page, PageLimit};
 use ql_worker_core::record::{InboxRecord, State, TransitionError, check_transition};
 use ql_worker_core::time::UnixMillis;
 
-use crate::fsio::{self, Dir, FileSystem, Kind, RealFs, Rule, Scanned, StorageError};
-use crate::layout;
+use crate::fsio::{self, Dir, FileRules, FileSystem, Kind, RealFs, Rule, Scanned, StorageError};
+use crate::layout::{self, DRAIN_FILE, SESSION_FILE};
 use crate::lock::{self, LockError, OwnerLock};
 
 /// Most entries the offers directory may hold: the hard capacity, plus room for temps.
@@ -96,6 +96,39 @@ pub enum JournalError {
         /// Why.
         rule: &'static str,
     },
+    /// An operator asked for something this record's state does not allow; nothing changed.
+    #[error("refusing {action} {path}: {rule}")]
+    NotAllowed {
+        /// What was asked.
+        action: &'static str,
+        /// The record.
+        path: PathBuf,
+        /// The rule.
+        rule: &'static str,
+    },
+    /// The path is not a state root (no owner lock): nothing was created or written.
+    #[error(
+        "{path} is not a ql-worker state root (it has no {lock}); create one with \
+         `ql-worker init --root {path}`"
+    )]
+    NotStateRoot {
+        /// The directory.
+        path: PathBuf,
+        /// The owner lock's name.
+        lock: &'static str,
+    },
+    /// The owner lock's path no longer names the file this process locked.
+    #[error(
+        "owner lock lost: {path} {what} since this Worker locked it, so the lock no longer keeps \
+         another ql-worker process off this state root; stopping at once. Make sure no other \
+         Worker runs on it, then start again"
+    )]
+    OwnerLockLost {
+        /// The lock file.
+        path: PathBuf,
+        /// `was deleted` or `was replaced`.
+        what: &'static str,
+    },
 }
 
 impl JournalError {
@@ -117,8 +150,17 @@ impl JournalError {
             | Self::Transition { .. }
             | Self::Claim { .. }
             | Self::NotSettled { .. }
-            | Self::Refused { .. } => None,
+            | Self::Refused { .. }
+            | Self::NotAllowed { .. }
+            | Self::NotStateRoot { .. }
+            | Self::OwnerLockLost { .. } => None,
         }
+    }
+
+    /// Whether an operator's request was refused by a rule (a usage error), not by storage.
+    #[must_use]
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, Self::NotAllowed { .. })
     }
 }
 
@@ -126,8 +168,135 @@ impl From<LockError> for JournalError {
     fn from(e: LockError) -> Self {
         match e {
             LockError::AlreadyOwned { path } => Self::AlreadyOwned { path },
+            LockError::Missing { path } => Self::NotStateRoot {
+                path: path.parent().map(Path::to_path_buf).unwrap_or(path),
+                lock: layout::LOCK_FILE,
+            },
+            LockError::Lost { path, what } => Self::OwnerLockLost { path, what },
             LockError::Storage(e) => Self::Storage(e),
         }
+    }
+}
+
+/// Checks every entry of the root against the layout (`docs/storage.md`): a name this storage
+/// never writes, or a known name of the wrong type (a symlink, a directory where a file belongs),
+/// fails closed. Reads only.
+///
+/// # Errors
+/// [`StorageError::UnsafeStorage`] naming the entry and the rule, or the failed call.
+pub fn check_root_entries(fs: &dyn FileSystem, root: &Dir) -> Result<Vec<Scanned>, StorageError> {
+    let entries = fsio::scan_dir(fs, root, MAX_ROOT_DIR_ENTRIES)?;
+    check_entries(root, &entries)?;
+    Ok(entries)
+}
+
+fn check_entries(root: &Dir, entries: &[Scanned]) -> Result<(), StorageError> {
+    for entry in entries {
+        let name = entry.name.as_str();
+        let want_dir = matches!(
+            name,
+            layout::OFFERS_DIR | layout::RECEIPTS_DIR | layout::LOGS_DIR | ARCHIVE_DIR
+        );
+        let want_file = matches!(
+            name,
+            layout::LOCK_FILE | layout::PENDING_CLAIM_FILE | SESSION_FILE | DRAIN_FILE
+        ) || layout::temp_target(name)
+            .is_some_and(|t| t == layout::PENDING_CLAIM_FILE || t == SESSION_FILE);
+        let rule = match entry.kind {
+            Kind::Directory if want_dir => continue,
+            Kind::Regular if want_file => continue,
+            Kind::Symlink if want_dir || want_file => Rule::Symlink,
+            _ if want_dir => Rule::NotDirectory,
+            _ if want_file => Rule::NotRegular,
+            _ => Rule::ForeignEntry,
+        };
+        return Err(StorageError::UnsafeStorage {
+            path: root.child(name),
+            rule,
+        });
+    }
+    Ok(())
+}
+
+/// Opens an existing state root for an operator command: the root verified (never created),
+/// every entry checked ([`check_root_entries`]) and the owner lock file present and verified.
+///
+/// # Errors
+/// [`JournalError::NotFound`] (no such directory), [`JournalError::NotStateRoot`], unsafe
+/// storage, or a failed call.
+pub fn open_state_root(fs: &dyn FileSystem, root: &Path) -> Result<Dir, JournalError> {
+    let dir = fsio::open_root(fs, root, false).map_err(|e| match e {
+        StorageError::Io { errno, .. } if errno == rustix::io::Errno::NOENT => {
+            JournalError::NotFound {
+                path: root.to_path_buf(),
+            }
+        }
+        other => JournalError::Storage(other),
+    })?;
+    let entries = fsio::scan_dir(fs, &dir, MAX_ROOT_DIR_ENTRIES)?;
+    // A directory without the owner lock is not a state root, whatever else it holds (the
+    // likelier mistake is a mistyped path than a tampered root).
+    if !entries.iter().any(|e| e.name == layout::LOCK_FILE) {
+        return Err(JournalError::NotStateRoot {
+            path: root.to_path_buf(),
+            lock: layout::LOCK_FILE,
+        });
+    }
+    check_entries(&dir, &entries)?;
+    let rules = FileRules {
+        max_size: 0,
+        exact_mode: None,
+        same_inode: true,
+    };
+    fsio::open_verified(
+        fs,
+        &dir,
+        layout::LOCK_FILE,
+        rustix::fs::OFlags::RDONLY,
+        rules,
+    )?;
+    Ok(dir)
+}
+
+/// Writes the drain request `<root>/drain` (`ql-worker drain`): the root must be a state root
+/// ([`open_state_root`]); the file is created `O_CREAT|O_EXCL|O_NOFOLLOW` 0600 in the root's
+/// descriptor, never truncated or followed; an existing request (a regular file of ours) is
+/// left as it is. Returns the file's path and whether it was already there.
+///
+/// # Errors
+/// As [`open_state_root`], an unsafe existing entry, or a failed call (an fsync failure is
+/// [`StorageError::FsyncFailed`]).
+pub fn request_drain(root: &Path) -> Result<(PathBuf, bool), JournalError> {
+    let fs = RealFs;
+    let dir = open_state_root(&fs, root)?;
+    let path = dir.child(DRAIN_FILE);
+    let flags = rustix::fs::OFlags::WRONLY
+        | rustix::fs::OFlags::CREATE
+        | rustix::fs::OFlags::EXCL
+        | rustix::fs::OFlags::NOFOLLOW
+        | rustix::fs::OFlags::CLOEXEC;
+    match fs.openat(dir.fd(), DRAIN_FILE, flags, layout::FILE_MODE) {
+        Ok(fd) => {
+            // The umask can only clear bits; the mode is exactly 0600 already.
+            drop(fd);
+            fsio::sync_dir(&fs, &dir)?;
+            Ok((path, false))
+        }
+        Err(rustix::io::Errno::EXIST) => {
+            let rules = FileRules {
+                max_size: 0,
+                exact_mode: None,
+                same_inode: true,
+            };
+            fsio::open_verified(&fs, &dir, DRAIN_FILE, rustix::fs::OFlags::RDONLY, rules)?;
+            Ok((path, true))
+        }
+        Err(errno) => Err(StorageError::Io {
+            op: "openat",
+            path,
+            errno,
+        }
+        .into()),
     }
 }
 
@@ -152,28 +321,61 @@ impl Journal<RealFs> {
 }
 
 impl<F: FileSystem> Journal<F> {
-    /// Opens the journal: verifies (creating 0700 when missing) the root, takes the owner lock
-    /// (a second owner fails at once with [`JournalError::AlreadyOwned`]), verifies (creating)
-    /// `offers/`, checks that `offers/` holds nothing foreign (fail closed), and only then
+    /// Opens the journal: verifies (creating 0700 when missing) the root, checks that the root
+    /// holds nothing foreign ([`check_root_entries`]; fail closed, before anything is created),
+    /// takes the owner lock (a second owner fails at once with [`JournalError::AlreadyOwned`]),
+    /// verifies (creating) `offers/`, checks that `offers/` holds nothing foreign, and only then
     /// removes stale temp files of our own name pattern left by a crash.
     ///
     /// # Errors
     /// [`JournalError::AlreadyOwned`], unsafe storage, or a failed call.
     pub fn open_with(fs: F, root: &Path, capacity: Capacity) -> Result<Self, JournalError> {
-        let root = fsio::open_root(&fs, root, true)?;
-        let lock = lock::acquire(&fs, &root)?;
-        let offers = open_offers(&fs, &root, true)?.ok_or_else(|| StorageError::Io {
-            op: "mkdirat",
-            path: root.child(layout::OFFERS_DIR),
-            errno: rustix::io::Errno::NOENT,
-        })?;
+        Self::open_inner(fs, root, capacity, true)
+    }
+
+    /// As [`Journal::open_with`] for a state root that must already exist (an operator command
+    /// such as `recover --archive`): nothing is created, not the root, not the owner lock file,
+    /// not `offers/`.
+    ///
+    /// # Errors
+    /// [`JournalError::NotFound`] (no such directory, or no `offers/`),
+    /// [`JournalError::NotStateRoot`], [`JournalError::AlreadyOwned`], unsafe storage, or a
+    /// failed call.
+    pub fn open_existing_with(
+        fs: F,
+        root: &Path,
+        capacity: Capacity,
+    ) -> Result<Self, JournalError> {
+        Self::open_inner(fs, root, capacity, false)
+    }
+
+    fn open_inner(
+        fs: F,
+        root_path: &Path,
+        capacity: Capacity,
+        create: bool,
+    ) -> Result<Self, JournalError> {
+        // Nothing foreign in the root, checked before anything is created in it.
+        let root = if create {
+            let root = fsio::open_root(&fs, root_path, true)?;
+            check_root_entries(&fs, &root)?;
+            root
+        } else {
+            open_state_root(&fs, root_path)?
+        };
+        let lock = lock::acquire(&fs, &root, create)?;
+        let Some(offers) = open_offers(&fs, &root, create)? else {
+            return Err(JournalError::NotFound {
+                path: root.child(layout::OFFERS_DIR),
+            });
+        };
         let entries = scan_offers(&fs, &offers)?;
         fsio::sweep_temps(&fs, &offers, &entries.entries, |target| {
             layout::parse_record_file_name(target).is_some()
         })?;
-        let root_entries = fsio::scan_dir(&fs, &root, MAX_ROOT_DIR_ENTRIES)?;
+        let root_entries = check_root_entries(&fs, &root)?;
         fsio::sweep_temps(&fs, &root, &root_entries, |target| {
-            target == layout::PENDING_CLAIM_FILE || target == crate::session_store::SESSION_FILE
+            target == layout::PENDING_CLAIM_FILE || target == SESSION_FILE
         })?;
         Ok(Self {
             fs,
@@ -200,6 +402,54 @@ impl<F: FileSystem> Journal<F> {
     #[must_use]
     pub fn owner_lock(&self) -> &OwnerLock {
         &self.lock
+    }
+
+    /// Re-checks the owner lock: `<root>/.owner.lock` must still name the inode this process
+    /// locked. A lock file deleted or replaced by hand no longer keeps a second owner out
+    /// (`flock` is on the inode), so the caller must stop.
+    ///
+    /// # Errors
+    /// [`JournalError::OwnerLockLost`], or a failed call.
+    pub fn check_owner_lock(&self) -> Result<(), JournalError> {
+        Ok(self.lock.verify(&self.fs, &self.root)?)
+    }
+
+    /// Whether `<root>/drain` asks for a drain: a regular file of ours (checked without
+    /// following a link). Anything else at that name is unsafe storage.
+    ///
+    /// # Errors
+    /// [`StorageError::UnsafeStorage`] for a symlink, directory or foreign file there, or a
+    /// failed call.
+    pub fn drain_requested(&self) -> Result<bool, JournalError> {
+        let path = self.root.child(DRAIN_FILE);
+        let meta = match self.fs.stat_nofollow(self.root.fd(), DRAIN_FILE) {
+            Ok(meta) => meta,
+            Err(rustix::io::Errno::NOENT) => return Ok(false),
+            Err(errno) => {
+                return Err(StorageError::Io {
+                    op: "fstatat",
+                    path,
+                    errno,
+                }
+                .into());
+            }
+        };
+        let rules = FileRules {
+            max_size: 0,
+            exact_mode: None,
+            same_inode: false,
+        };
+        fsio::check_file(&path, &meta, rules)?;
+        Ok(true)
+    }
+
+    /// Removes the drain request (`unlinkat` in the root, never following a link); whether
+    /// there was one.
+    ///
+    /// # Errors
+    /// A failed call ([`StorageError::FsyncFailed`] is fatal).
+    pub fn clear_drain_request(&mut self) -> Result<bool, JournalError> {
+        Ok(fsio::remove(&self.fs, &self.root, DRAIN_FILE)?)
     }
 
     /// The seam, for tests and the benchmark.
@@ -454,12 +704,14 @@ pub struct InboxView {
 }
 
 impl InboxView {
-    /// Opens `root` read-only; `Ok(None)` when it has no `offers/` directory yet.
+    /// Opens the state root `root` read-only ([`open_state_root`]); `Ok(None)` when it has no
+    /// `offers/` directory yet.
     ///
     /// # Errors
-    /// Unsafe storage (symlinks, modes, owners, foreign entries) or a failed call.
+    /// [`JournalError::NotFound`] (no such directory), [`JournalError::NotStateRoot`], unsafe
+    /// storage (symlinks, modes, owners, foreign entries, in the root too) or a failed call.
     pub fn open(root: &Path) -> Result<Option<Self>, JournalError> {
-        let root = fsio::open_root(&RealFs, root, false)?;
+        let root = open_state_root(&RealFs, root)?;
         Ok(open_offers(&RealFs, &root, false)?.map(|offers| Self { offers }))
     }
 
@@ -618,7 +870,7 @@ fn scan_offers(fs: &dyn FileSystem, offers: &Dir) -> Result<OffersScan, StorageE
 }
 
 /// Directory (in the state root) that keeps records an operator archived.
-pub const ARCHIVE_DIR: &str = "archive";
+pub use crate::layout::ARCHIVE_DIR;
 
 /// Moves one reviewed record out of the inbox into `<root>/archive/` (`ql-worker recover
 /// --archive`): a `recovery_required` record, or a dormant one (before the spawn barrier with
@@ -638,20 +890,27 @@ pub fn archive_record(
     offer_id: &OfferId,
     now: UnixMillis,
 ) -> Result<PathBuf, JournalError> {
-    let journal = Journal::open(
+    let journal = Journal::open_existing_with(
+        RealFs,
         root,
         Capacity::new(u64::from(Capacity::MAX)).unwrap_or_default(),
     )?;
     let name = layout::record_file_name(offer_id);
     let path = journal.offers.child(&name);
     let Some(record) = journal.read_record(offer_id)? else {
-        return Err(JournalError::NotFound { path });
+        return Err(JournalError::NotAllowed {
+            action: "to archive",
+            path,
+            rule: "there is no such record in the inbox",
+        });
     };
     if ql_worker_core::retention::archivable(&record, now).is_err() {
-        return Err(JournalError::Refused {
+        return Err(JournalError::NotAllowed {
+            action: "to archive",
             path,
             rule: "only a recovery_required record or a dormant one (accepted, \
-                   starting_acknowledged or start_failed with its lease expired) can be archived",
+                   starting_acknowledged or start_failed with its lease expired) can be archived; \
+                   settled records are removed by retention",
         });
     }
     let fs = &journal.fs;

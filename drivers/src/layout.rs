@@ -5,6 +5,10 @@
 //!   .owner.lock                                0600, flock(LOCK_EX|LOCK_NB) held for life
 //!   pending-claim                              0600, claim envelope
 //!   .pending-claim.<32 hex>.tmp                transient
+//!   session                                    0600, worker id and Session id
+//!   .session.<32 hex>.tmp                      transient
+//!   drain                                      0600, empty: a drain request (`ql-worker drain`)
+//!   archive/                                   0700, records an operator archived
 //!   offers/                                    0700
 //!     <offerId>.rec                            0600, inbox record envelope
 //!     .<offerId>.rec.<32 hex>.tmp              transient
@@ -21,6 +25,9 @@
 //! Temp files are `.<target>.<32 hex>.tmp` in the target's own directory, so a link or rename
 //! never crosses directories. The 32 hex digits come from the OS RNG.
 //!
+//! Nothing else may be in the root: any other name, or one of these names of the wrong type (a
+//! symlink, a directory where a file belongs), fails closed (`journal::check_root_entries`).
+//!
 //! Names are built only from validated ids (`OfferId`, `AttemptId`, `LogArtifactId`), whose
 //! constructors already restrict them to `[A-Za-z0-9._:-]` and forbid `.` and `..`, so no name
 //! built here can contain a `/` or escape its directory.
@@ -33,6 +40,12 @@ use ql_worker_core::ids::{AttemptId, LogArtifactId, OfferId};
 pub const LOCK_FILE: &str = ".owner.lock";
 /// The pending claim in the root.
 pub const PENDING_CLAIM_FILE: &str = "pending-claim";
+/// The Session file in the root.
+pub const SESSION_FILE: &str = "session";
+/// The drain request file in the root.
+pub const DRAIN_FILE: &str = "drain";
+/// The directory of archived records in the root.
+pub const ARCHIVE_DIR: &str = "archive";
 /// The inbox directory in the root.
 pub const OFFERS_DIR: &str = "offers";
 /// Suffix of an inbox record file.

@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod containment;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod fsio;
@@ -18,3 +19,5 @@ pub mod runtime;
 pub mod session_store;
 pub mod spool;
 pub mod supervisor;
+#[cfg(feature = "test-hooks")]
+pub mod test_hooks;

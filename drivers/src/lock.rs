@@ -32,7 +32,7 @@ use crate::layout;
 /// The held owner lock. Dropping it (or the process dying) releases it.
 #[derive(Debug)]
 pub struct OwnerLock {
-    _fd: OwnedFd,
+    fd: OwnedFd,
     path: PathBuf,
 }
 
@@ -41,6 +41,39 @@ impl OwnerLock {
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Checks that `<root>/.owner.lock` still names the inode this lock holds. `flock` locks the
+    /// inode, not the name: once the file is deleted or replaced, another process creates and
+    /// locks a new one and becomes a second owner, so a mismatch means stop.
+    ///
+    /// # Errors
+    /// [`LockError::Lost`], or a failed call.
+    pub fn verify(&self, fs: &dyn FileSystem, root: &Dir) -> Result<(), LockError> {
+        let held = fs
+            .fstat(self.fd.as_fd())
+            .map_err(|errno| StorageError::Io {
+                op: "fstat",
+                path: self.path.clone(),
+                errno,
+            })?;
+        match fs.stat_nofollow(root.fd(), layout::LOCK_FILE) {
+            Ok(named) if (named.dev, named.ino) == (held.dev, held.ino) => Ok(()),
+            Ok(_) => Err(LockError::Lost {
+                path: self.path.clone(),
+                what: "was replaced",
+            }),
+            Err(Errno::NOENT) => Err(LockError::Lost {
+                path: self.path.clone(),
+                what: "was deleted",
+            }),
+            Err(errno) => Err(StorageError::Io {
+                op: "fstatat",
+                path: self.path.clone(),
+                errno,
+            }
+            .into()),
+        }
     }
 }
 
@@ -56,25 +89,45 @@ pub enum LockError {
         /// The lock file.
         path: PathBuf,
     },
+    /// The lock file does not exist and was not to be created (not a state root).
+    #[error("{path} does not exist: not a ql-worker state root")]
+    Missing {
+        /// The lock file.
+        path: PathBuf,
+    },
+    /// The lock file's path no longer names the locked inode ([`OwnerLock::verify`]).
+    #[error("owner lock lost: {path} {what} since it was locked")]
+    Lost {
+        /// The lock file.
+        path: PathBuf,
+        /// `was deleted` or `was replaced`.
+        what: &'static str,
+    },
     /// The lock file is unsafe or could not be opened.
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
 
-/// Opens (creating 0600 if missing) and verifies `<root>/.owner.lock`, then takes
+/// Opens (with `create`, creating 0600 if missing) and verifies `<root>/.owner.lock`, then takes
 /// `flock(LOCK_EX|LOCK_NB)` on it. Fails at once if another owner holds it.
 ///
 /// # Errors
-/// [`LockError::AlreadyOwned`], or an unsafe/failed lock file.
-pub fn acquire(fs: &dyn FileSystem, root: &Dir) -> Result<OwnerLock, LockError> {
+/// [`LockError::AlreadyOwned`], [`LockError::Missing`] (without `create`), or an unsafe/failed
+/// lock file.
+pub fn acquire(fs: &dyn FileSystem, root: &Dir, create: bool) -> Result<OwnerLock, LockError> {
     let path = root.child(layout::LOCK_FILE);
     let flags = OFlags::RDWR | OFlags::CREATE;
-    match fs.openat(
-        root.fd(),
-        layout::LOCK_FILE,
-        flags | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        layout::FILE_MODE,
-    ) {
+    let created = if create {
+        fs.openat(
+            root.fd(),
+            layout::LOCK_FILE,
+            flags | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            layout::FILE_MODE,
+        )
+    } else {
+        Err(Errno::EXIST)
+    };
+    match created {
         // Created by us: make it durable so an operator sees it; content stays empty.
         Ok(fd) => {
             drop(fd);
@@ -97,6 +150,9 @@ pub fn acquire(fs: &dyn FileSystem, root: &Dir) -> Result<OwnerLock, LockError> 
     };
     let Some((fd, _)) = fsio::open_verified(fs, root, layout::LOCK_FILE, OFlags::RDWR, rules)?
     else {
+        if !create {
+            return Err(LockError::Missing { path });
+        }
         return Err(StorageError::Io {
             op: "openat",
             path,
@@ -105,7 +161,7 @@ pub fn acquire(fs: &dyn FileSystem, root: &Dir) -> Result<OwnerLock, LockError> 
         .into());
     };
     match fs.lock_exclusive(fd.as_fd()) {
-        Ok(()) => Ok(OwnerLock { _fd: fd, path }),
+        Ok(()) => Ok(OwnerLock { fd, path }),
         Err(Errno::WOULDBLOCK) => Err(LockError::AlreadyOwned { path }),
         Err(e) => Err(StorageError::Io {
             op: "flock",

@@ -17,15 +17,17 @@ use ql_worker_core::wire::session::Capabilities;
 use ql_worker_core::worker::{HaltReason, Output, StopReason, Worker, WorkerConfig};
 
 use crate::config::Config;
-use crate::host::{Event, Host, HostError, StallPoint};
-use crate::https::{HttpsClient, Origin, RequestTimeout, TlsMaterial, TlsMaterialPaths};
+use crate::host::{Event, Host, HostError};
+use crate::https::{
+    HttpsClient, MaterialError, MaterialFile, Origin, RequestTimeout, TlsMaterial, TlsMaterialPaths,
+};
 use crate::journal::Journal;
 use crate::retention::{self, RetentionPolicy, Scope};
 use crate::session_store;
 use crate::supervisor::{StopController, SupervisorExecutor, SupervisorImage};
 
 /// File whose presence in the state root asks the running Worker to drain.
-pub const DRAIN_FILE: &str = "drain";
+pub use crate::layout::DRAIN_FILE;
 /// Longest uninterrupted sleep, so signals and the drain file are noticed promptly.
 const SLEEP_SLICE: Duration = Duration::from_millis(100);
 /// Interval of the full retention sweeps (logs and archive included); the inbox's own sweep runs
@@ -45,9 +47,14 @@ pub enum RunExit {
     Halted(HaltReason),
     /// The effects hit a fatal fault (durability unknown).
     Fatal(String),
+    /// The state root stopped being usable while running (the owner lock was deleted or
+    /// replaced, an unsafe entry at `<root>/drain`): stopped at once.
+    Unusable(String),
 }
 
-/// A start-up failure (nothing was changed beyond what the message says).
+/// A start-up failure. Every configuration check runs before anything is created or written,
+/// so a [`StartError::ControlPlane`], [`StartError::Capabilities`] or [`StartError::Image`]
+/// changed nothing on disk.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// The journal could not be opened (unsafe storage, or another owner).
@@ -56,8 +63,9 @@ pub enum StartError {
     /// The Session file is unusable.
     #[error("{0}")]
     Session(#[from] session_store::SessionStoreError),
-    /// TLS material, origin or client settings are invalid.
-    #[error("control plane: {0}")]
+    /// TLS material, origin, credential or client settings are invalid (the message names the
+    /// file, the field or environment variable, and the rule).
+    #[error("{0}")]
     ControlPlane(String),
     /// The supervisor image could not be opened.
     #[error("cannot open this executable for the supervisor: {0}")]
@@ -65,9 +73,24 @@ pub enum StartError {
     /// The configured capabilities are invalid.
     #[error("capabilities: {0}")]
     Capabilities(String),
-    /// An environment variable has an invalid value.
-    #[error("environment: {0}")]
-    Environment(String),
+    /// Containment cannot be set up (`[run_as]`, the runs area, a required cgroup).
+    #[error("{path}: {field}: {rule}")]
+    Containment {
+        /// The configuration file.
+        path: String,
+        /// The field, dotted.
+        field: &'static str,
+        /// The rule.
+        rule: String,
+    },
+}
+
+impl StartError {
+    /// Whether the state root is what is wrong (exit 3), rather than the configuration (2).
+    #[must_use]
+    pub fn is_storage(&self) -> bool {
+        matches!(self, Self::Journal(_) | Self::Session(_))
+    }
 }
 
 /// Operator requests: signals counted by a watcher thread, and the drain file.
@@ -76,23 +99,61 @@ pub struct Signals {
     count: Arc<AtomicUsize>,
 }
 
+/// The name of a signal this module handles.
+fn signal_name(signal: i32) -> &'static str {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+    match signal {
+        SIGTERM => "SIGTERM",
+        SIGINT => "SIGINT",
+        SIGHUP => "SIGHUP",
+        SIGUSR1 => "SIGUSR1",
+        SIGUSR2 => "SIGUSR2",
+        _ => "a signal",
+    }
+}
+
+/// One line on stderr that never panics (a closed stderr is not a reason to die).
+fn say(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "ql-worker: {line}");
+}
+
 impl Signals {
-    /// Counts `SIGTERM` and `SIGINT` from now on.
+    /// Counts `SIGTERM` and `SIGINT` from now on (the first drains, the second stops);
+    /// `SIGHUP`, `SIGUSR1` and `SIGUSR2` are caught, reported on stderr and otherwise ignored,
+    /// so none of them kills the Worker without a word.
     ///
     /// # Errors
     /// The OS refused to install the handlers.
     pub fn install() -> std::io::Result<Self> {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+        Self::install_with(&[SIGTERM, SIGINT], &[SIGHUP, SIGUSR1, SIGUSR2])
+    }
+
+    /// Counts every signal of `counted`; reports and ignores every signal of `ignored`.
+    ///
+    /// # Errors
+    /// The OS refused to install the handlers.
+    pub fn install_with(counted: &[i32], ignored: &[i32]) -> std::io::Result<Self> {
         let count = Arc::new(AtomicUsize::new(0));
-        let mut signals = signal_hook::iterator::Signals::new([
-            signal_hook::consts::SIGTERM,
-            signal_hook::consts::SIGINT,
-        ])?;
+        let mut signals =
+            signal_hook::iterator::Signals::new(counted.iter().chain(ignored).copied())?;
         let seen = Arc::clone(&count);
+        let counted = counted.to_vec();
+        let drain_names: Vec<&str> = counted.iter().map(|&s| signal_name(s)).collect();
+        let hint = drain_names.join(" or ");
         std::thread::Builder::new()
             .name(String::from("signals"))
             .spawn(move || {
-                for _ in signals.forever() {
-                    seen.fetch_add(1, Ordering::SeqCst);
+                for signal in signals.forever() {
+                    if counted.contains(&signal) {
+                        seen.fetch_add(1, Ordering::SeqCst);
+                    } else {
+                        say(&format!(
+                            "received {}: ignored ({hint} drains; a second one stops at once)",
+                            signal_name(signal)
+                        ));
+                    }
                 }
             })?;
         Ok(Self { count })
@@ -125,6 +186,9 @@ pub struct Runner {
     reported_full: bool,
     /// The Session id and retiring state last reported (events on change).
     reported_session: (ql_worker_core::ids::SessionId, bool),
+    containment_warnings: Vec<String>,
+    /// The last retention failure reported (each distinct one is reported once).
+    retention_failure: Option<String>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -185,26 +249,37 @@ impl Runner {
         signals: Signals,
         image: SupervisorImage,
     ) -> Result<Self, StartError> {
+        // Every configuration check first: nothing is created or written before the whole
+        // configuration is known to be usable.
+        let client = control_plane_client(config)?;
+        Capabilities::for_architecture(config.architecture)
+            .canonical_json()
+            .map_err(|e| StartError::Capabilities(e.to_string()))?;
+        // Containment (issue 20): identity, runs area, delegated cgroup. Its checks come before
+        // the state root is touched; it creates only the runs area outside the root.
+        let prepared =
+            crate::containment::prepare(&config.containment).map_err(|(field, rule)| {
+                StartError::Containment {
+                    path: config.source.display().to_string(),
+                    field,
+                    rule,
+                }
+            })?;
+        let leftovers = crate::host::Leftovers {
+            runs_dir: crate::containment::runs_dir(&prepared.plan),
+            cgroup_parent: prepared
+                .plan
+                .cgroup
+                .as_ref()
+                .map(|c| PathBuf::from(&c.parent)),
+        };
+        // Then the state root: owner lock, inbox, Session.
         let journal = Journal::open(&config.root, config.limits.inbox_capacity)?;
         let session = session_store::load_or_create(&config.root, &config.worker_id)?;
         let cp = &config.control_plane;
-        let origin = Origin::parse(&cp.origin)
-            .map_err(|e| StartError::ControlPlane(format!("origin: {e}")))?;
-        crate::config::check_secret_file(&cp.client_key, "client key")
-            .map_err(StartError::ControlPlane)?;
-        let paths = TlsMaterialPaths {
-            cert_chain: cp.client_certificate.clone(),
-            private_key: cp.client_key.clone(),
-            trust_anchors: cp.trust_anchors.clone(),
-        };
-        let material =
-            TlsMaterial::load(&paths).map_err(|e| StartError::ControlPlane(e.to_string()))?;
-        let timeout = RequestTimeout::from_millis(cp.timeout_ms)
-            .map_err(|e| StartError::ControlPlane(e.to_string()))?;
-        let client = HttpsClient::new(origin, material, timeout)
-            .map_err(|e| StartError::ControlPlane(e.to_string()))?;
-        crate::host::authorization(&cp.credential_file).map_err(StartError::ControlPlane)?;
-        let executor = SupervisorExecutor::new(image, config.root.clone());
+        let executor =
+            SupervisorExecutor::new(image, config.root.clone()).with_containment(prepared.plan);
+        #[cfg_attr(not(feature = "test-hooks"), allow(unused_mut))]
         let mut host = Host::new(
             journal,
             config.limits.spool,
@@ -213,7 +288,9 @@ impl Runner {
             executor,
             StopController::default(),
         );
-        host.stall_after(stall_hook()?);
+        #[cfg(feature = "test-hooks")]
+        host.stall_after(crate::test_hooks::stall_point());
+        host.set_leftovers(leftovers);
         let now = crate::os::now();
         let reported_session = (session.session_id.clone(), false);
         let worker = Worker::new(worker_config(config, session.session_id)?, now);
@@ -233,12 +310,28 @@ impl Runner {
             last_swept: None,
             reported_full: false,
             reported_session,
+            containment_warnings: prepared.warnings,
+            retention_failure: None,
         })
+    }
+
+    /// What the operator should know about containment (printed by `ql-worker run`).
+    #[must_use]
+    pub fn containment_warnings(&self) -> &[String] {
+        &self.containment_warnings
     }
 
     /// Installs an observer of persisted records and uploads (the demo prints lifecycles).
     pub fn observe(&mut self, observer: Box<dyn FnMut(&Event<'_>)>) {
         self.host.observe(observer);
+    }
+
+    /// The supervisors started by this run that have not exited yet (finished ones are reaped
+    /// first), for the demo's clean-up.
+    pub fn supervisors(&mut self) -> Vec<u32> {
+        let executor = self.host.executor_mut();
+        executor.reap_exited();
+        executor.supervisor_pids()
     }
 
     /// The core machine (read-only), for status output.
@@ -254,8 +347,10 @@ impl Runner {
     /// still there, and that start drains at once: the request was never answered.)
     pub fn run(&mut self) -> RunExit {
         let exit = self.run_until_exit();
-        if self.drain_sent {
-            let _ = std::fs::remove_file(self.root.join(DRAIN_FILE));
+        if self.drain_sent
+            && let Err(e) = self.host.journal_mut().clear_drain_request()
+        {
+            say(&format!("could not remove the drain request: {e}"));
         }
         exit
     }
@@ -276,6 +371,7 @@ impl Runner {
                     if let Err(e) = self.worker.handle(crate::os::now(), input) {
                         return RunExit::Fatal(format!("core refused an outcome: {e}"));
                     }
+                    self.report_notices();
                     // Between two commands too: a stream of quick Runs keeps the core busy,
                     // and its supervisors' exits and the inbox's bound must not wait for it.
                     if let Err(exit) = self.housekeeping() {
@@ -308,10 +404,27 @@ impl Runner {
         }
     }
 
-    /// First request ⇒ drain; second ⇒ stop now.
+    /// Prints the core's notices to stderr (one line each, never a secret) and hands them to the
+    /// observer.
+    fn report_notices(&mut self) {
+        for notice in self.worker.drain_notices() {
+            say(&notice.to_string());
+            self.host.notify(&Event::Notice(&notice));
+        }
+    }
+
+    /// First request ⇒ drain; second ⇒ stop now. Also re-checks, at every turn of the loop,
+    /// that the owner lock still holds the root and that `<root>/drain` is safe.
     fn check_operator(&mut self) -> Option<RunExit> {
+        let journal = self.host.journal_mut();
+        if let Err(e) = journal.check_owner_lock() {
+            return Some(RunExit::Unusable(e.to_string()));
+        }
+        let file = match journal.drain_requested() {
+            Ok(file) => file,
+            Err(e) => return Some(RunExit::Unusable(e.to_string())),
+        };
         let signals = self.signals.seen();
-        let file = self.root.join(DRAIN_FILE).exists();
         if signals >= 2 {
             return Some(RunExit::Interrupted);
         }
@@ -374,6 +487,9 @@ impl Runner {
             };
             match retention::sweep(self.host.journal_mut(), now, &self.retention, scope) {
                 Ok(report) => {
+                    if self.retention_failure.take().is_some() {
+                        say("retention: sweeping again");
+                    }
                     for offer_id in report.records_removed {
                         let input = Input::RecordRemoved { offer_id };
                         if self.worker.handle(crate::os::now(), input).is_err() {
@@ -384,7 +500,20 @@ impl Runner {
                     }
                 }
                 Err(e) if e.is_fatal() => return Err(RunExit::Fatal(format!("retention: {e}"))),
-                Err(e) => eprintln!("ql-worker: retention: {e} (retried at the next sweep)"),
+                Err(e) => {
+                    let text = e.to_string();
+                    if self.retention_failure.as_deref() != Some(text.as_str()) {
+                        say(&format!(
+                            "retention failed (settled records and logs are kept; retried every \
+                             {} s): {text}",
+                            RETENTION_EVERY_MS / 1000
+                        ));
+                        self.retention_failure = Some(text);
+                    }
+                }
+            }
+            if periodic {
+                self.host.sweep_runs();
             }
             let after = self.worker.inbox_status();
             self.last_swept = Some((after.records, after.settled));
@@ -401,19 +530,19 @@ impl Runner {
             return;
         }
         if now.1 {
-            eprintln!(
-                "ql-worker: Session {} is draining or offline at the control plane (an earlier \
-                 drain did not finish); its live Runs finish under it, then a new Session \
-                 replaces it and new work flows",
+            say(&format!(
+                "Session {} is draining or offline at the control plane (an earlier drain did \
+                 not finish); its live Runs finish under it, then a new Session replaces it and \
+                 new work flows",
                 now.0
-            );
+            ));
         } else if now.0 != self.reported_session.0 {
-            eprintln!(
-                "ql-worker: new Session {} replaces {} (stored in {})",
+            say(&format!(
+                "new Session {} replaces {} (stored in {})",
                 now.0,
                 self.reported_session.0,
                 self.root.join(session_store::SESSION_FILE).display()
-            );
+            ));
         }
         self.reported_session = now;
     }
@@ -427,17 +556,17 @@ impl Runner {
         }
         self.reported_full = inbox.full;
         if inbox.full {
-            eprintln!(
-                "ql-worker: inbox full: {} of {} records; no offer is taken until retention \
-                 frees a place (settled records with their receipt gone; see \
-                 `ql-worker inbox list`); Pulls held back so far: {}",
+            say(&format!(
+                "inbox full: {} of {} records; no offer is taken until retention frees a place \
+                 (settled records with their receipt gone; see `ql-worker inbox list`); Pulls \
+                 held back so far: {}",
                 inbox.records, inbox.capacity, inbox.full_deferrals
-            );
+            ));
         } else {
-            eprintln!(
-                "ql-worker: inbox has room again: {} of {} records",
+            say(&format!(
+                "inbox has room again: {} of {} records",
                 inbox.records, inbox.capacity
-            );
+            ));
         }
     }
 
@@ -468,33 +597,49 @@ impl Runner {
     }
 }
 
-/// The crash-test hook `QL_WORKER_FAULT_STALL_AFTER=<state>` (see [`Host::stall_after`]).
-fn stall_hook() -> Result<Option<StallPoint>, StartError> {
-    let Ok(name) = std::env::var(STALL_HOOK_ENV) else {
-        return Ok(None);
-    };
-    StallPoint::parse(&name).map(Some).ok_or_else(|| {
-        StartError::Environment(format!(
-            "{STALL_HOOK_ENV}={name}: neither a record state nor `{}`",
-            StallPoint::SPAWNED
-        ))
-    })
-}
-
-/// Environment variable of the crash-test hook.
-pub const STALL_HOOK_ENV: &str = "QL_WORKER_FAULT_STALL_AFTER";
-
-/// Writes the drain request file in `root` (for `ql-worker drain`).
+/// Checks every control-plane setting of `config` (origin, client certificate and key, trust
+/// anchors, timeout, credential file) and builds the client. Reads files; writes nothing.
 ///
 /// # Errors
-/// The I/O error.
-pub fn request_drain(root: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(root.join(DRAIN_FILE))?;
-    Ok(())
+/// [`StartError::ControlPlane`] naming the file, the field or environment variable, and the rule.
+pub fn control_plane_client(config: &Config) -> Result<HttpsClient, StartError> {
+    use crate::config::Setting;
+    let cp = &config.control_plane;
+    let blamed = |setting: Setting, rule: &dyn std::fmt::Display| {
+        StartError::ControlPlane(format!("{}: {rule}", config.blame(setting)))
+    };
+    let origin = Origin::parse(&cp.origin).map_err(|e| blamed(Setting::Origin, &e))?;
+    let paths = TlsMaterialPaths {
+        cert_chain: cp.client_certificate.clone(),
+        private_key: cp.client_key.clone(),
+        trust_anchors: cp.trust_anchors.clone(),
+    };
+    let material = TlsMaterial::load(&paths).map_err(|e| {
+        let setting = match e.file() {
+            Some(MaterialFile::CertChain) => Setting::ClientCertificate,
+            Some(MaterialFile::PrivateKey) => Setting::ClientKey,
+            Some(MaterialFile::TrustAnchors(i)) => Setting::TrustAnchor(i),
+            None if matches!(e, MaterialError::ClientCertificateRejected { .. }) => {
+                Setting::ClientCertificate
+            }
+            None => Setting::TrustAnchors,
+        };
+        blamed(setting, &e.rule())
+    })?;
+    let timeout =
+        RequestTimeout::from_millis(cp.timeout_ms).map_err(|e| blamed(Setting::Timeout, &e))?;
+    let client = HttpsClient::new(origin, material, timeout)
+        .map_err(|e| blamed(Setting::ClientCertificate, &e))?;
+    crate::host::authorization_rule(&cp.credential_file)
+        .map_err(|rule| blamed(Setting::CredentialFile, &rule))?;
+    Ok(client)
+}
+
+/// Writes the drain request file in `root` (for `ql-worker drain`): see
+/// [`crate::journal::request_drain`]. Returns its path and whether it was already there.
+///
+/// # Errors
+/// Not a state root, unsafe storage, or a failed call.
+pub fn request_drain(root: &Path) -> Result<(PathBuf, bool), crate::journal::JournalError> {
+    crate::journal::request_drain(root)
 }

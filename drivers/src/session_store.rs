@@ -12,7 +12,7 @@ use ql_worker_core::ids::{SessionId, WorkerId};
 use crate::fsio::{self, RealFs, StorageError};
 
 /// File name in the state root.
-pub const SESSION_FILE: &str = "session";
+pub use crate::layout::SESSION_FILE;
 const HEADER: &str = "ql-worker-session v1";
 const MAX_BYTES: usize = 512;
 

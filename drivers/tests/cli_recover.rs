@@ -90,10 +90,10 @@ fn recover_lists_recovery_and_dormant_records_and_archives_only_those() {
         "a running record is neither: {out}"
     );
 
-    // A running record is refused and left in place.
+    // A running record is refused (a usage error: exit 2) and left in place.
     let before = snapshot(&sb.root);
     let (code, _, err) = cli(&["recover", "--root", root, "--archive", "offer-000003"]);
-    assert_eq!(code, 3, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert!(err.contains("dormant"), "the refusal names the rule: {err}");
     assert_eq!(snapshot(&sb.root), before, "a refusal changes nothing");
 

@@ -125,3 +125,26 @@ fn secret_files_must_be_private_regular_files_owned_by_us() {
     let e = check_secret_file(&link, "credential file").unwrap_err();
     assert!(e.contains("regular file"), "{e}");
 }
+
+#[test]
+fn the_commented_example_shows_run_as_the_run_limits_and_cgroups() {
+    use ql_worker::containment::RlimitKind;
+    use ql_worker::containment::settings::{Principal, RunUser};
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/ql-worker.example.toml");
+    let config = Config::load(&path, &Env::default()).unwrap();
+    let c = &config.containment;
+    let run_as = c.run_as.as_ref().expect("[run_as]");
+    assert_eq!(run_as.user, RunUser::User(Principal::Name("ql-run".into())));
+    assert_eq!(run_as.runs_dir, Path::new("/var/lib/ql-worker-runs"));
+    for limit in [
+        (RlimitKind::Core, 0),
+        (RlimitKind::Nofile, 1024),
+        (RlimitKind::Nproc, 256),
+        (RlimitKind::AddressSpace, 2 << 30),
+    ] {
+        assert!(c.rlimits.contains(&limit), "{limit:?} in {:?}", c.rlimits);
+    }
+    assert_eq!(c.cgroup.memory_max, Some(512 << 20));
+    assert_eq!(c.cgroup.pids_max, Some(256));
+    assert!(c.no_new_privileges && c.policy.shell && !c.mask_secrets);
+}

@@ -56,7 +56,7 @@ use e2e_common::evidence::{
     snapshot_processes,
 };
 use e2e_common::{KillOnDrop, World, kill9, marker_lines, read_settling, sigterm, wait_exit};
-use ql_worker::journal::InboxView;
+use ql_worker::journal::{InboxView, JournalError};
 use ql_worker_core::ids::{AttemptId, OfferId, ProjectId, RunId};
 use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
 use ql_worker_core::wire::activation::RunStatus;
@@ -483,7 +483,12 @@ impl Campaign {
     fn refresh(&mut self) -> Vec<OfferId> {
         let root = self.root();
         if self.view.is_none() && root.exists() {
-            self.view = InboxView::open(&root).unwrap();
+            // The first start creates the root directory before its owner lock file: a poll in
+            // between sees a directory that is not a state root yet; it is one at the next poll.
+            self.view = match InboxView::open(&root) {
+                Err(JournalError::NotStateRoot { .. }) => None,
+                other => other.unwrap(),
+            };
         }
         let Some(view) = &self.view else {
             return Vec::new();
@@ -1522,13 +1527,14 @@ fn stop_now(worker: &mut Child) {
 /// revisits a settled record, so the restarted Worker never finishes the cleanup.
 #[test]
 fn a_kill_between_completion_acknowledged_and_receipt_removal_leaves_no_receipt() {
-    use ql_worker::runtime::STALL_HOOK_ENV;
+    use ql_worker::test_hooks::STALL_HOOK_ENV;
     let world = World::new();
     let marker = world.dir.path().join("marker");
     let run = marked_run(&world, 1, &marker, "");
     let attempt = AttemptId::new("attempt-1").unwrap();
-    let mut first =
-        KillOnDrop(world.spawn_worker(&[(STALL_HOOK_ENV, State::CompletionAcknowledged.as_str())]));
+    let mut first = KillOnDrop(
+        world.spawn_hooked_worker(&[(STALL_HOOK_ENV, State::CompletionAcknowledged.as_str())]),
+    );
     world.wait_for("completion_acknowledged", Duration::from_secs(60), |w| {
         w.state_of(&run) == Some(State::CompletionAcknowledged)
     });
@@ -1563,13 +1569,13 @@ fn a_kill_between_completion_acknowledged_and_receipt_removal_leaves_no_receipt(
 /// Tries a bounded number of times for that order.
 #[test]
 fn a_kill_between_accepted_and_clearing_the_claim_does_not_block_later_pulls() {
-    use ql_worker::runtime::STALL_HOOK_ENV;
+    use ql_worker::test_hooks::STALL_HOOK_ENV;
     for _ in 0..10 {
         let world = World::new();
         let marker = world.dir.path().join("marker");
         let first_run = marked_run(&world, 1, &marker, "");
         let mut first =
-            KillOnDrop(world.spawn_worker(&[(STALL_HOOK_ENV, State::Accepted.as_str())]));
+            KillOnDrop(world.spawn_hooked_worker(&[(STALL_HOOK_ENV, State::Accepted.as_str())]));
         world.wait_for("accepted", Duration::from_secs(60), |w| {
             w.state_of(&first_run) == Some(State::Accepted)
         });
@@ -1659,16 +1665,17 @@ fn a_lost_completion_answer_still_ends_completion_acknowledged() {
 /// case is reproduced every time instead of by timing.
 #[test]
 fn once_launch_outcome_unknown_resolves_from_its_receipt_the_worker_takes_work_again() {
-    use ql_worker::host::StallPoint;
-    use ql_worker::runtime::STALL_HOOK_ENV;
+    use ql_worker::test_hooks::STALL_HOOK_ENV;
+    use ql_worker::test_hooks::StallPoint;
     let world = World::new();
     let log = world.dir.path().join("stderr.log");
     let marker = world.dir.path().join("marker");
     // The user process outlives the restart by seconds, so the recovery record is observed
     // before the receipt resolves it.
     let run = marked_run(&world, 1, &marker, "; sleep 3");
-    let mut first =
-        KillOnDrop(world.spawn_worker_logged(&[(STALL_HOOK_ENV, StallPoint::SPAWNED)], &log));
+    let mut first = KillOnDrop(
+        world.spawn_hooked_worker_logged(&[(STALL_HOOK_ENV, StallPoint::SPAWNED)], &log),
+    );
     world.wait_for("the user process ran", Duration::from_secs(60), |_| {
         marker_lines(&marker) == 1
     });

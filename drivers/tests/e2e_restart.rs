@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use e2e_common::{World, kill9, marker_lines, sigterm, wait_exit};
-use ql_worker::runtime::STALL_HOOK_ENV;
+use ql_worker::test_hooks::STALL_HOOK_ENV;
 use ql_worker_core::ids::RunId;
 use ql_worker_core::record::{RecoveryReason, State};
 use ql_worker_tests::control_plane::{RevisionBuilder, RunSpec};
@@ -35,7 +35,7 @@ fn kill_in(state: State, sleep_s: f64) -> (World, RunId, std::path::PathBuf, std
     let world = World::new();
     let marker = world.dir.path().join("marker");
     let run = enqueue(&world, &marker, sleep_s);
-    let mut first = world.spawn_worker(&[(STALL_HOOK_ENV, state.as_str())]);
+    let mut first = world.spawn_hooked_worker(&[(STALL_HOOK_ENV, state.as_str())]);
     world.wait_for(&format!("the record durably {state}"), SETTLE, |w| {
         w.state_of(&run) == Some(state)
     });

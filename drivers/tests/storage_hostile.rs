@@ -220,11 +220,21 @@ fn symlinked_pending_claim_is_refused() {
     let sb = prepared();
     let victim = sb.dir.path().join("victim-claim");
     let path = sb.root.join("pending-claim");
+    // Planted while the owner runs: the next read refuses it.
+    let journal = Journal::open(&sb.root, Capacity::DEFAULT).unwrap();
     fs::rename(&path, &victim).unwrap();
     std::os::unix::fs::symlink(&victim, &path).unwrap();
-    let journal = Journal::open(&sb.root, Capacity::DEFAULT).unwrap();
     unchanged(sb.dir.path(), || {
         journal_rule(journal.read_claim(), &path, Rule::Symlink);
+    });
+    drop(journal);
+    // Found at the next open: the root's own check refuses it before the lock is taken.
+    unchanged(sb.dir.path(), || {
+        journal_rule(
+            Journal::open(&sb.root, Capacity::DEFAULT).map(|_| ()),
+            &path,
+            Rule::Symlink,
+        );
     });
 }
 

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ql_worker::https::{
-    Blame, HttpsClient, JsonCaps, MaterialError, Origin, OriginError, RequestTimeout, TlsFailure,
-    TlsMaterial, TlsMaterialPaths, TransportError,
+    Blame, HttpsClient, JsonCaps, MaterialError, MaterialFile, Origin, OriginError, RequestTimeout,
+    TlsFailure, TlsMaterial, TlsMaterialPaths, TransportError,
 };
 use ql_worker_tests::https_server::{
     ArtifactSinkHandler, ClientAuth, EchoHandler, Fault, Handler, HttpsServer, RequestRecord,
@@ -1168,9 +1168,14 @@ fn material_errors_are_typed_and_never_panic() {
     let eight: Vec<&Path> = std::iter::repeat_n(pk.ca.cert.as_path(), 8).collect();
     assert!(load(&pk.client.cert, &pk.client.key, &eight).is_ok());
 
-    // Files above 1 MiB.
+    // Files above 1 MiB (a key file is private: 0600).
+    let private = |path: &Path| {
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+    };
     let big = dir.path().join("big.pem");
     std::fs::write(&big, vec![b'\n'; 1024 * 1024 + 1]).unwrap();
+    private(&big);
     let err = load(&pk.client.cert, &big, &[&pk.ca.cert]).unwrap_err();
     assert!(matches!(err, MaterialError::TooLarge { .. }), "{err:?}");
 
@@ -1179,12 +1184,58 @@ fn material_errors_are_typed_and_never_panic() {
     let mut both = std::fs::read(&pk.client.key).unwrap();
     both.extend(std::fs::read(&pk.server.key).unwrap());
     std::fs::write(&two_keys, both).unwrap();
+    private(&two_keys);
     let err = load(&pk.client.cert, &two_keys, &[&pk.ca.cert]).unwrap_err();
     assert_eq!(err, MaterialError::MultiplePrivateKeys);
 
-    // A key where certificates belong, a missing file, a directory.
+    // A key file others can read, a certificate file others can write.
+    std::fs::set_permissions(
+        &two_keys,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    let err = load(&pk.client.cert, &two_keys, &[&pk.ca.cert]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            MaterialError::Unsafe {
+                file: MaterialFile::PrivateKey,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let writable_ca = dir.path().join("writable-ca.pem");
+    std::fs::copy(&pk.ca.cert, &writable_ca).unwrap();
+    std::fs::set_permissions(
+        &writable_ca,
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
+    let err = load(&pk.client.cert, &pk.client.key, &[&writable_ca]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            MaterialError::Unsafe {
+                file: MaterialFile::TrustAnchors(0),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+
+    // A key where certificates belong (named, never echoed), a missing file, a directory.
     let err = load(&pk.client.key, &pk.client.key, &[&pk.ca.cert]).unwrap_err();
-    assert!(matches!(err, MaterialError::Pem { .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            MaterialError::WrongSection {
+                file: MaterialFile::CertChain,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     let err = load(
         &dir.path().join("missing.pem"),
         &pk.client.key,

@@ -8,8 +8,6 @@
 //! real rustls [`ClientConfig`] built with the same TLS 1.3-only provider the agent uses.
 
 use std::fmt;
-use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
@@ -22,6 +20,7 @@ use sha2::{Digest, Sha256};
 use zeroize::{Zeroize, Zeroizing};
 
 use super::tls13_provider;
+use crate::config::{self, FileClass, FileProblem};
 
 /// Largest PEM file accepted, in bytes (wire reference §7: TLS material ≤ 1 MiB per item).
 pub const MATERIAL_FILE_MAX_BYTES: u64 = 1024 * 1024;
@@ -69,6 +68,10 @@ impl fmt::Display for MaterialFile {
 }
 
 /// Why TLS material was refused. Never carries key bytes or file contents.
+///
+/// `Display` names the file by its role ("trust anchor file #0"); callers that know the path
+/// and the configuration field print [`MaterialError::file`] their way and
+/// [`MaterialError::rule`] after it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum MaterialError {
@@ -86,6 +89,15 @@ pub enum MaterialError {
         /// Which file.
         file: MaterialFile,
     },
+    /// The file is a symbolic link, or has an owner or permission bits its rule forbids
+    /// ([`crate::config::FileClass`]).
+    #[error("{file} {rule}")]
+    Unsafe {
+        /// Which file.
+        file: MaterialFile,
+        /// The rule it breaks.
+        rule: String,
+    },
     /// The file is larger than [`MATERIAL_FILE_MAX_BYTES`].
     #[error("{file} must be at most {max} bytes")]
     TooLarge {
@@ -95,10 +107,21 @@ pub enum MaterialError {
         max: u64,
     },
     /// The file is not valid PEM.
-    #[error("{file} is not valid PEM")]
+    #[error("{file} is not valid PEM (a -----BEGIN ...----- section could not be decoded)")]
     Pem {
         /// Which file.
         file: MaterialFile,
+    },
+    /// The file holds a PEM section of the wrong kind (a private key among certificates, a
+    /// certificate where the key belongs).
+    #[error("{file} holds a {found} section; it must hold {expected}")]
+    WrongSection {
+        /// Which file.
+        file: MaterialFile,
+        /// The kind found.
+        found: &'static str,
+        /// What belongs there.
+        expected: &'static str,
     },
     /// The certificate chain file holds no certificate.
     #[error("client certificate chain file must hold at least one certificate")]
@@ -130,19 +153,185 @@ pub enum MaterialError {
         max: usize,
     },
     /// rustls refused a trust anchor (not a parsable CA certificate).
-    #[error("trust anchor #{index} was refused: {reason}")]
+    #[error("trust anchor #{index} (in {file}) was refused: {reason}")]
     TrustAnchorRejected {
         /// Position among all anchors, in file order.
         index: usize,
-        /// rustls's reason.
+        /// The file it came from.
+        file: MaterialFile,
+        /// Why, in words (never a debug dump of the library's error).
         reason: String,
     },
     /// rustls refused the certificate/key pair (mismatch, unsupported key type, bad encoding).
     #[error("client certificate and private key were refused together: {reason}")]
     ClientCertificateRejected {
-        /// rustls's reason (it names the rule, never key material).
+        /// Why, in words (it names the rule, never key material).
         reason: String,
     },
+}
+
+impl MaterialError {
+    /// The file this error is about, when it is about one file.
+    #[must_use]
+    pub fn file(&self) -> Option<MaterialFile> {
+        match self {
+            Self::Read { file, .. }
+            | Self::NotRegularFile { file }
+            | Self::Unsafe { file, .. }
+            | Self::TooLarge { file, .. }
+            | Self::Pem { file }
+            | Self::WrongSection { file, .. }
+            | Self::TrustAnchorRejected { file, .. } => Some(*file),
+            Self::NoCertificate | Self::ChainTooLong { .. } => Some(MaterialFile::CertChain),
+            Self::NoPrivateKey | Self::MultiplePrivateKeys => Some(MaterialFile::PrivateKey),
+            Self::ClientCertificateRejected { .. }
+            | Self::NoTrustAnchorFiles
+            | Self::TrustAnchorCount { .. } => None,
+        }
+    }
+
+    /// The rule broken, without the file's role (to follow a caller's own name for the file).
+    #[must_use]
+    pub fn rule(&self) -> String {
+        match self {
+            Self::Read { kind, .. } => format!("could not be read ({kind})"),
+            Self::NotRegularFile { .. } => String::from("must be a regular file"),
+            Self::Unsafe { rule, .. } => rule.clone(),
+            Self::TooLarge { max, .. } => format!("must be at most {max} bytes"),
+            Self::Pem { .. } => String::from(
+                "is not valid PEM (a -----BEGIN ...----- section could not be decoded)",
+            ),
+            Self::WrongSection {
+                found, expected, ..
+            } => format!("holds a {found} section; it must hold {expected}"),
+            Self::NoCertificate => String::from("must hold at least one certificate"),
+            Self::ChainTooLong { count, max } => {
+                format!("must hold at most {max} certificates, holds {count}")
+            }
+            Self::NoPrivateKey => String::from("must hold exactly one private key, holds none"),
+            Self::MultiplePrivateKeys => {
+                String::from("must hold exactly one private key, holds several")
+            }
+            Self::NoTrustAnchorFiles => String::from("must list at least one file"),
+            Self::TrustAnchorCount { count, max } => format!(
+                "must hold 1..={max} CA certificates in all (the files together), hold {count}"
+            ),
+            Self::TrustAnchorRejected { reason, .. } => {
+                format!("holds a certificate that cannot be a trust anchor: {reason}")
+            }
+            Self::ClientCertificateRejected { reason } => reason.clone(),
+        }
+    }
+}
+
+fn file_error(file: MaterialFile, problem: FileProblem) -> MaterialError {
+    match problem {
+        FileProblem::Io(e) => MaterialError::Read {
+            file,
+            kind: e.kind(),
+        },
+        FileProblem::NotRegular => MaterialError::NotRegularFile { file },
+        FileProblem::TooLarge { max } => MaterialError::TooLarge { file, max },
+        other @ (FileProblem::Symlink | FileProblem::Owner { .. } | FileProblem::Mode { .. }) => {
+            MaterialError::Unsafe {
+                file,
+                rule: other.to_string(),
+            }
+        }
+    }
+}
+
+/// A PEM section kind in words.
+fn section_name(kind: SectionKind) -> &'static str {
+    match kind {
+        SectionKind::Certificate => "CERTIFICATE",
+        SectionKind::PublicKey => "PUBLIC KEY",
+        SectionKind::RsaPrivateKey => "RSA PRIVATE KEY (a private key)",
+        SectionKind::PrivateKey => "PRIVATE KEY (a private key)",
+        SectionKind::EcPrivateKey => "EC PRIVATE KEY (a private key)",
+        SectionKind::Crl => "X509 CRL",
+        SectionKind::Csr => "CERTIFICATE REQUEST",
+        SectionKind::EchConfigList => "ECHCONFIG",
+        _ => "non-certificate",
+    }
+}
+
+/// A rustls refusal in words. rustls prints some of its errors with `Debug` formatting
+/// (`Other(OtherError(UnsupportedCertVersion))`); operators get a sentence instead.
+fn describe_rustls(error: &rustls::Error) -> String {
+    use rustls::{CertificateError, Error, InconsistentKeys};
+    match error {
+        Error::InvalidCertificate(cert) => match cert {
+            CertificateError::BadEncoding => {
+                String::from("it is not a well-formed X.509 certificate")
+            }
+            CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+                String::from("the certificate has expired")
+            }
+            CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+                String::from("the certificate is not valid yet")
+            }
+            CertificateError::BadSignature => {
+                String::from("the certificate's signature is invalid")
+            }
+            CertificateError::UnsupportedSignatureAlgorithmContext { .. }
+            | CertificateError::UnsupportedSignatureAlgorithmForPublicKeyContext { .. } => {
+                String::from("the certificate uses an unsupported signature algorithm")
+            }
+            CertificateError::Other(other) => describe_webpki(other.0.as_ref()),
+            _ => sentence(&format!("{cert:?}")),
+        },
+        Error::InconsistentKeys(InconsistentKeys::KeyMismatch) => {
+            String::from("the private key does not belong to the client certificate")
+        }
+        Error::InconsistentKeys(_) => String::from(
+            "the private key's public half cannot be compared with the certificate (unsupported key type)",
+        ),
+        Error::General(text) => text.clone(),
+        Error::Other(other) => describe_webpki(other.0.as_ref()),
+        _ => sentence(&format!("{error:?}")),
+    }
+}
+
+fn describe_webpki(error: &(dyn std::error::Error + Send + Sync + 'static)) -> String {
+    match error.downcast_ref::<webpki::Error>() {
+        Some(webpki::Error::UnsupportedCertVersion) => {
+            String::from("it is an X.509 v1 or v2 certificate; it must be an X.509 v3 certificate")
+        }
+        Some(
+            webpki::Error::BadDer | webpki::Error::BadDerTime | webpki::Error::TrailingData(_),
+        ) => String::from("it is not a well-formed X.509 certificate (bad DER)"),
+        Some(
+            webpki::Error::UnsupportedSignatureAlgorithmContext(_)
+            | webpki::Error::UnsupportedSignatureAlgorithmForPublicKeyContext(_),
+        ) => String::from("the certificate uses an unsupported signature algorithm"),
+        Some(webpki::Error::CaUsedAsEndEntity) => String::from(
+            "it is a CA certificate; the client certificate must be an end-entity certificate",
+        ),
+        Some(other) => sentence(&format!("{other:?}")),
+        None => sentence(&error.to_string()),
+    }
+}
+
+/// `UnsupportedCertVersion` → `unsupported cert version`: a library's variant name as words,
+/// for errors this module has no sentence for (never a nested debug dump).
+fn sentence(debug: &str) -> String {
+    let name: String = debug
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric())
+        .collect();
+    let mut out = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push(' ');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    if out.is_empty() {
+        String::from("refused by the TLS library")
+    } else {
+        format!("refused by the TLS library ({out})")
+    }
 }
 
 /// The kind of the private key, as its PEM label says.
@@ -173,7 +362,11 @@ pub struct TlsMaterial {
 impl TlsMaterial {
     /// Reads and validates the material from `paths`.
     pub fn load(paths: &TlsMaterialPaths) -> Result<Self, MaterialError> {
-        let chain_pem = read_bounded(&paths.cert_chain, MaterialFile::CertChain)?;
+        let chain_pem = read_bounded(
+            &paths.cert_chain,
+            MaterialFile::CertChain,
+            FileClass::Public,
+        )?;
         let chain = certificates(&chain_pem, MaterialFile::CertChain)?;
         drop(chain_pem);
         if chain.is_empty() {
@@ -186,7 +379,11 @@ impl TlsMaterial {
             });
         }
 
-        let key_pem = read_bounded(&paths.private_key, MaterialFile::PrivateKey)?;
+        let key_pem = read_bounded(
+            &paths.private_key,
+            MaterialFile::PrivateKey,
+            FileClass::Secret,
+        )?;
         let (key_der, key_kind) = private_key(&key_pem)?;
         drop(key_pem);
 
@@ -194,10 +391,13 @@ impl TlsMaterial {
             return Err(MaterialError::NoTrustAnchorFiles);
         }
         let mut anchors = Vec::new();
+        let mut anchor_files = Vec::new();
         for (i, path) in paths.trust_anchors.iter().enumerate() {
             let file = MaterialFile::TrustAnchors(i);
-            let pem = read_bounded(path, file)?;
-            anchors.extend(certificates(&pem, file)?);
+            let pem = read_bounded(path, file, FileClass::Public)?;
+            let certs = certificates(&pem, file)?;
+            anchor_files.extend(std::iter::repeat_n(file, certs.len()));
+            anchors.extend(certs);
             if anchors.len() > TRUST_ANCHORS_MAX {
                 break;
             }
@@ -217,7 +417,19 @@ impl TlsMaterial {
             key_kind,
             anchors,
         };
-        material.validate_with_rustls()?;
+        material.validate_with_rustls().map_err(|e| match e {
+            MaterialError::TrustAnchorRejected { index, reason, .. } => {
+                MaterialError::TrustAnchorRejected {
+                    index,
+                    file: anchor_files
+                        .get(index)
+                        .copied()
+                        .unwrap_or(MaterialFile::TrustAnchors(0)),
+                    reason,
+                }
+            }
+            other => other,
+        })?;
         Ok(material)
     }
 
@@ -257,7 +469,8 @@ impl TlsMaterial {
                 .add(anchor.clone())
                 .map_err(|e| MaterialError::TrustAnchorRejected {
                     index,
-                    reason: e.to_string(),
+                    file: MaterialFile::TrustAnchors(0),
+                    reason: describe_rustls(&e),
                 })?;
         }
         Ok(roots)
@@ -271,7 +484,7 @@ impl TlsMaterial {
         let builder = ClientConfig::builder_with_provider(tls13_provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| MaterialError::ClientCertificateRejected {
-                reason: e.to_string(),
+                reason: describe_rustls(&e),
             })?
             .with_root_certificates(roots);
         // rustls takes the key by value and does not wipe it when it drops its copy; this
@@ -280,7 +493,7 @@ impl TlsMaterial {
         builder
             .with_client_auth_cert(self.chain.clone(), key)
             .map_err(|e| MaterialError::ClientCertificateRejected {
-                reason: e.to_string(),
+                reason: describe_rustls(&e),
             })?;
         Ok(())
     }
@@ -357,43 +570,14 @@ impl fmt::Debug for TlsMaterial {
     }
 }
 
-/// Reads at most [`MATERIAL_FILE_MAX_BYTES`] from a regular file into a zeroizing buffer.
-fn read_bounded(path: &Path, file: MaterialFile) -> Result<Zeroizing<Vec<u8>>, MaterialError> {
-    let read_err = |e: std::io::Error| MaterialError::Read {
-        file,
-        kind: e.kind(),
-    };
-    // Checked before opening so a FIFO path cannot block the open, and again on the open
-    // handle so a swap between the two checks cannot slip a non-file in.
-    if !std::fs::metadata(path).map_err(read_err)?.is_file() {
-        return Err(MaterialError::NotRegularFile { file });
-    }
-    let handle = File::open(path).map_err(read_err)?;
-    let meta = handle.metadata().map_err(read_err)?;
-    if !meta.is_file() {
-        return Err(MaterialError::NotRegularFile { file });
-    }
-    if meta.len() > MATERIAL_FILE_MAX_BYTES {
-        return Err(MaterialError::TooLarge {
-            file,
-            max: MATERIAL_FILE_MAX_BYTES,
-        });
-    }
-    // Sized up front so the buffer never reallocates (a reallocation would leave an unwiped
-    // copy of the old contents behind).
-    let capacity = usize::try_from(MATERIAL_FILE_MAX_BYTES + 1).unwrap_or(usize::MAX);
-    let mut buf = Zeroizing::new(Vec::with_capacity(capacity));
-    handle
-        .take(MATERIAL_FILE_MAX_BYTES + 1)
-        .read_to_end(&mut buf)
-        .map_err(read_err)?;
-    if buf.len() as u64 > MATERIAL_FILE_MAX_BYTES {
-        return Err(MaterialError::TooLarge {
-            file,
-            max: MATERIAL_FILE_MAX_BYTES,
-        });
-    }
-    Ok(buf)
+/// Reads at most [`MATERIAL_FILE_MAX_BYTES`] from a file that passes `class`'s rules
+/// ([`config::open_checked`]: not a symlink, regular, owner, mode) into a zeroizing buffer.
+fn read_bounded(
+    path: &Path,
+    file: MaterialFile,
+    class: FileClass,
+) -> Result<Zeroizing<Vec<u8>>, MaterialError> {
+    config::read_checked(path, class, MATERIAL_FILE_MAX_BYTES).map_err(|p| file_error(file, p))
 }
 
 /// Every `CERTIFICATE` section of a PEM buffer; other sections are refused.
@@ -406,10 +590,14 @@ fn certificates(
         let (kind, mut der) = item.map_err(|_| MaterialError::Pem { file })?;
         match kind {
             SectionKind::Certificate => certs.push(CertificateDer::from(der)),
-            _ => {
+            other => {
                 // A key pasted into a certificate file must not linger in memory either.
                 der.zeroize();
-                return Err(MaterialError::Pem { file });
+                return Err(MaterialError::WrongSection {
+                    file,
+                    found: section_name(other),
+                    expected: "only CERTIFICATE sections",
+                });
             }
         }
         if certs.len() > CLIENT_CHAIN_MAX.max(TRUST_ANCHORS_MAX) {
@@ -430,7 +618,14 @@ fn private_key(pem: &[u8]) -> Result<(Zeroizing<Vec<u8>>, KeyKind), MaterialErro
             SectionKind::PrivateKey => KeyKind::Pkcs8,
             SectionKind::RsaPrivateKey => KeyKind::Pkcs1,
             SectionKind::EcPrivateKey => KeyKind::Sec1,
-            _ => return Err(MaterialError::Pem { file }),
+            other => {
+                return Err(MaterialError::WrongSection {
+                    file,
+                    found: section_name(other),
+                    expected: "exactly one private key (PRIVATE KEY, RSA PRIVATE KEY or EC \
+                               PRIVATE KEY)",
+                });
+            }
         };
         if found.is_some() {
             return Err(MaterialError::MultiplePrivateKeys);

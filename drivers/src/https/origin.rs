@@ -59,7 +59,7 @@ pub enum OriginError {
     #[error("origin must have the form https://host[:port][/]")]
     Malformed,
     /// The scheme is not `https` (for example `http`).
-    #[error("origin scheme must be https, got {scheme:?}")]
+    #[error("origin scheme must be https, found `{scheme}`")]
     NotHttps {
         /// The scheme found, lowercased and cut to 16 characters.
         scheme: String,

@@ -4,6 +4,10 @@
 
 use std::io::{self, Read, Write};
 
+use zeroize::Zeroizing;
+
+use super::mask::Masker;
+
 /// Read block size.
 pub const CAPTURE_BLOCK_BYTES: usize = 64 * 1024;
 
@@ -30,23 +34,53 @@ impl CaptureTally {
 /// bytes are counted in [`CaptureTally::dropped`]. After a sink failure the rest of the stream is
 /// read and discarded (and still counted). A read failure other than `EINTR` ends the capture as
 /// failed.
-pub fn pump<R: Read, W: Write>(mut source: R, mut sink: W, remaining: u64) -> CaptureTally {
+pub fn pump<R: Read, W: Write>(source: R, sink: W, remaining: u64) -> CaptureTally {
+    pump_masked(source, sink, remaining, None)
+}
+
+/// [`pump`], with every Secret value of `masker` replaced by `***` before it reaches `sink`
+/// (the quota counts the masked bytes, which are what the log holds and what is uploaded).
+/// Every buffer that held unmasked output is wiped.
+pub fn pump_masked<R: Read, W: Write>(
+    mut source: R,
+    mut sink: W,
+    remaining: u64,
+    mut masker: Option<&mut Masker>,
+) -> CaptureTally {
     let mut tally = CaptureTally::default();
     let mut left = remaining;
-    let mut block = vec![0u8; CAPTURE_BLOCK_BYTES];
-    loop {
+    let mut block = Zeroizing::new(vec![0u8; CAPTURE_BLOCK_BYTES]);
+    let mut masked = Zeroizing::new(Vec::with_capacity(CAPTURE_BLOCK_BYTES * 2));
+    let mut eof = false;
+    while !eof {
         let n = match source.read(&mut block) {
-            Ok(0) => break,
+            Ok(0) => {
+                eof = true;
+                0
+            }
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(_) => {
                 tally.failed = true;
-                break;
+                eof = true;
+                0
             }
         };
+        let out: &[u8] = match masker.as_deref_mut() {
+            None => &block[..n],
+            Some(masker) => {
+                masked.clear();
+                masker.feed(&block[..n], &mut masked);
+                if eof {
+                    masker.finish(&mut masked);
+                }
+                &masked
+            }
+        };
+        let n = out.len();
         let take = usize::try_from(left).map_or(n, |left| left.min(n));
         if take > 0 && !tally.failed {
-            if sink.write_all(&block[..take]).is_ok() {
+            if sink.write_all(&out[..take]).is_ok() {
                 tally.written += take as u64;
             } else {
                 tally.failed = true;
@@ -95,6 +129,45 @@ mod tests {
         assert_eq!((out.len(), t.quota_reached()), (0, false));
         let (out, t) = run(b"x", 0);
         assert_eq!((out.len(), t.dropped), (0, 1));
+    }
+
+    /// A reader that hands out its bytes in the given chunk sizes (pipe reads of any length).
+    struct Chunked<'a>(&'a [u8], Vec<usize>);
+
+    impl Read for Chunked<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let want = if self.1.is_empty() {
+                self.0.len()
+            } else {
+                self.1.remove(0)
+            };
+            let n = want.min(buf.len()).min(self.0.len());
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn masked_capture_replaces_values_split_across_reads_and_counts_masked_bytes() {
+        let input = b"token=hunter2!\nagain hunter2";
+        for split in 1..input.len() {
+            let mut masker = Masker::new([b"hunter2".as_slice()], CAPTURE_BLOCK_BYTES);
+            let mut out = Vec::new();
+            let t = pump_masked(
+                Chunked(input, vec![split, 3]),
+                &mut out,
+                1 << 20,
+                Some(&mut masker),
+            );
+            assert_eq!(out, b"token=***!\nagain ***", "split at {split}");
+            assert_eq!((t.written, t.dropped), (out.len() as u64, 0));
+        }
+        let mut masker = Masker::new([b"hunter2".as_slice()], CAPTURE_BLOCK_BYTES);
+        let mut out = Vec::new();
+        let t = pump_masked(&input[..], &mut out, 8, Some(&mut masker));
+        assert_eq!(out, b"token=**", "the quota applies to the masked bytes");
+        assert_eq!(t.dropped, 20 - 8);
     }
 
     #[test]

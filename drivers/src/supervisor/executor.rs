@@ -26,6 +26,7 @@ use super::identity::{DurableHandle, ProcRoot};
 use super::plan::{Capability, EnvVar, Plan, Seams, SecretText};
 use super::report::{MAX_REPORT_BYTES, REPORT_MAGIC, RejectReason, Report, UnknownReason};
 use super::unix_millis_now;
+use crate::containment::ContainmentPlan;
 
 /// Everything needed to start one Attempt (reference §4.3 `launch`). The capability and the
 /// environment are wiped when the launch is dropped, on every path.
@@ -217,6 +218,9 @@ pub struct SupervisorExecutor {
     state_root: PathBuf,
     report_timeout: Duration,
     seams: Seams,
+    containment: ContainmentPlan,
+    worker_policy_check: bool,
+    supervisor_stderr: Option<File>,
     /// Live supervisors: the offer, the child and its pidfd (readable once it exits; `None`
     /// where the kernel has no `pidfd_open`, before Linux 5.3).
     supervisors: Vec<(OfferId, Child, Option<std::os::fd::OwnedFd>)>,
@@ -236,9 +240,42 @@ impl SupervisorExecutor {
             state_root: state_root.into(),
             report_timeout: DEFAULT_REPORT_TIMEOUT,
             seams: Seams::default(),
+            containment: ContainmentPlan::default(),
+            worker_policy_check: true,
+            supervisor_stderr: None,
             supervisors: Vec::new(),
             exited: Vec::new(),
         }
+    }
+
+    /// Test seam: the supervisors' diagnostics go to `file` instead of the Worker's stderr.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn with_supervisor_stderr(mut self, file: File) -> Self {
+        self.supervisor_stderr = Some(file);
+        self
+    }
+
+    /// Sets what every supervisor enforces (from `containment::prepare`).
+    #[must_use]
+    pub fn with_containment(mut self, containment: ContainmentPlan) -> Self {
+        self.containment = containment;
+        self
+    }
+
+    /// The containment every supervisor receives.
+    #[must_use]
+    pub fn containment(&self) -> &ContainmentPlan {
+        &self.containment
+    }
+
+    /// Test seam: skip the Worker's own policy check, so the supervisor's re-check is what
+    /// refuses (proves the supervisor enforces the policy by itself).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn without_worker_policy_check(mut self) -> Self {
+        self.worker_policy_check = false;
+        self
     }
 
     /// Sets how long to wait for the launch report before answering `Unknown`.
@@ -327,6 +364,12 @@ impl SupervisorExecutor {
         let Some(state_root) = self.state_root.to_str() else {
             return Err(RejectReason::PlanInvalid(super::plan::PlanError::StateRoot));
         };
+        // The execution policy, decided before any supervisor (let alone a user process) exists.
+        if self.worker_policy_check {
+            self.containment
+                .check_policy(&launch.command, launch.working_directory.as_deref())
+                .map_err(RejectReason::PolicyRefused)?;
+        }
         let plan = Plan {
             state_root: state_root.to_owned(),
             offer_id: launch.offer_id,
@@ -340,6 +383,7 @@ impl SupervisorExecutor {
             command: launch.command,
             environment: launch.environment,
             working_directory: launch.working_directory,
+            containment: self.containment.clone(),
             seams: self.seams.clone(),
         };
         plan.validate().map_err(RejectReason::PlanInvalid)?;
@@ -356,7 +400,12 @@ impl SupervisorExecutor {
             .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            // The supervisor's diagnostics (a cgroup OOM kill, a Run directory it could not
+            // remove) go where the Worker's own go: the service's journal.
+            .stderr(match &self.supervisor_stderr {
+                Some(file) => Stdio::from(file.try_clone()?),
+                None => Stdio::inherit(),
+            })
             .spawn()
     }
 }

@@ -16,6 +16,7 @@ pub mod capture;
 pub mod executor;
 mod frame;
 pub mod identity;
+pub mod mask;
 pub mod plan;
 pub mod reap;
 pub mod report;

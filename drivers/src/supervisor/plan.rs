@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use zeroize::{Zeroize, Zeroizing};
 
 use super::frame::{self, FrameError};
+use crate::containment::ContainmentPlan;
 
 /// Magic of a plan frame.
 pub(crate) const PLAN_MAGIC: [u8; 4] = *b"QLSP";
@@ -158,6 +159,8 @@ pub struct Plan {
     pub environment: Vec<EnvVar>,
     /// Absolute working directory; absent means the supervisor's (the Worker's) own.
     pub working_directory: Option<String>,
+    /// What the supervisor enforces: identity, limits, cgroup, policy, masking.
+    pub containment: ContainmentPlan,
     /// Test seams.
     #[doc(hidden)]
     pub seams: Seams,
@@ -178,6 +181,7 @@ impl fmt::Debug for Plan {
             .field("command", &self.command)
             .field("environment", &self.environment)
             .field("working_directory", &self.working_directory)
+            .field("containment", &self.containment)
             .field("seams", &self.seams)
             .finish()
     }
@@ -222,6 +226,9 @@ pub enum PlanError {
     /// A test seam path is not absolute.
     #[error("proc root must be an absolute path")]
     ProcRoot,
+    /// The containment plan is malformed (a path, a duplicate limit, the policy).
+    #[error("containment plan is malformed")]
+    Containment,
 }
 
 fn is_absolute_path(path: &str) -> bool {
@@ -332,6 +339,9 @@ impl Plan {
         {
             return Err(PlanError::ProcRoot);
         }
+        self.containment
+            .validate()
+            .map_err(|_| PlanError::Containment)?;
         Ok(())
     }
 
@@ -376,6 +386,7 @@ mod tests {
             },
             environment: vec![EnvVar::new("SECRET", "s3cr3t-value")],
             working_directory: None,
+            containment: ContainmentPlan::default(),
             seams: Seams::default(),
         }
     }
@@ -391,6 +402,52 @@ mod tests {
         let debug = format!("{plan:?}");
         assert!(!debug.contains("s3cr3t"), "{debug}");
         assert!(debug.contains("capability: \"[redacted]\""), "{debug}");
+    }
+
+    #[test]
+    fn the_largest_valid_plan_with_the_largest_containment_fits_the_frame() {
+        use crate::containment::{CgroupPlan, Policy, RunAsPlan, RunIdentity};
+        let path = |c: char| format!("/{}", c.to_string().repeat(MAX_PATH_BYTES - 1));
+        let mut plan = sample();
+        plan.state_root = path('s');
+        plan.working_directory = Some(path('w'));
+        plan.seams.proc_root = Some(path('p'));
+        plan.command = ExecCommand::Shell {
+            command: "x".repeat(MAX_COMMAND_BYTES),
+            shell: Some("/bin/bash".into()),
+        };
+        // 256 entries, 64 KiB of names and values in all.
+        let value = "v".repeat(MAX_ENV_TOTAL_BYTES / MAX_ENV_ENTRIES - 8);
+        plan.environment = (0..MAX_ENV_ENTRIES)
+            .map(|i| EnvVar::new(format!("NAME_{i:03}"), value.clone()))
+            .collect();
+        let entry = |i: usize| format!("/p/{i:03}/{}", "e".repeat(80));
+        let list = || Some((0..64).map(entry).collect::<Vec<_>>());
+        plan.containment.policy = Policy {
+            executables: list(),
+            shells: Some(vec!["/bin/sh".into(), "/bin/bash".into()]),
+            shell: true,
+            working_directories: Some((0..64).map(|i| entry(i + 100)).collect()),
+        };
+        plan.containment.run_as = Some(RunAsPlan {
+            identity: RunIdentity::Range {
+                first: 1,
+                count: 65_536,
+                gid: Some(7),
+            },
+            runs_dir: path('r'),
+        });
+        plan.containment.cgroup = Some(CgroupPlan {
+            mount: path('m'),
+            parent: path('c'),
+            memory_max: Some(u64::MAX >> 1),
+            pids_max: Some(4_194_304),
+            cpu_max: None,
+        });
+        plan.validate().unwrap();
+        let frame = plan.encode().expect("fits");
+        assert!(frame.len() <= MAX_PLAN_BYTES);
+        assert_eq!(Plan::decode(&frame).unwrap().containment, plan.containment);
     }
 
     #[test]

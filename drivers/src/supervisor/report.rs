@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::frame::{self, FrameError};
 use super::plan::PlanError;
+use crate::containment::PolicyRule;
 
 /// Magic of a report frame.
 pub(crate) const REPORT_MAGIC: [u8; 4] = *b"QLSR";
@@ -114,6 +115,31 @@ pub enum RejectReason {
         /// The OS error number, or 0.
         errno: i32,
     },
+    /// The execution policy refused the command (decided by the Worker before it started a
+    /// supervisor, and again by the supervisor after its barrier re-check).
+    #[error("refused by the execution policy: {0}")]
+    PolicyRefused(PolicyRule),
+    /// The Run's directory in the runs area could not be created (or no uid of the range is
+    /// free).
+    #[error("the Run's directory in the runs area could not be created (os error {errno})")]
+    RunDirectoryUnavailable {
+        /// The OS error number, or 0.
+        errno: i32,
+    },
+    /// The Run's cgroup could not be created, limited or entered.
+    #[error("the Run's cgroup could not be created, limited or entered (os error {errno})")]
+    CgroupUnavailable {
+        /// The OS error number, or 0.
+        errno: i32,
+    },
+    /// No new privileges, the capability sets or a resource limit could not be set.
+    #[error(
+        "no_new_privileges, capabilities or a resource limit could not be set (os error {errno})"
+    )]
+    LimitsUnavailable {
+        /// The OS error number, or 0.
+        errno: i32,
+    },
     /// The supervisor image could not be executed.
     #[error("supervisor could not be started (os error {errno})")]
     SupervisorSpawnFailed {
@@ -167,6 +193,7 @@ mod tests {
                 State::Started,
             ))),
             Report::Rejected(RejectReason::SpawnFailed { errno: 2 }),
+            Report::Rejected(RejectReason::PolicyRefused(PolicyRule::ShellRefused)),
             Report::Unknown(UnknownReason::IdentityCaptureFailed),
         ] {
             let frame = report.encode().unwrap();

@@ -3,13 +3,19 @@
 //! Order:
 //! 1. read the plan frame from stdin (wiped buffer), then point stdin at `/dev/null`;
 //! 2. validate the plan; become a child subreaper;
-//! 3. re-read the inbox record and cross the spawn barrier (exact match or no spawn);
+//! 3. re-read the inbox record and cross the spawn barrier (exact match or no spawn); re-decide
+//!    the execution policy;
 //! 4. open the allocated log spool file for capture (verified by the file authority);
 //! 5. refuse if any inheritable descriptor beyond 0–2 is open (the user would inherit it);
-//! 6. spawn the user command in its own process group, stdout+stderr into a pipe;
+//!    create the Run's directory (`[run_as]`) and cgroup; start the capture thread; set no new
+//!    privileges, capabilities and resource limits on itself; enter the Run's cgroup;
+//! 6. spawn the user command in its own process group, stdout+stderr into a pipe (under the
+//!    Run's uid and gid); leave the cgroup, restore its own limits;
 //! 7. capture the user's durable identity (failure: stop the group, report unknown);
 //! 8. report once on stdout, then point stdout at `/dev/null`;
-//! 9. pump the log, wait for the user process, kill and reap leftover descendants;
+//! 9. pump the log (masking Secret values if asked), wait for the user process, kill and reap
+//!    leftover descendants (`cgroup.kill` too), log the cgroup's OOM and pids counters, remove
+//!    the Run's cgroup and directory;
 //! 10. sync the log, publish the truncation fact (only after a complete capture);
 //! 11. publish the receipt; exit with the user's exit code.
 //!
@@ -17,7 +23,8 @@
 //! `Started` or `Unknown`, and the supervisor always carries on to the receipt.
 
 use std::fs::File;
-use std::io;
+use std::io::{self, Write as _};
+use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -25,7 +32,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ql_worker_core::receipt::{RECEIPT_SCHEMA_VERSION, Receipt};
-use ql_worker_core::revision::ExecCommand;
+use ql_worker_core::record::InboxRecord;
+use ql_worker_core::revision::{EnvValue, ExecCommand};
 use ql_worker_core::truncation::{FACT_SCHEMA_VERSION, TruncationFact};
 use rustix::process::{Pid, Signal, getpid, kill_process_group, set_child_subreaper};
 use zeroize::Zeroizing;
@@ -35,10 +43,14 @@ use super::barrier;
 use super::capture::{self, CaptureTally, FailingSink};
 use super::frame;
 use super::identity::{self, DurableHandle, ProcRoot};
+use super::mask::Masker;
 use super::plan::{MAX_PLAN_BYTES, PLAN_MAGIC, Plan};
 use super::reap::{self, Exit};
 use super::report::{RejectReason, Report, UnknownReason};
 use super::unix_millis_now;
+use crate::containment::cgroup::{Events, RunCgroup};
+use crate::containment::limits;
+use crate::containment::runs::{self, RunDir};
 
 /// Exit code of a supervisor that started nothing (the reference wrapper's invalid-input code).
 pub const NO_SPAWN_EXIT: i32 = 125;
@@ -48,6 +60,8 @@ const IDENTITY_FAILURE_GRACE: Duration = Duration::from_millis(1000);
 const DESCENDANT_GRACE: Duration = Duration::from_secs(10);
 /// How long the capture may take to reach end of file once no descendant is left.
 const CAPTURE_DRAIN_GRACE: Duration = Duration::from_secs(5);
+/// How long the Run's cgroup may take to empty once its processes were killed.
+const CGROUP_REMOVE_GRACE: Duration = Duration::from_secs(5);
 
 /// Runs the supervisor and returns its exit code.
 pub(crate) fn supervise() -> i32 {
@@ -143,6 +157,52 @@ fn read_plan() -> Result<Plan, RejectReason> {
 struct Spawned {
     user: Pid,
     capture: mpsc::Receiver<(CaptureTally, Option<File>)>,
+    made: Made,
+}
+
+/// What the supervisor made for the Run before the spawn: removed on a refusal, and once the
+/// Run's processes are gone otherwise.
+#[derive(Default)]
+struct Made {
+    run_dir: Option<RunDir>,
+    cgroup: Option<RunCgroup>,
+}
+
+impl Made {
+    /// Removes the cgroup (once empty) and the Run's directory; reports what it could not.
+    fn remove(self, plan: &Plan) {
+        if let Some(cgroup) = self.cgroup {
+            let path = cgroup.path().to_path_buf();
+            if let Err(e) = cgroup.remove(Instant::now() + CGROUP_REMOVE_GRACE) {
+                diag(
+                    plan,
+                    &format!("cgroup {} could not be removed: {e}", path.display()),
+                );
+            }
+        }
+        if let Some(dir) = self.run_dir
+            && let Err(e) = runs::remove_run_dir(&dir)
+        {
+            diag(
+                plan,
+                &format!(
+                    "Run directory {} could not be removed: {e}",
+                    dir.path.display()
+                ),
+            );
+        }
+    }
+}
+
+/// One diagnostic line on the supervisor's stderr (the Worker's: the service's journal). Never
+/// a value: offer and attempt ids, paths and counters only.
+fn diag(plan: &Plan, message: &str) {
+    let _ = writeln!(
+        io::stderr(),
+        "ql-worker supervisor: offer {} attempt {}: {message}",
+        plan.offer_id,
+        plan.attempt_id
+    );
 }
 
 fn proc_root(plan: &Plan) -> ProcRoot {
@@ -152,6 +212,33 @@ fn proc_root(plan: &Plan) -> ProcRoot {
         .map_or_else(ProcRoot::system, ProcRoot::at)
 }
 
+fn errno(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}
+
+/// The Run's Secret values: every environment entry that is not a public binding of the
+/// durable revision — the values bound to a Secret reference and the entries of an environment
+/// bundle (delivered by the `secrets` endpoint, so secret too). Public values are never masked.
+fn masker_for(plan: &Plan, record: &InboxRecord) -> Option<Masker> {
+    if !plan.containment.mask_secrets {
+        return None;
+    }
+    let public_names: Vec<&str> = record
+        .offer
+        .execution_revision
+        .environment
+        .iter()
+        .filter(|b| !matches!(b.value, EnvValue::Secret(_)))
+        .map(|b| b.name.as_str())
+        .collect();
+    let values = plan
+        .environment
+        .iter()
+        .filter(|v| !public_names.contains(&v.name.as_str()))
+        .map(|v| v.value.expose().as_bytes());
+    Some(Masker::new(values, capture::CAPTURE_BLOCK_BYTES))
+}
+
 /// Steps 2–6. Every error is proof that no user process exists.
 fn prepare_and_spawn(plan: &mut Plan) -> Result<Spawned, RejectReason> {
     set_child_subreaper(Some(getpid())).map_err(|_| RejectReason::SubreaperUnavailable)?;
@@ -159,6 +246,11 @@ fn prepare_and_spawn(plan: &mut Plan) -> Result<Spawned, RejectReason> {
     let record = authority::read_record(root, &plan.offer_id)
         .map_err(|_| RejectReason::BarrierUnreadable)?;
     barrier::check(&record, plan).map_err(RejectReason::BarrierDrift)?;
+    // The execution policy, re-decided where the barrier is re-checked.
+    plan.containment
+        .check_policy(&plan.command, plan.working_directory.as_deref())
+        .map_err(RejectReason::PolicyRefused)?;
+    let masker = masker_for(plan, &record);
     drop(record);
     let capture = authority::open_capture(root, &plan.log_artifact_id, plan.log_quota_bytes)
         .map_err(|_| RejectReason::LogUnavailable)?;
@@ -173,42 +265,117 @@ fn prepare_and_spawn(plan: &mut Plan) -> Result<Spawned, RejectReason> {
     let stderr = writer
         .try_clone()
         .map_err(|_| RejectReason::PipeUnavailable)?;
-    let mut command = user_command(plan);
+    let mut made = Made::default();
+    if let Some(run_as) = &plan.containment.run_as {
+        let dir = runs::create_run_dir(
+            Path::new(&run_as.runs_dir),
+            plan.offer_id.as_str(),
+            run_as.identity,
+        )
+        .map_err(|e| RejectReason::RunDirectoryUnavailable {
+            errno: e.raw_os_error(),
+        })?;
+        made.run_dir = Some(dir);
+    }
+    if let Some(cgroup) = &plan.containment.cgroup {
+        match RunCgroup::create(cgroup, plan.offer_id.as_str()) {
+            Ok(cgroup) => made.cgroup = Some(cgroup),
+            Err(e) => {
+                made.remove(plan);
+                return Err(RejectReason::CgroupUnavailable { errno: errno(&e) });
+            }
+        }
+    }
+    // The capture thread exists before the limits are set: a thread counts as a process for
+    // RLIMIT_NPROC, and the user process must not be able to starve the supervisor.
+    let (sender, receiver) = mpsc::channel();
+    let fail_writes = plan.seams.fail_log_writes;
+    let pump = thread::Builder::new().spawn(move || {
+        let mut masker = masker;
+        let outcome = if fail_writes {
+            (capture::pump(reader, FailingSink, remaining), None)
+        } else {
+            let mut log = log;
+            let tally = capture::pump_masked(reader, &mut log, remaining, masker.as_mut());
+            (tally, Some(log))
+        };
+        let _ = sender.send(outcome);
+    });
+    if pump.is_err() {
+        made.remove(plan);
+        return Err(RejectReason::PipeUnavailable);
+    }
+    let mut command = user_command(plan, made.run_dir.as_ref());
     command
         .stdin(Stdio::null())
         .stdout(Stdio::from(writer))
         .stderr(Stdio::from(stderr));
+    // Set on ourselves, inherited by the child (no pre_exec): no new privileges, no
+    // inheritable capabilities, the resource limits; then the Run's cgroup.
+    let limits = match restrict_self(plan) {
+        Ok(limits) => limits,
+        Err(e) => {
+            drop(command);
+            made.remove(plan);
+            return Err(RejectReason::LimitsUnavailable { errno: errno(&e) });
+        }
+    };
+    let home = match made.cgroup.as_ref().map(RunCgroup::enter).transpose() {
+        Ok(home) => home,
+        Err(e) => {
+            limits::restore(limits);
+            drop(command);
+            made.remove(plan);
+            return Err(RejectReason::CgroupUnavailable { errno: errno(&e) });
+        }
+    };
     let spawned = command.spawn();
     // Drop the Command now: it holds our copies of the pipe's write end (the capture would never
     // see end of file) and its own copy of the environment. Our copy of the environment (Secret
     // values) is wiped now too: nothing after the spawn needs it.
     drop(command);
     plan.environment.clear();
-    let child = spawned.map_err(|e| RejectReason::SpawnFailed {
-        errno: e.raw_os_error().unwrap_or(0),
-    })?;
+    if let Some(home) = &home
+        && let Err(e) = RunCgroup::leave(home)
+    {
+        diag(
+            plan,
+            &format!(
+                "could not move the supervisor back to {} ({e}): it stays in the Run's cgroup",
+                home.display()
+            ),
+        );
+    }
+    limits::restore(limits);
+    let child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            made.remove(plan);
+            return Err(RejectReason::SpawnFailed { errno: errno(&e) });
+        }
+    };
     // INVARIANT: a spawned child has a positive pid.
     let user = Pid::from_child(&child);
     drop(child); // We reap with waitid/waitpid ourselves; dropping a Child never waits or kills.
-    let (sender, receiver) = mpsc::channel();
-    let fail_writes = plan.seams.fail_log_writes;
-    thread::spawn(move || {
-        let outcome = if fail_writes {
-            (capture::pump(reader, FailingSink, remaining), None)
-        } else {
-            let mut log = log;
-            let tally = capture::pump(reader, &mut log, remaining);
-            (tally, Some(log))
-        };
-        let _ = sender.send(outcome);
-    });
     Ok(Spawned {
         user,
         capture: receiver,
+        made,
     })
 }
 
-fn user_command(plan: &Plan) -> Command {
+/// No new privileges, no inheritable or ambient capabilities, and the
+/// resource limits, on the supervisor itself. Returns the previous limits to restore.
+fn restrict_self(plan: &Plan) -> io::Result<limits::Saved> {
+    if plan.containment.no_new_privileges {
+        limits::no_new_privileges()?;
+    }
+    // Always: a Worker holding ambient capabilities must not pass them to any user command.
+    limits::drop_inheritable_capabilities()?;
+    limits::apply(&plan.containment.rlimits)
+}
+
+fn user_command(plan: &Plan, run_dir: Option<&RunDir>) -> Command {
     let mut command = match &plan.command {
         ExecCommand::Argv { file, args } => {
             let mut c = Command::new(file);
@@ -228,13 +395,28 @@ fn user_command(plan: &Plan) -> Command {
     if let Some(dir) = &plan.working_directory {
         command.current_dir(dir);
     }
-    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    if let Some(run) = run_dir {
+        // std sets the gid, clears the supplementary groups (setgroups(0): the Worker checked
+        // it holds CAP_SETGID) and sets the uid in the child, before exec.
+        command.uid(run.uid).gid(run.gid);
+        if plan.working_directory.is_none() {
+            command.current_dir(&run.path);
+        }
+        if !plan.environment.iter().any(|v| v.name == "TMPDIR") {
+            command.env("TMPDIR", run.tmp());
+        }
+    }
+    command.process_group(0);
     command
 }
 
 /// Steps 7–11, after the user process exists. Returns the supervisor's exit code.
 fn finish(plan: &Plan, spawned: Spawned, reporter: &mut Reporter) -> u8 {
-    let Spawned { user, capture } = spawned;
+    let Spawned {
+        user,
+        capture,
+        made,
+    } = spawned;
     let proc_root = proc_root(plan);
     let user_pid = user.as_raw_pid().unsigned_abs();
     let identity = identity::capture(&proc_root, user_pid)
@@ -273,8 +455,15 @@ fn finish(plan: &Plan, spawned: Spawned, reporter: &mut Reporter) -> u8 {
         // Cannot happen for our own child; record a failure code rather than invent success.
         Err(_) => Exit::Code(u8::MAX),
     };
+    if let Some(cgroup) = &made.cgroup {
+        // Everything left in the Run's cgroup, at once (the subreaper below gets the rest).
+        cgroup.kill();
+    }
     let descendants_gone =
         reap::kill_descendants(Path::new("/proc"), Instant::now() + DESCENDANT_GRACE);
+    if let Some(cgroup) = &made.cgroup {
+        report_events(plan, cgroup.events(), exit);
+    }
     let wait = if descendants_gone {
         CAPTURE_DRAIN_GRACE
     } else {
@@ -283,9 +472,35 @@ fn finish(plan: &Plan, spawned: Spawned, reporter: &mut Reporter) -> u8 {
     if let Ok((tally, log)) = capture.recv_timeout(wait) {
         publish_fact(plan, tally, log);
     }
+    // The Run's directory and cgroup go before the receipt: a completed Run leaves neither.
+    made.remove(plan);
     let code = exit.receipt_code();
     publish_receipt(plan, code);
     code
+}
+
+/// Logs what the kernel counted in the Run's cgroup.
+fn report_events(plan: &Plan, events: Events, exit: Exit) {
+    if events.oom_kills > 0 {
+        diag(
+            plan,
+            &format!(
+                "memory.max reached: the kernel OOM-killed {} process(es) of the Run \
+                 (memory.events oom_kill); the user process ended with receipt code {}",
+                events.oom_kills,
+                exit.receipt_code()
+            ),
+        );
+    }
+    if events.pids_max_hits > 0 {
+        diag(
+            plan,
+            &format!(
+                "pids.max reached: {} fork(s) refused (pids.events max)",
+                events.pids_max_hits
+            ),
+        );
+    }
 }
 
 /// Publishes the truncation fact, only for a complete capture whose bytes are durable.

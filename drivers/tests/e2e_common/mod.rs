@@ -17,6 +17,11 @@ use ql_worker_core::listing::PageLimit;
 use ql_worker_core::record::{InboxRecord, State};
 use ql_worker_tests::control_plane::{ReferenceControlPlane, ReferenceOptions};
 
+/// The production binary.
+pub const PRODUCTION_BINARY: &str = env!("CARGO_BIN_EXE_ql-worker");
+/// The same binary with the test-only hooks (built only in test builds).
+pub const HOOKED_BINARY: &str = env!("CARGO_BIN_EXE_ql-worker-test-hooks");
+
 /// One world: a control plane, a state root, a configuration.
 pub struct World {
     pub cp: ReferenceControlPlane,
@@ -101,7 +106,17 @@ impl World {
 
     /// Starts `ql-worker run` with extra environment variables.
     pub fn spawn_worker(&self, env: &[(&str, &str)]) -> Child {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_ql-worker"));
+        self.spawn_binary(PRODUCTION_BINARY, env)
+    }
+
+    /// Starts `ql-worker-test-hooks run` (the same Worker with the crash-test hooks installed
+    /// from the environment) with extra environment variables.
+    pub fn spawn_hooked_worker(&self, env: &[(&str, &str)]) -> Child {
+        self.spawn_binary(HOOKED_BINARY, env)
+    }
+
+    fn spawn_binary(&self, binary: &str, env: &[(&str, &str)]) -> Child {
+        let mut command = Command::new(binary);
         command
             .arg("run")
             .arg("--config")
@@ -117,12 +132,21 @@ impl World {
 
     /// Starts `ql-worker run` with extra environment variables, its stderr appended to `log`.
     pub fn spawn_worker_logged(&self, env: &[(&str, &str)], log: &Path) -> Child {
+        self.spawn_binary_logged(PRODUCTION_BINARY, env, log)
+    }
+
+    /// As [`World::spawn_hooked_worker`], its stderr appended to `log`.
+    pub fn spawn_hooked_worker_logged(&self, env: &[(&str, &str)], log: &Path) -> Child {
+        self.spawn_binary_logged(HOOKED_BINARY, env, log)
+    }
+
+    fn spawn_binary_logged(&self, binary: &str, env: &[(&str, &str)], log: &Path) -> Child {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_ql-worker"));
+        let mut command = Command::new(binary);
         command
             .arg("run")
             .arg("--config")
@@ -157,8 +181,13 @@ impl World {
         if !self.root().exists() {
             return out;
         }
-        let Some(view) = InboxView::open(self.root()).unwrap() else {
-            return out;
+        let view = match InboxView::open(self.root()) {
+            Ok(Some(view)) => view,
+            Ok(None) => return out,
+            // The Worker creates the root, then its owner lock: a look in between sees no
+            // state root yet.
+            Err(ql_worker::journal::JournalError::NotStateRoot { .. }) => return out,
+            Err(e) => panic!("{e}"),
         };
         let mut after: Option<OfferId> = None;
         loop {
@@ -238,6 +267,16 @@ impl Drop for KillOnDrop {
     fn drop(&mut self) {
         kill9(&mut self.0);
     }
+}
+
+/// `ql-worker init --root <root>`, which must succeed.
+pub fn init_root(root: &Path) {
+    let out = Command::new(PRODUCTION_BINARY)
+        .args(["init", "--root"])
+        .arg(root)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "init {}: {out:?}", root.display());
 }
 
 /// SIGKILL and reap.

@@ -147,6 +147,11 @@ pub fn log_id(n: u32) -> LogArtifactId {
 impl Fixture {
     /// A fresh 0700 temp dir holding a state root whose offer `n` is in `launching`.
     pub fn new(n: u32) -> Self {
+        Self::with_offer(n, testkit::offer(n))
+    }
+
+    /// As [`Fixture::new`], for `offer` (its Run and Attempt must be `run-<n>`/`attempt-<n>`).
+    pub fn with_offer(n: u32, offer: ql_worker_core::offer::Offer) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("ql-supervisor-")
             .tempdir()
@@ -156,7 +161,7 @@ impl Fixture {
         let capability = capability_bytes(n);
         let started = UnixMillis::new(now_ms().get() - 5).expect("start");
         let mut journal = Journal::open(&root, Capacity::DEFAULT).expect("journal");
-        let accepted = InboxRecord::accepted(testkit::offer(n), UnixMillis::new(100).unwrap());
+        let accepted = InboxRecord::accepted(offer, UnixMillis::new(100).unwrap());
         journal.publish_record(&accepted).expect("publish");
         let mut ack = accepted.clone();
         ack.revision = Revision::new(1).unwrap();
