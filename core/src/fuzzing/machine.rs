@@ -384,7 +384,9 @@ impl Sim<'_> {
         );
     }
 
-    fn command(&mut self, command: Command, r: &mut Bytes<'_>) {
+    /// Counts `command`: commands, Session renewals, and Pulls of an online Session after an
+    /// unclean drain.
+    fn count(&mut self, command: &Command) {
         self.summary.commands += 1;
         self.note(format_args!("{} {:?}", command.id, command.action));
         self.host.on_command(&command.action, &self.worker);
@@ -398,6 +400,10 @@ impl Sim<'_> {
         {
             *pulls += 1;
         }
+    }
+
+    fn command(&mut self, command: Command, r: &mut Bytes<'_>) {
+        self.count(&command);
         let byte = r.u8();
         if byte >= 200 {
             self.note(format_args!("  answer byte {byte}"));
