@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use e2e_common::{KillOnDrop, World, marker_lines, sigterm, wait_exit};
 use ql_worker_core::record::State;
-use ql_worker_tests::control_plane::{RevisionBuilder, RunEventKind, RunSpec};
+use ql_worker_tests::control_plane::RunEventKind;
 
 const SETTLE: Duration = Duration::from_secs(60);
 
@@ -23,16 +23,7 @@ fn a_full_inbox_takes_no_offer_and_resumes_once_retention_frees_places() {
     let marker = world.dir.path().join("marker");
     let mut ids = Vec::new();
     for i in 1..=6 {
-        let revision =
-            RevisionBuilder::shell(&format!("sleep 2; echo {i} >> {}", marker.display()))
-                .build()
-                .unwrap();
-        ids.push(
-            world
-                .cp
-                .enqueue_run(RunSpec::numbered(i, revision))
-                .unwrap(),
-        );
+        ids.push(world.enqueue_shell(i, &format!("sleep 2; echo {i} >> {}", marker.display())));
     }
     let log = world.dir.path().join("worker.stderr");
     let mut worker = KillOnDrop(world.spawn_worker_logged(&[], &log));

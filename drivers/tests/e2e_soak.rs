@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use e2e_common::{KillOnDrop, World, sigterm, wait_exit};
 use ql_worker_core::wire::activation::RunStatus;
-use ql_worker_tests::control_plane::{RevisionBuilder, RunEventKind, RunSpec};
+use ql_worker_tests::control_plane::RunEventKind;
 
 /// Edge defaults the test checks against (`docs/ql-worker.example.toml`).
 const HIGH_WATER: usize = 32;
@@ -71,15 +71,7 @@ fn edge_defaults_take_hundreds_of_quick_runs_with_a_bounded_inbox_and_nothing_st
     let n = runs();
     let mut ids = Vec::new();
     for i in 1..=n {
-        let revision = RevisionBuilder::shell(&format!("echo {i} >> {}", marker.display()))
-            .build()
-            .unwrap();
-        ids.push(
-            world
-                .cp
-                .enqueue_run(RunSpec::numbered(i, revision))
-                .unwrap(),
-        );
+        ids.push(world.enqueue_shell(i, &format!("echo {i} >> {}", marker.display())));
     }
     let stop = Arc::new(AtomicBool::new(false));
     let watcher = watch_inbox(world.root().join("offers"), stop.clone());

@@ -226,6 +226,18 @@ impl World {
     pub fn completed_at_cp(&self, run: &RunId) -> bool {
         self.cp.run(run).is_some_and(|r| r.completion.is_some())
     }
+
+    /// Enqueues Run number `n` at the control plane: `script` in the shell.
+    pub fn enqueue_shell(&self, n: u32, script: &str) -> RunId {
+        let revision = ql_worker_tests::control_plane::RevisionBuilder::shell(script)
+            .build()
+            .unwrap();
+        self.cp
+            .enqueue_run(ql_worker_tests::control_plane::RunSpec::numbered(
+                n, revision,
+            ))
+            .unwrap()
+    }
 }
 
 /// Reads one record while the Worker may replace it: a read that opened the old inode just as
