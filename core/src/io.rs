@@ -199,6 +199,14 @@ pub enum Action {
     /// Draw [`crate::capability::ENTROPY_BYTES`] bytes from the OS CSPRNG.
     /// ⇒ [`Outcome::EntropyDrawn`].
     DrawEntropy,
+    /// Replace the stored Session id (`<root>/session`) with `session_id`, durably, before the
+    /// Worker registers it. Emitted once, when the Session registered at start is draining or
+    /// offline at the control plane and none of its Runs is live any more.
+    /// ⇒ [`Outcome::Persisted`] or [`Outcome::Store`].
+    PersistSession {
+        /// The new Session id (a lowercase UUIDv7).
+        session_id: crate::ids::SessionId,
+    },
 }
 
 /// What the supervisor reported for a spawn (reference §4.3).
@@ -381,6 +389,18 @@ pub enum Input {
         id: OpId,
         /// What happened.
         outcome: Outcome,
+    },
+    /// A supervisor this Worker started has exited (its receipt, if any, is published): the
+    /// core runs that record's completion pass now rather than at the next tick.
+    ProcessExited {
+        /// The offer whose supervisor exited.
+        offer_id: OfferId,
+    },
+    /// Retention removed this settled record from the inbox (between commands): it no longer
+    /// takes a place in the inbox's capacity.
+    RecordRemoved {
+        /// The removed record.
+        offer_id: OfferId,
     },
 }
 

@@ -27,6 +27,7 @@ pub mod processor;
 pub mod pull;
 pub mod receipt;
 pub mod record;
+pub mod retention;
 pub mod revision;
 pub mod session;
 #[doc(hidden)]

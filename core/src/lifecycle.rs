@@ -25,11 +25,40 @@ use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::session::SessionResult;
 use crate::worker::{HaltReason, ListPurpose, Phase, SessionStatus, StopReason, Work, Worker};
 
+/// Why the Worker does not Pull now ([`Worker::pull_blocker`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PullBlocker {
+    /// Not in the active phase (registering, reconciling, draining, finished).
+    NotActive,
+    /// Recovery evidence is present.
+    FailClosed,
+    /// No usable, online Session.
+    Session,
+    /// The inbox has no room for one more record.
+    InboxFull,
+    /// Every Run slot is taken.
+    Slots,
+    /// A Pull backoff is pending.
+    Backoff,
+}
+
 impl Worker {
-    /// Plans a tick when the previous one is done and its time has come. A spurious early
-    /// wake-up is a no-op.
+    /// Plans a tick when its time has come. A spurious early wake-up is a no-op.
+    ///
+    /// A tick waits for the previous tick's work, with one exception: while active or draining,
+    /// a tick overdue by a whole cadence with work still queued (a burst of Pulls and the Runs
+    /// it started, completions the supervisors' exits brought) is planned between two
+    /// operations (`poll_output` calls this): its periodic work joins the queue, the heartbeat
+    /// first, so no stream of quick Runs starves the Session or a long Run's lease control (a
+    /// tick comes at least every two cadences).
     pub(crate) fn on_tick(&mut self) {
-        if self.running.is_some() || self.staged.is_some() || !self.queue.is_empty() {
+        if self.running.is_some() || self.staged.is_some() {
+            return;
+        }
+        let overdue = self.next_tick_at.saturating_add(self.config.cadence_ms);
+        let busy_tick =
+            matches!(self.phase, Phase::Active | Phase::Draining) && self.now >= overdue;
+        if !self.queue.is_empty() && !busy_tick {
             return;
         }
         if let Some(started) = self.drain_started_at
@@ -53,33 +82,126 @@ impl Worker {
         }
     }
 
+    /// The active tick: heartbeat when due (first, ahead of anything still queued), the
+    /// receipts whose removal failed, one supervision page, then a Pull or the Session renewal.
+    /// Nothing already queued is queued twice.
     fn plan_active_tick(&mut self) {
-        if self.session.is_some() && self.now >= self.heartbeat_due_at {
-            self.queue.push_back(Work::Heartbeat);
+        if self.session.is_some()
+            && self.now >= self.heartbeat_due_at
+            && !self.queue.contains(&Work::Heartbeat)
+        {
+            self.queue.push_front(Work::Heartbeat);
         }
         // A receipt whose removal failed holds the capability: retry every tick until it is gone.
-        for offer_id in &self.pending_cleanup {
-            self.queue.push_back(Work::Supervise(offer_id.clone()));
-        }
-        self.queue.push_back(Work::ListPage {
-            purpose: ListPurpose::Supervise,
-            after: self.supervision_cursor.clone(),
+        let cleanup: Vec<Work> = self
+            .pending_cleanup
+            .iter()
+            .map(|offer_id| Work::Supervise(offer_id.clone()))
+            .filter(|work| !self.queue.contains(work))
+            .collect();
+        self.queue.extend(cleanup);
+        let supervising = self.queue.iter().any(|w| {
+            matches!(
+                w,
+                Work::ListPage {
+                    purpose: ListPurpose::Supervise,
+                    ..
+                }
+            )
         });
-        if self.may_pull() {
-            self.queue.push_back(Work::Pull);
+        if !supervising {
+            self.queue.push_back(Work::ListPage {
+                purpose: ListPurpose::Supervise,
+                after: self.supervision_cursor.clone(),
+            });
+        }
+        if self.renewal_due() {
+            self.queue.push_back(Work::RenewSession);
+        } else {
+            self.pull_again(false);
         }
     }
 
-    /// Pull only when active, not fail-closed, the Session usable, a slot free and no backoff.
-    pub(crate) fn may_pull(&self) -> bool {
-        self.phase == Phase::Active
-            && self.fail_closed.is_none()
-            && self
-                .session
-                .as_ref()
-                .is_some_and(|s| s.usable(self.now) && s.status == SessionStatus::Online)
-            && self.active_count() < usize::from(self.config.max_concurrent_runs)
-            && self.pull_retry_at.is_none_or(|at| self.now >= at)
+    /// Why the Worker does not Pull now, if it does not: not active, fail-closed, no usable
+    /// online Session, no room in the inbox, no free slot, or a backoff pending. The order is
+    /// the order of the checks; [`PullBlocker::InboxFull`] comes before the slots so that a full
+    /// inbox is reported whatever the Runs do.
+    pub(crate) fn pull_blocker(&self) -> Option<PullBlocker> {
+        let online = self
+            .session
+            .as_ref()
+            .is_some_and(|s| s.usable(self.now) && s.status == SessionStatus::Online);
+        if self.phase != Phase::Active {
+            Some(PullBlocker::NotActive)
+        } else if self.fail_closed.is_some() {
+            Some(PullBlocker::FailClosed)
+        } else if !online {
+            Some(PullBlocker::Session)
+        } else if self.inbox_room() == 0 {
+            Some(PullBlocker::InboxFull)
+        } else if self.active_count() >= usize::from(self.config.max_concurrent_runs) {
+            Some(PullBlocker::Slots)
+        } else if self.pull_retry_at.is_some_and(|at| self.now < at) {
+            Some(PullBlocker::Backoff)
+        } else {
+            None
+        }
+    }
+
+    /// Whether a Pull may go out now: active, not fail-closed, the Session usable and online, a
+    /// place free in the inbox, a slot free and no backoff. Records what the decision saw of
+    /// the inbox: whether it was full, and one more deferral when that held the Pull back.
+    pub(crate) fn decide_pull(&mut self) -> bool {
+        let blocker = self.pull_blocker();
+        if blocker != Some(PullBlocker::NotActive) {
+            self.inbox.full = blocker == Some(PullBlocker::InboxFull);
+            if self.inbox.full {
+                self.inbox.full_deferrals = self.inbox.full_deferrals.saturating_add(1);
+            }
+        }
+        blocker.is_none()
+    }
+
+    /// Places left in the inbox: the capacity less every record the Worker knows of, settled
+    /// ones included (they leave only when retention reports them removed).
+    pub(crate) fn inbox_room(&self) -> usize {
+        self.config.capacity.get().saturating_sub(self.known.len())
+    }
+
+    /// Whether a start that found its Session draining or offline (a previous incarnation's
+    /// unfinished drain) may now replace it: active, no drain of its own, and no Run of that
+    /// Session live any more (an offline Session serves none). Until then its Runs finish under
+    /// it: a new Session fences every lease of the old one at the control plane.
+    fn renewal_due(&self) -> bool {
+        self.renewal_ready() && !self.queue.contains(&Work::RenewSession)
+    }
+
+    /// [`Self::renewal_due`] without the queue: checked again when the renewal starts (work
+    /// queued before it, such as a launch of a `lease_recovery` record, may have started a Run
+    /// of the old Session meanwhile).
+    pub(crate) fn renewal_ready(&self) -> bool {
+        let offline = self
+            .session
+            .as_ref()
+            .is_some_and(|s| s.status == SessionStatus::Offline);
+        self.retiring
+            && self.phase == Phase::Active
+            && self.drain_started_at.is_none()
+            && (offline || !self.holds_live_runs())
+    }
+
+    /// Records that may hold a process, or be completed from a receipt: past the spawn barrier
+    /// and not settled.
+    fn holds_live_runs(&self) -> bool {
+        self.known.values().any(|s| {
+            matches!(
+                s,
+                State::Launching | State::Started | State::RunningAcknowledged
+            )
+        }) || self
+            .evidence
+            .values()
+            .any(|r| *r == RecoveryReason::LaunchOutcomeUnknown)
     }
 
     /// Whether a launch (starting ACK and spawn) may begin now.
@@ -87,13 +209,38 @@ impl Worker {
         self.fail_closed.is_none() && self.drain_started_at.is_none()
     }
 
-    /// Slots offered to the control plane.
+    /// Slots offered to the control plane: the free Run slots, but never more than the inbox
+    /// can still store (less one place for a pending claim, which may still bring a record).
     pub(crate) fn available_slots(&self) -> u64 {
         if self.drain_started_at.is_some() || self.fail_closed.is_some() {
             return 0;
         }
         let max = usize::from(self.config.max_concurrent_runs);
-        u64::try_from(max.saturating_sub(self.active_count())).unwrap_or(0)
+        let room = self
+            .inbox_room()
+            .saturating_sub(usize::from(self.claim_pending));
+        u64::try_from(max.saturating_sub(self.active_count()).min(room)).unwrap_or(0)
+    }
+
+    /// Queues a Pull right away (a burst, or a slot freed between ticks) when one may go out and
+    /// none is queued. The control plane offers nothing to a Session whose last heartbeat (or
+    /// register) reported no free slot: then a heartbeat that reports the slots goes first.
+    fn pull_again(&mut self, at_front: bool) {
+        if self.queue.contains(&Work::Pull) || !self.decide_pull() {
+            return;
+        }
+        let stale = self.reported_slots == Some(0) && !self.queue.contains(&Work::Heartbeat);
+        if at_front {
+            self.queue.push_front(Work::Pull);
+            if stale {
+                self.queue.push_front(Work::Heartbeat);
+            }
+        } else {
+            if stale {
+                self.queue.push_back(Work::Heartbeat);
+            }
+            self.queue.push_back(Work::Pull);
+        }
     }
 
     /// Applies a finished operation and queues what follows from it.
@@ -145,6 +292,18 @@ impl Worker {
                 ) {
                     self.pending_cleanup.remove(&offer_id);
                 }
+                // A completion frees a slot: offered to the next Pull at once rather than at the
+                // next tick (or, for a retiring Session, its last Run lets the new one in).
+                if matches!(
+                    result,
+                    ControlResult::Completed(CompletionOutcome::Acknowledged(_))
+                ) {
+                    if self.renewal_due() {
+                        self.queue.push_back(Work::RenewSession);
+                    } else {
+                        self.pull_again(false);
+                    }
+                }
             }
         }
         self.maybe_finish_drain();
@@ -153,6 +312,13 @@ impl Worker {
     fn on_session(&mut self, result: SessionResult) {
         match result {
             SessionResult::Registered(view) | SessionResult::Heartbeat(view) => {
+                self.reported_slots = self.reporting_slots.take();
+                if self.phase == Phase::Registering {
+                    // Draining or offline although this start asked for no drain: a previous
+                    // incarnation stopped during its drain. See `renewal_due`.
+                    self.retiring =
+                        view.status != SessionStatus::Online && self.drain_started_at.is_none();
+                }
                 self.session = Some(view);
                 self.heartbeat_due_at = self.now.saturating_add(self.config.heartbeat_interval_ms);
                 if self.phase == Phase::Registering {
@@ -166,6 +332,19 @@ impl Worker {
                 if offline {
                     self.stop(StopReason::Drained);
                 }
+            }
+            SessionResult::Renewed(session_id) => {
+                // The new id is durable: register it (then reconcile, then work). Everything
+                // queued was planned for the old Session.
+                self.config.session_id = session_id;
+                self.session = None;
+                self.reported_slots = None;
+                self.retiring = false;
+                self.phase = Phase::Registering;
+                self.reconcile_cursor = None;
+                self.queue.clear();
+                self.next_tick_at = self.now;
+                self.heartbeat_due_at = self.now;
             }
             SessionResult::Unavailable => {
                 // Retried at the next tick; the Session lease decides what stays usable.
@@ -188,6 +367,15 @@ impl Worker {
         match result.purpose {
             ListPurpose::Reconcile => {
                 let work = reconcile_work(&result.records);
+                // A settled completion's receipt may still be on disk (a crash before its
+                // removal): its cleanup pass is retried every tick until one reaches the
+                // receipt, like a failed removal's (a pass cut short by a failed read would
+                // otherwise leave the capability on disk for good; simulation seed 5581).
+                for r in &result.records {
+                    if r.state == State::CompletionAcknowledged {
+                        self.pending_cleanup.insert(r.offer.offer_id.clone());
+                    }
+                }
                 self.queue.extend(work);
                 self.reconcile_cursor = result.next_after.clone();
                 if result.next_after.is_none() {
@@ -234,19 +422,32 @@ impl Worker {
         match result {
             PullResult::Admitted { offer_id, .. } => {
                 self.pull_retry_at = None;
+                self.claim_pending = false;
+                // The offer is processed first, then the next Pull goes out at once while slots
+                // and room remain (re-checked when it starts); an idle answer ends the burst.
+                self.pull_again(true);
                 self.queue.push_front(Work::Process(offer_id));
             }
-            PullResult::Idle => self.pull_retry_at = None,
+            PullResult::Idle => {
+                self.pull_retry_at = None;
+                self.claim_pending = false;
+            }
             // The claim is gone: the next tick pulls afresh, with no backoff.
             PullResult::Refused { offer_id, reason } => {
                 self.pull_retry_at = None;
+                self.claim_pending = false;
                 self.notify(crate::worker::Notice::OfferRefused { offer_id, reason });
             }
-            PullResult::Backoff { until }
-            | PullResult::Failed {
-                retry_at: until, ..
+            PullResult::Backoff { until } => {
+                self.pull_retry_at = Some(until);
+                self.claim_pending = true;
+            }
+            PullResult::Failed {
+                retry_at: until,
+                fault,
             } => {
                 self.pull_retry_at = Some(until);
+                self.claim_pending = fault != crate::pull::PullFault::BudgetExhausted;
             }
             PullResult::SessionUnavailable => {}
         }

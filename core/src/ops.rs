@@ -82,6 +82,7 @@ impl Running {
             Work::Transition(status) => {
                 SessionOp::transition(ctx, status).map(Self::Session, Finished::Session)
             }
+            Work::RenewSession => SessionOp::renew().map(Self::Session, Finished::Session),
             Work::ListPage { purpose, after } => {
                 let limit = match purpose {
                     ListPurpose::Reconcile => ctx.config.startup_page,

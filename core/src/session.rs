@@ -9,9 +9,11 @@ use alloc::format;
 use alloc::string::String;
 use zeroize::Zeroizing;
 
+use crate::ids::SessionId;
 use crate::io::{Action, HttpCall, Outcome};
 use crate::offer::OfferWorker;
 use crate::ops::{CallFault, response, unexpected};
+use crate::time::UnixMillis;
 use crate::wire::route::{Operation, path};
 use crate::wire::session::{
     HeartbeatRequest, MAX_REGISTER_REQUEST_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES,
@@ -25,6 +27,9 @@ pub(crate) enum SessionOp {
     Registering,
     Heartbeating(HeartbeatRequest),
     Transitioning(TransitionRequest),
+    /// A new Session id: entropy drawn for it, then the id persisted before it is registered.
+    DrawingSessionId,
+    PersistingSessionId(SessionId),
 }
 
 /// What a Session exchange concluded.
@@ -36,6 +41,8 @@ pub enum SessionResult {
     Heartbeat(SessionView),
     /// Transition applied.
     Transitioned(SessionView),
+    /// A new Session id is durable; the Worker registers it next.
+    Renewed(SessionId),
     /// No usable answer; retry at the next tick.
     Unavailable,
     /// 409 or an answer for another Session: this Session is no longer ours.
@@ -145,7 +152,38 @@ impl SessionOp {
         }
     }
 
+    /// A new Session id replaces the stored one (see [`Action::PersistSession`]).
+    pub(crate) fn renew() -> Step<Self, SessionResult> {
+        Step::Wait(Self::DrawingSessionId, Action::DrawEntropy)
+    }
+
     pub(crate) fn resume(self, ctx: &Ctx<'_>, outcome: Outcome) -> Step<Self, SessionResult> {
+        match (&self, outcome) {
+            (Self::DrawingSessionId, Outcome::EntropyDrawn(entropy)) => {
+                let Some(session_id) = session_id_v7(ctx.now, &entropy.bytes()[..10]) else {
+                    // INVARIANT: the template below is always a valid lowercase UUIDv7.
+                    return unexpected(&Outcome::EntropyDrawn(entropy));
+                };
+                let action = Action::PersistSession {
+                    session_id: session_id.clone(),
+                };
+                Step::Wait(Self::PersistingSessionId(session_id), action)
+            }
+            (Self::PersistingSessionId(id), Outcome::Persisted) => {
+                Step::Done(SessionResult::Renewed(id.clone()))
+            }
+            // Nothing durable changed: the stored Session stays; retried at the next tick.
+            (Self::PersistingSessionId(_), Outcome::Store(failure)) => {
+                crate::worker::write_failure(failure, || Step::Done(SessionResult::Unavailable))
+            }
+            (Self::DrawingSessionId | Self::PersistingSessionId(_), other) => unexpected(&other),
+            (Self::Registering | Self::Heartbeating(_) | Self::Transitioning(_), outcome) => {
+                self.exchanged(ctx, outcome)
+            }
+        }
+    }
+
+    fn exchanged(self, ctx: &Ctx<'_>, outcome: Outcome) -> Step<Self, SessionResult> {
         let body = match response(outcome) {
             Ok(Ok(body)) => body,
             Ok(Err(fault)) => return Step::Done(fault_result(fault)),
@@ -160,6 +198,9 @@ impl SessionOp {
             Self::Transitioning(r) => {
                 SessionResponse::parse_transition(&body, worker_id, session_id, r)
             }
+            Self::DrawingSessionId | Self::PersistingSessionId(_) => {
+                return unexpected(&Outcome::Responded(body));
+            }
         };
         let parsed = match parsed {
             Ok(parsed) => parsed,
@@ -168,18 +209,41 @@ impl SessionOp {
             Err(e) => {
                 let detail = format!("invalid Session response: {e}");
                 return Step::Done(match self {
-                    Self::Registering => SessionResult::Rejected(detail),
                     Self::Heartbeating(_) | Self::Transitioning(_) => SessionResult::Fenced(detail),
+                    Self::Registering | Self::DrawingSessionId | Self::PersistingSessionId(_) => {
+                        SessionResult::Rejected(detail)
+                    }
                 });
             }
         };
         let view = view(&parsed);
         Step::Done(match self {
-            Self::Registering => SessionResult::Registered(view),
             Self::Heartbeating(_) => SessionResult::Heartbeat(view),
             Self::Transitioning(_) => SessionResult::Transitioned(view),
+            Self::Registering | Self::DrawingSessionId | Self::PersistingSessionId(_) => {
+                SessionResult::Registered(view)
+            }
         })
     }
+}
+
+/// A lowercase UUIDv7 (RFC 9562): the 48-bit Unix milliseconds of `now`, version 7, then 74 bits
+/// of `random` (10 bytes, of which the version and variant nibbles take 6 bits), variant `10`.
+/// `None` only if the rendering broke the Session id rule (it cannot).
+fn session_id_v7(now: UnixMillis, random: &[u8]) -> Option<SessionId> {
+    let mut bytes = [0u8; 16];
+    bytes[..6].copy_from_slice(&now.get().to_be_bytes()[2..]);
+    bytes[6..].copy_from_slice(random.get(..10)?);
+    bytes[6] = (bytes[6] & 0x0f) | 0x70;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let mut hex = String::with_capacity(36);
+    for (i, b) in bytes.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            hex.push('-');
+        }
+        let _ = core::fmt::Write::write_fmt(&mut hex, format_args!("{b:02x}"));
+    }
+    SessionId::new(hex).ok()
 }
 
 fn fault_result(fault: CallFault) -> SessionResult {
@@ -194,5 +258,20 @@ fn fault_result(fault: CallFault) -> SessionResult {
             code.as_deref().unwrap_or("without a code")
         )),
         CallFault::Invalid(e) => SessionResult::Rejected(format!("{e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_session_id_is_a_lowercase_uuid_v7_of_the_time_and_the_entropy() {
+        let now = UnixMillis::new(0x0190_1234_5678).unwrap();
+        let id = session_id_v7(now, &[0xff; 10]).unwrap();
+        assert_eq!(id.as_str(), "01901234-5678-7fff-bfff-ffffffffffff");
+        let id = session_id_v7(now, &[0; 10]).unwrap();
+        assert_eq!(id.as_str(), "01901234-5678-7000-8000-000000000000");
+        assert!(session_id_v7(now, &[0; 9]).is_none(), "too little entropy");
     }
 }

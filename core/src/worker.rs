@@ -277,6 +277,8 @@ pub(crate) enum Work {
     Register,
     Heartbeat,
     Transition(SessionStatus),
+    /// A new Session id replaces a draining or offline one (see `Worker::retiring`).
+    RenewSession,
     ListPage {
         purpose: ListPurpose,
         after: Option<OfferId>,
@@ -390,6 +392,24 @@ pub struct Worker {
     pub(crate) last_renewal: BTreeMap<OfferId, UnixMillis>,
     pub(crate) finished: Option<Finish>,
     pub(crate) running: Option<crate::ops::Running>,
+    /// Whether the last Pull kept its pending claim (a failure or a backoff): it may still bring
+    /// one record, so it takes one place of the inbox's room in `availableSlots`. Unknown until
+    /// the first Pull reads the claim; taken as absent (the Pull itself stores at most one
+    /// record and only with room for it, so this only shapes what is offered).
+    pub(crate) claim_pending: bool,
+    /// The Session registered at start is `draining` or `offline` at the control plane although
+    /// this incarnation asked for no drain (a previous one stopped during its drain): once no
+    /// Run of it is live, a new Session replaces it (reference §2.10: a new Session id at each
+    /// start).
+    pub(crate) retiring: bool,
+    /// The inbox status of the last Pull decision, and how often a Pull was held back because
+    /// the inbox had no room (the metric behind the driver's "inbox full" event).
+    pub(crate) inbox: InboxStatus,
+    /// `availableSlots` the control plane last accepted (register, heartbeat), and what the
+    /// exchange in flight sends. A Session that reported none gets no offer: a Pull for a slot
+    /// freed since is preceded by a heartbeat that reports it.
+    pub(crate) reported_slots: Option<u64>,
+    pub(crate) reporting_slots: Option<u64>,
     /// What the driver should log, oldest first (at most [`MAX_NOTICES`]).
     pub(crate) notices: VecDeque<Notice>,
 }
@@ -424,6 +444,24 @@ impl fmt::Display for Notice {
     }
 }
 
+/// The inbox as the Pull decision sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InboxStatus {
+    /// Records in the inbox, settled ones included (what the Worker knows of: every record it
+    /// listed or wrote, less those retention reported removed).
+    pub records: usize,
+    /// The inbox capacity.
+    pub capacity: usize,
+    /// Whether the last Pull decision found no room: the Worker takes no offer until retention
+    /// frees a place (no offer is ever claimed that could not be stored).
+    pub full: bool,
+    /// Pull decisions held back because the inbox was full, since start (a counter).
+    pub full_deferrals: u64,
+    /// Of [`Self::records`], those settled (`completion_acknowledged`,
+    /// `start_failure_acknowledged`): what retention may remove.
+    pub settled: usize,
+}
+
 /// How the machine ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Finish {
@@ -436,6 +474,7 @@ impl Worker {
     /// inbox owner lock.
     #[must_use]
     pub fn new(config: WorkerConfig, now: UnixMillis) -> Self {
+        let config_capacity = config.capacity.get();
         Self {
             config,
             now,
@@ -462,7 +501,40 @@ impl Worker {
             notices: VecDeque::new(),
             finished: None,
             running: None,
+            claim_pending: false,
+            retiring: false,
+            reported_slots: None,
+            reporting_slots: None,
+            inbox: InboxStatus {
+                capacity: config_capacity,
+                ..InboxStatus::default()
+            },
         }
+    }
+
+    /// The inbox as the last Pull decision saw it (records, capacity, full, deferrals).
+    #[must_use]
+    pub fn inbox_status(&self) -> InboxStatus {
+        InboxStatus {
+            records: self.known.len(),
+            settled: self.known.values().filter(|s| s.is_terminal()).count(),
+            ..self.inbox
+        }
+    }
+
+    /// Whether the Session registered at start is draining or offline at the control plane
+    /// although this start asked for no drain (an earlier drain did not finish): new work
+    /// waits until none of its Runs is live, then a new Session replaces it.
+    #[must_use]
+    pub fn retiring(&self) -> bool {
+        self.retiring
+    }
+
+    /// The Session id in use: the configured one, or the new one that replaced it when this
+    /// start found the stored Session draining or offline (see [`Action::PersistSession`]).
+    #[must_use]
+    pub fn session_id(&self) -> &SessionId {
+        &self.config.session_id
     }
 
     /// The coarse phase.
@@ -524,6 +596,11 @@ impl Worker {
             last_renewal: self.last_renewal.clone(),
             finished: self.finished.clone(),
             running: self.running.clone(),
+            claim_pending: self.claim_pending,
+            retiring: self.retiring,
+            inbox: self.inbox,
+            reported_slots: self.reported_slots,
+            reporting_slots: self.reporting_slots,
             notices: self.notices.clone(),
         }
     }
@@ -541,6 +618,8 @@ impl Worker {
         fp.debug(&(self.next_tick_at, self.heartbeat_due_at, self.pull_retry_at));
         fp.debug(&(&self.supervision_cursor, &self.reconcile_cursor));
         fp.debug(&(self.transition_offline_queued, &self.finished));
+        fp.debug(&(self.claim_pending, self.retiring, &self.config.session_id));
+        fp.debug(&(self.inbox, self.reported_slots, self.reporting_slots));
         fp.debug(&(
             &self.evidence,
             &self.pre_barrier_expiry,
@@ -576,6 +655,14 @@ impl Worker {
                 Ok(())
             }
             Input::Outcome { id, outcome } => self.on_outcome(id, outcome),
+            Input::ProcessExited { offer_id } => {
+                self.on_process_exited(offer_id);
+                Ok(())
+            }
+            Input::RecordRemoved { offer_id } => {
+                self.forget(&offer_id);
+                Ok(())
+            }
         }
     }
 
@@ -613,6 +700,13 @@ impl Worker {
             if self.running.is_some() {
                 // INVARIANT: a running operation always has a staged or outstanding action.
                 unreachable!("running operation without an action");
+            }
+            if !self.queue.is_empty() {
+                // A tick that came due while work is still queued (see `on_tick`).
+                self.on_tick();
+                if self.finished.is_some() {
+                    continue;
+                }
             }
             match self.queue.pop_front() {
                 Some(work) => self.start(work),
@@ -670,9 +764,14 @@ impl Worker {
     }
 
     fn start(&mut self, work: Work) {
-        if work == Work::Pull && !self.may_pull() {
-            // Planned at the start of the tick, but this tick's supervision has since latched
-            // fail-closed (or a drain began, or the slots filled): no Pull.
+        if work == Work::Pull && !self.decide_pull() {
+            // Planned at the start of the tick (or of a burst), but since then supervision has
+            // latched fail-closed, a drain began, or the slots or the inbox filled: no Pull.
+            return;
+        }
+        if work == Work::RenewSession && !self.renewal_ready() {
+            // Queued when no Run of the retiring Session was live, but one started since (or a
+            // drain began): the next tick decides again.
             return;
         }
         let step = {
@@ -688,18 +787,28 @@ impl Worker {
                 Work::Register
                 | Work::Heartbeat
                 | Work::Transition(_)
+                | Work::RenewSession
                 | Work::ListPage { .. }
                 | Work::Pull
                 | Work::Process(_) => false,
             };
-            crate::ops::Running::begin(
-                &ctx,
-                work,
-                &self.known,
-                self.may_launch(),
-                self.available_slots(),
-                paced,
-            )
+            let slots = self.available_slots();
+            self.reporting_slots = match &work {
+                Work::Register => Some(slots.min(u64::from(self.config.max_concurrent_runs))),
+                Work::Heartbeat => Some(
+                    self.session
+                        .as_ref()
+                        .filter(|s| s.status == SessionStatus::Online)
+                        .map_or(0, |_| slots),
+                ),
+                Work::Transition(_)
+                | Work::RenewSession
+                | Work::ListPage { .. }
+                | Work::Pull
+                | Work::Process(_)
+                | Work::Supervise(_) => self.reporting_slots,
+            };
+            crate::ops::Running::begin(&ctx, work, &self.known, self.may_launch(), slots, paced)
         };
         self.apply(step);
     }
@@ -782,6 +891,30 @@ impl Worker {
                         .is_none_or(|at| self.now < *at)
             })
             .count()
+    }
+
+    /// A supervisor of this Worker exited: its receipt is published (or it failed). The record's
+    /// completion pass runs now instead of at the next supervision tick; the slot it frees is
+    /// offered to the next Pull at once (see `on_finished`).
+    fn on_process_exited(&mut self, offer_id: OfferId) {
+        let live = self.known.get(&offer_id).is_some_and(|s| is_active(*s));
+        let work = Work::Supervise(offer_id);
+        if live && !self.queue.contains(&work) {
+            self.queue.push_back(work);
+        }
+    }
+
+    /// Retention removed a settled record: it no longer takes a place in the inbox. A record
+    /// that is not settled in memory is kept (only settled records are ever removed; a report
+    /// about another one is ignored rather than trusted).
+    fn forget(&mut self, offer_id: &OfferId) {
+        if self.known.get(offer_id).is_some_and(|s| s.is_terminal())
+            && !self.pending_cleanup.contains(offer_id)
+        {
+            self.known.remove(offer_id);
+            self.pre_barrier_expiry.remove(offer_id);
+            self.last_renewal.remove(offer_id);
+        }
     }
 
     fn begin_drain(&mut self) {

@@ -173,6 +173,12 @@ impl Masks {
                 let n = number(&mut self.digests, &digest.expose().to_hex());
                 plan.capability = [u8::try_from(n).unwrap(); 32];
             }
+            // A new Session id is drawn from entropy (UUIDv7 random bits).
+            Act::PersistSession { session_id } => {
+                *session_id =
+                    ql_worker_core::ids::SessionId::new("00000000-0000-7000-8000-000000000000")
+                        .unwrap();
+            }
             Act::ReadClaim
             | Act::ReadReceipt { .. }
             | Act::RemoveReceipt { .. }

@@ -47,6 +47,26 @@ const COMPLETE: [&str; 8] = [
     "remove-receipt attempt-1",
 ];
 
+/// The completion freed the Run's slot: the next Pull goes out at once, not at the next tick
+/// (issue 14); the control plane has nothing more.
+const FREED_SLOT_PULL: [&str; 5] = [
+    "read-claim",
+    "draw-entropy",
+    "persist-claim r0",
+    "post offers",
+    "clear-claim r0",
+];
+
+/// [`COMPLETE`] with the completion at revision `r`, then the Pull of the freed slot.
+fn completed_then_pull(r: &str) -> Vec<String> {
+    let mut out: Vec<String> = lines(&COMPLETE)
+        .iter()
+        .map(|l| l.replace("r5", r))
+        .collect();
+    out.extend(lines(&FREED_SLOT_PULL));
+    out
+}
+
 /// Receipt, log, upload, completion, durable `completion_acknowledged`, then the receipt
 /// removal — in that order; the log is kept.
 #[test]
@@ -54,7 +74,7 @@ fn uploads_before_completion_and_deletes_the_receipt_only_after_durable_ack() {
     let mut sim = running();
     exit(&mut sim, ReceiptKind::Genuine);
     sim.run(1);
-    assert_eq!(sim.commands(), lines(&COMPLETE));
+    assert_eq!(sim.commands(), completed_then_pull("r5"));
     assert!(sim.world.disk.receipts.is_empty());
     assert_eq!(
         sim.world.disk.logs.len(),
@@ -103,6 +123,12 @@ fn recovers_a_receipt_from_the_durable_launching_crash_window() {
             "post completion o1",
             "persist-record o1 r4 completion_acknowledged",
             "remove-receipt attempt-1",
+            // The evidence resolved and the slot is free: the next Pull at once.
+            "read-claim",
+            "draw-entropy",
+            "persist-claim r0",
+            "post offers",
+            "clear-claim r0",
         ])
     );
     let id = sim.world.plane.runs.keys().next().unwrap().clone();
@@ -157,13 +183,7 @@ fn distinguishes_unavailable_receipt_storage_from_invalid_evidence() {
             "persist-record o1 r5 running_acknowledged",
         ])[..]
     );
-    assert_eq!(
-        trail[6..],
-        lines(&COMPLETE)
-            .iter()
-            .map(|l| l.replace("r5", "r6"))
-            .collect::<Vec<_>>()[..]
-    );
+    assert_eq!(trail[6..], completed_then_pull("r6")[..]);
 
     let mut sim = running();
     exit(&mut sim, ReceiptKind::Malformed);
@@ -211,9 +231,5 @@ fn keeps_durable_evidence_when_upload_fails() {
     assert_eq!(sim.world.disk.receipts.len(), 1);
     assert!(sim.world.plane.runs[&id].completion.is_none());
     sim.run(1);
-    let again: Vec<String> = lines(&COMPLETE)
-        .iter()
-        .map(|l| l.replace("r5", "r6"))
-        .collect();
-    assert_eq!(sim.commands(), again);
+    assert_eq!(sim.commands(), completed_then_pull("r6"));
 }

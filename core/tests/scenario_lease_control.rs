@@ -84,6 +84,12 @@ fn persists_stop_request_lease_authority_before_stopping_the_exact_process() {
             "post completion o1",
             "persist-record o1 r6 completion_acknowledged",
             "remove-receipt attempt-1",
+            // The freed slot goes to the next Pull at once (issue 14); nothing is queued.
+            "read-claim",
+            "draw-entropy",
+            "persist-claim r0",
+            "post offers",
+            "clear-claim r0",
         ])
     );
     let stop = sim.stream.iter().flatten().find_map(|a| match a {

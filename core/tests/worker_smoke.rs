@@ -127,6 +127,7 @@ impl Host {
                 })
             }
             Action::Stop { .. } => panic!("no stop expected"),
+            Action::PersistSession { .. } => panic!("the Session is online: no new one expected"),
             Action::UploadLog { header, .. } => {
                 self.log.push("upload".into());
                 let sent = Sha256Digest::of(b"hello");

@@ -83,6 +83,10 @@ pub struct Meta {
     pub dev: u64,
     /// Inode.
     pub ino: u64,
+    /// Last modification (`st_mtime`), Unix milliseconds (0 before 1970).
+    pub mtime_ms: u64,
+    /// Last inode change (`st_ctime`: a rename sets it), Unix milliseconds (0 before 1970).
+    pub ctime_ms: u64,
 }
 
 /// File types, as far as the checks care.
@@ -362,7 +366,17 @@ fn meta(st: &rustix::fs::Stat) -> Meta {
         size: u64::try_from(st.st_size).unwrap_or(u64::MAX),
         dev,
         ino,
+        mtime_ms: unix_ms(st.st_mtime, st.st_mtime_nsec),
+        ctime_ms: unix_ms(st.st_ctime, st.st_ctime_nsec),
     }
+}
+
+/// Seconds and nanoseconds of a stat time (their types differ by target) as Unix
+/// milliseconds (0 before 1970).
+fn unix_ms(secs: impl TryInto<i64>, nanos: impl TryInto<i64>) -> u64 {
+    let secs: i64 = secs.try_into().unwrap_or(0);
+    let nanos: i64 = nanos.try_into().unwrap_or(0);
+    u64::try_from(secs.saturating_mul(1000).saturating_add(nanos / 1_000_000)).unwrap_or(0)
 }
 
 fn retry<T>(mut op: impl FnMut() -> Result<T, Errno>) -> Result<T, Errno> {

@@ -392,6 +392,16 @@ impl<E: Executor> Host<E> {
                 Ok(entropy) => Outcome::EntropyDrawn(entropy),
                 Err(e) => return Err(HostError::Fatal(format!("getrandom: {e}"))),
             },
+            Action::PersistSession { session_id } => {
+                match crate::session_store::replace(&self.root, &session_id) {
+                    Ok(_) => Outcome::Persisted,
+                    // An fsync failed: whether the new id is durable is unknown (the core halts).
+                    Err(crate::session_store::SessionStoreError::Storage(e)) if e.is_fatal() => {
+                        Outcome::Store(StoreFailure::Uncertain)
+                    }
+                    Err(_) => Outcome::Store(StoreFailure::Unchanged),
+                }
+            }
         })
     }
 

@@ -874,11 +874,17 @@ pub use crate::layout::ARCHIVE_DIR;
 
 /// Moves one reviewed record out of the inbox into `<root>/archive/` (`ql-worker recover
 /// --archive`): a `recovery_required` record, or a dormant one (before the spawn barrier with
-/// its lease expired at `now`: nothing ran and nothing can start). Takes the owner lock, so the
-/// Worker must be stopped; refuses any other record. Rename, then fsync both directories.
+/// its lease expired at `now`: nothing ran and nothing can start); the rule is the core's
+/// [`ql_worker_core::retention::archivable`]. Takes the owner lock, so the Worker must be
+/// stopped; refuses any other record. The attempt's receipt goes first (it holds the completion
+/// capability, and no completion follows an archive: a crash after it leaves the record in the
+/// inbox, to be archived again), then the rename, then an fsync of both directories. Retention
+/// removes the archived record `max_settled_age_ms` after this, and its log `log_keep_ms`
+/// after the log was last written.
 ///
 /// # Errors
-/// [`JournalError`]: another owner, no such record, a record in another state, or storage.
+/// [`JournalError`]: another owner, no such record, a record in another state, an occupied
+/// archive slot, or storage.
 pub fn archive_record(
     root: &Path,
     offer_id: &OfferId,
@@ -898,7 +904,7 @@ pub fn archive_record(
             rule: "there is no such record in the inbox",
         });
     };
-    if record.state != State::RecoveryRequired && !record.is_dormant(now) {
+    if ql_worker_core::retention::archivable(&record, now).is_err() {
         return Err(JournalError::NotAllowed {
             action: "to archive",
             path,
@@ -916,6 +922,29 @@ pub fn archive_record(
         }
     })?;
     let target = archive.child(&name);
+    match fs.stat_nofollow(archive.fd(), &name) {
+        Err(rustix::io::Errno::NOENT) => {}
+        Ok(_) => return Err(JournalError::AlreadyExists { path: target }),
+        Err(errno) => {
+            return Err(StorageError::Io {
+                op: "fstatat",
+                path: target,
+                errno,
+            }
+            .into());
+        }
+    }
+    let attempt = &record.offer.candidate.attempt_id;
+    crate::receipts::remove_with(fs, root, attempt).map_err(|e| match e {
+        crate::receipts::ReceiptStoreError::Storage(e) => JournalError::Storage(e),
+        crate::receipts::ReceiptStoreError::AlreadyExists { .. }
+        | crate::receipts::ReceiptStoreError::AttemptMismatch { .. }
+        | crate::receipts::ReceiptStoreError::QuarantineOccupied { .. }
+        | crate::receipts::ReceiptStoreError::NotFound { .. } => JournalError::Refused {
+            path: layout::Paths::new(root).receipt(attempt),
+            rule: "the attempt's receipt could not be removed: inspect it before archiving",
+        },
+    })?;
     fs.rename_noreplace(journal.offers.fd(), &name, archive.fd(), &name)
         .map_err(|errno| StorageError::Io {
             op: "renameat",

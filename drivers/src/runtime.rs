@@ -22,7 +22,7 @@ use crate::https::{
     HttpsClient, MaterialError, MaterialFile, Origin, RequestTimeout, TlsMaterial, TlsMaterialPaths,
 };
 use crate::journal::Journal;
-use crate::retention::{self, RetentionPolicy};
+use crate::retention::{self, RetentionPolicy, Scope};
 use crate::session_store;
 use crate::supervisor::{StopController, SupervisorExecutor, SupervisorImage};
 
@@ -30,7 +30,8 @@ use crate::supervisor::{StopController, SupervisorExecutor, SupervisorImage};
 pub use crate::layout::DRAIN_FILE;
 /// Longest uninterrupted sleep, so signals and the drain file are noticed promptly.
 const SLEEP_SLICE: Duration = Duration::from_millis(100);
-/// Interval of retention sweeps.
+/// Interval of the full retention sweeps (logs and archive included); the inbox's own sweep runs
+/// whenever it holds more than `high_water_records`.
 const RETENTION_EVERY_MS: u64 = 60_000;
 
 /// How a run of the Worker ended.
@@ -179,6 +180,12 @@ pub struct Runner {
     signals: Signals,
     drain_sent: bool,
     next_retention_at: UnixMillis,
+    /// The inbox's record and settled counts after the last sweep (see `retention::due`).
+    last_swept: Option<(usize, usize)>,
+    /// Whether the last "inbox full" event said full.
+    reported_full: bool,
+    /// The Session id and retiring state last reported (events on change).
+    reported_session: (ql_worker_core::ids::SessionId, bool),
     containment_warnings: Vec<String>,
     /// The last retention failure reported (each distinct one is reported once).
     retention_failure: Option<String>,
@@ -285,6 +292,7 @@ impl Runner {
         host.stall_after(crate::test_hooks::stall_point());
         host.set_leftovers(leftovers);
         let now = crate::os::now();
+        let reported_session = (session.session_id.clone(), false);
         let worker = Worker::new(worker_config(config, session.session_id)?, now);
         Ok(Self {
             worker,
@@ -299,6 +307,9 @@ impl Runner {
             signals,
             drain_sent: false,
             next_retention_at: now,
+            last_swept: None,
+            reported_full: false,
+            reported_session,
             containment_warnings: prepared.warnings,
             retention_failure: None,
         })
@@ -361,10 +372,18 @@ impl Runner {
                         return RunExit::Fatal(format!("core refused an outcome: {e}"));
                     }
                     self.report_notices();
+                    // Between two commands too: a stream of quick Runs keeps the core busy,
+                    // and its supervisors' exits and the inbox's bound must not wait for it.
+                    if let Err(exit) = self.housekeeping() {
+                        return exit;
+                    }
                 }
                 Output::Idle { wake_at } => {
-                    if let Some(exit) = self.housekeeping() {
-                        return exit;
+                    match self.housekeeping() {
+                        Err(exit) => return exit,
+                        // A supervisor exited: its completion pass is queued; run it now.
+                        Ok(true) => continue,
+                        Ok(false) => {}
                     }
                     if let Some(exit) = self.sleep_until(wake_at) {
                         return exit;
@@ -424,21 +443,63 @@ impl Runner {
         None
     }
 
-    /// Between commands: reap finished supervisors; sweep retention now and then. A failed
-    /// sweep is reported on stderr (once per distinct failure; settled records and logs are
-    /// kept and the sweep is retried); a fatal one (an fsync failed) stops the Worker.
-    fn housekeeping(&mut self) -> Option<RunExit> {
-        self.host.executor_mut().reap_exited();
+    /// Reaps finished supervisors and reports each to the core ([`Input::ProcessExited`]), so
+    /// the Run's completion pass runs now rather than at the next tick. Whether any exited.
+    fn reap(&mut self) -> Result<bool, RunExit> {
+        let executor = self.host.executor_mut();
+        executor.reap_exited();
+        let exited = executor.take_exited();
+        for offer_id in &exited {
+            let input = Input::ProcessExited {
+                offer_id: offer_id.clone(),
+            };
+            if self.worker.handle(crate::os::now(), input).is_err() {
+                return Err(RunExit::Fatal(String::from(
+                    "core refused a supervisor exit",
+                )));
+            }
+        }
+        Ok(!exited.is_empty())
+    }
+
+    /// Between commands: reap finished supervisors; sweep retention when the inbox is above its
+    /// high-water mark or the periodic sweep is due; report an inbox that became full or has
+    /// room again. Whether a supervisor exited (work is queued).
+    fn housekeeping(&mut self) -> Result<bool, RunExit> {
+        let exited = self.reap()?;
         let now = crate::os::now();
-        if now >= self.next_retention_at {
-            self.next_retention_at = now.saturating_add(RETENTION_EVERY_MS);
-            match retention::sweep(self.host.journal_mut(), now, &self.retention) {
-                Ok(_) => {
+        let periodic = now >= self.next_retention_at;
+        let inbox = self.worker.inbox_status();
+        if ql_worker_core::retention::due(
+            inbox.records,
+            inbox.settled,
+            self.last_swept,
+            periodic,
+            &self.retention,
+        ) {
+            if periodic {
+                self.next_retention_at = now.saturating_add(RETENTION_EVERY_MS);
+            }
+            let scope = if periodic {
+                Scope::Full
+            } else {
+                Scope::Records
+            };
+            match retention::sweep(self.host.journal_mut(), now, &self.retention, scope) {
+                Ok(report) => {
                     if self.retention_failure.take().is_some() {
                         say("retention: sweeping again");
                     }
+                    for offer_id in report.records_removed {
+                        let input = Input::RecordRemoved { offer_id };
+                        if self.worker.handle(crate::os::now(), input).is_err() {
+                            return Err(RunExit::Fatal(String::from(
+                                "core refused a retention report",
+                            )));
+                        }
+                    }
                 }
-                Err(e) if e.is_fatal() => return Some(RunExit::Fatal(format!("retention: {e}"))),
+                Err(e) if e.is_fatal() => return Err(RunExit::Fatal(format!("retention: {e}"))),
                 Err(e) => {
                     let text = e.to_string();
                     if self.retention_failure.as_deref() != Some(text.as_str()) {
@@ -451,9 +512,62 @@ impl Runner {
                     }
                 }
             }
-            self.host.sweep_runs();
+            if periodic {
+                self.host.sweep_runs();
+            }
+            let after = self.worker.inbox_status();
+            self.last_swept = Some((after.records, after.settled));
         }
-        None
+        self.report_inbox();
+        self.report_session();
+        Ok(exited)
+    }
+
+    /// Events for a Session found draining at start and for the new Session replacing it.
+    fn report_session(&mut self) {
+        let now = (self.worker.session_id().clone(), self.worker.retiring());
+        if now == self.reported_session {
+            return;
+        }
+        if now.1 {
+            say(&format!(
+                "Session {} is draining or offline at the control plane (an earlier drain did \
+                 not finish); its live Runs finish under it, then a new Session replaces it and \
+                 new work flows",
+                now.0
+            ));
+        } else if now.0 != self.reported_session.0 {
+            say(&format!(
+                "new Session {} replaces {} (stored in {})",
+                now.0,
+                self.reported_session.0,
+                self.root.join(session_store::SESSION_FILE).display()
+            ));
+        }
+        self.reported_session = now;
+    }
+
+    /// The "inbox full" event: once when the Worker first holds a Pull back for want of room,
+    /// once when room is back. The counter of held-back Pulls is the metric.
+    fn report_inbox(&mut self) {
+        let inbox = self.worker.inbox_status();
+        if inbox.full == self.reported_full {
+            return;
+        }
+        self.reported_full = inbox.full;
+        if inbox.full {
+            say(&format!(
+                "inbox full: {} of {} records; no offer is taken until retention frees a place \
+                 (settled records with their receipt gone; see `ql-worker inbox list`); Pulls \
+                 held back so far: {}",
+                inbox.records, inbox.capacity, inbox.full_deferrals
+            ));
+        } else {
+            say(&format!(
+                "inbox has room again: {} of {} records",
+                inbox.records, inbox.capacity
+            ));
+        }
     }
 
     fn sleep_until(&mut self, wake_at: Option<UnixMillis>) -> Option<RunExit> {
@@ -465,7 +579,8 @@ impl Runner {
             let left = wake_at.map_or(SLEEP_SLICE, |at| {
                 Duration::from_millis(at.saturating_since(now))
             });
-            std::thread::sleep(left.min(SLEEP_SLICE));
+            // Wakes early when a supervisor exits (its pidfd), else sleeps one slice.
+            let _ = self.host.executor_mut().wait_exit(left.min(SLEEP_SLICE));
             let before = self.drain_sent;
             if let Some(exit) = self.check_operator() {
                 return Some(exit);
@@ -473,7 +588,11 @@ impl Runner {
             if self.drain_sent != before {
                 return None;
             }
-            self.host.executor_mut().reap_exited();
+            match self.reap() {
+                Err(exit) => return Some(exit),
+                Ok(true) => return None,
+                Ok(false) => {}
+            }
         }
     }
 }

@@ -148,6 +148,37 @@ pub fn load_or_create(
     Ok(stored)
 }
 
+/// Replaces the stored Session id with `session_id` (same worker id), durably: temp, fsync,
+/// rename, directory fsync. The core asks for this once, before it registers a new Session in
+/// place of one the control plane holds draining or offline ([`Action::PersistSession`]).
+///
+/// [`Action::PersistSession`]: ql_worker_core::io::Action::PersistSession
+///
+/// # Errors
+/// [`SessionStoreError`]: storage refused, or the stored file is missing, malformed or belongs
+/// to another worker (nothing is written then).
+pub fn replace(root: &Path, session_id: &SessionId) -> Result<StoredSession, SessionStoreError> {
+    let fs = RealFs;
+    let dir = fsio::open_root(&fs, root, false)?;
+    let path = dir.child(SESSION_FILE).display().to_string();
+    let Some(bytes) = fsio::read_checked(&fs, &dir, SESSION_FILE, MAX_BYTES)? else {
+        return Err(SessionStoreError::Malformed {
+            path,
+            rule: "the session file is missing: only a stored Session can be replaced",
+        });
+    };
+    let text = std::str::from_utf8(&bytes).map_err(|_| SessionStoreError::Malformed {
+        path: path.clone(),
+        rule: "UTF-8",
+    })?;
+    let stored = StoredSession {
+        worker_id: parse(&path, text)?.worker_id,
+        session_id: session_id.clone(),
+    };
+    fsio::replace(&fs, &dir, SESSION_FILE, render(&stored).as_bytes())?;
+    Ok(stored)
+}
+
 /// Forgets the Session after a completed drain, so the next start registers a new one.
 ///
 /// # Errors

@@ -1,7 +1,9 @@
 //! `ql-worker drain` with the real binary: the request file is answered by the Worker that saw
 //! it, however that Worker ends. Here the drain budget ends with a Run still running (exit 4,
 //! the record resumes at the next start); the file is gone, so the next start takes new work
-//! instead of draining again at once.
+//! instead of draining again at once. The control plane still holds the Session `draining`
+//! (issue 14): the Run still running finishes under it, then a new Session takes the new work
+//! (`e2e_restart_drain.rs` has the Run finished before the restart).
 
 mod e2e_common;
 
@@ -60,4 +62,15 @@ fn a_drain_request_ends_with_the_worker_that_answered_it() {
             && w.state_of(&second_run) == Some(State::CompletionAcknowledged)
     });
     assert_eq!(marker_lines(&marker), 1, "the slow Run ran once");
+    let records = world.records();
+    let (slow, quick) = (&records[&first_run], &records[&second_run]);
+    assert_ne!(
+        slow.offer.worker.session_id, quick.offer.worker.session_id,
+        "the new work came through a new Session"
+    );
+    let slow_done = world.cp.run(&first_run).unwrap().finished_at.unwrap();
+    assert!(
+        slow_done <= quick.accepted_at_ms,
+        "the draining Session's Run settled before the new Session took work"
+    );
 }

@@ -78,7 +78,9 @@ pub struct Ghost {
     pub handles: BTreeSet<String>,
     /// A drain was requested in this incarnation.
     pub drain_requested: bool,
-    /// The Worker was fail-closed when the current tick began.
+    /// The Worker was fail-closed when the current tick began and has not lifted it since (a
+    /// `launch_outcome_unknown` Run completed from its receipt lifts it at once; a Pull may be
+    /// planned from then on, e.g. for the slot that completion freed).
     pub latched_at_tick: bool,
     /// Startup reconciliation listed every page (a reconciliation page answered validly with
     /// no next cursor) in this incarnation.

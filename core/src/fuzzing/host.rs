@@ -88,6 +88,10 @@ pub enum Lie {
     UploadNotStored,
     /// In the liveness phase, user processes never end (an unfair environment).
     HungProcesses,
+    /// Retention reports a removal but leaves the record in the inbox.
+    RemovalNotDone,
+    /// The control plane registers a new Session `draining` (so it never takes work).
+    SessionStaysDraining,
 }
 
 /// The answer to one command.
@@ -117,6 +121,8 @@ pub struct Host {
     pub records: BTreeMap<OfferId, (Vec<u8>, InboxRecord)>,
     /// The pending claim as an envelope.
     pub claim: Option<Vec<u8>>,
+    /// The stored Session id (the driver's `<root>/session`): a restarted Worker uses it.
+    pub session_id: crate::ids::SessionId,
     /// Completion receipts by attempt.
     pub receipts: BTreeMap<AttemptId, Receipt>,
     /// Spool files.
@@ -177,6 +183,7 @@ impl Host {
             now,
             records: BTreeMap::new(),
             claim: None,
+            session_id: samples::worker().session_id,
             receipts: BTreeMap::new(),
             logs: BTreeMap::new(),
             processes: Vec::new(),
@@ -257,7 +264,15 @@ impl Host {
                     "INVARIANT claim-cas: clear refused: {check:?}"
                 );
             }
-            Action::ReadClaim => self.ghost.check_pull(worker.fail_closed().is_some()),
+            Action::ReadClaim => {
+                self.ghost.check_pull(worker.fail_closed().is_some());
+                let capacity = worker.inbox_status().capacity;
+                assert!(
+                    self.records.len() < capacity,
+                    "INVARIANT pull-with-room: a Pull with {} records in an inbox of {capacity}",
+                    self.records.len()
+                );
+            }
             Action::RemoveReceipt { attempt_id } => {
                 let state = self.record_of_attempt(attempt_id).map(|r| r.state);
                 assert_eq!(
@@ -285,12 +300,39 @@ impl Host {
                 "INVARIANT stop-known-handle: stop of a handle the supervisor never issued"
             ),
             Action::Post(call) => self.check_post(call, worker),
+            Action::PersistSession { .. } => self.check_renewal(),
             Action::ListInbox { .. }
             | Action::ReadRecord { .. }
             | Action::ReadReceipt { .. }
             | Action::AllocateLog { .. }
             | Action::InspectLog { .. }
             | Action::DrawEntropy => {}
+        }
+    }
+
+    /// A new Session replaces the stored one only when the control plane holds the stored one
+    /// draining or offline, and no Run of it may still be live (its leases would be fenced).
+    fn check_renewal(&self) {
+        assert!(
+            self.plane.session_id == self.session_id
+                && self.plane.status != crate::wire::session::SessionStatus::Online,
+            "INVARIANT renewal-only-retired: a new Session while the stored one is {:?} at the \
+             control plane",
+            self.plane.status
+        );
+        for (_, record) in self.records.values() {
+            let live = matches!(
+                record.state,
+                State::Launching | State::Started | State::RunningAcknowledged
+            ) || record.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown);
+            assert!(
+                !(live && record.offer.worker.session_id == self.session_id)
+                    || self.plane.status == crate::wire::session::SessionStatus::Offline,
+                "INVARIANT renewal-after-runs: a new Session while {} ({}) of the old one may \
+                 still run",
+                record.offer.offer_id,
+                record.state
+            );
         }
     }
 
@@ -473,6 +515,9 @@ impl Host {
             Action::Spawn(plan) => self.spawn(*plan, mode, r),
             Action::Stop { handle } => self.stop(handle.as_str(), mode),
             Action::DrawEntropy => Answer::new(Outcome::EntropyDrawn(self.entropy(r.u8()))),
+            Action::PersistSession { session_id } => {
+                self.write(mode, |h| h.session_id = session_id)
+            }
         }
     }
 
@@ -659,7 +704,7 @@ impl Host {
             Operation::Register | Operation::Heartbeat | Operation::Transition
         );
         let v = r.u8();
-        let valid = self.valid_body(route.operation, &body, v);
+        let valid = self.valid_body(route.operation, &route.session_id, &body, v);
         let mut answer = match (mode, valid) {
             (Mode::Valid, Some(bytes)) => Answer::new(Outcome::Responded(bytes)),
             (Mode::Valid, None) => Answer::new(http_status(404)),
@@ -676,16 +721,22 @@ impl Host {
     }
 
     /// The valid answer of the control plane, when it has one.
-    fn valid_body(&mut self, op: Operation, body: &Value, v: u8) -> Option<Vec<u8>> {
+    fn valid_body(
+        &mut self,
+        op: Operation,
+        session: &crate::ids::SessionId,
+        body: &Value,
+        v: u8,
+    ) -> Option<Vec<u8>> {
         let now = self.now;
         let record = OfferId::new(plane::text(body, "offerId"))
             .ok()
             .and_then(|id| self.record(&id));
         match op {
             Operation::Register | Operation::Heartbeat | Operation::Transition => {
-                Some(self.plane.session(op.as_str(), body, now, v))
+                Some(self.plane.session(op.as_str(), session, body, now, v))
             }
-            Operation::Offers => Some(self.plane.offers(body, now, v)),
+            Operation::Offers => Some(self.plane.offers(session, body, now, v)),
             Operation::Starting | Operation::Running | Operation::StartFailure => {
                 Some(self.plane.activation(op.as_str(), body, &record?, now, v))
             }

@@ -56,6 +56,15 @@ pub struct SimOptions {
     /// control) every Run that has no receipt on disk: the control plane's own Run timeout,
     /// which is what ends a Run whose supervisor died (`docs/simulation.md`, finding F1).
     pub plane_timeout: bool,
+    /// A small inbox (capacity: the preloaded records plus one or two) and the driver's
+    /// retention: at every idle step the host removes what the core's retention plan says
+    /// (`retention::plan`, high-water mark half the capacity) and reports each removal
+    /// (issue 14: the inbox fills, no offer is stranded, work resumes once places are freed).
+    pub small_inbox: bool,
+    /// The liveness phase begins with an unclean drain: a drain request, then a crash as soon
+    /// as the control plane holds the Session draining. The restarted Worker must settle
+    /// everything and take new work again through a new Session (issue 14).
+    pub unclean_drain: bool,
 }
 
 /// Which part of the Worker a target focuses on.
@@ -95,6 +104,10 @@ pub struct Summary {
     pub live_steps: u32,
     /// Whether the control plane's Run timeout had to end a silent Run ([`simulate`] only).
     pub plane_timeout: bool,
+    /// Records retention removed ([`SimOptions::small_inbox`]).
+    pub retained: u32,
+    /// Session ids the Worker replaced ([`SimOptions::unclean_drain`] and the safety phase).
+    pub renewals: u32,
 }
 
 impl Summary {
@@ -167,8 +180,19 @@ pub fn simulate(
     let mut sim = Sim::new(scenario, &mut r);
     sim.faults = faults;
     sim.host.lie = lie;
+    sim.host.plane.new_sessions_draining = lie == Some(super::host::Lie::SessionStaysDraining);
     sim.trace = Some(trace);
-    sim.note(format_args!("setup: {} records", sim.host.records.len()));
+    if faults.small_inbox {
+        let places = sim.host.records.len() + 1 + usize::from(r.u8() % 2);
+        let capacity = crate::listing::Capacity::new(u64::try_from(places).unwrap_or(1));
+        sim.config.capacity = capacity.unwrap_or_default();
+        sim.worker = Worker::new(sim.config.clone(), sim.host.now);
+    }
+    sim.note(format_args!(
+        "setup: {} records, inbox capacity {}",
+        sim.host.records.len(),
+        sim.config.capacity.get()
+    ));
     while sim.summary.steps < MAX_STEPS && !r.is_empty() {
         sim.summary.steps += 1;
         if !sim.step(&mut r) {
@@ -197,6 +221,11 @@ pub struct Sim<'t> {
     license: License,
     /// What happened so far.
     pub summary: Summary,
+    /// After the liveness phase's unclean drain: Pulls made since the restart by a Session the
+    /// control plane holds online (`None`: no unclean drain in this run).
+    pulls_after_unclean: Option<u32>,
+    /// Whether the last step found the Worker idle (no operation in flight).
+    idle: bool,
 }
 
 fn config(r: &mut Bytes<'_>) -> WorkerConfig {
@@ -296,6 +325,8 @@ impl Sim<'_> {
             host,
             license: License::default(),
             summary: Summary::default(),
+            pulls_after_unclean: None,
+            idle: false,
         }
     }
 
@@ -303,10 +334,12 @@ impl Sim<'_> {
     pub fn step(&mut self, r: &mut Bytes<'_>) -> bool {
         match self.worker.poll_output() {
             Output::Command(command) => {
+                self.idle = false;
                 self.command(command, r);
                 true
             }
             Output::Idle { wake_at } => {
+                self.idle = true;
                 self.idle(wake_at, r);
                 true
             }
@@ -351,10 +384,26 @@ impl Sim<'_> {
         );
     }
 
-    fn command(&mut self, command: Command, r: &mut Bytes<'_>) {
+    /// Counts `command`: commands, Session renewals, and Pulls of an online Session after an
+    /// unclean drain.
+    fn count(&mut self, command: &Command) {
         self.summary.commands += 1;
         self.note(format_args!("{} {:?}", command.id, command.action));
         self.host.on_command(&command.action, &self.worker);
+        if matches!(command.action, crate::io::Action::PersistSession { .. }) {
+            self.summary.renewals += 1;
+        }
+        if let (Some(pulls), crate::io::Action::ReadClaim) =
+            (&mut self.pulls_after_unclean, &command.action)
+            && self.host.plane.status == crate::wire::session::SessionStatus::Online
+            && self.host.plane.session_id == self.host.session_id
+        {
+            *pulls += 1;
+        }
+    }
+
+    fn command(&mut self, command: Command, r: &mut Bytes<'_>) {
+        self.count(&command);
         let byte = r.u8();
         if byte >= 200 {
             self.note(format_args!("  answer byte {byte}"));
@@ -417,6 +466,9 @@ impl Sim<'_> {
             result.is_ok(),
             "INVARIANT input-accepted: handle refused a well-formed outcome: {result:?}"
         );
+        if self.worker.fail_closed().is_none() {
+            self.host.ghost.latched_at_tick = false;
+        }
         if self.faults.duplicates && r.u8() >= 240 {
             self.note(format_args!("  duplicate delivery of {id}"));
             let again = Input::Outcome {
@@ -433,6 +485,9 @@ impl Sim<'_> {
 
     fn idle(&mut self, wake_at: Option<UnixMillis>, r: &mut Bytes<'_>) {
         self.license = License::default();
+        if self.faults.small_inbox {
+            self.retain();
+        }
         if self.live {
             // Healed: a process ends (slowly: one per idle step) with its receipt, and time
             // moves even when the Worker has no wake-up.
@@ -499,6 +554,9 @@ impl Sim<'_> {
     pub fn settle(&mut self, max_steps: u32) -> Result<u32, String> {
         self.live = true;
         let mut healed = Bytes::new(&[]);
+        if self.faults.unclean_drain {
+            self.unclean_drain(&mut healed);
+        }
         for step in 0..max_steps {
             if self.unsettled().is_empty() {
                 return Ok(step);
@@ -546,13 +604,127 @@ impl Sim<'_> {
                 ));
             }
         }
-        if self.host.claim.is_some() && self.worker.fail_closed().is_none() {
+        // A claim, or new work, needs a place in the inbox: one full of records nothing can
+        // settle (dormant or `recovery_required`, which only an operator's archive removes)
+        // waits for the operator, as it should.
+        let room = self.host.records.len() < self.config.capacity.get();
+        if self.host.claim.is_some() && self.worker.fail_closed().is_none() && room {
             stuck.push(String::from("a pending claim"));
+        }
+        for attempt in self.host.receipts.keys() {
+            let named = self
+                .host
+                .all_records()
+                .iter()
+                .any(|r| r.offer.candidate.attempt_id == *attempt);
+            if !named {
+                stuck.push(alloc::format!(
+                    "the receipt of {attempt} without its record (a capability left behind)"
+                ));
+            }
+        }
+        if self.pulls_after_unclean == Some(0) && self.worker.fail_closed().is_none() && room {
+            stuck.push(String::from(
+                "no Pull by an online Session since the restart after an unclean drain",
+            ));
         }
         for process in self.host.processes.iter().filter(|p| p.alive) {
             stuck.push(alloc::format!("process {} alive", process.handle));
         }
         stuck
+    }
+
+    /// The driver's retention: the core's plan over the host's records (receipts and the claim
+    /// as they are), then each removal reported to the Worker. A removed record must have been
+    /// settled, receipt-free and unclaimed (checked here independently of the plan).
+    fn retain(&mut self) {
+        use crate::retention::{RecordFacts, RetentionPolicy, plan};
+        let claimed = self.host.claim.as_ref().and_then(|bytes| {
+            crate::envelope::decode::<crate::claim::PendingClaim>(bytes)
+                .ok()
+                .map(|c| c.offer_id)
+        });
+        let facts: alloc::vec::Vec<RecordFacts> = self
+            .host
+            .all_records()
+            .iter()
+            .map(|record| {
+                let receipt = self
+                    .host
+                    .receipts
+                    .contains_key(&record.offer.candidate.attempt_id);
+                let claim = claimed.as_ref() == Some(&record.offer.offer_id);
+                RecordFacts::of(record, receipt, claim)
+            })
+            .collect();
+        let policy = RetentionPolicy {
+            high_water_records: self.config.capacity.get() / 2,
+            max_settled_age_ms: None,
+            log_keep_ms: 60_000,
+        };
+        let plan = plan(&facts, None, None, self.host.now, &policy);
+        for log in &plan.logs {
+            self.host.logs.remove(log);
+        }
+        for (offer_id, _) in plan.records {
+            let Some(record) = self.host.record(&offer_id) else {
+                continue;
+            };
+            assert!(
+                record.state.is_terminal()
+                    && !self
+                        .host
+                        .receipts
+                        .contains_key(&record.offer.candidate.attempt_id)
+                    && claimed.as_ref() != Some(&offer_id),
+                "INVARIANT retention-removes-only-unneeded: {offer_id} ({}) removed",
+                record.state
+            );
+            if self.host.lie != Some(super::host::Lie::RemovalNotDone) {
+                self.host.records.remove(&offer_id);
+            }
+            self.summary.retained += 1;
+            self.note(format_args!("retention removed {offer_id}"));
+            let now = self.host.now;
+            let result = self.worker.handle(now, Input::RecordRemoved { offer_id });
+            assert!(
+                result.is_ok(),
+                "INVARIANT input-accepted: removal report: {result:?}"
+            );
+        }
+    }
+
+    /// The liveness phase's unclean drain: a drain request, healthy steps until the control
+    /// plane holds the Session draining (or the drain ended cleanly), then a crash.
+    fn unclean_drain(&mut self, healed: &mut Bytes<'_>) {
+        self.note(format_args!("liveness: unclean drain"));
+        // The operator's request reaches a Worker between operations (as the idle step's drain
+        // does): never in the middle of a launch.
+        for _ in 0..LIVE_STEPS / 8 {
+            if self.idle {
+                break;
+            }
+            let _ = self.step(healed);
+            self.host.check_state();
+        }
+        if self.worker.phase() != crate::worker::Phase::Finished {
+            self.host.ghost.drain_requested = true;
+            let now = self.host.now;
+            let result = self.worker.handle(now, Input::DrainRequested);
+            assert!(
+                result.is_ok(),
+                "INVARIANT input-accepted: drain: {result:?}"
+            );
+        }
+        for _ in 0..LIVE_STEPS / 8 {
+            if self.host.plane.status != crate::wire::session::SessionStatus::Online {
+                break;
+            }
+            let _ = self.step(healed);
+            self.host.check_state();
+        }
+        let _ = self.restart();
+        self.pulls_after_unclean = Some(0);
     }
 
     fn advance(&mut self, ms: u64) {
@@ -565,7 +737,9 @@ impl Sim<'_> {
         self.summary.restarts += 1;
         self.host.ghost.restart();
         self.license = License::default();
-        self.worker = Worker::new(self.config.clone(), self.host.now);
+        let mut config = self.config.clone();
+        config.session_id = self.host.session_id.clone();
+        self.worker = Worker::new(config, self.host.now);
         self.summary.restarts <= MAX_RESTARTS
     }
 

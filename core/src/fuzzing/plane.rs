@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::ids::{
     AttemptId, CallbackSequence, ExecutorHandle, LeaseGeneration, LeaseToken, LeaseVersion,
-    OfferId, RunId, WorkerGeneration,
+    OfferId, RunId, SessionId, WorkerGeneration,
 };
 use crate::offer::DeliveryKind;
 use crate::record::InboxRecord;
@@ -68,6 +68,11 @@ pub struct Offered {
 /// The simulated control plane.
 #[derive(Debug)]
 pub struct Plane {
+    /// The Worker's current Session at the control plane.
+    pub session_id: SessionId,
+    /// Its status (`transition` sets it; a register of the same Session keeps it, as the
+    /// reference does; a new Session id starts `online`).
+    pub status: SessionStatus,
     /// Session generation handed out at register.
     pub generation: u64,
     /// Session version.
@@ -82,6 +87,8 @@ pub struct Plane {
     pub secret_values: Vec<String>,
     /// The four sample revisions (Secret × timeout), sealed once.
     revisions: [ExecutionRevision; 4],
+    /// A lie for the simulation's self-test: a new Session is registered `draining`.
+    pub new_sessions_draining: bool,
 }
 
 /// A string field of a request body.
@@ -105,6 +112,8 @@ impl Plane {
     #[must_use]
     pub fn new(policy: OfferPolicy) -> Self {
         Self {
+            session_id: samples::worker().session_id,
+            status: SessionStatus::Online,
             generation: samples::GENERATION,
             version: 0,
             offers: BTreeMap::new(),
@@ -117,6 +126,7 @@ impl Plane {
                 samples::revision(true, false),
                 samples::revision(true, true),
             ],
+            new_sessions_draining: false,
         }
     }
 
@@ -126,28 +136,47 @@ impl Plane {
         &self.revisions[usize::from(secret) * 2 + usize::from(timeout)]
     }
 
-    /// `register`, `heartbeat` or `transition`.
-    pub fn session(&mut self, op: &str, body: &Value, now: UnixMillis, v: u8) -> Vec<u8> {
+    /// `register`, `heartbeat` or `transition` of Session `session` (the route's).
+    pub fn session(
+        &mut self,
+        op: &str,
+        session: &SessionId,
+        body: &Value,
+        now: UnixMillis,
+        v: u8,
+    ) -> Vec<u8> {
         let worker = samples::worker_at(self.generation);
         let mut response = SessionResponse {
             worker_id: worker.worker_id,
-            session_id: worker.session_id,
+            session_id: session.clone(),
             generation: worker.generation,
             version: number(body, "expectedVersion").saturating_add(1),
-            status: SessionStatus::Online,
+            status: self.status,
             lease_expires_at_ms: later(now, number(body, "leaseDurationMs").max(5_000)),
             replaced_session: None,
         };
         let schema = match op {
             "register" => {
-                if v % 8 == 6 {
+                let replaced = *session != self.session_id;
+                // A new Session id replaces the old one; an offline Session starts a new
+                // generation; the same Session keeps its status (a draining one stays draining).
+                if replaced || self.status == SessionStatus::Offline || v % 8 == 6 {
                     self.generation += 1;
                 }
+                if replaced || self.status == SessionStatus::Offline {
+                    self.status = if replaced && self.new_sessions_draining {
+                        SessionStatus::Draining
+                    } else {
+                        SessionStatus::Online
+                    };
+                }
+                self.session_id = session.clone();
+                response.status = self.status;
                 response.generation =
                     WorkerGeneration::new(self.generation).unwrap_or(response.generation);
                 self.version += 1;
                 response.version = self.version;
-                response.replaced_session = Some(v % 8 == 5);
+                response.replaced_session = Some(replaced || v % 8 == 5);
                 if v % 8 == 7 {
                     response.lease_expires_at_ms = later(now, 1);
                 }
@@ -156,8 +185,12 @@ impl Plane {
             "heartbeat" => {
                 response.generation = WorkerGeneration::new(number(body, "generation"))
                     .unwrap_or(response.generation);
-                if v % 4 == 3 {
+                // A heartbeat answer is never `offline` (the plane would fence it instead; the
+                // valid answer the fuzz plane can give is the online one).
+                if v % 4 == 3 || self.status == SessionStatus::Draining {
                     response.status = SessionStatus::Draining;
+                } else {
+                    response.status = SessionStatus::Online;
                 }
                 HEARTBEAT_SCHEMA
             }
@@ -169,6 +202,9 @@ impl Plane {
                 } else {
                     SessionStatus::Draining
                 };
+                if *session == self.session_id {
+                    self.status = response.status;
+                }
                 TRANSITION_SCHEMA
             }
         };
@@ -176,13 +212,22 @@ impl Plane {
         response.to_json(schema)
     }
 
-    /// `offers`: idle, a new Run, or the replay of the offer made for this offer id.
-    pub fn offers(&mut self, body: &Value, now: UnixMillis, v: u8) -> Vec<u8> {
+    /// `offers` of Session `session`: idle, a new Run, or the replay of the offer made for this
+    /// offer id. A Session that is not the current online one gets nothing.
+    pub fn offers(&mut self, session: &SessionId, body: &Value, now: UnixMillis, v: u8) -> Vec<u8> {
         let idle = OfferResponse::Idle {
             reason: IdleReason::NoCandidates,
             stats: OfferStats::default(),
             truncated: false,
         };
+        if *session != self.session_id || self.status != SessionStatus::Online {
+            return OfferResponse::Idle {
+                reason: IdleReason::WorkerUnavailable,
+                stats: OfferStats::default(),
+                truncated: false,
+            }
+            .to_json();
+        }
         let Ok(offer_id) = OfferId::new(text(body, "offerId")) else {
             return idle.to_json();
         };
@@ -210,7 +255,8 @@ impl Plane {
         let Ok(token) = LeaseToken::new(text(body, "leaseToken")) else {
             return idle.to_json();
         };
-        let worker = samples::worker_at(number(body, "workerGeneration"));
+        let mut worker = samples::worker_at(number(body, "workerGeneration"));
+        worker.session_id = session.clone();
         let expires = if v & 16 != 0 { 1_000 } else { 30_000 };
         let full = samples::offer_with(
             offer.n,

@@ -16,7 +16,7 @@ use crate::claim::PendingClaim;
 use crate::envelope;
 use crate::ids::{
     AttemptId, CallbackSequence, ExecutorHandle, LogArtifactId, OfferId, Revision, RunId,
-    Sha256Digest,
+    SessionId, Sha256Digest,
 };
 use crate::io::Action;
 use crate::record::InboxRecord;
@@ -158,6 +158,11 @@ pub enum Act {
     },
     /// [`Action::DrawEntropy`].
     DrawEntropy,
+    /// [`Action::PersistSession`].
+    PersistSession {
+        /// The new Session id.
+        session_id: SessionId,
+    },
 }
 
 impl Act {
@@ -218,6 +223,7 @@ impl Act {
             })),
             Action::Stop { handle } => Self::Stop { handle },
             Action::DrawEntropy => Self::DrawEntropy,
+            Action::PersistSession { session_id } => Self::PersistSession { session_id },
         }
     }
 
@@ -240,6 +246,7 @@ impl Act {
             Self::Spawn(_) => "spawn",
             Self::Stop { .. } => "stop",
             Self::DrawEntropy => "draw-entropy",
+            Self::PersistSession { .. } => "persist-session",
         }
     }
 
@@ -286,6 +293,7 @@ impl Act {
             }
             Self::Spawn(plan) => spawn_text(plan),
             Self::Stop { handle } => format!("{handle}"),
+            Self::PersistSession { session_id } => format!("{session_id}"),
         };
         out.extend_from_slice(text.as_bytes());
         out

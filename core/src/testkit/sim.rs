@@ -243,7 +243,11 @@ impl Sim {
     /// Drops the Worker (memory lost) and starts a new one at `now` from the durable world.
     pub fn crash(&mut self) {
         self.note(String::from("crash"));
-        self.worker = Worker::new(self.config.clone(), self.now);
+        let mut config = self.config.clone();
+        if let Some(session_id) = &self.world.session_id {
+            config.session_id = session_id.clone();
+        }
+        self.worker = Worker::new(config, self.now);
         self.pending = None;
         self.status = Status::Idle(Some(self.now));
         self.restarts += 1;
@@ -271,6 +275,19 @@ impl Sim {
             if self.worker.handle(self.now, Input::DrainRequested).is_ok() {
                 self.poll();
             }
+        }
+    }
+
+    /// Feeds a driver notification (a supervisor exited, retention removed a record) while the
+    /// Worker is idle, then polls.
+    pub fn notify(&mut self, input: Input) {
+        if matches!(self.status, Status::Idle(_)) {
+            self.note(format!("{input:?}"));
+            if let Err(e) = self.worker.handle(self.now, input) {
+                self.world
+                    .violation("worker-error", format!("the Worker refused an input: {e}"));
+            }
+            self.poll();
         }
     }
 

@@ -42,7 +42,7 @@ fn runs() -> usize {
 }
 
 /// The floor's pieces, on the same disk and the same server.
-struct Floor {
+pub(crate) struct Floor {
     client: HttpsClient,
     authorization: String,
     path: String,
@@ -52,6 +52,40 @@ struct Floor {
 }
 
 impl Floor {
+    /// A floor against `world`'s server, writing in a fresh directory of `world`'s scratch
+    /// space (records of `record_bytes`).
+    pub(crate) fn new(world: &World, record_bytes: usize) -> Self {
+        let s = world.cp.worker_settings();
+        let material = TlsMaterial::load(&TlsMaterialPaths {
+            cert_chain: s.client_cert.clone(),
+            private_key: s.client_key.clone(),
+            trust_anchors: vec![s.ca_cert.clone()],
+        })
+        .expect("tls material");
+        let client = HttpsClient::new(
+            Origin::parse(&s.origin).expect("origin"),
+            material,
+            RequestTimeout::from_millis(10_000).expect("timeout"),
+        )
+        .expect("client");
+        let dir = world.dir.path().join("floor");
+        fs::create_dir_all(&dir).expect("floor dir");
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).expect("mode");
+        Self {
+            client,
+            authorization: world.cp.credential().header_value().to_string(),
+            path: format!("/api/v3/worker-ingress/workers/{}/bench-floor", s.worker_id),
+            body: format!("{{\"pad\":\"{}\"}}", "x".repeat(500)).into_bytes(),
+            dir,
+            record: vec![0x5a; record_bytes],
+        }
+    }
+
+    /// One whole lifecycle's floor: `fsyncs`, one spawn, `round_trips`.
+    pub(crate) fn lifecycle(&self, fsyncs: u64, round_trips: usize) -> Duration {
+        self.durable(fsyncs) + self.spawn() + self.round_trips(round_trips)
+    }
+
     /// `fsyncs` in the durable recipe: ⌊fsyncs/2⌋ × (temp, write, fsync, rename, dir fsync),
     /// plus one (write, fsync) when odd.
     fn durable(&self, fsyncs: u64) -> Duration {
@@ -145,30 +179,7 @@ pub(crate) fn measure(exe: &Path, fsyncs: u64) -> Measured {
     let mut worker = world.spawn(exe, &[]);
     world.wait_ready(&mut worker);
 
-    let s = world.cp.worker_settings();
-    let material = TlsMaterial::load(&TlsMaterialPaths {
-        cert_chain: s.client_cert.clone(),
-        private_key: s.client_key.clone(),
-        trust_anchors: vec![s.ca_cert.clone()],
-    })
-    .expect("tls material");
-    let client = HttpsClient::new(
-        Origin::parse(&s.origin).expect("origin"),
-        material,
-        RequestTimeout::from_millis(10_000).expect("timeout"),
-    )
-    .expect("client");
-    let floor_dir = world.dir.path().join("floor");
-    fs::create_dir(&floor_dir).expect("floor dir");
-    fs::set_permissions(&floor_dir, fs::Permissions::from_mode(0o700)).expect("mode");
-    let mut floor = Floor {
-        client,
-        authorization: world.cp.credential().header_value().to_string(),
-        path: format!("/api/v3/worker-ingress/workers/{}/bench-floor", s.worker_id),
-        body: format!("{{\"pad\":\"{}\"}}", "x".repeat(500)).into_bytes(),
-        dir: floor_dir,
-        record: Vec::new(),
-    };
+    let mut floor = Floor::new(&world, 0);
 
     let mut lifecycle = Vec::new();
     let mut pull_wait = Vec::new();
@@ -264,7 +275,7 @@ pub(crate) fn measure(exe: &Path, fsyncs: u64) -> Measured {
 }
 
 /// The size of the largest record in the inbox (the floor writes records of that size).
-fn largest_record(root: &Path) -> usize {
+pub(crate) fn largest_record(root: &Path) -> usize {
     fs::read_dir(root.join("offers"))
         .map(|entries| {
             entries

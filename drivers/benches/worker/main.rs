@@ -10,9 +10,10 @@
 //! floor (`latency`); the 64 MiB upload's peak RSS and throughput against `sha256sum`
 //! (`upload`); startup reconciliation of 1,024 records against raw reads (`reconcile`); peak RSS
 //! of the Worker and each supervisor with 1 and 256 sleeping Runs, and steady-state fsyncs per
-//! second (`concurrency`); release binary size (`size`).
+//! second (`concurrency`); quick-Run throughput on the edge and node profiles' defaults against
+//! the serial floor (`throughput`); release binary size (`size`).
 //!
-//! `QL_BENCH_ONLY=fsync,latency,upload,reconcile,rss,size` runs a subset; `QL_BENCH_RUNS` sets the
+//! `QL_BENCH_ONLY=fsync,latency,throughput,upload,reconcile,rss,size` runs a subset; `QL_BENCH_RUNS` sets the
 //! timed lifecycles (default 20); `QL_BENCH_VERBOSE=1` prints each traced lifecycle by file.
 //! See `docs/performance.md` ("Whole-Worker benchmarks") for the method of each row.
 
@@ -24,6 +25,7 @@ mod procfs;
 mod reconcile;
 mod size;
 mod table;
+mod throughput;
 mod upload;
 mod world;
 
@@ -94,6 +96,10 @@ fn main() {
             world::Tunables::SEQUENTIAL.cadence_ms,
             &mut table,
         );
+    }
+    if selected("throughput") {
+        eprintln!("quick-Run throughput, edge and node profile defaults…");
+        throughput::measure(&exe, lifecycle_fsyncs, &mut table);
     }
     if selected("upload") {
         eprintln!("64 MiB upload against sha256sum…");

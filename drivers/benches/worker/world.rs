@@ -83,17 +83,38 @@ pub(crate) struct World {
 
 impl World {
     pub(crate) fn new(tunables: Tunables) -> Self {
+        Self::with_config(
+            "node",
+            &format!(
+                "timeout_ms = 10000\n\n[limits]\ncadence_ms = {}\nmax_concurrent_runs = {}\n\
+                 inbox_capacity = {}\nsession_lease_ms = 30000\nlog_quota_bytes = 65536\n\
+                 log_reserve_bytes = 0\ndrain_budget_ms = 60000\n",
+                tunables.cadence_ms, tunables.max_concurrent_runs, tunables.inbox_capacity,
+            ),
+        )
+    }
+
+    /// A world whose Worker runs `profile` ("edge" or "node") with all its defaults: only the
+    /// state root, the control plane's settings and, when given, `max_concurrent_runs` are
+    /// written.
+    pub(crate) fn with_profile(profile: &str, max_concurrent_runs: Option<u16>) -> Self {
+        let limits = max_concurrent_runs.map_or_else(String::new, |n| {
+            format!("\n[limits]\nmax_concurrent_runs = {n}\n")
+        });
+        Self::with_config(profile, &limits)
+    }
+
+    /// A world with a fresh control plane and state root; `tail` gives what follows the
+    /// `[control_plane]` section's connection settings (more of that section, then others).
+    fn with_config(profile: &str, tail: &str) -> Self {
         let dir = scratch("ql-bench-worker-");
         let cp = ReferenceControlPlane::start(ReferenceOptions::default()).expect("control plane");
         let s = cp.worker_settings();
         let root = dir.path().join("state");
         let text = format!(
-            "profile = \"node\"\nworker_id = \"{}\"\nroot = \"{}\"\n\n[control_plane]\n\
+            "profile = \"{profile}\"\nworker_id = \"{}\"\nroot = \"{}\"\n\n[control_plane]\n\
              origin = \"{}\"\ntrust_anchors = [\"{}\"]\nclient_certificate = \"{}\"\n\
-             client_key = \"{}\"\ncredential_file = \"{}\"\ntimeout_ms = 10000\n\n[limits]\n\
-             cadence_ms = {}\nmax_concurrent_runs = {}\ninbox_capacity = {}\n\
-             session_lease_ms = 30000\nlog_quota_bytes = 65536\nlog_reserve_bytes = 0\n\
-             drain_budget_ms = 60000\n",
+             client_key = \"{}\"\ncredential_file = \"{}\"\n{}",
             s.worker_id,
             root.display(),
             s.origin,
@@ -101,9 +122,7 @@ impl World {
             s.client_cert.display(),
             s.client_key.display(),
             s.credential_file.display(),
-            tunables.cadence_ms,
-            tunables.max_concurrent_runs,
-            tunables.inbox_capacity,
+            tail,
         );
         let config_path = dir.path().join("ql-worker.toml");
         std::fs::write(&config_path, text).expect("config");

@@ -221,7 +221,11 @@ pub struct SupervisorExecutor {
     containment: ContainmentPlan,
     worker_policy_check: bool,
     supervisor_stderr: Option<File>,
-    supervisors: Vec<Child>,
+    /// Live supervisors: the offer, the child and its pidfd (readable once it exits; `None`
+    /// where the kernel has no `pidfd_open`, before Linux 5.3).
+    supervisors: Vec<(OfferId, Child, Option<std::os::fd::OwnedFd>)>,
+    /// Offers whose supervisor was reaped since the last [`SupervisorExecutor::take_exited`].
+    exited: Vec<OfferId>,
 }
 
 /// How long the Worker waits for the supervisor's launch report by default.
@@ -240,6 +244,7 @@ impl SupervisorExecutor {
             worker_policy_check: true,
             supervisor_stderr: None,
             supervisors: Vec::new(),
+            exited: Vec::new(),
         }
     }
 
@@ -299,15 +304,54 @@ impl SupervisorExecutor {
     /// Reaps supervisors that have exited; returns how many are still running. The Worker calls
     /// this from its loop so finished supervisors do not linger as zombies.
     pub fn reap_exited(&mut self) -> usize {
-        self.supervisors
-            .retain_mut(|child| !matches!(child.try_wait(), Ok(Some(_)) | Err(_)));
+        let exited = &mut self.exited;
+        self.supervisors.retain_mut(|(offer_id, child, _)| {
+            let gone = matches!(child.try_wait(), Ok(Some(_)) | Err(_));
+            if gone {
+                exited.push(offer_id.clone());
+            }
+            !gone
+        });
         self.supervisors.len()
+    }
+
+    /// Waits at most `timeout` for a live supervisor to exit: returns as soon as one has (its
+    /// pidfd turns readable), so the Worker runs that Run's completion at once instead of at
+    /// its next poll. Without supervisors, or without pidfds, it just sleeps `timeout`. Whether
+    /// one may have exited (reap to know).
+    pub fn wait_exit(&self, timeout: Duration) -> bool {
+        let mut fds: Vec<PollFd<'_>> = self
+            .supervisors
+            .iter()
+            .filter_map(|(_, _, pidfd)| pidfd.as_ref())
+            .map(|fd| PollFd::new(fd, PollFlags::IN))
+            .collect();
+        if fds.is_empty() {
+            std::thread::sleep(timeout);
+            return false;
+        }
+        let wait = Timespec {
+            tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        // EINTR (a signal) or any failure: the caller checks signals and reaps anyway.
+        poll(&mut fds, Some(&wait)).map_or(true, |ready| ready > 0)
+    }
+
+    /// The offers whose supervisor exited (was reaped) since the last call, in reaping order.
+    /// A supervisor exits once its user process has ended and its receipt is published (or it
+    /// failed), so the Worker can run that record's completion pass at once.
+    pub fn take_exited(&mut self) -> Vec<OfferId> {
+        std::mem::take(&mut self.exited)
     }
 
     /// The supervisors started by this executor that have not been reaped yet (pids).
     #[must_use]
     pub fn supervisor_pids(&self) -> Vec<u32> {
-        self.supervisors.iter().map(Child::id).collect()
+        self.supervisors
+            .iter()
+            .map(|(_, child, _)| child.id())
+            .collect()
     }
 
     fn plan(&self, launch: Launch) -> Result<Plan, RejectReason> {
@@ -370,6 +414,7 @@ impl Executor for SupervisorExecutor {
     fn start(&mut self, launch: Launch) -> ExecutorOutcome {
         self.reap_exited();
         let started_at = launch.executor_started_at;
+        let offer_id = launch.offer_id.clone();
         let plan = match self.plan(launch) {
             Ok(plan) => plan,
             Err(reason) => return ExecutorOutcome::Rejected { reason },
@@ -395,7 +440,11 @@ impl Executor for SupervisorExecutor {
         };
         let delivered = deliver(&mut child, frame);
         let stdout = child.stdout.take();
-        self.supervisors.push(child);
+        let pidfd = rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap_or(0))
+            .and_then(|pid| {
+                rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+            });
+        self.supervisors.push((offer_id, child, pidfd));
         if !delivered {
             // The supervisor acts only on a complete plan frame; an incomplete write proves it
             // never had one.

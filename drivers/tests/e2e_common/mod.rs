@@ -69,6 +69,37 @@ impl World {
         }
     }
 
+    /// A world whose Worker runs the **edge** profile with its defaults: only the state root,
+    /// the control plane's settings and `extra` (`key = value` lines, appended at the end of
+    /// the file, so a `[section]` header in it opens that section) are written.
+    pub fn edge(extra: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = ReferenceControlPlane::start(ReferenceOptions::default()).unwrap();
+        let s = cp.worker_settings();
+        let root = dir.path().join("state");
+        let text = format!(
+            "profile = \"edge\"\nworker_id = \"{}\"\nroot = \"{}\"\n\n[control_plane]\n\
+             origin = \"{}\"\ntrust_anchors = [\"{}\"]\nclient_certificate = \"{}\"\n\
+             client_key = \"{}\"\ncredential_file = \"{}\"\n{extra}",
+            s.worker_id,
+            root.display(),
+            s.origin,
+            s.ca_cert.display(),
+            s.client_cert.display(),
+            s.client_key.display(),
+            s.credential_file.display(),
+        );
+        let config_path = dir.path().join("ql-worker.toml");
+        std::fs::write(&config_path, text).unwrap();
+        let config = Config::load(&config_path, &ql_worker::config::ProcessEnvironment).unwrap();
+        Self {
+            cp,
+            dir,
+            config_path,
+            config,
+        }
+    }
+
     pub fn root(&self) -> &Path {
         &self.config.root
     }
@@ -194,6 +225,18 @@ impl World {
     /// Whether the control plane applied a completion for `run`.
     pub fn completed_at_cp(&self, run: &RunId) -> bool {
         self.cp.run(run).is_some_and(|r| r.completion.is_some())
+    }
+
+    /// Enqueues Run number `n` at the control plane: `script` in the shell.
+    pub fn enqueue_shell(&self, n: u32, script: &str) -> RunId {
+        let revision = ql_worker_tests::control_plane::RevisionBuilder::shell(script)
+            .build()
+            .unwrap();
+        self.cp
+            .enqueue_run(ql_worker_tests::control_plane::RunSpec::numbered(
+                n, revision,
+            ))
+            .unwrap()
     }
 }
 

@@ -46,6 +46,7 @@ use crate::record::State;
 use crate::testkit::act::{Act, SpawnPlan};
 use crate::time::UnixMillis;
 use crate::wire::route::Operation;
+use crate::wire::session::SessionStatus;
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
@@ -127,12 +128,45 @@ impl World {
                     );
                 }
             }
+            Act::PersistSession { .. } => self.check_renewal(),
             Act::ListInbox { .. }
             | Act::ReadRecord { .. }
             | Act::ReadReceipt { .. }
             | Act::AllocateLog { .. }
             | Act::InspectLog { .. }
             | Act::DrawEntropy => {}
+        }
+    }
+
+    /// A new Session replaces the stored one only while the control plane holds it draining or
+    /// offline, and (draining) only once none of its Runs may still be live: a new Session
+    /// fences every lease of the old one.
+    fn check_renewal(&mut self) {
+        let status = self.plane.session_status;
+        if status == SessionStatus::Online {
+            self.violation(
+                "renewal-only-retired",
+                String::from("a new Session while the stored one is online"),
+            );
+            return;
+        }
+        let live = self.disk.records.values().find(|(r, _)| {
+            matches!(
+                r.state,
+                State::Launching | State::Started | State::RunningAcknowledged
+            ) || r.recovery_reason == Some(crate::record::RecoveryReason::LaunchOutcomeUnknown)
+        });
+        if let Some((record, _)) = live
+            && status == SessionStatus::Draining
+        {
+            let name = alias(self, &record.offer.offer_id);
+            self.violation(
+                "renewal-after-runs",
+                format!(
+                    "a new Session while {name} ({}) may still run",
+                    record.state
+                ),
+            );
         }
     }
 

@@ -10,7 +10,7 @@ use core::hash::Hasher;
 use super::{Answer, Mutation, World, hash_debug};
 use crate::claim::{ClaimCreate, PendingClaim, check_clear, check_create, check_replace};
 use crate::envelope;
-use crate::ids::{AttemptId, LogArtifactId, OfferId, Revision};
+use crate::ids::{AttemptId, LogArtifactId, OfferId, Revision, SessionId};
 use crate::io::{Outcome, ReceiptRead, StoreFailure};
 use crate::receipt::Receipt;
 use crate::record::{InboxRecord, check_transition};
@@ -212,6 +212,15 @@ impl World {
         let (lands, outcome) = write_outcome(answer);
         if lands {
             self.disk.put_claim(claim.clone());
+        }
+        outcome
+    }
+
+    /// The stored Session id replaced (`<root>/session`).
+    pub(super) fn persist_session(&mut self, session_id: &SessionId, answer: Answer) -> Outcome {
+        let (lands, outcome) = write_outcome(answer);
+        if lands {
+            self.session_id = Some(session_id.clone());
         }
         outcome
     }

@@ -37,7 +37,7 @@ pub use self::disk::{Disk, Log, StoredReceipt};
 pub use self::plane::{ControlPlane, CpRun, CpStatus, OfferTemplate};
 pub use self::supervisor::{Process, ProcessState, ReceiptKind, Supervisor};
 use crate::capability::{ENTROPY_BYTES, Entropy};
-use crate::ids::OfferId;
+use crate::ids::{OfferId, SessionId};
 use crate::io::Outcome;
 use crate::record::State;
 use crate::testkit::act::Act;
@@ -235,6 +235,8 @@ pub struct World {
     pub mutation: Option<Mutation>,
     /// Short names of offers (`o<n>`), for summaries.
     pub aliases: BTreeMap<OfferId, String>,
+    /// The stored Session id once the Worker replaced it (`None`: the configured one).
+    pub session_id: Option<SessionId>,
 }
 
 impl World {
@@ -251,6 +253,7 @@ impl World {
             violations: Vec::new(),
             mutation: None,
             aliases: BTreeMap::new(),
+            session_id: None,
         }
         .with_capacity(64)
     }
@@ -318,6 +321,8 @@ impl World {
             Act::Stop { .. } => {}
             Act::DrawEntropy if menu.entropy_variants => out.push(A::EntropyVariant),
             Act::DrawEntropy => {}
+            Act::PersistSession { .. } if menu.record_faults => out.extend(store),
+            Act::PersistSession { .. } => {}
         }
         out
     }
@@ -457,6 +462,7 @@ impl World {
             Act::Spawn(plan) => self.spawn(plan, answer),
             Act::Stop { handle } => self.stop(now, handle, answer),
             Act::DrawEntropy => Outcome::EntropyDrawn(self.draw(answer)),
+            Act::PersistSession { session_id } => self.persist_session(session_id, answer),
         };
         self.check_logs_kept(&before);
         outcome
@@ -507,7 +513,7 @@ impl World {
                 record.revision,
                 record.state
             ),
-            Act::ReadClaim | Act::DrawEntropy => String::from(kind),
+            Act::ReadClaim | Act::DrawEntropy | Act::PersistSession { .. } => String::from(kind),
             Act::PersistClaim { claim, .. } => format!("{kind} r{}", claim.revision),
             Act::ClearClaim { revision, .. } => format!("{kind} r{revision}"),
             Act::ReadReceipt { attempt_id } | Act::RemoveReceipt { attempt_id } => {
@@ -556,6 +562,7 @@ impl World {
         }
         hash_debug(hasher, &(&self.evidence.spawns, &self.evidence.delivered));
         hash_debug(hasher, &self.mutation);
+        hash_debug(hasher, &self.session_id);
     }
 }
 

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::{Answer, World, hash_debug};
 use crate::ids::{
-    CallbackSequence, ExecutorHandle, LeaseToken, LeaseVersion, LogArtifactId, OfferId,
+    CallbackSequence, ExecutorHandle, LeaseToken, LeaseVersion, LogArtifactId, OfferId, SessionId,
     Sha256Digest,
 };
 use crate::io::{HttpFailure, Outcome};
@@ -149,6 +149,8 @@ pub struct ControlPlane {
     pub session_version: u64,
     /// Worker Session status.
     pub session_status: SessionStatus,
+    /// The Session registered last (`None`: the sample one).
+    pub session_id: Option<SessionId>,
     /// Session lease granted per register/heartbeat.
     pub session_lease_ms: u64,
 }
@@ -160,13 +162,17 @@ impl ControlPlane {
             runs: BTreeMap::new(),
             session_version: 0,
             session_status: SessionStatus::Online,
+            session_id: None,
             session_lease_ms: 30_000,
         }
     }
 
     pub(super) fn fingerprint(&self, hasher: &mut dyn Hasher) {
         hasher.write_usize(self.templates.len());
-        hash_debug(hasher, &(self.session_version, self.session_status));
+        hash_debug(
+            hasher,
+            &(self.session_version, self.session_status, &self.session_id),
+        );
         for run in self.runs.values() {
             hash_debug(
                 hasher,
@@ -259,10 +265,19 @@ impl World {
     }
 
     fn session(&mut self, now: UnixMillis, operation: Operation, v: &Value) -> Outcome {
+        // The Worker calls with the stored Session id (the sample one until it replaces it).
+        let stored = self.session_id.clone();
         let plane = &mut self.plane;
         let schema = match operation {
             Operation::Register => {
-                plane.session_version += 1;
+                if plane.session_id != stored {
+                    // A new Session id replaces the old Session: online, version 0.
+                    plane.session_id = stored.clone();
+                    plane.session_status = SessionStatus::Online;
+                    plane.session_version = 0;
+                } else {
+                    plane.session_version += 1;
+                }
                 REGISTER_SCHEMA
             }
             Operation::Transition => {
@@ -281,7 +296,7 @@ impl World {
         let w = worker();
         let response = SessionResponse {
             worker_id: w.worker_id,
-            session_id: w.session_id,
+            session_id: stored.unwrap_or(w.session_id),
             generation: w.generation,
             version: plane.session_version,
             status: plane.session_status,
@@ -320,7 +335,12 @@ impl World {
             );
         }
         if !known && let Some(t) = self.plane.templates.pop_front() {
-            let offer = offer_for(t.n, id.clone(), token, t.revision, now, t.lease_ms);
+            let mut offer = offer_for(t.n, id.clone(), token, t.revision, now, t.lease_ms);
+            // Claimed by the Session the Worker calls with (a new one once it replaced it).
+            if let Some(session_id) = &self.session_id {
+                offer.worker.session_id = session_id.clone();
+                offer.lease.worker_session_id = session_id.clone();
+            }
             self.aliases.insert(id.clone(), format!("o{}", t.n));
             self.plane.runs.insert(id.clone(), new_run(t.n, offer));
         }

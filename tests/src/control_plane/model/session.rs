@@ -111,10 +111,12 @@ pub(crate) fn parse_capabilities(json: &str, hash_hex: &str) -> Result<Capabilit
 }
 
 impl ControlPlane {
-    /// `register`: the same Session id while not offline keeps its generation (version +1,
-    /// `replacedSession: false`); a new Session id replaces the Worker's Session (generation +1,
-    /// version 0, `replacedSession: true`, every lease of the old generation is fenced from now
-    /// on); re-registering an offline Session starts a new generation too.
+    /// `register`: the same Session id while not offline keeps its generation and its status
+    /// (version +1, `replacedSession: false`; a `draining` Session stays `draining`, as the
+    /// reference's control plane keeps it); a new Session id replaces the Worker's Session
+    /// (generation +1, version 0, `online`, `replacedSession: true`, every lease of the old
+    /// generation is fenced from now on); re-registering an offline Session starts a new
+    /// generation too.
     pub(super) fn register(&mut self, ctx: &Ctx<'_>, body: &[u8]) -> Handled {
         let request = requests::register(body)?;
         let capabilities = parse_capabilities(
@@ -124,13 +126,21 @@ impl ControlPlane {
         ctx.storage()?;
         let now = ctx.now;
         let existing = self.state.sessions.get(ctx.worker_id());
-        let (generation, version, registered_at, replaced, reason) = match existing {
-            None => (WorkerGeneration::FIRST, 0, now, false, "registered"),
+        let (generation, version, registered_at, replaced, status, reason) = match existing {
+            None => (
+                WorkerGeneration::FIRST,
+                0,
+                now,
+                false,
+                SessionStatus::Online,
+                "registered",
+            ),
             Some(s) if &s.session_id == ctx.session_id() && s.status != SessionStatus::Offline => (
                 s.generation,
                 s.version + 1,
                 s.registered_at,
                 false,
+                s.status,
                 "re-registered",
             ),
             Some(s) => {
@@ -139,7 +149,14 @@ impl ControlPlane {
                     .next()
                     .map_err(|_| Reject::new(ErrorCode::WorkerSessionFenced, "generation"))?;
                 let replaced = &s.session_id != ctx.session_id();
-                (next, 0, now, replaced, "new generation")
+                (
+                    next,
+                    0,
+                    now,
+                    replaced,
+                    SessionStatus::Online,
+                    "new generation",
+                )
             }
         };
         let record = SessionRecord {
@@ -147,11 +164,15 @@ impl ControlPlane {
             session_id: ctx.session_id().clone(),
             generation,
             version,
-            status: SessionStatus::Online,
+            status,
             capabilities_json: request.capabilities_json,
             capabilities,
             max_concurrent_runs: request.max_concurrent_runs,
-            available_slots: request.available_slots,
+            available_slots: if status == SessionStatus::Online {
+                request.available_slots
+            } else {
+                0
+            },
             lease_duration_ms: request.lease_duration_ms,
             registered_at,
             last_heartbeat_at: now,

@@ -1,0 +1,440 @@
+//! Retention: which settled records, archived records and logs may be removed (SPEC §3, "inbox
+//! retention"; SPEC §10, "capacity"). Pure functions of facts the driver gathers; the driver
+//! only carries the [`Plan`] out (`drivers/src/retention.rs`).
+//!
+//! Rules:
+//! * A **record** is removable once nothing can need it again: it is settled
+//!   (`completion_acknowledged`, `start_failure_acknowledged`: the control plane acknowledged
+//!   it), its receipt is gone (the receipt holds the completion capability and is removed only
+//!   after `completion_acknowledged` is durable) and no pending claim names its offer (a crash
+//!   between storing an offer and clearing its claim leaves such a claim; the next Pull clears
+//!   it after finding the record). How long its log is kept does not matter.
+//! * Removable records older than `max_settled_age_ms` (since `updatedAtMs`) go; then, while the
+//!   inbox holds more than `high_water_records`, the oldest removable ones (by `updatedAtMs`,
+//!   then offer id).
+//! * A **log** (and its truncation fact) is kept `log_keep_ms` on its own. While its record is
+//!   in the inbox, from the record's settlement: `completionAcknowledgedAtMs`, or `updatedAtMs`
+//!   for a `start_failure_acknowledged` record (the Executor proved nothing ran). Once no inbox
+//!   record names it (its record was removed or archived), from the log's own metadata: the
+//!   time it was last written (the later of the log's and its fact's modification times),
+//!   which is when capture ended. A log an inbox record names is never removed before that
+//!   record is settled.
+//! * An **archived** record (`ql-worker recover --archive`, `<root>/archive/`) is kept
+//!   `max_settled_age_ms` after it was archived, then removed; it never counts against the
+//!   inbox.
+//!
+//! [`due`] says when a sweep is worth running; [`archivable`] is the operator's archive rule.
+
+use alloc::vec::Vec;
+
+use crate::ids::{LogArtifactId, OfferId, Revision};
+use crate::record::{InboxRecord, State};
+use crate::time::UnixMillis;
+use crate::wire::artifact::derive_log_artifact_id;
+
+/// Retention configuration (`[retention]` in the configuration file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetentionPolicy {
+    /// Above this many records in the inbox, the oldest removable settled records are removed.
+    pub high_water_records: usize,
+    /// Removable records settled longer than this, and archived records archived longer than
+    /// this, are removed; `None`: never by age.
+    pub max_settled_age_ms: Option<u64>,
+    /// How long a log is kept after its Run settled (or, once no record names it, after it was
+    /// last written).
+    pub log_keep_ms: u64,
+}
+
+impl Default for RetentionPolicy {
+    /// 48 records (three quarters of the default capacity of 64), 7 days, 24 hours.
+    fn default() -> Self {
+        Self {
+            high_water_records: 48,
+            max_settled_age_ms: Some(7 * 24 * 3600 * 1000),
+            log_keep_ms: 24 * 3600 * 1000,
+        }
+    }
+}
+
+/// One inbox record as retention sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordFacts {
+    /// The offer.
+    pub offer_id: OfferId,
+    /// Its revision (the removal is a CAS on it).
+    pub revision: Revision,
+    /// Its state.
+    pub state: State,
+    /// `updatedAtMs`.
+    pub updated_at_ms: UnixMillis,
+    /// `completionAcknowledgedAtMs`.
+    pub completion_acknowledged_at_ms: Option<UnixMillis>,
+    /// The log this record names or will name (the id is derived from the offer, so a record
+    /// that has not reached `launching` yet already owns it).
+    pub log_artifact_id: LogArtifactId,
+    /// Whether the completion receipt of its attempt is on disk (an unreadable one counts as
+    /// present).
+    pub receipt_present: bool,
+    /// Whether the pending claim names this offer.
+    pub claimed: bool,
+}
+
+impl RecordFacts {
+    /// The facts of `record`, given what the driver found beside it.
+    #[must_use]
+    pub fn of(record: &InboxRecord, receipt_present: bool, claimed: bool) -> Self {
+        let offer = &record.offer;
+        let derived = derive_log_artifact_id(
+            &offer.candidate.project_id,
+            &offer.candidate.run_id,
+            &offer.candidate.attempt_id,
+            &offer.offer_id,
+        );
+        Self {
+            offer_id: offer.offer_id.clone(),
+            revision: record.revision,
+            state: record.state,
+            updated_at_ms: record.updated_at_ms,
+            completion_acknowledged_at_ms: record.completion_acknowledged_at_ms,
+            log_artifact_id: record.log_artifact_id.clone().unwrap_or(derived),
+            receipt_present,
+            claimed,
+        }
+    }
+
+    /// Whether nothing can need this record again (see the module rules).
+    #[must_use]
+    pub fn removable(&self) -> bool {
+        self.state.is_terminal() && !self.receipt_present && !self.claimed
+    }
+
+    /// When this record's Run settled, for its log's keep period (`None`: not settled).
+    #[must_use]
+    pub fn settled_at(&self) -> Option<UnixMillis> {
+        match self.state {
+            State::CompletionAcknowledged => self.completion_acknowledged_at_ms,
+            State::StartFailureAcknowledged => Some(self.updated_at_ms),
+            State::Accepted
+            | State::StartingAcknowledged
+            | State::Launching
+            | State::Started
+            | State::RunningAcknowledged
+            | State::StartFailed
+            | State::RecoveryRequired => None,
+        }
+    }
+}
+
+/// A log file on disk, with its own metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogFacts {
+    /// The log.
+    pub log_artifact_id: LogArtifactId,
+    /// When it was last written: the later modification time of the log and its truncation
+    /// fact (capture ended then).
+    pub written_at_ms: UnixMillis,
+}
+
+/// An archived record, with the time it was archived.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArchivedFacts {
+    /// The offer.
+    pub offer_id: OfferId,
+    /// When it was moved into the archive.
+    pub archived_at_ms: UnixMillis,
+}
+
+/// What to remove, in this order: logs, records, archived records.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Logs to remove (with their truncation facts), ascending.
+    pub logs: Vec<LogArtifactId>,
+    /// Inbox records to remove, oldest first, each with the revision it must still have.
+    pub records: Vec<(OfferId, Revision)>,
+    /// Archived records to remove, ascending.
+    pub archived: Vec<OfferId>,
+}
+
+impl Plan {
+    /// Whether the plan removes nothing.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.logs.is_empty() && self.records.is_empty() && self.archived.is_empty()
+    }
+}
+
+fn older_than(now: UnixMillis, since: UnixMillis, ms: u64) -> bool {
+    now.saturating_since(since) >= ms
+}
+
+/// The retention decision for an inbox of `records` (every record of it), the logs on disk
+/// (`None`: not scanned this time, so only logs of inbox records are considered) and the
+/// archived records (`None`: not scanned). See the module rules.
+#[must_use]
+pub fn plan(
+    records: &[RecordFacts],
+    logs: Option<&[LogFacts]>,
+    archived: Option<&[ArchivedFacts]>,
+    now: UnixMillis,
+    policy: &RetentionPolicy,
+) -> Plan {
+    let mut removable: Vec<&RecordFacts> = records.iter().filter(|r| r.removable()).collect();
+    removable.sort_by(|a, b| (a.updated_at_ms, &a.offer_id).cmp(&(b.updated_at_ms, &b.offer_id)));
+    let mut remaining = records.len();
+    let mut removed_records = Vec::new();
+    for r in removable {
+        let expired = policy
+            .max_settled_age_ms
+            .is_some_and(|age| older_than(now, r.updated_at_ms, age));
+        if expired || remaining > policy.high_water_records {
+            removed_records.push((r.offer_id.clone(), r.revision));
+            remaining -= 1;
+        }
+    }
+    // Logs of inbox records: only once the record is settled and the keep period passed.
+    let mut removed_logs: Vec<LogArtifactId> = records
+        .iter()
+        .filter(|r| {
+            r.settled_at()
+                .is_some_and(|at| older_than(now, at, policy.log_keep_ms))
+        })
+        .map(|r| r.log_artifact_id.clone())
+        .collect();
+    // Logs no inbox record names, by their own metadata. A log named by a record removed in
+    // this very plan counts as named here; the next sweep sees it unnamed.
+    if let Some(logs) = logs {
+        for log in logs {
+            let named = records
+                .iter()
+                .any(|r| r.log_artifact_id == log.log_artifact_id);
+            if !named && older_than(now, log.written_at_ms, policy.log_keep_ms) {
+                removed_logs.push(log.log_artifact_id.clone());
+            }
+        }
+    }
+    removed_logs.sort();
+    removed_logs.dedup();
+    let mut removed_archived: Vec<OfferId> = archived
+        .unwrap_or_default()
+        .iter()
+        .filter(|a| {
+            policy
+                .max_settled_age_ms
+                .is_some_and(|age| older_than(now, a.archived_at_ms, age))
+        })
+        .map(|a| a.offer_id.clone())
+        .collect();
+    removed_archived.sort();
+    Plan {
+        logs: removed_logs,
+        records: removed_records,
+        archived: removed_archived,
+    }
+}
+
+/// Whether a sweep is worth running now: the periodic sweep is due (`periodic_due`), or the
+/// inbox holds more than `high_water_records` and its `(records, settled)` counts changed since
+/// the last sweep (`last_swept`): a record came, or one settled. So an inbox above the mark is
+/// brought back as soon as a record may go, and one full of live Runs is not rescanned between
+/// every two commands.
+#[must_use]
+pub fn due(
+    records: usize,
+    settled: usize,
+    last_swept: Option<(usize, usize)>,
+    periodic_due: bool,
+    policy: &RetentionPolicy,
+) -> bool {
+    periodic_due || (records > policy.high_water_records && last_swept != Some((records, settled)))
+}
+
+/// Why a record may not be archived.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArchiveRefusal {
+    /// Only `recovery_required` records, or dormant ones (before the spawn barrier with the
+    /// lease expired: nothing ran and nothing can start), may be archived.
+    NotReviewable(State),
+}
+
+impl core::fmt::Display for ArchiveRefusal {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::NotReviewable(state) => write!(
+                f,
+                "the record is {state}: only a recovery_required record or a dormant one \
+                 (accepted, starting_acknowledged or start_failed with its lease expired) can \
+                 be archived"
+            ),
+        }
+    }
+}
+
+/// The operator's archive rule (`ql-worker recover --archive`): a `recovery_required` record,
+/// or a dormant one at `now`. Archiving moves the record out of the inbox and removes its
+/// receipt (the capability it holds can never be used again: no completion follows an archive).
+///
+/// # Errors
+/// [`ArchiveRefusal`] for any other record.
+pub fn archivable(record: &InboxRecord, now: UnixMillis) -> Result<(), ArchiveRefusal> {
+    if record.state == State::RecoveryRequired || record.is_dormant(now) {
+        Ok(())
+    } else {
+        Err(ArchiveRefusal::NotReviewable(record.state))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> UnixMillis {
+        UnixMillis::new(v).unwrap()
+    }
+
+    fn log(n: u32) -> LogArtifactId {
+        LogArtifactId::new(alloc::format!("wlog-{n:030x}")).unwrap()
+    }
+
+    fn facts(n: u32, state: State, at: u64) -> RecordFacts {
+        RecordFacts {
+            offer_id: OfferId::new(alloc::format!("offer-{n:03}")).unwrap(),
+            revision: Revision::new(5).unwrap(),
+            state,
+            updated_at_ms: ms(at),
+            completion_acknowledged_at_ms: (state == State::CompletionAcknowledged)
+                .then_some(ms(at)),
+            log_artifact_id: log(n),
+            receipt_present: false,
+            claimed: false,
+        }
+    }
+
+    const POLICY: RetentionPolicy = RetentionPolicy {
+        high_water_records: 3,
+        max_settled_age_ms: Some(10_000),
+        log_keep_ms: 100,
+    };
+
+    fn ids(plan: &Plan) -> Vec<&str> {
+        plan.records.iter().map(|(id, _)| id.as_str()).collect()
+    }
+
+    #[test]
+    fn above_the_mark_the_oldest_removable_go_whatever_their_log_keep_time() {
+        let records = [
+            facts(1, State::CompletionAcknowledged, 3000),
+            facts(2, State::StartFailureAcknowledged, 1000),
+            facts(3, State::CompletionAcknowledged, 2000),
+            // Settled a moment ago: its log is kept, the record goes anyway.
+            facts(4, State::CompletionAcknowledged, 5040),
+            facts(5, State::RunningAcknowledged, 10),
+            facts(6, State::Accepted, 10),
+        ];
+        let p = plan(&records, None, None, ms(5050), &POLICY);
+        assert_eq!(ids(&p), ["offer-002", "offer-003", "offer-001"]);
+        // Logs 1-3 are past the keep period; 4 is not, 5 and 6 are not settled.
+        assert_eq!(p.logs, [log(1), log(2), log(3)]);
+    }
+
+    #[test]
+    fn at_or_below_the_mark_nothing_goes_before_the_age() {
+        let records = [
+            facts(1, State::CompletionAcknowledged, 1000),
+            facts(2, State::RunningAcknowledged, 1000),
+            facts(3, State::Accepted, 1000),
+        ];
+        let p = plan(&records, None, None, ms(1050), &POLICY);
+        assert_eq!(p, Plan::default(), "at the mark, before the log keep time");
+        let p = plan(&records, None, None, ms(1100), &POLICY);
+        assert!(p.records.is_empty(), "at the mark: the record stays");
+        assert_eq!(p.logs, [log(1)], "its log goes after the keep period");
+        let p = plan(&records, None, None, ms(11_000), &POLICY);
+        assert_eq!(ids(&p), ["offer-001"], "past the age even below the mark");
+    }
+
+    #[test]
+    fn a_receipt_on_disk_a_pending_claim_or_an_unsettled_state_keeps_a_record() {
+        let mut with_receipt = facts(1, State::CompletionAcknowledged, 0);
+        with_receipt.receipt_present = true;
+        let mut claimed = facts(2, State::CompletionAcknowledged, 0);
+        claimed.claimed = true;
+        let mut records = alloc::vec![with_receipt, claimed];
+        for (n, state) in [
+            State::Accepted,
+            State::StartingAcknowledged,
+            State::Launching,
+            State::Started,
+            State::RunningAcknowledged,
+            State::StartFailed,
+            State::RecoveryRequired,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            records.push(facts(10 + u32::try_from(n).unwrap(), state, 0));
+        }
+        let p = plan(&records, None, None, ms(1_000_000_000), &POLICY);
+        assert!(p.records.is_empty(), "{p:?}");
+        assert_eq!(p.logs, [log(1), log(2)], "settled: the logs may go");
+    }
+
+    #[test]
+    fn a_log_no_record_names_is_kept_from_its_own_write_time() {
+        let records = [facts(1, State::RunningAcknowledged, 0)];
+        let logs = [
+            // Named by the live record: never removed here, however old.
+            LogFacts {
+                log_artifact_id: log(1),
+                written_at_ms: ms(0),
+            },
+            LogFacts {
+                log_artifact_id: log(7),
+                written_at_ms: ms(1000),
+            },
+            LogFacts {
+                log_artifact_id: log(8),
+                written_at_ms: ms(1001),
+            },
+        ];
+        let p = plan(&records, Some(&logs), None, ms(1100), &POLICY);
+        assert_eq!(p.logs, [log(7)]);
+        assert!(p.records.is_empty());
+    }
+
+    #[test]
+    fn archived_records_go_after_the_age_since_they_were_archived() {
+        let archived = [
+            ArchivedFacts {
+                offer_id: OfferId::new("offer-a").unwrap(),
+                archived_at_ms: ms(1000),
+            },
+            ArchivedFacts {
+                offer_id: OfferId::new("offer-b").unwrap(),
+                archived_at_ms: ms(5000),
+            },
+        ];
+        let p = plan(&[], None, Some(&archived), ms(11_000), &POLICY);
+        assert_eq!(p.archived, [OfferId::new("offer-a").unwrap()]);
+        let never = RetentionPolicy {
+            max_settled_age_ms: None,
+            ..POLICY
+        };
+        assert!(plan(&[], None, Some(&archived), ms(u64::MAX >> 12), &never).is_empty());
+    }
+
+    #[test]
+    fn a_sweep_is_due_above_the_mark_once_per_change_or_when_periodic() {
+        assert!(!due(3, 3, None, false, &POLICY), "at the mark");
+        assert!(
+            due(4, 0, None, false, &POLICY),
+            "above the mark, never swept"
+        );
+        assert!(
+            !due(4, 0, Some((4, 0)), false, &POLICY),
+            "nothing changed since"
+        );
+        assert!(due(5, 0, Some((4, 0)), false, &POLICY), "one more record");
+        assert!(due(4, 1, Some((4, 0)), false, &POLICY), "one more settled");
+        assert!(due(0, 0, Some((0, 0)), true, &POLICY), "periodic");
+    }
+}

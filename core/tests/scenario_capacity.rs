@@ -1,0 +1,260 @@
+//! Issue 14 against the simulated host: Pull bursts while slots and room remain, a supervisor's
+//! exit offering its freed slot at once, no Pull without room in the inbox (and no slot offered
+//! that the inbox could not store), retention's removals freeing room, and a start that finds
+//! its Session draining: its live Runs finish under it, then a new Session takes work.
+
+use ql_worker_core::io::Input;
+use ql_worker_core::listing::Capacity;
+use ql_worker_core::record::State;
+use ql_worker_core::testkit::act::Act;
+use ql_worker_core::testkit::sim::Sim;
+use ql_worker_core::testkit::world::{Event, OfferTemplate, ReceiptKind, World};
+use ql_worker_core::testkit::{self};
+use ql_worker_core::time::UnixMillis;
+use ql_worker_core::wire::route::Operation;
+use ql_worker_core::wire::session::SessionStatus;
+
+fn ms(v: u64) -> UnixMillis {
+    UnixMillis::new(v).unwrap()
+}
+
+fn sim(world: World, slots: u16, capacity: u64) -> Sim {
+    let mut config = testkit::config();
+    config.max_concurrent_runs = slots;
+    config.capacity = Capacity::new(capacity).unwrap();
+    Sim::new(config, world, ms(1_000)).recording()
+}
+
+fn count(trail: &[String], line: &str) -> usize {
+    trail.iter().filter(|l| *l == line).count()
+}
+
+/// The offer id the control plane handed out for Run `n` (offer ids are drawn by the Worker).
+fn offer_of(sim: &Sim, n: u32) -> ql_worker_core::ids::OfferId {
+    sim.world
+        .plane
+        .runs
+        .iter()
+        .find(|(_, run)| run.n == n)
+        .map(|(id, _)| id.clone())
+        .unwrap_or_else(|| panic!("no offer for run {n}"))
+}
+
+fn offers(n: u32) -> World {
+    World::new(1, (1..=n).map(OfferTemplate::sample).collect())
+}
+
+/// The `availableSlots` of every heartbeat sent so far.
+fn heartbeat_slots(sim: &Sim) -> Vec<u64> {
+    sim.stream
+        .iter()
+        .flatten()
+        .filter_map(|act| match act {
+            Act::Post {
+                operation: Operation::Heartbeat,
+                body,
+                ..
+            } => serde_json::from_slice::<serde_json::Value>(body)
+                .ok()
+                .and_then(|v| v["availableSlots"].as_u64()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn one_tick_pulls_until_the_slots_are_full_and_a_freed_slot_is_offered_at_once() {
+    let mut sim = sim(offers(3), 2, 64);
+    sim.run(3);
+    let trail = sim.commands();
+    // Register, reconcile, then one active tick: two Pulls back to back (both slots), no third.
+    assert_eq!(count(&trail, "post offers"), 2, "{trail:#?}");
+    assert_eq!(count(&trail, "spawn o1") + count(&trail, "spawn o2"), 2);
+    assert!(!trail.iter().any(|l| l == "spawn o3"));
+    let first = trail.iter().position(|l| l == "post offers").unwrap();
+    let spawn = trail.iter().position(|l| l == "spawn o1").unwrap();
+    let second = trail.iter().rposition(|l| l == "post offers").unwrap();
+    assert!(
+        first < spawn && spawn < second,
+        "the burst Pulls after the offer started"
+    );
+
+    // o1's process exits: without waiting for a tick, its completion runs and the freed slot
+    // takes o3 (the clock has not moved).
+    sim.take_trail();
+    let now = sim.now;
+    sim.event(Event::Exit {
+        index: 0,
+        code: 0,
+        receipt: ReceiptKind::Genuine,
+    });
+    sim.notify(Input::ProcessExited {
+        offer_id: offer_of(&sim, 1),
+    });
+    sim.settle();
+    assert_eq!(sim.now, now);
+    let trail = sim.commands();
+    let completed = trail
+        .iter()
+        .position(|l| l.contains("o1") && l.ends_with("completion_acknowledged"))
+        .unwrap_or_else(|| panic!("o1 completed: {trail:#?}"));
+    let spawned = trail.iter().position(|l| l == "spawn o3").unwrap();
+    assert!(completed < spawned);
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
+
+#[test]
+fn an_idle_answer_ends_the_burst() {
+    let mut sim = sim(offers(1), 4, 64);
+    sim.run(3);
+    let trail = sim.commands();
+    // The first Pull gets o1, the burst's second is answered idle, and no third follows.
+    assert_eq!(count(&trail, "post offers"), 2, "{trail:#?}");
+    assert_eq!(count(&trail, "spawn o1"), 1);
+}
+
+#[test]
+fn a_full_inbox_takes_no_offer_and_offers_no_slot_until_retention_frees_a_place() {
+    let mut world = offers(1);
+    world.seed(7, testkit::record(7, State::CompletionAcknowledged), false);
+    world.seed(
+        8,
+        testkit::record(8, State::StartFailureAcknowledged),
+        false,
+    );
+    let mut sim = sim(world, 2, 2);
+    // Past the heartbeat interval (10 s at a 2 s cadence), so a heartbeat reports the slots.
+    sim.run(8);
+    let trail = sim.commands();
+    assert!(
+        !trail
+            .iter()
+            .any(|l| l == "read-claim" || l == "post offers"),
+        "no Pull without room: {trail:#?}"
+    );
+    let status = sim.worker.inbox_status();
+    assert!(status.full && status.full_deferrals >= 5, "{status:?}");
+    assert_eq!((status.records, status.capacity, status.settled), (2, 2, 2));
+    // Two free slots, but no place to store an offer: the heartbeat offers none.
+    let slots = heartbeat_slots(&sim);
+    assert!(
+        !slots.is_empty() && slots.iter().all(|s| *s == 0),
+        "{slots:?}"
+    );
+
+    // A report about a record retention did not remove, or a live one, changes nothing.
+    sim.notify(Input::RecordRemoved {
+        offer_id: testkit::offer_id(99),
+    });
+    assert_eq!(sim.worker.inbox_status().records, 2);
+
+    // Retention removes one settled record and reports it: the next tick Pulls (after a
+    // heartbeat reporting the freed slot, since the last one said none).
+    sim.world.disk.records.remove(&testkit::offer_id(7));
+    sim.notify(Input::RecordRemoved {
+        offer_id: testkit::offer_id(7),
+    });
+    sim.take_trail();
+    sim.run(1);
+    let trail = sim.commands();
+    let beat = trail.iter().position(|l| l == "post heartbeat");
+    let pull = trail.iter().position(|l| l == "post offers");
+    assert!(beat.is_some() && beat < pull, "{trail:#?}");
+    assert_eq!(count(&trail, "spawn o1"), 1);
+    assert_eq!(heartbeat_slots(&sim).last(), Some(&1));
+    // Full again (o1 and o8): no second Pull.
+    assert_eq!(count(&trail, "post offers"), 1);
+    assert!(sim.worker.inbox_status().full);
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
+
+#[test]
+fn a_session_found_draining_finishes_its_live_runs_then_a_new_session_takes_work() {
+    let mut world = offers(1);
+    world.seed(5, testkit::record(5, State::RunningAcknowledged), true);
+    // A previous start's drain did not finish: the control plane holds the Session draining.
+    world.plane.session_status = SessionStatus::Draining;
+    let mut sim = sim(world, 2, 64);
+    sim.run(4);
+    let trail = sim.commands();
+    assert!(sim.worker.retiring());
+    assert!(
+        !trail
+            .iter()
+            .any(|l| l == "persist-session" || l == "post offers"),
+        "no new Session and no Pull while o5 runs: {trail:#?}"
+    );
+    assert!(
+        trail.iter().any(|l| l == "post lease-control o5"),
+        "o5 supervised"
+    );
+
+    // o5 ends: completed under the old Session, then the new Session, then work.
+    sim.take_trail();
+    sim.event(Event::Exit {
+        index: 0,
+        code: 0,
+        receipt: ReceiptKind::Genuine,
+    });
+    sim.run(5);
+    let trail = sim.commands();
+    let at = |line: &str| {
+        trail
+            .iter()
+            .position(|l| l == line)
+            .unwrap_or_else(|| panic!("{line} in {trail:#?}"))
+    };
+    let completed = trail
+        .iter()
+        .position(|l| l.starts_with("persist-record o5") && l.ends_with("completion_acknowledged"))
+        .unwrap();
+    let persisted = at("persist-session");
+    let registered = at("post register");
+    let pulled = at("post offers");
+    assert!(completed < persisted && persisted < registered && registered < pulled);
+    assert_eq!(count(&trail, "spawn o1"), 1);
+    let new = sim
+        .world
+        .session_id
+        .clone()
+        .expect("a new Session id stored");
+    assert_ne!(new, testkit::worker().session_id);
+    assert_eq!(sim.worker.session_id(), &new);
+    assert!(!sim.worker.retiring());
+    let o1 = sim.world.disk.record(&offer_of(&sim, 1)).unwrap().clone();
+    assert_eq!(
+        o1.offer.worker.session_id, new,
+        "o1 belongs to the new Session"
+    );
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+
+    // A crash now restarts on the stored (new) Session: nothing is replaced again.
+    sim.crash();
+    sim.take_trail();
+    sim.run(3);
+    assert!(!sim.commands().iter().any(|l| l == "persist-session"));
+    assert!(!sim.worker.retiring());
+}
+
+#[test]
+fn a_drain_asked_for_at_this_start_is_not_a_retiring_session() {
+    let mut world = offers(1);
+    world.plane.session_status = SessionStatus::Draining;
+    let mut sim = sim(world, 2, 64);
+    sim.request_drain();
+    sim.run(4);
+    assert!(!sim.worker.retiring());
+    assert!(!sim.commands().iter().any(|l| l == "persist-session"));
+}
