@@ -176,12 +176,14 @@ set -e
 t0=$(date +%s)
 log="$here/target/edge/smoke-$target.log"
 mkdir -p "$(dirname "$log")"
+# `--workspace`: the same feature resolution as `cargo test --workspace --release`, so CI's test
+# step has built these test binaries already (`-p ql-worker` would rebuild four crates).
 test_args=()
 for t in "${TESTS[@]}"; do test_args+=(--test "$t"); done
 note "running ${TESTS[*]} against $bin under $qemu (log: $log)"
 set +e
 QL_WORKER_BIN_UNDER_TEST="$bin" QL_WORKER_EMULATOR="$qemu" \
-  cargo test --release --locked -p ql-worker "${test_args[@]}" >"$log" 2>&1
+  cargo test --workspace --release --locked "${test_args[@]}" >"$log" 2>&1
 rc=$?
 set -e
 test_seconds=$(($(date +%s) - t0))
