@@ -34,7 +34,43 @@ readonly BFM=/proc/sys/fs/binfmt_misc
 target="${1:-}"
 started=$(date +%s)
 
+mounted_here=0
+entry=""
+qemu=""
+bin=""
+# Processes this smoke left behind if a test failed half-way: Workers of this binary and
+# supervisors (`... /proc/self/fd/N ql-worker __supervise`) under this emulator, which lives in
+# this tree's target/edge. Killed by pid; nothing else is touched.
+kill_leftovers() {
+  local p args
+  for p in /proc/[0-9]*; do
+    [ "$(readlink "$p/exe" 2>/dev/null)" = "$qemu" ] || continue
+    args="$(tr '\0' '\n' <"$p/cmdline" 2>/dev/null)" || continue
+    grep -qxF -e "$bin" -e __supervise <<<"$args" || continue
+    note "killing leftover ${p#/proc/}: $(tr '\n' ' ' <<<"$args")"
+    kill -KILL "${p#/proc/}" 2>/dev/null || true
+  done
+}
+cleanup() {
+  [ -z "$entry" ] || kill_leftovers
+  if [ -n "$entry" ] && [ -e "$BFM/$entry" ]; then
+    echo -1 >"$BFM/$entry" || note "could not remove binfmt_misc entry $entry"
+  fi
+  entry=""
+  # Unmount only what this script mounted, and only while no other entry uses it.
+  if [ "$mounted_here" = 1 ]; then
+    local other="" e
+    for e in "$BFM"/*; do
+      case "${e##*/}" in register | status) ;; *) other="$e" ;; esac
+    done
+    [ -n "$other" ] || umount "$BFM" || note "could not unmount $BFM"
+    mounted_here=0
+  fi
+}
+# The result line comes last: undo the set-up first (the EXIT trap covers other exits).
 result() {
+  cleanup
+  trap - EXIT
   printf 'edge smoke %s: %s\n' "${target:-?}" "$*"
 }
 fail() {
@@ -129,17 +165,6 @@ qemu_version="$("$qemu" --version | sed -n 's/.*version \([^ ]*\).*/\1/p' | head
 note "emulator: $qemu ($qemu_version)"
 
 # --- 3. binfmt_misc --------------------------------------------------------------------------------
-mounted_here=0
-entry=""
-cleanup() {
-  if [ -n "$entry" ] && [ -e "$BFM/$entry" ]; then
-    echo -1 >"$BFM/$entry" || note "could not remove binfmt_misc entry $entry"
-  fi
-  # Unmount only what this script mounted, and only while no other entry uses it.
-  if [ "$mounted_here" = 1 ] && [ -z "$(ls "$BFM" | grep -vx -e register -e status)" ]; then
-    umount "$BFM" || note "could not unmount $BFM"
-  fi
-}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
@@ -169,8 +194,9 @@ set +e
 demo_out="$("$bin" demo 2>&1)"
 demo_rc=$?
 set -e
-[ "$demo_rc" -eq 2 ] && grep -q 'built without the `demo` feature' <<<"$demo_out" ||
+if [ "$demo_rc" -ne 2 ] || ! grep -q 'built without the `demo` feature' <<<"$demo_out"; then
   fail "'ql-worker demo' on an edge build must exit 2 and say why (got $demo_rc: $demo_out)"
+fi
 
 # --- 5. the real-binary tests against the emulated binary ------------------------------------------
 t0=$(date +%s)
