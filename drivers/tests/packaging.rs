@@ -78,7 +78,8 @@ fn service_files_run_the_worker_and_stop_on_operator_exit_codes() {
         "PROG=/usr/bin/ql-worker",
         "CONFIG=/etc/ql-worker/ql-worker.toml",
         "\tprocd_set_param command \"$PROG\" run --config \"$CONFIG\"",
-        "\tprocd_set_param user \"$USER\"",
+        // The Worker runs as root under procd: without [run_as] a Run would too.
+        "\tif ! grep -q '^\\[run_as\\]' \"$CONFIG\"; then",
     ] {
         assert!(
             init.lines().any(|l| l == line),

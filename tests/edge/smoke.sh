@@ -17,8 +17,9 @@
 # 4. Runs the core of the real-binary tests against the emulated binary, the host build serving
 #    the loopback reference control plane: e2e_image (the Worker and its supervisor run under
 #    the emulator, a Run completes), e2e_demo (the demo's five Runs end to end, drain),
-#    e2e_restart (restart in every state; a restart never respawns), supervisor_launch,
-#    supervisor_worker_kill (the receipt survives a Worker kill), supervisor_reaper.
+#    e2e_restart (restart in every state; a restart never respawns), e2e_containment ([run_as],
+#    policy, masking through the real Worker), supervisor_launch, supervisor_worker_kill (the
+#    receipt survives a Worker kill), supervisor_reaper.
 # 5. Prints one result line last: "edge smoke TARGET: PASS ..." or "edge smoke TARGET: FAIL ...".
 #
 # Needs root (binfmt_misc). Environment: QL_EDGE_BIN (skip the build), QL_EDGE_QEMU (an
@@ -28,7 +29,7 @@ cd "$(dirname "$0")/../.."
 here="$(pwd)"
 
 readonly QEMU_MIN_MAJOR=9
-readonly TESTS=(e2e_image e2e_demo e2e_restart supervisor_launch supervisor_worker_kill supervisor_reaper)
+readonly TESTS=(e2e_image e2e_demo e2e_restart e2e_containment supervisor_launch supervisor_worker_kill supervisor_reaper)
 readonly BFM=/proc/sys/fs/binfmt_misc
 
 target="${1:-}"
@@ -213,9 +214,12 @@ QL_WORKER_BIN_UNDER_TEST="$bin" QL_WORKER_EMULATOR="$qemu" \
 rc=$?
 set -e
 test_seconds=$(($(date +%s) - t0))
-passed=$(awk '/^test result: /{for(i=1;i<=NF;i++){if($(i+1)~/^passed;/)p+=$i}} END{print p+0}' "$log")
-failed=$(awk '/^test result: /{for(i=1;i<=NF;i++){if($(i+1)~/^failed;/)f+=$i}} END{print f+0}' "$log")
-binaries=$(grep -c '^test result: ' "$log" || true)
+# One summary per test binary: the last `test result:` of each `Running` block (a failing
+# clean re-execution prints its own inner summary inside the block).
+summaries="$(awk '/^ *Running /{if(r!="")print r; r=""} /^test result: /{r=$0} END{if(r!="")print r}' "$log")"
+passed=$(awk '{for(i=1;i<NF;i++)if($(i+1)~/^passed;/)p+=$i} END{print p+0}' <<<"$summaries")
+failed=$(awk '{for(i=1;i<NF;i++)if($(i+1)~/^failed;/)f+=$i} END{print f+0}' <<<"$summaries")
+binaries=$(grep -c '^test result: ' <<<"$summaries" || true)
 if [ "$rc" -ne 0 ] || [ "${failed:-1}" -ne 0 ] || [ "$binaries" -ne "${#TESTS[@]}" ] || [ "${passed:-0}" -eq 0 ]; then
   grep -E '^test .* FAILED|panicked at|^error' "$log" | head -n 20 >&2 || true
   fail "tests against the emulated binary: exit $rc, ${passed:-?} passed, ${failed:-?} failed in $binaries of ${#TESTS[@]} test binaries (log: $log)"
