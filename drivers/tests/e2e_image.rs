@@ -6,14 +6,17 @@
 //! `QL_WORKER_BIN_UNDER_TEST` to a static cross build and `QL_WORKER_EMULATOR` to the qemu-user
 //! interpreter `binfmt_misc` hands it to), both must be the emulator: the supervisor really ran
 //! emulated, never silently as a host binary. The user command reads its parent's `exe` and
-//! `cmdline`, and the log the Worker uploaded to the control plane carries them.
+//! `cmdline`, and the log the Worker uploaded to the control plane carries them. The same holds
+//! for `ql-worker-test-hooks`, which the restart tests run.
 
 mod e2e_common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use e2e_common::bin_under_test::{assert_supervisor_cmdline, emulator, expected_exe};
+use e2e_common::bin_under_test::{
+    assert_supervisor_cmdline, emulator, expected_exe, expected_hooked_exe,
+};
 use e2e_common::{KillOnDrop, World, sigterm, wait_exit};
 use ql_worker_core::record::State;
 use ql_worker_core::wire::activation::RunStatus;
@@ -81,4 +84,15 @@ fn worker_and_supervisor_run_the_binary_under_test_and_complete_a_run() {
         .map(|b| if b == b'\n' { 0 } else { b })
         .collect();
     assert_supervisor_cmdline(&cmdline);
+}
+
+#[test]
+fn the_test_hooks_twin_runs_the_binary_under_test_too() {
+    // The restart tests stop the Worker through `ql-worker-test-hooks`: it must be the binary
+    // under test as well (emulated under the edge smoke), not silently this build's.
+    let expected = canonical(&expected_hooked_exe());
+    let world = World::new();
+    let worker = KillOnDrop(world.spawn_hooked_worker(&[]));
+    let exe = std::fs::read_link(format!("/proc/{}/exe", worker.id())).unwrap();
+    assert_eq!(exe, expected, "emulator: {:?}", emulator());
 }

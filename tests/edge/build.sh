@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# tests/edge/build.sh TARGET — a static, stripped edge binary of ql-worker, without the demo.
+# tests/edge/build.sh [--test-hooks] TARGET — a static, stripped edge binary of ql-worker,
+# without the demo.
 #
 # TARGET: x86_64-unknown-linux-musl | aarch64-unknown-linux-musl | armv7-unknown-linux-musleabihf
+#
+# --test-hooks builds `ql-worker-test-hooks` instead: the same code with the crash-test hooks
+# (the `test-hooks` feature), which the smoke's restart tests need. Never ship it.
 #
 # Installs what it needs (the rustup target; Debian's C cross compiler for ring's C and assembly,
 # or musl-tools for x86_64) non-interactively when run as root, and fails with a clear message
@@ -27,7 +31,14 @@ die() {
 }
 note() { printf 'build.sh: %s\n' "$*" >&2; }
 
-usage="usage: tests/edge/build.sh x86_64-unknown-linux-musl|aarch64-unknown-linux-musl|armv7-unknown-linux-musleabihf"
+usage="usage: tests/edge/build.sh [--test-hooks] x86_64-unknown-linux-musl|aarch64-unknown-linux-musl|armv7-unknown-linux-musleabihf"
+binary=ql-worker
+features=()
+if [ "${1:-}" = --test-hooks ]; then
+  binary=ql-worker-test-hooks
+  features=(--features test-hooks)
+  shift
+fi
 [ $# -eq 1 ] || die "$usage"
 target="$1"
 case "$target" in
@@ -87,12 +98,12 @@ triple_low="$(printf '%s' "$target" | tr '-' '_')"
 export "CC_${triple_low}=$cc" "AR_${triple_low}=$ar"
 [ -z "$linker" ] || export "CARGO_TARGET_${triple_env}_LINKER=$linker"
 
-note "building ql-worker for $target with $toolchain (profile edge, --no-default-features)"
+note "building $binary for $target with $toolchain (profile edge, --no-default-features ${features[*]})"
 start=$(date +%s)
-cargo "+$toolchain" build --locked --profile edge -p ql-worker --bin ql-worker \
-  --no-default-features --target "$target" >&2
+cargo "+$toolchain" build --locked --profile edge -p ql-worker --bin "$binary" \
+  --no-default-features "${features[@]}" --target "$target" >&2
 seconds=$(($(date +%s) - start))
-bin="$here/target/$target/edge/ql-worker"
+bin="$here/target/$target/edge/$binary"
 [ -x "$bin" ] || die "cargo finished but $bin is missing"
 
 # --- checks --------------------------------------------------------------------------------------
@@ -109,8 +120,8 @@ if readelf -SW "$bin" | grep -Eq '\.symtab|\.debug_'; then
   die "$bin still has a symbol table or debug sections: not stripped"
 fi
 for crate in ql-worker-tests rcgen tempfile; do
-  if [ -n "$(cargo "+$toolchain" tree --locked -p ql-worker --no-default-features --target "$target" \
-    -e normal,build -i "$crate" 2>/dev/null)" ]; then
+  if [ -n "$(cargo "+$toolchain" tree --locked -p ql-worker --no-default-features "${features[@]}" \
+    --target "$target" -e normal,build -i "$crate" 2>/dev/null)" ]; then
     die "$crate is in the edge build graph: the demo or its server code would be linked"
   fi
 done
@@ -121,6 +132,6 @@ fi
 bytes=$(stat -c %s "$bin")
 [ "$bytes" -le "$MAX_BYTES" ] || die "$bin is $bytes bytes, over the 4 MiB edge budget ($MAX_BYTES)"
 
-printf 'build.sh: %s: %s bytes (%s KiB), static, stripped, no demo; built in %s s with %s\n' \
-  "$target" "$bytes" "$((bytes / 1024))" "$seconds" "$toolchain" >&2
+printf 'build.sh: %s %s: %s bytes (%s KiB), static, stripped, no demo; built in %s s with %s\n' \
+  "$binary" "$target" "$bytes" "$((bytes / 1024))" "$seconds" "$toolchain" >&2
 printf '%s\n' "$bin"

@@ -3,12 +3,14 @@
 #
 # TARGET: x86_64-unknown-linux-musl | aarch64-unknown-linux-musl | armv7-unknown-linux-musleabihf
 #
-# 1. Builds the binary with tests/edge/build.sh (or takes QL_EDGE_BIN).
+# 1. Builds the binary with tests/edge/build.sh (or takes QL_EDGE_BIN), and its test-hooks twin
+#    (`build.sh --test-hooks`: the same code with the crash-test hooks, which the restart tests
+#    need to stop the Worker in a chosen state; or QL_EDGE_HOOKED_BIN).
 # 2. Finds a qemu-user emulator for the target that can run the supervisor (qemu >= 9: Debian
 #    bookworm's 7.2 answers EINVAL to PR_SET_CHILD_SUBREAPER), else fetches Debian's static
 #    `qemu-user` from <codename>-backports (or <codename>) with apt-get into a private apt state
 #    under target/edge/ and extracts that one emulator. Nothing is installed system-wide.
-# 3. Registers a binfmt_misc entry that matches exactly this binary (its first 128 bytes: the
+# 3. Registers a binfmt_misc entry that matches exactly each binary (its first 128 bytes: the
 #    ELF header and program headers), flags P (keep argv[0]), O (hand the emulator the open
 #    binary: the Worker executes its supervisor through /proc/self/fd/N, a close-on-exec
 #    descriptor that is gone by the time the emulator would open the path) and F (the emulator
@@ -22,7 +24,7 @@
 #    receipt survives a Worker kill), supervisor_reaper.
 # 5. Prints one result line last: "edge smoke TARGET: PASS ..." or "edge smoke TARGET: FAIL ...".
 #
-# Needs root (binfmt_misc). Environment: QL_EDGE_BIN (skip the build), QL_EDGE_QEMU (an
+# Needs root (binfmt_misc). Environment: QL_EDGE_BIN / QL_EDGE_HOOKED_BIN (skip the builds), QL_EDGE_QEMU (an
 # emulator to use), QL_EDGE_DEBIAN_MIRROR (default http://deb.debian.org/debian).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -36,9 +38,10 @@ target="${1:-}"
 started=$(date +%s)
 
 mounted_here=0
-entry=""
+entries=()
 qemu=""
 bin=""
+hooked=""
 # Processes this smoke left behind if a test failed half-way: Workers of this binary and
 # supervisors (`... /proc/self/fd/N ql-worker __supervise`) under this emulator, which lives in
 # this tree's target/edge. Killed by pid; nothing else is touched.
@@ -47,17 +50,20 @@ kill_leftovers() {
   for p in /proc/[0-9]*; do
     [ "$(readlink "$p/exe" 2>/dev/null)" = "$qemu" ] || continue
     args="$(tr '\0' '\n' <"$p/cmdline" 2>/dev/null)" || continue
-    grep -qxF -e "$bin" -e __supervise <<<"$args" || continue
+    grep -qxF -e "$bin" -e "$hooked" -e __supervise <<<"$args" || continue
     note "killing leftover ${p#/proc/}: $(tr '\n' ' ' <<<"$args")"
     kill -KILL "${p#/proc/}" 2>/dev/null || true
   done
 }
 cleanup() {
-  [ -z "$entry" ] || kill_leftovers
-  if [ -n "$entry" ] && [ -e "$BFM/$entry" ]; then
-    echo -1 >"$BFM/$entry" || note "could not remove binfmt_misc entry $entry"
-  fi
-  entry=""
+  local entry
+  [ ${#entries[@]} -eq 0 ] || kill_leftovers
+  for entry in "${entries[@]}"; do
+    if [ -e "$BFM/$entry" ]; then
+      echo -1 >"$BFM/$entry" || note "could not remove binfmt_misc entry $entry"
+    fi
+  done
+  entries=()
   # Unmount only what this script mounted, and only while no other entry uses it.
   if [ "$mounted_here" = 1 ]; then
     local other="" e
@@ -90,15 +96,21 @@ esac
 [ "$(id -u)" -eq 0 ] || fail "needs root: registering a binfmt_misc emulator is a root operation"
 
 # --- 1. the binary ---------------------------------------------------------------------------------
-build_seconds=0
+b0=$(date +%s)
 if [ -n "${QL_EDGE_BIN:-}" ]; then
   bin="$(readlink -f "$QL_EDGE_BIN")"
 else
-  b0=$(date +%s)
   bin="$(tests/edge/build.sh "$target" | tail -n 1)" || fail "tests/edge/build.sh $target failed"
-  build_seconds=$(($(date +%s) - b0))
 fi
+if [ -n "${QL_EDGE_HOOKED_BIN:-}" ]; then
+  hooked="$(readlink -f "$QL_EDGE_HOOKED_BIN")"
+else
+  hooked="$(tests/edge/build.sh --test-hooks "$target" | tail -n 1)" ||
+    fail "tests/edge/build.sh --test-hooks $target failed"
+fi
+build_seconds=$(($(date +%s) - b0))
 [ -x "$bin" ] || fail "no executable binary at '$bin'"
+[ -x "$hooked" ] || fail "no executable test-hooks binary at '$hooked'"
 bytes=$(stat -c %s "$bin")
 sha="$(sha256sum "$bin" | cut -c1-16)"
 
@@ -177,15 +189,19 @@ fi
 [ "$(cat "$BFM/status")" = enabled ] ||
   fail "binfmt_misc is disabled on this host ($BFM/status): emulation impossible"
 
-entry="ql-edge-$qarch-$$"
-magic="$(od -An -v -tx1 -N128 "$bin" | tr -s ' \n' ' ' | sed 's/^ //; s/ $//; s/ /\\x/g; s/^/\\x/')"
-if ! printf ':%s:M:0:%s::%s:POF' "$entry" "$magic" "$qemu" >"$BFM/register" 2>/dev/null; then
-  entry=""
-  fail "the kernel refused the binfmt_misc entry for $bin: emulation impossible"
-fi
-grep -qx 'flags: POF' "$BFM/$entry" || fail "binfmt_misc entry $entry lacks the P, O and F flags"
-"$bin" --version >/dev/null 2>&1 ||
-  fail "the kernel does not hand $bin to $qemu (binfmt_misc entry $entry): emulation impossible"
+# register NAME BINARY: an entry for exactly BINARY (matched on its first 128 bytes).
+register() {
+  local entry="ql-edge-$qarch-$1-$$" magic
+  magic="$(od -An -v -tx1 -N128 "$2" | tr -s ' \n' ' ' | sed 's/^ //; s/ $//; s/ /\\x/g; s/^/\\x/')"
+  printf ':%s:M:0:%s::%s:POF' "$entry" "$magic" "$qemu" >"$BFM/register" 2>/dev/null ||
+    fail "the kernel refused the binfmt_misc entry for $2: emulation impossible"
+  entries+=("$entry")
+  grep -qx 'flags: POF' "$BFM/$entry" || fail "binfmt_misc entry $entry lacks the P, O and F flags"
+  "$2" --version >/dev/null 2>&1 ||
+    fail "the kernel does not hand $2 to $qemu (binfmt_misc entry $entry): emulation impossible"
+}
+register bin "$bin"
+cmp -s -n 128 "$bin" "$hooked" || register hooked "$hooked"
 
 # --- 4. the binary's own face, emulated ------------------------------------------------------------
 help="$("$bin" --help)" || fail "$bin --help failed under emulation"
@@ -209,7 +225,7 @@ test_args=()
 for t in "${TESTS[@]}"; do test_args+=(--test "$t"); done
 note "running ${TESTS[*]} against $bin under $qemu (log: $log)"
 set +e
-QL_WORKER_BIN_UNDER_TEST="$bin" QL_WORKER_EMULATOR="$qemu" \
+QL_WORKER_BIN_UNDER_TEST="$bin" QL_WORKER_HOOKED_BIN_UNDER_TEST="$hooked" QL_WORKER_EMULATOR="$qemu" \
   cargo test --workspace --release --locked "${test_args[@]}" >"$log" 2>&1
 rc=$?
 set -e

@@ -42,6 +42,11 @@ pub fn expected_exe() -> PathBuf {
     emulator().unwrap_or_else(worker_bin)
 }
 
+/// As [`expected_exe`], for the test-hooks binary under test.
+pub fn expected_hooked_exe() -> PathBuf {
+    emulator().unwrap_or_else(hooked_worker_bin)
+}
+
 /// Checks `/proc/<supervisor>/cmdline`: natively exactly `ql-worker __supervise` (no plan data
 /// on argv). Under a `binfmt_misc` emulator registered with the `P` (preserve argv\[0\]) flag the
 /// kernel puts the interpreter and the executed path (`/proc/self/fd/N`, the Worker's image
