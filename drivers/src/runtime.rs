@@ -360,6 +360,7 @@ impl Runner {
                     if let Err(e) = self.worker.handle(crate::os::now(), input) {
                         return RunExit::Fatal(format!("core refused an outcome: {e}"));
                     }
+                    self.report_notices();
                 }
                 Output::Idle { wake_at } => {
                     if let Some(exit) = self.housekeeping() {
@@ -381,6 +382,15 @@ impl Runner {
                 }
                 Output::Halted(reason) => return RunExit::Halted(reason),
             }
+        }
+    }
+
+    /// Prints the core's notices to stderr (one line each, never a secret) and hands them to the
+    /// observer.
+    fn report_notices(&mut self) {
+        for notice in self.worker.drain_notices() {
+            say(&notice.to_string());
+            self.host.notify(&Event::Notice(&notice));
         }
     }
 
