@@ -41,7 +41,10 @@ pub const EXIT_RECOVERY: u8 = 6;
 /// Exit: the demo failed.
 pub const EXIT_DEMO_FAILED: u8 = 7;
 
-const EXIT_CODES: &str = "\
+/// The exit codes every build has (`--help` adds what this build carries).
+macro_rules! exit_codes {
+    () => {
+        "\
 Exit codes:
   0  success (for `run`: drained, every record settled, Session offline)
   1  the output could not be written (stdout closed or full); the message says what was done
@@ -50,8 +53,22 @@ Exit codes:
      root, another owner or a lost owner lock, or a write to it that failed (ENOSPC, EIO)
   4  stopped with unsettled records (drain budget ended, or a second signal); they resume at the next start
   5  halted on a fact it cannot continue from (fsync failed, Session fenced, credentials rejected...)
-  6  `recover`: recovery_required records are present (the Worker takes no new work)
-  7  `demo`: a Run did not end as expected";
+  6  `recover`: recovery_required records are present (the Worker takes no new work)"
+    };
+}
+
+/// `--help`'s closing text: the exit codes, and what this build carries.
+#[cfg(feature = "demo")]
+const AFTER_HELP: &str = concat!(
+    exit_codes!(),
+    "\n  7  `demo`: a Run did not end as expected"
+);
+#[cfg(not(feature = "demo"))]
+const AFTER_HELP: &str = concat!(
+    exit_codes!(),
+    "\n\nThis build has no `demo` verb: it was built without the `demo` feature (no embedded \
+     control plane, no server code), as edge builds are."
+);
 
 /// ql-worker: the Qinglong 3 remote Worker runtime.
 ///
@@ -61,7 +78,7 @@ Exit codes:
 /// never touch the disk, and the completion capability is on disk only in the supervisor's
 /// receipt until the Worker has authenticated it and removed the receipt.
 #[derive(Debug, Parser)]
-#[command(name = "ql-worker", version, after_help = EXIT_CODES)]
+#[command(name = "ql-worker", version, after_help = AFTER_HELP)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -124,6 +141,13 @@ enum Command {
     /// Run sample Runs end to end against an embedded loopback mTLS control plane.
     #[cfg(feature = "demo")]
     Demo(crate::demo::DemoArgs),
+    /// Not in this build: says so (exit 2) instead of "unrecognized subcommand".
+    #[cfg(not(feature = "demo"))]
+    #[command(hide = true, disable_help_flag = true)]
+    Demo {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -291,6 +315,13 @@ pub fn main() -> ExitCode {
         },
         #[cfg(feature = "demo")]
         Command::Demo(args) => crate::demo::main(&args),
+        #[cfg(not(feature = "demo"))]
+        Command::Demo { .. } => fail(
+            EXIT_CONFIG,
+            "this build has no `demo`: it was built without the `demo` feature (edge and \
+             minimal hosts carry no control-plane server code); a default build \
+             (`cargo build --release -p ql-worker`) has it",
+        ),
     }
 }
 

@@ -22,7 +22,7 @@ use std::time::Duration;
 use ql_worker::containment::CgroupPlan;
 use ql_worker::containment::cgroup::{cgroup2_mount, unified_path};
 use ql_worker::supervisor::{Executor as _, ExecutorOutcome};
-use supervisor_common::{Fixture, SUPERVISOR_BIN, in_clean_process, sh, wait_for};
+use supervisor_common::{Fixture, in_clean_process, sh, wait_for, worker_bin};
 
 /// A v1 hierarchy the lab unmounted, to re-mount when done.
 struct Unbound {
@@ -366,7 +366,7 @@ fn a_memory_hog_is_oom_killed_under_memory_max_reported_as_its_signal_and_logged
 }
 
 fn init(config: &Path) -> std::process::Output {
-    Command::new(SUPERVISOR_BIN)
+    Command::new(worker_bin())
         .args(["init", "--config"])
         .arg(config)
         .output()
@@ -400,8 +400,9 @@ fn the_worker_detects_a_delegated_cgroup_moves_itself_into_a_leaf_and_enables_co
     let out = Command::new("/bin/sh")
         .arg("-c")
         .arg(format!(
-            "echo $$ > {}/cgroup.procs && exec {SUPERVISOR_BIN} init --config {}",
+            "echo $$ > {}/cgroup.procs && exec {} init --config {}",
             lab.parent.display(),
+            worker_bin().display(),
             config.display()
         ))
         .output()

@@ -183,7 +183,7 @@ fn run_as_reaches_the_user_command_through_the_real_worker() {
 #[test]
 fn init_warns_that_runs_share_the_workers_identity_without_run_as() {
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ql-worker"))
+    let out = std::process::Command::new(e2e_common::worker_bin())
         .args(["init", "--root"])
         .arg(dir.path().join("state"))
         .output()

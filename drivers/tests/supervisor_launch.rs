@@ -16,8 +16,8 @@ use ql_worker_core::ids::{AttemptId, CallbackSequence, LogArtifactId, RunId};
 use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
 use supervisor_common::{
-    Fixture, SUPERVISOR_BIN, WAIT, alive, argv, authenticate, in_clean_process, now_ms, sh,
-    started_environ, wait_for,
+    Fixture, WAIT, alive, argv, authenticate, in_clean_process, now_ms, sh, started_environ,
+    wait_for, worker_bin,
 };
 
 #[test]
@@ -218,7 +218,7 @@ fn propagates_unknown_outcome_when_durable_identity_capture_fails_after_spawn() 
             let empty_proc = fx.scratch("no-proc");
             fs::create_dir(&empty_proc).unwrap();
             let marker = fx.scratch("ran");
-            let image = SupervisorImage::open(Path::new(SUPERVISOR_BIN)).unwrap();
+            let image = SupervisorImage::open(&worker_bin()).unwrap();
             let mut executor = SupervisorExecutor::new(image, &fx.root)
                 .with_report_timeout(WAIT)
                 .with_identity_proc_root(&ProcRoot::at(&empty_proc));
@@ -391,9 +391,8 @@ fn user_environ_is_exact_and_only_stdio_descriptors_are_inherited() {
                     .unwrap()
                     .is_empty()
             );
-            assert_eq!(
-                fs::read(format!("/proc/{supervisor}/cmdline")).unwrap(),
-                b"ql-worker\0__supervise\0"
+            supervisor_common::bin_under_test::assert_supervisor_cmdline(
+                &fs::read(format!("/proc/{supervisor}/cmdline")).unwrap(),
             );
             fs::write(&gate, b"").unwrap();
             authenticate(&fx.wait_receipt(), &fx.record);
@@ -410,7 +409,7 @@ fn executes_the_verified_image_fd_when_its_path_is_replaced() {
         || {
             let fx = Fixture::new(12);
             let copy = fx.scratch("ql-worker");
-            fs::copy(SUPERVISOR_BIN, &copy).unwrap();
+            fs::copy(worker_bin(), &copy).unwrap();
             let image = SupervisorImage::open(&copy).unwrap();
             // Replace the path after the image was opened: a script that would forge a report.
             let evil = fx.scratch("evil");

@@ -17,8 +17,8 @@ use ql_worker::supervisor::{
     EnvVar, Executor as _, ExecutorOutcome, SupervisorExecutor, SupervisorImage,
 };
 use supervisor_common::{
-    CLOSE_STRAYS_AND_EXEC, Fixture, SUPERVISOR_BIN, WAIT, alive, authenticate, capability_bytes,
-    in_clean_process, launch_for, sh, started_environ, wait_for,
+    CLOSE_STRAYS_AND_EXEC, Fixture, WAIT, alive, authenticate, capability_bytes, in_clean_process,
+    launch_for, sh, started_environ, wait_for, worker_bin,
 };
 
 const STANDIN_ROOT: &str = "QL_STANDIN_WORKER_ROOT";
@@ -42,7 +42,7 @@ fn standin_worker_for_worker_kill() {
     let record =
         ql_worker::journal::read_record_unlocked(root, &ql_worker_core::testkit::offer_id(n))
             .unwrap();
-    let image = SupervisorImage::open(Path::new(SUPERVISOR_BIN)).unwrap();
+    let image = SupervisorImage::open(&worker_bin()).unwrap();
     let mut executor = SupervisorExecutor::new(image, root).with_report_timeout(WAIT);
     let launch = launch_for(&record, capability_bytes(n), 64 * 1024, sh(&script), vec![]);
     let outcome = executor.start(launch);

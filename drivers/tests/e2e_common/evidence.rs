@@ -267,7 +267,7 @@ pub fn scan_tree(dir: &Path, needles: &Needles) -> TreeScan {
 
 /// `ql-worker <args>`: exit code and stdout.
 pub fn run_cli(args: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ql-worker"))
+    let out = Command::new(super::worker_bin())
         .args(args)
         .stdin(Stdio::null())
         .output()

@@ -3,7 +3,11 @@
 //! mutual authentication, freshly generated certificates), a private state root.
 #![allow(dead_code, unreachable_pub)]
 
+#[path = "../bin_under_test/mod.rs"]
+pub mod bin_under_test;
 pub mod evidence;
+
+pub use bin_under_test::{hooked_worker_bin, worker_bin};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -106,16 +110,16 @@ impl World {
 
     /// Starts `ql-worker run` with extra environment variables.
     pub fn spawn_worker(&self, env: &[(&str, &str)]) -> Child {
-        self.spawn_binary(PRODUCTION_BINARY, env)
+        self.spawn_binary(&worker_bin(), env)
     }
 
     /// Starts `ql-worker-test-hooks run` (the same Worker with the crash-test hooks installed
     /// from the environment) with extra environment variables.
     pub fn spawn_hooked_worker(&self, env: &[(&str, &str)]) -> Child {
-        self.spawn_binary(HOOKED_BINARY, env)
+        self.spawn_binary(&hooked_worker_bin(), env)
     }
 
-    fn spawn_binary(&self, binary: &str, env: &[(&str, &str)]) -> Child {
+    fn spawn_binary(&self, binary: &Path, env: &[(&str, &str)]) -> Child {
         let mut command = Command::new(binary);
         command
             .arg("run")
@@ -132,15 +136,15 @@ impl World {
 
     /// Starts `ql-worker run` with extra environment variables, its stderr appended to `log`.
     pub fn spawn_worker_logged(&self, env: &[(&str, &str)], log: &Path) -> Child {
-        self.spawn_binary_logged(PRODUCTION_BINARY, env, log)
+        self.spawn_binary_logged(&worker_bin(), env, log)
     }
 
     /// As [`World::spawn_hooked_worker`], its stderr appended to `log`.
     pub fn spawn_hooked_worker_logged(&self, env: &[(&str, &str)], log: &Path) -> Child {
-        self.spawn_binary_logged(HOOKED_BINARY, env, log)
+        self.spawn_binary_logged(&hooked_worker_bin(), env, log)
     }
 
-    fn spawn_binary_logged(&self, binary: &str, env: &[(&str, &str)], log: &Path) -> Child {
+    fn spawn_binary_logged(&self, binary: &Path, env: &[(&str, &str)], log: &Path) -> Child {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -283,7 +287,7 @@ impl Drop for KillOnDrop {
 
 /// `ql-worker init --root <root>`, which must succeed.
 pub fn init_root(root: &Path) {
-    let out = Command::new(PRODUCTION_BINARY)
+    let out = Command::new(worker_bin())
         .args(["init", "--root"])
         .arg(root)
         .output()

@@ -27,8 +27,10 @@ use ql_worker_core::time::UnixMillis;
 use ql_worker_core::truncation::TruncationFact;
 use tempfile::TempDir;
 
-/// The supervisor image under test.
-pub const SUPERVISOR_BIN: &str = env!("CARGO_BIN_EXE_ql-worker");
+#[path = "../bin_under_test/mod.rs"]
+pub mod bin_under_test;
+pub use bin_under_test::worker_bin;
+
 /// Generous upper bound for anything the tests wait for.
 pub const WAIT: Duration = Duration::from_secs(20);
 /// Set in a test's own clean re-execution.
@@ -218,7 +220,7 @@ impl Fixture {
 
     /// An executor on the real binary.
     pub fn executor(&self) -> SupervisorExecutor {
-        let image = SupervisorImage::open(Path::new(SUPERVISOR_BIN)).expect("image");
+        let image = SupervisorImage::open(&worker_bin()).expect("image");
         SupervisorExecutor::new(image, &self.root).with_report_timeout(WAIT)
     }
 
