@@ -19,6 +19,7 @@
 use alloc::vec::Vec;
 
 use crate::control::ControlResult;
+use crate::facts::Fact;
 use crate::ops::{Finished, ListResult};
 use crate::pull::PullResult;
 use crate::record::{InboxRecord, RecoveryReason, State};
@@ -33,10 +34,21 @@ impl Worker {
             return;
         }
         if let Some(started) = self.drain_started_at
+            && !self.drain_overrun
             && self.now >= started.saturating_add(self.config.drain_budget_ms)
         {
-            self.stop(StopReason::DrainBudgetExhausted);
-            return;
+            // ADR-0121: ownership is kept until every record is settled. The Runs still in
+            // flight are stopped by identity and completed through the normal path; records
+            // that cannot settle any more no longer hold the drain (`holds_drain`).
+            self.drain_overrun = true;
+            let in_flight = self.in_flight();
+            self.fact(|| Fact::DrainBudgetEnded { in_flight });
+            if self.phase != Phase::Draining {
+                // Never reconciled: nothing of this incarnation runs.
+                self.stop(StopReason::Unsettled);
+                return;
+            }
+            self.next_tick_at = self.now;
         }
         if self.now < self.next_tick_at {
             return;
@@ -54,7 +66,10 @@ impl Worker {
     }
 
     fn plan_active_tick(&mut self) {
-        if self.session.is_some() && self.now >= self.heartbeat_due_at {
+        if self.rejoin {
+            // Fenced: register again before anything else talks to the control plane.
+            self.queue.push_back(Work::Rejoin);
+        } else if self.session.is_some() && self.now >= self.heartbeat_due_at {
             self.queue.push_back(Work::Heartbeat);
         }
         // A receipt whose removal failed holds the capability: retry every tick until it is gone.
@@ -70,10 +85,12 @@ impl Worker {
         }
     }
 
-    /// Pull only when active, not fail-closed, the Session usable, a slot free and no backoff.
+    /// Pull only when active, not fail-closed, admission not paused, the Session usable, a slot
+    /// free and no backoff.
     pub(crate) fn may_pull(&self) -> bool {
         self.phase == Phase::Active
             && self.fail_closed.is_none()
+            && !self.admission_paused()
             && self
                 .session
                 .as_ref()
@@ -89,7 +106,8 @@ impl Worker {
 
     /// Slots offered to the control plane.
     pub(crate) fn available_slots(&self) -> u64 {
-        if self.drain_started_at.is_some() || self.fail_closed.is_some() {
+        if self.drain_started_at.is_some() || self.fail_closed.is_some() || self.admission_paused()
+        {
             return 0;
         }
         let max = usize::from(self.config.max_concurrent_runs);
@@ -98,12 +116,17 @@ impl Worker {
 
     /// Applies a finished operation and queues what follows from it.
     pub(crate) fn on_finished(&mut self, finished: Finished) {
+        if self.facts.is_some()
+            && let Some(fact) = finished.fact()
+        {
+            self.fact(|| fact);
+        }
         match finished {
             Finished::Session(result) => self.on_session(result),
             Finished::Listed(result) => self.on_listed(result),
             Finished::Pull(result) => self.on_pull(result),
             // Recovery evidence an operation wrote was observed with its durable write.
-            Finished::Process(_) => {}
+            Finished::Process { .. } => {}
             Finished::Supervise { offer_id, result } => {
                 use crate::completion::{Cleanup, CompletionOutcome};
                 let pending = matches!(
@@ -116,6 +139,9 @@ impl Worker {
                 match result {
                     ControlResult::Renewed | ControlResult::StopRequested(_) => {
                         self.last_renewal.insert(offer_id.clone(), self.now);
+                    }
+                    ControlResult::DrainStopped(_) => {
+                        self.drain_stopped.insert(offer_id.clone());
                     }
                     ControlResult::Paced
                     | ControlResult::SessionUnavailable
@@ -151,8 +177,27 @@ impl Worker {
     }
 
     fn on_session(&mut self, result: SessionResult) {
+        let result_kind = match &result {
+            SessionResult::Registered(_) => Kind::Registered,
+            SessionResult::Heartbeat(_) => Kind::Heartbeat,
+            _ => Kind::Other,
+        };
         match result {
             SessionResult::Registered(view) | SessionResult::Heartbeat(view) => {
+                if matches!(result_kind, Kind::Heartbeat) {
+                    self.fences = 0;
+                }
+                if matches!(result_kind, Kind::Registered) && self.rejoin {
+                    self.rejoin = false;
+                    self.fact(|| Fact::Rejoined);
+                    if self.phase == Phase::Draining {
+                        // The new registration is online: announce the drain again, and let
+                        // the final transition be queued anew.
+                        self.transition_offline_queued = false;
+                        self.queue
+                            .push_back(Work::Transition(SessionStatus::Draining));
+                    }
+                }
                 self.session = Some(view);
                 self.heartbeat_due_at = self.now.saturating_add(self.config.heartbeat_interval_ms);
                 if self.phase == Phase::Registering {
@@ -164,14 +209,39 @@ impl Worker {
                 let offline = view.status == SessionStatus::Offline;
                 self.session = Some(view);
                 if offline {
-                    self.stop(StopReason::Drained);
+                    self.stop(self.drain_end());
                 }
             }
             SessionResult::Unavailable => {
                 // Retried at the next tick; the Session lease decides what stays usable.
                 self.heartbeat_due_at = self.now;
             }
-            SessionResult::Fenced(detail) => self.halt(HaltReason::SessionFenced { detail }),
+            SessionResult::TransitionUnavailable(status) => {
+                self.heartbeat_due_at = self.now;
+                if status == SessionStatus::Offline {
+                    // Nothing is in flight (the final transition is queued only then): the
+                    // drain is done; the Session's lease expires at the control plane.
+                    self.stop(self.drain_end());
+                }
+            }
+            SessionResult::Fenced(detail) => {
+                if !self.rejoin {
+                    self.fences = self.fences.saturating_add(1);
+                    if self.fences > MAX_FENCES_IN_A_ROW {
+                        self.halt(HaltReason::SessionFenced {
+                            detail: alloc::format!(
+                                "{detail} ({} fences in a row, each after registering again)",
+                                self.fences
+                            ),
+                        });
+                        return;
+                    }
+                    let attempt = self.fences;
+                    self.rejoin = true;
+                    self.next_tick_at = self.now;
+                    self.fact(|| Fact::Rejoining { detail, attempt });
+                }
+            }
             SessionResult::Rejected(detail) => self.halt(HaltReason::RegisterRejected { detail }),
         }
     }
@@ -247,8 +317,17 @@ impl Worker {
         }
     }
 
+    /// How a finished drain ends: every record settled, or some left for the next start.
+    fn drain_end(&self) -> StopReason {
+        if self.active_count() == 0 {
+            StopReason::Drained
+        } else {
+            StopReason::Unsettled
+        }
+    }
+
     fn maybe_finish_drain(&mut self) {
-        let settled = self.active_count() == 0;
+        let settled = self.in_flight() == 0;
         if self.phase == Phase::Draining
             && settled
             && self.queue.is_empty()
@@ -260,6 +339,18 @@ impl Worker {
                 .push_back(Work::Transition(SessionStatus::Offline));
         }
     }
+}
+
+/// Fences of the Session in a row (each followed by registering again without a good heartbeat
+/// in between) before the Worker halts.
+const MAX_FENCES_IN_A_ROW: u8 = 3;
+
+/// Which Session result `on_session` handles.
+#[derive(Clone, Copy)]
+enum Kind {
+    Registered,
+    Heartbeat,
+    Other,
 }
 
 /// Startup reconciliation (reference §4.7 step 2, §4.8): which records go to the Processor.

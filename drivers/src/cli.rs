@@ -48,8 +48,10 @@ Exit codes:
   2  usage or configuration error (the message names the file, field or variable, and the rule)
   3  state root unusable: unsafe storage (symlink, mode, owner, foreign entry), not a state
      root, another owner or a lost owner lock, or a write to it that failed (ENOSPC, EIO)
-  4  stopped with unsettled records (drain budget ended, or a second signal); they resume at the next start
-  5  halted on a fact it cannot continue from (fsync failed, Session fenced, credentials rejected...)
+  4  stopped with unsettled records (a second signal, or a drain that left records it could not
+     settle: recovery evidence, never launched); they resume at the next start
+  5  halted on a fact it cannot continue from (fsync failed, the Session fenced again and again or
+     replaced by another Worker, TLS or credential failures past control_plane.give_up_after_ms)
   6  `recover`: recovery_required records are present (the Worker takes no new work)
   7  `demo`: a Run did not end as expected";
 
@@ -64,6 +66,14 @@ Exit codes:
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The event log's rendering on stderr: `text` (one readable line per event) or `json`
+    /// (one JSON object per line). `run` and `demo`.
+    #[arg(long, global = true, value_enum, value_name = "FORMAT")]
+    log_format: Option<crate::events::Format>,
+    /// The least level of the event log (default `info`; `demo`: `warn`). `debug` adds the
+    /// pending-claim steps and other crates' records.
+    #[arg(long, global = true, value_enum, value_name = "LEVEL")]
+    log_level: Option<crate::events::LevelArg>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -85,9 +95,11 @@ enum Command {
     },
     /// Run the Worker: register the Session, reconcile the inbox, then supervise and pull.
     ///
-    /// The first SIGTERM/SIGINT (or `ql-worker drain`) drains: no new work, every record is
-    /// settled or the drain budget ends, then the Session goes offline. A second signal stops at
-    /// once; unsettled records resume at the next start.
+    /// The first SIGTERM/SIGINT (or `ql-worker drain`) drains: no new work; when the drain
+    /// budget ends, the Runs still running are stopped and completed; then the Session goes
+    /// offline. A second signal stops at once; unsettled records resume at the next start.
+    /// SIGHUP reloads the TLS material and trust anchors. Events go to stderr (see
+    /// --log-format); with NOTIFY_SOCKET set it speaks systemd's Type=notify.
     Run {
         /// The TOML configuration (see docs/ql-worker.example.toml).
         #[arg(long, value_name = "FILE")]
@@ -258,6 +270,8 @@ pub fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return parse_failure(&e),
     };
+    let format = cli.log_format.unwrap_or_default();
+    let level = cli.log_level;
     match cli.command {
         Command::Init { root, config } => match (root, config) {
             (_, Some(config)) => init_with_config(&config),
@@ -271,7 +285,10 @@ pub fn main() -> ExitCode {
             }
             (None, None) => fail(EXIT_CONFIG, "give --root DIR or --config FILE"),
         },
-        Command::Run { config } => run(&config),
+        Command::Run { config } => {
+            crate::events::init(format, level.unwrap_or_default().filter());
+            run(&config)
+        }
         Command::Drain(root) => match root.resolve() {
             Ok(root) => drain(&root),
             Err(code) => code,
@@ -289,7 +306,11 @@ pub fn main() -> ExitCode {
             Err(code) => code,
         },
         #[cfg(feature = "demo")]
-        Command::Demo(args) => crate::demo::main(&args),
+        Command::Demo(args) => {
+            let level = level.unwrap_or(crate::events::LevelArg::Warn);
+            crate::events::init(format, level.filter());
+            crate::demo::main(&args)
+        }
     }
 }
 
@@ -404,41 +425,65 @@ fn run(config: &Path) -> ExitCode {
         Err(e) => return fail(EXIT_CONFIG, e),
     };
     for warning in runner.containment_warnings() {
-        let _ = writeln!(std::io::stderr().lock(), "ql-worker: warning: {warning}");
+        crate::events::Event::warn("containment.warning")
+            .text("warning", warning)
+            .emit(warning);
     }
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "ql-worker: {} running on {} ({} profile)",
-        config.worker_id,
-        config.root.display(),
-        config.profile
-    );
+    crate::events::Event::info("worker.started")
+        .text("worker", &config.worker_id)
+        .text("root", config.root.display())
+        .text("profile", config.profile)
+        .text("version", env!("CARGO_PKG_VERSION"))
+        .maybe("metrics_listen", runner.metrics_address())
+        .emit(format_args!(
+            "{} running on {} ({} profile)",
+            config.worker_id,
+            config.root.display(),
+            config.profile
+        ));
     exit_of(runner.run())
 }
 
-/// The exit code of a finished run, with its message on stderr.
+/// The exit code of a finished run, with its message on stderr (a `worker.stopped` event).
 #[must_use]
 pub fn exit_of(exit: RunExit) -> ExitCode {
-    match exit {
-        RunExit::Drained => {
-            let _ = writeln!(
-                std::io::stderr().lock(),
-                "ql-worker: drained; every record settled; Session offline"
-            );
-            ExitCode::from(EXIT_OK)
-        }
-        RunExit::DrainBudgetExhausted => fail(
-            EXIT_UNSETTLED,
-            "drain budget ended with unsettled records; they resume at the next start",
+    let (code, how, message) = match exit {
+        RunExit::Drained => (
+            EXIT_OK,
+            "drained",
+            String::from("drained; every record settled; Session offline"),
         ),
-        RunExit::Interrupted => fail(
+        RunExit::Unsettled => (
             EXIT_UNSETTLED,
-            "stopped by a second signal; unsettled records resume at the next start",
+            "unsettled",
+            String::from(
+                "drained, but records remain that this Worker could not settle (recovery \
+                 evidence, or records that never launched; `ql-worker recover` lists them); \
+                 they resume at the next start",
+            ),
         ),
-        RunExit::Halted(reason) => fail(EXIT_HALTED, format!("halted: {reason}")),
-        RunExit::Fatal(detail) => fail(EXIT_HALTED, format!("halted: {detail}")),
-        RunExit::Unusable(detail) => fail(EXIT_STORAGE, format!("stopped: {detail}")),
+        RunExit::Interrupted => (
+            EXIT_UNSETTLED,
+            "interrupted",
+            String::from("stopped by a second signal; unsettled records resume at the next start"),
+        ),
+        RunExit::Halted(reason) => (EXIT_HALTED, "halted", format!("halted: {reason}")),
+        RunExit::Fatal(detail) => (EXIT_HALTED, "halted", format!("halted: {detail}")),
+        RunExit::Unusable(detail) => (EXIT_STORAGE, "unusable", format!("stopped: {detail}")),
+    };
+    let event = if code == EXIT_OK {
+        crate::events::Event::info("worker.stopped")
+    } else {
+        crate::events::Event::error("worker.stopped")
+    };
+    event
+        .text("how", how)
+        .number("exit_code", u64::from(code))
+        .emit(&message);
+    if !log::log_enabled!(target: crate::events::TARGET, log::Level::Error) {
+        let _ = writeln!(std::io::stderr().lock(), "ql-worker: {message}");
     }
+    ExitCode::from(code)
 }
 
 fn open_view(root: &Path) -> Result<InboxView, ExitCode> {
