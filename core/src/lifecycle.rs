@@ -43,10 +43,14 @@ impl Worker {
             self.drain_overrun = true;
             let in_flight = self.in_flight();
             self.fact(|| Fact::DrainBudgetEnded { in_flight });
-            if self.phase != Phase::Draining {
-                // Never reconciled: nothing of this incarnation runs.
-                self.stop(StopReason::Unsettled);
-                return;
+            match self.phase {
+                Phase::Draining => {}
+                // Never registered: nothing of this incarnation runs.
+                Phase::Registering => return self.stop(StopReason::NotRegistered),
+                // Reconciliation never finished (reads kept failing).
+                Phase::Reconciling | Phase::Active | Phase::Finished => {
+                    return self.stop(StopReason::Unsettled);
+                }
             }
             self.next_tick_at = self.now;
         }

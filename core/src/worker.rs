@@ -175,9 +175,13 @@ pub enum StopReason {
     /// not be reached for the last transition, left to expire there).
     Drained,
     /// The drain ended with records this Worker could not settle: recovery evidence, records
-    /// that never launched, Runs the drain-budget stop could not complete — or the drain came
-    /// before the Session was ever registered. They stay for the next start.
+    /// that never launched, Runs the drain-budget stop could not complete. They stay for the
+    /// next start.
     Unsettled,
+    /// The drain came before the Session was ever registered (the control plane was never
+    /// reached): this run started nothing; what an earlier run left is reconciled at the next
+    /// start.
+    NotRegistered,
 }
 
 /// Why the machine halted: a fact it cannot safely continue from. The next start reconciles
@@ -867,7 +871,7 @@ impl Worker {
                 // left is reconciled at the next start. Stop at once (an unreachable control
                 // plane must not hold a stop for the whole drain budget).
                 Phase::Registering if self.running.is_none() && self.staged.is_none() => {
-                    self.stop(StopReason::Unsettled);
+                    self.stop(StopReason::NotRegistered);
                 }
                 Phase::Registering | Phase::Reconciling | Phase::Draining | Phase::Finished => {}
             }

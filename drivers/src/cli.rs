@@ -462,6 +462,15 @@ pub fn exit_of(exit: RunExit) -> ExitCode {
                  they resume at the next start",
             ),
         ),
+        RunExit::NotRegistered => (
+            EXIT_OK,
+            "not_registered",
+            String::from(
+                "drained before the Session was ever registered (the control plane was not \
+                 reached): this run started nothing; records of an earlier run, if any, are \
+                 reconciled at the next start",
+            ),
+        ),
         RunExit::Interrupted => (
             EXIT_UNSETTLED,
             "interrupted",
@@ -556,10 +565,27 @@ fn list(root: &Path, after: Option<&OfferId>, limit: PageLimit, json: bool) -> E
             Err(e) => return fail(EXIT_STORAGE, e),
         }
     }
+    // The pending claim is part of the inbox: a corrupt or unsafe one stops the Worker (exit 3),
+    // so it is reported here too, after the records.
+    let claim = view.read_claim();
     let mut out = String::new();
     if json {
         let rows: Vec<serde_json::Value> = records.iter().map(summary_json).collect();
-        let value = serde_json::json!({ "records": rows, "nextAfter": page.next_after.as_ref().map(OfferId::as_str) });
+        let claim_json = match &claim {
+            Ok(None) => serde_json::Value::Null,
+            Ok(Some(c)) => serde_json::json!({
+                "state": "present",
+                "offerId": c.offer_id.as_str(),
+                "attemptCount": c.attempt_count,
+                "nextAttemptAtMs": c.next_attempt_at_ms.get(),
+            }),
+            Err(e) => serde_json::json!({ "state": "unreadable", "error": e.to_string() }),
+        };
+        let value = serde_json::json!({
+            "records": rows,
+            "nextAfter": page.next_after.as_ref().map(OfferId::as_str),
+            "pendingClaim": claim_json,
+        });
         out.push_str(&serde_json::to_string_pretty(&value).unwrap_or_default());
         out.push('\n');
     } else {
@@ -582,8 +608,31 @@ fn list(root: &Path, after: Option<&OfferId>, limit: PageLimit, json: bool) -> E
         if let Some(next) = &page.next_after {
             let _ = writeln!(out, "more: --after {next}");
         }
+        if let Ok(Some(c)) = &claim {
+            let _ = writeln!(
+                out,
+                "pending claim: offer {} ({} attempt(s), next at {} ms)",
+                c.offer_id,
+                c.attempt_count,
+                c.next_attempt_at_ms.get()
+            );
+        }
     }
-    emit(&out, None, EXIT_OK)
+    match claim {
+        Ok(_) => emit(&out, None, EXIT_OK),
+        Err(e) => {
+            let code = emit(&out, None, EXIT_STORAGE);
+            if code == ExitCode::from(EXIT_OUTPUT) {
+                return code;
+            }
+            fail(
+                EXIT_STORAGE,
+                format!(
+                    "pending claim unreadable: {e} (the Worker refuses this root until it is repaired)"
+                ),
+            )
+        }
+    }
 }
 
 /// Left-aligned columns as wide as their widest cell, two spaces apart; no trailing spaces.
@@ -764,10 +813,17 @@ fn recover(root: &Path, json: bool) -> ExitCode {
             None => break,
         }
     }
+    let claim = view.read_claim().err().map(|e| e.to_string());
+    const CLAIM_ADVICE: &str = "the Worker stops at once on this root (exit 3) until the pending \
+        claim reads: inspect it (it names an offer the control plane may have claimed for this \
+        Worker); if it is damaged, move it out of the root with the Worker stopped: the next \
+        Pull starts a new claim, and a claimed offer is redelivered when its lease is reaped.";
     const DORMANT_ADVICE: &str = "nothing ran and it can never start; the control plane \
         reclaims the Run when it reaps the lease. It takes no slot and does not hold a drain, \
         but it counts against the inbox capacity: archive it (`--archive`, Worker stopped).";
-    let code = if recovery.is_empty() {
+    let code = if claim.is_some() {
+        EXIT_STORAGE
+    } else if recovery.is_empty() {
         EXIT_OK
     } else {
         EXIT_RECOVERY
@@ -813,6 +869,12 @@ fn recover(root: &Path, json: bool) -> ExitCode {
             "failClosed": !recovery.is_empty(),
             "recoveryRequired": recovery_rows,
             "dormant": dormant_rows,
+            "pendingClaim": claim.as_ref().map(|error| serde_json::json!({
+                "state": "unreadable",
+                "path": root.join(crate::layout::PENDING_CLAIM_FILE).display().to_string(),
+                "error": error,
+                "advice": CLAIM_ADVICE,
+            })),
         });
         out.push_str(&serde_json::to_string_pretty(&value).unwrap_or_default());
         out.push('\n');
@@ -858,6 +920,10 @@ fn recover(root: &Path, json: bool) -> ExitCode {
     }
     if !dormant.is_empty() {
         let _ = writeln!(out, "{} dormant record(s)", dormant.len());
+    }
+    if let Some(error) = &claim {
+        let _ = writeln!(out, "pending claim: unreadable: {error}");
+        let _ = writeln!(out, "  what to do: {CLAIM_ADVICE}");
     }
     if recovery.is_empty() {
         out.push_str("no recovery_required records: the Worker is not fail-closed\n");

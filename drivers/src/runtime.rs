@@ -51,9 +51,10 @@ pub enum RunExit {
     /// control plane could not be reached for the last transition).
     Drained,
     /// The drain ended with records this Worker could not settle (recovery evidence, records
-    /// that never launched), or before the Session was ever registered; they stay for the next
-    /// start.
+    /// that never launched); they stay for the next start.
     Unsettled,
+    /// The drain came before the Session was ever registered: nothing was started by this run.
+    NotRegistered,
     /// A second signal: stopped at once; records stay for the next start.
     Interrupted,
     /// The core halted on a fact it cannot continue from.
@@ -663,6 +664,10 @@ impl Runner {
                     if let Some(exit) = self.sleep_until(wake_at) {
                         return exit;
                     }
+                    if self.worker.phase() == Phase::Finished {
+                        // An operator input (a drain) ended the machine: its output says how.
+                        continue;
+                    }
                     if self.worker.handle(crate::os::now(), Input::Tick).is_err() {
                         return RunExit::Fatal(String::from("core refused a tick"));
                     }
@@ -672,6 +677,7 @@ impl Runner {
                     return RunExit::Drained;
                 }
                 Output::Stopped(StopReason::Unsettled) => return RunExit::Unsettled,
+                Output::Stopped(StopReason::NotRegistered) => return RunExit::NotRegistered,
                 // The effects reported the path and the rule when they mapped the fault.
                 Output::Halted(HaltReason::UnsafeStorage) => {
                     let detail = self.host.telemetry_mut().take_storage_fault();

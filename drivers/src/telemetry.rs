@@ -405,20 +405,15 @@ impl Telemetry {
                     .emit(format_args!("Session is {}", view.status.as_str()));
             }
             Fact::Session(SessionResult::TransitionUnavailable(status)) => {
-                Event::warn("session.heartbeat_failed")
-                    .text("operation", "transition")
+                Event::warn("session.transition_failed")
                     .text("status", status.as_str())
                     .emit(format_args!(
                         "the transition to {} got no usable answer",
                         status.as_str()
                     ));
             }
-            Fact::Session(SessionResult::Unavailable) => {
-                Event::warn("session.heartbeat_failed").emit(
-                    "a Session exchange got no usable answer; retried at the next tick (the \
-                     Session lease decides what stays usable)",
-                );
-            }
+            // The failed call was reported with its cause (`call.failed`, `credential.unreadable`).
+            Fact::Session(SessionResult::Unavailable) => {}
             // Fences are reported as `Rejoining`; a final refusal ends the run with its message.
             Fact::Session(SessionResult::Fenced(_) | SessionResult::Rejected(_)) => {}
             Fact::Pull(PullResult::Failed { fault, retry_at }) => {
