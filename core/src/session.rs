@@ -48,11 +48,11 @@ pub enum SessionResult {
     /// A transition to this status got no usable answer.
     TransitionUnavailable(SessionStatus),
     /// 409 on a heartbeat or transition, or an answer that breaks its version CAS: this Session
-    /// was fenced (register it again); or, registering again, the answer says another Session
-    /// had replaced it.
+    /// was fenced (register it again).
     Fenced(String),
     /// The register exchange was refused for good (400, 404, 409, 413, 415), or its answer is
-    /// invalid; or a request could not be built.
+    /// invalid, or — registering again after a fence — the answer says another Session had
+    /// replaced this one; or a request could not be built.
     Rejected(String),
 }
 
@@ -199,9 +199,9 @@ impl SessionOp {
         if matches!(self, Self::Registering { rejoin: true })
             && parsed.replaced_session == Some(true)
         {
-            return Step::Done(SessionResult::Fenced(String::from(
-                "registering again after a fence replaced another Session of this worker id: \
-                 another Worker uses it",
+            return Step::Done(SessionResult::Rejected(String::from(
+                "registering again after a fence found that another Session of this worker id \
+                 had replaced this one: another Worker uses it",
             )));
         }
         let view = view(&parsed);
