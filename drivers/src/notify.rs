@@ -69,7 +69,14 @@ impl Notifier {
             }
             _ => None,
         });
-        let target = address.and_then(|a| UnixDatagram::unbound().ok().map(|s| (s, a)));
+        // Non-blocking: a service manager that does not read (a full queue) drops a
+        // notification; it never stalls the Worker's loop.
+        let target = address.and_then(|a| {
+            UnixDatagram::unbound()
+                .and_then(|s| s.set_nonblocking(true).map(|()| s))
+                .ok()
+                .map(|s| (s, a))
+        });
         let for_us = watchdog_pid
             .as_deref()
             .is_none_or(|p| p.trim().parse::<u32>().ok() == Some(pid));
@@ -219,6 +226,23 @@ mod tests {
         assert_eq!(n.watchdog(), None, "the watchdog is for another process");
         n.ready("up");
         assert_eq!(receive(&server), "READY=1\nSTATUS=up");
+    }
+
+    #[test]
+    fn a_service_manager_that_does_not_read_never_blocks_the_worker() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("full.sock");
+        let _server = UnixDatagram::bind(&path).unwrap();
+        let mut n = Notifier::from_vars(
+            Some(path.as_os_str().as_encoded_bytes().to_vec()),
+            None,
+            None,
+            1,
+        );
+        // Far more than the kernel queues (net.unix.max_dgram_qlen is 10 on some hosts).
+        for i in 0..2_000 {
+            n.status(&format!("status {i}"));
+        }
     }
 
     #[test]
