@@ -250,7 +250,7 @@ mod tests {
             assert_eq!(meta.mode() & 0o777, 0o600);
             count += 1;
         }
-        assert_eq!(count, 16);
+        assert_eq!(count, 26, "13 certificates and their keys");
         let server = std::fs::read_to_string(&pki.server.cert).unwrap();
         assert!(server.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(
