@@ -160,6 +160,234 @@ pub fn write_json_string(out: &mut Vec<u8>, value: &str) {
     out.push(b'"');
 }
 
+/// A JavaScript string value that may hold lone UTF-16 surrogates (`"x\ud800y"`), which a Rust
+/// `str` cannot. Stored as WTF-8: UTF-8 where an unpaired surrogate is the 3-byte encoding of its
+/// code point (`ED A0 80` for U+D800); a surrogate pair is always stored as the 4-byte encoding of
+/// its character.
+///
+/// `JSON.stringify` writes a lone surrogate back as its escape (`\ud800`), so the execution
+/// revision's digest needs it kept exactly ([`write_json_js_string`]); Node hands the same string
+/// to the operating system with each lone surrogate replaced by U+FFFD
+/// ([`JsString::to_utf8_lossy`]), and `Buffer.byteLength` counts it as 3 bytes, like its WTF-8
+/// form ([`JsString::byte_len`]).
+///
+/// Serialized as a string when it is well-formed, else as its WTF-8 bytes for binary formats
+/// (postcard writes both identically) and as the lossy string for human-readable ones (display
+/// only). Deserialized from a string or from bytes, which must be WTF-8: serde_json decodes an
+/// escaped lone surrogate into WTF-8 when bytes are asked for.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JsString(Vec<u8>);
+
+/// Bytes that are not WTF-8 (invalid UTF-8, or a surrogate pair in split form).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NotWtf8;
+
+impl fmt::Display for NotWtf8 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string of UTF-8 and lone UTF-16 surrogates only")
+    }
+}
+
+impl core::error::Error for NotWtf8 {}
+
+/// One code point of WTF-8 at `i`: `(code point, length)`.
+fn wtf8_at(bytes: &[u8], i: usize) -> Option<(u32, usize)> {
+    let b0 = *bytes.get(i)?;
+    let cont = |k: usize| -> Option<u32> {
+        let b = *bytes.get(i + k)?;
+        (b & 0xc0 == 0x80).then_some(u32::from(b & 0x3f))
+    };
+    match b0 {
+        0x00..=0x7f => Some((u32::from(b0), 1)),
+        0xc2..=0xdf => Some(((u32::from(b0 & 0x1f) << 6) | cont(1)?, 2)),
+        0xe0..=0xef => {
+            let c = (u32::from(b0 & 0x0f) << 12) | (cont(1)? << 6) | cont(2)?;
+            (c >= 0x800).then_some((c, 3))
+        }
+        0xf0..=0xf4 => {
+            let c = (u32::from(b0 & 0x07) << 18) | (cont(1)? << 12) | (cont(2)? << 6) | cont(3)?;
+            (0x1_0000..=0x10_ffff).contains(&c).then_some((c, 4))
+        }
+        _ => None,
+    }
+}
+
+fn is_surrogate(c: u32) -> bool {
+    (0xd800..=0xdfff).contains(&c)
+}
+
+impl JsString {
+    /// Checks `bytes` as WTF-8.
+    ///
+    /// # Errors
+    /// [`NotWtf8`] for invalid UTF-8 other than lone surrogates, or a high surrogate directly
+    /// followed by a low one (that pair is one character and must be encoded as such).
+    pub fn from_wtf8(bytes: Vec<u8>) -> Result<Self, NotWtf8> {
+        let mut i = 0;
+        let mut high_before = false;
+        while i < bytes.len() {
+            let (c, n) = wtf8_at(&bytes, i).ok_or(NotWtf8)?;
+            if high_before && (0xdc00..=0xdfff).contains(&c) {
+                return Err(NotWtf8);
+            }
+            high_before = (0xd800..=0xdbff).contains(&c);
+            i += n;
+        }
+        Ok(Self(bytes))
+    }
+
+    /// The text, when it holds no lone surrogate.
+    #[must_use]
+    pub fn as_str(&self) -> Option<&str> {
+        core::str::from_utf8(&self.0).ok()
+    }
+
+    /// The WTF-8 bytes.
+    #[must_use]
+    pub fn as_wtf8(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// `Buffer.byteLength(value, 'utf8')`: UTF-8 bytes, 3 for each lone surrogate.
+    #[must_use]
+    pub fn byte_len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether it holds a NUL character.
+    #[must_use]
+    pub fn contains_nul(&self) -> bool {
+        self.0.contains(&0)
+    }
+
+    /// Whether it holds a lone surrogate.
+    #[must_use]
+    pub fn has_lone_surrogate(&self) -> bool {
+        self.as_str().is_none()
+    }
+
+    /// The string as Node passes it to the operating system (environment, arguments): each lone
+    /// surrogate replaced by U+FFFD.
+    #[must_use]
+    pub fn to_utf8_lossy(&self) -> alloc::borrow::Cow<'_, str> {
+        if let Some(text) = self.as_str() {
+            return alloc::borrow::Cow::Borrowed(text);
+        }
+        let mut out = alloc::string::String::with_capacity(self.0.len());
+        let mut i = 0;
+        while let Some((c, n)) = wtf8_at(&self.0, i) {
+            out.push(char::from_u32(c).unwrap_or(char::REPLACEMENT_CHARACTER));
+            i += n;
+        }
+        alloc::borrow::Cow::Owned(out)
+    }
+}
+
+impl From<&str> for JsString {
+    fn from(value: &str) -> Self {
+        Self(value.as_bytes().to_vec())
+    }
+}
+
+impl From<alloc::string::String> for JsString {
+    fn from(value: alloc::string::String) -> Self {
+        Self(value.into_bytes())
+    }
+}
+
+impl fmt::Debug for JsString {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.as_str() {
+            Some(text) => write!(f, "JsString({text:?})"),
+            None => {
+                f.write_str("JsString(\"")?;
+                let mut i = 0;
+                while let Some((c, n)) = wtf8_at(&self.0, i) {
+                    match char::from_u32(c) {
+                        Some(ch) => write!(f, "{}", ch.escape_debug())?,
+                        None => write!(f, "\\u{{{c:x}}}")?,
+                    }
+                    i += n;
+                }
+                f.write_str("\")")
+            }
+        }
+    }
+}
+
+impl serde::Serialize for JsString {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.as_str() {
+            Some(text) => serializer.serialize_str(text),
+            None if serializer.is_human_readable() => {
+                serializer.serialize_str(&self.to_utf8_lossy())
+            }
+            None => serializer.serialize_bytes(&self.0),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for JsString {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct JsStringVisitor;
+        impl serde::de::Visitor<'_> for JsStringVisitor {
+            type Value = JsString;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<JsString, E> {
+                Ok(JsString::from(v))
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<JsString, E> {
+                JsString::from_wtf8(v.to_vec()).map_err(E::custom)
+            }
+            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<JsString, E> {
+                JsString::from_wtf8(v).map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_bytes(JsStringVisitor)
+    }
+}
+
+/// Appends `value` as `JSON.stringify` writes it: as [`write_json_string`], with each lone
+/// surrogate as its lowercase `\udxxx` escape.
+pub fn write_json_js_string(out: &mut Vec<u8>, value: &JsString) {
+    if let Some(text) = value.as_str() {
+        return write_json_string(out, text);
+    }
+    out.push(b'"');
+    let bytes = value.as_wtf8();
+    let mut start = 0;
+    let mut i = 0;
+    while let Some((c, n)) = wtf8_at(bytes, i) {
+        if is_surrogate(c) {
+            // INVARIANT: everything between two surrogates is well-formed UTF-8.
+            let run = core::str::from_utf8(&bytes[start..i]).unwrap_or("");
+            let mut piece = Vec::new();
+            write_json_string(&mut piece, run);
+            out.extend_from_slice(&piece[1..piece.len() - 1]);
+            out.extend_from_slice(b"\\u");
+            for shift in [12u32, 8, 4, 0] {
+                out.push(HEX[((c >> shift) & 0xf) as usize]);
+            }
+            start = i + n;
+        }
+        i += n;
+    }
+    let run = core::str::from_utf8(&bytes[start..]).unwrap_or("");
+    let mut piece = Vec::new();
+    write_json_string(&mut piece, run);
+    out.extend_from_slice(&piece[1..]);
+}
+
+/// Length of `value` once written by [`write_json_js_string`].
+#[must_use]
+pub fn json_js_string_len(value: &JsString) -> usize {
+    let mut out = Vec::new();
+    write_json_js_string(&mut out, value);
+    out.len()
+}
+
 /// Length of `value` once written by [`write_json_string`].
 #[must_use]
 pub fn json_string_len(value: &str) -> usize {
@@ -323,6 +551,17 @@ impl JsonWriter {
         self
     }
 
+    /// Writes a JavaScript string value (lone surrogates as their escapes).
+    pub fn js_string(&mut self, value: &JsString) -> &mut Self {
+        self.before_value();
+        if let Some(text) = value.as_str() {
+            self.string_raw(text);
+        } else if self.reserve(json_js_string_len(value)) {
+            write_json_js_string(&mut self.out, value);
+        }
+        self
+    }
+
     /// Writes a non-negative integer value.
     pub fn uint(&mut self, value: u64) -> &mut Self {
         self.before_value();
@@ -411,6 +650,50 @@ mod tests {
         let mut out = Vec::new();
         write_json_string(&mut out, s);
         out.len()
+    }
+
+    #[test]
+    fn js_strings_keep_lone_surrogates_for_json_and_replace_them_for_the_os() {
+        // serde_json decodes `"x\ud800y\udc00"` into these WTF-8 bytes when asked for bytes.
+        let lone = JsString::from_wtf8(b"x\xed\xa0\x80y\xed\xb0\x80".to_vec()).unwrap();
+        assert!(lone.has_lone_surrogate() && lone.as_str().is_none());
+        assert_eq!(
+            lone.byte_len(),
+            8,
+            "Buffer.byteLength counts 3 per lone surrogate"
+        );
+        let mut out = Vec::new();
+        write_json_js_string(&mut out, &lone);
+        assert_eq!(out, br#""x\ud800y\udc00""#);
+        assert_eq!(json_js_string_len(&lone), out.len());
+        assert_eq!(lone.to_utf8_lossy(), "x\u{fffd}y\u{fffd}");
+        assert_eq!(
+            alloc::format!("{lone:?}"),
+            r#"JsString("x\u{d800}y\u{dc00}")"#
+        );
+        // A split surrogate pair and invalid UTF-8 are not WTF-8.
+        assert_eq!(
+            JsString::from_wtf8(b"\xed\xa0\x80\xed\xb0\x80".to_vec()),
+            Err(NotWtf8)
+        );
+        assert_eq!(JsString::from_wtf8(b"\xff".to_vec()), Err(NotWtf8));
+        assert_eq!(JsString::from_wtf8(b"\xc0\x80".to_vec()), Err(NotWtf8));
+        let plain = JsString::from("a\"\u{1}é");
+        let mut out = Vec::new();
+        write_json_js_string(&mut out, &plain);
+        let mut expected = Vec::new();
+        write_json_string(&mut expected, "a\"\u{1}é");
+        assert_eq!(out, expected);
+        // Postcard writes a well-formed value exactly like a `String`, and reads either back.
+        let bytes = postcard::to_allocvec(&plain).unwrap();
+        assert_eq!(bytes, postcard::to_allocvec("a\"\u{1}é").unwrap());
+        assert_eq!(postcard::from_bytes::<JsString>(&bytes).unwrap(), plain);
+        let bytes = postcard::to_allocvec(&lone).unwrap();
+        assert_eq!(postcard::from_bytes::<JsString>(&bytes).unwrap(), lone);
+        let escaped: JsString = serde_json::from_str(r#""x\ud800y\udc00""#).unwrap();
+        assert_eq!(escaped, lone);
+        let paired: JsString = serde_json::from_str(r#""\ud83d\ude00""#).unwrap();
+        assert_eq!(paired.as_str(), Some("😀"));
     }
 
     #[test]

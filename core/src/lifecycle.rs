@@ -311,6 +311,11 @@ impl Worker {
                 self.queue.push_front(Work::Process(offer_id));
             }
             PullResult::Idle => self.pull_retry_at = None,
+            // The claim is gone: the next tick pulls afresh, with no backoff.
+            PullResult::Refused { offer_id, reason } => {
+                self.pull_retry_at = None;
+                self.notify(crate::worker::Notice::OfferRefused { offer_id, reason });
+            }
             PullResult::Backoff { until }
             | PullResult::Failed {
                 retry_at: until, ..

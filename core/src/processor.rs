@@ -42,7 +42,7 @@ use crate::wire::activation::{
 };
 use crate::wire::artifact::derive_log_artifact_id;
 use crate::wire::route::path;
-use crate::wire::secrets::{self, SecretsRequest, SecretsResponse};
+use crate::wire::secrets::{self, EnvironmentBundle, SecretsRequest, SecretsResponse};
 use crate::wire::session::SessionStatus;
 use crate::worker::{Ctx, HaltReason, Step, read_failure, write_failure};
 
@@ -533,16 +533,6 @@ impl ProcessOp {
     /// Step 6c: resolve Secrets (in memory only).
     fn fetch_secrets(self, ctx: &Ctx<'_>, launch: Box<Launch>) -> PStep {
         let record = &launch.authority.record;
-        if record
-            .offer
-            .execution_revision
-            .environment_bundle_ref
-            .is_some()
-        {
-            // Bundle expansion would add variables the revision does not name; the exact
-            // environment rule refuses it before any spawn.
-            return self.start_failed(ctx, record);
-        }
         match SecretsRequest::from_offer(&record.offer) {
             Ok(None) => {
                 let none = SecretsResponse {
@@ -920,30 +910,71 @@ fn launch_authority(
 
 /// Step 6d: the exact environment of the revision, public values byte for byte and Secret values
 /// from the response, in revision order; `None` when a value is missing or holds a NUL.
+/// The child's exact environment (the reference's newer materializer, `4abf125`): the
+/// revision's bindings in revision order (public values as Node passes them, Secrets from the
+/// response), then the entries of its environment bundle, if any, in the bundle's normalized
+/// order. `None` refuses the start before any spawn: a Secret missing, a bundle that breaks its
+/// rules, a bundle name that is also a binding's, more than 256 variables, or names and values
+/// above 64 KiB.
 fn environment(
     record: &InboxRecord,
     secrets: &SecretsResponse,
 ) -> Option<Vec<(String, Zeroizing<String>)>> {
     let revision = &record.offer.execution_revision;
     let mut env = Vec::with_capacity(revision.environment.len());
+    let mut bytes = 0usize;
     for binding in &revision.environment {
+        // A public value reaches the child as Node would pass it: lone surrogates as U+FFFD.
         let value = match &binding.value {
-            EnvValue::Public(value) => value.as_str(),
+            EnvValue::Public(value) => value.to_utf8_lossy(),
             EnvValue::Secret(reference) => secrets
                 .values
                 .iter()
                 .find(|v| v.secret_ref == *reference)
-                .map(|v| v.value.expose())?,
+                .map(|v| alloc::borrow::Cow::Borrowed(v.value.expose()))?,
         };
         let name = binding.name.as_str();
         if value.contains('\0') || name.contains('=') || name.is_empty() {
             return None;
         }
-        env.push((String::from(name), Zeroizing::new(String::from(value))));
+        bytes += name.len() + value.len();
+        env.push((String::from(name), Zeroizing::new(value.into_owned())));
     }
     let unique = env
         .iter()
         .enumerate()
         .all(|(i, (n, _))| env[..i].iter().all(|(m, _)| m != n));
-    (env.len() == revision.environment.len() && unique).then_some(env)
+    let exact = env.len() == revision.environment.len() && unique;
+    if !exact || bytes > secrets::MAX_BUNDLE_TOTAL_BYTES {
+        return None;
+    }
+    // At most one bundle, bound to the revision's reference by the response parser.
+    let bundles = match (
+        &revision.environment_bundle_ref,
+        &secrets.environment_bundles[..],
+    ) {
+        (None, []) => &[][..],
+        (Some(reference), [bundle]) if bundle.secret_ref == *reference => {
+            &secrets.environment_bundles[..]
+        }
+        _ => return None,
+    };
+    for bundle in bundles {
+        let parsed = EnvironmentBundle::parse(&bundle.value).ok()?;
+        for (name, value) in parsed.entries {
+            let name = name.as_str();
+            if env.iter().any(|(n, _)| n == name) {
+                return None;
+            }
+            bytes += name.len() + value.expose().len();
+            if env.len() >= secrets::MAX_BUNDLE_ENTRIES || bytes > secrets::MAX_BUNDLE_TOTAL_BYTES {
+                return None;
+            }
+            env.push((
+                String::from(name),
+                Zeroizing::new(String::from(value.expose())),
+            ));
+        }
+    }
+    Some(env)
 }

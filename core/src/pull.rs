@@ -17,7 +17,10 @@
 //!    (new: publish `accepted` at revision 0; replay: keep the stored record, or advance only
 //!    its lease when the delivered version is newer) and **then** clear the claim;
 //! 7. any failure ⇒ `nextAttemptAtMs = now + floor(r · min(60 s, base · 2^(attempts-1)))` with
-//!    `r` from fresh entropy (full jitter), persisted, and the claim kept.
+//!    `r` from fresh entropy (full jitter), persisted, and the claim kept — except an offer
+//!    refused for good ([`refused_for_good`]): its claim is cleared at once, the Pull ends with
+//!    [`PullResult::Refused`], and the next Pull makes a fresh claim (the reference retries such
+//!    an offer 16 times with backoff, pulling nothing else meanwhile).
 
 use alloc::boxed::Box;
 use alloc::format;
@@ -33,6 +36,7 @@ use crate::offer::Offer;
 use crate::ops::{CallFault, Fingerprint, next_record, persist, response, unexpected};
 use crate::record::InboxRecord;
 use crate::time::UnixMillis;
+use crate::wire::WireError;
 use crate::wire::offer::{MAX_RESPONSE_BYTES, OfferRequest, OfferResponse, admit_offer};
 use crate::wire::route::{Operation, path};
 use crate::worker::{Ctx, HaltReason, Step, read_failure, write_failure};
@@ -69,6 +73,15 @@ pub enum PullResult {
     },
     /// The control plane had nothing; the claim is cleared.
     Idle,
+    /// The offered offer was refused for a reason its claim cannot change (see
+    /// [`refused_for_good`]). Nothing was stored, so nothing can run; the claim is cleared and
+    /// the control plane's lease for it expires by itself.
+    Refused {
+        /// The cleared claim's offer id.
+        offer_id: OfferId,
+        /// Why (names the field and rule; never a value).
+        reason: WireError,
+    },
     /// The claim's next attempt is in the future; no request was sent.
     Backoff {
         /// When the claim may be retried.
@@ -103,6 +116,10 @@ pub(crate) enum PullOp {
         replayed: bool,
     },
     ClearingIdle,
+    ClearingRefused {
+        offer_id: OfferId,
+        reason: WireError,
+    },
     ClearingExhausted,
     CheckingStored(Box<PendingClaim>),
     ClearingStale,
@@ -123,6 +140,7 @@ impl PullOp {
             | Self::ClearingForeign
             | Self::DrawingIdentity
             | Self::ClearingIdle
+            | Self::ClearingRefused { .. }
             | Self::ClearingExhausted
             | Self::ClearingStale => fp.debug(self),
             Self::CheckingStored(claim) => {
@@ -187,6 +205,9 @@ impl PullOp {
                 Step::Done(PullResult::Admitted { offer_id, replayed })
             }),
             Self::ClearingIdle => after_write(outcome, || Step::Done(PullResult::Idle)),
+            Self::ClearingRefused { offer_id, reason } => after_write(outcome, move || {
+                Step::Done(PullResult::Refused { offer_id, reason })
+            }),
             Self::ClearingExhausted => {
                 let now = ctx.now;
                 after_write(outcome, move || {
@@ -406,6 +427,17 @@ fn on_response(
         Err(other) => return unexpected(&other),
     };
     match OfferResponse::parse(&body) {
+        Err(e) if refused_for_good(&e) => {
+            let action = Action::ClearClaim {
+                offer_id: claim.offer_id.clone(),
+                revision: claim.revision,
+            };
+            let op = PullOp::ClearingRefused {
+                offer_id: claim.offer_id.clone(),
+                reason: e,
+            };
+            Step::Wait(op, action)
+        }
         Err(e) => backoff(claim, PullFault::Call(CallFault::Invalid(e))),
         Ok(OfferResponse::Idle { .. }) => {
             let action = Action::ClearClaim {
@@ -436,6 +468,28 @@ fn on_response(
                 Err(e) => backoff(claim, PullFault::Admission(format!("{e}"))),
             }
         }
+    }
+}
+
+/// Whether an `offered` response refused with `error` would be refused again for the same
+/// claim: the verdict is on what the control plane pins for the Run (the execution revision, its
+/// digest, the candidate's identity), and a retry of this claim is answered by rebuilding the same
+/// offer (reference §2.2, lease recovery). Anything else — transport, size, the envelope's
+/// JSON, lease timings, scan stats, a claim or Session mismatch — may change, and keeps the claim.
+#[must_use]
+pub fn refused_for_good(error: &WireError) -> bool {
+    match error {
+        WireError::Revision(_) => true,
+        WireError::Field { path, .. } => {
+            path.starts_with("offer.candidate.") || *path == "offer.executionDigest"
+        }
+        WireError::Mismatch { path, .. } => {
+            matches!(*path, "offer.executionDigest" | "offer.executionRevision")
+        }
+        WireError::Size { .. }
+        | WireError::Json { .. }
+        | WireError::Request { .. }
+        | WireError::RequestTooLarge { .. } => false,
     }
 }
 

@@ -26,7 +26,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::IdError;
 use crate::ids::{MAX_INT32, MAX_SAFE_INTEGER, ProjectId, Sha256Digest, TaskId, TaskRevision};
-use crate::js::{self, CollationError, JsonWriter};
+use crate::js::{self, CollationError, JsString, JsonWriter};
 use crate::time::UnixMillis;
 use crate::wire::de::{Pairs, present};
 use crate::wire::{JsonError, semver};
@@ -375,8 +375,9 @@ pub struct EnvBinding {
 /// The value side of an [`EnvBinding`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EnvValue {
-    /// A public value, copied byte for byte into the child's environment (no NUL).
-    Public(String),
+    /// A public value (no NUL). It may hold lone UTF-16 surrogates, kept exactly for the digest;
+    /// the child receives it as Node would pass it, each lone surrogate replaced by U+FFFD.
+    Public(JsString),
     /// A `qlsecret:v1:` reference resolved through the `secrets` endpoint, in memory only.
     Secret(SecretRef),
 }
@@ -651,9 +652,9 @@ impl PlacementRequired {
         }
         if let Some(range) = &self.protocol_version_range {
             ensure(
-                semver::is_range(range),
+                (1..=128).contains(&crate::ids::js_length(range)) && semver::is_range(range),
                 "placement.required.protocolVersionRange",
-                "a semver range (supported subset)",
+                "1..=128 characters accepted by node-semver validRange",
             )?;
         }
         if let Some(list) = &mut self.runtimes {
@@ -669,7 +670,8 @@ impl PlacementRequired {
                     ensure(
                         bounded_text(range, 128) && semver::is_range(range),
                         name,
-                        "versionRange a semver range (supported subset)",
+                        "versionRange of 1..=128 characters without control characters, \
+                         accepted by node-semver validRange",
                     )?;
                 }
             }
@@ -827,8 +829,8 @@ fn normalize_environment(
         bytes += binding.name.as_str().len();
         match &binding.value {
             EnvValue::Public(value) => {
-                ensure(!value.contains('\0'), "environment.value", "free of NUL")?;
-                bytes += value.len();
+                ensure(!value.contains_nul(), "environment.value", "free of NUL")?;
+                bytes += value.byte_len();
             }
             EnvValue::Secret(reference) => {
                 ensure(
@@ -969,6 +971,7 @@ impl ExecutionRevision {
     /// # Errors
     /// [`RevisionError`] for malformed JSON, a broken rule, or a digest mismatch.
     pub fn parse_json(bytes: &[u8]) -> Result<Self, RevisionError> {
+        JsonError::check_utf8(bytes).map_err(RevisionError::Json)?;
         let wire: RevisionWire = serde_json::from_slice(bytes)
             .map_err(|e| RevisionError::Json(JsonError::from_serde(&e)))?;
         wire.into_revision()
@@ -990,7 +993,9 @@ impl ExecutionRevision {
         for binding in &self.environment {
             w.begin_object().field_str("name", binding.name.as_str());
             match &binding.value {
-                EnvValue::Public(value) => w.field_str("kind", "public").field_str("value", value),
+                EnvValue::Public(value) => {
+                    w.field_str("kind", "public").key("value").js_string(value)
+                }
                 EnvValue::Secret(r) => w
                     .field_str("kind", "secret")
                     .field_str("secretRef", r.as_str()),
@@ -1184,7 +1189,7 @@ struct BindingWire {
     name: String,
     kind: String,
     #[serde(default, deserialize_with = "present")]
-    value: Option<String>,
+    value: Option<JsString>,
     #[serde(default, deserialize_with = "present")]
     secret_ref: Option<String>,
 }

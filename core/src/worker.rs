@@ -415,6 +415,38 @@ pub struct Worker {
     pub(crate) drain_overrun: bool,
     /// Records whose Run the drain-budget stop has already stopped.
     pub(crate) drain_stopped: alloc::collections::BTreeSet<OfferId>,
+    /// What the driver should log, oldest first (at most [`MAX_NOTICES`]).
+    pub(crate) notices: VecDeque<Notice>,
+}
+
+/// Most [`Notice`]s kept for the driver; past it the oldest is dropped (the driver drains them
+/// after every input, so this only bounds a driver that never does).
+pub const MAX_NOTICES: usize = 64;
+
+/// Something that went wrong without stopping the Worker, for the driver's log. Carries ids,
+/// field paths and rules, never a value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// An offered offer was refused for a reason its claim cannot change; the claim was cleared
+    /// (nothing stored, nothing run) and Pulls go on (see [`crate::pull::refused_for_good`]).
+    OfferRefused {
+        /// The cleared claim's offer id.
+        offer_id: OfferId,
+        /// Why.
+        reason: crate::wire::WireError,
+    },
+}
+
+impl fmt::Display for Notice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::OfferRefused { offer_id, reason } => write!(
+                f,
+                "offer {offer_id} refused for good, its claim cleared (nothing stored, nothing \
+                 run; the control plane's lease expires by itself): {reason}"
+            ),
+        }
+    }
 }
 
 /// How the machine ended.
@@ -452,6 +484,7 @@ impl Worker {
             pre_barrier_expiry: BTreeMap::new(),
             pending_cleanup: alloc::collections::BTreeSet::new(),
             last_renewal: BTreeMap::new(),
+            notices: VecDeque::new(),
             finished: None,
             running: None,
             facts: None,
@@ -597,6 +630,7 @@ impl Worker {
             fences: self.fences,
             drain_overrun: self.drain_overrun,
             drain_stopped: self.drain_stopped.clone(),
+            notices: self.notices.clone(),
         }
     }
 
@@ -651,6 +685,18 @@ impl Worker {
             }
             Input::Outcome { id, outcome } => self.on_outcome(id, outcome),
         }
+    }
+
+    /// Takes the notices gathered since the last call, oldest first, for the driver's log.
+    pub fn drain_notices(&mut self) -> impl Iterator<Item = Notice> + '_ {
+        self.notices.drain(..)
+    }
+
+    pub(crate) fn notify(&mut self, notice: Notice) {
+        if self.notices.len() == MAX_NOTICES {
+            self.notices.pop_front();
+        }
+        self.notices.push_back(notice);
     }
 
     /// The next output. See the module documentation.

@@ -482,3 +482,144 @@ fn retains_the_old_claim_without_accepting_when_the_current_session_changes() {
         .as_slice()
     );
 }
+
+/// The claimed offer with `edit` applied to its JSON (the digest is left as it was).
+fn offered_edited(offer_id: OfferId, edit: impl FnOnce(&mut serde_json::Value)) -> Outcome {
+    let Outcome::Responded(body) = offered(offer_id, testkit::worker().generation) else {
+        unreachable!()
+    };
+    let mut value: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    edit(&mut value);
+    Outcome::Responded(serde_json::to_vec(&value).unwrap())
+}
+
+/// An offer refused for a reason its claim cannot change (here a revision field this Worker does
+/// not know, as a newer control plane might send) is refused at once: the claim is cleared after
+/// the first verdict (no backoff, nothing stored), a notice names the offer and the rule, and the
+/// very next Pull makes a fresh claim and admits the good offer behind it. The reference keeps
+/// such a claim through 16 attempts with backoff, pulling nothing else meanwhile.
+#[test]
+fn refuses_a_deterministically_bad_offer_at_once_and_admits_the_next_good_one_at_the_next_pull() {
+    let mut sim = started(World::one_offer(1));
+    sim.tick();
+    while sim.act().is_some_and(|a| a.kind() != "post") {
+        sim.answer(Answer::Ok);
+    }
+    let bad = claim(&sim).unwrap();
+    sim.deliver(offered_edited(bad.offer_id.clone(), |v| {
+        v["offer"]["executionRevision"]["retryPolicy"] = serde_json::json!({"attempts": 3});
+    }));
+    sim.settle();
+    assert_eq!(
+        sim.take_trail(),
+        lines(&[
+            "tick 1000",
+            "list-inbox",
+            "read-claim",
+            "draw-entropy",
+            "persist-claim r0",
+            "post offers",
+            "clear-claim r0",
+        ]),
+        "the claim is cleared after the first verdict, without a backoff"
+    );
+    assert!(claim(&sim).is_none() && sim.world.disk.records.is_empty());
+    let notices: Vec<_> = sim.worker.drain_notices().collect();
+    match notices.as_slice() {
+        [ql_worker_core::worker::Notice::OfferRefused { offer_id, reason }] => {
+            assert_eq!(offer_id, &bad.offer_id);
+            let text = format!("{}", notices[0]);
+            assert!(text.contains("unknown field") && text.contains(bad.offer_id.as_str()));
+            assert!(ql_worker_core::pull::refused_for_good(reason));
+        }
+        other => panic!("one refusal notice expected: {other:?}"),
+    }
+    assert_eq!(sim.worker.drain_notices().count(), 0, "drained");
+
+    // The next Pull (the next tick, at the cadence) claims afresh and admits the good offer.
+    sim.run(1);
+    let trail = sim.take_trail();
+    assert_run(
+        &trail,
+        &[
+            "read-claim",
+            "draw-entropy",
+            "persist-claim r0",
+            "post offers",
+            "read-record o1",
+            "persist-record o1 r0 accepted",
+            "clear-claim r0",
+        ],
+    );
+    assert_eq!(
+        trail.iter().filter(|l| *l == "post offers").count(),
+        1,
+        "one Pull after the refused one: {trail:#?}"
+    );
+    let record = sim.world.disk.record(&the_offer(&sim)).unwrap();
+    assert_ne!(record.offer.offer_id, bad.offer_id, "a fresh claim");
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
+
+/// Refused for good: verdicts on what the control plane pins for the Run. Kept and retried with
+/// a backoff: everything that may change between two answers for the same claim.
+#[test]
+fn only_verdicts_on_the_pinned_revision_and_candidate_clear_the_claim() {
+    use ql_worker_core::pull::refused_for_good;
+    use ql_worker_core::wire::offer::OfferResponse;
+    let id = testkit::offer_id(1);
+    let verdict = |edit: fn(&mut serde_json::Value)| {
+        let Outcome::Responded(body) = offered_edited(id.clone(), edit) else {
+            unreachable!()
+        };
+        OfferResponse::parse(&body).unwrap_err()
+    };
+    for (label, edit) in [
+        (
+            "bad range",
+            (|v: &mut serde_json::Value| {
+                v["offer"]["executionRevision"]["placement"] =
+                    serde_json::json!({"required": {"protocolVersionRange": "latest"}});
+            }) as fn(&mut serde_json::Value),
+        ),
+        ("digest drift", |v| {
+            v["offer"]["executionRevision"]["command"]["args"] = serde_json::json!(["drift"]);
+        }),
+        ("task revision", |v| {
+            v["offer"]["executionRevision"]["sourceRevision"] = serde_json::json!(2);
+        }),
+        ("execution digest", |v| {
+            v["offer"]["executionDigest"] = serde_json::json!("0".repeat(64));
+        }),
+        ("candidate id", |v| {
+            v["offer"]["candidate"]["runId"] = serde_json::json!("");
+        }),
+    ] {
+        let e = verdict(edit);
+        assert!(refused_for_good(&e), "{label}: {e}");
+    }
+    for (label, edit) in [
+        (
+            "lease timing",
+            (|v: &mut serde_json::Value| {
+                v["offer"]["lease"]["expiresAtMs"] = serde_json::json!(1);
+            }) as fn(&mut serde_json::Value),
+        ),
+        ("stats", |v| {
+            v["stats"]["pages"] = serde_json::json!(17);
+        }),
+        ("envelope key", |v| {
+            v["extra"] = serde_json::json!(1);
+        }),
+        ("schema", |v| {
+            v["schema"] = serde_json::json!("qinglong/remote-execution-offer@v2");
+        }),
+    ] {
+        let e = verdict(edit);
+        assert!(!refused_for_good(&e), "{label}: {e}");
+    }
+}

@@ -23,8 +23,13 @@ fn offered() -> Box<ql_worker_core::wire::offer::OfferedOffer> {
     }
 }
 
+/// A JSON shape error; inside the execution revision it is the revision's own verdict.
 fn is_shape_error(error: &WireError) -> bool {
-    matches!(error, WireError::Json { .. })
+    matches!(
+        error,
+        WireError::Json { .. }
+            | WireError::Revision(ql_worker_core::revision::RevisionError::Json(_))
+    )
 }
 
 fn sent() -> ql_worker_core::ids::Sha256Digest {

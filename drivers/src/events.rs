@@ -186,6 +186,11 @@ pub const EVENTS: &[(&str, Level, &str)] = &[
         "the pending claim was cleared",
     ),
     (
+        "offer.refused",
+        Level::Warn,
+        "an offer was refused for good: its claim was cleared, nothing stored or run; offer, reason",
+    ),
+    (
         "pull.failed",
         Level::Warn,
         "a Pull failed; it is retried after a backoff",

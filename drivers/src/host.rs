@@ -117,6 +117,9 @@ pub enum Event<'a> {
         /// SHA-256 of what was sent.
         sha256: &'a ql_worker_core::ids::Sha256Digest,
     },
+    /// The core reported something that went wrong without stopping it (e.g. an offer refused
+    /// for good); the runtime also prints it to stderr.
+    Notice(&'a ql_worker_core::worker::Notice),
 }
 
 /// The Worker's effects.
@@ -274,9 +277,14 @@ impl<E: Executor> Host<E> {
         self.stall_after = point;
     }
 
-    /// Installs an observer of persisted records and uploads.
+    /// Installs an observer of persisted records, uploads and core notices.
     pub fn observe(&mut self, observer: Box<dyn FnMut(&Event<'_>)>) {
         self.observer = observer;
+    }
+
+    /// Passes `event` to the observer.
+    pub fn notify(&mut self, event: &Event<'_>) {
+        (self.observer)(event);
     }
 
     /// The journal (for retention sweeps between commands).

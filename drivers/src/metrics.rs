@@ -130,6 +130,8 @@ pub struct Registry {
     pub retention_logs_removed: u64,
     /// Facts the core dropped because the driver polled too late.
     pub facts_dropped: u64,
+    /// Offers refused for good (their claim cleared, nothing stored or run).
+    pub offers_refused: u64,
     /// Start of this run, Unix ms.
     pub started_ms: u64,
 }
@@ -437,6 +439,13 @@ impl Metrics {
             "Facts of the core the driver read too late (the event log missed them).",
         );
         let _ = writeln!(out, "{p}_facts_dropped_total {}", r.facts_dropped);
+        header(
+            &mut out,
+            &format!("{p}_offers_refused_total"),
+            "counter",
+            "Offers refused for good: their claim cleared, nothing stored or run.",
+        );
+        let _ = writeln!(out, "{p}_offers_refused_total {}", r.offers_refused);
         out
     }
 }

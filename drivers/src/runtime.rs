@@ -656,6 +656,7 @@ impl Runner {
                     if let Err(e) = self.worker.handle(crate::os::now(), input) {
                         return RunExit::Fatal(format!("core refused an outcome: {e}"));
                     }
+                    self.report_notices();
                 }
                 Output::Idle { wake_at } => {
                     if let Some(exit) = self.housekeeping() {
@@ -696,6 +697,27 @@ impl Runner {
                 }
                 Output::Halted(reason) => return RunExit::Halted(reason),
             }
+        }
+    }
+
+    /// Turns the core's notices into events and metrics (never a value: ids, field paths and
+    /// rules) and hands them to the observer.
+    fn report_notices(&mut self) {
+        let notices: Vec<_> = self.worker.drain_notices().collect();
+        for notice in notices {
+            match &notice {
+                ql_worker_core::worker::Notice::OfferRefused { offer_id, reason } => {
+                    self.host
+                        .telemetry_mut()
+                        .metrics()
+                        .update(|r| r.offers_refused += 1);
+                    Event::warn("offer.refused")
+                        .text("offer", offer_id)
+                        .text("reason", reason)
+                        .emit(&notice);
+                }
+            }
+            self.host.notify(&Observed::Notice(&notice));
         }
     }
 

@@ -56,7 +56,7 @@ use e2e_common::evidence::{
     snapshot_processes,
 };
 use e2e_common::{KillOnDrop, World, kill9, marker_lines, read_settling, sigterm, wait_exit};
-use ql_worker::journal::InboxView;
+use ql_worker::journal::{InboxView, JournalError};
 use ql_worker_core::ids::{AttemptId, OfferId, ProjectId, RunId};
 use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
 use ql_worker_core::wire::activation::RunStatus;
@@ -483,7 +483,12 @@ impl Campaign {
     fn refresh(&mut self) -> Vec<OfferId> {
         let root = self.root();
         if self.view.is_none() && root.exists() {
-            self.view = InboxView::open(&root).unwrap();
+            // The first start creates the root directory before its owner lock file: a poll in
+            // between sees a directory that is not a state root yet; it is one at the next poll.
+            self.view = match InboxView::open(&root) {
+                Err(JournalError::NotStateRoot { .. }) => None,
+                other => other.unwrap(),
+            };
         }
         let Some(view) = &self.view else {
             return Vec::new();

@@ -86,7 +86,7 @@ pub fn unsealed_revision(secret: bool, timeout: bool) -> ExecutionRevision {
     let source_digest = "a".repeat(64);
     let mut environment = vec![EnvBinding {
         name: EnvName::new("PUBLIC_VALUE").expect("sample env name"),
-        value: EnvValue::Public(String::from("visible")),
+        value: EnvValue::Public("visible".into()),
     }];
     if secret {
         environment.push(EnvBinding {

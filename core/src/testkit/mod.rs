@@ -79,7 +79,7 @@ pub fn revision() -> ExecutionRevision {
         },
         environment: vec![EnvBinding {
             name: EnvName::new("PUBLIC_VALUE").expect("sample env name"),
-            value: EnvValue::Public(String::from("visible")),
+            value: EnvValue::Public("visible".into()),
         }],
         environment_bundle_ref: None,
         working_directory: None,

@@ -34,7 +34,7 @@ pub mod lease_control;
 pub mod offer;
 pub mod route;
 pub mod secrets;
-pub(crate) mod semver;
+pub mod semver;
 pub mod session;
 
 pub use artifact::derive_log_artifact_id;
@@ -104,6 +104,28 @@ impl JsonError {
             category,
             detail: String::from(detail[..end].trim_end()),
         }
+    }
+}
+
+impl JsonError {
+    /// Refuses a body that is not UTF-8 as a whole. Every string is checked by serde anyway; this
+    /// also covers the strings read as JavaScript strings ([`JsString`]), whose WTF-8 may only
+    /// hold surrogates that came from `\u` escapes. Node would decode invalid bytes to U+FFFD.
+    ///
+    /// [`JsString`]: crate::js::JsString
+    pub(crate) fn check_utf8(bytes: &[u8]) -> Result<(), Self> {
+        let Err(error) = core::str::from_utf8(bytes) else {
+            return Ok(());
+        };
+        let valid = &bytes[..error.valid_up_to()];
+        let line = 1 + valid.iter().filter(|b| **b == b'\n').count();
+        let column = 1 + valid.iter().rev().take_while(|b| **b != b'\n').count();
+        Err(Self {
+            line,
+            column,
+            category: JsonCategory::Syntax,
+            detail: String::from("invalid UTF-8"),
+        })
     }
 }
 
@@ -217,6 +239,7 @@ pub(crate) fn parse_json<'de, T: Deserialize<'de>>(
             cap,
         });
     }
+    JsonError::check_utf8(bytes).map_err(|error| WireError::Json { endpoint, error })?;
     serde_json::from_slice(bytes).map_err(|e| WireError::Json {
         endpoint,
         error: JsonError::from_serde(&e),

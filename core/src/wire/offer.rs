@@ -7,6 +7,7 @@ use alloc::vec::Vec;
 use core::fmt;
 
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use zeroize::Zeroizing;
 
 use super::{WireError, bind, ensure, exact, finish, id, parse_json};
@@ -18,7 +19,7 @@ use crate::js::JsonWriter;
 use crate::offer::{
     Candidate, DeliveryKind, ExecutorType, Lease, LeaseStatus, Offer, OfferError, OfferWorker,
 };
-use crate::revision::{ExecutionRevision, JsonForm, RevisionWire};
+use crate::revision::{ExecutionRevision, JsonForm};
 use crate::time::UnixMillis;
 
 /// Schema id of the offer pull response.
@@ -206,17 +207,18 @@ pub enum OfferResponse {
     },
 }
 
+/// The first pass: only `status` (duplicate `status` keys are refused; the rest is skipped).
 #[derive(Deserialize)]
-#[serde(tag = "status", rename_all = "snake_case")]
-enum ResponseWire {
-    Idle(IdleWire),
-    Offered(Box<OfferedWire>),
+struct StatusProbe {
+    status: String,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct IdleWire {
     schema: String,
+    #[serde(rename = "status")]
+    _status: IgnoredStatus,
     reason: IdleReason,
     stats: OfferStats,
     truncated: bool,
@@ -224,23 +226,39 @@ struct IdleWire {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct OfferedWire {
+struct OfferedWire<'a> {
     schema: String,
-    offer: OfferWire,
+    #[serde(rename = "status")]
+    _status: IgnoredStatus,
+    #[serde(borrow)]
+    offer: OfferWire<'a>,
     stats: OfferStats,
     truncated: bool,
 }
 
+/// `status`, already read by [`StatusProbe`].
+struct IgnoredStatus;
+
+impl<'de> Deserialize<'de> for IgnoredStatus {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        serde::de::IgnoredAny::deserialize(deserializer).map(|_| Self)
+    }
+}
+
+/// The revision stays raw text here and is parsed on its own ([`ExecutionRevision::parse_json`]):
+/// its public values are JavaScript strings that may hold lone surrogates, which only a direct
+/// parse keeps, and every verdict on it (JSON shape included) is a [`WireError::Revision`].
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct OfferWire {
+struct OfferWire<'a> {
     offer_id: String,
     delivery_kind: DeliveryKind,
     execution_digest: String,
     candidate: CandidateWire,
     worker: WorkerWire,
     lease: LeaseWire,
-    execution_revision: RevisionWire,
+    #[serde(borrow)]
+    execution_revision: &'a RawValue,
     placement_score: u64,
 }
 
@@ -353,7 +371,7 @@ impl LeaseWire {
     }
 }
 
-impl OfferWire {
+impl OfferWire<'_> {
     fn into_offer(self) -> Result<OfferedOffer, WireError> {
         let candidate = self.candidate.into_candidate()?;
         let worker = OfferWorker {
@@ -371,7 +389,8 @@ impl OfferWire {
             )?,
         };
         let lease = self.lease.into_lease()?;
-        let execution_revision = self.execution_revision.into_revision()?;
+        let execution_revision =
+            ExecutionRevision::parse_json(self.execution_revision.get().as_bytes())?;
         let execution_digest = id(
             Sha256Digest::from_hex(&self.execution_digest),
             "offer.executionDigest",
@@ -413,9 +432,10 @@ impl OfferResponse {
     /// # Errors
     /// [`WireError`] naming the first violation.
     pub fn parse(bytes: &[u8]) -> Result<Self, WireError> {
-        let wire: ResponseWire = parse_json("offers", bytes, MAX_RESPONSE_BYTES)?;
-        match wire {
-            ResponseWire::Idle(idle) => {
+        let probe: StatusProbe = parse_json("offers", bytes, MAX_RESPONSE_BYTES)?;
+        match probe.status.as_str() {
+            "idle" => {
+                let idle: IdleWire = parse_json("offers", bytes, MAX_RESPONSE_BYTES)?;
                 exact(&idle.schema, SCHEMA, "schema")?;
                 idle.stats.validate()?;
                 Ok(Self::Idle {
@@ -424,7 +444,8 @@ impl OfferResponse {
                     truncated: idle.truncated,
                 })
             }
-            ResponseWire::Offered(offered) => {
+            "offered" => {
+                let offered: OfferedWire<'_> = parse_json("offers", bytes, MAX_RESPONSE_BYTES)?;
                 exact(&offered.schema, SCHEMA, "schema")?;
                 let offer = offered.offer.into_offer()?;
                 offered.stats.validate()?;
@@ -434,6 +455,7 @@ impl OfferResponse {
                     truncated: offered.truncated,
                 })
             }
+            _ => Err(super::field("status", "\"idle\" or \"offered\"")),
         }
     }
 

@@ -13,7 +13,7 @@ use super::{Fence, WireError, bind, ensure, exact, finish, parse_json};
 use crate::ids::{ProjectId, Sha256Digest, TaskId, TaskRevision};
 use crate::js::JsonWriter;
 use crate::offer::Offer;
-use crate::revision::{EnvValue, SecretRef};
+use crate::revision::{EnvName, EnvValue, SecretRef};
 
 /// Schema id (request and response).
 pub const SCHEMA: &str = "qinglong/remote-secret-delivery@v2";
@@ -31,6 +31,15 @@ pub const MAX_VALUE_BYTES: usize = 16 * 1024;
 pub const MAX_TOTAL_VALUE_BYTES: usize = 64 * 1024;
 /// Largest environment bundle value (and total), UTF-8 bytes.
 pub const MAX_BUNDLE_VALUE_BYTES: usize = 96 * 1024;
+
+/// Schema id of an environment bundle's value (`RC/src/secret/environmentBundle.ts`).
+pub const BUNDLE_SCHEMA: &str = "qinglong/environment-bundle@v1";
+/// Most entries of one environment bundle (and of the whole materialized environment).
+pub const MAX_BUNDLE_ENTRIES: usize = 256;
+/// Largest bundle entry value, UTF-8 bytes.
+pub const MAX_BUNDLE_ENTRY_VALUE_BYTES: usize = 16 * 1024;
+/// Largest total of a bundle's names and values (and of the whole materialized environment).
+pub const MAX_BUNDLE_TOTAL_BYTES: usize = 64 * 1024;
 
 /// The secrets request. Built from the offer; the references are the revision's secret
 /// bindings, de-duplicated in revision order, and its environment bundle reference.
@@ -365,5 +374,139 @@ impl SecretsResponse {
         }
         w.end_object();
         w.finish().unwrap_or_default()
+    }
+}
+
+/// An environment bundle (`qinglong/environment-bundle@v1`): the value the `secrets` endpoint
+/// returns for the revision's `environmentBundleRef`, a JSON text of
+/// `{"schema","entries":[{"name","value"}]}`, expanded in memory only. Entries are in the
+/// reference's normalized order (by name); values are [`SecretValue`]s (redacted, zeroized).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvironmentBundle {
+    /// `(name, value)` pairs sorted by name, names unique.
+    pub entries: Vec<(EnvName, SecretValue)>,
+}
+
+/// Why an environment bundle was refused. Names the rule, never a value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BundleError {
+    /// The bundle text is outside `2..=96 KiB`.
+    Size {
+        /// Its length, bytes.
+        len: usize,
+    },
+    /// The text is not JSON of the exact bundle shape.
+    Json(super::JsonError),
+    /// A field breaks its rule.
+    Field {
+        /// The field.
+        path: &'static str,
+        /// The rule.
+        rule: &'static str,
+    },
+}
+
+impl fmt::Display for BundleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Size { len } => write!(
+                f,
+                "environment bundle of {len} bytes is outside 2..={MAX_BUNDLE_VALUE_BYTES} bytes"
+            ),
+            Self::Json(error) => write!(f, "environment bundle JSON rejected: {error}"),
+            Self::Field { path, rule } => {
+                write!(f, "environment bundle field {path} must be {rule}")
+            }
+        }
+    }
+}
+
+impl core::error::Error for BundleError {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BundleWire {
+    schema: String,
+    entries: Vec<BundleEntryWire>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BundleEntryWire {
+    name: String,
+    value: SecretValue,
+}
+
+impl EnvironmentBundle {
+    /// Parses and normalizes a bundle as the reference's `parseEnvironmentBundle`: text of
+    /// `2..=96 KiB`; exact keys at both levels (duplicates refused); the schema; 1..=256 entries;
+    /// names `^[A-Za-z_][A-Za-z0-9_]{0,127}$`, not `QL3_…`, unique; values without NUL, each
+    /// ≤ 16 KiB; names and values together ≤ 64 KiB; sorted by name; the normalized JSON
+    /// ≤ 96 KiB.
+    ///
+    /// # Errors
+    /// [`BundleError`] naming the first broken rule.
+    pub fn parse(text: &SecretValue) -> Result<Self, BundleError> {
+        let text = text.expose();
+        if !(2..=MAX_BUNDLE_VALUE_BYTES).contains(&text.len()) {
+            return Err(BundleError::Size { len: text.len() });
+        }
+        let wire: BundleWire = serde_json::from_str(text)
+            .map_err(|e| BundleError::Json(super::JsonError::from_serde(&e)))?;
+        let rule = |ok: bool, path, rule| {
+            if ok {
+                Ok(())
+            } else {
+                Err(BundleError::Field { path, rule })
+            }
+        };
+        rule(wire.schema == BUNDLE_SCHEMA, "schema", BUNDLE_SCHEMA)?;
+        rule(
+            (1..=MAX_BUNDLE_ENTRIES).contains(&wire.entries.len()),
+            "entries",
+            "1..=256 entries",
+        )?;
+        let mut entries: Vec<(EnvName, SecretValue)> = Vec::with_capacity(wire.entries.len());
+        let mut total = 0usize;
+        for entry in wire.entries {
+            let name = EnvName::new(entry.name).map_err(|e| BundleError::Field {
+                path: "entries.name",
+                rule: e.rule,
+            })?;
+            rule(
+                entries.iter().all(|(n, _)| *n != name),
+                "entries.name",
+                "unique",
+            )?;
+            let value = entry.value.expose();
+            rule(
+                !value.contains('\0') && value.len() <= MAX_BUNDLE_ENTRY_VALUE_BYTES,
+                "entries.value",
+                "at most 16 KiB, without NUL",
+            )?;
+            total += name.as_str().len() + value.len();
+            rule(
+                total <= MAX_BUNDLE_TOTAL_BYTES,
+                "entries",
+                "names and values of at most 64 KiB",
+            )?;
+            entries.push((name, entry.value));
+        }
+        // The reference sorts with `<` on names: UTF-16 code units, here ASCII bytes.
+        entries.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        let encoded = entries.iter().fold(
+            r#"{"schema":"","entries":[]}"#.len() + BUNDLE_SCHEMA.len() + entries.len() - 1,
+            |len, (name, value)| {
+                len + r#"{"name":,"value":}"#.len()
+                    + crate::js::json_string_len(name.as_str())
+                    + crate::js::json_string_len(value.expose())
+            },
+        );
+        rule(
+            encoded <= MAX_BUNDLE_VALUE_BYTES,
+            "entries",
+            "at most 96 KiB once normalized",
+        )?;
+        Ok(Self { entries })
     }
 }

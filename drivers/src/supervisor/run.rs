@@ -217,24 +217,25 @@ fn errno(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(0)
 }
 
-/// The Run's Secret values: the environment entries the durable revision binds to a Secret
-/// reference (public values are never masked).
+/// The Run's Secret values: every environment entry that is not a public binding of the
+/// durable revision — the values bound to a Secret reference and the entries of an environment
+/// bundle (delivered by the `secrets` endpoint, so secret too). Public values are never masked.
 fn masker_for(plan: &Plan, record: &InboxRecord) -> Option<Masker> {
     if !plan.containment.mask_secrets {
         return None;
     }
-    let secret_names: Vec<&str> = record
+    let public_names: Vec<&str> = record
         .offer
         .execution_revision
         .environment
         .iter()
-        .filter(|b| matches!(b.value, EnvValue::Secret(_)))
+        .filter(|b| !matches!(b.value, EnvValue::Secret(_)))
         .map(|b| b.name.as_str())
         .collect();
     let values = plan
         .environment
         .iter()
-        .filter(|v| secret_names.contains(&v.name.as_str()))
+        .filter(|v| !public_names.contains(&v.name.as_str()))
         .map(|v| v.value.expose().as_bytes());
     Some(Masker::new(values, capture::CAPTURE_BLOCK_BYTES))
 }

@@ -493,6 +493,32 @@ impl ControlPlane {
         Ok(reference)
     }
 
+    /// Stores an environment bundle (`qinglong/environment-bundle@v1`, entries in the given
+    /// order) behind a new versioned reference of `project_id`, and returns the reference (for
+    /// [`super::RevisionBuilder::environment_bundle`]). The bundle is served as given: the
+    /// Worker checks its rules.
+    pub fn set_environment_bundle(
+        &mut self,
+        project_id: &ProjectId,
+        name: &str,
+        version: u64,
+        entries: &[(&str, &str)],
+    ) -> Result<SecretRef, CpError> {
+        let text = SecretRef::create(project_id.as_str(), name, Some(version))
+            .map_err(|_| CpError::InvalidSecret)?;
+        let reference = SecretRef::parse(&text).map_err(|_| CpError::InvalidSecret)?;
+        let entries: Vec<serde_json::Value> = entries
+            .iter()
+            .map(|(name, value)| serde_json::json!({"name": name, "value": value}))
+            .collect();
+        let bundle = serde_json::json!({
+            "schema": ql_worker_core::wire::secrets::BUNDLE_SCHEMA,
+            "entries": entries,
+        });
+        self.set_secret_value(&reference, &bundle.to_string());
+        Ok(reference)
+    }
+
     /// Stores the value behind any reference (versioned ones and environment bundles too).
     pub fn set_secret_value(&mut self, reference: &SecretRef, value: &str) {
         self.secrets

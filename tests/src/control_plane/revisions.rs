@@ -186,7 +186,7 @@ impl RevisionBuilder {
             environment.push(EnvBinding {
                 name: EnvName::new(name).map_err(|_| RevisionBuildError::Field("env name"))?,
                 value: match spec {
-                    EnvSpec::Public(value) => EnvValue::Public(value),
+                    EnvSpec::Public(value) => EnvValue::Public(value.into()),
                     EnvSpec::Secret(reference) => EnvValue::Secret(reference),
                 },
             });

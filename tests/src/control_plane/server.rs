@@ -294,6 +294,18 @@ impl ReferenceControlPlane {
         lock(&self.shared.model).set_secret(project_id, name, value)
     }
 
+    /// Stores an environment bundle and returns its versioned reference (see
+    /// [`ControlPlane::set_environment_bundle`]).
+    pub fn set_environment_bundle(
+        &self,
+        project_id: &ProjectId,
+        name: &str,
+        version: u64,
+        entries: &[(&str, &str)],
+    ) -> Result<SecretRef, CpError> {
+        lock(&self.shared.model).set_environment_bundle(project_id, name, version, entries)
+    }
+
     /// Queues a transport fault for the next request, whatever its path.
     pub fn inject(&self, fault: Fault) {
         self.push_fault(None, fault);
