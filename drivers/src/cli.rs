@@ -409,20 +409,29 @@ fn state_root_error(root: &Path, e: &crate::journal::JournalError) -> String {
     }
 }
 
+/// `run` refused to start: the `worker.refused` event (so `--log-format json` stays one JSON
+/// object per line), naming the file, field and rule.
+fn refuse(code: u8, message: impl std::fmt::Display) -> ExitCode {
+    crate::events::Event::error("worker.refused")
+        .number("exit_code", u64::from(code))
+        .emit(&message);
+    ExitCode::from(code)
+}
+
 fn run(config: &Path) -> ExitCode {
     let config = match Config::load(config, &ProcessEnvironment) {
         Ok(config) => config,
-        Err(e) => return fail(EXIT_CONFIG, e),
+        Err(e) => return refuse(EXIT_CONFIG, e),
     };
     let signals = match Signals::install() {
         Ok(signals) => signals,
-        Err(e) => return fail(EXIT_HALTED, format!("cannot install signal handlers: {e}")),
+        Err(e) => return refuse(EXIT_HALTED, format!("cannot install signal handlers: {e}")),
     };
     let mut runner = match Runner::start(&config, signals) {
         Ok(runner) => runner,
-        Err(e) if e.is_storage() => return fail(EXIT_STORAGE, e),
-        Err(e @ crate::runtime::StartError::Image(_)) => return fail(EXIT_HALTED, e),
-        Err(e) => return fail(EXIT_CONFIG, e),
+        Err(e) if e.is_storage() => return refuse(EXIT_STORAGE, e),
+        Err(e @ crate::runtime::StartError::Image(_)) => return refuse(EXIT_HALTED, e),
+        Err(e) => return refuse(EXIT_CONFIG, e),
     };
     for warning in runner.containment_warnings() {
         crate::events::Event::warn("containment.warning")

@@ -101,6 +101,11 @@ pub const EVENTS: &[(&str, Level, &str)] = &[
         "the Worker runs: id, root, profile",
     ),
     (
+        "worker.refused",
+        Level::Error,
+        "`run` did not start: the file, field or setting and the rule; exit code",
+    ),
+    (
         "worker.stopped",
         Level::Info,
         "the Worker ends: how, exit code",
@@ -121,14 +126,14 @@ pub const EVENTS: &[(&str, Level, &str)] = &[
         "the Session is registered: generation, version, status",
     ),
     (
-        "session.heartbeat_failed",
-        Level::Warn,
-        "a heartbeat got no usable answer",
-    ),
-    (
         "session.transitioned",
         Level::Info,
         "the Session moved to draining or offline",
+    ),
+    (
+        "session.transition_failed",
+        Level::Warn,
+        "the transition to draining or offline got no usable answer",
     ),
     (
         "session.fenced",
@@ -275,7 +280,6 @@ pub const EVENTS: &[(&str, Level, &str)] = &[
         Level::Warn,
         "a Run was stopped because the drain budget ended",
     ),
-    ("tls.failure", Level::Warn, "a TLS handshake failed: cause"),
     (
         "tls.reloaded",
         Level::Info,
@@ -290,6 +294,11 @@ pub const EVENTS: &[(&str, Level, &str)] = &[
         "certificate.expiring",
         Level::Warn,
         "the client certificate expires within the warning window",
+    ),
+    (
+        "certificate.invalid",
+        Level::Error,
+        "the daily check found the client certificate expired: renew it and send SIGHUP",
     ),
     (
         "control_plane.unreachable",

@@ -762,24 +762,25 @@ impl Runner {
     fn housekeeping(&mut self) -> Option<RunExit> {
         self.host.executor_mut().reap_exited();
         let now = crate::os::now();
-        self.refresh_metrics(now, false);
-        self.notifier.watchdog_tick();
-        let status = self.status_line();
-        if self.ready {
-            self.notifier.status(&status);
-        }
+        // The certificate first, so the first metrics file already shows it.
         if now >= self.certificate.next_check_at {
             let telemetry = self.host.telemetry_mut();
             if let Some(refusal) = self.certificate.check(now, telemetry) {
                 // An expired certificate can only fail every handshake: say so clearly; the
                 // bound below ends the run if nothing authenticates any more.
-                Event::error("tls.reload_failed")
+                Event::error("certificate.invalid")
                     .text("cause", &refusal)
                     .emit(format_args!(
                         "{refusal}; renew it and send SIGHUP (the control plane will refuse \
                          every handshake)"
                     ));
             }
+        }
+        self.refresh_metrics(now, false);
+        self.notifier.watchdog_tick();
+        let status = self.status_line();
+        if self.ready {
+            self.notifier.status(&status);
         }
         if let Some(message) = self
             .host

@@ -55,7 +55,10 @@ fn python_path() -> PathBuf {
             "pip install {PROMETHEUS_CLIENT}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(importable(&dir), "prometheus_client importable after install");
+        assert!(
+            importable(&dir),
+            "prometheus_client importable after install"
+        );
     }
     dir
 }
@@ -241,8 +244,22 @@ fn sd_notify_sequence_and_metrics_parsed_by_prometheus() {
         ) >= 5.0,
         "every durable write of a lifecycle fsyncs"
     );
-    assert!(sample(&families, "ql_worker_upload_bytes", "ql_worker_upload_bytes_total", &[]) >= 8.0);
-    assert!(sample(&families, "ql_worker_uploads", "ql_worker_uploads_total", &[]) >= 1.0);
+    assert!(
+        sample(
+            &families,
+            "ql_worker_upload_bytes",
+            "ql_worker_upload_bytes_total",
+            &[]
+        ) >= 8.0
+    );
+    assert!(
+        sample(
+            &families,
+            "ql_worker_uploads",
+            "ql_worker_uploads_total",
+            &[]
+        ) >= 1.0
+    );
     assert!(
         sample(
             &families,
@@ -331,8 +348,7 @@ fn no_metrics_file_and_no_socket_by_default() {
         .unwrap()
         .flatten()
         .filter(|e| {
-            std::fs::read_link(e.path())
-                .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
+            std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
         })
         .count();
     // The kept-alive HTTPS connection and the signal pipe's socketpair at most.
@@ -344,7 +360,10 @@ fn no_metrics_file_and_no_socket_by_default() {
         .filter(|l| l.split_whitespace().nth(3) == Some("0A"))
         .filter_map(|l| l.split_whitespace().nth(9).map(str::to_owned))
         .collect();
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+    {
         let target = std::fs::read_link(entry.path()).unwrap_or_default();
         let target = target.to_string_lossy();
         for inode in &listen_inodes {
