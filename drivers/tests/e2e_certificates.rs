@@ -186,6 +186,29 @@ fn an_expired_not_yet_valid_or_server_only_certificate_is_refused_at_start() {
         world.cp.session(world.cp.worker_id()).is_none(),
         "no Session was registered"
     );
+    // With --log-format json the refusal is one JSON object too (`worker.refused`).
+    let output = Command::new(env!("CARGO_BIN_EXE_ql-worker"))
+        .args(["--log-format", "json", "run", "--config"])
+        .arg(&world.config_path)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert_eq!(lines[0]["event"], "worker.refused");
+    assert_eq!(lines[0]["level"], "error");
+    assert_eq!(lines[0]["exit_code"], 2);
+    assert!(
+        lines[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("control_plane.client_certificate")),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -350,3 +350,134 @@ fn write_private(path: &Path, bytes: &[u8]) {
         .unwrap();
     file.write_all(bytes).unwrap();
 }
+
+/// A state root whose file system fills while the Worker runs: the failed write is a
+/// `storage.fault` naming the operation and ENOSPC (the issue measured silence here), and once
+/// space is back the Run goes through.
+#[test]
+fn a_record_write_that_fails_with_enospc_while_running_is_a_named_event() {
+    let mut world = World::new();
+    let mount = world.dir.path().join("small");
+    std::fs::create_dir(&mount).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs"])
+        .arg(&mount)
+        .output();
+    if !mounted.as_ref().is_ok_and(|o| o.status.success()) {
+        println!(
+            "skipped: cannot mount a small tmpfs here ({mounted:?}); the ENOSPC class needs \
+             CAP_SYS_ADMIN (CI runs as root)"
+        );
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(mount.clone());
+    let root = mount.join("state");
+    let old_root = format!("root = \"{}\"", world.root().display());
+    world.edit_config(&old_root, &format!("root = \"{}\"", root.display()));
+    let log = world.dir.path().join("worker.log");
+    let mut worker = KillOnDrop(world.spawn_with_args(JSON, &[], &log));
+    wait_event(&log, "reconciliation.done", SETTLE, |_| true);
+    // Fill the file system to the last byte, then offer a Run.
+    let filler = mount.join("filler");
+    let mut file = std::fs::File::create(&filler).unwrap();
+    let block = vec![0u8; 4096];
+    while std::io::Write::write_all(&mut file, &block).is_ok() {}
+    while std::io::Write::write_all(&mut file, &[0]).is_ok() {}
+    drop(file);
+    let quick = RevisionBuilder::shell("true").build().unwrap();
+    let run = world.cp.enqueue_run(RunSpec::numbered(1, quick)).unwrap();
+    let fault = wait_event(&log, "storage.fault", SETTLE, |_| true);
+    // A write that changed nothing and is retried is a warning; one that halts, an error.
+    let halting = fault["halting"].as_bool().unwrap();
+    assert_eq!(
+        fault["level"],
+        if halting { "error" } else { "warn" },
+        "{fault}"
+    );
+    let error = fault["error"].as_str().unwrap_or_default();
+    assert!(error.contains("No space left on device"), "{fault}");
+    assert!(
+        fault["operation"].as_str().is_some_and(|o| !o.is_empty()),
+        "the fault names what was being written: {fault}"
+    );
+    std::fs::remove_file(&filler).unwrap();
+    match worker.try_wait().unwrap() {
+        // Still running: once space is back the Run goes through.
+        None => {
+            world.wait_for("the Run completed", Duration::from_secs(90), |w| {
+                w.state_of(&run) == Some(State::CompletionAcknowledged)
+            });
+            sigterm(&worker);
+            assert_eq!(
+                wait_exit(&mut worker, SETTLE).code(),
+                Some(0),
+                "{}",
+                read(&log)
+            );
+        }
+        // Stopped: the documented exit 3, with the fault as its message.
+        Some(status) => {
+            assert_eq!(status.code(), Some(3), "{}", read(&log));
+            let stopped = &events_named(&log, "worker.stopped")[0];
+            assert!(
+                stopped["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("No space left on device")),
+                "{stopped}"
+            );
+        }
+    }
+}
+
+/// `--log-level warn` drops info and debug events; `debug` adds the pending-claim steps.
+#[test]
+fn log_level_drops_what_is_below_it() {
+    let world = World::new();
+    let quiet = world.dir.path().join("quiet.log");
+    let mut worker = KillOnDrop(world.spawn_with_args(
+        &["--log-format", "json", "--log-level", "warn"],
+        &[],
+        &quiet,
+    ));
+    let quick = RevisionBuilder::shell("true").build().unwrap();
+    let run = world.cp.enqueue_run(RunSpec::numbered(1, quick)).unwrap();
+    world.wait_for("the Run completed", SETTLE, |w| {
+        w.state_of(&run) == Some(State::CompletionAcknowledged)
+    });
+    sigterm(&worker);
+    assert_eq!(wait_exit(&mut worker, SETTLE).code(), Some(0));
+    let quiet_events = events(&quiet);
+    assert!(
+        quiet_events
+            .iter()
+            .all(|e| e["level"] == "warn" || e["level"] == "error"),
+        "{quiet_events:?}"
+    );
+
+    let loud = world.dir.path().join("loud.log");
+    let mut worker = KillOnDrop(world.spawn_with_args(
+        &["--log-format", "json", "--log-level", "debug"],
+        &[],
+        &loud,
+    ));
+    let quick = RevisionBuilder::shell("true").build().unwrap();
+    let run = world.cp.enqueue_run(RunSpec::numbered(2, quick)).unwrap();
+    world.wait_for("the second Run completed", SETTLE, |w| {
+        w.state_of(&run) == Some(State::CompletionAcknowledged)
+    });
+    sigterm(&worker);
+    assert_eq!(wait_exit(&mut worker, SETTLE).code(), Some(0));
+    let loud_events = events(&loud);
+    for name in ["claim.persisted", "record.transition", "worker.stopped"] {
+        assert!(
+            loud_events.iter().any(|e| e["event"] == name),
+            "{name} at debug: {loud_events:?}"
+        );
+    }
+}
