@@ -927,23 +927,20 @@ impl Worker {
     /// Credentials refused (401/403 on any call) pause admission; any answered call (the
     /// control plane authenticated the Worker) lifts the pause.
     fn observe_authentication(&mut self, outcome: &Outcome) {
-        match outcome {
-            Outcome::Http(crate::io::HttpFailure::Status {
-                status: status @ (401 | 403),
-                code,
-            }) => {
-                if self.auth_paused.is_none() {
-                    let (status, code) = (*status, code.clone());
-                    self.auth_paused = Some(status);
-                    self.fact(|| Fact::AdmissionPaused { status, code });
-                }
+        if let Outcome::Http(crate::io::HttpFailure::Status {
+            status: status @ (401 | 403),
+            code,
+        }) = outcome
+        {
+            if self.auth_paused.is_none() {
+                let (status, code) = (*status, code.clone());
+                self.auth_paused = Some(status);
+                self.fact(|| Fact::AdmissionPaused { status, code });
             }
-            Outcome::Responded(_) | Outcome::Uploaded { .. } => {
-                if self.auth_paused.take().is_some() {
-                    self.fact(|| Fact::AdmissionResumed);
-                }
-            }
-            _ => {}
+        } else if matches!(outcome, Outcome::Responded(_) | Outcome::Uploaded { .. })
+            && self.auth_paused.take().is_some()
+        {
+            self.fact(|| Fact::AdmissionResumed);
         }
     }
 }
