@@ -358,25 +358,9 @@ fn write_private(path: &Path, bytes: &[u8]) {
 fn a_record_write_that_fails_with_enospc_while_running_is_a_named_event() {
     let mut world = World::new();
     let mount = world.dir.path().join("small");
-    std::fs::create_dir(&mount).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs"])
-        .arg(&mount)
-        .output();
-    if !mounted.as_ref().is_ok_and(|o| o.status.success()) {
-        println!(
-            "skipped: cannot mount a small tmpfs here ({mounted:?}); the ENOSPC class needs \
-             CAP_SYS_ADMIN (CI runs as root)"
-        );
+    let Some(_unmount) = e2e_common::small_tmpfs(&mount, "1m") else {
         return;
-    }
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(mount.clone());
+    };
     let root = mount.join("state");
     let old_root = format!("root = \"{}\"", world.root().display());
     world.edit_config(&old_root, &format!("root = \"{}\"", root.display()));
@@ -385,11 +369,7 @@ fn a_record_write_that_fails_with_enospc_while_running_is_a_named_event() {
     wait_event(&log, "reconciliation.done", SETTLE, |_| true);
     // Fill the file system to the last byte, then offer a Run.
     let filler = mount.join("filler");
-    let mut file = std::fs::File::create(&filler).unwrap();
-    let block = vec![0u8; 4096];
-    while std::io::Write::write_all(&mut file, &block).is_ok() {}
-    while std::io::Write::write_all(&mut file, &[0]).is_ok() {}
-    drop(file);
+    e2e_common::fill(&filler);
     let quick = RevisionBuilder::shell("true").build().unwrap();
     let run = world.cp.enqueue_run(RunSpec::numbered(1, quick)).unwrap();
     let fault = wait_event(&log, "storage.fault", SETTLE, |_| true);
@@ -435,49 +415,36 @@ fn a_record_write_that_fails_with_enospc_while_running_is_a_named_event() {
     }
 }
 
-/// `--log-level warn` drops info and debug events; `debug` adds the pending-claim steps.
-#[test]
-fn log_level_drops_what_is_below_it() {
-    let world = World::new();
-    let quiet = world.dir.path().join("quiet.log");
-    let mut worker = KillOnDrop(world.spawn_with_args(
-        &["--log-format", "json", "--log-level", "warn"],
-        &[],
-        &quiet,
-    ));
+/// One Run through a Worker started with `args`; its events.
+fn one_run_with(world: &World, args: &[&str], n: u32) -> Vec<serde_json::Value> {
+    let log = world.dir.path().join(format!("worker-{n}.log"));
+    let mut worker = KillOnDrop(world.spawn_with_args(args, &[], &log));
     let quick = RevisionBuilder::shell("true").build().unwrap();
-    let run = world.cp.enqueue_run(RunSpec::numbered(1, quick)).unwrap();
+    let run = world.cp.enqueue_run(RunSpec::numbered(n, quick)).unwrap();
     world.wait_for("the Run completed", SETTLE, |w| {
         w.state_of(&run) == Some(State::CompletionAcknowledged)
     });
     sigterm(&worker);
     assert_eq!(wait_exit(&mut worker, SETTLE).code(), Some(0));
-    let quiet_events = events(&quiet);
+    events(&log)
+}
+
+/// `--log-level warn` drops info and debug events; `debug` adds the pending-claim steps.
+#[test]
+fn log_level_drops_what_is_below_it() {
+    let world = World::new();
+    let quiet = one_run_with(&world, &["--log-format", "json", "--log-level", "warn"], 1);
     assert!(
-        quiet_events
+        quiet
             .iter()
             .all(|e| e["level"] == "warn" || e["level"] == "error"),
-        "{quiet_events:?}"
+        "{quiet:?}"
     );
-
-    let loud = world.dir.path().join("loud.log");
-    let mut worker = KillOnDrop(world.spawn_with_args(
-        &["--log-format", "json", "--log-level", "debug"],
-        &[],
-        &loud,
-    ));
-    let quick = RevisionBuilder::shell("true").build().unwrap();
-    let run = world.cp.enqueue_run(RunSpec::numbered(2, quick)).unwrap();
-    world.wait_for("the second Run completed", SETTLE, |w| {
-        w.state_of(&run) == Some(State::CompletionAcknowledged)
-    });
-    sigterm(&worker);
-    assert_eq!(wait_exit(&mut worker, SETTLE).code(), Some(0));
-    let loud_events = events(&loud);
+    let loud = one_run_with(&world, &["--log-format", "json", "--log-level", "debug"], 2);
     for name in ["claim.persisted", "record.transition", "worker.stopped"] {
         assert!(
-            loud_events.iter().any(|e| e["event"] == name),
-            "{name} at debug: {loud_events:?}"
+            loud.iter().any(|e| e["event"] == name),
+            "{name} at debug: {loud:?}"
         );
     }
 }

@@ -328,34 +328,13 @@ fn an_unusable_session_file_is_exit_3() {
 fn a_session_write_that_fails_with_enospc_is_exit_3() {
     let world = World::new();
     let mount = world.dir.path().join("small");
-    fs::create_dir(&mount).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs"])
-        .arg(&mount)
-        .output();
-    if !mounted.as_ref().is_ok_and(|o| o.status.success()) {
-        println!(
-            "skipped: cannot mount a small tmpfs here ({mounted:?}); the ENOSPC class needs \
-             CAP_SYS_ADMIN (CI runs as root)"
-        );
+    let Some(_unmount) = e2e_common::small_tmpfs(&mount, "256k") else {
         return;
-    }
-    struct Unmount<'a>(&'a Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(self.0).status();
-        }
-    }
-    let _unmount = Unmount(&mount);
+    };
     let root = mount.join("state");
     init_root(&root);
     // Fill the file system to the last byte.
-    let filler = mount.join("filler");
-    let mut file = fs::File::create(&filler).unwrap();
-    let block = vec![0u8; 4096];
-    while std::io::Write::write_all(&mut file, &block).is_ok() {}
-    while std::io::Write::write_all(&mut file, &[0]).is_ok() {}
-    drop(file);
+    e2e_common::fill(&mount.join("filler"));
     let text = fs::read_to_string(&world.config_path).unwrap();
     let config = world.dir.path().join("full.toml");
     fs::write(

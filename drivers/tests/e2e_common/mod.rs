@@ -110,34 +110,22 @@ impl World {
     }
 
     fn spawn_binary_logged(&self, binary: &str, env: &[(&str, &str)], log: &Path) -> Child {
+        self.spawn_logged(binary, &[], env, log)
+    }
+
+    /// Starts `ql-worker <extra args> run --config …` with extra environment variables, its
+    /// stderr (the event log) appended to `log`.
+    pub fn spawn_with_args(&self, args: &[&str], env: &[(&str, &str)], log: &Path) -> Child {
+        self.spawn_logged(PRODUCTION_BINARY, args, env, log)
+    }
+
+    fn spawn_logged(&self, binary: &str, args: &[&str], env: &[(&str, &str)], log: &Path) -> Child {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .unwrap();
         let mut command = Command::new(binary);
-        command
-            .arg("run")
-            .arg("--config")
-            .arg(&self.config_path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(file));
-        for (k, v) in env {
-            command.env(k, v);
-        }
-        command.spawn().unwrap()
-    }
-
-    /// Starts `ql-worker <extra args> run --config …` with extra environment variables, its
-    /// stderr (the event log) appended to `log`.
-    pub fn spawn_with_args(&self, args: &[&str], env: &[(&str, &str)], log: &Path) -> Child {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .unwrap();
-        let mut command = Command::new(PRODUCTION_BINARY);
         command
             .args(args)
             .arg("run")
@@ -403,4 +391,45 @@ pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
         }
     });
     hits
+}
+
+/// A small tmpfs mounted at `mount` (created), unmounted on drop; `None` (with a line saying
+/// the test was skipped) where mounting is not allowed. For the ENOSPC classes.
+pub fn small_tmpfs(mount: &Path, size: &str) -> Option<Unmount> {
+    std::fs::create_dir(mount).unwrap();
+    let mounted = Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={size},mode=0700"),
+            "tmpfs",
+        ])
+        .arg(mount)
+        .output();
+    if !mounted.as_ref().is_ok_and(|o| o.status.success()) {
+        println!(
+            "skipped: cannot mount a small tmpfs here ({mounted:?}); the ENOSPC class needs \
+             CAP_SYS_ADMIN (CI runs as root)"
+        );
+        return None;
+    }
+    Some(Unmount(mount.to_owned()))
+}
+
+/// Unmounts its path when dropped.
+pub struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Fills the file system of `file`'s directory to the last byte with `file`.
+pub fn fill(file: &Path) {
+    let mut out = std::fs::File::create(file).unwrap();
+    let block = vec![0u8; 4096];
+    while std::io::Write::write_all(&mut out, &block).is_ok() {}
+    while std::io::Write::write_all(&mut out, &[0]).is_ok() {}
 }
