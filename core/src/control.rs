@@ -66,6 +66,9 @@ pub enum ControlResult {
     Pending(CompletionOutcome),
     /// The record carries recovery evidence written in this pass.
     Recovered(RecoveryReason, StopOutcome),
+    /// The drain budget ended: the Run was stopped by identity (no call, nothing recorded);
+    /// its receipt completes it through the normal path.
+    DrainStopped(StopOutcome),
 }
 
 impl ControlResult {
@@ -88,6 +91,7 @@ impl ControlResult {
             | Self::Refused(_)
             | Self::LeaseResponseInvalid(_)
             | Self::StorageUnchanged
+            | Self::DrainStopped(_)
             | Self::Pending(_) => None,
         }
     }
@@ -100,6 +104,8 @@ enum StopCause {
     CompletionTerminal,
     LeaseExpired,
     Requested,
+    /// The drain budget ended.
+    Drain,
 }
 
 #[derive(Clone)]
@@ -120,6 +126,9 @@ pub(crate) struct ControlOp {
     /// The lease was renewed less than the pacing interval ago (local time): skip the
     /// lease-control call this pass unless the lease is close to expiry.
     paced_ms: Option<u64>,
+    /// The drain budget ended and this Run was not stopped yet: stop it (after completion,
+    /// before any lease call).
+    drain_stop: bool,
     state: LState,
 }
 
@@ -136,13 +145,15 @@ type LStep = Step<ControlOp, ControlResult>;
 impl ControlOp {
     /// A pass for `offer_id`. `paced_ms`: the interval, when the lease was renewed less than it
     /// ago (the call is then skipped while more than three intervals of lease remain).
-    pub(crate) fn begin(offer_id: OfferId, paced_ms: Option<u64>) -> LStep {
+    /// `drain_stop`: the drain budget ended; stop the Run (see [`ControlResult::DrainStopped`]).
+    pub(crate) fn begin(offer_id: OfferId, paced_ms: Option<u64>, drain_stop: bool) -> LStep {
         let id = offer_id.clone();
         match CompletionOp::begin(offer_id.clone()) {
             Step::Wait(op, action) => Step::Wait(
                 Self {
                     offer_id: id,
                     paced_ms,
+                    drain_stop,
                     state: LState::Completing(op),
                 },
                 action,
@@ -150,6 +161,7 @@ impl ControlOp {
             Step::Done(outcome) => Self {
                 offer_id,
                 paced_ms,
+                drain_stop,
                 state: LState::Reading(CompletionOutcome::Deferred),
             }
             .after_completion(outcome),
@@ -168,7 +180,7 @@ impl ControlOp {
     /// A canonical rendering of this pass's state (model checking).
     pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
         fp.tag("supervise");
-        fp.debug(&(&self.offer_id, self.paced_ms));
+        fp.debug(&(&self.offer_id, self.paced_ms, self.drain_stop));
         match &self.state {
             LState::Completing(op) => op.fingerprint(fp),
             LState::Reading(completion) => {
@@ -293,6 +305,9 @@ impl ControlOp {
         }
         if record.offer.lease.expired_at(ctx.now) {
             return self.stop(ctx, &record, StopCause::LeaseExpired);
+        }
+        if self.drain_stop {
+            return self.stop(ctx, &record, StopCause::Drain);
         }
         let session_ok = ctx
             .session
@@ -427,6 +442,7 @@ impl ControlOp {
             StopCause::CompletionTerminal => ControlResult::CompletionTerminal(stopped),
             StopCause::LeaseExpired => ControlResult::LeaseExpired(stopped),
             StopCause::Requested => ControlResult::StopRequested(stopped),
+            StopCause::Drain => ControlResult::DrainStopped(stopped),
         };
         let Some(reason) = reason else {
             return Step::Done(done);
@@ -456,6 +472,6 @@ fn recovery_for(cause: StopCause, stopped: StopOutcome) -> Option<RecoveryReason
             }
             StopOutcome::Unknown => RecoveryReason::LeaseLostLocalExecutionUnverified,
         }),
-        StopCause::Requested => None,
+        StopCause::Requested | StopCause::Drain => None,
     }
 }

@@ -14,6 +14,7 @@ pub mod completion;
 pub mod control;
 pub mod envelope;
 pub mod error;
+pub mod facts;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ids;

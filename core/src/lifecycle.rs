@@ -19,6 +19,7 @@
 use alloc::vec::Vec;
 
 use crate::control::ControlResult;
+use crate::facts::Fact;
 use crate::ops::{Finished, ListResult};
 use crate::pull::PullResult;
 use crate::record::{InboxRecord, RecoveryReason, State};
@@ -32,6 +33,9 @@ pub(crate) enum PullBlocker {
     NotActive,
     /// Recovery evidence is present.
     FailClosed,
+    /// Admission is paused: the credentials were refused, or the Session is being registered
+    /// again after a fence.
+    AdmissionPaused,
     /// No usable, online Session.
     Session,
     /// The inbox has no room for one more record.
@@ -62,10 +66,25 @@ impl Worker {
             return;
         }
         if let Some(started) = self.drain_started_at
+            && !self.drain_overrun
             && self.now >= started.saturating_add(self.config.drain_budget_ms)
         {
-            self.stop(StopReason::DrainBudgetExhausted);
-            return;
+            // ADR-0121: ownership is kept until every record is settled. The Runs still in
+            // flight are stopped by identity and completed through the normal path; records
+            // that cannot settle any more no longer hold the drain (`holds_drain`).
+            self.drain_overrun = true;
+            let in_flight = self.in_flight();
+            self.fact(|| Fact::DrainBudgetEnded { in_flight });
+            match self.phase {
+                Phase::Draining => {}
+                // Never registered: nothing of this incarnation runs.
+                Phase::Registering => return self.stop(StopReason::NotRegistered),
+                // Reconciliation never finished (reads kept failing).
+                Phase::Reconciling | Phase::Active | Phase::Finished => {
+                    return self.stop(StopReason::Unsettled);
+                }
+            }
+            self.next_tick_at = self.now;
         }
         if self.now < self.next_tick_at {
             return;
@@ -86,7 +105,12 @@ impl Worker {
     /// receipts whose removal failed, one supervision page, then a Pull or the Session renewal.
     /// Nothing already queued is queued twice.
     fn plan_active_tick(&mut self) {
-        if self.session.is_some()
+        if self.rejoin {
+            // Fenced: register again before anything else talks to the control plane.
+            if !self.queue.contains(&Work::Rejoin) {
+                self.queue.push_front(Work::Rejoin);
+            }
+        } else if self.session.is_some()
             && self.now >= self.heartbeat_due_at
             && !self.queue.contains(&Work::Heartbeat)
         {
@@ -122,10 +146,10 @@ impl Worker {
         }
     }
 
-    /// Why the Worker does not Pull now, if it does not: not active, fail-closed, no usable
-    /// online Session, no room in the inbox, no free slot, or a backoff pending. The order is
-    /// the order of the checks; [`PullBlocker::InboxFull`] comes before the slots so that a full
-    /// inbox is reported whatever the Runs do.
+    /// Why the Worker does not Pull now, if it does not: not active, fail-closed, admission
+    /// paused, no usable online Session, no room in the inbox, no free slot, or a backoff
+    /// pending. The order is the order of the checks; [`PullBlocker::InboxFull`] comes before
+    /// the slots so that a full inbox is reported whatever the Runs do.
     pub(crate) fn pull_blocker(&self) -> Option<PullBlocker> {
         let online = self
             .session
@@ -135,6 +159,8 @@ impl Worker {
             Some(PullBlocker::NotActive)
         } else if self.fail_closed.is_some() {
             Some(PullBlocker::FailClosed)
+        } else if self.admission_paused() {
+            Some(PullBlocker::AdmissionPaused)
         } else if !online {
             Some(PullBlocker::Session)
         } else if self.inbox_room() == 0 {
@@ -148,7 +174,8 @@ impl Worker {
         }
     }
 
-    /// Whether a Pull may go out now: active, not fail-closed, the Session usable and online, a
+    /// Whether a Pull may go out now: active, not fail-closed, admission not paused, the Session
+    /// usable and online, a
     /// place free in the inbox, a slot free and no backoff. Records what the decision saw of
     /// the inbox: whether it was full, and one more deferral when that held the Pull back.
     pub(crate) fn decide_pull(&mut self) -> bool {
@@ -212,7 +239,8 @@ impl Worker {
     /// Slots offered to the control plane: the free Run slots, but never more than the inbox
     /// can still store (less one place for a pending claim, which may still bring a record).
     pub(crate) fn available_slots(&self) -> u64 {
-        if self.drain_started_at.is_some() || self.fail_closed.is_some() {
+        if self.drain_started_at.is_some() || self.fail_closed.is_some() || self.admission_paused()
+        {
             return 0;
         }
         let max = usize::from(self.config.max_concurrent_runs);
@@ -245,12 +273,17 @@ impl Worker {
 
     /// Applies a finished operation and queues what follows from it.
     pub(crate) fn on_finished(&mut self, finished: Finished) {
+        if self.facts.is_some()
+            && let Some(fact) = finished.fact()
+        {
+            self.fact(|| fact);
+        }
         match finished {
             Finished::Session(result) => self.on_session(result),
             Finished::Listed(result) => self.on_listed(result),
             Finished::Pull(result) => self.on_pull(result),
             // Recovery evidence an operation wrote was observed with its durable write.
-            Finished::Process(_) => {}
+            Finished::Process { .. } => {}
             Finished::Supervise { offer_id, result } => {
                 use crate::completion::{Cleanup, CompletionOutcome};
                 let pending = matches!(
@@ -263,6 +296,9 @@ impl Worker {
                 match result {
                     ControlResult::Renewed | ControlResult::StopRequested(_) => {
                         self.last_renewal.insert(offer_id.clone(), self.now);
+                    }
+                    ControlResult::DrainStopped(_) => {
+                        self.drain_stopped.insert(offer_id.clone());
                     }
                     ControlResult::Paced
                     | ControlResult::SessionUnavailable
@@ -310,9 +346,28 @@ impl Worker {
     }
 
     fn on_session(&mut self, result: SessionResult) {
+        let result_kind = match &result {
+            SessionResult::Registered(_) => Kind::Registered,
+            SessionResult::Heartbeat(_) => Kind::Heartbeat,
+            _ => Kind::Other,
+        };
         match result {
             SessionResult::Registered(view) | SessionResult::Heartbeat(view) => {
                 self.reported_slots = self.reporting_slots.take();
+                if matches!(result_kind, Kind::Heartbeat) {
+                    self.fences = 0;
+                }
+                if matches!(result_kind, Kind::Registered) && self.rejoin {
+                    self.rejoin = false;
+                    self.fact(|| Fact::Rejoined);
+                    if self.phase == Phase::Draining {
+                        // The new registration is online: announce the drain again, and let
+                        // the final transition be queued anew.
+                        self.transition_offline_queued = false;
+                        self.queue
+                            .push_back(Work::Transition(SessionStatus::Draining));
+                    }
+                }
                 if self.phase == Phase::Registering {
                     // Draining or offline although this start asked for no drain: a previous
                     // incarnation stopped during its drain. See `renewal_due`.
@@ -330,7 +385,7 @@ impl Worker {
                 let offline = view.status == SessionStatus::Offline;
                 self.session = Some(view);
                 if offline {
-                    self.stop(StopReason::Drained);
+                    self.stop(self.drain_end());
                 }
             }
             SessionResult::Renewed(session_id) => {
@@ -350,7 +405,32 @@ impl Worker {
                 // Retried at the next tick; the Session lease decides what stays usable.
                 self.heartbeat_due_at = self.now;
             }
-            SessionResult::Fenced(detail) => self.halt(HaltReason::SessionFenced { detail }),
+            SessionResult::TransitionUnavailable(status) => {
+                self.heartbeat_due_at = self.now;
+                if status == SessionStatus::Offline {
+                    // Nothing is in flight (the final transition is queued only then): the
+                    // drain is done; the Session's lease expires at the control plane.
+                    self.stop(self.drain_end());
+                }
+            }
+            SessionResult::Fenced(detail) => {
+                if !self.rejoin {
+                    self.fences = self.fences.saturating_add(1);
+                    if self.fences > MAX_FENCES_IN_A_ROW {
+                        self.halt(HaltReason::SessionFenced {
+                            detail: alloc::format!(
+                                "{detail} ({} fences in a row, each after registering again)",
+                                self.fences
+                            ),
+                        });
+                        return;
+                    }
+                    let attempt = self.fences;
+                    self.rejoin = true;
+                    self.next_tick_at = self.now;
+                    self.fact(|| Fact::Rejoining { detail, attempt });
+                }
+            }
             SessionResult::Rejected(detail) => self.halt(HaltReason::RegisterRejected { detail }),
         }
     }
@@ -453,8 +533,17 @@ impl Worker {
         }
     }
 
+    /// How a finished drain ends: every record settled, or some left for the next start.
+    fn drain_end(&self) -> StopReason {
+        if self.active_count() == 0 {
+            StopReason::Drained
+        } else {
+            StopReason::Unsettled
+        }
+    }
+
     fn maybe_finish_drain(&mut self) {
-        let settled = self.active_count() == 0;
+        let settled = self.in_flight() == 0;
         if self.phase == Phase::Draining
             && settled
             && self.queue.is_empty()
@@ -466,6 +555,18 @@ impl Worker {
                 .push_back(Work::Transition(SessionStatus::Offline));
         }
     }
+}
+
+/// Fences of the Session in a row (each followed by registering again without a good heartbeat
+/// in between) before the Worker halts.
+const MAX_FENCES_IN_A_ROW: u8 = 3;
+
+/// Which Session result `on_session` handles.
+#[derive(Clone, Copy)]
+enum Kind {
+    Registered,
+    Heartbeat,
+    Other,
 }
 
 /// Startup reconciliation (reference §4.7 step 2, §4.8): which records go to the Processor.

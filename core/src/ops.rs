@@ -43,11 +43,43 @@ pub(crate) enum Finished {
     Pull(PullResult),
     /// The Worker's decisions come from the records it observed; the result itself is kept for
     /// `Debug` traces (the model checker's and the simulation's).
-    Process(#[allow(dead_code, reason = "read through Debug traces")] ProcessResult),
+    Process {
+        offer_id: OfferId,
+        result: ProcessResult,
+    },
     Supervise {
         offer_id: OfferId,
         result: ControlResult,
     },
+}
+
+impl Finished {
+    /// The fact this result reports to the driver (none for a listed page: the driver saw it).
+    pub(crate) fn fact(&self) -> Option<crate::facts::Fact> {
+        use crate::facts::Fact;
+        match self {
+            Self::Session(result) => Some(Fact::Session(result.clone())),
+            Self::Listed(_) => None,
+            Self::Pull(result) => Some(Fact::Pull(result.clone())),
+            Self::Process { offer_id, result } => Some(Fact::Process {
+                offer_id: offer_id.clone(),
+                result: result.clone(),
+            }),
+            Self::Supervise { offer_id, result } => Some(Fact::Supervise {
+                offer_id: offer_id.clone(),
+                result: result.clone(),
+            }),
+        }
+    }
+}
+
+/// How one supervision pass runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Pass {
+    /// The lease was renewed less than the pacing interval ago.
+    pub(crate) paced: bool,
+    /// The drain budget ended: stop the Run by identity (once), then complete it as usual.
+    pub(crate) drain_stop: bool,
 }
 
 /// One listed page.
@@ -69,13 +101,14 @@ impl Running {
         known: &BTreeMap<OfferId, State>,
         may_launch: bool,
         available_slots: u64,
-        paced: bool,
+        pass: Pass,
     ) -> Step<Self, Finished> {
         let _ = known;
         match work {
-            Work::Register => {
-                SessionOp::register(ctx, available_slots).map(Self::Session, Finished::Session)
-            }
+            Work::Register => SessionOp::register(ctx, available_slots, false)
+                .map(Self::Session, Finished::Session),
+            Work::Rejoin => SessionOp::register(ctx, available_slots, true)
+                .map(Self::Session, Finished::Session),
             Work::Heartbeat => {
                 SessionOp::heartbeat(ctx, available_slots).map(Self::Session, Finished::Session)
             }
@@ -92,17 +125,24 @@ impl Running {
             }
             Work::Pull => PullOp::begin(ctx).map(Self::Pull, Finished::Pull),
             Work::Process(offer_id) => {
-                ProcessOp::begin(offer_id, may_launch).map(Self::Process, Finished::Process)
-            }
-            Work::Supervise(offer_id) => {
                 let id = offer_id.clone();
-                let paced = paced.then_some(ctx.config.lease_control_interval_ms);
-                ControlOp::begin(offer_id, paced).map(Self::Supervise, move |result| {
-                    Finished::Supervise {
+                ProcessOp::begin(offer_id, may_launch).map(Self::Process, move |result| {
+                    Finished::Process {
                         offer_id: id,
                         result,
                     }
                 })
+            }
+            Work::Supervise(offer_id) => {
+                let id = offer_id.clone();
+                let paced = pass.paced.then_some(ctx.config.lease_control_interval_ms);
+                ControlOp::begin(offer_id, paced, pass.drain_stop).map(
+                    Self::Supervise,
+                    move |result| Finished::Supervise {
+                        offer_id: id,
+                        result,
+                    },
+                )
             }
         }
     }
@@ -132,9 +172,14 @@ impl Running {
                 .map(Self::Session, Finished::Session),
             Self::List(purpose) => list_resume(purpose, outcome),
             Self::Pull(op) => op.resume(ctx, outcome).map(Self::Pull, Finished::Pull),
-            Self::Process(op) => op
-                .resume(ctx, outcome)
-                .map(Self::Process, Finished::Process),
+            Self::Process(op) => {
+                let id = op.offer_id().clone();
+                op.resume(ctx, outcome)
+                    .map(Self::Process, move |result| Finished::Process {
+                        offer_id: id,
+                        result,
+                    })
+            }
             Self::Supervise(op) => {
                 let id = op.offer_id().clone();
                 op.resume(ctx, outcome)

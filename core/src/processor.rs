@@ -278,6 +278,11 @@ impl PState {
 }
 
 impl ProcessOp {
+    /// The offer this operation processes.
+    pub(crate) fn offer_id(&self) -> &OfferId {
+        &self.offer_id
+    }
+
     pub(crate) fn begin(offer_id: OfferId, may_launch: bool) -> PStep {
         let action = Action::ReadRecord {
             offer_id: offer_id.clone(),

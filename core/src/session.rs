@@ -1,9 +1,13 @@
 //! The Worker Session exchanges (reference §2.10): register, heartbeat and transition.
 //!
 //! Each is one POST; the response is parsed against the request and becomes the Worker's
-//! [`SessionView`]. A 409 means the Session was fenced or replaced: the Worker halts rather than
-//! race another owner. Transport failures are retried at the next tick; the Session lease then
-//! decides what stays usable.
+//! [`SessionView`]. Transport failures, 5xx and credential refusals (401/403, which also pause
+//! admission: see `Worker::admission_paused`) are retried at the next tick; the Session lease
+//! then decides what stays usable. A 409 on a heartbeat or transition (or an answer that breaks
+//! the version CAS) means the Session was fenced: the Worker registers it again with the same
+//! Session id (`Fact::Rejoining`) and halts only if another Session had replaced it meanwhile
+//! (two Workers with one worker id), or if the fences repeat. A register refused with 400, 404,
+//! 409, 413 or 415, or answered with an invalid body, is final: the Worker halts.
 
 use alloc::format;
 use alloc::string::String;
@@ -24,7 +28,10 @@ use crate::worker::{Ctx, SessionView, Step};
 /// A Session exchange in flight.
 #[derive(Clone, Debug)]
 pub(crate) enum SessionOp {
-    Registering,
+    /// `rejoin`: registering again after a fence.
+    Registering {
+        rejoin: bool,
+    },
     Heartbeating(HeartbeatRequest),
     Transitioning(TransitionRequest),
     /// A new Session id: entropy drawn for it, then the id persisted before it is registered.
@@ -43,11 +50,16 @@ pub enum SessionResult {
     Transitioned(SessionView),
     /// A new Session id is durable; the Worker registers it next.
     Renewed(SessionId),
-    /// No usable answer; retry at the next tick.
+    /// No usable answer (transport, 5xx, 401/403); retry at the next tick.
     Unavailable,
-    /// 409 or an answer for another Session: this Session is no longer ours.
+    /// A transition to this status got no usable answer.
+    TransitionUnavailable(SessionStatus),
+    /// 409 on a heartbeat or transition, or an answer that breaks its version CAS: this Session
+    /// was fenced (register it again).
     Fenced(String),
-    /// Credentials or the request were refused (401/403/400...), or the response is invalid.
+    /// The register exchange was refused for good (400, 404, 409, 413, 415), or its answer is
+    /// invalid, or — registering again after a fence — the answer says another Session had
+    /// replaced this one; or a request could not be built.
     Rejected(String),
 }
 
@@ -88,8 +100,13 @@ fn view(response: &SessionResponse) -> SessionView {
 }
 
 impl SessionOp {
-    /// `register` with the configured capabilities.
-    pub(crate) fn register(ctx: &Ctx<'_>, available_slots: u64) -> Step<Self, SessionResult> {
+    /// `register` with the configured capabilities; `rejoin` after a fence (the answer must not
+    /// say that another Session had replaced this one).
+    pub(crate) fn register(
+        ctx: &Ctx<'_>,
+        available_slots: u64,
+        rejoin: bool,
+    ) -> Step<Self, SessionResult> {
         let config = ctx.config;
         let max = u64::from(config.max_concurrent_runs);
         let request = RegisterRequest::new(
@@ -100,7 +117,10 @@ impl SessionOp {
         )
         .and_then(|r| r.to_body());
         match request {
-            Ok(body) => Step::Wait(Self::Registering, call(ctx, Operation::Register, body)),
+            Ok(body) => Step::Wait(
+                Self::Registering { rejoin },
+                call(ctx, Operation::Register, body),
+            ),
             Err(e) => Step::Done(SessionResult::Rejected(format!("register request: {e}"))),
         }
     }
@@ -177,21 +197,24 @@ impl SessionOp {
                 crate::worker::write_failure(failure, || Step::Done(SessionResult::Unavailable))
             }
             (Self::DrawingSessionId | Self::PersistingSessionId(_), other) => unexpected(&other),
-            (Self::Registering | Self::Heartbeating(_) | Self::Transitioning(_), outcome) => {
-                self.exchanged(ctx, outcome)
-            }
+            (
+                Self::Registering { .. } | Self::Heartbeating(_) | Self::Transitioning(_),
+                outcome,
+            ) => self.exchanged(ctx, outcome),
         }
     }
 
     fn exchanged(self, ctx: &Ctx<'_>, outcome: Outcome) -> Step<Self, SessionResult> {
         let body = match response(outcome) {
             Ok(Ok(body)) => body,
-            Ok(Err(fault)) => return Step::Done(fault_result(fault)),
+            Ok(Err(fault)) => return Step::Done(self.fault_result(fault)),
             Err(other) => return unexpected(&other),
         };
         let (worker_id, session_id) = (&ctx.config.worker_id, &ctx.config.session_id);
         let parsed = match &self {
-            Self::Registering => SessionResponse::parse_register(&body, worker_id, session_id),
+            Self::Registering { .. } => {
+                SessionResponse::parse_register(&body, worker_id, session_id)
+            }
             Self::Heartbeating(r) => {
                 SessionResponse::parse_heartbeat(&body, worker_id, session_id, r)
             }
@@ -210,20 +233,65 @@ impl SessionOp {
                 let detail = format!("invalid Session response: {e}");
                 return Step::Done(match self {
                     Self::Heartbeating(_) | Self::Transitioning(_) => SessionResult::Fenced(detail),
-                    Self::Registering | Self::DrawingSessionId | Self::PersistingSessionId(_) => {
-                        SessionResult::Rejected(detail)
-                    }
+                    Self::Registering { .. }
+                    | Self::DrawingSessionId
+                    | Self::PersistingSessionId(_) => SessionResult::Rejected(detail),
                 });
             }
         };
+        if matches!(self, Self::Registering { rejoin: true })
+            && parsed.replaced_session == Some(true)
+        {
+            return Step::Done(SessionResult::Rejected(String::from(
+                "registering again after a fence found that another Session of this worker id \
+                 had replaced this one: another Worker uses it",
+            )));
+        }
         let view = view(&parsed);
         Step::Done(match self {
             Self::Heartbeating(_) => SessionResult::Heartbeat(view),
             Self::Transitioning(_) => SessionResult::Transitioned(view),
-            Self::Registering | Self::DrawingSessionId | Self::PersistingSessionId(_) => {
+            Self::Registering { .. } | Self::DrawingSessionId | Self::PersistingSessionId(_) => {
                 SessionResult::Registered(view)
             }
         })
+    }
+
+    /// A failed exchange. Credentials refused (401/403) are not final: the Worker pauses
+    /// admission and retries (see the module documentation).
+    fn fault_result(&self, fault: CallFault) -> SessionResult {
+        let described = |status: u16, code: Option<&str>| {
+            format!("{status} {}", code.unwrap_or("without a code"))
+        };
+        match (self, fault) {
+            (Self::Transitioning(request), CallFault::Unavailable) => {
+                SessionResult::TransitionUnavailable(request.status)
+            }
+            (
+                Self::Transitioning(request),
+                CallFault::Rejected {
+                    status: 401 | 403, ..
+                },
+            ) => SessionResult::TransitionUnavailable(request.status),
+            (
+                _,
+                CallFault::Unavailable
+                | CallFault::Rejected {
+                    status: 401 | 403, ..
+                },
+            ) => SessionResult::Unavailable,
+            (
+                Self::Registering { .. } | Self::DrawingSessionId | Self::PersistingSessionId(_),
+                CallFault::Fenced { code },
+            ) => SessionResult::Rejected(described(409, code.as_deref())),
+            (Self::Heartbeating(_) | Self::Transitioning(_), CallFault::Fenced { code }) => {
+                SessionResult::Fenced(described(409, code.as_deref()))
+            }
+            (_, CallFault::Rejected { status, code }) => {
+                SessionResult::Rejected(described(status, code.as_deref()))
+            }
+            (_, CallFault::Invalid(e)) => SessionResult::Rejected(format!("{e}")),
+        }
     }
 }
 
@@ -244,21 +312,6 @@ fn session_id_v7(now: UnixMillis, random: &[u8]) -> Option<SessionId> {
         let _ = core::fmt::Write::write_fmt(&mut hex, format_args!("{b:02x}"));
     }
     SessionId::new(hex).ok()
-}
-
-fn fault_result(fault: CallFault) -> SessionResult {
-    match fault {
-        CallFault::Unavailable => SessionResult::Unavailable,
-        CallFault::Fenced { code } => SessionResult::Fenced(format!(
-            "409 {}",
-            code.as_deref().unwrap_or("without a code")
-        )),
-        CallFault::Rejected { status, code } => SessionResult::Rejected(format!(
-            "{status} {}",
-            code.as_deref().unwrap_or("without a code")
-        )),
-        CallFault::Invalid(e) => SessionResult::Rejected(format!("{e}")),
-    }
 }
 
 #[cfg(test)]

@@ -57,6 +57,9 @@ use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::time::UnixMillis;
 use crate::wire::session::Capabilities;
 
+pub use crate::facts::Fact;
+pub use crate::ops::CallFault;
+
 /// Tunables of one Worker (reference §7 production defaults; see [`WorkerConfig::edge`] and
 /// [`WorkerConfig::node`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -168,10 +171,17 @@ impl SessionView {
 /// Why the machine stopped on purpose.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopReason {
-    /// Drained: every record settled, the Session is offline.
+    /// Drained: every record settled; the Session is offline (or, when the control plane could
+    /// not be reached for the last transition, left to expire there).
     Drained,
-    /// The drain budget ran out with unsettled records; they stay for the next start.
-    DrainBudgetExhausted,
+    /// The drain ended with records this Worker could not settle: recovery evidence, records
+    /// that never launched, Runs the drain-budget stop could not complete. They stay for the
+    /// next start.
+    Unsettled,
+    /// The drain came before the Session was ever registered (the control plane was never
+    /// reached): this run started nothing; what an earlier run left is reconciled at the next
+    /// start.
+    NotRegistered,
 }
 
 /// Why the machine halted: a fact it cannot safely continue from. The next start reconciles
@@ -275,6 +285,8 @@ pub enum Phase {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Work {
     Register,
+    /// Register again after the Session was fenced (see [`Fact::Rejoining`]).
+    Rejoin,
     Heartbeat,
     Transition(SessionStatus),
     /// A new Session id replaces a draining or offline one (see `Worker::retiring`).
@@ -410,6 +422,19 @@ pub struct Worker {
     /// freed since is preceded by a heartbeat that reports it.
     pub(crate) reported_slots: Option<u64>,
     pub(crate) reporting_slots: Option<u64>,
+    /// Facts for the driver's event log, when it asked for them ([`Worker::report_facts`]).
+    pub(crate) facts: Option<crate::facts::Facts>,
+    /// The control plane refused the credentials (this HTTP status): admission is paused until
+    /// the next authenticated exchange.
+    pub(crate) auth_paused: Option<u16>,
+    /// The Session was fenced: register it again before anything else (admission paused).
+    pub(crate) rejoin: bool,
+    /// Fences in a row without a good heartbeat in between.
+    pub(crate) fences: u8,
+    /// The drain budget ended: the Runs still in flight are stopped, then completed.
+    pub(crate) drain_overrun: bool,
+    /// Records whose Run the drain-budget stop has already stopped.
+    pub(crate) drain_stopped: alloc::collections::BTreeSet<OfferId>,
     /// What the driver should log, oldest first (at most [`MAX_NOTICES`]).
     pub(crate) notices: VecDeque<Notice>,
 }
@@ -509,6 +534,81 @@ impl Worker {
                 capacity: config_capacity,
                 ..InboxStatus::default()
             },
+            facts: None,
+            auth_paused: None,
+            rejoin: false,
+            fences: 0,
+            drain_overrun: false,
+            drain_stopped: alloc::collections::BTreeSet::new(),
+        }
+    }
+
+    /// Starts keeping [`Fact`]s for the driver (see [`crate::facts`]); [`Worker::poll_fact`]
+    /// takes them. Off by default.
+    pub fn report_facts(&mut self) {
+        if self.facts.is_none() {
+            self.facts = Some(crate::facts::Facts::default());
+        }
+    }
+
+    /// The oldest fact not yet taken.
+    pub fn poll_fact(&mut self) -> Option<Fact> {
+        self.facts.as_mut().and_then(crate::facts::Facts::pop)
+    }
+
+    /// Facts dropped because the queue was full.
+    #[must_use]
+    pub fn facts_dropped(&self) -> u64 {
+        self.facts.as_ref().map_or(0, crate::facts::Facts::dropped)
+    }
+
+    /// Records `fact` when facts are reported (built only then).
+    pub(crate) fn fact(&mut self, fact: impl FnOnce() -> Fact) {
+        if let Some(facts) = &mut self.facts {
+            facts.push(fact());
+        }
+    }
+
+    /// Whether admission is paused (credentials refused, or the Session being registered again
+    /// after a fence): no Pull, no slots offered.
+    #[must_use]
+    pub fn admission_paused(&self) -> bool {
+        self.auth_paused.is_some() || self.rejoin
+    }
+
+    /// Records that hold a drain now (see [`Worker::holds_drain`]).
+    #[must_use]
+    pub fn in_flight(&self) -> usize {
+        self.known
+            .iter()
+            .filter(|(id, state)| self.holds_drain(id, **state))
+            .count()
+    }
+
+    /// Whether a record keeps a drain from finishing: a record that may still hold a process or
+    /// still be settled by this Worker. Never a settled or dormant record, nor recovery evidence
+    /// other than `launch_outcome_unknown` (which a receipt may still complete). Once the drain
+    /// budget has ended, only records past the spawn barrier hold it (their Runs are stopped and
+    /// completed); the others stay for the next start.
+    pub(crate) fn holds_drain(&self, id: &OfferId, state: State) -> bool {
+        if !is_active(state)
+            || self
+                .pre_barrier_expiry
+                .get(id)
+                .is_some_and(|at| self.now >= *at)
+        {
+            return false;
+        }
+        match state {
+            State::Launching | State::Started | State::RunningAcknowledged => true,
+            State::RecoveryRequired => {
+                !self.drain_overrun
+                    && self.evidence.get(id) == Some(&RecoveryReason::LaunchOutcomeUnknown)
+            }
+            State::Accepted | State::StartingAcknowledged | State::StartFailed => {
+                !self.drain_overrun
+            }
+            State::StartFailureAcknowledged | State::CompletionAcknowledged => false,
         }
     }
 
@@ -601,6 +701,12 @@ impl Worker {
             inbox: self.inbox,
             reported_slots: self.reported_slots,
             reporting_slots: self.reporting_slots,
+            facts: self.facts.clone(),
+            auth_paused: self.auth_paused,
+            rejoin: self.rejoin,
+            fences: self.fences,
+            drain_overrun: self.drain_overrun,
+            drain_stopped: self.drain_stopped.clone(),
             notices: self.notices.clone(),
         }
     }
@@ -620,6 +726,8 @@ impl Worker {
         fp.debug(&(self.transition_offline_queued, &self.finished));
         fp.debug(&(self.claim_pending, self.retiring, &self.config.session_id));
         fp.debug(&(self.inbox, self.reported_slots, self.reporting_slots));
+        fp.debug(&(self.auth_paused, self.rejoin, self.fences));
+        fp.debug(&(self.drain_overrun, &self.drain_stopped));
         fp.debug(&(
             &self.evidence,
             &self.pre_barrier_expiry,
@@ -721,7 +829,9 @@ impl Worker {
 
     fn wake_at(&self) -> Option<UnixMillis> {
         let mut wake = self.next_tick_at;
-        if let Some(started) = self.drain_started_at {
+        if let Some(started) = self.drain_started_at
+            && !self.drain_overrun
+        {
             wake = wake.min(started.saturating_add(self.config.drain_budget_ms));
         }
         Some(wake)
@@ -741,6 +851,7 @@ impl Worker {
             });
         };
         self.outstanding = None;
+        self.observe_authentication(&outcome);
         match &outcome {
             Outcome::Persisted => {
                 if let Some(record) = self.pending_write.take() {
@@ -785,6 +896,7 @@ impl Worker {
                     self.now < at.saturating_add(self.config.lease_control_interval_ms)
                 }),
                 Work::Register
+                | Work::Rejoin
                 | Work::Heartbeat
                 | Work::Transition(_)
                 | Work::RenewSession
@@ -794,7 +906,9 @@ impl Worker {
             };
             let slots = self.available_slots();
             self.reporting_slots = match &work {
-                Work::Register => Some(slots.min(u64::from(self.config.max_concurrent_runs))),
+                Work::Register | Work::Rejoin => {
+                    Some(slots.min(u64::from(self.config.max_concurrent_runs)))
+                }
                 Work::Heartbeat => Some(
                     self.session
                         .as_ref()
@@ -808,7 +922,20 @@ impl Worker {
                 | Work::Process(_)
                 | Work::Supervise(_) => self.reporting_slots,
             };
-            crate::ops::Running::begin(&ctx, work, &self.known, self.may_launch(), slots, paced)
+            let drain_stop = match &work {
+                Work::Supervise(offer_id) => {
+                    self.drain_overrun && !self.drain_stopped.contains(offer_id)
+                }
+                _ => false,
+            };
+            crate::ops::Running::begin(
+                &ctx,
+                work,
+                &self.known,
+                self.may_launch(),
+                slots,
+                crate::ops::Pass { paced, drain_stop },
+            )
         };
         self.apply(step);
     }
@@ -920,11 +1047,42 @@ impl Worker {
     fn begin_drain(&mut self) {
         if self.drain_started_at.is_none() {
             self.drain_started_at = Some(self.now);
-            if self.phase == Phase::Active {
-                self.phase = Phase::Draining;
-                self.queue
-                    .push_back(Work::Transition(SessionStatus::Draining));
+            let in_flight = self.in_flight();
+            self.fact(|| Fact::DrainBegun { in_flight });
+            match self.phase {
+                Phase::Active => {
+                    self.phase = Phase::Draining;
+                    self.queue
+                        .push_back(Work::Transition(SessionStatus::Draining));
+                }
+                // Never registered: this incarnation started nothing, and what a previous one
+                // left is reconciled at the next start. Stop at once (an unreachable control
+                // plane must not hold a stop for the whole drain budget).
+                Phase::Registering if self.running.is_none() && self.staged.is_none() => {
+                    self.stop(StopReason::NotRegistered);
+                }
+                Phase::Registering | Phase::Reconciling | Phase::Draining | Phase::Finished => {}
             }
+        }
+    }
+
+    /// Credentials refused (401/403 on any call) pause admission; any answered call (the
+    /// control plane authenticated the Worker) lifts the pause.
+    fn observe_authentication(&mut self, outcome: &Outcome) {
+        if let Outcome::Http(crate::io::HttpFailure::Status {
+            status: status @ (401 | 403),
+            code,
+        }) = outcome
+        {
+            if self.auth_paused.is_none() {
+                let (status, code) = (*status, code.clone());
+                self.auth_paused = Some(status);
+                self.fact(|| Fact::AdmissionPaused { status, code });
+            }
+        } else if matches!(outcome, Outcome::Responded(_) | Outcome::Uploaded { .. })
+            && self.auth_paused.take().is_some()
+        {
+            self.fact(|| Fact::AdmissionResumed);
         }
     }
 }

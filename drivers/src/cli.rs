@@ -51,8 +51,10 @@ Exit codes:
   2  usage or configuration error (the message names the file, field or variable, and the rule)
   3  state root unusable: unsafe storage (symlink, mode, owner, foreign entry), not a state
      root, another owner or a lost owner lock, or a write to it that failed (ENOSPC, EIO)
-  4  stopped with unsettled records (drain budget ended, or a second signal); they resume at the next start
-  5  halted on a fact it cannot continue from (fsync failed, Session fenced, credentials rejected...)
+  4  stopped with unsettled records (a second signal, or a drain that left records it could not
+     settle: recovery evidence, never launched); they resume at the next start
+  5  halted on a fact it cannot continue from (fsync failed, the Session fenced again and again or
+     replaced by another Worker, TLS or credential failures past control_plane.give_up_after_ms)
   6  `recover`: recovery_required records are present (the Worker takes no new work)"
     };
 }
@@ -82,6 +84,14 @@ const AFTER_HELP: &str = concat!(
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The event log's rendering on stderr: `text` (one readable line per event) or `json`
+    /// (one JSON object per line). `run` and `demo`.
+    #[arg(long, global = true, value_enum, value_name = "FORMAT")]
+    log_format: Option<crate::events::Format>,
+    /// The least level of the event log (default `info`; `demo`: `warn`). `debug` adds the
+    /// pending-claim steps and other crates' records.
+    #[arg(long, global = true, value_enum, value_name = "LEVEL")]
+    log_level: Option<crate::events::LevelArg>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -103,9 +113,11 @@ enum Command {
     },
     /// Run the Worker: register the Session, reconcile the inbox, then supervise and pull.
     ///
-    /// The first SIGTERM/SIGINT (or `ql-worker drain`) drains: no new work, every record is
-    /// settled or the drain budget ends, then the Session goes offline. A second signal stops at
-    /// once; unsettled records resume at the next start.
+    /// The first SIGTERM/SIGINT (or `ql-worker drain`) drains: no new work; when the drain
+    /// budget ends, the Runs still running are stopped and completed; then the Session goes
+    /// offline. A second signal stops at once; unsettled records resume at the next start.
+    /// SIGHUP reloads the TLS material and trust anchors. Events go to stderr (see
+    /// --log-format); with NOTIFY_SOCKET set it speaks systemd's Type=notify.
     Run {
         /// The TOML configuration (see docs/ql-worker.example.toml).
         #[arg(long, value_name = "FILE")]
@@ -283,6 +295,8 @@ pub fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return parse_failure(&e),
     };
+    let format = cli.log_format.unwrap_or_default();
+    let level = cli.log_level;
     match cli.command {
         Command::Init { root, config } => match (root, config) {
             (_, Some(config)) => init_with_config(&config),
@@ -296,7 +310,10 @@ pub fn main() -> ExitCode {
             }
             (None, None) => fail(EXIT_CONFIG, "give --root DIR or --config FILE"),
         },
-        Command::Run { config } => run(&config),
+        Command::Run { config } => {
+            crate::events::init(format, level.unwrap_or_default().filter());
+            run(&config)
+        }
         Command::Drain(root) => match root.resolve() {
             Ok(root) => drain(&root),
             Err(code) => code,
@@ -314,7 +331,11 @@ pub fn main() -> ExitCode {
             Err(code) => code,
         },
         #[cfg(feature = "demo")]
-        Command::Demo(args) => crate::demo::main(&args),
+        Command::Demo(args) => {
+            let level = level.unwrap_or(crate::events::LevelArg::Warn);
+            crate::events::init(format, level.filter());
+            crate::demo::main(&args)
+        }
         #[cfg(not(feature = "demo"))]
         Command::Demo { .. } => fail(
             EXIT_CONFIG,
@@ -420,57 +441,99 @@ fn state_root_error(root: &Path, e: &crate::journal::JournalError) -> String {
     }
 }
 
+/// `run` refused to start: the `worker.refused` event (so `--log-format json` stays one JSON
+/// object per line), naming the file, field and rule.
+fn refuse(code: u8, message: impl std::fmt::Display) -> ExitCode {
+    crate::events::Event::error("worker.refused")
+        .number("exit_code", u64::from(code))
+        .emit(&message);
+    ExitCode::from(code)
+}
+
 fn run(config: &Path) -> ExitCode {
     let config = match Config::load(config, &ProcessEnvironment) {
         Ok(config) => config,
-        Err(e) => return fail(EXIT_CONFIG, e),
+        Err(e) => return refuse(EXIT_CONFIG, e),
     };
     let signals = match Signals::install() {
         Ok(signals) => signals,
-        Err(e) => return fail(EXIT_HALTED, format!("cannot install signal handlers: {e}")),
+        Err(e) => return refuse(EXIT_HALTED, format!("cannot install signal handlers: {e}")),
     };
     let mut runner = match Runner::start(&config, signals) {
         Ok(runner) => runner,
-        Err(e) if e.is_storage() => return fail(EXIT_STORAGE, e),
-        Err(e @ crate::runtime::StartError::Image(_)) => return fail(EXIT_HALTED, e),
-        Err(e) => return fail(EXIT_CONFIG, e),
+        Err(e) if e.is_storage() => return refuse(EXIT_STORAGE, e),
+        Err(e @ crate::runtime::StartError::Image(_)) => return refuse(EXIT_HALTED, e),
+        Err(e) => return refuse(EXIT_CONFIG, e),
     };
     for warning in runner.containment_warnings() {
-        let _ = writeln!(std::io::stderr().lock(), "ql-worker: warning: {warning}");
+        crate::events::Event::warn("containment.warning")
+            .text("warning", warning)
+            .emit(warning);
     }
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "ql-worker: {} running on {} ({} profile)",
-        config.worker_id,
-        config.root.display(),
-        config.profile
-    );
+    crate::events::Event::info("worker.started")
+        .text("worker", &config.worker_id)
+        .text("root", config.root.display())
+        .text("profile", config.profile)
+        .text("version", env!("CARGO_PKG_VERSION"))
+        .maybe("metrics_listen", runner.metrics_address())
+        .emit(format_args!(
+            "{} running on {} ({} profile)",
+            config.worker_id,
+            config.root.display(),
+            config.profile
+        ));
     exit_of(runner.run())
 }
 
-/// The exit code of a finished run, with its message on stderr.
+/// The exit code of a finished run, with its message on stderr (a `worker.stopped` event).
 #[must_use]
 pub fn exit_of(exit: RunExit) -> ExitCode {
-    match exit {
-        RunExit::Drained => {
-            let _ = writeln!(
-                std::io::stderr().lock(),
-                "ql-worker: drained; every record settled; Session offline"
-            );
-            ExitCode::from(EXIT_OK)
-        }
-        RunExit::DrainBudgetExhausted => fail(
-            EXIT_UNSETTLED,
-            "drain budget ended with unsettled records; they resume at the next start",
+    let (code, how, message) = match exit {
+        RunExit::Drained => (
+            EXIT_OK,
+            "drained",
+            String::from("drained; every record settled; Session offline"),
         ),
-        RunExit::Interrupted => fail(
+        RunExit::Unsettled => (
             EXIT_UNSETTLED,
-            "stopped by a second signal; unsettled records resume at the next start",
+            "unsettled",
+            String::from(
+                "drained, but records remain that this Worker could not settle (recovery \
+                 evidence, or records that never launched; `ql-worker recover` lists them); \
+                 they resume at the next start",
+            ),
         ),
-        RunExit::Halted(reason) => fail(EXIT_HALTED, format!("halted: {reason}")),
-        RunExit::Fatal(detail) => fail(EXIT_HALTED, format!("halted: {detail}")),
-        RunExit::Unusable(detail) => fail(EXIT_STORAGE, format!("stopped: {detail}")),
+        RunExit::NotRegistered => (
+            EXIT_OK,
+            "not_registered",
+            String::from(
+                "drained before the Session was ever registered (the control plane was not \
+                 reached): this run started nothing; records of an earlier run, if any, are \
+                 reconciled at the next start",
+            ),
+        ),
+        RunExit::Interrupted => (
+            EXIT_UNSETTLED,
+            "interrupted",
+            String::from("stopped by a second signal; unsettled records resume at the next start"),
+        ),
+        RunExit::Halted(reason) => (EXIT_HALTED, "halted", format!("halted: {reason}")),
+        RunExit::Fatal(detail) => (EXIT_HALTED, "halted", format!("halted: {detail}")),
+        RunExit::Unusable(detail) => (EXIT_STORAGE, "unusable", format!("stopped: {detail}")),
+    };
+    let event = if code == EXIT_OK {
+        crate::events::Event::info("worker.stopped")
+    } else {
+        crate::events::Event::error("worker.stopped")
+    };
+    event
+        .text("how", how)
+        .number("exit_code", u64::from(code))
+        .emit(&message);
+    if !log::log_enabled!(target: crate::events::TARGET, log::Level::Error) {
+        let _ = writeln!(std::io::stderr().lock(), "ql-worker: {message}");
     }
+    ExitCode::from(code)
 }
 
 fn open_view(root: &Path) -> Result<InboxView, ExitCode> {
@@ -543,10 +606,27 @@ fn list(root: &Path, after: Option<&OfferId>, limit: PageLimit, json: bool) -> E
             Err(e) => return fail(EXIT_STORAGE, e),
         }
     }
+    // The pending claim is part of the inbox: a corrupt or unsafe one stops the Worker (exit 3),
+    // so it is reported here too, after the records.
+    let claim = view.read_claim();
     let mut out = String::new();
     if json {
         let rows: Vec<serde_json::Value> = records.iter().map(summary_json).collect();
-        let value = serde_json::json!({ "records": rows, "nextAfter": page.next_after.as_ref().map(OfferId::as_str) });
+        let claim_json = match &claim {
+            Ok(None) => serde_json::Value::Null,
+            Ok(Some(c)) => serde_json::json!({
+                "state": "present",
+                "offerId": c.offer_id.as_str(),
+                "attemptCount": c.attempt_count,
+                "nextAttemptAtMs": c.next_attempt_at_ms.get(),
+            }),
+            Err(e) => serde_json::json!({ "state": "unreadable", "error": e.to_string() }),
+        };
+        let value = serde_json::json!({
+            "records": rows,
+            "nextAfter": page.next_after.as_ref().map(OfferId::as_str),
+            "pendingClaim": claim_json,
+        });
         out.push_str(&serde_json::to_string_pretty(&value).unwrap_or_default());
         out.push('\n');
     } else {
@@ -569,8 +649,31 @@ fn list(root: &Path, after: Option<&OfferId>, limit: PageLimit, json: bool) -> E
         if let Some(next) = &page.next_after {
             let _ = writeln!(out, "more: --after {next}");
         }
+        if let Ok(Some(c)) = &claim {
+            let _ = writeln!(
+                out,
+                "pending claim: offer {} ({} attempt(s), next at {} ms)",
+                c.offer_id,
+                c.attempt_count,
+                c.next_attempt_at_ms.get()
+            );
+        }
     }
-    emit(&out, None, EXIT_OK)
+    match claim {
+        Ok(_) => emit(&out, None, EXIT_OK),
+        Err(e) => {
+            let code = emit(&out, None, EXIT_STORAGE);
+            if code == ExitCode::from(EXIT_OUTPUT) {
+                return code;
+            }
+            fail(
+                EXIT_STORAGE,
+                format!(
+                    "pending claim unreadable: {e} (the Worker refuses this root until it is repaired)"
+                ),
+            )
+        }
+    }
 }
 
 /// Left-aligned columns as wide as their widest cell, two spaces apart; no trailing spaces.
@@ -751,10 +854,17 @@ fn recover(root: &Path, json: bool) -> ExitCode {
             None => break,
         }
     }
+    let claim = view.read_claim().err().map(|e| e.to_string());
+    const CLAIM_ADVICE: &str = "the Worker stops at once on this root (exit 3) until the pending \
+        claim reads: inspect it (it names an offer the control plane may have claimed for this \
+        Worker); if it is damaged, move it out of the root with the Worker stopped: the next \
+        Pull starts a new claim, and a claimed offer is redelivered when its lease is reaped.";
     const DORMANT_ADVICE: &str = "nothing ran and it can never start; the control plane \
         reclaims the Run when it reaps the lease. It takes no slot and does not hold a drain, \
         but it counts against the inbox capacity: archive it (`--archive`, Worker stopped).";
-    let code = if recovery.is_empty() {
+    let code = if claim.is_some() {
+        EXIT_STORAGE
+    } else if recovery.is_empty() {
         EXIT_OK
     } else {
         EXIT_RECOVERY
@@ -800,6 +910,12 @@ fn recover(root: &Path, json: bool) -> ExitCode {
             "failClosed": !recovery.is_empty(),
             "recoveryRequired": recovery_rows,
             "dormant": dormant_rows,
+            "pendingClaim": claim.as_ref().map(|error| serde_json::json!({
+                "state": "unreadable",
+                "path": root.join(crate::layout::PENDING_CLAIM_FILE).display().to_string(),
+                "error": error,
+                "advice": CLAIM_ADVICE,
+            })),
         });
         out.push_str(&serde_json::to_string_pretty(&value).unwrap_or_default());
         out.push('\n');
@@ -845,6 +961,10 @@ fn recover(root: &Path, json: bool) -> ExitCode {
     }
     if !dormant.is_empty() {
         let _ = writeln!(out, "{} dormant record(s)", dormant.len());
+    }
+    if let Some(error) = &claim {
+        let _ = writeln!(out, "pending claim: unreadable: {error}");
+        let _ = writeln!(out, "  what to do: {CLAIM_ADVICE}");
     }
     if recovery.is_empty() {
         out.push_str("no recovery_required records: the Worker is not fail-closed\n");

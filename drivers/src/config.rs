@@ -67,6 +67,8 @@ struct FileConfig {
     limits: LimitsFile,
     #[serde(default)]
     retention: RetentionFile,
+    metrics: Option<MetricsFile>,
+    capabilities: Option<CapabilitiesFile>,
     // ---- containment tables (issue 20): rules in `crate::containment::settings` ----
     run_as: Option<crate::containment::settings::RunAsFile>,
     run_limits: Option<crate::containment::settings::RunLimitsFile>,
@@ -84,6 +86,35 @@ struct ControlPlaneFile {
     client_key: PathBuf,
     credential_file: PathBuf,
     timeout_ms: Option<u64>,
+    give_up_after_ms: Option<u64>,
+    certificate_warning_days: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MetricsFile {
+    textfile: Option<PathBuf>,
+    interval_ms: Option<u64>,
+    listen: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CapabilitiesFile {
+    operating_system: Option<String>,
+    labels: Option<std::collections::BTreeMap<String, String>>,
+    runtimes: Option<Vec<RuntimeFile>>,
+    features: Option<Vec<String>>,
+    cpu_cores: Option<u64>,
+    memory_bytes: Option<u64>,
+    disk_bytes: Option<u64>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuntimeFile {
+    name: String,
+    version: String,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -130,6 +161,10 @@ pub struct Config {
     pub limits: Limits,
     /// Retention of settled records and their logs.
     pub retention: Retention,
+    /// Metrics: the textfile and the optional listener.
+    pub metrics: MetricsSettings,
+    /// The capabilities announced at register (validated and normalizable).
+    pub capabilities: ql_worker_core::wire::session::Capabilities,
     /// Containment of each Run (`[run_as]`, `[run_limits]`, `[cgroup]`, `[policy]`,
     /// `[capture]`; issue 20).
     pub containment: crate::containment::Containment,
@@ -248,6 +283,22 @@ pub struct ControlPlane {
     pub credential_file: PathBuf,
     /// Request timeout.
     pub timeout_ms: u64,
+    /// How long TLS or credential failures may last, with no authenticated exchange in
+    /// between, before the Worker halts (exit 5).
+    pub give_up_after_ms: u64,
+    /// The client certificate's warning window before it expires.
+    pub certificate_warning_ms: u64,
+}
+
+/// `[metrics]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetricsSettings {
+    /// The node_exporter textfile (`*.prom`), written atomically.
+    pub textfile: Option<PathBuf>,
+    /// Refresh interval of the textfile.
+    pub interval_ms: u64,
+    /// The optional listener (loopback TCP or a Unix socket).
+    pub listen: Option<crate::metrics::Listen>,
 }
 
 /// Tunables, with the profile's defaults applied.
@@ -445,6 +496,40 @@ fn path_setting(
     }
 }
 
+/// The configuration field and the rule in words for a capabilities rule of the wire.
+fn capability_rule(at: &'static str, rule: &'static str) -> (&'static str, String) {
+    let name = match at {
+        "operatingSystem" => "capabilities.operating_system",
+        "labels" => "capabilities.labels",
+        "runtimes" | "runtimes.name" | "runtimes.version" => "capabilities.runtimes",
+        "features" => "capabilities.features",
+        "capacity.cpuCores" => "capabilities.cpu_cores",
+        "capacity.memoryBytes" => "capabilities.memory_bytes",
+        "capacity.diskBytes" => "capabilities.disk_bytes",
+        "architecture" | "supportTier" => "architecture",
+        _ => "capabilities",
+    };
+    let words = match (at, rule) {
+        ("operatingSystem", _) => String::from(
+            "must be a capability name: 1 to 32 characters from a-z 0-9 . _ + - starting with a \
+             letter or digit",
+        ),
+        ("runtimes.name", _) => String::from(
+            "each runtime name must be 1 to 64 characters from a-z 0-9 . _ + - starting with a \
+             letter or digit",
+        ),
+        ("runtimes.version", _) => {
+            String::from("each runtime version must be a strict semantic version (1.2.3)")
+        }
+        ("features", "capability names") => String::from(
+            "each feature must be 1 to 64 characters from a-z 0-9 . _ + - starting with a letter \
+             or digit",
+        ),
+        (_, rule) => format!("must be {rule}"),
+    };
+    (name, words)
+}
+
 /// The rule of a worker id, in words, and where `value` breaks it (the value is not echoed).
 fn worker_id_rule(value: &str) -> String {
     let rule = "must be 1 to 128 characters from A-Z a-z 0-9 . _ : - starting with a letter or \
@@ -568,6 +653,8 @@ impl Config {
                 .unwrap_or(7 * 24 * 3_600_000),
             log_keep_ms: file.retention.log_keep_ms.unwrap_or(24 * 3_600_000),
         };
+        let metrics = Self::metrics(path, file.metrics.as_ref())?;
+        let capabilities = Self::capabilities(path, architecture, file.capabilities.as_ref())?;
         // ---- containment (issue 20) ----
         let containment = crate::containment::Containment::from_file(
             &crate::containment::settings::ContainmentFile {
@@ -590,9 +677,119 @@ impl Config {
             control_plane,
             limits,
             retention,
+            metrics,
+            capabilities,
             containment,
             overrides,
         })
+    }
+
+    fn metrics(path: &Path, file: Option<&MetricsFile>) -> Result<MetricsSettings, ConfigError> {
+        let Some(file) = file else {
+            return Ok(MetricsSettings {
+                interval_ms: 10_000,
+                ..MetricsSettings::default()
+            });
+        };
+        let textfile = match &file.textfile {
+            None => None,
+            Some(p) => {
+                let p = absolute(path, "metrics.textfile", p.clone())?;
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                if !name.ends_with(".prom") || name.starts_with('.') {
+                    return Err(field(
+                        path,
+                        "metrics.textfile",
+                        "must name a file ending in .prom (the node_exporter textfile \
+                         collector reads only those), not starting with a dot",
+                    ));
+                }
+                match p.parent().map(fs::symlink_metadata) {
+                    Some(Ok(meta)) if meta.is_dir() => {}
+                    _ => {
+                        return Err(field(
+                            path,
+                            "metrics.textfile",
+                            format!(
+                                "its directory {} must exist (the collector's directory)",
+                                p.parent().unwrap_or(Path::new("/")).display()
+                            ),
+                        ));
+                    }
+                }
+                Some(p)
+            }
+        };
+        let interval_ms = within(
+            path,
+            "metrics.interval_ms",
+            file.interval_ms.unwrap_or(10_000),
+            1_000,
+            3_600_000,
+        )?;
+        let listen = file
+            .listen
+            .as_deref()
+            .map(crate::metrics::Listen::parse)
+            .transpose()
+            .map_err(|rule| field(path, "metrics.listen", rule))?;
+        Ok(MetricsSettings {
+            textfile,
+            interval_ms,
+            listen,
+        })
+    }
+
+    /// `[capabilities]` into the announced capabilities, validated by the same rules as the
+    /// register body (`capabilities.<field>` names what is wrong).
+    fn capabilities(
+        path: &Path,
+        architecture: Architecture,
+        file: Option<&CapabilitiesFile>,
+    ) -> Result<ql_worker_core::wire::session::Capabilities, ConfigError> {
+        use ql_worker_core::wire::session::{CapacityCapability, RuntimeCapability};
+        let mut caps = ql_worker_core::wire::session::Capabilities::for_architecture(architecture);
+        let empty = CapabilitiesFile::default();
+        let file = file.unwrap_or(&empty);
+        caps.operating_system = Some(
+            file.operating_system
+                .clone()
+                .unwrap_or_else(|| String::from(std::env::consts::OS)),
+        );
+        caps.labels = file.labels.as_ref().map(|labels| {
+            labels
+                .iter()
+                .map(|(key, value)| ql_worker_core::revision::Label {
+                    key: key.clone(),
+                    value: value.clone(),
+                })
+                .collect()
+        });
+        caps.runtimes = file.runtimes.as_ref().map(|list| {
+            list.iter()
+                .map(|r| RuntimeCapability {
+                    name: r.name.clone(),
+                    version: r.version.clone(),
+                })
+                .collect()
+        });
+        caps.features.clone_from(&file.features);
+        if file.cpu_cores.is_some() || file.memory_bytes.is_some() || file.disk_bytes.is_some() {
+            caps.capacity = Some(CapacityCapability {
+                cpu_cores: file.cpu_cores,
+                memory_bytes: file.memory_bytes,
+                disk_bytes: file.disk_bytes,
+                gpu: None,
+            });
+        }
+        caps.canonical_json().map_err(|e| match e {
+            ql_worker_core::wire::WireError::Request { path: at, rule } => {
+                let (name, rule) = capability_rule(at, rule);
+                field(path, name, rule)
+            }
+            other => field(path, "capabilities", other.to_string()),
+        })?;
+        Ok(caps)
     }
 
     fn control_plane(
@@ -649,6 +846,20 @@ impl Config {
                 1_000,
                 60_000,
             )?,
+            give_up_after_ms: within(
+                path,
+                "control_plane.give_up_after_ms",
+                file.give_up_after_ms.unwrap_or(600_000),
+                5_000,
+                86_400_000,
+            )?,
+            certificate_warning_ms: within(
+                path,
+                "control_plane.certificate_warning_days",
+                file.certificate_warning_days.unwrap_or(14),
+                0,
+                365,
+            )? * 86_400_000,
         };
         let overrides = Overrides {
             root: false,

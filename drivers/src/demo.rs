@@ -376,7 +376,8 @@ fn run_in(args: &DemoArgs, dir: &Path, signals: &Signals) -> Result<bool, String
     let drained = matches!(exit, RunExit::Drained);
     let how = match &exit {
         RunExit::Drained => String::from("drained"),
-        RunExit::DrainBudgetExhausted => String::from("drain budget ended"),
+        RunExit::Unsettled => String::from("drained with records left unsettled"),
+        RunExit::NotRegistered => String::from("drained before the Session was registered"),
         RunExit::Interrupted => String::from("stopped by a second signal (or the timeout)"),
         RunExit::Halted(reason) => format!("halted: {reason}"),
         RunExit::Fatal(detail) | RunExit::Unusable(detail) => format!("stopped: {detail}"),

@@ -435,7 +435,10 @@ impl FileSystem for RealFs {
         retry(|| rustix::io::write(fd, buf))
     }
     fn fsync(&self, fd: BorrowedFd<'_>) -> Result<(), Errno> {
-        rustix::fs::fsync(fd)
+        let started = std::time::Instant::now();
+        let result = rustix::fs::fsync(fd);
+        crate::metrics::FSYNC.observe(started.elapsed());
+        result
     }
     fn rename(
         &self,

@@ -22,6 +22,7 @@ use crate::journal::{Journal, JournalError};
 use crate::receipts::{self, ReceiptStoreError};
 use crate::spool::{self, SpoolError, SpoolPolicy};
 use crate::supervisor::{Executor, ExecutorOutcome, Launch, RejectReason, StopController};
+use crate::telemetry::Telemetry;
 
 /// Largest credential file read.
 const MAX_CREDENTIAL_BYTES: u64 = 1024;
@@ -134,6 +135,7 @@ pub struct Host<E: Executor> {
     #[cfg(feature = "test-hooks")]
     stall_after: Option<StallPoint>,
     leftovers: Leftovers,
+    telemetry: Telemetry,
 }
 
 /// Where supervisors make things per Run that a killed supervisor could leave behind (issue 20).
@@ -213,7 +215,30 @@ impl<E: Executor> Host<E> {
             #[cfg(feature = "test-hooks")]
             stall_after: None,
             leftovers: Leftovers::default(),
+            telemetry: Telemetry::new(crate::metrics::Metrics::new(crate::os::now().get())),
         }
+    }
+
+    /// What the effects observe, as events and metrics.
+    pub fn telemetry_mut(&mut self) -> &mut Telemetry {
+        &mut self.telemetry
+    }
+
+    /// The HTTPS client (for SIGHUP reloads).
+    pub fn client_mut(&mut self) -> &mut HttpsClient {
+        &mut self.client
+    }
+
+    /// A journal failure as the core's fact, reported as a storage fault on the way.
+    fn journal_fault(&mut self, what: &dyn fmt::Display, error: &JournalError) -> StoreFailure {
+        let failure = journal_failure(error);
+        let halting = !matches!(
+            failure,
+            StoreFailure::Unchanged | StoreFailure::CapacityExhausted
+        );
+        self.telemetry
+            .storage_fault(&what.to_string(), error, halting);
+        failure
     }
 
     /// Where [`Host::sweep_runs`] looks for what killed supervisors left.
@@ -280,8 +305,15 @@ impl<E: Executor> Host<E> {
         Ok(match action {
             Action::ListInbox { after, limit } => self.list(after.as_ref(), limit),
             Action::ReadRecord { offer_id } => match self.journal.read_record(&offer_id) {
-                Ok(record) => Outcome::RecordRead(record.map(Box::new)),
-                Err(e) => Outcome::Store(journal_failure(&e)),
+                Ok(record) => {
+                    if let Some(record) = &record {
+                        self.telemetry.record_seen(record);
+                    }
+                    Outcome::RecordRead(record.map(Box::new))
+                }
+                Err(e) => Outcome::Store(
+                    self.journal_fault(&format_args!("reading record {offer_id}"), &e),
+                ),
             },
             Action::PersistRecord { expected, record } => {
                 let result = match expected {
@@ -293,6 +325,7 @@ impl<E: Executor> Host<E> {
                 };
                 match result {
                     Ok(()) => {
+                        self.telemetry.record_persisted(&record);
                         (self.observer)(&Event::Persisted(&record));
                         #[cfg(feature = "test-hooks")]
                         if self.stall_after == Some(StallPoint::Persisted(record.state)) {
@@ -300,45 +333,76 @@ impl<E: Executor> Host<E> {
                         }
                         Outcome::Persisted
                     }
-                    Err(e) => Outcome::Store(journal_failure(&e)),
+                    Err(e) => Outcome::Store(self.journal_fault(
+                        &format_args!(
+                            "writing record {} ({})",
+                            record.offer.offer_id, record.state
+                        ),
+                        &e,
+                    )),
                 }
             }
             Action::ReadClaim => match self.journal.read_claim() {
                 Ok(claim) => Outcome::ClaimRead(claim.map(Box::new)),
-                Err(e) => Outcome::Store(journal_failure(&e)),
+                Err(e) => Outcome::Store(self.journal_fault(&"reading the pending claim", &e)),
             },
             Action::PersistClaim { expected, claim } => {
                 let result = match expected {
                     None => self.journal.create_claim(&claim).map(|_| ()),
                     Some(revision) => self.journal.replace_claim(&claim, revision),
                 };
-                result.map_or_else(
-                    |e| Outcome::Store(journal_failure(&e)),
-                    |()| Outcome::Persisted,
-                )
+                match result {
+                    Ok(()) => {
+                        self.telemetry.claim_persisted(&claim.offer_id);
+                        Outcome::Persisted
+                    }
+                    Err(e) => Outcome::Store(self.journal_fault(&"writing the pending claim", &e)),
+                }
             }
             Action::ClearClaim { offer_id, revision } => {
                 match self.journal.clear_claim(&offer_id, revision) {
-                    Ok(()) => Outcome::Persisted,
-                    Err(e) => Outcome::Store(journal_failure(&e)),
+                    Ok(()) => {
+                        self.telemetry.claim_cleared(&offer_id);
+                        Outcome::Persisted
+                    }
+                    Err(e) => Outcome::Store(self.journal_fault(&"clearing the pending claim", &e)),
                 }
             }
             Action::ReadReceipt { attempt_id } => match receipts::read(&self.root, &attempt_id) {
                 Ok(Some(receipt)) => Outcome::ReceiptRead(ReceiptRead::Present(receipt)),
                 Ok(None) => Outcome::ReceiptRead(ReceiptRead::Absent),
-                Err(e) => Outcome::ReceiptRead(receipt_failure(&e)),
+                Err(e) => {
+                    self.telemetry.storage_fault(
+                        &format!("reading the receipt of attempt {attempt_id}"),
+                        &e,
+                        false,
+                    );
+                    Outcome::ReceiptRead(receipt_failure(&e))
+                }
             },
             Action::RemoveReceipt { attempt_id } => match receipts::remove(&self.root, &attempt_id)
             {
                 Ok(existed) => Outcome::ReceiptRemoved { existed },
-                Err(e) if e.is_fatal() => return Err(HostError::Fatal(e.to_string())),
-                Err(_) => Outcome::Store(StoreFailure::Unchanged),
+                Err(e) => {
+                    let what = format!("removing the receipt of attempt {attempt_id}");
+                    self.telemetry.storage_fault(&what, &e, e.is_fatal());
+                    if e.is_fatal() {
+                        return Err(HostError::Fatal(e.to_string()));
+                    }
+                    Outcome::Store(StoreFailure::Unchanged)
+                }
             },
             Action::AllocateLog { log_artifact_id } => {
                 match spool::allocate(&self.root, &log_artifact_id, self.spool) {
                     Ok(()) => Outcome::LogAllocated,
-                    Err(e) if e.is_fatal() => return Err(HostError::Fatal(e.to_string())),
-                    Err(_) => Outcome::LogUnavailable,
+                    Err(e) => {
+                        let what = format!("allocating log {log_artifact_id}");
+                        self.telemetry.storage_fault(&what, &e, e.is_fatal());
+                        if e.is_fatal() {
+                            return Err(HostError::Fatal(e.to_string()));
+                        }
+                        Outcome::LogUnavailable
+                    }
                 }
             }
             Action::InspectLog { log_artifact_id } => {
@@ -347,7 +411,13 @@ impl<E: Executor> Host<E> {
                         byte_length: reader.len(),
                         truncated: reader.truncation,
                     },
-                    Err(e) => spool_failure(&e),
+                    Err(e) => {
+                        if !matches!(e, SpoolError::NotFound { .. }) {
+                            let what = format!("reading log {log_artifact_id}");
+                            self.telemetry.storage_fault(&what, &e, false);
+                        }
+                        spool_failure(&e)
+                    }
                 }
             }
             Action::Post(call) => {
@@ -359,10 +429,24 @@ impl<E: Executor> Host<E> {
                 };
                 match authorization(&self.credential_file) {
                     Ok(auth) => match self.client.post_json(&call.path, &auth, &call.body, caps) {
-                        Ok(body) => Outcome::Responded(body),
-                        Err(e) => Outcome::Http(http_failure(e)),
+                        Ok(body) => {
+                            self.telemetry.call_answered(&call.path);
+                            Outcome::Responded(body)
+                        }
+                        Err(e) => {
+                            self.telemetry
+                                .call_failed(&call.path, &e, crate::os::now().get());
+                            Outcome::Http(http_failure(e))
+                        }
                     },
-                    Err(_) => Outcome::Http(HttpFailure::Unavailable),
+                    Err(problem) => {
+                        self.telemetry.credential_unreadable(
+                            &call.path,
+                            &problem,
+                            crate::os::now().get(),
+                        );
+                        Outcome::Http(HttpFailure::Unavailable)
+                    }
                 }
             }
             Action::UploadLog {
@@ -412,16 +496,35 @@ impl<E: Executor> Host<E> {
     ) -> Outcome {
         let page = match self.journal.list(after, limit) {
             Ok(page) => page,
-            Err(e) => return Outcome::Store(journal_failure(&e)),
+            Err(e) => return Outcome::Store(self.journal_fault(&"listing the inbox", &e)),
         };
         let mut records = Vec::with_capacity(page.offer_ids.len());
         for offer_id in &page.offer_ids {
             match self.journal.read_record(offer_id) {
-                Ok(Some(record)) => records.push(record),
+                Ok(Some(record)) => {
+                    self.telemetry.record_seen(&record);
+                    records.push(record);
+                }
                 // A listed record vanished: only this process writes the inbox, so the store is
                 // not behaving as a single-owner store.
-                Ok(None) => return Outcome::Store(StoreFailure::Unsafe),
-                Err(e) => return Outcome::Store(journal_failure(&e)),
+                Ok(None) => {
+                    let path = crate::layout::Paths::new(&self.root).record(offer_id);
+                    self.telemetry.storage_fault(
+                        "listing the inbox",
+                        &format_args!(
+                            "unsafe storage at {}: a listed record vanished (another process \
+                             writes the inbox)",
+                            path.display()
+                        ),
+                        true,
+                    );
+                    return Outcome::Store(StoreFailure::Unsafe);
+                }
+                Err(e) => {
+                    return Outcome::Store(
+                        self.journal_fault(&format_args!("reading record {offer_id}"), &e),
+                    );
+                }
             }
         }
         Outcome::InboxListed {
@@ -440,19 +543,35 @@ impl<E: Executor> Host<E> {
     ) -> Outcome {
         let mut reader = match spool::open_reader(&self.root, log_artifact_id, self.spool) {
             Ok(reader) => reader,
-            Err(e) => return spool_failure(&e),
+            Err(e) => {
+                let what = format!("reading log {log_artifact_id} for its upload");
+                self.telemetry.storage_fault(&what, &e, false);
+                return spool_failure(&e);
+            }
         };
         if reader.len() != byte_length {
             return Outcome::LogUnavailable;
         }
-        let Ok(auth) = authorization(&self.credential_file) else {
-            return Outcome::Http(HttpFailure::Unavailable);
+        let auth = match authorization(&self.credential_file) {
+            Ok(auth) => auth,
+            Err(problem) => {
+                self.telemetry
+                    .credential_unreadable(path, &problem, crate::os::now().get());
+                return Outcome::Http(HttpFailure::Unavailable);
+            }
         };
+        let started = std::time::Instant::now();
         match self
             .client
             .post_artifact(path, &auth, header, &mut reader, byte_length, response_cap)
         {
             Ok((body, report)) => {
+                self.telemetry.call_answered(path);
+                self.telemetry.uploaded(
+                    log_artifact_id,
+                    report.bytes_sent,
+                    started.elapsed().as_secs_f64(),
+                );
                 let sha256 = ql_worker_core::ids::Sha256Digest::from_bytes(report.sha256);
                 (self.observer)(&Event::Uploaded {
                     log_artifact_id,
@@ -465,7 +584,10 @@ impl<E: Executor> Host<E> {
                     sent_sha256: sha256,
                 }
             }
-            Err(e) => Outcome::Http(http_failure(e)),
+            Err(e) => {
+                self.telemetry.call_failed(path, &e, crate::os::now().get());
+                Outcome::Http(http_failure(e))
+            }
         }
     }
 }
@@ -473,6 +595,9 @@ impl<E: Executor> Host<E> {
 /// What a failed launch's log line names (never a value: ids, paths and the rule).
 struct SpawnContext {
     line: String,
+    offer_id: ql_worker_core::ids::OfferId,
+    run_id: ql_worker_core::ids::RunId,
+    attempt_id: ql_worker_core::ids::AttemptId,
     command: ql_worker_core::revision::ExecCommand,
     working_directory: Option<String>,
 }
@@ -494,37 +619,62 @@ impl SpawnContext {
                 "offer {} (run {}, attempt {})",
                 plan.offer_id, plan.run_id, plan.attempt_id
             ),
+            offer_id: plan.offer_id.clone(),
+            run_id: plan.run_id.clone(),
+            attempt_id: plan.attempt_id.clone(),
             command,
             working_directory: plan.working_directory.clone(),
         }
     }
 
-    /// One line on stderr for a launch that did not start (`Rejected`: a start failure is
-    /// reported; `Unknown`: recovery evidence).
+    /// One event for a launch that did not start (`Rejected`: a start failure is reported;
+    /// `Unknown`: recovery evidence).
     fn log(&self, outcome: &ExecutorOutcome) {
-        let line = match outcome {
-            ExecutorOutcome::Started { .. } => return,
+        use crate::events::Event;
+        match outcome {
+            ExecutorOutcome::Started { .. } => {}
             ExecutorOutcome::Rejected {
                 reason: RejectReason::PolicyRefused(rule),
-            } => format!(
-                "{}: start failed, no user process started: refused by the execution policy: \
-                 {rule} ({})",
-                self.line,
-                Policy::subject(*rule, &self.command, self.working_directory.as_deref())
-            ),
-            ExecutorOutcome::Rejected { reason } => format!(
-                "{}: start failed, no user process started: {reason}",
-                self.line
-            ),
-            ExecutorOutcome::Unknown { reason } => format!(
-                "{}: launch outcome unknown (recovery evidence): {reason}",
-                self.line
-            ),
-        };
-        let _ = std::io::Write::write_all(
-            &mut std::io::stderr(),
-            format!("ql-worker: {line}\n").as_bytes(),
-        );
+            } => {
+                let subject =
+                    Policy::subject(*rule, &self.command, self.working_directory.as_deref());
+                Event::warn("start.failed")
+                    .text("offer", &self.offer_id)
+                    .text("run", &self.run_id)
+                    .text("attempt", &self.attempt_id)
+                    .text(
+                        "cause",
+                        format_args!("refused by the execution policy: {rule}"),
+                    )
+                    .emit(format_args!(
+                        "{}: start failed, no user process started: refused by the execution \
+                         policy: {rule} ({subject})",
+                        self.line
+                    ));
+            }
+            ExecutorOutcome::Rejected { reason } => {
+                Event::warn("start.failed")
+                    .text("offer", &self.offer_id)
+                    .text("run", &self.run_id)
+                    .text("attempt", &self.attempt_id)
+                    .text("cause", reason)
+                    .emit(format_args!(
+                        "{}: start failed, no user process started: {reason}",
+                        self.line
+                    ));
+            }
+            ExecutorOutcome::Unknown { reason } => {
+                Event::error("launch.unknown")
+                    .text("offer", &self.offer_id)
+                    .text("run", &self.run_id)
+                    .text("attempt", &self.attempt_id)
+                    .text("cause", reason)
+                    .emit(format_args!(
+                        "{}: launch outcome unknown (recovery evidence): {reason}",
+                        self.line
+                    ));
+            }
+        }
     }
 }
 

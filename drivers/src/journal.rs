@@ -700,6 +700,7 @@ impl<F: FileSystem> Journal<F> {
 /// sweeping. Works while a Worker owns the root.
 #[derive(Debug)]
 pub struct InboxView {
+    root: Dir,
     offers: Dir,
 }
 
@@ -712,7 +713,17 @@ impl InboxView {
     /// storage (symlinks, modes, owners, foreign entries, in the root too) or a failed call.
     pub fn open(root: &Path) -> Result<Option<Self>, JournalError> {
         let root = open_state_root(&RealFs, root)?;
-        Ok(open_offers(&RealFs, &root, false)?.map(|offers| Self { offers }))
+        let offers = open_offers(&RealFs, &root, false)?;
+        Ok(offers.map(|offers| Self { root, offers }))
+    }
+
+    /// The pending claim, if any (read-only; a corrupt or unsafe one is an error naming the
+    /// file and the rule).
+    ///
+    /// # Errors
+    /// Unsafe storage, a corrupt claim, or a failed call.
+    pub fn read_claim(&self) -> Result<Option<PendingClaim>, JournalError> {
+        read_claim_in(&RealFs, &self.root)
     }
 
     /// One keyset page of offer ids.

@@ -4,7 +4,14 @@
 //!
 //! Signals: the first `SIGTERM`/`SIGINT` (or a `<root>/drain` file, written by
 //! `ql-worker drain`) asks the core to drain; a second signal stops at once, leaving every
-//! record for the next start. Supervisors are independent processes and keep running.
+//! record for the next start. `SIGHUP` reloads the TLS material and trust anchors. Supervisors
+//! are independent processes and keep running.
+//!
+//! Around the core, the loop also keeps the operator informed (issue 18): the core's facts and
+//! the effects' observations become events and metrics ([`crate::telemetry`]), the metrics file
+//! is refreshed every `[metrics] interval_ms`, systemd hears `READY=1` once reconciliation is
+//! done, `STATUS=`, `WATCHDOG=1` and `STOPPING=1` ([`crate::notify`]), and the client certificate
+//! is checked daily ([`crate::certificate`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,11 +20,13 @@ use std::time::Duration;
 
 use ql_worker_core::io::Input;
 use ql_worker_core::time::UnixMillis;
-use ql_worker_core::wire::session::Capabilities;
-use ql_worker_core::worker::{HaltReason, Output, StopReason, Worker, WorkerConfig};
+use ql_worker_core::worker::{HaltReason, Output, Phase, StopReason, Worker, WorkerConfig};
 
-use crate::config::Config;
-use crate::host::{Event, Host, HostError};
+use crate::certificate::Leaf;
+use crate::config::{Config, MetricsSettings};
+use crate::events::Event;
+use crate::host::Event as Observed;
+use crate::host::{Host, HostError};
 use crate::https::{
     HttpsClient, MaterialError, MaterialFile, Origin, RequestTimeout, TlsMaterial, TlsMaterialPaths,
 };
@@ -33,14 +42,20 @@ const SLEEP_SLICE: Duration = Duration::from_millis(100);
 /// Interval of the full retention sweeps (logs and archive included); the inbox's own sweep runs
 /// whenever it holds more than `high_water_records`.
 const RETENTION_EVERY_MS: u64 = 60_000;
+/// Interval of the client certificate's check while running.
+const CERTIFICATE_CHECK_EVERY_MS: u64 = 86_400_000;
 
 /// How a run of the Worker ended.
 #[derive(Debug)]
 pub enum RunExit {
-    /// Drained: every record settled, the Session is offline.
+    /// Drained: every record settled, the Session is offline (or left to expire when the
+    /// control plane could not be reached for the last transition).
     Drained,
-    /// The drain budget ran out; unsettled records stay for the next start.
-    DrainBudgetExhausted,
+    /// The drain ended with records this Worker could not settle (recovery evidence, records
+    /// that never launched); they stay for the next start.
+    Unsettled,
+    /// The drain came before the Session was ever registered: nothing was started by this run.
+    NotRegistered,
     /// A second signal: stopped at once; records stay for the next start.
     Interrupted,
     /// The core halted on a fact it cannot continue from.
@@ -97,6 +112,7 @@ impl StartError {
 #[derive(Clone, Debug, Default)]
 pub struct Signals {
     count: Arc<AtomicUsize>,
+    reloads: Arc<AtomicUsize>,
 }
 
 /// The name of a signal this module handles.
@@ -112,22 +128,17 @@ fn signal_name(signal: i32) -> &'static str {
     }
 }
 
-/// One line on stderr that never panics (a closed stderr is not a reason to die).
-fn say(line: &str) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stderr().lock(), "ql-worker: {line}");
-}
-
 impl Signals {
-    /// Counts `SIGTERM` and `SIGINT` from now on (the first drains, the second stops);
-    /// `SIGHUP`, `SIGUSR1` and `SIGUSR2` are caught, reported on stderr and otherwise ignored,
-    /// so none of them kills the Worker without a word.
+    /// Counts `SIGTERM` and `SIGINT` from now on (the first drains, the second stops); counts
+    /// `SIGHUP` as a reload request (TLS material and trust anchors); `SIGUSR1` and `SIGUSR2`
+    /// are caught, reported and otherwise ignored, so none of them kills the Worker without a
+    /// word.
     ///
     /// # Errors
     /// The OS refused to install the handlers.
     pub fn install() -> std::io::Result<Self> {
         use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
-        Self::install_with(&[SIGTERM, SIGINT], &[SIGHUP, SIGUSR1, SIGUSR2])
+        Self::install_full(&[SIGTERM, SIGINT], &[SIGHUP], &[SIGUSR1, SIGUSR2])
     }
 
     /// Counts every signal of `counted`; reports and ignores every signal of `ignored`.
@@ -135,11 +146,24 @@ impl Signals {
     /// # Errors
     /// The OS refused to install the handlers.
     pub fn install_with(counted: &[i32], ignored: &[i32]) -> std::io::Result<Self> {
+        Self::install_full(counted, &[], ignored)
+    }
+
+    /// Counts `counted` (drain, then stop) and `reload` (reload requests) separately; reports
+    /// and ignores `ignored`.
+    ///
+    /// # Errors
+    /// The OS refused to install the handlers.
+    pub fn install_full(counted: &[i32], reload: &[i32], ignored: &[i32]) -> std::io::Result<Self> {
         let count = Arc::new(AtomicUsize::new(0));
-        let mut signals =
-            signal_hook::iterator::Signals::new(counted.iter().chain(ignored).copied())?;
+        let reloads = Arc::new(AtomicUsize::new(0));
+        let mut signals = signal_hook::iterator::Signals::new(
+            counted.iter().chain(reload).chain(ignored).copied(),
+        )?;
         let seen = Arc::clone(&count);
+        let reloaded = Arc::clone(&reloads);
         let counted = counted.to_vec();
+        let reload = reload.to_vec();
         let drain_names: Vec<&str> = counted.iter().map(|&s| signal_name(s)).collect();
         let hint = drain_names.join(" or ");
         std::thread::Builder::new()
@@ -148,21 +172,31 @@ impl Signals {
                 for signal in signals.forever() {
                     if counted.contains(&signal) {
                         seen.fetch_add(1, Ordering::SeqCst);
+                    } else if reload.contains(&signal) {
+                        reloaded.fetch_add(1, Ordering::SeqCst);
                     } else {
-                        say(&format!(
-                            "received {}: ignored ({hint} drains; a second one stops at once)",
-                            signal_name(signal)
-                        ));
+                        Event::warn("signal.ignored")
+                            .text("signal", signal_name(signal))
+                            .emit(format_args!(
+                                "received {}: ignored ({hint} drains; a second one stops at once)",
+                                signal_name(signal)
+                            ));
                     }
                 }
             })?;
-        Ok(Self { count })
+        Ok(Self { count, reloads })
     }
 
     /// Signals seen so far.
     #[must_use]
     pub fn seen(&self) -> usize {
         self.count.load(Ordering::SeqCst)
+    }
+
+    /// Reload requests (SIGHUP) seen so far.
+    #[must_use]
+    pub fn reloads(&self) -> usize {
+        self.reloads.load(Ordering::SeqCst)
     }
 
     /// Records one request (tests and the demo).
@@ -189,6 +223,69 @@ pub struct Runner {
     containment_warnings: Vec<String>,
     /// The last retention failure reported (each distinct one is reported once).
     retention_failure: Option<String>,
+    /// systemd notifications.
+    notifier: crate::notify::Notifier,
+    /// `[metrics]`.
+    metrics: MetricsSettings,
+    next_metrics_at: UnixMillis,
+    /// The last metrics-file failure reported (each distinct one once).
+    metrics_failure: Option<String>,
+    /// The optional listener (kept alive with the run).
+    listener: Option<crate::metrics::Listener>,
+    /// SIGHUP requests handled so far.
+    reloads_handled: usize,
+    /// The client certificate's checks.
+    certificate: CertificateWatch,
+    /// `control_plane.give_up_after_ms`.
+    give_up_after_ms: u64,
+    /// Reconciliation finished (READY=1 sent).
+    ready: bool,
+}
+
+/// The client certificate as last loaded, and when it is checked next.
+#[derive(Debug)]
+struct CertificateWatch {
+    leaf: Option<Leaf>,
+    window_ms: u64,
+    next_check_at: UnixMillis,
+    /// The path, for messages.
+    path: PathBuf,
+}
+
+impl CertificateWatch {
+    /// Checks the leaf now: a refusal is a message; a warning is an event and a metric.
+    fn check(
+        &mut self,
+        now: UnixMillis,
+        telemetry: &crate::telemetry::Telemetry,
+    ) -> Option<String> {
+        self.next_check_at = now.saturating_add(CERTIFICATE_CHECK_EVERY_MS);
+        let leaf = self.leaf.as_ref()?;
+        telemetry.metrics().update(|r| {
+            r.certificate_not_after_ms = u64::try_from(leaf.not_after_ms).ok();
+        });
+        match leaf.check(now.get(), self.window_ms) {
+            Ok(expiring) => {
+                telemetry
+                    .metrics()
+                    .update(|r| r.certificate_expiring = expiring.is_some());
+                if let Some(expiring) = expiring {
+                    Event::warn("certificate.expiring")
+                        .text("file", self.path.display())
+                        .signed("days_left", expiring.days_left)
+                        .text(
+                            "not_after",
+                            crate::events::rfc3339_millis(
+                                u64::try_from(expiring.not_after_ms).unwrap_or(0),
+                            ),
+                        )
+                        .emit(format_args!("{}: {expiring}", self.path.display()));
+                }
+                None
+            }
+            Err(e) => Some(format!("{}: {e}", self.path.display())),
+        }
+    }
 }
 
 impl std::fmt::Debug for Runner {
@@ -207,7 +304,7 @@ pub fn worker_config(
     config: &Config,
     session_id: ql_worker_core::ids::SessionId,
 ) -> Result<WorkerConfig, StartError> {
-    let capabilities = Capabilities::for_architecture(config.architecture);
+    let capabilities = config.capabilities.clone();
     capabilities
         .canonical_json()
         .map_err(|e| StartError::Capabilities(e.to_string()))?;
@@ -252,9 +349,38 @@ impl Runner {
         // Every configuration check first: nothing is created or written before the whole
         // configuration is known to be usable.
         let client = control_plane_client(config)?;
-        Capabilities::for_architecture(config.architecture)
+        config
+            .capabilities
             .canonical_json()
             .map_err(|e| StartError::Capabilities(e.to_string()))?;
+        // The Worker's own certificate: not yet valid, expired or not for client authentication
+        // ⇒ refused before anything is written.
+        let now = crate::os::now();
+        let leaf = Leaf::parse(client.material().leaf_der()).map_err(|e| {
+            StartError::ControlPlane(format!(
+                "{}: {e}",
+                config.blame(crate::config::Setting::ClientCertificate)
+            ))
+        })?;
+        leaf.check(now.get(), config.control_plane.certificate_warning_ms)
+            .map_err(|e| {
+                StartError::ControlPlane(format!(
+                    "{}: {e}",
+                    config.blame(crate::config::Setting::ClientCertificate)
+                ))
+            })?;
+        let metrics = crate::metrics::Metrics::new(now.get());
+        let listener = match &config.metrics.listen {
+            Some(listen) => Some(
+                crate::metrics::Listener::start(listen, metrics.clone()).map_err(|e| {
+                    StartError::ControlPlane(format!(
+                        "{}: metrics.listen: cannot listen there: {e}",
+                        config.source.display()
+                    ))
+                })?,
+            ),
+            None => None,
+        };
         // Containment (issue 20): identity, runs area, delegated cgroup. Its checks come before
         // the state root is touched; it creates only the runs area outside the root.
         let prepared =
@@ -291,9 +417,10 @@ impl Runner {
         #[cfg(feature = "test-hooks")]
         host.stall_after(crate::test_hooks::stall_point());
         host.set_leftovers(leftovers);
-        let now = crate::os::now();
         let reported_session = (session.session_id.clone(), false);
-        let worker = Worker::new(worker_config(config, session.session_id)?, now);
+        *host.telemetry_mut() = crate::telemetry::Telemetry::new(metrics);
+        let mut worker = Worker::new(worker_config(config, session.session_id)?, now);
+        worker.report_facts();
         Ok(Self {
             worker,
             host,
@@ -312,7 +439,27 @@ impl Runner {
             reported_session,
             containment_warnings: prepared.warnings,
             retention_failure: None,
+            notifier: crate::notify::Notifier::from_env(),
+            metrics: config.metrics.clone(),
+            next_metrics_at: now,
+            metrics_failure: None,
+            listener,
+            reloads_handled: 0,
+            certificate: CertificateWatch {
+                leaf: Some(leaf),
+                window_ms: config.control_plane.certificate_warning_ms,
+                next_check_at: now,
+                path: config.control_plane.client_certificate.clone(),
+            },
+            give_up_after_ms: config.control_plane.give_up_after_ms,
+            ready: false,
         })
+    }
+
+    /// Where the metrics listener listens, when one was asked for.
+    #[must_use]
+    pub fn metrics_address(&self) -> Option<&str> {
+        self.listener.as_ref().map(|l| l.address.as_str())
     }
 
     /// What the operator should know about containment (printed by `ql-worker run`).
@@ -322,7 +469,7 @@ impl Runner {
     }
 
     /// Installs an observer of persisted records and uploads (the demo prints lifecycles).
-    pub fn observe(&mut self, observer: Box<dyn FnMut(&Event<'_>)>) {
+    pub fn observe(&mut self, observer: Box<dyn FnMut(&Observed<'_>)>) {
         self.host.observe(observer);
     }
 
@@ -347,12 +494,159 @@ impl Runner {
     /// still there, and that start drains at once: the request was never answered.)
     pub fn run(&mut self) -> RunExit {
         let exit = self.run_until_exit();
+        self.report_facts();
         if self.drain_sent
             && let Err(e) = self.host.journal_mut().clear_drain_request()
         {
-            say(&format!("could not remove the drain request: {e}"));
+            let text = format!("could not remove the drain request: {e}");
+            self.host
+                .telemetry_mut()
+                .storage_fault("removing the drain request", &text, false);
         }
+        self.refresh_metrics(crate::os::now(), true);
         exit
+    }
+
+    /// Hands the core's facts to the telemetry, and follows the phase for systemd.
+    fn report_facts(&mut self) {
+        let now = crate::os::now().get();
+        while let Some(fact) = self.worker.poll_fact() {
+            if matches!(fact, ql_worker_core::facts::Fact::DrainBegun { .. }) {
+                self.notifier.stopping(&self.status_line());
+            }
+            self.host.telemetry_mut().fact(&fact, now);
+        }
+        if !self.ready && matches!(self.worker.phase(), Phase::Active | Phase::Draining) {
+            self.ready = true;
+            let records = self.worker.known_records().len();
+            Event::info("reconciliation.done")
+                .number("records", records as u64)
+                .emit(format_args!(
+                    "startup reconciliation done ({records} record(s)): ready"
+                ));
+            let status = self.status_line();
+            self.notifier.ready(&status);
+        }
+        if self.worker.phase() == Phase::Draining {
+            let in_flight = self.worker.in_flight();
+            self.host.telemetry_mut().drain_progress(in_flight);
+        }
+    }
+
+    /// The one-line summary for systemd's `STATUS=`.
+    fn status_line(&self) -> String {
+        let phase = match self.worker.phase() {
+            Phase::Registering => "registering the Session",
+            Phase::Reconciling => "reconciling the inbox",
+            Phase::Active if self.worker.admission_paused() => "online, admission paused",
+            Phase::Active if self.worker.fail_closed().is_some() => {
+                "online, fail-closed (recovery_required records: see `ql-worker recover`)"
+            }
+            Phase::Active => "online",
+            Phase::Draining => "draining",
+            Phase::Finished => "stopping",
+        };
+        let live = self
+            .worker
+            .known_records()
+            .values()
+            .filter(|s| !s.is_terminal())
+            .count();
+        format!("{phase}; {live} unsettled record(s)")
+    }
+
+    /// Writes the metrics file when due (or now, with `force`).
+    fn refresh_metrics(&mut self, now: UnixMillis, force: bool) {
+        if !force && now < self.next_metrics_at {
+            return;
+        }
+        self.next_metrics_at = now.saturating_add(self.metrics.interval_ms);
+        let in_flight = self.worker.in_flight() as u64;
+        let paused = self.worker.admission_paused();
+        let dropped = self.worker.facts_dropped();
+        let telemetry = self.host.telemetry_mut();
+        telemetry.metrics().update(|r| {
+            r.in_flight = in_flight;
+            r.admission_paused = paused;
+            r.facts_dropped = dropped;
+        });
+        let Some(path) = &self.metrics.textfile else {
+            return;
+        };
+        let text = telemetry.metrics().render(now.get());
+        match crate::metrics::write_textfile(path, &text) {
+            Ok(()) => self.metrics_failure = None,
+            Err(e) => {
+                let text = format!("{}: {e}", path.display());
+                if self.metrics_failure.as_deref() != Some(text.as_str()) {
+                    Event::warn("metrics.write_failed")
+                        .text("file", path.display())
+                        .text("error", &e)
+                        .emit(format_args!(
+                            "the metrics file could not be written (retried every {} ms): {text}",
+                            self.metrics.interval_ms
+                        ));
+                    self.metrics_failure = Some(text);
+                }
+            }
+        }
+    }
+
+    /// SIGHUP: reload the TLS material and trust anchors. New connections use them; a bad new
+    /// file (unreadable, malformed, a key that does not match, an expired or not-for-client
+    /// certificate) keeps the old material and says why.
+    fn reload_tls(&mut self) {
+        let now = crate::os::now();
+        let client = self.host.client_mut();
+        let loaded = client.material().reload();
+        let result = loaded.map_err(|e| e.to_string()).and_then(|material| {
+            let leaf = Leaf::parse(material.leaf_der()).map_err(|e| e.to_string())?;
+            leaf.check(now.get(), self.certificate.window_ms)
+                .map_err(|e| e.to_string())?;
+            Ok((material, leaf))
+        });
+        let outcome = match result {
+            Ok((material, leaf)) => match client.replace_material(material) {
+                Ok(changed) => {
+                    self.certificate.leaf = Some(leaf);
+                    Ok(changed)
+                }
+                Err(e) => Err(e.to_string()),
+            },
+            Err(e) => Err(e),
+        };
+        let telemetry = self.host.telemetry_mut();
+        match outcome {
+            Ok(changed) => {
+                let result = if changed { "reloaded" } else { "unchanged" };
+                telemetry
+                    .metrics()
+                    .update(|r| *r.tls_reloads.entry(result).or_default() += 1);
+                Event::info("tls.reloaded")
+                    .flag("changed", changed)
+                    .emit(if changed {
+                        "SIGHUP: new TLS material and trust anchors loaded; new connections use \
+                         them"
+                    } else {
+                        "SIGHUP: the TLS material and trust anchors are unchanged"
+                    });
+                let telemetry = self.host.telemetry_mut();
+                if let Some(refusal) = self.certificate.check(now, telemetry) {
+                    // Checked above; the clock cannot have passed notAfter since.
+                    Event::error("tls.reload_failed").emit(refusal);
+                }
+            }
+            Err(why) => {
+                telemetry
+                    .metrics()
+                    .update(|r| *r.tls_reloads.entry("failed").or_default() += 1);
+                Event::error("tls.reload_failed")
+                    .text("cause", &why)
+                    .emit(format_args!(
+                        "SIGHUP: the new TLS material was refused, the old stays in use: {why}"
+                    ));
+            }
+        }
     }
 
     fn run_until_exit(&mut self) -> RunExit {
@@ -360,8 +654,10 @@ impl Runner {
             if let Some(exit) = self.check_operator() {
                 return exit;
             }
+            self.report_facts();
             match self.worker.poll_output() {
                 Output::Command(command) => {
+                    self.notifier.watchdog_tick();
                     let id = command.id;
                     let outcome = match self.host.perform(command.action) {
                         Ok(outcome) => outcome,
@@ -388,6 +684,10 @@ impl Runner {
                     if let Some(exit) = self.sleep_until(wake_at) {
                         return exit;
                     }
+                    if self.worker.phase() == Phase::Finished {
+                        // An operator input (a drain) ended the machine: its output says how.
+                        continue;
+                    }
                     if self.worker.handle(crate::os::now(), Input::Tick).is_err() {
                         return RunExit::Fatal(String::from("core refused a tick"));
                     }
@@ -396,20 +696,47 @@ impl Runner {
                     let _ = session_store::forget(&self.root);
                     return RunExit::Drained;
                 }
-                Output::Stopped(StopReason::DrainBudgetExhausted) => {
-                    return RunExit::DrainBudgetExhausted;
+                Output::Stopped(StopReason::Unsettled) => return RunExit::Unsettled,
+                Output::Stopped(StopReason::NotRegistered) => return RunExit::NotRegistered,
+                // The effects reported the path and the rule when they mapped the fault.
+                Output::Halted(HaltReason::UnsafeStorage) => {
+                    let detail = self.host.telemetry_mut().take_storage_fault();
+                    return RunExit::Unusable(detail.unwrap_or_else(|| {
+                        String::from("unsafe or corrupt storage (see the storage.fault event)")
+                    }));
+                }
+                Output::Halted(HaltReason::StoreUncertain) => {
+                    let detail = self.host.telemetry_mut().take_storage_fault();
+                    return match detail {
+                        Some(detail) => {
+                            RunExit::Fatal(format!("{} ({detail})", HaltReason::StoreUncertain))
+                        }
+                        None => RunExit::Halted(HaltReason::StoreUncertain),
+                    };
                 }
                 Output::Halted(reason) => return RunExit::Halted(reason),
             }
         }
     }
 
-    /// Prints the core's notices to stderr (one line each, never a secret) and hands them to the
-    /// observer.
+    /// Turns the core's notices into events and metrics (never a value: ids, field paths and
+    /// rules) and hands them to the observer.
     fn report_notices(&mut self) {
-        for notice in self.worker.drain_notices() {
-            say(&notice.to_string());
-            self.host.notify(&Event::Notice(&notice));
+        let notices: Vec<_> = self.worker.drain_notices().collect();
+        for notice in notices {
+            match &notice {
+                ql_worker_core::worker::Notice::OfferRefused { offer_id, reason } => {
+                    self.host
+                        .telemetry_mut()
+                        .metrics()
+                        .update(|r| r.offers_refused += 1);
+                    Event::warn("offer.refused")
+                        .text("offer", offer_id)
+                        .text("reason", reason)
+                        .emit(&notice);
+                }
+            }
+            self.host.notify(&Observed::Notice(&notice));
         }
     }
 
@@ -427,6 +754,11 @@ impl Runner {
         let signals = self.signals.seen();
         if signals >= 2 {
             return Some(RunExit::Interrupted);
+        }
+        let reloads = self.signals.reloads();
+        if reloads != self.reloads_handled {
+            self.reloads_handled = reloads;
+            self.reload_tls();
         }
         if (signals == 1 || file) && !self.drain_sent {
             self.drain_sent = true;
@@ -468,6 +800,36 @@ impl Runner {
     fn housekeeping(&mut self) -> Result<bool, RunExit> {
         let exited = self.reap()?;
         let now = crate::os::now();
+        // The certificate first, so the first metrics file already shows it.
+        if now >= self.certificate.next_check_at {
+            let telemetry = self.host.telemetry_mut();
+            if let Some(refusal) = self.certificate.check(now, telemetry) {
+                // An expired certificate can only fail every handshake: say so clearly; the
+                // bound below ends the run if nothing authenticates any more.
+                Event::error("certificate.invalid")
+                    .text("cause", &refusal)
+                    .emit(format_args!(
+                        "{refusal}; renew it and send SIGHUP (the control plane will refuse \
+                         every handshake)"
+                    ));
+            }
+        }
+        self.refresh_metrics(now, false);
+        self.notifier.watchdog_tick();
+        let status = self.status_line();
+        if self.ready {
+            self.notifier.status(&status);
+        }
+        if let Some(message) = self
+            .host
+            .telemetry_mut()
+            .unreachable_for(now.get(), self.give_up_after_ms)
+        {
+            Event::error("control_plane.unreachable")
+                .number("bound_ms", self.give_up_after_ms)
+                .emit(&message);
+            return Err(RunExit::Fatal(message));
+        }
         let periodic = now >= self.next_retention_at;
         let inbox = self.worker.inbox_status();
         if ql_worker_core::retention::due(
@@ -487,8 +849,11 @@ impl Runner {
             };
             match retention::sweep(self.host.journal_mut(), now, &self.retention, scope) {
                 Ok(report) => {
+                    self.host
+                        .telemetry_mut()
+                        .records_removed(&report.records_removed, report.logs_removed);
                     if self.retention_failure.take().is_some() {
-                        say("retention: sweeping again");
+                        Event::info("retention.resumed").emit("retention: sweeping again");
                     }
                     for offer_id in report.records_removed {
                         let input = Input::RecordRemoved { offer_id };
@@ -503,11 +868,13 @@ impl Runner {
                 Err(e) => {
                     let text = e.to_string();
                     if self.retention_failure.as_deref() != Some(text.as_str()) {
-                        say(&format!(
-                            "retention failed (settled records and logs are kept; retried every \
-                             {} s): {text}",
-                            RETENTION_EVERY_MS / 1000
-                        ));
+                        Event::warn("retention.failed")
+                            .text("error", &text)
+                            .emit(format_args!(
+                                "retention failed (settled records and logs are kept; retried \
+                                 every {} s): {text}",
+                                RETENTION_EVERY_MS / 1000
+                            ));
                         self.retention_failure = Some(text);
                     }
                 }
@@ -530,19 +897,25 @@ impl Runner {
             return;
         }
         if now.1 {
-            say(&format!(
-                "Session {} is draining or offline at the control plane (an earlier drain did \
-                 not finish); its live Runs finish under it, then a new Session replaces it and \
-                 new work flows",
-                now.0
-            ));
+            Event::warn("session.retiring")
+                .text("session", &now.0)
+                .emit(format_args!(
+                    "Session {} is draining or offline at the control plane (an earlier drain \
+                     did not finish); its live Runs finish under it, then a new Session replaces \
+                     it and new work flows",
+                    now.0
+                ));
         } else if now.0 != self.reported_session.0 {
-            say(&format!(
-                "new Session {} replaces {} (stored in {})",
-                now.0,
-                self.reported_session.0,
-                self.root.join(session_store::SESSION_FILE).display()
-            ));
+            let file = self.root.join(session_store::SESSION_FILE);
+            Event::info("session.renewed")
+                .text("session", &now.0)
+                .text("previous", &self.reported_session.0)
+                .emit(format_args!(
+                    "new Session {} replaces {} (stored in {})",
+                    now.0,
+                    self.reported_session.0,
+                    file.display()
+                ));
         }
         self.reported_session = now;
     }
@@ -551,23 +924,9 @@ impl Runner {
     /// once when room is back. The counter of held-back Pulls is the metric.
     fn report_inbox(&mut self) {
         let inbox = self.worker.inbox_status();
-        if inbox.full == self.reported_full {
-            return;
-        }
+        let changed = inbox.full != self.reported_full;
         self.reported_full = inbox.full;
-        if inbox.full {
-            say(&format!(
-                "inbox full: {} of {} records; no offer is taken until retention frees a place \
-                 (settled records with their receipt gone; see `ql-worker inbox list`); Pulls \
-                 held back so far: {}",
-                inbox.records, inbox.capacity, inbox.full_deferrals
-            ));
-        } else {
-            say(&format!(
-                "inbox has room again: {} of {} records",
-                inbox.records, inbox.capacity
-            ));
-        }
+        self.host.telemetry_mut().inbox(&inbox, changed);
     }
 
     fn sleep_until(&mut self, wake_at: Option<UnixMillis>) -> Option<RunExit> {
@@ -581,6 +940,7 @@ impl Runner {
             });
             // Wakes early when a supervisor exits (its pidfd), else sleeps one slice.
             let _ = self.host.executor_mut().wait_exit(left.min(SLEEP_SLICE));
+            self.notifier.watchdog_tick();
             let before = self.drain_sent;
             if let Some(exit) = self.check_operator() {
                 return Some(exit);

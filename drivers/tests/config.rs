@@ -148,3 +148,50 @@ fn the_commented_example_shows_run_as_the_run_limits_and_cgroups() {
     assert_eq!(c.cgroup.pids_max, Some(256));
     assert!(c.no_new_privileges && c.policy.shell && !c.mask_secrets);
 }
+
+#[test]
+fn capabilities_metrics_and_certificate_settings_are_validated_naming_the_field() {
+    let with = |extra: &str| parse(&format!("{MINIMAL}{extra}"));
+    let good = with(
+        "give_up_after_ms = 60000\ncertificate_warning_days = 30\n[capabilities]\n\
+         operating_system = \"linux\"\nlabels = { zone = \"eu-1\" }\n\
+         runtimes = [{ name = \"python\", version = \"3.11.2\" }]\nfeatures = [\"docker\"]\n\
+         cpu_cores = 4\nmemory_bytes = 8589934592\n",
+    )
+    .unwrap();
+    assert_eq!(good.control_plane.give_up_after_ms, 60_000);
+    assert_eq!(good.control_plane.certificate_warning_ms, 30 * 86_400_000);
+    let json = good.capabilities.canonical_json().unwrap();
+    assert!(
+        json.contains("\"zone\":\"eu-1\"") && json.contains("\"python\""),
+        "{json}"
+    );
+    for (extra, field) in [
+        (
+            "[capabilities]\nlabels = { \"\" = \"x\" }\n",
+            "capabilities.labels",
+        ),
+        (
+            "[capabilities]\nruntimes = [{ name = \"\", version = \"1\" }]\n",
+            "capabilities.runtimes",
+        ),
+        ("[capabilities]\nsurprise = 1\n", "surprise"),
+        (
+            "[metrics]\ntextfile = \"/tmp/ql-worker.txt\"\n",
+            "metrics.textfile",
+        ),
+        ("[metrics]\nlisten = \"0.0.0.0:9464\"\n", "metrics.listen"),
+        ("[metrics]\ninterval_ms = 10\n", "metrics.interval_ms"),
+        ("give_up_after_ms = 10\n", "control_plane.give_up_after_ms"),
+        (
+            "certificate_warning_days = 400\n",
+            "control_plane.certificate_warning_days",
+        ),
+    ] {
+        let e = with(extra).unwrap_err();
+        assert!(
+            e.contains("/etc/ql/worker.toml") && e.contains(field),
+            "{extra}: {e}"
+        );
+    }
+}

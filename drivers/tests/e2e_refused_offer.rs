@@ -83,4 +83,8 @@ fn a_refused_offer_delays_the_next_good_one_by_at_most_one_pull() {
         line.contains(&refused) && line.contains("contentDigest"),
         "the line names the offer and the rule: {line}"
     );
+    assert!(
+        line.contains("event=offer.refused") && line.contains(" warning: "),
+        "the refusal is the offer.refused event of the event log, at warning: {line}"
+    );
 }

@@ -4,12 +4,15 @@
 //! its Session draining lets that Session's live Runs finish under it (a new Session would
 //! fence their leases), then registers a new Session id, stores it, and takes new work at once.
 //!
-//! * `a_restart_after_a_budget_ended_drain_takes_new_work_within_one_cadence`: the drain budget
-//!   ends with a Run unsettled (exit 4); it finishes before the restart; the restarted Worker
-//!   (cadence 30 s) completes it under the old Session and has the next Run claimed and
-//!   completed by a new Session in less than one cadence.
-//! * `a_restart_after_a_second_signal_takes_new_work_within_one_cadence`: the same after a
-//!   drain cut short by a second signal.
+//! * `a_restart_after_a_second_signal_takes_new_work_within_one_cadence`: a second signal cuts
+//!   the drain short with a Run unsettled (exit 4, the Session left `draining`); the Run finishes
+//!   under its supervisor before the restart; the restarted Worker (cadence 30 s) completes it
+//!   under the old Session and has the next Run claimed and completed by a new Session in less
+//!   than one cadence.
+//! * `a_restart_after_a_budget_ended_drain_takes_new_work_within_one_cadence`: since issue 18 a
+//!   drain whose budget ends stops the Run in flight, completes it and sets the Session
+//!   `offline` (exit 0); the restart finds that Session `offline` and a new Session takes the
+//!   next Run within one cadence all the same.
 //!
 //! The Run still running at the restart (the drain budget ended and the Run outlived the
 //! restart) is `e2e_drain.rs`.
@@ -53,7 +56,7 @@ fn unclean_drain(
     log: &std::path::Path,
 ) -> (ql_worker_core::ids::RunId, std::path::PathBuf, String) {
     let marker = world.dir.path().join("marker");
-    let slow = RevisionBuilder::shell(&format!("sleep 3; echo slow >> {}", marker.display()))
+    let slow = RevisionBuilder::shell(&format!("echo slow >> {}; sleep 3", marker.display()))
         .build()
         .unwrap();
     let slow_run = world.cp.enqueue_run(RunSpec::numbered(1, slow)).unwrap();
@@ -71,22 +74,35 @@ fn unclean_drain(
         sigterm(&first);
     }
     let status = wait_exit(&mut first, Duration::from_secs(30));
-    assert_eq!(
-        status.code(),
-        Some(4),
-        "the drain ended with the Run unsettled"
-    );
     let session = world.cp.session(world.cp.worker_id()).unwrap();
-    assert_eq!(session.status, SessionStatus::Draining);
-    // The Run finishes after the Worker stopped (its supervisor outlives the Worker).
-    world.wait_for("the slow Run's marker", SETTLE, |_| {
-        marker_lines(&marker) == 1
-    });
-    world.wait_for("the slow Run's receipt", SETTLE, |w| {
-        let mut found = false;
-        e2e_common::each_file(&w.root().join("receipts"), |_, _| found = true);
-        found
-    });
+    if second_signal {
+        assert_eq!(
+            status.code(),
+            Some(4),
+            "the drain ended with the Run unsettled"
+        );
+        assert_eq!(session.status, SessionStatus::Draining);
+        // The Run finishes after the Worker stopped (its supervisor outlives the Worker).
+        world.wait_for("the slow Run's receipt", SETTLE, |w| {
+            let mut found = false;
+            e2e_common::each_file(&w.root().join("receipts"), |_, _| found = true);
+            found
+        });
+    } else {
+        // The budget ended: the Run was stopped and completed, then the Session went offline.
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "the budget-ended drain settles its Run"
+        );
+        assert_eq!(session.status, SessionStatus::Offline);
+        let completion = world.cp.run(&slow_run).unwrap().completion.unwrap();
+        assert_eq!(
+            completion.result.exit_code, 143,
+            "stopped by the drain budget"
+        );
+    }
+    assert_eq!(marker_lines(&marker), 1, "the slow Run started once");
     (slow_run, marker, old_session)
 }
 
@@ -142,11 +158,20 @@ fn restart_takes_new_work(world: &World, second_signal: bool) {
     assert_eq!(status.code(), Some(0), "the new Session drains cleanly");
     assert_eq!(marker_lines(&marker), 2, "each Run ran once");
     let stderr = std::fs::read_to_string(&log).unwrap();
-    assert!(
-        stderr.contains("is draining or offline at the control plane"),
-        "{stderr}"
-    );
-    assert!(stderr.contains("new Session"), "{stderr}");
+    if second_signal {
+        // The old Session's Run is live at the restart: the Worker says why it waits, then
+        // that a new Session replaces the old one. (After a drain that ended offline the start
+        // registers a fresh Session id at once: nothing to replace.)
+        assert!(
+            stderr.contains("is draining or offline at the control plane")
+                && stderr.contains("event=session.retiring"),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains("new Session") && stderr.contains("event=session.renewed"),
+            "{stderr}"
+        );
+    }
     eprintln!(
         "restart after an unclean drain (second signal: {second_signal}): next Run claimed {} \
          ms after the restart, completed after {took:?} (cadence {CADENCE:?})",

@@ -9,6 +9,8 @@
 //! archive, configuration, captured output), in the stored artifacts, or in the argv or
 //! environment of the Worker and its supervisors, sampled from `/proc` while Runs were live.
 //! A user process's environment legitimately holds its own Secret values; its argv must not.
+//! The Worker's event log (JSON, every level) and every metrics text it wrote while the Runs
+//! were live are scanned too, also for every lease token the Worker sent.
 
 mod e2e_common;
 
@@ -52,6 +54,35 @@ fn needles(tokens: &BTreeMap<AttemptId, String>) -> Needles {
         );
     }
     needles
+}
+
+/// Every `leaseToken` string in the JSON request bodies the control plane received.
+fn lease_tokens(world: &World) -> Vec<String> {
+    fn walk(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, value) in map {
+                    match value {
+                        serde_json::Value::String(token) if key == "leaseToken" => {
+                            if !out.contains(token) {
+                                out.push(token.clone());
+                            }
+                        }
+                        other => walk(other, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for record in world.cp.http_records() {
+        if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&record.body) {
+            walk(&value, &mut out);
+        }
+    }
+    out
 }
 
 /// Scans `dirs` (every file) and the process views; index 0 is the Secret value.
@@ -135,9 +166,21 @@ impl Sampler {
 /// be read: all five capabilities are collected.
 #[test]
 fn after_the_demo_runs_no_secret_or_capability_is_on_disk_or_in_a_process_view() {
-    let world = World::new();
+    let mut world = World::new();
+    // The event log at its most talkative (every level, other crates' records included) and
+    // the metrics file are scanned too (issue 18): the log file and the metrics file are in
+    // the scanned directory, and every distinct metrics text seen while Runs were live is kept.
+    let metrics_file = world.dir.path().join("ql-worker.prom");
+    world.append_config(&format!(
+        "\n[metrics]\ntextfile = \"{}\"\ninterval_ms = 1000\n",
+        metrics_file.display()
+    ));
     let log = world.dir.path().join("worker-stderr.log");
-    let mut worker = KillOnDrop(world.spawn_worker_logged(&[], &log));
+    let mut worker = KillOnDrop(world.spawn_with_args(
+        &["--log-format", "json", "--log-level", "trace"],
+        &[],
+        &log,
+    ));
     world.wait_for("the Session registered", Duration::from_secs(30), |w| {
         w.cp.session(w.cp.worker_id()).is_some()
     });
@@ -154,9 +197,15 @@ fn after_the_demo_runs_no_secret_or_capability_is_on_disk_or_in_a_process_view()
             .inject_for(&artifacts, Fault::Slow(Duration::from_millis(400)));
     }
     let mut sampler = Sampler::new();
+    let mut metrics_texts: Vec<String> = Vec::new();
     let start = Instant::now();
     loop {
         sampler.poll(world.root(), worker.id());
+        if let Ok(text) = std::fs::read_to_string(&metrics_file)
+            && !metrics_texts.contains(&text)
+        {
+            metrics_texts.push(text);
+        }
         let records = world.records();
         if expected.iter().all(|e| {
             records
@@ -205,8 +254,63 @@ fn after_the_demo_runs_no_secret_or_capability_is_on_disk_or_in_a_process_view()
             .any(|(_, a)| String::from_utf8_lossy(&a.head).contains(&printed))),
         "DEMO_SECRET matches the demo's Secret value"
     );
+    // The lease tokens the Worker itself sent (every leaseToken of its request bodies).
+    let lease_tokens = lease_tokens(&world);
+    assert!(
+        lease_tokens.len() >= expected.len(),
+        "a lease token of every Run: {}",
+        lease_tokens.len()
+    );
     let needles = needles(&sampler.tokens);
+    // The inbox records hold the lease token by design (the Worker needs it after a restart;
+    // `inbox show` redacts it): lease tokens are looked for in what an operator or a collector
+    // reads, the event log and the metrics, together with everything above.
+    let mut talk = needles.clone();
+    for token in &lease_tokens {
+        talk.add("a lease token", token.as_bytes());
+    }
+    let events = e2e_common::events(&log);
+    assert!(
+        events.iter().any(|e| e["event"] == "record.transition")
+            && events.iter().any(|e| e["event"] == "upload.done")
+            && events.iter().any(|e| e["level"] == "debug"),
+        "the event log holds the Runs' events, debug included"
+    );
+    // The last metrics text (written at exit) counts every Run.
+    let last = std::fs::read_to_string(&metrics_file).unwrap();
+    if !metrics_texts.contains(&last) {
+        metrics_texts.push(last.clone());
+    }
+    let ended: f64 = last
+        .lines()
+        .filter(|l| l.starts_with("ql_worker_runs_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(ended as usize, expected.len(), "{last}");
+    assert!(
+        metrics_texts.len() >= 2,
+        "metrics texts sampled while Runs were live"
+    );
     let mut findings = scan(&[world.dir.path()], &sampler.procs, &needles);
+    for n in talk.find(&std::fs::read(&log).unwrap()) {
+        findings
+            .hits
+            .push(format!("{} in the event log", talk.label(n)));
+    }
+    for (i, text) in metrics_texts.iter().enumerate() {
+        for n in talk.find(text.as_bytes()) {
+            findings
+                .hits
+                .push(format!("{} in metrics text {i}", talk.label(n)));
+        }
+    }
+    println!(
+        "secret-scan: event log {} events ({} bytes), {} metrics texts, {} lease tokens",
+        events.len(),
+        std::fs::metadata(&log).map_or(0, |m| m.len()),
+        metrics_texts.len(),
+        lease_tokens.len()
+    );
     // The artifacts as the control plane stored them.
     world.cp.with_model(|m| {
         for (key, artifact) in &m.state().artifacts {

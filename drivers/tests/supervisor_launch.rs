@@ -359,8 +359,8 @@ fn user_environ_is_exact_and_only_stdio_descriptors_are_inherited() {
             assert!(link(1).to_string_lossy().starts_with("pipe:"));
             assert_eq!(link(1), link(2));
             assert_eq!(fs::read_link(format!("/proc/{pid}/cwd")).unwrap(), work);
-            // The supervisor: parent of the user, its own process group, empty environment, no
-            // plan data on argv.
+            // The supervisor: parent of the user, its own process group, an environment of one
+            // variable (the log format), no plan data on argv.
             let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
             let fields: Vec<&str> = stat
                 .rsplit_once(')')
@@ -386,10 +386,13 @@ fn user_environ_is_exact_and_only_stdio_descriptors_are_inherited() {
                 sup_fields[2],
                 rustix::process::getpgrp().as_raw_pid().to_string()
             );
+            // Its environment holds only the event-log format it writes its diagnostics in.
+            let environ = fs::read(format!("/proc/{supervisor}/environ")).unwrap();
             assert!(
-                fs::read(format!("/proc/{supervisor}/environ"))
-                    .unwrap()
-                    .is_empty()
+                environ == b"QL_WORKER_LOG_FORMAT=text\0"
+                    || environ == b"QL_WORKER_LOG_FORMAT=json\0",
+                "{}",
+                String::from_utf8_lossy(&environ)
             );
             supervisor_common::bin_under_test::assert_supervisor_cmdline(
                 &fs::read(format!("/proc/{supervisor}/cmdline")).unwrap(),

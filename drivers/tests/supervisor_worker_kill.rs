@@ -174,7 +174,8 @@ fn capability_and_secrets_appear_in_no_file_environ_or_cmdline_but_the_receipt()
             let user = Fixture::user_pid(&outcome);
             let supervisor = executor.supervisor_pids()[0];
             // The user's environment holds its materialized Secret (by design) and never the
-            // capability; no argv holds either; the supervisor's environment is empty.
+            // capability; no argv holds either; the supervisor's environment holds only the event-log
+            // format.
             let user_environ = started_environ(user);
             assert!(contains(&user_environ, &secret));
             for pid in [user, supervisor] {
@@ -192,10 +193,12 @@ fn capability_and_secrets_appear_in_no_file_environ_or_cmdline_but_the_receipt()
                 }
                 assert!(!contains(&cmdline, &secret), "secret in cmdline of {pid}");
             }
+            let environ = fs::read(format!("/proc/{supervisor}/environ")).unwrap();
             assert!(
-                fs::read(format!("/proc/{supervisor}/environ"))
-                    .unwrap()
-                    .is_empty()
+                environ == b"QL_WORKER_LOG_FORMAT=text\0"
+                    || environ == b"QL_WORKER_LOG_FORMAT=json\0",
+                "only the event-log format: {}",
+                String::from_utf8_lossy(&environ)
             );
             fs::write(&gate, b"").unwrap();
             let receipt = fx.wait_receipt();

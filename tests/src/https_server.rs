@@ -247,6 +247,8 @@ pub struct TlsInfo {
     pub version: Option<ProtocolVersion>,
     /// Whether the client presented a (verified) certificate.
     pub client_cert_presented: bool,
+    /// SHA-256 of the client's end-entity certificate (DER), when it presented one.
+    pub client_cert_sha256: Option<[u8; 32]>,
     /// The SNI host name the client sent, if any.
     pub sni: Option<String>,
 }
@@ -854,6 +856,7 @@ fn serve_connection(shared: &Shared, connection_id: u64, tcp: TcpStream) {
             TlsInfo {
                 version: None,
                 client_cert_presented: false,
+                client_cert_sha256: None,
                 sni: None,
             },
         ),
@@ -923,6 +926,10 @@ fn handshake(config: Arc<ServerConfig>, mut tcp: TcpStream) -> Result<(Stream, T
     let tls = TlsInfo {
         version: conn.protocol_version(),
         client_cert_presented: conn.peer_certificates().is_some_and(|c| !c.is_empty()),
+        client_cert_sha256: conn
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .map(|leaf| Sha256::digest(leaf.as_ref()).into()),
         sni: conn.server_name().map(str::to_owned),
     };
     Ok((Stream::Tls(Box::new(StreamOwned::new(conn, tcp))), tls))

@@ -51,6 +51,16 @@ pub struct TestPki {
     pub expired_server: CertKeyFiles,
     /// Server certificate issued by `ca` for [`WRONG_HOST_NAME`] only.
     pub wrong_host_server: CertKeyFiles,
+    /// A second client certificate for `worker-1`, issued by `ca` (a rotation).
+    pub client_rotated: CertKeyFiles,
+    /// A client certificate issued by `ca` that expires 5 days after it was generated.
+    pub client_expiring: CertKeyFiles,
+    /// A client certificate issued by `ca`, expired in 2001.
+    pub client_expired: CertKeyFiles,
+    /// A client certificate issued by `ca`, valid only from 30 days after it was generated.
+    pub client_not_yet_valid: CertKeyFiles,
+    /// A certificate issued by `ca` whose extended key usage is serverAuth only.
+    pub client_server_auth: CertKeyFiles,
 }
 
 impl TestPki {
@@ -73,8 +83,8 @@ impl TestPki {
             other_client: other.issue(dir, "other-client", Leaf::client("intruder"))?,
             other_server: other.issue(dir, "other-server", Leaf::server(loopback.clone()))?,
             expired_server: ca.issue(dir, "expired-server", {
-                let mut leaf = Leaf::server(loopback);
-                leaf.expired = true;
+                let mut leaf = Leaf::server(loopback.clone());
+                leaf.validity = Some(expired());
                 leaf
             })?,
             wrong_host_server: ca.issue(
@@ -82,6 +92,33 @@ impl TestPki {
                 "wrong-host-server",
                 Leaf::server(vec![WRONG_HOST_NAME.to_owned()]),
             )?,
+            client_rotated: ca.issue(dir, "client-rotated", Leaf::client("worker-1"))?,
+            client_expiring: ca.issue(dir, "client-expiring", {
+                let mut leaf = Leaf::client("worker-1");
+                let now = time::OffsetDateTime::now_utc();
+                leaf.validity =
+                    Some((now - time::Duration::days(1), now + time::Duration::days(5)));
+                leaf
+            })?,
+            client_expired: ca.issue(dir, "client-expired", {
+                let mut leaf = Leaf::client("worker-1");
+                leaf.validity = Some(expired());
+                leaf
+            })?,
+            client_not_yet_valid: ca.issue(dir, "client-not-yet-valid", {
+                let mut leaf = Leaf::client("worker-1");
+                let now = time::OffsetDateTime::now_utc();
+                leaf.validity = Some((
+                    now + time::Duration::days(30),
+                    now + time::Duration::days(400),
+                ));
+                leaf
+            })?,
+            client_server_auth: ca.issue(dir, "client-server-auth", {
+                let mut leaf = Leaf::client("worker-1");
+                leaf.usage = ExtendedKeyUsagePurpose::ServerAuth;
+                leaf
+            })?,
         };
         Ok(pki)
     }
@@ -95,7 +132,16 @@ struct Leaf {
     names: Vec<String>,
     common_name: String,
     usage: ExtendedKeyUsagePurpose,
-    expired: bool,
+    /// `notBefore`, `notAfter` (rcgen's defaults when absent).
+    validity: Option<(time::OffsetDateTime, time::OffsetDateTime)>,
+}
+
+/// 2000-01-01 to 2001-01-01.
+fn expired() -> (time::OffsetDateTime, time::OffsetDateTime) {
+    (
+        rcgen::date_time_ymd(2000, 1, 1),
+        rcgen::date_time_ymd(2001, 1, 1),
+    )
 }
 
 impl Leaf {
@@ -104,7 +150,7 @@ impl Leaf {
             common_name: names[0].clone(),
             names,
             usage: ExtendedKeyUsagePurpose::ServerAuth,
-            expired: false,
+            validity: None,
         }
     }
 
@@ -113,7 +159,7 @@ impl Leaf {
             names: vec![format!("{common_name}.worker.invalid")],
             common_name: common_name.to_owned(),
             usage: ExtendedKeyUsagePurpose::ClientAuth,
-            expired: false,
+            validity: None,
         }
     }
 }
@@ -152,9 +198,9 @@ impl Ca {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![leaf.usage];
         params.use_authority_key_identifier_extension = true;
-        if leaf.expired {
-            params.not_before = rcgen::date_time_ymd(2000, 1, 1);
-            params.not_after = rcgen::date_time_ymd(2001, 1, 1);
+        if let Some((not_before, not_after)) = leaf.validity {
+            params.not_before = not_before;
+            params.not_after = not_after;
         }
         let key = KeyPair::generate().map_err(rcgen_err)?;
         let cert = params.signed_by(&key, &self.issuer).map_err(rcgen_err)?;
@@ -204,7 +250,7 @@ mod tests {
             assert_eq!(meta.mode() & 0o777, 0o600);
             count += 1;
         }
-        assert_eq!(count, 16);
+        assert_eq!(count, 26, "13 certificates and their keys");
         let server = std::fs::read_to_string(&pki.server.cert).unwrap();
         assert!(server.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(

@@ -717,6 +717,14 @@ impl Host {
         if session && matches!(answer.outcome, Outcome::Http(HttpFailure::Status { .. })) {
             answer.license.session = true;
         }
+        // A register answered `replacedSession: true`: another Session of this worker id had
+        // replaced ours, which is final for a Worker registering again after a fence.
+        if route.operation == Operation::Register
+            && let Outcome::Responded(bytes) = &answer.outcome
+            && bytes.windows(22).any(|w| w == b"\"replacedSession\":true")
+        {
+            answer.license.session = true;
+        }
         answer
     }
 

@@ -249,6 +249,11 @@ impl HttpsClient {
         &self.origin
     }
 
+    /// The material the current agent was built from.
+    pub fn material(&self) -> &TlsMaterial {
+        &self.material
+    }
+
     /// The fingerprint of the material the current agent was built from.
     pub fn material_fingerprint(&self) -> [u8; 32] {
         self.material.fingerprint()

@@ -451,6 +451,11 @@ impl TlsMaterial {
         self.fingerprint
     }
 
+    /// The DER of the client certificate chain's leaf (the Worker's own certificate).
+    pub fn leaf_der(&self) -> &[u8] {
+        self.chain.first().map_or(&[], |c| c.as_ref())
+    }
+
     /// Number of certificates in the client chain.
     pub fn chain_len(&self) -> usize {
         self.chain.len()

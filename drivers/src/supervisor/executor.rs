@@ -395,6 +395,10 @@ impl SupervisorExecutor {
             .arg0("ql-worker")
             .arg(SUPERVISE_ARG)
             .env_clear()
+            .env(
+                crate::events::ENV_LOG_FORMAT,
+                crate::events::format().as_str(),
+            )
             // Its own process group: a terminal or group signal aimed at the Worker does not
             // reach the supervisor, which must outlive the Worker.
             .process_group(0)

@@ -42,6 +42,12 @@ pub const SUPERVISE_ARG: &str = "__supervise";
 /// The supervisor entry point: runs the supervisor and exits the process with the user's exit
 /// code (or [`NO_SPAWN_EXIT`]). Every buffer that held the plan is wiped before exit.
 pub fn main() -> ! {
+    // The Worker's event-log format (its diagnostics share the Worker's stderr).
+    let format = std::env::var(crate::events::ENV_LOG_FORMAT)
+        .ok()
+        .and_then(|f| crate::events::Format::parse(&f))
+        .unwrap_or_default();
+    crate::events::init(format, log::LevelFilter::Info);
     let code = run::supervise();
     std::process::exit(code)
 }

@@ -23,7 +23,7 @@
 //! `Started` or `Unknown`, and the supervisor always carries on to the receipt.
 
 use std::fs::File;
-use std::io::{self, Write as _};
+use std::io;
 use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -194,15 +194,16 @@ impl Made {
     }
 }
 
-/// One diagnostic line on the supervisor's stderr (the Worker's: the service's journal). Never
-/// a value: offer and attempt ids, paths and counters only.
+/// One diagnostic event on the supervisor's stderr (the Worker's: the service's journal), in
+/// the Worker's event-log format. Never a value: offer and attempt ids, paths and counters only.
 fn diag(plan: &Plan, message: &str) {
-    let _ = writeln!(
-        io::stderr(),
-        "ql-worker supervisor: offer {} attempt {}: {message}",
-        plan.offer_id,
-        plan.attempt_id
-    );
+    crate::events::Event::warn("supervisor.diagnostic")
+        .text("offer", &plan.offer_id)
+        .text("attempt", &plan.attempt_id)
+        .emit(format_args!(
+            "supervisor: offer {} attempt {}: {message}",
+            plan.offer_id, plan.attempt_id
+        ));
 }
 
 fn proc_root(plan: &Plan) -> ProcRoot {

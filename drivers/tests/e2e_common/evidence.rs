@@ -199,7 +199,7 @@ pub fn capability_bytes(token: &str) -> Vec<u8> {
 
 /// A set of byte strings (each ≥ 8 bytes) searched for in one pass: every position's first 8
 /// bytes are looked up in a hash index, candidates compared in full.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Needles {
     items: Vec<(String, Vec<u8>)>,
     index: HashMap<[u8; 8], Vec<usize>>,

@@ -145,6 +145,22 @@ impl World {
     }
 
     fn spawn_binary_logged(&self, binary: &Path, env: &[(&str, &str)], log: &Path) -> Child {
+        self.spawn_logged(binary, &[], env, log)
+    }
+
+    /// Starts `ql-worker <extra args> run --config …` (the binary under test) with extra
+    /// environment variables, its stderr (the event log) appended to `log`.
+    pub fn spawn_with_args(&self, args: &[&str], env: &[(&str, &str)], log: &Path) -> Child {
+        self.spawn_logged(&worker_bin(), args, env, log)
+    }
+
+    fn spawn_logged(
+        &self,
+        binary: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> Child {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -152,6 +168,7 @@ impl World {
             .unwrap();
         let mut command = Command::new(binary);
         command
+            .args(args)
             .arg("run")
             .arg("--config")
             .arg(&self.config_path)
@@ -162,6 +179,25 @@ impl World {
             command.env(k, v);
         }
         command.spawn().unwrap()
+    }
+
+    /// Replaces `find` by `replace` in the configuration file (which must contain it) and
+    /// reloads it through the normal path.
+    pub fn edit_config(&mut self, find: &str, replace: &str) {
+        let text = std::fs::read_to_string(&self.config_path).unwrap();
+        assert!(text.contains(find), "the configuration holds {find:?}");
+        std::fs::write(&self.config_path, text.replace(find, replace)).unwrap();
+        self.config =
+            Config::load(&self.config_path, &ql_worker::config::ProcessEnvironment).unwrap();
+    }
+
+    /// Appends `text` (whole sections) to the configuration file and reloads it.
+    pub fn append_config(&mut self, text: &str) {
+        let mut old = std::fs::read_to_string(&self.config_path).unwrap();
+        old.push_str(text);
+        std::fs::write(&self.config_path, old).unwrap();
+        self.config =
+            Config::load(&self.config_path, &ql_worker::config::ProcessEnvironment).unwrap();
     }
 
     /// Records an operator archived (`ql-worker recover --archive`), by Run.
@@ -349,6 +385,56 @@ pub fn each_file(dir: &Path, mut visit: impl FnMut(&Path, &[u8])) {
     }
 }
 
+/// The JSON events of an event log written with `--log-format json` (every line must be one
+/// JSON object: anything else fails the test).
+pub fn events(log: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter(|l| !l.is_empty())
+        .map(|line| {
+            let value: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not one JSON object per line ({e}): {line}"));
+            assert!(value.is_object(), "{line}");
+            value
+        })
+        .collect()
+}
+
+/// The events named `name`.
+pub fn events_named(log: &Path, name: &str) -> Vec<serde_json::Value> {
+    events(log)
+        .into_iter()
+        .filter(|e| e["event"] == name)
+        .collect()
+}
+
+/// Waits (bounded) for an event named `name` for which `matches` holds; returns it.
+pub fn wait_event(
+    log: &Path,
+    name: &str,
+    timeout: Duration,
+    matches: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        if let Some(event) = events_named(log, name).into_iter().find(|e| matches(e)) {
+            return event;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "no {name} event within {timeout:?}; the log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends `signal` to the child.
+pub fn signal(child: &Child, signal: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_child(child);
+    let _ = rustix::process::kill_process(pid, signal);
+}
+
 /// Every regular file under `dir` whose bytes contain `needle`.
 pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
     let mut hits = Vec::new();
@@ -358,4 +444,45 @@ pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
         }
     });
     hits
+}
+
+/// A small tmpfs mounted at `mount` (created), unmounted on drop; `None` (with a line saying
+/// the test was skipped) where mounting is not allowed. For the ENOSPC classes.
+pub fn small_tmpfs(mount: &Path, size: &str) -> Option<Unmount> {
+    std::fs::create_dir(mount).unwrap();
+    let mounted = Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={size},mode=0700"),
+            "tmpfs",
+        ])
+        .arg(mount)
+        .output();
+    if !mounted.as_ref().is_ok_and(|o| o.status.success()) {
+        println!(
+            "skipped: cannot mount a small tmpfs here ({mounted:?}); the ENOSPC class needs \
+             CAP_SYS_ADMIN (CI runs as root)"
+        );
+        return None;
+    }
+    Some(Unmount(mount.to_owned()))
+}
+
+/// Unmounts its path when dropped.
+pub struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Fills the file system of `file`'s directory to the last byte with `file`.
+pub fn fill(file: &Path) {
+    let mut out = std::fs::File::create(file).unwrap();
+    let block = vec![0u8; 4096];
+    while std::io::Write::write_all(&mut out, &block).is_ok() {}
+    while std::io::Write::write_all(&mut out, &[0]).is_ok() {}
 }

@@ -79,6 +79,9 @@ pub enum Fault {
     },
     /// Not applied: a valid JSON object of exactly this many bytes (≥ 12).
     Oversize(usize),
+    /// Not applied: the error answer of this code (its own status and `{"code":…}` body), e.g.
+    /// `WorkerAuthenticationRequired` for a 401 as if the credential had been refused.
+    Refuse(ErrorCode),
 }
 
 impl Fault {
@@ -93,6 +96,7 @@ impl Fault {
             | Self::WidenedJson
             | Self::Redirect
             | Self::WrongStatus(_)
+            | Self::Refuse(_)
             | Self::Rewrite { .. } => None,
         }
     }
@@ -493,6 +497,7 @@ impl Handler for CpHandler {
                 cp.status = status;
                 to_response(cp)
             }
+            Fault::Refuse(code) => to_response(CpResponse::error(code)),
             Fault::Rewrite { find, replace } => {
                 let mut cp = self.apply(req);
                 cp.body = replace_all(&cp.body, &find, &replace);
