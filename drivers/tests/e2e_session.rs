@@ -1,7 +1,8 @@
 //! The Session coordinator with the real binary (issue 18, Deliver 4 and 6).
 //!
-//! * a heartbeat answered 401 pauses admission (no Pull goes out), keeps the Session and resumes
-//!   on the next authenticated exchange; a Run then goes through;
+//! * a heartbeat answered 401 (or 403, as a gateway in front of the control plane answers)
+//!   pauses admission (no Pull goes out), keeps the Session and resumes on the next
+//!   authenticated exchange; a Run then goes through;
 //! * a heartbeat answered 409 (the Session fenced) registers the Session again, same id, and
 //!   work goes on;
 //! * two Workers with one worker id: the fences repeat, and one of them halts (exit 5) naming
@@ -29,6 +30,21 @@ fn session_path(world: &World, session: &str, operation: &str) -> String {
 
 #[test]
 fn a_heartbeat_401_pauses_admission_keeps_the_session_and_recovers() {
+    refused_heartbeats_pause_admission(
+        &Fault::Refuse(ErrorCode::WorkerAuthenticationRequired),
+        401,
+        "worker_authentication_required",
+    );
+}
+
+#[test]
+fn a_heartbeat_403_from_a_gateway_pauses_admission_keeps_the_session_and_recovers() {
+    refused_heartbeats_pause_admission(&Fault::Forbidden, 403, "forbidden");
+}
+
+/// Three heartbeats in a row refused with `fault` (`status`, `code`): admission pauses, no
+/// Pull goes out, the Session is kept, and the next answered heartbeat lifts the pause.
+fn refused_heartbeats_pause_admission(fault: &Fault, status: u16, code: &str) {
     let world = World::with_limits(100, "heartbeat_interval_ms = 1000\n");
     let log = world.dir.path().join("worker.log");
     let mut worker = KillOnDrop(world.spawn_with_args(JSON, &[], &log));
@@ -39,14 +55,11 @@ fn a_heartbeat_401_pauses_admission_keeps_the_session_and_recovers() {
     let heartbeat = session_path(&world, &session, "heartbeat");
     // Three heartbeats in a row are refused as if the credential had been revoked.
     for _ in 0..3 {
-        world.cp.inject_for(
-            &heartbeat,
-            Fault::Refuse(ErrorCode::WorkerAuthenticationRequired),
-        );
+        world.cp.inject_for(&heartbeat, fault.clone());
     }
     let paused = wait_event(&log, "admission.paused", SETTLE, |_| true);
-    assert_eq!(paused["status"], 401, "{paused}");
-    assert_eq!(paused["code"], "worker_authentication_required");
+    assert_eq!(paused["status"], status, "{paused}");
+    assert_eq!(paused["code"], code, "{paused}");
     // A Run queued while admission is paused waits for the pause to lift.
     let quick = RevisionBuilder::shell("true").build().unwrap();
     let run = world.cp.enqueue_run(RunSpec::numbered(1, quick)).unwrap();
@@ -64,7 +77,7 @@ fn a_heartbeat_401_pauses_admission_keeps_the_session_and_recovers() {
     let records = world.cp.http_records();
     let first_refused = records
         .iter()
-        .position(|r| r.path == heartbeat && r.response_status == Some(401))
+        .position(|r| r.path == heartbeat && r.response_status == Some(status))
         .expect("a refused heartbeat");
     let resumed = records[first_refused..]
         .iter()
@@ -73,7 +86,7 @@ fn a_heartbeat_401_pauses_admission_keeps_the_session_and_recovers() {
         .expect("an answered call after the refusals");
     let refused = records[first_refused..resumed]
         .iter()
-        .filter(|r| r.response_status == Some(401))
+        .filter(|r| r.response_status == Some(status))
         .count();
     assert_eq!(refused, 3, "every refused heartbeat was retried");
     assert!(

@@ -82,6 +82,9 @@ pub enum Fault {
     /// Not applied: the error answer of this code (its own status and `{"code":…}` body), e.g.
     /// `WorkerAuthenticationRequired` for a 401 as if the credential had been refused.
     Refuse(ErrorCode),
+    /// Not applied: `403` with `{"code":"forbidden"}`, a code the reference does not have, as a
+    /// gateway in front of the control plane answers when it refuses the client.
+    Forbidden,
 }
 
 impl Fault {
@@ -97,6 +100,7 @@ impl Fault {
             | Self::Redirect
             | Self::WrongStatus(_)
             | Self::Refuse(_)
+            | Self::Forbidden
             | Self::Rewrite { .. } => None,
         }
     }
@@ -498,6 +502,11 @@ impl Handler for CpHandler {
                 to_response(cp)
             }
             Fault::Refuse(code) => to_response(CpResponse::error(code)),
+            Fault::Forbidden => {
+                let mut response = Response::json(br#"{"code":"forbidden"}"#.to_vec());
+                response.status = 403;
+                response
+            }
             Fault::Rewrite { find, replace } => {
                 let mut cp = self.apply(req);
                 cp.body = replace_all(&cp.body, &find, &replace);
