@@ -1,7 +1,9 @@
 //! A full inbox strands no offer (issue 14), with the real binary: `inbox_capacity = 4` and
 //! eight slots, six 2-second Runs queued. The Worker takes four; while the inbox is full it takes
 //! no offer (the other two stay queued, unclaimed, at the control plane: none is claimed and
-//! left there), reports the full inbox once on stderr, and offers no slot it could not store.
+//! left there), reports the full inbox once on stderr and in its metrics
+//! (`ql_worker_inbox_full`, `ql_worker_pull_deferrals_total`), and offers no slot it could not
+//! store.
 //! Once Runs settle, retention frees places (settled, receipt gone) and the last two are taken.
 //! Every Run ran once, each was claimed exactly once.
 
@@ -17,13 +19,18 @@ const SETTLE: Duration = Duration::from_secs(60);
 
 #[test]
 fn a_full_inbox_takes_no_offer_and_resumes_once_retention_frees_places() {
-    let world =
+    let mut world =
         World::edge("\n[limits]\ncadence_ms = 200\ninbox_capacity = 4\nmax_concurrent_runs = 8\n");
+    let metrics = world.dir.path().join("metrics.prom");
+    world.append_config(&format!(
+        "\n[metrics]\ntextfile = \"{}\"\ninterval_ms = 1000\n",
+        metrics.display()
+    ));
     assert_eq!(world.config.retention.high_water_records, 2);
     let marker = world.dir.path().join("marker");
     let mut ids = Vec::new();
     for i in 1..=6 {
-        ids.push(world.enqueue_shell(i, &format!("sleep 2; echo {i} >> {}", marker.display())));
+        ids.push(world.enqueue_shell(i, &format!("sleep 3; echo {i} >> {}", marker.display())));
     }
     let log = world.dir.path().join("worker.stderr");
     let mut worker = KillOnDrop(world.spawn_worker_logged(&[], &log));
@@ -63,6 +70,14 @@ fn a_full_inbox_takes_no_offer_and_resumes_once_retention_frees_places() {
         1,
         "the full inbox is reported once: {stderr}"
     );
+    assert!(stderr.contains("event=inbox.full"), "{stderr}");
+    // The metrics file (written every second) says so too, while the four still run.
+    world.wait_for("the metrics of a full inbox", SETTLE, |_| {
+        let text = std::fs::read_to_string(&metrics).unwrap_or_default();
+        metric(&text, "ql_worker_inbox_full") == Some(1.0)
+            && metric(&text, "ql_worker_inbox_capacity") == Some(4.0)
+            && metric(&text, "ql_worker_pull_deferrals_total").is_some_and(|n| n >= 1.0)
+    });
 
     let start = std::time::Instant::now();
     while !ids.iter().all(|id| world.completed_at_cp(id)) {
@@ -101,5 +116,17 @@ fn a_full_inbox_takes_no_offer_and_resumes_once_retention_frees_places() {
         );
     }
     let stderr = std::fs::read_to_string(&log).unwrap();
-    assert!(stderr.contains("inbox has room again"), "{stderr}");
+    assert!(
+        stderr.contains("inbox has room again") && stderr.contains("event=inbox.room"),
+        "{stderr}"
+    );
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    assert_eq!(metric(&text, "ql_worker_inbox_full"), Some(0.0), "{text}");
+}
+
+/// The value of the sample named `name` (no labels) in a Prometheus text exposition.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
