@@ -481,18 +481,7 @@ pub fn render(format: Format, now_ms: u64, record: &Record<'_>) -> String {
             let _ = write!(line, " [event={event}");
             for (key, value) in &collect.fields {
                 let _ = write!(line, " {key}=");
-                match value {
-                    Field::Text(text) => push_text_value(&mut line, text),
-                    Field::Unsigned(v) => {
-                        let _ = write!(line, "{v}");
-                    }
-                    Field::Signed(v) => {
-                        let _ = write!(line, "{v}");
-                    }
-                    Field::Flag(v) => {
-                        let _ = write!(line, "{v}");
-                    }
-                }
+                push_field(&mut line, value, push_text_value);
             }
             line.push(']');
         }
@@ -509,18 +498,7 @@ pub fn render(format: Format, now_ms: u64, record: &Record<'_>) -> String {
                 line.push(',');
                 push_json_string(&mut line, key);
                 line.push(':');
-                match value {
-                    Field::Text(text) => push_json_string(&mut line, text),
-                    Field::Unsigned(v) => {
-                        let _ = write!(line, "{v}");
-                    }
-                    Field::Signed(v) => {
-                        let _ = write!(line, "{v}");
-                    }
-                    Field::Flag(v) => {
-                        let _ = write!(line, "{v}");
-                    }
-                }
+                push_field(&mut line, value, push_json_string);
             }
             line.push('}');
         }
@@ -534,6 +512,23 @@ fn one_line(text: &str) -> String {
     text.chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect()
+}
+
+/// One field's value: text through `text` (quoted as the format needs), numbers and flags as
+/// they are.
+fn push_field(out: &mut String, value: &Field, text: fn(&mut String, &str)) {
+    match value {
+        Field::Text(t) => text(out, t),
+        Field::Unsigned(v) => {
+            let _ = write!(out, "{v}");
+        }
+        Field::Signed(v) => {
+            let _ = write!(out, "{v}");
+        }
+        Field::Flag(v) => {
+            let _ = write!(out, "{v}");
+        }
+    }
 }
 
 fn push_json_string(out: &mut String, text: &str) {

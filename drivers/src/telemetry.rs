@@ -263,8 +263,7 @@ impl Telemetry {
             r.inbox_full = inbox.full;
             r.pull_deferrals = inbox.full_deferrals;
         });
-        if !changed {
-        } else if inbox.full {
+        if changed && inbox.full {
             Event::warn("inbox.full")
                 .number("records", inbox.records as u64)
                 .number("capacity", inbox.capacity as u64)
@@ -275,7 +274,7 @@ impl Telemetry {
                      list`); Pulls held back so far: {}",
                     inbox.records, inbox.capacity, inbox.full_deferrals
                 ));
-        } else {
+        } else if changed {
             Event::info("inbox.room")
                 .number("records", inbox.records as u64)
                 .number("capacity", inbox.capacity as u64)
