@@ -60,20 +60,16 @@ fn production_lines(text: &str) -> Vec<&str> {
     lines
 }
 
-#[test]
-fn core_source_is_sans_io_deterministic_and_tidy() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// Every tidy problem in the `.rs` files under `root` (recursively), as `file:line: rule` with
+/// the file relative to `root`.
+fn scan(root: &Path) -> Vec<String> {
     let mut files = Vec::new();
-    sources(&root, &mut files);
-    assert!(
-        files.len() >= 10,
-        "expected the core sources under {}",
-        root.display()
-    );
+    sources(root, &mut files);
+    files.sort();
     let mut problems = Vec::new();
     for file in &files {
         let text = fs::read_to_string(file).unwrap();
-        let name = file.strip_prefix(&root).unwrap().display().to_string();
+        let name = file.strip_prefix(root).unwrap().display().to_string();
         let lines = production_lines(&text);
         for (index, line) in lines.iter().enumerate() {
             let at = format!("{name}:{}", index + 1);
@@ -94,6 +90,20 @@ fn core_source_is_sans_io_deterministic_and_tidy() {
         }
         problems.extend(long_functions(&name, &lines));
     }
+    problems
+}
+
+#[test]
+fn core_source_is_sans_io_deterministic_and_tidy() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    assert!(
+        files.len() >= 10,
+        "expected the core sources under {}",
+        root.display()
+    );
+    let problems = scan(&root);
     assert!(
         problems.is_empty(),
         "tidy found {} problem(s):\n{}",
@@ -131,20 +141,77 @@ fn long_functions(name: &str, lines: &[&str]) -> Vec<String> {
     found
 }
 
+/// A scratch directory under the system temp dir, removed on drop.
+struct Planted(PathBuf);
+
+impl Planted {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("ql-tidy-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("nested")).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for Planted {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
 #[test]
 fn tidy_catches_what_it_claims_to() {
-    // The checker itself must be able to fail.
-    let bad = "fn f() {\n    let x = std::time::SystemTime::now();\n    y.unwrap();\n}\n";
-    let lines = production_lines(bad);
-    assert!(lines.iter().any(|l| l.contains("std::")));
-    assert!(lines.iter().any(|l| l.contains(".unwrap()")));
-    let long: Vec<String> = std::iter::once("fn g() {".to_string())
-        .chain((0..MAX_FUNCTION_LINES + 1).map(|_| "    x();".to_string()))
-        .chain(std::iter::once("}".to_string()))
+    // The real scan, run over a planted tree: one offending line per rule at a known line, the
+    // same offences after `#[cfg(test)]` (ignored), and a clean file (no finding).
+    let planted = Planted::new("self-test");
+    let mut bad: Vec<String> = FORBIDDEN
+        .iter()
+        .map(|(needle, _)| format!("const _: &str = \"{needle}\";"))
         .collect();
-    let refs: Vec<&str> = long.iter().map(String::as_str).collect();
-    assert_eq!(long_functions("g.rs", &refs).len(), 1);
-    assert!(production_lines("a\n#[cfg(test)]\nmod tests {}\n").len() == 1);
+    let first_free = bad.len() + 1;
+    bad.push(format!("// {}", "x".repeat(MAX_COLUMNS)));
+    bad.push("    y.unwrap();".to_string());
+    bad.push("// INVARIANT: the comment on the line before excuses the unwrap.".to_string());
+    bad.push("    y.unwrap();".to_string());
+    bad.push("    y.unwrap(); // INVARIANT: excused on the same line.".to_string());
+    let long_at = bad.len() + 1;
+    bad.push("fn g() {".to_string());
+    bad.extend((0..MAX_FUNCTION_LINES).map(|_| "    x();".to_string()));
+    bad.push("}".to_string());
+    bad.push("fn ok() {".to_string());
+    bad.extend((0..MAX_FUNCTION_LINES - 1).map(|_| "    x();".to_string()));
+    bad.push("}".to_string());
+    bad.push("#[cfg(test)]".to_string());
+    bad.push("mod tests { fn t() { std::fs::read(\"HashMap\").unwrap(); } }".to_string());
+    fs::write(planted.0.join("nested/bad.rs"), bad.join("\n")).unwrap();
+    fs::write(
+        planted.0.join("nested/not_rust.txt"),
+        "std::fs::read(x).unwrap()",
+    )
+    .unwrap();
+    fs::write(planted.0.join("clean.rs"), "fn f() -> u8 {\n    1\n}\n").unwrap();
+
+    let problems = scan(&planted.0);
+    let file = Path::new("nested").join("bad.rs").display().to_string();
+    let mut expected: Vec<String> = FORBIDDEN
+        .iter()
+        .enumerate()
+        .map(|(i, (needle, why))| format!("{file}:{}: `{needle}`: {why}", i + 1))
+        .collect();
+    expected.push(format!(
+        "{file}:{first_free}: longer than {MAX_COLUMNS} columns"
+    ));
+    expected.push(format!(
+        "{file}:{}: unwrap() without an `// INVARIANT:` comment",
+        first_free + 1
+    ));
+    expected.push(format!(
+        "{file}:{long_at}: function is {} lines",
+        MAX_FUNCTION_LINES + 1
+    ));
+    assert_eq!(problems, expected);
+    // Every FORBIDDEN entry, the column, unwrap and length rules each fired.
+    assert_eq!(problems.len(), FORBIDDEN.len() + 3);
 }
 
 #[test]
