@@ -986,6 +986,134 @@ mod tests {
     }
 
     #[test]
+    fn only_the_states_before_the_spawn_barrier_can_be_dormant() {
+        // docs/state-machine.md: nothing was spawned in these three states.
+        let pre_barrier = [
+            State::Accepted,
+            State::StartingAcknowledged,
+            State::StartFailed,
+        ];
+        for state in State::ALL {
+            assert_eq!(
+                state.is_pre_barrier(),
+                pre_barrier.contains(&state),
+                "{state}"
+            );
+        }
+        let r0 = accepted();
+        let expiry = r0.offer.lease.expires_at_ms;
+        let before = ms(expiry.get() - 1);
+        // The lease is live while `now < expiresAtMs`: dormant from the expiry on, not before.
+        assert!(!r0.is_dormant(before));
+        assert!(r0.is_dormant(expiry));
+        let r1 = step(&r0, State::StartingAcknowledged, |_| {});
+        let failed = step(&r1, State::StartFailed, |_| {});
+        assert!(failed.is_dormant(expiry) && !failed.is_dormant(before));
+        let spawning = launching(&r1);
+        assert!(!spawning.is_dormant(expiry));
+        assert!(!spawning.is_dormant(ms(expiry.get() + 1)));
+    }
+
+    #[test]
+    fn either_half_of_the_completion_receipt_counts_as_set() {
+        let r2 = launching(&step(&accepted(), State::StartingAcknowledged, |_| {}));
+        let mut sequence_only = r2.clone();
+        sequence_only.completion_receipt_token_digest = None;
+        let mut digest_only = r2.clone();
+        digest_only.completion_receipt_callback_sequence = None;
+        for half in [&sequence_only, &digest_only] {
+            assert!(half.has(OptionalField::CompletionReceipt));
+            assert_eq!(
+                half.validate(),
+                Err(RecordError::CompletionReceiptHalfPresent)
+            );
+        }
+        assert!(!accepted().has(OptionalField::CompletionReceipt));
+    }
+
+    #[test]
+    fn names_are_the_reference_wire_names() {
+        use alloc::string::ToString;
+        let reasons = [
+            "launch_outcome_unknown",
+            "control_plane_already_running",
+            "control_plane_terminal",
+            "lease_lost_local_execution_stopped",
+            "lease_lost_local_execution_unverified",
+        ];
+        for (reason, name) in RecoveryReason::ALL.into_iter().zip(reasons) {
+            assert_eq!(reason.as_str(), name);
+            assert_eq!(reason.to_string(), name);
+            assert_eq!(
+                serde_json::to_string(&reason).unwrap(),
+                alloc::format!("\"{name}\"")
+            );
+        }
+        let fields = [
+            "executorHandle",
+            "executorStartedAtMs",
+            "logArtifactId",
+            "completionReceiptCallbackSequence/TokenDigest",
+            "completionAcknowledgedAtMs",
+            "recoveryReason",
+        ];
+        for (field, name) in OptionalField::ALL.into_iter().zip(fields) {
+            assert_eq!(field.as_str(), name);
+        }
+    }
+
+    #[test]
+    fn record_errors_render_the_rule_and_the_field() {
+        use alloc::string::ToString;
+        let presence = |expected| RecordError::FieldPresence {
+            state: State::Launching,
+            field: OptionalField::ExecutorStartedAtMs,
+            expected,
+        };
+        let cases = [
+            (
+                RecordError::SchemaVersion { found: 2 },
+                "record schemaVersion must be 1, found 2",
+            ),
+            (
+                RecordError::UpdatedBeforeAccepted,
+                "record updatedAtMs is before acceptedAtMs",
+            ),
+            (
+                presence(Presence::Required),
+                "record field executorStartedAtMs must be present in state launching",
+            ),
+            (
+                presence(Presence::Absent),
+                "record field executorStartedAtMs must be absent in state launching",
+            ),
+            (
+                presence(Presence::Optional),
+                "record field executorStartedAtMs must be optional in state launching",
+            ),
+            (
+                RecordError::HandleWithoutStartTime,
+                "record executorHandle requires executorStartedAtMs",
+            ),
+            (
+                RecordError::CompletionReceiptHalfPresent,
+                "record completionReceiptCallbackSequence and TokenDigest must be both present \
+                 or both absent",
+            ),
+        ];
+        for (error, text) in cases {
+            assert_eq!(error.to_string(), text);
+        }
+        let e = TransitionError::WriteOnceChanged {
+            field: OptionalField::LogArtifactId,
+        };
+        assert_eq!(
+            e.to_string(),
+            "write-once field logArtifactId must keep its value"
+        );
+    }
+
+    #[test]
     fn errors_render_the_rule() {
         use alloc::string::ToString;
         let e = TransitionError::IllegalEdge {

@@ -771,7 +771,18 @@ fn every_path_of_the_table_accepts_its_edges_and_rejects_the_rest() {
                 fill(&mut changed, field, salt + 500, 1);
                 let mut removed = proposed.clone();
                 clear(&mut removed, field);
-                for bad in [changed, removed] {
+                let mut halves = Vec::new();
+                if field == Field::Receipt {
+                    // One half changed, the other kept: still a write-once change.
+                    let mut sequence = proposed.clone();
+                    sequence.completion_receipt_callback_sequence =
+                        Some(CallbackSequence::new(salt + 700).unwrap());
+                    let mut digest = proposed.clone();
+                    digest.completion_receipt_token_digest =
+                        Some(CapabilityDigest::new(Sha256Digest::of(b"other")));
+                    halves = vec![sequence, digest];
+                }
+                for bad in [changed, removed].into_iter().chain(halves) {
                     if dropped && !is_set(&bad, field) {
                         continue;
                     }
