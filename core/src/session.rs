@@ -327,4 +327,55 @@ mod tests {
         assert_eq!(id.as_str(), "01901234-5678-7000-8000-000000000000");
         assert!(session_id_v7(now, &[0; 9]).is_none(), "too little entropy");
     }
+
+    /// A register answer for the edge Worker, written out (reference §2.10).
+    fn register_answer(replaced: bool) -> Outcome {
+        Outcome::Responded(
+            format!(
+                "{{\"schema\":\"qinglong/worker-session-register@v1\",\"workerId\":\"edge-1\",\
+                 \"sessionId\":\"018f0000-0000-7000-8000-000000000001\",\"generation\":2,\
+                 \"version\":0,\"status\":\"online\",\"leaseExpiresAtMs\":50000,\
+                 \"replacedSession\":{replaced}}}"
+            )
+            .into_bytes(),
+        )
+    }
+
+    fn registered(rejoin: bool, replaced: bool) -> SessionResult {
+        let config = crate::worker::WorkerConfig::edge(
+            crate::ids::WorkerId::new("edge-1").unwrap(),
+            SessionId::new("018f0000-0000-7000-8000-000000000001").unwrap(),
+            crate::wire::session::Capabilities::for_architecture(
+                crate::revision::Architecture::Amd64,
+            ),
+        );
+        let ctx = Ctx {
+            config: &config,
+            session: None,
+            now: UnixMillis::new(1_000).unwrap(),
+        };
+        let op = SessionOp::Registering { rejoin };
+        match op.resume(&ctx, register_answer(replaced)) {
+            Step::Done(result) => result,
+            Step::Wait(..) | Step::Halt(_) => panic!("a register answer concludes the exchange"),
+        }
+    }
+
+    #[test]
+    fn only_a_rejoin_answered_replaced_session_is_refused() {
+        // Registering again after a fence, the answer says another Session replaced ours:
+        // another Worker uses this worker id.
+        assert!(matches!(
+            registered(true, true),
+            SessionResult::Rejected(m) if m.contains("another Worker uses it")
+        ));
+        // A rejoin nobody replaced, and a first register (replacing a stale Session of our own
+        // is what a first register does), are registered.
+        for (rejoin, replaced) in [(true, false), (false, true), (false, false)] {
+            assert!(
+                matches!(registered(rejoin, replaced), SessionResult::Registered(_)),
+                "rejoin {rejoin}, replacedSession {replaced}"
+            );
+        }
+    }
 }
