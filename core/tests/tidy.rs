@@ -91,6 +91,13 @@ fn core_source_is_sans_io_deterministic_and_tidy() {
                     problems.push(format!("{at}: unwrap() without an `// INVARIANT:` comment"));
                 }
             }
+            let next = lines.get(index + 1).copied().unwrap_or("");
+            if !is_test_machinery(&name) && expect_without_invariant(line, next) {
+                problems.push(format!(
+                    "{at}: expect() whose message does not name the invariant \
+                     (`.expect(\"invariant: …\")`)"
+                ));
+            }
         }
         problems.extend(long_functions(&name, &lines));
     }
@@ -100,6 +107,32 @@ fn core_source_is_sans_io_deterministic_and_tidy() {
         problems.len(),
         problems.join("\n")
     );
+}
+
+/// The test machinery still compiled into core (leaving it for its own crate): its `expect`s
+/// name sample data, not protocol invariants.
+fn is_test_machinery(name: &str) -> bool {
+    name.starts_with("testkit/") || name.starts_with("fuzzing/") || name == "wire/fuzzing.rs"
+}
+
+/// Production code panics only on a broken invariant, and says which: an `.expect(` (outside
+/// comments) must carry a literal message starting with `invariant` (on its line, or on the next
+/// when rustfmt wraps it). A panic instead of `unwrap_or_default()` is the honest form: a
+/// silently empty request body or digest preimage is worse.
+fn expect_without_invariant(line: &str, next: &str) -> bool {
+    let code = line.trim_start();
+    if code.starts_with("//") {
+        return false;
+    }
+    let Some((_, after)) = code.split_once(".expect(") else {
+        return false;
+    };
+    let message = if after.trim().is_empty() {
+        next.trim_start()
+    } else {
+        after.trim_start()
+    };
+    !message.starts_with("\"invariant")
 }
 
 /// Functions whose body spans more than [`MAX_FUNCTION_LINES`] lines, found by indentation:
@@ -144,6 +177,29 @@ fn tidy_catches_what_it_claims_to() {
         .collect();
     let refs: Vec<&str> = long.iter().map(String::as_str).collect();
     assert_eq!(long_functions("g.rs", &refs).len(), 1);
+    // expect() must name its invariant, on its line or the next; comments are not code.
+    assert!(expect_without_invariant(
+        "    let b = r.to_body().expect(\"body\");",
+        ""
+    ));
+    assert!(expect_without_invariant(
+        "    x.expect(",
+        "        \"too large\","
+    ));
+    assert!(expect_without_invariant("    x.expect(msg);", ""));
+    assert!(!expect_without_invariant(
+        "    x.expect(\"invariant: ids are short\");",
+        ""
+    ));
+    assert!(!expect_without_invariant(
+        "    x.expect(",
+        "        \"invariant: ids are short\","
+    ));
+    assert!(!expect_without_invariant(
+        "//! w.handle(now()).expect(\"driver bug\");",
+        ""
+    ));
+    assert!(is_test_machinery("testkit/world/plane.rs") && !is_test_machinery("processor.rs"));
     assert!(production_lines("a\n#[cfg(test)]\nmod tests {}\n").len() == 1);
 }
 
