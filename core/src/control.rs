@@ -323,8 +323,10 @@ impl ControlOp {
             return Step::Done(ControlResult::Paced);
         }
         let request = LeaseControlRequest::from_offer(&record.offer);
-        // INVARIANT: the lease-control body of a valid offer is far below its 8 KiB cap.
-        let body = request.to_body().unwrap_or_default();
+        let body = request.to_body().expect(
+            "invariant: a lease-control body of validated ids and a lease token (at most about \
+             1 KiB) is far below its 8 KiB cap",
+        );
         let action = Action::Post(HttpCall {
             path: path(
                 &ctx.config.worker_id,

@@ -25,7 +25,7 @@ use zeroize::Zeroizing;
 use crate::claim::{ClaimError, PendingClaim};
 use crate::ids::Sha256Digest;
 use crate::receipt::{Receipt, ReceiptShapeError};
-use crate::record::{InboxRecord, RecordError};
+use crate::record::{InboxRecord, RecordError, ValidRecord};
 use crate::truncation::{FactError, TruncationFact};
 
 /// Envelope magic.
@@ -203,23 +203,50 @@ impl core::error::Error for EnvelopeError {}
 /// [`EnvelopeError::Invalid`] for an invalid value, [`EnvelopeError::TooLarge`] above the bound.
 pub fn encode<T: Durable>(value: &T) -> Result<Zeroizing<Vec<u8>>, EnvelopeError> {
     value.check().map_err(EnvelopeError::Invalid)?;
-    let mut out = Zeroizing::new(Vec::with_capacity(T::MAX_BYTES));
+    seal(T::KIND, T::MAX_BYTES, value)
+}
+
+/// Encodes a record already known valid ([`ValidRecord`]: nothing is validated again, its
+/// revision is not re-digested), exactly as [`encode`] would.
+///
+/// # Errors
+/// [`EnvelopeError::TooLarge`] above the bound.
+pub fn encode_record(record: &ValidRecord) -> Result<Zeroizing<Vec<u8>>, EnvelopeError> {
+    seal(InboxRecord::KIND, InboxRecord::MAX_BYTES, record)
+}
+
+/// Decodes an inbox record envelope with every check of [`decode`] (framing, checksum, body, and
+/// the record's own rules with its revision re-normalized and digested: the one validation a
+/// record read from disk gets) into a [`ValidRecord`].
+///
+/// # Errors
+/// The first [`EnvelopeError`] found.
+pub fn decode_record(bytes: &[u8]) -> Result<ValidRecord, EnvelopeError> {
+    decode::<InboxRecord>(bytes).map(ValidRecord::validated)
+}
+
+fn seal<T: Serialize + ?Sized>(
+    kind: Kind,
+    max_bytes: usize,
+    value: &T,
+) -> Result<Zeroizing<Vec<u8>>, EnvelopeError> {
+    let mut out = Zeroizing::new(Vec::with_capacity(max_bytes));
     out.resize(HEADER_BYTES, 0);
     let buffer = core::mem::take(&mut *out);
     let mut buffer = postcard::to_extend(value, buffer).map_err(|_| EnvelopeError::Unencodable)?;
-    if buffer.len() > T::MAX_BYTES {
+    if buffer.len() > max_bytes {
         let len = buffer.len();
         zeroize::Zeroize::zeroize(&mut buffer);
         return Err(EnvelopeError::TooLarge {
             len,
-            max: T::MAX_BYTES,
+            max: max_bytes,
         });
     }
     let body_len =
         u32::try_from(buffer.len() - HEADER_BYTES).map_err(|_| EnvelopeError::Unencodable)?;
     let digest = Sha256Digest::of(&buffer[HEADER_BYTES..]);
     buffer[0..4].copy_from_slice(&MAGIC);
-    buffer[4] = T::KIND.byte();
+    buffer[4] = kind.byte();
     buffer[5] = FORMAT_VERSION;
     buffer[6..8].copy_from_slice(&[0, 0]);
     buffer[8..12].copy_from_slice(&body_len.to_be_bytes());

@@ -2,18 +2,18 @@
 //! every constructor validates (parse, don't validate). Rules follow the reference wire contract
 //! (`reference/qinglong-wire-and-behaviour.md` §2, §3.4, §3.5, §5.1 and §7).
 //!
-//! Capabilities ([`LeaseToken`]) and digests of capabilities ([`CapabilityDigest`]) print as
-//! `[redacted]` in `Debug`, and serialize redacted in human-readable formats (JSON); only compact
-//! binary formats (the postcard inbox record, which legitimately stores the lease token) carry
-//! the real value. Code that must send the value over the wire calls `expose()` explicitly.
+//! Capabilities ([`LeaseToken`], a [`SecretString`]) and digests of capabilities
+//! ([`CapabilityDigest`]) print as `[redacted]` in `Debug`, and serialize redacted in
+//! human-readable formats (JSON); only compact binary formats (the postcard inbox record, which
+//! legitimately stores the lease token) carry the real value. Code that must send the value over
+//! the wire calls `expose()` explicitly.
 
 use alloc::string::String;
 use core::fmt;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use zeroize::Zeroize;
-
 use crate::error::IdError;
+use crate::secret::SecretString;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Largest integer JavaScript represents exactly (`Number.MAX_SAFE_INTEGER`, 2^53 - 1).
 pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
@@ -235,9 +235,11 @@ impl TaskRevision {
 }
 
 /// The Worker-generated Run lease capability `[A-Za-z0-9_-]{32,128}` (reference: base64url of 32
-/// CSPRNG bytes). Zeroized on drop; `Debug` and human-readable serialization are redacted.
-#[derive(Clone, PartialEq, Eq)]
-pub struct LeaseToken(String);
+/// CSPRNG bytes): a validated [`SecretString`] (wiped on drop, redacted in `Debug` and
+/// human-readable serialization, compared in constant time).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(try_from = "SecretString")]
+pub struct LeaseToken(SecretString);
 
 impl LeaseToken {
     /// The validation rule.
@@ -246,63 +248,36 @@ impl LeaseToken {
     /// Validates and wraps `value`.
     ///
     /// # Errors
-    /// [`IdError`] when `value` breaks [`Self::RULE`]; the value itself is never echoed.
+    /// [`IdError`] when `value` breaks [`Self::RULE`]; the value itself is wiped, never echoed.
     pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
-        let mut value = value.into();
-        if (32..=128).contains(&value.len())
-            && value
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
-            Ok(Self(value))
-        } else {
-            value.zeroize();
-            Err(IdError {
-                kind: "lease token",
-                rule: Self::RULE,
-            })
-        }
+        Self::try_from(SecretString::new(value.into()))
     }
 
     /// The plaintext capability, for the few places that must send or store it.
     #[must_use]
     pub fn expose(&self) -> &str {
-        &self.0
+        self.0.expose()
     }
 
     /// `sha256_hex(utf8(token))`, as the control plane stores it.
     #[must_use]
     pub fn digest(&self) -> CapabilityDigest {
-        CapabilityDigest(Sha256Digest::of(self.0.as_bytes()))
+        CapabilityDigest(Sha256Digest::of(self.expose().as_bytes()))
     }
 }
 
-impl Drop for LeaseToken {
-    fn drop(&mut self) {
-        self.0.zeroize();
-    }
-}
+impl TryFrom<SecretString> for LeaseToken {
+    type Error = IdError;
 
-impl fmt::Debug for LeaseToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("LeaseToken([redacted])")
-    }
-}
-
-impl Serialize for LeaseToken {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        if serializer.is_human_readable() {
-            serializer.serialize_str("[redacted]")
+    fn try_from(value: SecretString) -> Result<Self, IdError> {
+        if value.is_token() {
+            Ok(Self(value))
         } else {
-            serializer.serialize_str(&self.0)
+            Err(IdError {
+                kind: "lease token",
+                rule: Self::RULE,
+            })
         }
-    }
-}
-
-impl<'de> Deserialize<'de> for LeaseToken {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = String::deserialize(deserializer)?;
-        Self::new(value).map_err(serde::de::Error::custom)
     }
 }
 

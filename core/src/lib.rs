@@ -8,6 +8,7 @@
 
 extern crate alloc;
 
+pub mod barrier;
 pub mod capability;
 pub mod claim;
 pub mod completion;
@@ -30,6 +31,7 @@ pub mod receipt;
 pub mod record;
 pub mod retention;
 pub mod revision;
+pub mod secret;
 pub mod session;
 #[doc(hidden)]
 pub mod testkit;

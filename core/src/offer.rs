@@ -223,12 +223,29 @@ impl Lease {
 }
 
 impl Offer {
-    /// Cross-field consistency of a reconstructed offer (reference §2.2, §3.5). The execution
-    /// revision's own normalization and digest are checked by [`ExecutionRevision`].
+    /// Every rule of an offer (reference §2.2, §3.5): [`Self::validate_fields`], then the
+    /// execution revision's own normalization and digest ([`ExecutionRevision::validate`]: the
+    /// revision re-normalized and its SHA-256 recomputed).
     ///
     /// # Errors
     /// [`OfferError`] naming the first broken rule.
     pub fn validate(&self) -> Result<(), OfferError> {
+        self.validate_fields()?;
+        self.execution_revision
+            .validate()
+            .map_err(|_| OfferError::Bound {
+                field: "executionRevision",
+                rule: "normalized, with a matching contentDigest",
+            })
+    }
+
+    /// Cross-field consistency of a reconstructed offer, with the execution revision trusted
+    /// (parsed at admission, or equal to a revision validated before): its `contentDigest` is
+    /// compared with `executionDigest`, never recomputed.
+    ///
+    /// # Errors
+    /// [`OfferError`] naming the first broken rule.
+    pub(crate) fn validate_fields(&self) -> Result<(), OfferError> {
         let c = &self.candidate;
         let l = &self.lease;
         let r = &self.execution_revision;
@@ -295,11 +312,7 @@ impl Offer {
         ensure(
             r.task_revision == c.task_revision,
             mismatch("executionRevision.taskRevision", "candidate.taskRevision"),
-        )?;
-        r.validate().map_err(|_| OfferError::Bound {
-            field: "executionRevision",
-            rule: "normalized, with a matching contentDigest",
-        })
+        )
     }
 
     /// The first authority field that differs between two offers, by its wire name (reference

@@ -854,8 +854,10 @@ fn target_refusal(ctx: &Ctx<'_>, record: &InboxRecord) -> Option<ProcessResult> 
 }
 
 fn activation_call(ctx: &Ctx<'_>, request: &ActivationRequest) -> Action {
-    // INVARIANT: activation bodies of valid offers stay far below their 4 KiB cap.
-    let body = request.to_body().unwrap_or_default();
+    let body = request.to_body().expect(
+        "invariant: an activation body of validated ids, a lease token and a handle of at most \
+         512 bytes (at most about 2 KiB) is below its 4 KiB cap",
+    );
     Action::Post(HttpCall {
         path: path(
             &ctx.config.worker_id,

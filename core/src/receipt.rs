@@ -6,10 +6,11 @@
 use alloc::string::String;
 use core::fmt;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use zeroize::Zeroize;
+use serde::{Deserialize, Serialize};
 
+use crate::capability::Capability;
 use crate::ids::{AttemptId, CallbackSequence, RunId};
+use crate::secret::SecretString;
 use crate::time::UnixMillis;
 
 /// Largest receipt envelope (`MAX_COMPLETION_RECEIPT_BYTES`).
@@ -18,9 +19,11 @@ pub const MAX_RECEIPT_BYTES: usize = 4 * 1024;
 pub const RECEIPT_SCHEMA_VERSION: u8 = 1;
 
 /// The base64url text of the completion capability as written in a receipt,
-/// `[A-Za-z0-9_-]{32,128}`. Zeroized on drop, redacted in `Debug` and human-readable output.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ReceiptToken(String);
+/// `[A-Za-z0-9_-]{32,128}`: a validated [`SecretString`] (wiped on drop, redacted in `Debug` and
+/// human-readable output, compared in constant time).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(try_from = "SecretString")]
+pub struct ReceiptToken(SecretString);
 
 impl ReceiptToken {
     /// Validates the token text (its canonical decoding is checked at authentication).
@@ -28,52 +31,33 @@ impl ReceiptToken {
     /// # Errors
     /// [`ReceiptShapeError::Token`]; the value is wiped, never echoed.
     pub fn new(value: impl Into<String>) -> Result<Self, ReceiptShapeError> {
-        let mut value = value.into();
-        if (32..=128).contains(&value.len())
-            && value
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
-            Ok(Self(value))
-        } else {
-            value.zeroize();
-            Err(ReceiptShapeError::Token)
-        }
+        Self::try_from(SecretString::new(value.into()))
+    }
+
+    /// The receipt form of `capability`: canonical base64url of its 32 bytes (43 characters).
+    #[must_use]
+    pub fn of(capability: &Capability) -> Self {
+        let mut text = capability.to_base64url();
+        Self::new(core::mem::take(&mut *text))
+            .expect("invariant: 32 bytes encode to 43 base64url characters, a valid receipt token")
     }
 
     /// The token text, for authentication only.
     #[must_use]
     pub fn expose(&self) -> &str {
-        &self.0
+        self.0.expose()
     }
 }
 
-impl Drop for ReceiptToken {
-    fn drop(&mut self) {
-        self.0.zeroize();
-    }
-}
+impl TryFrom<SecretString> for ReceiptToken {
+    type Error = ReceiptShapeError;
 
-impl fmt::Debug for ReceiptToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ReceiptToken([redacted])")
-    }
-}
-
-impl Serialize for ReceiptToken {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        if serializer.is_human_readable() {
-            serializer.serialize_str("[redacted]")
+    fn try_from(value: SecretString) -> Result<Self, ReceiptShapeError> {
+        if value.is_token() {
+            Ok(Self(value))
         } else {
-            serializer.serialize_str(&self.0)
+            Err(ReceiptShapeError::Token)
         }
-    }
-}
-
-impl<'de> Deserialize<'de> for ReceiptToken {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = String::deserialize(deserializer)?;
-        Self::new(value).map_err(serde::de::Error::custom)
     }
 }
 
@@ -257,4 +241,36 @@ fn decode_token(text: &str) -> Result<zeroize::Zeroizing<[u8; 32]>, ReceiptError
     }
     out.copy_from_slice(&buffer[..32]);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use alloc::format;
+
+    use base64::Engine as _;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
+    use super::*;
+
+    #[test]
+    fn the_token_of_a_capability_is_its_canonical_base64url() {
+        let token = ReceiptToken::of(&Capability::from_bytes([0xff; 32]));
+        assert_eq!(token.expose().len(), 43);
+        assert_eq!(URL_SAFE_NO_PAD.decode(token.expose()).unwrap(), [0xff; 32]);
+        assert_eq!(format!("{token:?}"), "ReceiptToken([redacted])");
+        assert_eq!(serde_json::to_string(&token).unwrap(), "\"[redacted]\"");
+    }
+
+    #[test]
+    fn a_token_of_another_shape_is_refused_without_its_value() {
+        for bad in ["short", &"A".repeat(129), &format!("{}+", "A".repeat(42))] {
+            assert_eq!(ReceiptToken::new(bad), Err(ReceiptShapeError::Token));
+        }
+        let text = "A".repeat(43);
+        let bytes = postcard::to_allocvec(&ReceiptToken::new(text.as_str()).unwrap()).unwrap();
+        let back: ReceiptToken = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(back.expose(), text);
+        let bad = postcard::to_allocvec("short").unwrap();
+        assert!(postcard::from_bytes::<ReceiptToken>(&bad).is_err());
+    }
 }

@@ -386,13 +386,20 @@ impl InboxRecord {
         }
     }
 
-    /// The record's own shape rules: schema version, time order, per-state field presence,
-    /// paired fields and the offer's consistency. Run before every persist and after every
-    /// decode (pair assertions, CONVENTIONS C11).
+    /// The record's own rules: schema version, time order, per-state field presence, paired
+    /// fields and the offer's consistency, its execution revision re-normalized and its digest
+    /// recomputed. Run on every record from outside (decode, [`ValidRecord::new`]); a
+    /// [`ValidRecord`] and its successors are not validated again.
     ///
     /// # Errors
     /// The first [`RecordError`] found.
     pub fn validate(&self) -> Result<(), RecordError> {
+        self.validate_fields()?;
+        self.offer.validate().map_err(RecordError::Offer)
+    }
+
+    /// [`Self::validate`] with the execution revision trusted (compared, not recomputed).
+    fn validate_fields(&self) -> Result<(), RecordError> {
         if self.schema_version != RECORD_SCHEMA_VERSION {
             return Err(RecordError::SchemaVersion {
                 found: self.schema_version,
@@ -424,7 +431,7 @@ impl InboxRecord {
                 });
             }
         }
-        self.offer.validate().map_err(RecordError::Offer)
+        self.offer.validate_fields().map_err(RecordError::Offer)
     }
 
     /// Whether the record is *dormant* at `now`: before the spawn barrier (`accepted`,
@@ -613,9 +620,25 @@ impl core::error::Error for TransitionError {}
 /// 7. write-once: a set optional field keeps its value — except that `recoveryReason` is dropped
 ///    on `recovery_required → completion_acknowledged`.
 ///
+/// `stored` is validated in full (its revision re-normalized and digested once); `proposed`'s
+/// revision is then proven valid by rule 3 (byte-identical to the stored one), so it is not
+/// digested again. A caller holding a [`ValidRecord`] uses [`ValidRecord::advance`], which
+/// digests nothing.
+///
 /// # Errors
 /// The first rule broken, as a [`TransitionError`].
 pub fn check_transition(
+    stored: &InboxRecord,
+    proposed: &InboxRecord,
+    expected_revision: Revision,
+) -> Result<(), TransitionError> {
+    check_cas(stored, proposed, expected_revision)?;
+    stored.validate().map_err(TransitionError::InvalidStored)?;
+    check_successor(stored, proposed)
+}
+
+/// Rule 1.
+fn check_cas(
     stored: &InboxRecord,
     proposed: &InboxRecord,
     expected_revision: Revision,
@@ -633,9 +656,13 @@ pub fn check_transition(
             proposed: proposed.revision,
         });
     }
-    stored.validate().map_err(TransitionError::InvalidStored)?;
+    Ok(())
+}
+
+/// Rules 2–7 for a `stored` record already known valid.
+fn check_successor(stored: &InboxRecord, proposed: &InboxRecord) -> Result<(), TransitionError> {
     proposed
-        .validate()
+        .validate_fields()
         .map_err(TransitionError::InvalidProposed)?;
     if let Some(field) = stored.offer.authority_difference(&proposed.offer, true) {
         return Err(TransitionError::AuthorityChanged { field });
@@ -674,6 +701,69 @@ pub fn check_transition(
         }
     }
     Ok(())
+}
+
+/// An inbox record whose every rule held when it was made, kept as a type so that nothing
+/// validates it again (SPEC §4; issue 15): its execution revision was re-normalized and digested
+/// exactly once, when the record came in from outside ([`ValidRecord::new`], or the envelope
+/// decoder's [`crate::envelope::decode_record`], which also checks the envelope's checksum), and
+/// every successor made by [`ValidRecord::advance`] carries the same revision byte for byte.
+///
+/// Read-only: `Deref` gives the record; a change goes through [`ValidRecord::advance`].
+#[derive(Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct ValidRecord(InboxRecord);
+
+impl ValidRecord {
+    /// Validates `record` in full ([`InboxRecord::validate`]).
+    ///
+    /// # Errors
+    /// The first [`RecordError`].
+    pub fn new(record: InboxRecord) -> Result<Self, RecordError> {
+        record.validate()?;
+        Ok(Self(record))
+    }
+
+    /// A record the caller has just validated in full (the envelope decoder).
+    pub(crate) const fn validated(record: InboxRecord) -> Self {
+        Self(record)
+    }
+
+    /// The update of this record to `proposed` at `expected_revision`, by every rule of
+    /// [`check_transition`]; `proposed`'s revision is proven valid by being this one's, so no
+    /// digest is computed.
+    ///
+    /// # Errors
+    /// The first rule broken, as a [`TransitionError`]; `proposed` is dropped.
+    pub fn advance(
+        &self,
+        proposed: InboxRecord,
+        expected_revision: Revision,
+    ) -> Result<Self, TransitionError> {
+        check_cas(&self.0, &proposed, expected_revision)?;
+        check_successor(&self.0, &proposed)?;
+        Ok(Self(proposed))
+    }
+
+    /// The record.
+    #[must_use]
+    pub fn into_inner(self) -> InboxRecord {
+        self.0
+    }
+}
+
+impl core::ops::Deref for ValidRecord {
+    type Target = InboxRecord;
+
+    fn deref(&self) -> &InboxRecord {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ValidRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
 }
 
 #[cfg(test)]
@@ -1126,5 +1216,78 @@ mod tests {
             found: Revision::new(3).unwrap(),
         };
         assert_eq!(e.to_string(), "stale revision: expected 0, stored 3");
+    }
+
+    /// A record whose revision was changed without re-sealing: its own `contentDigest` and the
+    /// offer's `executionDigest` still agree, so only re-digesting (or comparing with a
+    /// validated revision) can tell.
+    fn with_tampered_revision(record: &InboxRecord) -> InboxRecord {
+        let mut tampered = record.clone();
+        tampered.offer.execution_revision.working_directory = Some("/tmp".into());
+        tampered
+    }
+
+    #[test]
+    fn a_valid_record_walks_the_happy_path_with_the_verdicts_of_check_transition() {
+        let r0 = accepted();
+        let r1 = step(&r0, State::StartingAcknowledged, |_| {});
+        let r2 = launching(&r1);
+        let r3 = step(&r2, State::Started, |r| {
+            r.executor_handle = Some(ExecutorHandle::new("ql3lp1.handle").unwrap());
+        });
+        let mut valid = ValidRecord::new(r0.clone()).unwrap();
+        for next in [&r1, &r2, &r3] {
+            let stored = valid.clone();
+            valid = stored.advance(next.clone(), stored.revision).unwrap();
+            assert_eq!(&*valid, next);
+        }
+        // Refusals are the same as check_transition's, for the same reasons.
+        let back = step(&r3, State::Launching, |_| {});
+        let refused = valid.advance(back.clone(), r3.revision).map(|_| ());
+        assert!(refused.is_err());
+        assert_eq!(refused, check(&r3, &back));
+        let at_r1 = ValidRecord::new(r1.clone()).unwrap();
+        let to_accepted = step(&r1, State::Accepted, |_| {});
+        assert_eq!(
+            at_r1.advance(to_accepted, r1.revision).map(|_| ()),
+            Err(TransitionError::IllegalEdge {
+                from: State::StartingAcknowledged,
+                to: State::Accepted
+            })
+        );
+        assert!(matches!(
+            valid.advance(step(&r3, State::Started, |_| {}), r2.revision),
+            Err(TransitionError::StaleRevision { .. })
+        ));
+        assert_eq!(valid.into_inner(), r3);
+    }
+
+    #[test]
+    fn a_tampered_revision_is_caught_once_by_validation_and_then_by_comparison() {
+        let r0 = accepted();
+        let tampered = with_tampered_revision(&r0);
+        // From outside (a decode, a new ValidRecord): re-normalized and re-digested.
+        assert!(matches!(
+            ValidRecord::new(tampered.clone()),
+            Err(RecordError::Offer(OfferError::Bound {
+                field: "executionRevision",
+                ..
+            }))
+        ));
+        assert!(matches!(
+            check(
+                &tampered,
+                &step(&tampered, State::StartingAcknowledged, |_| {})
+            ),
+            Err(TransitionError::InvalidStored(RecordError::Offer(_)))
+        ));
+        // As a successor of a valid record: compared with the validated revision, not digested.
+        let proposed = with_tampered_revision(&step(&r0, State::StartingAcknowledged, |_| {}));
+        let changed = Err(TransitionError::AuthorityChanged {
+            field: "executionRevision",
+        });
+        assert_eq!(check(&r0, &proposed), changed);
+        let valid = ValidRecord::new(r0.clone()).unwrap();
+        assert_eq!(valid.advance(proposed, r0.revision).map(|_| ()), changed);
     }
 }

@@ -105,7 +105,7 @@ impl RecordFacts {
     /// Whether nothing can need this record again (see the module rules).
     #[must_use]
     pub fn removable(&self) -> bool {
-        self.state.is_terminal() && !self.receipt_present && !self.claimed
+        may_remove_in(self.state) && !self.receipt_present && !self.claimed
     }
 
     /// When this record's Run settled, for its log's keep period (`None`: not settled).
@@ -123,6 +123,60 @@ impl RecordFacts {
             | State::RecoveryRequired => None,
         }
     }
+}
+
+/// Whether a record in `state` may ever be removed by retention: only a settled one
+/// (`completion_acknowledged`, `start_failure_acknowledged`). For any other state the plan keeps
+/// the record whatever else is true, so the driver need not even look for its receipt.
+#[must_use]
+pub const fn may_remove_in(state: State) -> bool {
+    state.is_terminal()
+}
+
+/// Why the journal must not carry out one removal of a [`Plan`], checked on the record it reads
+/// under the owner lock just before removing it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemovalRefused {
+    /// The record changed since the plan was made (a revision CAS, as for every update).
+    StaleRevision {
+        /// The revision the plan saw.
+        expected: Revision,
+        /// The revision stored now.
+        found: Revision,
+    },
+    /// The record is not settled: retention never removes a live record.
+    NotSettled(State),
+}
+
+impl core::fmt::Display for RemovalRefused {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::StaleRevision { expected, found } => {
+                write!(f, "stale revision: expected {expected}, stored {found}")
+            }
+            Self::NotSettled(state) => write!(f, "state {state} is not settled"),
+        }
+    }
+}
+
+impl core::error::Error for RemovalRefused {}
+
+/// The re-check of one planned removal against the record stored now (`stored`), at the
+/// revision the plan saw (`expected`).
+///
+/// # Errors
+/// [`RemovalRefused`]; nothing may be removed.
+pub fn check_removal(stored: &InboxRecord, expected: Revision) -> Result<(), RemovalRefused> {
+    if stored.revision != expected {
+        return Err(RemovalRefused::StaleRevision {
+            expected,
+            found: stored.revision,
+        });
+    }
+    if !may_remove_in(stored.state) {
+        return Err(RemovalRefused::NotSettled(stored.state));
+    }
+    Ok(())
 }
 
 /// A log file on disk, with its own metadata.
@@ -256,15 +310,17 @@ pub enum ArchiveRefusal {
     NotReviewable(State),
 }
 
+impl ArchiveRefusal {
+    /// The archive rule, as operators read it.
+    pub const RULE: &'static str = "only a recovery_required record or a dormant one (accepted, \
+        starting_acknowledged or start_failed with its lease expired) can be archived; settled \
+        records are removed by retention";
+}
+
 impl core::fmt::Display for ArchiveRefusal {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
-            Self::NotReviewable(state) => write!(
-                f,
-                "the record is {state}: only a recovery_required record or a dormant one \
-                 (accepted, starting_acknowledged or start_failed with its lease expired) can \
-                 be archived"
-            ),
+            Self::NotReviewable(state) => write!(f, "the record is {state}: {}", Self::RULE),
         }
     }
 }
@@ -436,5 +492,51 @@ mod tests {
         assert!(due(5, 0, Some((4, 0)), false, &POLICY), "one more record");
         assert!(due(4, 1, Some((4, 0)), false, &POLICY), "one more settled");
         assert!(due(0, 0, Some((0, 0)), true, &POLICY), "periodic");
+    }
+
+    #[test]
+    fn a_removal_is_rechecked_settled_and_at_the_planned_revision() {
+        for state in State::ALL {
+            let record = crate::testkit::record(1, state);
+            let at = record.revision;
+            let outcome = check_removal(&record, at);
+            if state.is_terminal() {
+                assert_eq!(outcome, Ok(()), "{state}");
+                let stale = Revision::new(at.get() + 1).unwrap();
+                assert_eq!(
+                    check_removal(&record, stale),
+                    Err(RemovalRefused::StaleRevision {
+                        expected: stale,
+                        found: at
+                    })
+                );
+            } else {
+                assert_eq!(outcome, Err(RemovalRefused::NotSettled(state)), "{state}");
+            }
+            assert_eq!(may_remove_in(state), outcome.is_ok(), "{state}");
+        }
+    }
+
+    #[test]
+    fn only_recovery_or_dormant_records_are_archivable_and_the_refusal_says_why() {
+        let running = crate::testkit::record(1, State::RunningAcknowledged);
+        let refusal = archivable(&running, ms(0)).unwrap_err();
+        let text = alloc::format!("{refusal}");
+        assert!(
+            text.starts_with("the record is running_acknowledged: only"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("settled records are removed by retention"),
+            "{text}"
+        );
+        assert_eq!(
+            archivable(&crate::testkit::record(1, State::RecoveryRequired), ms(0)),
+            Ok(())
+        );
+        let accepted = crate::testkit::record(1, State::Accepted);
+        let expiry = accepted.offer.lease.expires_at_ms;
+        assert!(archivable(&accepted, ms(expiry.get() - 1)).is_err());
+        assert_eq!(archivable(&accepted, expiry), Ok(()));
     }
 }

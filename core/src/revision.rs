@@ -905,16 +905,19 @@ impl ExecutionRevision {
     }
 
     /// The content digest of this (normalized) revision.
-    #[must_use]
-    pub fn compute_digest(&self) -> Sha256Digest {
+    ///
+    /// # Errors
+    /// [`RevisionError::Field`] when the preimage exceeds the 96 KiB plan budget (only a revision
+    /// that was never normalized can: [`Self::normalize`] refuses one that large).
+    pub fn compute_digest(&self) -> Result<Sha256Digest, RevisionError> {
         use sha2::Digest as _;
-        let canonical = self.canonical_json();
+        let canonical = self.canonical_json()?;
         let mut hasher = sha2::Sha256::new();
         hasher.update(DIGEST_DOMAIN);
         hasher.update(&canonical);
         let mut out = [0u8; 32];
         out.copy_from_slice(hasher.finalize().as_slice());
-        Sha256Digest::from_bytes(out)
+        Ok(Sha256Digest::from_bytes(out))
     }
 
     /// Normalizes and sets `content_digest` to the digest of the normalized content (for
@@ -924,7 +927,7 @@ impl ExecutionRevision {
     /// [`RevisionError`] naming the first broken rule.
     pub fn seal(self) -> Result<Self, RevisionError> {
         let mut normalized = self.normalize()?;
-        normalized.content_digest = normalized.compute_digest();
+        normalized.content_digest = normalized.compute_digest()?;
         Ok(normalized)
     }
 
@@ -943,7 +946,7 @@ impl ExecutionRevision {
         if normalized.placement != self.placement {
             return Err(RevisionError::NotNormalized { field: "placement" });
         }
-        if normalized.compute_digest() != self.content_digest {
+        if normalized.compute_digest()? != self.content_digest {
             return Err(RevisionError::DigestMismatch);
         }
         Ok(())
@@ -951,11 +954,16 @@ impl ExecutionRevision {
 
     /// `JSON.stringify` of the normalized content without `createdAtMs`: the digest preimage
     /// (after [`DIGEST_DOMAIN`]).
-    #[must_use]
-    pub fn canonical_json(&self) -> Vec<u8> {
-        let mut w = JsonWriter::with_cap(2 * MAX_PLAN_BYTES);
+    ///
+    /// # Errors
+    /// [`RevisionError::Field`] above the 96 KiB plan budget (a normalized revision is below
+    /// it: the budget counts `createdAtMs` too).
+    pub fn canonical_json(&self) -> Result<Vec<u8>, RevisionError> {
+        let mut w = JsonWriter::with_cap(MAX_PLAN_BYTES);
         self.write_json(&mut w, JsonForm::Digest);
-        w.finish().map(|b| b.to_vec()).unwrap_or_default()
+        w.finish()
+            .map(|b| b.to_vec())
+            .map_err(|_| field("executionRevision", "<= 96 KiB serialized"))
     }
 
     /// The revision as the offer carries it: content, `createdAtMs` and `contentDigest`.
@@ -1379,7 +1387,7 @@ impl RevisionWire {
             content_digest: claimed,
         };
         let normalized = revision.normalize()?;
-        if normalized.compute_digest() != claimed {
+        if normalized.compute_digest()? != claimed {
             return Err(RevisionError::DigestMismatch);
         }
         Ok(normalized)

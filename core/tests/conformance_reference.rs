@@ -97,7 +97,7 @@ fn conformance_semver_ranges_match_the_reference() {
         let parsed = ExecutionRevision::parse_json(range_revision(field, text, &digest).as_bytes());
         match (accepts, parsed) {
             (true, Ok(revision)) => {
-                if revision.compute_digest().to_hex() != digest {
+                if revision.compute_digest().map(|d| d.to_hex()).as_deref() != Ok(digest.as_str()) {
                     differences.push(format!("{name}: digest differs"));
                 }
             }
@@ -173,7 +173,7 @@ fn conformance_revision_edges_match_the_reference() {
                     ));
                 }
                 let digest = case["digest"].as_str().unwrap();
-                if revision.compute_digest().to_hex() != digest
+                if revision.compute_digest().map(|d| d.to_hex()).as_deref() != Ok(digest)
                     || revision.content_digest.to_hex() != digest
                 {
                     differences.push(format!("{name}: digest differs"));
@@ -219,7 +219,7 @@ fn replay(kind: &str, body: &[u8]) -> Result<Option<Vec<u8>>, String> {
             let parsed = OfferResponse::parse(body).map_err(err)?;
             if let OfferResponse::Offered { offer, .. } = &parsed {
                 let revision = &offer.execution_revision;
-                if revision.compute_digest() != offer.execution_digest {
+                if revision.compute_digest() != Ok(offer.execution_digest) {
                     return Err(String::from("execution digest differs"));
                 }
                 let (offer_id, claim_worker, token) = fx::claim();

@@ -207,3 +207,42 @@ proptest! {
         prop_assert!(envelope::decode::<InboxRecord>(&bytes).is_err());
     }
 }
+
+/// An envelope sealed around any body (what a tamperer who recomputes the checksum writes).
+fn sealed(kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
+    out.extend_from_slice(b"QLWE");
+    out.extend_from_slice(&[kind, 1, 0, 0]);
+    out.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
+    out.extend_from_slice(ql_worker_core::ids::Sha256Digest::of(body).as_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+#[test]
+fn a_decoded_record_is_validated_once_its_revision_digested_even_under_a_good_checksum() {
+    let good = record();
+    let valid = envelope::decode_record(&envelope::encode(&good).unwrap()).unwrap();
+    assert_eq!(*valid, good);
+    // The same bytes back: encoding a ValidRecord skips validation, not a single byte.
+    assert_eq!(
+        envelope::encode_record(&valid).unwrap(),
+        envelope::encode(&good).unwrap()
+    );
+    let mut tampered = good.clone();
+    tampered.offer.execution_revision.working_directory = Some(String::from("/tmp"));
+    let bytes = sealed(1, &postcard::to_allocvec(&tampered).unwrap());
+    assert!(
+        matches!(envelope::open::<InboxRecord>(&bytes), Ok(_)),
+        "framing is fine"
+    );
+    for refused in [
+        envelope::decode_record(&bytes).map(|_| ()),
+        envelope::decode::<InboxRecord>(&bytes).map(|_| ()),
+    ] {
+        let Err(EnvelopeError::Invalid(e)) = refused else {
+            panic!("tampered revision accepted: {refused:?}");
+        };
+        assert!(e.to_string().contains("executionRevision"), "{e}");
+    }
+}

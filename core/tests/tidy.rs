@@ -87,6 +87,13 @@ fn scan(root: &Path) -> Vec<String> {
                     problems.push(format!("{at}: unwrap() without an `// INVARIANT:` comment"));
                 }
             }
+            let next = lines.get(index + 1).copied().unwrap_or("");
+            if !is_test_machinery(&name) && expect_without_invariant(line, next) {
+                problems.push(format!(
+                    "{at}: expect() whose message does not name the invariant \
+                     (`.expect(\"invariant: …\")`)"
+                ));
+            }
         }
         problems.extend(long_functions(&name, &lines));
     }
@@ -110,6 +117,32 @@ fn core_source_is_sans_io_deterministic_and_tidy() {
         problems.len(),
         problems.join("\n")
     );
+}
+
+/// The test machinery still compiled into core (leaving it for its own crate): its `expect`s
+/// name sample data, not protocol invariants.
+fn is_test_machinery(name: &str) -> bool {
+    name.starts_with("testkit/") || name.starts_with("fuzzing/") || name == "wire/fuzzing.rs"
+}
+
+/// Production code panics only on a broken invariant, and says which: an `.expect(` (outside
+/// comments) must carry a literal message starting with `invariant` (on its line, or on the next
+/// when rustfmt wraps it). A panic instead of `unwrap_or_default()` is the honest form: a
+/// silently empty request body or digest preimage is worse.
+fn expect_without_invariant(line: &str, next: &str) -> bool {
+    let code = line.trim_start();
+    if code.starts_with("//") {
+        return false;
+    }
+    let Some((_, after)) = code.split_once(".expect(") else {
+        return false;
+    };
+    let message = if after.trim().is_empty() {
+        next.trim_start()
+    } else {
+        after.trim_start()
+    };
+    !message.starts_with("\"invariant")
 }
 
 /// Functions whose body spans more than [`MAX_FUNCTION_LINES`] lines, found by indentation:
@@ -174,6 +207,9 @@ fn tidy_catches_what_it_claims_to() {
     bad.push("// INVARIANT: the comment on the line before excuses the unwrap.".to_string());
     bad.push("    y.unwrap();".to_string());
     bad.push("    y.unwrap(); // INVARIANT: excused on the same line.".to_string());
+    let expect_at = bad.len() + 1;
+    bad.push("    let b = r.to_body().expect(\"body\");".to_string());
+    bad.push("    let b = r.to_body().expect(\"invariant: a request body is small\");".to_string());
     let long_at = bad.len() + 1;
     bad.push("fn g() {".to_string());
     bad.extend((0..MAX_FUNCTION_LINES).map(|_| "    x();".to_string()));
@@ -206,12 +242,40 @@ fn tidy_catches_what_it_claims_to() {
         first_free + 1
     ));
     expected.push(format!(
+        "{file}:{expect_at}: expect() whose message does not name the invariant \
+         (`.expect(\"invariant: …\")`)"
+    ));
+    expected.push(format!(
         "{file}:{long_at}: function is {} lines",
         MAX_FUNCTION_LINES + 1
     ));
     assert_eq!(problems, expected);
-    // Every FORBIDDEN entry, the column, unwrap and length rules each fired.
-    assert_eq!(problems.len(), FORBIDDEN.len() + 3);
+    // Every FORBIDDEN entry, the column, unwrap, expect and length rules each fired.
+    assert_eq!(problems.len(), FORBIDDEN.len() + 4);
+    // expect() must name its invariant, on its line or the next; comments are not code.
+    assert!(expect_without_invariant(
+        "    let b = r.to_body().expect(\"body\");",
+        ""
+    ));
+    assert!(expect_without_invariant(
+        "    x.expect(",
+        "        \"too large\","
+    ));
+    assert!(expect_without_invariant("    x.expect(msg);", ""));
+    assert!(!expect_without_invariant(
+        "    x.expect(\"invariant: ids are short\");",
+        ""
+    ));
+    assert!(!expect_without_invariant(
+        "    x.expect(",
+        "        \"invariant: ids are short\","
+    ));
+    assert!(!expect_without_invariant(
+        "//! w.handle(now()).expect(\"driver bug\");",
+        ""
+    ));
+    assert!(is_test_machinery("testkit/world/plane.rs") && !is_test_machinery("processor.rs"));
+    assert!(production_lines("a\n#[cfg(test)]\nmod tests {}\n").len() == 1);
 }
 
 #[test]

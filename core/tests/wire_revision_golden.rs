@@ -2,7 +2,7 @@
 //! normalization, canonical JSON and digest must match Node's byte for byte.
 
 use ql_worker_core::ids::Sha256Digest;
-use ql_worker_core::revision::{ExecutionRevision, RevisionError};
+use ql_worker_core::revision::{ExecCommand, ExecutionRevision, RevisionError};
 use serde_json::Value;
 
 const VECTORS: &str = include_str!("../../tests/fixtures/revision-digest/vectors.json");
@@ -25,7 +25,7 @@ fn wire_revision_golden_vectors_match_node_byte_for_byte() {
         let revision = ExecutionRevision::parse_json(text(case, "input").as_bytes())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(
-            String::from_utf8(revision.canonical_json()).unwrap(),
+            String::from_utf8(revision.canonical_json().unwrap()).unwrap(),
             text(case, "canonical"),
             "{name}: canonical JSON"
         );
@@ -35,7 +35,7 @@ fn wire_revision_golden_vectors_match_node_byte_for_byte() {
             "{name}: full JSON"
         );
         assert_eq!(
-            revision.compute_digest().to_hex(),
+            revision.compute_digest().unwrap().to_hex(),
             text(case, "digest"),
             "{name}"
         );
@@ -101,4 +101,23 @@ fn wire_revision_stored_form_must_stay_normalized_and_sealed() {
     );
     tampered.content_digest = Sha256Digest::of(b"other");
     assert_eq!(tampered.validate(), Err(RevisionError::DigestMismatch));
+}
+
+#[test]
+fn wire_revision_beyond_the_plan_budget_has_no_digest_not_an_empty_preimage() {
+    let case = cases().into_iter().next().expect("a golden case");
+    let mut big = ExecutionRevision::parse_json(text(&case, "input").as_bytes()).unwrap();
+    big.command = ExecCommand::Argv {
+        file: String::from("/bin/true"),
+        args: vec!["a".repeat(16 * 1024); 7],
+    };
+    let over = RevisionError::Field {
+        field: "executionRevision",
+        rule: "<= 96 KiB serialized",
+    };
+    assert_eq!(big.canonical_json(), Err(over.clone()));
+    assert_eq!(big.compute_digest(), Err(over));
+    // Normalization refuses it before any digest (its command alone breaks the 64 KiB rule).
+    assert!(big.clone().seal().is_err());
+    assert!(big.validate().is_err());
 }

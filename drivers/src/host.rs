@@ -700,6 +700,7 @@ pub fn journal_failure(error: &JournalError) -> StoreFailure {
         }
         JournalError::Storage(_)
         | JournalError::NotAllowed { .. }
+        | JournalError::NotArchivable { .. }
         | JournalError::NotSettled { .. }
         | JournalError::Refused { .. } => StoreFailure::Unchanged,
     }

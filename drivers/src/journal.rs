@@ -2,7 +2,7 @@
 //! (`<root>/pending-claim`), under the owner lock.
 //!
 //! The driver makes no protocol decision here: every CAS rule is a core function
-//! ([`check_transition`], [`claim::check_create`], [`claim::check_replace`],
+//! ([`ValidRecord::advance`], [`claim::check_create`], [`claim::check_replace`],
 //! [`claim::check_clear`]) called on the record read under the lock; this module only does the
 //! I/O around it, through the one recipe of [`crate::fsio`].
 //!
@@ -16,7 +16,8 @@ use ql_worker_core::claim::{self, ClaimCreate, ClaimError, PendingClaim};
 use ql_worker_core::envelope::{self, MAX_ENVELOPE_BYTES};
 use ql_worker_core::ids::{OfferId, Revision};
 use ql_worker_core::listing::{self, Capacity, Page, PageLimit};
-use ql_worker_core::record::{InboxRecord, State, TransitionError, check_transition};
+use ql_worker_core::record::{InboxRecord, State, TransitionError, ValidRecord};
+use ql_worker_core::retention::{self, ArchiveRefusal, RemovalRefused};
 use ql_worker_core::time::UnixMillis;
 
 use crate::fsio::{self, Dir, FileRules, FileSystem, Kind, RealFs, Rule, Scanned, StorageError};
@@ -106,6 +107,15 @@ pub enum JournalError {
         /// The rule.
         rule: &'static str,
     },
+    /// An operator asked to archive a record the core's archive rule does not allow
+    /// ([`ql_worker_core::retention::archivable`]); nothing changed.
+    #[error("refusing to archive {path}: {refusal}")]
+    NotArchivable {
+        /// The record.
+        path: PathBuf,
+        /// The core's reason.
+        refusal: ArchiveRefusal,
+    },
     /// The path is not a state root (no owner lock): nothing was created or written.
     #[error(
         "{path} is not a ql-worker state root (it has no {lock}); create one with \
@@ -152,6 +162,7 @@ impl JournalError {
             | Self::NotSettled { .. }
             | Self::Refused { .. }
             | Self::NotAllowed { .. }
+            | Self::NotArchivable { .. }
             | Self::NotStateRoot { .. }
             | Self::OwnerLockLost { .. } => None,
         }
@@ -160,7 +171,7 @@ impl JournalError {
     /// Whether an operator's request was refused by a rule (a usage error), not by storage.
     #[must_use]
     pub fn is_refusal(&self) -> bool {
-        matches!(self, Self::NotAllowed { .. })
+        matches!(self, Self::NotAllowed { .. } | Self::NotArchivable { .. })
     }
 }
 
@@ -504,8 +515,9 @@ impl<F: FileSystem> Journal<F> {
     }
 
     /// Replaces a record: reads the stored one under the owner lock, asks the core
-    /// ([`check_transition`]) whether `stored → proposed` at `expected_revision` is allowed,
-    /// and only then writes (temp → fsync → rename → dir fsync).
+    /// ([`ValidRecord::advance`], the rules of `check_transition`) whether `stored → proposed`
+    /// at `expected_revision` is allowed, and only then writes (temp → fsync → rename → dir
+    /// fsync).
     ///
     /// # Errors
     /// [`JournalError::NotFound`], [`JournalError::Transition`] (nothing written), unsafe
@@ -525,16 +537,18 @@ impl<F: FileSystem> Journal<F> {
                 rule: "the proposed record must carry the offer id it replaces",
             });
         }
-        let Some(stored) = read_record_in(&self.fs, &self.offers, offer_id)? else {
+        let Some(stored) = read_valid_record_in(&self.fs, &self.offers, offer_id)? else {
             return Err(JournalError::NotFound { path });
         };
-        check_transition(&stored, proposed, expected_revision).map_err(|source| {
-            JournalError::Transition {
+        // The stored record was validated once, when decoded; the proposed one is its checked
+        // successor (same revision, byte for byte), so neither is digested again.
+        let next = stored
+            .advance(proposed.clone(), expected_revision)
+            .map_err(|source| JournalError::Transition {
                 path: path.clone(),
                 source,
-            }
-        })?;
-        let bytes = envelope::encode(proposed).map_err(|source| StorageError::Unencodable {
+            })?;
+        let bytes = envelope::encode_record(&next).map_err(|source| StorageError::Unencodable {
             path: path.clone(),
             source,
         })?;
@@ -543,7 +557,8 @@ impl<F: FileSystem> Journal<F> {
     }
 
     /// Removes a settled record (`completion_acknowledged`, `start_failure_acknowledged`) at
-    /// `expected_revision`; used by retention. A non-terminal record is never removed.
+    /// `expected_revision`; used by retention. The core's [`retention::check_removal`] decides on
+    /// the record read under the lock: a stale revision or a live record is never removed.
     ///
     /// # Errors
     /// [`JournalError::NotSettled`], [`JournalError::Transition`] for a stale revision,
@@ -558,21 +573,13 @@ impl<F: FileSystem> Journal<F> {
         let Some(stored) = read_record_in(&self.fs, &self.offers, offer_id)? else {
             return Err(JournalError::NotFound { path });
         };
-        if stored.revision != expected_revision {
-            return Err(JournalError::Transition {
+        retention::check_removal(&stored, expected_revision).map_err(|refused| match refused {
+            RemovalRefused::StaleRevision { expected, found } => JournalError::Transition {
                 path,
-                source: TransitionError::StaleRevision {
-                    expected: expected_revision,
-                    found: stored.revision,
-                },
-            });
-        }
-        if !stored.state.is_terminal() {
-            return Err(JournalError::NotSettled {
-                path,
-                state: stored.state,
-            });
-        }
+                source: TransitionError::StaleRevision { expected, found },
+            },
+            RemovalRefused::NotSettled(state) => JournalError::NotSettled { path, state },
+        })?;
         fsio::remove(&self.fs, &self.offers, &name)?;
         Ok(())
     }
@@ -816,12 +823,21 @@ fn read_record_in(
     offers: &Dir,
     offer_id: &OfferId,
 ) -> Result<Option<InboxRecord>, JournalError> {
+    Ok(read_valid_record_in(fs, offers, offer_id)?.map(ValidRecord::into_inner))
+}
+
+/// One record, decoded with every check (its revision validated this once).
+fn read_valid_record_in(
+    fs: &dyn FileSystem,
+    offers: &Dir,
+    offer_id: &OfferId,
+) -> Result<Option<ValidRecord>, JournalError> {
     let name = layout::record_file_name(offer_id);
     let Some(bytes) = fsio::read_checked(fs, offers, &name, MAX_ENVELOPE_BYTES)? else {
         return Ok(None);
     };
     let path = offers.child(&name);
-    let record: InboxRecord = envelope::decode(&bytes).map_err(|source| StorageError::Corrupt {
+    let record = envelope::decode_record(&bytes).map_err(|source| StorageError::Corrupt {
         path: path.clone(),
         source,
     })?;
@@ -886,7 +902,7 @@ pub use crate::layout::ARCHIVE_DIR;
 /// Moves one reviewed record out of the inbox into `<root>/archive/` (`ql-worker recover
 /// --archive`): a `recovery_required` record, or a dormant one (before the spawn barrier with
 /// its lease expired at `now`: nothing ran and nothing can start); the rule is the core's
-/// [`ql_worker_core::retention::archivable`]. Takes the owner lock, so the Worker must be
+/// [`retention::archivable`]. Takes the owner lock, so the Worker must be
 /// stopped; refuses any other record. The attempt's receipt goes first (it holds the completion
 /// capability, and no completion follows an archive: a crash after it leaves the record in the
 /// inbox, to be archived again), then the rename, then an fsync of both directories. Retention
@@ -915,15 +931,8 @@ pub fn archive_record(
             rule: "there is no such record in the inbox",
         });
     };
-    if ql_worker_core::retention::archivable(&record, now).is_err() {
-        return Err(JournalError::NotAllowed {
-            action: "to archive",
-            path,
-            rule: "only a recovery_required record or a dormant one (accepted, \
-                   starting_acknowledged or start_failed with its lease expired) can be archived; \
-                   settled records are removed by retention",
-        });
-    }
+    retention::archivable(&record, now)
+        .map_err(|refusal| JournalError::NotArchivable { path, refusal })?;
     let fs = &journal.fs;
     let archive = fsio::open_subdir(fs, &journal.root, ARCHIVE_DIR, true)?.ok_or_else(|| {
         StorageError::Io {

@@ -7,8 +7,8 @@
 //! 2. on a full sweep, the logs on disk with their own metadata (the later modification time of
 //!    the log and its truncation fact) and the archived records with the time they were
 //!    archived (the archive file's `st_ctime`, which the archiving rename set);
-//! 3. removal, logs first, then records (each re-checked settled under the owner lock, a CAS on
-//!    its revision), then archived records.
+//! 3. removal, logs first, then records (each re-checked by the core's `check_removal` under the
+//!    owner lock: settled, and a CAS on its revision), then archived records.
 //!
 //! A crash between two removals leaves a state the next sweep finishes: a log without its
 //! record is kept `log_keep_ms` from its own write time, a record without its log is settled.
@@ -17,6 +17,7 @@ use std::path::PathBuf;
 
 use ql_worker_core::ids::{LogArtifactId, OfferId};
 use ql_worker_core::listing::PageLimit;
+use ql_worker_core::retention;
 pub use ql_worker_core::retention::{
     ArchivedFacts, LogFacts, Plan, RecordFacts, RetentionPolicy, plan,
 };
@@ -154,9 +155,9 @@ fn record_facts<F: FileSystem>(journal: &Journal<F>) -> Result<Vec<RecordFacts>,
                     path: layout::Paths::new(journal.root()).record(id),
                 });
             };
-            // Only a settled record's receipt matters (the plan removes nothing else); an
-            // unreadable receipt counts as present.
-            let receipt_present = record.state.is_terminal()
+            // Only the receipt of a record the plan may remove matters (the core says which);
+            // an unreadable receipt counts as present.
+            let receipt_present = retention::may_remove_in(record.state)
                 && !matches!(
                     crate::receipts::read_with(
                         journal.fs(),

@@ -751,3 +751,44 @@ fn a_truncation_fact_for_another_quota_is_a_mismatch_and_a_missing_one_is_unknow
     });
     assert_eq!(reader.truncation, None, "missing fact means unknown");
 }
+
+/// An envelope sealed around `body` with a correct checksum (what a tamperer who knows the
+/// format writes).
+fn resealed(kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = b"QLWE".to_vec();
+    out.extend_from_slice(&[kind, 1, 0, 0]);
+    out.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
+    out.extend_from_slice(sha256(body).as_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+#[test]
+fn a_record_resealed_around_a_changed_revision_is_corrupt_for_every_reader_and_for_replace() {
+    // The revision is trusted as a type only after the one validation a record read from disk
+    // gets, when it is decoded: a good checksum is not enough.
+    let sb = prepared();
+    let stored = journal::read_record_unlocked(&sb.root, &offer1()).unwrap();
+    let mut tampered = stored.clone();
+    tampered.offer.execution_revision.working_directory = Some(String::from("/tmp"));
+    fs::write(
+        record_path(&sb),
+        resealed(1, &postcard::to_allocvec(&tampered).unwrap()),
+    )
+    .unwrap();
+    let mut journal = Journal::open(&sb.root, Capacity::DEFAULT).unwrap();
+    let next = touched(&tampered);
+    unchanged(sb.dir.path(), || {
+        for err in [
+            corrupt_source(journal.read_record(&offer1())),
+            corrupt_source(journal::read_record_unlocked(&sb.root, &offer1())),
+            corrupt_source(journal.replace_record(&offer1(), &next, tampered.revision)),
+        ] {
+            assert!(
+                matches!(err, EnvelopeError::Invalid(_)),
+                "{err:?} must be the record's own rules"
+            );
+            assert!(err.to_string().contains("executionRevision"), "{err}");
+        }
+    });
+}

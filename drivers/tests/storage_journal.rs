@@ -127,6 +127,35 @@ fn replace_walks_the_chain_and_the_core_cas_refuses_stale_and_illegal_updates() 
 }
 
 #[test]
+fn replace_refuses_a_proposed_record_whose_revision_is_not_the_stored_one() {
+    // The proposed record's revision is not digested again: it must equal the stored one, which
+    // was validated when it was decoded. Changed without a new digest, it is an authority change.
+    let sb = sandbox();
+    let mut journal = open(&sb.root);
+    let r0 = accepted(1);
+    journal.publish_record(&r0).unwrap();
+    let mut proposed = touched(&r0);
+    proposed.offer.execution_revision.timeout_ms = Some(1);
+    let err = unchanged(&sb.root, || {
+        journal
+            .replace_record(&r0.offer.offer_id, &proposed, r0.revision)
+            .unwrap_err()
+    });
+    assert!(
+        matches!(
+            err,
+            JournalError::Transition {
+                source: TransitionError::AuthorityChanged {
+                    field: "executionRevision"
+                },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
 fn replace_of_a_missing_record_is_not_found() {
     let sb = sandbox();
     let mut journal = open(&sb.root);

@@ -6,7 +6,6 @@ use alloc::vec::Vec;
 use core::fmt;
 
 use serde::Deserialize;
-use serde::de::{Deserializer, Visitor};
 use zeroize::Zeroizing;
 
 use super::{Fence, WireError, bind, ensure, exact, finish, parse_json};
@@ -176,49 +175,9 @@ impl SecretsRequest {
     }
 }
 
-/// A secret value: zeroized on drop, `Debug` redacted, no `Serialize`. Only
-/// [`SecretValue::expose`] reveals it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct SecretValue(Zeroizing<String>);
-
-impl SecretValue {
-    /// Wraps a value (for tests and the loopback control plane).
-    #[must_use]
-    pub fn new(value: String) -> Self {
-        Self(Zeroizing::new(value))
-    }
-
-    /// The plaintext, for materializing the child's environment.
-    #[must_use]
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for SecretValue {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("SecretValue([redacted])")
-    }
-}
-
-impl<'de> Deserialize<'de> for SecretValue {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct ValueVisitor;
-        impl Visitor<'_> for ValueVisitor {
-            type Value = SecretValue;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a secret value string")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<SecretValue, E> {
-                Ok(SecretValue::new(String::from(v)))
-            }
-            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<SecretValue, E> {
-                Ok(SecretValue::new(v))
-            }
-        }
-        deserializer.deserialize_string(ValueVisitor)
-    }
-}
+/// A secret value: the core's one secret-string type ([`crate::secret::SecretString`]: wiped on
+/// drop, `Debug` redacted, constant-time equality, redacted in JSON). Only `expose` reveals it.
+pub use crate::secret::SecretString as SecretValue;
 
 /// One resolved reference.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -23,7 +23,7 @@ use zeroize::Zeroizing;
 use super::SUPERVISE_ARG;
 use super::frame;
 use super::identity::{DurableHandle, ProcRoot};
-use super::plan::{Capability, EnvVar, Plan, Seams, SecretText};
+use super::plan::{Capability, EnvVar, Plan, Seams, SecretString};
 use super::report::{MAX_REPORT_BYTES, REPORT_MAGIC, RejectReason, Report, UnknownReason};
 use super::unix_millis_now;
 use crate::containment::ContainmentPlan;
@@ -101,7 +101,7 @@ impl Launch {
             .into_iter()
             .map(|(name, mut value)| EnvVar {
                 name,
-                value: SecretText::new(std::mem::take(&mut *value)),
+                value: SecretString::new(std::mem::take(&mut *value)),
             })
             .collect();
         Self {

@@ -11,7 +11,6 @@
 //!   identity.
 //! * [`identity`]: `/proc` identity and the `ql3lp1.` handle.
 
-pub mod barrier;
 pub mod capture;
 pub mod executor;
 mod frame;
@@ -31,7 +30,7 @@ pub use executor::{
     DEFAULT_REPORT_TIMEOUT, Executor, ExecutorOutcome, Launch, SupervisorExecutor, SupervisorImage,
 };
 pub use identity::{DurableHandle, ProcRoot, ProcessIdentity};
-pub use plan::{Capability, EnvVar, SecretText};
+pub use plan::{Capability, EnvVar, SecretString};
 pub use report::{BarrierField, RejectReason, UnknownReason};
 pub use run::NO_SPAWN_EXIT;
 pub use stop::{StopController, StopOutcome, StopSignal, StopUnknown};

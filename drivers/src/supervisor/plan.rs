@@ -6,13 +6,13 @@
 
 use std::fmt;
 
+use ql_worker_core::barrier::Barrier;
 use ql_worker_core::ids::{AttemptId, CallbackSequence, LogArtifactId, OfferId, RunId};
-use ql_worker_core::receipt::ReceiptToken;
 use ql_worker_core::revision::ExecCommand;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::truncation::{MAX_LOG_QUOTA_BYTES, MIN_LOG_QUOTA_BYTES};
 use serde::{Deserialize, Serialize};
-use zeroize::{Zeroize, Zeroizing};
+use zeroize::Zeroizing;
 
 use super::frame::{self, FrameError};
 use crate::containment::ContainmentPlan;
@@ -40,16 +40,6 @@ pub const MAX_PATH_BYTES: usize = 4096;
 /// The completion capability: the core's type (wiped on drop, no `Debug`, no `Clone`).
 pub use ql_worker_core::capability::Capability;
 
-/// The receipt token of `capability`: canonical base64url of the 32 bytes (43 characters). The
-/// core's wiped buffer is copied once into the token, which wipes itself on drop.
-#[must_use]
-pub fn receipt_token(capability: &Capability) -> ReceiptToken {
-    let text = capability.to_base64url();
-    // INVARIANT: 32 bytes always encode to 43 characters of the base64url alphabet.
-    ReceiptToken::new(String::from(text.as_str()))
-        .expect("43 base64url characters are a valid receipt token")
-}
-
 /// Serializes the capability's raw bytes, into the (wiped) plan frame only.
 mod capability_bytes {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -69,36 +59,9 @@ mod capability_bytes {
     }
 }
 
-/// Text that may be a Secret value: wiped on drop, redacted in `Debug`.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct SecretText(String);
-
-impl SecretText {
-    /// Wraps `value`.
-    #[must_use]
-    pub fn new(value: String) -> Self {
-        Self(value)
-    }
-
-    /// The text, to hand to the child's environment.
-    #[must_use]
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl Drop for SecretText {
-    fn drop(&mut self) {
-        self.0.zeroize();
-    }
-}
-
-impl fmt::Debug for SecretText {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[redacted]")
-    }
-}
+/// Text that may be a Secret value: the core's one secret-string type (wiped on drop, redacted
+/// in `Debug`, compared in constant time; carried raw only in the postcard plan frame).
+pub use ql_worker_core::secret::SecretString;
 
 /// One materialized environment entry (public value or resolved Secret; both are treated as
 /// secret in memory).
@@ -107,7 +70,7 @@ pub struct EnvVar {
     /// `^[A-Za-z_][A-Za-z0-9_]{0,127}$`.
     pub name: String,
     /// Non-empty, ≤ 16 KiB, no NUL.
-    pub value: SecretText,
+    pub value: SecretString,
 }
 
 impl EnvVar {
@@ -116,7 +79,7 @@ impl EnvVar {
     pub fn new(name: impl Into<String>, value: impl Into<String>) -> Self {
         Self {
             name: name.into(),
-            value: SecretText::new(value.into()),
+            value: SecretString::new(value.into()),
         }
     }
 }
@@ -320,6 +283,21 @@ pub fn validate_working_directory(dir: Option<&str>) -> Result<(), PlanError> {
 }
 
 impl Plan {
+    /// What this plan requires of the durable `launching` record: the core's spawn barrier
+    /// ([`Barrier::check`]), which the supervisor crosses on the record it re-reads.
+    #[must_use]
+    pub fn barrier(&self) -> Barrier<'_> {
+        Barrier {
+            offer_id: &self.offer_id,
+            run_id: &self.run_id,
+            attempt_id: &self.attempt_id,
+            callback_sequence: self.callback_sequence,
+            token_digest: self.capability.digest(),
+            log_artifact_id: &self.log_artifact_id,
+            executor_started_at: self.started_at_ms,
+        }
+    }
+
     /// All plan rules.
     ///
     /// # Errors
@@ -365,9 +343,6 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use base64::Engine as _;
-    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    use ql_worker_core::ids::{CapabilityDigest, Sha256Digest};
 
     pub(crate) fn sample() -> Plan {
         Plan {
@@ -448,18 +423,6 @@ mod tests {
         let frame = plan.encode().expect("fits");
         assert!(frame.len() <= MAX_PLAN_BYTES);
         assert_eq!(Plan::decode(&frame).unwrap().containment, plan.containment);
-    }
-
-    #[test]
-    fn receipt_token_is_canonical_base64url_of_the_capability() {
-        let cap = Capability::from_bytes([0xff; 32]);
-        let token = receipt_token(&cap);
-        assert_eq!(token.expose().len(), 43);
-        assert_eq!(URL_SAFE_NO_PAD.decode(token.expose()).unwrap(), [0xff; 32]);
-        assert_eq!(
-            cap.digest(),
-            CapabilityDigest::new(Sha256Digest::of(&[0xff; 32]))
-        );
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! reasons it can carry. Reasons are fixed vocabularies: no path, value or message text that could
 //! carry a Secret.
 
-use ql_worker_core::record::State;
 use serde::{Deserialize, Serialize};
+
+pub use ql_worker_core::barrier::BarrierField;
 
 use super::frame::{self, FrameError};
 use super::plan::PlanError;
@@ -37,42 +38,6 @@ impl Report {
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<Self, FrameError> {
         frame::decode(REPORT_MAGIC, bytes, MAX_REPORT_BYTES)
-    }
-}
-
-/// The inbox field whose durable value differs from the plan (spawn barrier drift).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum BarrierField {
-    /// The record is not in `launching`.
-    State(State),
-    /// `offer.offerId`.
-    OfferId,
-    /// `offer.candidate.runId`.
-    RunId,
-    /// `offer.candidate.attemptId`.
-    AttemptId,
-    /// `completionReceiptCallbackSequence`.
-    CallbackSequence,
-    /// `completionReceiptTokenDigest`.
-    TokenDigest,
-    /// `logArtifactId`.
-    LogArtifactId,
-    /// `executorStartedAtMs`.
-    ExecutorStartedAtMs,
-}
-
-impl std::fmt::Display for BarrierField {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::State(state) => write!(f, "state is {state}, not launching"),
-            Self::OfferId => f.write_str("offerId"),
-            Self::RunId => f.write_str("runId"),
-            Self::AttemptId => f.write_str("attemptId"),
-            Self::CallbackSequence => f.write_str("completionReceiptCallbackSequence"),
-            Self::TokenDigest => f.write_str("completionReceiptTokenDigest"),
-            Self::LogArtifactId => f.write_str("logArtifactId"),
-            Self::ExecutorStartedAtMs => f.write_str("executorStartedAtMs"),
-        }
     }
 }
 
@@ -180,6 +145,8 @@ pub enum UnknownReason {
 
 #[cfg(test)]
 mod tests {
+    use ql_worker_core::record::State;
+
     use super::*;
 
     #[test]

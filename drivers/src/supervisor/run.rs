@@ -31,7 +31,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ql_worker_core::receipt::{RECEIPT_SCHEMA_VERSION, Receipt};
+use ql_worker_core::receipt::{RECEIPT_SCHEMA_VERSION, Receipt, ReceiptToken};
 use ql_worker_core::record::InboxRecord;
 use ql_worker_core::revision::{EnvValue, ExecCommand};
 use ql_worker_core::truncation::{FACT_SCHEMA_VERSION, TruncationFact};
@@ -39,7 +39,6 @@ use rustix::process::{Pid, Signal, getpid, kill_process_group, set_child_subreap
 use zeroize::Zeroizing;
 
 use super::authority;
-use super::barrier;
 use super::capture::{self, CaptureTally, FailingSink};
 use super::frame;
 use super::identity::{self, DurableHandle, ProcRoot};
@@ -246,7 +245,9 @@ fn prepare_and_spawn(plan: &mut Plan) -> Result<Spawned, RejectReason> {
     let root = Path::new(&plan.state_root);
     let record = authority::read_record(root, &plan.offer_id)
         .map_err(|_| RejectReason::BarrierUnreadable)?;
-    barrier::check(&record, plan).map_err(RejectReason::BarrierDrift)?;
+    plan.barrier()
+        .check(&record)
+        .map_err(RejectReason::BarrierDrift)?;
     // The execution policy, re-decided where the barrier is re-checked.
     plan.containment
         .check_policy(&plan.command, plan.working_directory.as_deref())
@@ -530,7 +531,7 @@ fn publish_receipt(plan: &Plan, exit_code: u8) {
         run_id: plan.run_id.clone(),
         attempt_id: plan.attempt_id.clone(),
         callback_sequence: plan.callback_sequence,
-        token: super::plan::receipt_token(&plan.capability),
+        token: ReceiptToken::of(&plan.capability),
         started_at_ms: plan.started_at_ms,
         finished_at_ms: finished_at,
         exit_code,

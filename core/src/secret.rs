@@ -1,0 +1,121 @@
+//! The one type for text that must not leak: Secret values, environment values that may be
+//! Secrets, and the two capabilities that travel as text (the Run lease token,
+//! [`crate::ids::LeaseToken`]; the completion capability in a receipt,
+//! [`crate::receipt::ReceiptToken`], both validated wrappers of [`SecretString`]).
+//!
+//! A [`SecretString`] is wiped on drop (and so is every clone), prints `[redacted]` in `Debug`,
+//! has no `Display`, compares in constant time, and serializes redacted in human-readable formats
+//! (JSON): only compact binary formats (the postcard inbox record, which legitimately stores the
+//! lease token; the receipt envelope; the supervisor's plan frame) carry the value. Code that
+//! must send or use the value calls [`SecretString::expose`], explicitly.
+
+use alloc::string::String;
+use core::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use zeroize::Zeroizing;
+
+/// Text that may be a Secret or a capability. See the module documentation.
+#[derive(Clone, Default)]
+pub struct SecretString(Zeroizing<String>);
+
+impl SecretString {
+    /// Takes ownership of `value` (its buffer is the one wiped on drop).
+    #[must_use]
+    pub fn new(value: String) -> Self {
+        Self(Zeroizing::new(value))
+    }
+
+    /// Whether the text has the shape of a capability token, `[A-Za-z0-9_-]{32,128}` (the lease
+    /// token and the receipt token share it).
+    #[must_use]
+    pub fn is_token(&self) -> bool {
+        let text = self.expose();
+        (32..=128).contains(&text.len())
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    }
+
+    /// The plaintext, for the few places that must send, store or hand it on.
+    #[must_use]
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for SecretString {
+    fn from(value: String) -> Self {
+        Self::new(value)
+    }
+}
+
+impl PartialEq for SecretString {
+    /// Constant time in the contents (the length is not secret).
+    fn eq(&self, other: &Self) -> bool {
+        use subtle::ConstantTimeEq as _;
+        self.0.as_bytes().ct_eq(other.0.as_bytes()).into()
+    }
+}
+
+impl Eq for SecretString {}
+
+impl fmt::Debug for SecretString {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl Serialize for SecretString {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            serializer.serialize_str("[redacted]")
+        } else {
+            serializer.serialize_str(&self.0)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SecretString {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(Self::new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::format;
+
+    #[test]
+    fn redacted_in_debug_and_json_but_exact_in_postcard() {
+        let secret = SecretString::new(String::from("hunter2"));
+        assert_eq!(format!("{secret:?}"), "[redacted]");
+        assert_eq!(serde_json::to_string(&secret).unwrap(), "\"[redacted]\"");
+        let bytes = postcard::to_allocvec(&secret).unwrap();
+        assert_eq!(&bytes[1..], b"hunter2");
+        let back: SecretString = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(back, secret);
+        let parsed: SecretString = serde_json::from_str("\"hunter2\"").unwrap();
+        assert_eq!(parsed.expose(), "hunter2");
+    }
+
+    #[test]
+    fn equality_is_by_content() {
+        let a = SecretString::new(String::from("abc"));
+        assert_eq!(a, a.clone());
+        assert_ne!(a, SecretString::new(String::from("abd")));
+        assert_ne!(a, SecretString::new(String::from("abcd")));
+    }
+
+    #[test]
+    fn token_shape_is_the_capability_alphabet_of_32_to_128_characters() {
+        let token = |text: String| SecretString::new(text).is_token();
+        assert!(token("A".repeat(32)));
+        assert!(token("a_-9".repeat(32)));
+        assert!(!token("A".repeat(31)));
+        assert!(!token("A".repeat(129)));
+        assert!(!token(format!("{}+", "A".repeat(40))));
+        assert!(!token(format!("{}=", "A".repeat(42))));
+    }
+}
