@@ -9,16 +9,19 @@ use serde::ser::{SerializeMap, Serializer};
 const STRINGS: &str = include_str!("../../tests/fixtures/wire/strings.json");
 
 fn unhex(text: &str) -> Vec<u8> {
-    assert!(text.len() % 2 == 0);
+    assert!(text.len().is_multiple_of(2));
     (0..text.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
         .collect()
 }
 
-/// The vectors: each string and the bytes `JSON.stringify` wrote for it, then those of the array
-/// of all strings and of the object `{"k<i><string>": <string>}` in insertion order.
-fn vectors() -> (Vec<(String, Vec<u8>)>, Vec<u8>, Vec<u8>) {
+/// Each string and the bytes `JSON.stringify` wrote for it.
+type Cases = Vec<(String, Vec<u8>)>;
+
+/// The vectors: the cases, then the bytes of the array of all strings and of the object
+/// `{"k<i><string>": <string>}` in insertion order.
+fn vectors() -> (Cases, Vec<u8>, Vec<u8>) {
     let root: serde_json::Value = serde_json::from_str(STRINGS).unwrap();
     let strings = root["strings"]
         .as_array()

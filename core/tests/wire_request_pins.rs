@@ -443,3 +443,39 @@ fn request_bodies_are_byte_identical_to_the_pinned_bodies() {
         "the generator must reach escaping"
     );
 }
+
+#[test]
+fn the_lease_token_lands_in_its_own_key_whatever_the_free_text_holds() {
+    let mut rng = Rng(7);
+    let mut fence = fence(&mut rng);
+    fence.lease_token = LeaseToken::new("t".repeat(32)).unwrap();
+    let decoy = format!(
+        "x\",\"leaseToken\":\"{}",
+        "0".repeat(fence.lease_token.expose().len())
+    );
+    fence.project_id = ProjectId::new(decoy.clone()).unwrap();
+    let token = fence.lease_token.expose().to_owned();
+    for body in [
+        LeaseControlRequest {
+            fence: fence.clone(),
+        }
+        .to_body()
+        .unwrap(),
+        ArtifactUpload {
+            fence: fence.clone(),
+            log_artifact_id: log_id(&mut rng),
+            byte_length: 1,
+            truncated: None,
+        }
+        .header_json()
+        .unwrap(),
+    ] {
+        let parsed: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(parsed["leaseToken"], token.as_str());
+        assert_eq!(parsed["projectId"], decoy.as_str());
+        assert_eq!(String::from_utf8_lossy(&body).matches(&token).count(), 1);
+    }
+    // The fence alone never serializes its token: only the request writer puts it in.
+    let alone = serde_json::to_string(&fence).unwrap();
+    assert!(!alone.contains(&token), "{alone}");
+}
