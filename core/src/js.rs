@@ -24,23 +24,14 @@ use core::fmt;
 use zeroize::Zeroizing;
 
 /// A character outside the set [`locale_compare`] can order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "cannot order {character:?} like JavaScript localeCompare: only [A-Za-z0-9._/+-] is supported"
+)]
 pub struct CollationError {
     /// The offending character (names and label keys are never secret).
     pub character: char,
 }
-
-impl fmt::Display for CollationError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "cannot order {:?} like JavaScript localeCompare: only [A-Za-z0-9._/+-] is supported",
-            self.character
-        )
-    }
-}
-
-impl core::error::Error for CollationError {}
 
 /// Primary collation rank of a supported character under ICU root collation (case folded), and
 /// whether it carries the uppercase tertiary weight.
@@ -180,16 +171,9 @@ pub fn write_json_string(out: &mut Vec<u8>, value: &str) {
 pub struct JsString(Vec<u8>);
 
 /// Bytes that are not WTF-8 (invalid UTF-8, or a surrogate pair in split form).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("a string of UTF-8 and lone UTF-16 surrogates only")]
 pub struct NotWtf8;
-
-impl fmt::Display for NotWtf8 {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a string of UTF-8 and lone UTF-16 surrogates only")
-    }
-}
-
-impl core::error::Error for NotWtf8 {}
 
 /// One code point of WTF-8 at `i`: `(code point, length)`.
 fn wtf8_at(bytes: &[u8], i: usize) -> Option<(u32, usize)> {
@@ -426,19 +410,12 @@ pub fn write_json_uint(out: &mut Vec<u8>, value: u64) {
 }
 
 /// The writer refused to grow past its byte cap.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("serialized JSON exceeds its {cap} byte cap")]
 pub struct CapExceeded {
     /// The cap, in bytes.
     pub cap: usize,
 }
-
-impl fmt::Display for CapExceeded {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "serialized JSON exceeds its {} byte cap", self.cap)
-    }
-}
-
-impl core::error::Error for CapExceeded {}
 
 /// A bounded, `JSON.stringify`-exact writer for objects whose key order the caller states.
 ///

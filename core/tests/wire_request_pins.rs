@@ -1,11 +1,12 @@
 //! Every request body the Worker writes is pinned byte for byte against
-//! `tests/fixtures/wire/request-pins.json`: 440 requests (40 of each of the 11 kinds) of every kind, built from a seeded
-//! generator whose free-text fields (`projectId`, `taskId`, `executorHandle`, secret reference
-//! names, capability label values and GPU models) mix quotes, backslashes, `/`, non-ASCII, astral
-//! characters, U+2028/U+2029, BOM and C1 controls. The fixture was captured from the hand-written
-//! `JsonWriter` request writers (commit 8b03040) before they were replaced by serde_json, so this
-//! test proves the replacement changed no byte. `wire_examples.rs` pins the reference's own
-//! examples (Node-written); this pins the escaping-heavy inputs those examples lack.
+//! `tests/fixtures/wire/request-pins.json`: 440 requests, 40 of each of the 11 kinds, built from
+//! a seeded generator whose free-text fields (`projectId`, `taskId`, `executorHandle`, secret
+//! reference names, capability label values and GPU models) mix quotes, backslashes, `/`,
+//! non-ASCII, astral characters, U+2028/U+2029, BOM and C1 controls. The fixture was captured
+//! from the hand-written `JsonWriter` request writers (commit 8b03040) before they were replaced
+//! by serde_json, so this test proves the replacement changed no byte. `wire_examples.rs` pins
+//! the reference's own examples (Node-written); this pins the escaping-heavy inputs those
+//! examples lack.
 
 use std::collections::BTreeMap;
 

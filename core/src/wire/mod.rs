@@ -155,9 +155,10 @@ impl fmt::Display for JsonError {
 
 /// A wire contract violation. Blame: the control plane for responses, the caller for requests
 /// ([`WireError::Request`], [`WireError::RequestTooLarge`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
     /// The response size is outside `2..=cap` bytes; checked before parsing.
+    #[error("{endpoint} response of {len} bytes is outside 2..={cap} bytes")]
     Size {
         /// Which response.
         endpoint: &'static str,
@@ -167,6 +168,7 @@ pub enum WireError {
         cap: usize,
     },
     /// The body is not JSON of the exact shape.
+    #[error("{endpoint} JSON rejected: {error}")]
     Json {
         /// Which body.
         endpoint: &'static str,
@@ -174,6 +176,7 @@ pub enum WireError {
         error: JsonError,
     },
     /// A field breaks its bound, enum or pattern.
+    #[error("response field {path} must be {rule}")]
     Field {
         /// Field path, as named on the wire.
         path: &'static str,
@@ -181,6 +184,7 @@ pub enum WireError {
         rule: &'static str,
     },
     /// A field is not bound to the request (or claim, or Session) that produced the response.
+    #[error("response field {path} must equal {must_equal}")]
     Mismatch {
         /// Field path of the response.
         path: &'static str,
@@ -188,8 +192,10 @@ pub enum WireError {
         must_equal: &'static str,
     },
     /// The execution revision is invalid or its digest does not match.
+    #[error("offer executionRevision rejected: {0}")]
     Revision(crate::revision::RevisionError),
     /// A request cannot be built from these values.
+    #[error("request field {path} must be {rule}")]
     Request {
         /// Field path of the request.
         path: &'static str,
@@ -197,6 +203,7 @@ pub enum WireError {
         rule: &'static str,
     },
     /// A request would exceed its byte cap.
+    #[error("{endpoint} request exceeds its {cap} byte cap")]
     RequestTooLarge {
         /// Which request.
         endpoint: &'static str,
@@ -204,29 +211,6 @@ pub enum WireError {
         cap: usize,
     },
 }
-
-impl fmt::Display for WireError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Size { endpoint, len, cap } => write!(
-                f,
-                "{endpoint} response of {len} bytes is outside 2..={cap} bytes"
-            ),
-            Self::Json { endpoint, error } => write!(f, "{endpoint} JSON rejected: {error}"),
-            Self::Field { path, rule } => write!(f, "response field {path} must be {rule}"),
-            Self::Mismatch { path, must_equal } => {
-                write!(f, "response field {path} must equal {must_equal}")
-            }
-            Self::Revision(error) => write!(f, "offer executionRevision rejected: {error}"),
-            Self::Request { path, rule } => write!(f, "request field {path} must be {rule}"),
-            Self::RequestTooLarge { endpoint, cap } => {
-                write!(f, "{endpoint} request exceeds its {cap} byte cap")
-            }
-        }
-    }
-}
-
-impl core::error::Error for WireError {}
 
 impl From<crate::revision::RevisionError> for WireError {
     fn from(error: crate::revision::RevisionError) -> Self {

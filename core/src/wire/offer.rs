@@ -4,7 +4,6 @@
 use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;
-use core::fmt;
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -548,9 +547,10 @@ fn write_offer(w: &mut JsonWriter, o: &OfferedOffer) {
 }
 
 /// Why an `offered` response could not be admitted for the pending claim.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AdmissionError {
     /// The offer is not for this claim or this Session.
+    #[error("offered {path} must equal {must_equal}")]
     ClaimMismatch {
         /// The offer field.
         path: &'static str,
@@ -558,21 +558,9 @@ pub enum AdmissionError {
         must_equal: &'static str,
     },
     /// The reconstructed offer is inconsistent.
+    #[error("offered offer rejected: {0}")]
     Offer(OfferError),
 }
-
-impl fmt::Display for AdmissionError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::ClaimMismatch { path, must_equal } => {
-                write!(f, "offered {path} must equal {must_equal}")
-            }
-            Self::Offer(error) => write!(f, "offered offer rejected: {error}"),
-        }
-    }
-}
-
-impl core::error::Error for AdmissionError {}
 
 /// Offer admission (reference `parseRemoteExecutionOfferPullResponse` +
 /// `createClusterRemoteExecutionOffer`): binds the offered offer to the pending claim
@@ -657,21 +645,12 @@ pub fn parse_and_admit(
 }
 
 /// Either failure of [`parse_and_admit`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AdmitOrWireError {
     /// The response broke the wire contract.
+    #[error(transparent)]
     Wire(WireError),
     /// The offer does not belong to the claim or is inconsistent.
+    #[error(transparent)]
     Admission(AdmissionError),
 }
-
-impl fmt::Display for AdmitOrWireError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Wire(e) => e.fmt(f),
-            Self::Admission(e) => e.fmt(f),
-        }
-    }
-}
-
-impl core::error::Error for AdmitOrWireError {}

@@ -402,16 +402,22 @@ pub struct EnvironmentBundle {
 }
 
 /// Why an environment bundle was refused. Names the rule, never a value.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BundleError {
     /// The bundle text is outside `2..=96 KiB`.
+    #[error(
+        "environment bundle of {len} bytes is outside 2..={max} bytes",
+        max = MAX_BUNDLE_VALUE_BYTES
+    )]
     Size {
         /// Its length, bytes.
         len: usize,
     },
     /// The text is not JSON of the exact bundle shape.
+    #[error("environment bundle JSON rejected: {0}")]
     Json(super::JsonError),
     /// A field breaks its rule.
+    #[error("environment bundle field {path} must be {rule}")]
     Field {
         /// The field.
         path: &'static str,
@@ -419,23 +425,6 @@ pub enum BundleError {
         rule: &'static str,
     },
 }
-
-impl fmt::Display for BundleError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Size { len } => write!(
-                f,
-                "environment bundle of {len} bytes is outside 2..={MAX_BUNDLE_VALUE_BYTES} bytes"
-            ),
-            Self::Json(error) => write!(f, "environment bundle JSON rejected: {error}"),
-            Self::Field { path, rule } => {
-                write!(f, "environment bundle field {path} must be {rule}")
-            }
-        }
-    }
-}
-
-impl core::error::Error for BundleError {}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
