@@ -1,8 +1,6 @@
 //! The pending Pull claim (reference §3.4): at most one, persisted **before** the Pull request
 //! is sent, so a crash or a lost response retries with the same offer id and lease token.
 
-use core::fmt;
-
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{LeaseToken, OfferId, Revision, SessionId, WorkerGeneration, WorkerId};
@@ -45,9 +43,10 @@ pub struct PendingClaim {
 }
 
 /// A claim that breaks its own rules or a create/replace/clear rule. Nothing was written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ClaimError {
     /// A field breaks its bound.
+    #[error("pending claim {field} must be {rule}")]
     Invalid {
         /// Wire name of the field.
         field: &'static str,
@@ -55,8 +54,13 @@ pub enum ClaimError {
         rule: &'static str,
     },
     /// A different claim already exists (reference `offer_conflict`).
+    #[error("a different pending claim already exists")]
     Conflict,
     /// Revision CAS or identity mismatch on replace/clear (reference `claim_revision_conflict`).
+    #[error(
+        "pending claim revision conflict: expected {expected}, stored {found} (or the claim \
+         identity differs)"
+    )]
     RevisionConflict {
         /// The revision the caller expected.
         expected: Revision,
@@ -64,27 +68,9 @@ pub enum ClaimError {
         found: Revision,
     },
     /// The claim belongs to another Worker Session.
+    #[error("the pending claim belongs to another Worker Session")]
     OtherSession,
 }
-
-impl fmt::Display for ClaimError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Invalid { field, rule } => write!(f, "pending claim {field} must be {rule}"),
-            Self::Conflict => f.write_str("a different pending claim already exists"),
-            Self::RevisionConflict { expected, found } => write!(
-                f,
-                "pending claim revision conflict: expected {expected}, stored {found} (or the \
-                 claim identity differs)"
-            ),
-            Self::OtherSession => {
-                f.write_str("the pending claim belongs to another Worker Session")
-            }
-        }
-    }
-}
-
-impl core::error::Error for ClaimError {}
 
 /// What creating a claim amounts to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

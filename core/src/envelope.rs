@@ -16,7 +16,6 @@
 //! own validation. Any byte string yields a value or a typed error, never a panic.
 
 use alloc::vec::Vec;
-use core::fmt;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -88,34 +87,28 @@ pub trait Durable: Serialize + DeserializeOwned {
 }
 
 /// A decoded value that breaks its own rules.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ContentError {
     /// Inbox record.
+    #[error(transparent)]
     Record(RecordError),
     /// Pending claim.
+    #[error(transparent)]
     Claim(ClaimError),
     /// Completion receipt.
+    #[error(transparent)]
     Receipt(ReceiptShapeError),
     /// Truncation fact.
+    #[error(transparent)]
     Fact(FactError),
-}
-
-impl fmt::Display for ContentError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Record(e) => e.fmt(f),
-            Self::Claim(e) => e.fmt(f),
-            Self::Receipt(e) => e.fmt(f),
-            Self::Fact(e) => e.fmt(f),
-        }
-    }
 }
 
 /// Why bytes are not a valid envelope of the expected kind. Blame: the disk (corruption,
 /// tampering, truncation) — or, for [`EnvelopeError::Unencodable`], the caller.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum EnvelopeError {
     /// Larger than the kind's bound.
+    #[error("envelope is {len} bytes, above {max}")]
     TooLarge {
         /// Bytes given.
         len: usize,
@@ -123,13 +116,16 @@ pub enum EnvelopeError {
         max: usize,
     },
     /// Shorter than the header.
+    #[error("envelope is {len} bytes, below the header size")]
     TooShort {
         /// Bytes given.
         len: usize,
     },
     /// Not our magic.
+    #[error("not a ql-worker envelope (bad magic)")]
     BadMagic,
     /// Another kind of envelope.
+    #[error("envelope kind {found} is not a {}", .expected.as_str())]
     WrongKind {
         /// Kind wanted.
         expected: Kind,
@@ -137,13 +133,16 @@ pub enum EnvelopeError {
         found: u8,
     },
     /// A format version this build does not know.
+    #[error("unknown envelope format version {found}")]
     UnknownVersion {
         /// Version byte found.
         found: u8,
     },
     /// Reserved header bytes are not zero.
+    #[error("envelope reserved bytes are not zero")]
     ReservedNotZero,
     /// The declared body length differs from the bytes present.
+    #[error("envelope declares {declared} body bytes but holds {actual}")]
     LengthMismatch {
         /// Declared length.
         declared: u32,
@@ -151,49 +150,24 @@ pub enum EnvelopeError {
         actual: usize,
     },
     /// The body does not match its SHA-256.
+    #[error("envelope body fails its SHA-256 checksum")]
     ChecksumMismatch,
     /// The body is not a postcard value of the kind's type.
+    #[error("envelope body is not a valid postcard value")]
     BodyMalformed,
     /// Bytes follow the postcard value inside the body.
+    #[error("envelope body has {count} trailing bytes")]
     TrailingBytes {
         /// How many.
         count: usize,
     },
     /// The value decoded but breaks its own rules.
+    #[error("envelope content is invalid: {0}")]
     Invalid(ContentError),
     /// The value cannot be encoded (it is invalid or too large); nothing was produced.
+    #[error("value cannot be encoded")]
     Unencodable,
 }
-
-impl fmt::Display for EnvelopeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::TooLarge { len, max } => write!(f, "envelope is {len} bytes, above {max}"),
-            Self::TooShort { len } => write!(f, "envelope is {len} bytes, below the header size"),
-            Self::BadMagic => f.write_str("not a ql-worker envelope (bad magic)"),
-            Self::WrongKind { expected, found } => {
-                write!(f, "envelope kind {found} is not a {}", expected.as_str())
-            }
-            Self::UnknownVersion { found } => write!(f, "unknown envelope format version {found}"),
-            Self::ReservedNotZero => f.write_str("envelope reserved bytes are not zero"),
-            Self::LengthMismatch { declared, actual } => {
-                write!(
-                    f,
-                    "envelope declares {declared} body bytes but holds {actual}"
-                )
-            }
-            Self::ChecksumMismatch => f.write_str("envelope body fails its SHA-256 checksum"),
-            Self::BodyMalformed => f.write_str("envelope body is not a valid postcard value"),
-            Self::TrailingBytes { count } => {
-                write!(f, "envelope body has {count} trailing bytes")
-            }
-            Self::Invalid(e) => write!(f, "envelope content is invalid: {e}"),
-            Self::Unencodable => f.write_str("value cannot be encoded"),
-        }
-    }
-}
-
-impl core::error::Error for EnvelopeError {}
 
 /// Encodes `value` into a fresh envelope. The value is validated first: an invalid value is
 /// never written. The buffer is reserved up front (no reallocation leaves stray copies) and is

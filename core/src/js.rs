@@ -2,8 +2,9 @@
 //!
 //! The control plane is a Node.js program. Three of its behaviours reach our bytes and digests:
 //!
-//! * `JSON.stringify` string escaping and integer formatting ([`JsonWriter`],
-//!   [`write_json_string`]);
+//! * `JSON.stringify` of JavaScript strings that hold lone surrogates (`JsStringJson`; serde_json
+//!   writes everything else exactly as `JSON.stringify`), and the writer the loopback control
+//!   plane's response serializers still use ([`JsonWriter`], [`write_json_string`]);
 //! * `String.prototype.localeCompare` with the default locale and options (ICU root collation,
 //!   tertiary strength, punctuation not ignorable) used to order environment names, placement
 //!   labels and runtime names ([`locale_compare`]);
@@ -23,23 +24,14 @@ use core::fmt;
 use zeroize::Zeroizing;
 
 /// A character outside the set [`locale_compare`] can order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "cannot order {character:?} like JavaScript localeCompare: only [A-Za-z0-9._/+-] is supported"
+)]
 pub struct CollationError {
     /// The offending character (names and label keys are never secret).
     pub character: char,
 }
-
-impl fmt::Display for CollationError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "cannot order {:?} like JavaScript localeCompare: only [A-Za-z0-9._/+-] is supported",
-            self.character
-        )
-    }
-}
-
-impl core::error::Error for CollationError {}
 
 /// Primary collation rank of a supported character under ICU root collation (case folded), and
 /// whether it carries the uppercase tertiary weight.
@@ -166,7 +158,7 @@ pub fn write_json_string(out: &mut Vec<u8>, value: &str) {
 /// its character.
 ///
 /// `JSON.stringify` writes a lone surrogate back as its escape (`\ud800`), so the execution
-/// revision's digest needs it kept exactly ([`write_json_js_string`]); Node hands the same string
+/// revision's digest needs it kept exactly (`JsStringJson`); Node hands the same string
 /// to the operating system with each lone surrogate replaced by U+FFFD
 /// ([`JsString::to_utf8_lossy`]), and `Buffer.byteLength` counts it as 3 bytes, like its WTF-8
 /// form ([`JsString::byte_len`]).
@@ -179,16 +171,9 @@ pub fn write_json_string(out: &mut Vec<u8>, value: &str) {
 pub struct JsString(Vec<u8>);
 
 /// Bytes that are not WTF-8 (invalid UTF-8, or a surrogate pair in split form).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("a string of UTF-8 and lone UTF-16 surrogates only")]
 pub struct NotWtf8;
-
-impl fmt::Display for NotWtf8 {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a string of UTF-8 and lone UTF-16 surrogates only")
-    }
-}
-
-impl core::error::Error for NotWtf8 {}
 
 /// One code point of WTF-8 at `i`: `(code point, length)`.
 fn wtf8_at(bytes: &[u8], i: usize) -> Option<(u32, usize)> {
@@ -349,43 +334,42 @@ impl<'de> serde::Deserialize<'de> for JsString {
     }
 }
 
-/// Appends `value` as `JSON.stringify` writes it: as [`write_json_string`], with each lone
-/// surrogate as its lowercase `\udxxx` escape.
-pub fn write_json_js_string(out: &mut Vec<u8>, value: &JsString) {
-    if let Some(text) = value.as_str() {
-        return write_json_string(out, text);
-    }
-    out.push(b'"');
-    let bytes = value.as_wtf8();
-    let mut start = 0;
-    let mut i = 0;
-    while let Some((c, n)) = wtf8_at(bytes, i) {
-        if is_surrogate(c) {
-            // INVARIANT: everything between two surrogates is well-formed UTF-8.
-            let run = core::str::from_utf8(&bytes[start..i]).unwrap_or("");
-            let mut piece = Vec::new();
-            write_json_string(&mut piece, run);
-            out.extend_from_slice(&piece[1..piece.len() - 1]);
-            out.extend_from_slice(b"\\u");
-            for shift in [12u32, 8, 4, 0] {
-                out.push(HEX[((c >> shift) & 0xf) as usize]);
-            }
-            start = i + n;
-        }
-        i += n;
-    }
-    let run = core::str::from_utf8(&bytes[start..]).unwrap_or("");
-    let mut piece = Vec::new();
-    write_json_string(&mut piece, run);
-    out.extend_from_slice(&piece[1..]);
-}
+/// A [`JsString`] as `JSON.stringify` writes it, for serde_json: a well-formed value as a string
+/// (serde_json escapes exactly as `JSON.stringify` does), one with lone surrogates as a raw JSON
+/// string in which each is its lowercase `\udxxx` escape (serde_json writes raw values only; any
+/// other serializer refuses them).
+pub(crate) struct JsStringJson<'a>(pub(crate) &'a JsString);
 
-/// Length of `value` once written by [`write_json_js_string`].
-#[must_use]
-pub fn json_js_string_len(value: &JsString) -> usize {
-    let mut out = Vec::new();
-    write_json_js_string(&mut out, value);
-    out.len()
+impl serde::Serialize for JsStringJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use core::fmt::Write as _;
+        if let Some(text) = self.0.as_str() {
+            return serializer.serialize_str(text);
+        }
+        let bytes = self.0.as_wtf8();
+        let mut out = alloc::string::String::from("\"");
+        let push_run = |out: &mut alloc::string::String, run: &[u8]| {
+            // INVARIANT: WTF-8 between two surrogates is UTF-8, and a str always serializes.
+            let run =
+                core::str::from_utf8(run).expect("invariant: WTF-8 between surrogates is UTF-8");
+            let quoted = serde_json::to_string(run).expect("invariant: a str serializes");
+            out.push_str(&quoted[1..quoted.len() - 1]);
+        };
+        let (mut start, mut i) = (0, 0);
+        while let Some((c, n)) = wtf8_at(bytes, i) {
+            if is_surrogate(c) {
+                push_run(&mut out, &bytes[start..i]);
+                write!(out, "\\u{c:04x}").expect("invariant: writing to a String cannot fail");
+                start = i + n;
+            }
+            i += n;
+        }
+        push_run(&mut out, &bytes[start..]);
+        out.push('"');
+        serde_json::value::RawValue::from_string(out)
+            .map_err(serde::ser::Error::custom)?
+            .serialize(serializer)
+    }
 }
 
 /// Length of `value` once written by [`write_json_string`].
@@ -427,19 +411,12 @@ pub fn write_json_uint(out: &mut Vec<u8>, value: u64) {
 }
 
 /// The writer refused to grow past its byte cap.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("serialized JSON exceeds its {cap} byte cap")]
 pub struct CapExceeded {
     /// The cap, in bytes.
     pub cap: usize,
 }
-
-impl fmt::Display for CapExceeded {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "serialized JSON exceeds its {} byte cap", self.cap)
-    }
-}
-
-impl core::error::Error for CapExceeded {}
 
 /// A bounded, `JSON.stringify`-exact writer for objects whose key order the caller states.
 ///
@@ -551,14 +528,10 @@ impl JsonWriter {
         self
     }
 
-    /// Writes a JavaScript string value (lone surrogates as their escapes).
-    pub fn js_string(&mut self, value: &JsString) -> &mut Self {
+    /// Writes `json`, a complete JSON value, as the next value.
+    pub fn raw(&mut self, json: &[u8]) -> &mut Self {
         self.before_value();
-        if let Some(text) = value.as_str() {
-            self.string_raw(text);
-        } else if self.reserve(json_js_string_len(value)) {
-            write_json_js_string(&mut self.out, value);
-        }
+        self.push(json);
         self
     }
 
@@ -662,10 +635,13 @@ mod tests {
             8,
             "Buffer.byteLength counts 3 per lone surrogate"
         );
-        let mut out = Vec::new();
-        write_json_js_string(&mut out, &lone);
-        assert_eq!(out, br#""x\ud800y\udc00""#);
-        assert_eq!(json_js_string_len(&lone), out.len());
+        let json = serde_json::to_string(&JsStringJson(&lone)).unwrap();
+        assert_eq!(json, r#""x\ud800y\udc00""#);
+        let mixed = JsString::from_wtf8(b"\"\xed\xb0\x80\n\xed\xa0\x80".to_vec()).unwrap();
+        assert_eq!(
+            serde_json::to_string(&JsStringJson(&mixed)).unwrap(),
+            r#""\"\udc00\n\ud800""#
+        );
         assert_eq!(lone.to_utf8_lossy(), "x\u{fffd}y\u{fffd}");
         assert_eq!(
             alloc::format!("{lone:?}"),
@@ -679,11 +655,10 @@ mod tests {
         assert_eq!(JsString::from_wtf8(b"\xff".to_vec()), Err(NotWtf8));
         assert_eq!(JsString::from_wtf8(b"\xc0\x80".to_vec()), Err(NotWtf8));
         let plain = JsString::from("a\"\u{1}é");
-        let mut out = Vec::new();
-        write_json_js_string(&mut out, &plain);
-        let mut expected = Vec::new();
-        write_json_string(&mut expected, "a\"\u{1}é");
-        assert_eq!(out, expected);
+        assert_eq!(
+            serde_json::to_string(&JsStringJson(&plain)).unwrap(),
+            serde_json::to_string("a\"\u{1}é").unwrap()
+        );
         // Postcard writes a well-formed value exactly like a `String`, and reads either back.
         let bytes = postcard::to_allocvec(&plain).unwrap();
         assert_eq!(bytes, postcard::to_allocvec("a\"\u{1}é").unwrap());

@@ -1,7 +1,6 @@
 //! Pure listing and capacity rules of the inbox (reference §3.8–§3.9; SPEC §4).
 
 use alloc::vec::Vec;
-use core::fmt;
 
 use crate::ids::OfferId;
 
@@ -89,21 +88,14 @@ impl Default for Capacity {
 }
 
 /// A configured bound outside its range.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{what} must be within {rule}")]
 pub struct LimitError {
     /// What was configured.
     pub what: &'static str,
     /// Its allowed range.
     pub rule: &'static str,
 }
-
-impl fmt::Display for LimitError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} must be within {}", self.what, self.rule)
-    }
-}
-
-impl core::error::Error for LimitError {}
 
 /// One page of offer ids.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -151,9 +151,10 @@ impl fmt::Debug for Offer {
 
 /// An offer whose fields contradict each other. Blame: the control plane (or a corrupted
 /// record).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OfferError {
     /// A field's value is outside its bounds.
+    #[error("offer field {field} must be {rule}")]
     Bound {
         /// The field, as named on the wire.
         field: &'static str,
@@ -161,6 +162,7 @@ pub enum OfferError {
         rule: &'static str,
     },
     /// Two fields that must agree do not.
+    #[error("offer field {field} must equal {must_equal}")]
     Mismatch {
         /// The field that disagrees.
         field: &'static str,
@@ -168,19 +170,6 @@ pub enum OfferError {
         must_equal: &'static str,
     },
 }
-
-impl fmt::Display for OfferError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Bound { field, rule } => write!(f, "offer field {field} must be {rule}"),
-            Self::Mismatch { field, must_equal } => {
-                write!(f, "offer field {field} must equal {must_equal}")
-            }
-        }
-    }
-}
-
-impl core::error::Error for OfferError {}
 
 fn ensure(ok: bool, error: OfferError) -> Result<(), OfferError> {
     if ok { Ok(()) } else { Err(error) }

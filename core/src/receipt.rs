@@ -4,7 +4,6 @@
 //! completion is durably acknowledged.
 
 use alloc::string::String;
-use core::fmt;
 
 use serde::{Deserialize, Serialize};
 
@@ -84,27 +83,18 @@ pub struct Receipt {
 }
 
 /// A receipt that breaks its own shape rules.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ReceiptShapeError {
     /// `schemaVersion` is not 1.
+    #[error("receipt schemaVersion must be 1")]
     SchemaVersion,
     /// The token is not `[A-Za-z0-9_-]{32,128}`.
+    #[error("receipt token must match [A-Za-z0-9_-]{{32,128}}")]
     Token,
     /// `finishedAtMs < startedAtMs`.
+    #[error("receipt finishedAtMs must be >= startedAtMs")]
     FinishedBeforeStarted,
 }
-
-impl fmt::Display for ReceiptShapeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::SchemaVersion => "receipt schemaVersion must be 1",
-            Self::Token => "receipt token must match [A-Za-z0-9_-]{32,128}",
-            Self::FinishedBeforeStarted => "receipt finishedAtMs must be >= startedAtMs",
-        })
-    }
-}
-
-impl core::error::Error for ReceiptShapeError {}
 
 impl Receipt {
     /// Shape rules (authentication against the record is separate).
@@ -124,43 +114,30 @@ impl Receipt {
 
 /// Why a receipt does not authenticate against its inbox record (reference §4.5 step 4). The
 /// receipt is kept as evidence; nothing is uploaded or completed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ReceiptError {
     /// The token is not canonical base64url of exactly 32 bytes.
+    #[error("receipt token is not canonical base64url of exactly 32 bytes")]
     TokenEncoding,
     /// SHA-256 of the token bytes differs from the persisted digest.
+    #[error("receipt token does not match the persisted digest")]
     TokenDigest,
     /// Run, Attempt or callback sequence differ from the record.
+    #[error("receipt {field} differs from the inbox record")]
     Identity {
         /// Which field.
         field: &'static str,
     },
     /// `startedAtMs` differs from the record's `executorStartedAtMs`.
+    #[error("receipt startedAtMs differs from executorStartedAtMs")]
     StartTime,
     /// `finishedAtMs` is after `now`.
+    #[error("receipt finishedAtMs is in the future")]
     FinishedInFuture,
     /// The record has no barrier fields to authenticate against.
+    #[error("the inbox record has no launch barrier to authenticate against")]
     RecordWithoutBarrier,
 }
-
-impl fmt::Display for ReceiptError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::TokenEncoding => {
-                f.write_str("receipt token is not canonical base64url of exactly 32 bytes")
-            }
-            Self::TokenDigest => f.write_str("receipt token does not match the persisted digest"),
-            Self::Identity { field } => write!(f, "receipt {field} differs from the inbox record"),
-            Self::StartTime => f.write_str("receipt startedAtMs differs from executorStartedAtMs"),
-            Self::FinishedInFuture => f.write_str("receipt finishedAtMs is in the future"),
-            Self::RecordWithoutBarrier => {
-                f.write_str("the inbox record has no launch barrier to authenticate against")
-            }
-        }
-    }
-}
-
-impl core::error::Error for ReceiptError {}
 
 /// The facts of an authenticated receipt (the token is gone: only its proof remains).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

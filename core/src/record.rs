@@ -266,16 +266,23 @@ pub const fn presence(state: State, field: OptionalField) -> Presence {
 
 /// A record whose shape is invalid by itself. Blame: whoever produced it (a corrupted file, or a
 /// core bug when proposed).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
     /// `schemaVersion` is not 1.
+    #[error("record schemaVersion must be 1, found {found}")]
     SchemaVersion {
         /// The version found.
         found: u8,
     },
     /// `updatedAtMs < acceptedAtMs`.
+    #[error("record updatedAtMs is before acceptedAtMs")]
     UpdatedBeforeAccepted,
     /// An optional field is present where the state forbids it, or absent where required.
+    #[error("record field {} must be {} in state {state}", .field.as_str(), match .expected {
+        Presence::Required => "present",
+        Presence::Absent => "absent",
+        Presence::Optional => "optional",
+    })]
     FieldPresence {
         /// The record's state.
         state: State,
@@ -285,47 +292,18 @@ pub enum RecordError {
         expected: Presence,
     },
     /// `executorHandle` without `executorStartedAtMs`.
+    #[error("record executorHandle requires executorStartedAtMs")]
     HandleWithoutStartTime,
     /// Only one of callback sequence and token digest is present.
+    #[error(
+        "record completionReceiptCallbackSequence and TokenDigest must be both present or both \
+         absent"
+    )]
     CompletionReceiptHalfPresent,
     /// The embedded offer is inconsistent.
+    #[error("record offer is invalid: {0}")]
     Offer(OfferError),
 }
-
-impl fmt::Display for RecordError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::SchemaVersion { found } => {
-                write!(f, "record schemaVersion must be 1, found {found}")
-            }
-            Self::UpdatedBeforeAccepted => f.write_str("record updatedAtMs is before acceptedAtMs"),
-            Self::FieldPresence {
-                state,
-                field,
-                expected,
-            } => write!(
-                f,
-                "record field {} must be {} in state {state}",
-                field.as_str(),
-                match expected {
-                    Presence::Required => "present",
-                    Presence::Absent => "absent",
-                    Presence::Optional => "optional",
-                }
-            ),
-            Self::HandleWithoutStartTime => {
-                f.write_str("record executorHandle requires executorStartedAtMs")
-            }
-            Self::CompletionReceiptHalfPresent => f.write_str(
-                "record completionReceiptCallbackSequence and TokenDigest must be both present or \
-                 both absent",
-            ),
-            Self::Offer(error) => write!(f, "record offer is invalid: {error}"),
-        }
-    }
-}
-
-impl core::error::Error for RecordError {}
 
 impl InboxRecord {
     /// A fresh `accepted` record at revision 0 (reference §3.7).

@@ -14,7 +14,9 @@
 //! `tests/fixtures/revision-digest`.
 //!
 //! The domain types derive serde for the postcard inbox record; JSON goes through
-//! [`ExecutionRevision::parse_json`] / the offer parser and [`ExecutionRevision::write_json`].
+//! [`ExecutionRevision::parse_json`] / the offer parser, and out through private
+//! `#[derive(Serialize)]` views written by serde_json ([`ExecutionRevision::canonical_json`],
+//! [`ExecutionRevision::to_json`]).
 
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -26,7 +28,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::IdError;
 use crate::ids::{MAX_INT32, MAX_SAFE_INTEGER, ProjectId, Sha256Digest, TaskId, TaskRevision};
-use crate::js::{self, CollationError, JsString, JsonWriter};
+use crate::js::{self, CollationError, JsString, JsStringJson};
 use crate::time::UnixMillis;
 use crate::wire::de::{Pairs, present};
 use crate::wire::{JsonError, semver};
@@ -253,17 +255,24 @@ impl SecretRef {
         {
             return Err(Self::error());
         }
-        let mut w = JsonWriter::with_cap(MAX_SECRET_REF_BYTES);
-        w.begin_object()
-            .field_str("projectId", project_id)
-            .field_str("name", name);
-        if let Some(v) = version {
-            w.field_uint("version", v);
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Payload<'a> {
+            project_id: &'a str,
+            name: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            version: Option<u64>,
         }
-        w.end_object();
-        let payload = w.finish().map_err(|_| Self::error())?;
+        let payload = Payload {
+            project_id,
+            name,
+            version,
+        };
+        // INVARIANT: two strings and an integer always serialize.
+        let payload =
+            serde_json::to_vec(&payload).expect("invariant: a secret reference payload serializes");
         let mut text = String::from(SECRET_REF_PREFIX);
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode_string(&*payload, &mut text);
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode_string(&payload, &mut text);
         if text.len() > MAX_SECRET_REF_BYTES {
             return Err(Self::error());
         }
@@ -894,10 +903,8 @@ impl ExecutionRevision {
             )?;
         }
         self.placement = self.placement.map(Placement::normalize).transpose()?;
-        let mut w = JsonWriter::with_cap(MAX_PLAN_BYTES);
-        self.write_json(&mut w, JsonForm::Content);
         ensure(
-            w.finish().is_ok(),
+            self.json_bytes(JsonForm::Content).len() <= MAX_PLAN_BYTES,
             "executionRevision",
             "<= 96 KiB serialized",
         )?;
@@ -959,19 +966,19 @@ impl ExecutionRevision {
     /// [`RevisionError::Field`] above the 96 KiB plan budget (a normalized revision is below
     /// it: the budget counts `createdAtMs` too).
     pub fn canonical_json(&self) -> Result<Vec<u8>, RevisionError> {
-        let mut w = JsonWriter::with_cap(MAX_PLAN_BYTES);
-        self.write_json(&mut w, JsonForm::Digest);
-        w.finish()
-            .map(|b| b.to_vec())
-            .map_err(|_| field("executionRevision", "<= 96 KiB serialized"))
+        let bytes = self.json_bytes(JsonForm::Digest);
+        ensure(
+            bytes.len() <= MAX_PLAN_BYTES,
+            "executionRevision",
+            "<= 96 KiB serialized",
+        )?;
+        Ok(bytes)
     }
 
     /// The revision as the offer carries it: content, `createdAtMs` and `contentDigest`.
     #[must_use]
     pub fn to_json(&self) -> Vec<u8> {
-        let mut w = JsonWriter::with_cap(2 * MAX_PLAN_BYTES);
-        self.write_json(&mut w, JsonForm::Wire);
-        w.finish().map(|b| b.to_vec()).unwrap_or_default()
+        self.json_bytes(JsonForm::Wire)
     }
 
     /// Parses a revision from its wire JSON, normalizes it and checks its digest.
@@ -985,62 +992,93 @@ impl ExecutionRevision {
         wire.into_revision()
     }
 
-    /// Writes the revision in the given form into `w` (key order of the reference).
-    pub fn write_json(&self, w: &mut JsonWriter, form: JsonForm) {
-        w.begin_object()
-            .field_str("projectId", self.project_id.as_str())
-            .field_str("taskId", self.task_id.as_str())
-            .field_str("taskRevision", self.task_revision.as_str())
-            .field_uint("sourceRevision", self.source_revision)
-            .field_str("sourceContentDigest", &self.source_content_digest.to_hex())
-            .field_str("executorType", EXECUTOR_TYPE)
-            .field_str("planSchema", PLAN_SCHEMA)
-            .key("command");
-        write_command(w, &self.command);
-        w.key("environment").begin_array();
-        for binding in &self.environment {
-            w.begin_object().field_str("name", binding.name.as_str());
-            match &binding.value {
-                EnvValue::Public(value) => {
-                    w.field_str("kind", "public").key("value").js_string(value)
-                }
-                EnvValue::Secret(r) => w
-                    .field_str("kind", "secret")
-                    .field_str("secretRef", r.as_str()),
-            };
-            w.end_object();
+    /// The revision as JSON in the given form, in the reference's key order (serialize it with
+    /// serde_json).
+    fn json(&self, form: JsonForm) -> RevisionJson<'_> {
+        let command = match &self.command {
+            ExecCommand::Argv { file, args } => CommandJson::Argv { file, args },
+            ExecCommand::Shell { command, shell } => CommandJson::Shell {
+                command,
+                shell: shell.as_deref(),
+            },
+        };
+        let environment = self
+            .environment
+            .iter()
+            .map(|b| match &b.value {
+                EnvValue::Public(value) => BindingJson {
+                    name: &b.name,
+                    kind: "public",
+                    value: Some(JsStringJson(value)),
+                    secret_ref: None,
+                },
+                EnvValue::Secret(r) => BindingJson {
+                    name: &b.name,
+                    kind: "secret",
+                    value: None,
+                    secret_ref: Some(r),
+                },
+            })
+            .collect();
+        let placement = self.placement.as_ref().map(|p| PlacementJson {
+            required: p.required.as_ref().map(|r| RequiredJson {
+                architectures: r.architectures.as_deref(),
+                operating_systems: r.operating_systems.as_deref(),
+                executors: r.executors.as_deref(),
+                protocol_version_range: r.protocol_version_range.as_deref(),
+                runtimes: r.runtimes.as_ref().map(|list| {
+                    list.iter()
+                        .map(|rt| RuntimeJson {
+                            name: &rt.name,
+                            version_range: rt.version_range.as_deref(),
+                        })
+                        .collect()
+                }),
+                support_tiers: r.support_tiers.as_deref(),
+                labels: r.labels.as_deref().map(LabelsJson),
+                min_memory_bytes: r.min_memory_bytes,
+                min_disk_bytes: r.min_disk_bytes,
+                gpu_vendor: r.gpu_vendor.as_deref(),
+                features: r.features.as_deref(),
+            }),
+            preferred: p.preferred.as_ref().map(|list| {
+                list.iter()
+                    .map(|pref| PreferenceJson {
+                        labels: LabelsJson(&pref.labels),
+                        weight: pref.weight,
+                    })
+                    .collect()
+            }),
+        });
+        RevisionJson {
+            project_id: &self.project_id,
+            task_id: &self.task_id,
+            task_revision: &self.task_revision,
+            source_revision: self.source_revision,
+            source_content_digest: &self.source_content_digest,
+            executor_type: EXECUTOR_TYPE,
+            plan_schema: PLAN_SCHEMA,
+            command,
+            environment,
+            environment_bundle_ref: self.environment_bundle_ref.as_ref(),
+            working_directory: self.working_directory.as_deref(),
+            timeout_ms: self.timeout_ms,
+            placement,
+            created_at_ms: (form != JsonForm::Digest).then_some(self.created_at_ms),
+            content_digest: (form == JsonForm::Wire).then_some(&self.content_digest),
         }
-        w.end_array();
-        if let Some(r) = &self.environment_bundle_ref {
-            w.field_str("environmentBundleRef", r.as_str());
-        }
-        if let Some(dir) = &self.working_directory {
-            w.field_str("workingDirectory", dir);
-        }
-        if let Some(t) = self.timeout_ms {
-            w.field_uint("timeoutMs", t);
-        }
-        if let Some(p) = &self.placement {
-            w.key("placement");
-            write_placement(w, p);
-        }
-        match form {
-            JsonForm::Digest => {}
-            JsonForm::Content => {
-                w.field_uint("createdAtMs", self.created_at_ms.get());
-            }
-            JsonForm::Wire => {
-                w.field_uint("createdAtMs", self.created_at_ms.get())
-                    .field_str("contentDigest", &self.content_digest.to_hex());
-            }
-        }
-        w.end_object();
+    }
+
+    fn json_bytes(&self, form: JsonForm) -> Vec<u8> {
+        // INVARIANT: the view holds only strings, integers, sequences and string-keyed maps.
+        serde_json::to_vec(&self.json(form))
+            .expect("invariant: a revision always serializes to JSON")
     }
 }
 
-/// Which keys [`ExecutionRevision::write_json`] writes after the content.
+/// Which keys the revision's JSON has after the content.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum JsonForm {
+enum JsonForm {
     /// No `createdAtMs`, no `contentDigest`: the digest preimage.
     Digest,
     /// With `createdAtMs`: what the 96 KiB budget measures.
@@ -1049,103 +1087,116 @@ pub enum JsonForm {
     Wire,
 }
 
-fn write_command(w: &mut JsonWriter, command: &ExecCommand) {
-    w.begin_object();
-    match command {
-        ExecCommand::Argv { file, args } => {
-            w.field_str("kind", "argv")
-                .field_str("file", file)
-                .key("args")
-                .begin_array();
-            for a in args {
-                w.string(a);
-            }
-            w.end_array();
-        }
-        ExecCommand::Shell { command, shell } => {
-            w.field_str("kind", "shell").field_str("command", command);
-            if let Some(s) = shell {
-                w.field_str("shell", s);
-            }
-        }
-    }
-    w.end_object();
+/// The revision's JSON: the field order is the reference's key order; absent options are
+/// omitted, as `JSON.stringify` omits `undefined`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RevisionJson<'a> {
+    project_id: &'a ProjectId,
+    task_id: &'a TaskId,
+    task_revision: &'a TaskRevision,
+    source_revision: u64,
+    source_content_digest: &'a Sha256Digest,
+    executor_type: &'static str,
+    plan_schema: &'static str,
+    command: CommandJson<'a>,
+    environment: Vec<BindingJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    environment_bundle_ref: Option<&'a SecretRef>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    working_directory: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timeout_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    placement: Option<PlacementJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    created_at_ms: Option<UnixMillis>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content_digest: Option<&'a Sha256Digest>,
 }
 
-fn write_labels(w: &mut JsonWriter, labels: &[Label]) {
-    w.begin_object();
-    for l in labels {
-        w.field_str(&l.key, &l.value);
-    }
-    w.end_object();
+#[derive(Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+enum CommandJson<'a> {
+    Argv {
+        file: &'a str,
+        args: &'a [String],
+    },
+    Shell {
+        command: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        shell: Option<&'a str>,
+    },
 }
 
-fn write_strings<'a>(w: &mut JsonWriter, key: &str, items: impl Iterator<Item = &'a str>) {
-    w.key(key).begin_array();
-    for s in items {
-        w.string(s);
-    }
-    w.end_array();
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct BindingJson<'a> {
+    name: &'a EnvName,
+    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<JsStringJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    secret_ref: Option<&'a SecretRef>,
 }
 
-fn write_placement(w: &mut JsonWriter, p: &Placement) {
-    w.begin_object();
-    if let Some(r) = &p.required {
-        w.key("required").begin_object();
-        if let Some(list) = &r.architectures {
-            write_strings(w, "architectures", list.iter().map(|a| a.as_str()));
-        }
-        if let Some(list) = &r.operating_systems {
-            write_strings(w, "operatingSystems", list.iter().map(String::as_str));
-        }
-        if let Some(list) = &r.executors {
-            write_strings(w, "executors", list.iter().map(String::as_str));
-        }
-        if let Some(range) = &r.protocol_version_range {
-            w.field_str("protocolVersionRange", range);
-        }
-        if let Some(list) = &r.runtimes {
-            w.key("runtimes").begin_array();
-            for rt in list {
-                w.begin_object().field_str("name", &rt.name);
-                if let Some(range) = &rt.version_range {
-                    w.field_str("versionRange", range);
-                }
-                w.end_object();
-            }
-            w.end_array();
-        }
-        if let Some(list) = &r.support_tiers {
-            write_strings(w, "supportTiers", list.iter().map(|t| t.as_str()));
-        }
-        if let Some(labels) = &r.labels {
-            w.key("labels");
-            write_labels(w, labels);
-        }
-        if let Some(v) = r.min_memory_bytes {
-            w.field_uint("minMemoryBytes", v);
-        }
-        if let Some(v) = r.min_disk_bytes {
-            w.field_uint("minDiskBytes", v);
-        }
-        if let Some(v) = &r.gpu_vendor {
-            w.field_str("gpuVendor", v);
-        }
-        if let Some(list) = &r.features {
-            write_strings(w, "features", list.iter().map(String::as_str));
-        }
-        w.end_object();
+#[derive(Serialize)]
+struct PlacementJson<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    required: Option<RequiredJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    preferred: Option<Vec<PreferenceJson<'a>>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RequiredJson<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    architectures: Option<&'a [Architecture]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    operating_systems: Option<&'a [String]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    executors: Option<&'a [String]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    protocol_version_range: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    runtimes: Option<Vec<RuntimeJson<'a>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    support_tiers: Option<&'a [SupportTier]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    labels: Option<LabelsJson<&'a [Label]>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    min_memory_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    min_disk_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_vendor: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    features: Option<&'a [String]>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RuntimeJson<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    version_range: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct PreferenceJson<'a> {
+    labels: LabelsJson<&'a [Label]>,
+    weight: u64,
+}
+
+/// Labels as one JSON object whose keys come in the list's order (the canonical object order,
+/// array-index keys first, is the caller's: normalization stores labels in it).
+pub(crate) struct LabelsJson<L>(pub(crate) L);
+
+impl<L: AsRef<[Label]>> Serialize for LabelsJson<L> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.as_ref().iter().map(|l| (&l.key, &l.value)))
     }
-    if let Some(list) = &p.preferred {
-        w.key("preferred").begin_array();
-        for pref in list {
-            w.begin_object().key("labels");
-            write_labels(w, &pref.labels);
-            w.field_uint("weight", pref.weight).end_object();
-        }
-        w.end_array();
-    }
-    w.end_object();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,8 +1,6 @@
 //! The immutable log truncation fact (reference §5.2, §5.4), published by the supervisor after
 //! capture. A missing fact means truncation is **unknown** (wire `null`), never "not truncated".
 
-use core::fmt;
-
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{AttemptId, LogArtifactId, RunId};
@@ -38,24 +36,15 @@ pub struct TruncationFact {
 }
 
 /// A fact that breaks its own shape rules.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum FactError {
     /// `schemaVersion` is not 1.
+    #[error("truncation fact schemaVersion must be 1")]
     SchemaVersion,
     /// `maximumBytes` outside 64 KiB..=1 GiB.
+    #[error("truncation fact maximumBytes must be within 64 KiB..=1 GiB")]
     Quota,
 }
-
-impl fmt::Display for FactError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::SchemaVersion => "truncation fact schemaVersion must be 1",
-            Self::Quota => "truncation fact maximumBytes must be within 64 KiB..=1 GiB",
-        })
-    }
-}
-
-impl core::error::Error for FactError {}
 
 impl TruncationFact {
     /// Shape rules.

@@ -8,15 +8,15 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
 use super::de::present;
 use super::route::Operation;
-use super::{Fence, WireError, bind, ensure, exact, finish, id, parse_json};
+use super::{ActivationFence, Fence, WireError, bind, ensure, exact, id, parse_json, sealed_body};
 use crate::ids::{
     AttemptId, CallbackSequence, CapabilityDigest, ExecutorHandle, LeaseVersion, LogArtifactId,
-    MAX_INT32, RunId,
+    MAX_INT32, RunId, Sha256Digest,
 };
 use crate::js::JsonWriter;
 use crate::offer::Offer;
@@ -105,24 +105,36 @@ impl ActivationRequest {
     /// # Errors
     /// [`WireError::RequestTooLarge`] above 4 KiB.
     pub fn to_body(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
-        let mut w = JsonWriter::with_cap(MAX_REQUEST_BYTES);
-        w.begin_object();
-        self.fence.write_activation(&mut w);
-        if let ActivationOp::Running(ack) = &self.op {
-            w.field_str("executorHandle", ack.executor_handle.as_str())
-                .key("logArtifactId");
-            match &ack.log_artifact_id {
-                Some(log) => w.string(log.as_str()),
-                None => w.null(),
-            };
-            w.field_uint("callbackSequence", ack.callback_sequence.get())
-                .field_str(
-                    "callbackTokenDigest",
-                    &ack.callback_token_digest.expose().to_hex(),
-                );
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Running<'a> {
+            executor_handle: &'a ExecutorHandle,
+            log_artifact_id: Option<&'a LogArtifactId>,
+            callback_sequence: CallbackSequence,
+            callback_token_digest: &'a Sha256Digest,
         }
-        w.end_object();
-        finish(w, self.operation().as_str())
+        #[derive(Serialize)]
+        struct View<'a> {
+            #[serde(flatten)]
+            fence: ActivationFence<'a>,
+            #[serde(flatten)]
+            running: Option<Running<'a>>,
+        }
+        let running = match &self.op {
+            ActivationOp::Running(ack) => Some(Running {
+                executor_handle: &ack.executor_handle,
+                log_artifact_id: ack.log_artifact_id.as_ref(),
+                callback_sequence: ack.callback_sequence,
+                callback_token_digest: ack.callback_token_digest.expose(),
+            }),
+            ActivationOp::Starting | ActivationOp::StartFailure => None,
+        };
+        let view = View {
+            fence: self.fence.activation(),
+            running,
+        };
+        let endpoint = self.operation().as_str();
+        sealed_body(&view, &self.fence.lease_token, endpoint, MAX_REQUEST_BYTES)
     }
 }
 

@@ -6,10 +6,10 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use super::{Fence, WireError, bind, ensure, exact, field, finish, id, parse_json};
+use super::{Fence, Schema, WireError, bind, ensure, exact, field, id, parse_json, sealed_body};
 use crate::ids::{
     AttemptId, LeaseGeneration, LeaseToken, LeaseVersion, LogArtifactId, OfferId, ProjectId, RunId,
     Sha256Digest, WorkerGeneration,
@@ -108,14 +108,30 @@ impl ArtifactUpload {
                 rule: "0..=64 MiB",
             });
         }
-        let mut w = JsonWriter::with_cap(MAX_HEADER_BYTES);
-        w.begin_object().field_str("schema", SCHEMA);
-        self.fence.write_execution(&mut w);
-        w.field_str("logArtifactId", self.log_artifact_id.as_str())
-            .field_uint("byteLength", self.byte_length)
-            .field_opt_bool("truncated", self.truncated)
-            .end_object();
-        finish(w, "artifacts")
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct View<'a> {
+            #[serde(flatten)]
+            fence: &'a Fence,
+            log_artifact_id: &'a LogArtifactId,
+            byte_length: u64,
+            truncated: Option<bool>,
+        }
+        let view = Schema {
+            schema: SCHEMA,
+            body: &View {
+                fence: &self.fence,
+                log_artifact_id: &self.log_artifact_id,
+                byte_length: self.byte_length,
+                truncated: self.truncated,
+            },
+        };
+        sealed_body(
+            &view,
+            &self.fence.lease_token,
+            "artifacts",
+            MAX_HEADER_BYTES,
+        )
     }
 
     /// The frame preamble: 4-byte big-endian header length, then the header. The caller streams

@@ -12,27 +12,18 @@ use zeroize::Zeroizing;
 pub const PREFIX: &str = "Worker ql3w_";
 
 /// Why a credential or header is refused. Never carries the secret.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
     /// Not `Worker ql3w_…`.
+    #[error("authorization must be `Worker ql3w_<credentialId>_<secret>`")]
     Scheme,
     /// The credential id breaks `[A-Za-z0-9][A-Za-z0-9._:-]{0,63}`.
+    #[error("credential id must match [A-Za-z0-9][A-Za-z0-9._:-]{{0,63}}")]
     CredentialId,
     /// The secret is not canonical base64url of exactly 32 bytes.
+    #[error("credential secret must be canonical base64url of exactly 32 bytes")]
     Secret,
 }
-
-impl fmt::Display for AuthError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Scheme => "authorization must be `Worker ql3w_<credentialId>_<secret>`",
-            Self::CredentialId => "credential id must match [A-Za-z0-9][A-Za-z0-9._:-]{0,63}",
-            Self::Secret => "credential secret must be canonical base64url of exactly 32 bytes",
-        })
-    }
-}
-
-impl core::error::Error for AuthError {}
 
 /// A Worker credential: id plus 32 secret bytes (zeroized on drop, redacted in `Debug`).
 #[derive(Clone, PartialEq, Eq)]

@@ -4,10 +4,10 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use super::{Fence, WireError, bind, exact, finish, id, parse_json};
+use super::{Fence, Schema, WireError, bind, exact, id, parse_json, sealed_body};
 use crate::ids::{
     AttemptId, CallbackSequence, CapabilityDigest, LogArtifactId, RunId, Sha256Digest,
 };
@@ -22,7 +22,8 @@ pub const MAX_REQUEST_BYTES: usize = 16 * 1024;
 pub const MAX_RESPONSE_BYTES: usize = 4 * 1024;
 
 /// How the process ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Outcome {
     /// `succeeded` (exit code 0).
     Succeeded,
@@ -30,8 +31,9 @@ pub enum Outcome {
     Failed,
 }
 
-/// The execution result.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The execution result; serializes as the request's `result` object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct CompletionResult {
     /// Outcome; `Succeeded` iff `exit_code == 0`.
     pub outcome: Outcome,
@@ -60,8 +62,9 @@ impl CompletionResult {
     }
 }
 
-/// The uploaded log the completion refers to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The uploaded log the completion refers to; serializes as the request's `artifact` object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct CompletionArtifact {
     /// The log id.
     pub log_artifact_id: LogArtifactId,
@@ -118,36 +121,32 @@ impl CompletionRequest {
             "artifact.byteLength",
             "0..=64 MiB",
         )?;
-        let mut w = JsonWriter::with_cap(MAX_REQUEST_BYTES);
-        w.begin_object().field_str("schema", SCHEMA);
-        self.fence.write_execution(&mut w);
-        w.field_uint("callbackSequence", self.callback_sequence.get())
-            .field_str(
-                "callbackTokenDigest",
-                &self.callback_token_digest.expose().to_hex(),
-            )
-            .key("result")
-            .begin_object()
-            .field_str(
-                "outcome",
-                match r.outcome {
-                    Outcome::Succeeded => "succeeded",
-                    Outcome::Failed => "failed",
-                },
-            )
-            .field_uint("startedAtMs", r.started_at_ms.get())
-            .field_uint("finishedAtMs", r.finished_at_ms.get())
-            .field_uint("exitCode", u64::from(r.exit_code))
-            .end_object()
-            .key("artifact")
-            .begin_object()
-            .field_str("logArtifactId", a.log_artifact_id.as_str())
-            .field_uint("byteLength", a.byte_length)
-            .field_str("sha256", &a.sha256.to_hex())
-            .field_opt_bool("truncated", a.truncated)
-            .end_object()
-            .end_object();
-        finish(w, "completion")
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct View<'a> {
+            #[serde(flatten)]
+            fence: &'a Fence,
+            callback_sequence: CallbackSequence,
+            callback_token_digest: &'a Sha256Digest,
+            result: &'a CompletionResult,
+            artifact: &'a CompletionArtifact,
+        }
+        let view = Schema {
+            schema: SCHEMA,
+            body: &View {
+                fence: &self.fence,
+                callback_sequence: self.callback_sequence,
+                callback_token_digest: self.callback_token_digest.expose(),
+                result: r,
+                artifact: a,
+            },
+        };
+        sealed_body(
+            &view,
+            &self.fence.lease_token,
+            "completion",
+            MAX_REQUEST_BYTES,
+        )
     }
 }
 

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use zeroize::Zeroizing;
 
 use super::de::nullable;
-use super::{Fence, WireError, bind, ensure, exact, field, finish, id, parse_json};
+use super::{Fence, Schema, WireError, bind, ensure, exact, field, id, parse_json, sealed_body};
 use crate::ids::LeaseVersion;
 use crate::js::JsonWriter;
 use crate::offer::Offer;
@@ -42,11 +42,16 @@ impl LeaseControlRequest {
     /// # Errors
     /// [`WireError::RequestTooLarge`] (cannot happen with valid ids).
     pub fn to_body(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
-        let mut w = JsonWriter::with_cap(MAX_REQUEST_BYTES);
-        w.begin_object().field_str("schema", SCHEMA);
-        self.fence.write_execution(&mut w);
-        w.end_object();
-        finish(w, "lease-control")
+        let view = Schema {
+            schema: SCHEMA,
+            body: &self.fence,
+        };
+        sealed_body(
+            &view,
+            &self.fence.lease_token,
+            "lease-control",
+            MAX_REQUEST_BYTES,
+        )
     }
 }
 

@@ -1,9 +1,10 @@
 //! Wire contracts with the control plane (reference §2), byte-compatible with Qinglong's
 //! TypeScript reference.
 //!
-//! * **Requests** are built from domain values and serialize to exactly the reference's keys, in
-//!   its key order, within its byte caps. Bodies that carry the lease token come back as
-//!   [`Zeroizing`](zeroize::Zeroizing) buffers allocated once: the caller sends, then drops.
+//! * **Requests** are built from domain values and written by serde_json from private
+//!   `#[derive(Serialize)]` views whose field order is the reference's key order, within its byte
+//!   caps. Bodies that carry the lease token come back as [`Zeroizing`] buffers, the only
+//!   allocation that ever held the token (`sealed_body`): the caller sends, then drops.
 //! * **Responses** are parsed strictly: the byte cap (and the 2-byte floor) is checked before
 //!   parsing, every object has an exact key set (unknown, missing or duplicate key ⇒ error),
 //!   optional keys may not be `null`, always-present keys may not be missing, numbers must be
@@ -18,9 +19,16 @@
 //! status mapping). See `docs/wire.md`.
 
 use alloc::string::String;
+use alloc::vec::Vec;
 use core::fmt;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use zeroize::Zeroizing;
+
+use crate::ids::{
+    AttemptId, LeaseGeneration, LeaseToken, LeaseVersion, OfferId, ProjectId, RunId,
+    WorkerGeneration,
+};
 
 pub mod activation;
 pub mod artifact;
@@ -147,9 +155,10 @@ impl fmt::Display for JsonError {
 
 /// A wire contract violation. Blame: the control plane for responses, the caller for requests
 /// ([`WireError::Request`], [`WireError::RequestTooLarge`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
     /// The response size is outside `2..=cap` bytes; checked before parsing.
+    #[error("{endpoint} response of {len} bytes is outside 2..={cap} bytes")]
     Size {
         /// Which response.
         endpoint: &'static str,
@@ -159,6 +168,7 @@ pub enum WireError {
         cap: usize,
     },
     /// The body is not JSON of the exact shape.
+    #[error("{endpoint} JSON rejected: {error}")]
     Json {
         /// Which body.
         endpoint: &'static str,
@@ -166,6 +176,7 @@ pub enum WireError {
         error: JsonError,
     },
     /// A field breaks its bound, enum or pattern.
+    #[error("response field {path} must be {rule}")]
     Field {
         /// Field path, as named on the wire.
         path: &'static str,
@@ -173,6 +184,7 @@ pub enum WireError {
         rule: &'static str,
     },
     /// A field is not bound to the request (or claim, or Session) that produced the response.
+    #[error("response field {path} must equal {must_equal}")]
     Mismatch {
         /// Field path of the response.
         path: &'static str,
@@ -180,8 +192,10 @@ pub enum WireError {
         must_equal: &'static str,
     },
     /// The execution revision is invalid or its digest does not match.
+    #[error("offer executionRevision rejected: {0}")]
     Revision(crate::revision::RevisionError),
     /// A request cannot be built from these values.
+    #[error("request field {path} must be {rule}")]
     Request {
         /// Field path of the request.
         path: &'static str,
@@ -189,6 +203,7 @@ pub enum WireError {
         rule: &'static str,
     },
     /// A request would exceed its byte cap.
+    #[error("{endpoint} request exceeds its {cap} byte cap")]
     RequestTooLarge {
         /// Which request.
         endpoint: &'static str,
@@ -196,29 +211,6 @@ pub enum WireError {
         cap: usize,
     },
 }
-
-impl fmt::Display for WireError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Size { endpoint, len, cap } => write!(
-                f,
-                "{endpoint} response of {len} bytes is outside 2..={cap} bytes"
-            ),
-            Self::Json { endpoint, error } => write!(f, "{endpoint} JSON rejected: {error}"),
-            Self::Field { path, rule } => write!(f, "response field {path} must be {rule}"),
-            Self::Mismatch { path, must_equal } => {
-                write!(f, "response field {path} must equal {must_equal}")
-            }
-            Self::Revision(error) => write!(f, "offer executionRevision rejected: {error}"),
-            Self::Request { path, rule } => write!(f, "request field {path} must be {rule}"),
-            Self::RequestTooLarge { endpoint, cap } => {
-                write!(f, "{endpoint} request exceeds its {cap} byte cap")
-            }
-        }
-    }
-}
-
-impl core::error::Error for WireError {}
 
 impl From<crate::revision::RevisionError> for WireError {
     fn from(error: crate::revision::RevisionError) -> Self {
@@ -283,39 +275,111 @@ pub(crate) fn exact(
     ensure(value == expected, path, expected)
 }
 
-/// Finishes a request writer into its buffer, mapping overflow to [`WireError::RequestTooLarge`].
-pub(crate) fn finish(
-    w: crate::js::JsonWriter,
+/// A request body written by serde_json: compact, keys in the order of the view's fields,
+/// strings escaped exactly as `JSON.stringify` escapes them (`core/tests/wire_json_escaping.rs`
+/// proves it on Node's vectors).
+pub(crate) fn body<T: Serialize>(
+    view: &T,
     endpoint: &'static str,
-) -> Result<zeroize::Zeroizing<alloc::vec::Vec<u8>>, WireError> {
-    w.finish().map_err(|e| WireError::RequestTooLarge {
-        endpoint,
-        cap: e.cap,
-    })
+    cap: usize,
+) -> Result<Vec<u8>, WireError> {
+    // INVARIANT: request views hold only strings, integers, booleans, options, sequences and
+    // string-keyed maps, which serde_json always serializes.
+    let bytes =
+        serde_json::to_vec(view).expect("invariant: a request view always serializes to JSON");
+    if bytes.len() > cap {
+        return Err(WireError::RequestTooLarge { endpoint, cap });
+    }
+    Ok(bytes)
+}
+
+/// As [`body`], for a view whose `leaseToken` is written by [`token_slot`]. serde_json writes the
+/// placeholder; the token is then copied over it in the finished buffer, so no allocation
+/// serde_json grew out of ever held the token, and the one that does is wiped on drop.
+pub(crate) fn sealed_body<T: Serialize>(
+    view: &T,
+    token: &LeaseToken,
+    endpoint: &'static str,
+    cap: usize,
+) -> Result<Zeroizing<Vec<u8>>, WireError> {
+    const KEY: &[u8] = b"\"leaseToken\":\"";
+    let mut out = Zeroizing::new(body(view, endpoint, cap)?);
+    let token = token.expose().as_bytes();
+    // A string's content never holds an unescaped `"`, so this is the `leaseToken` key itself.
+    let at = out
+        .windows(KEY.len())
+        .position(|w| w == KEY)
+        .expect("invariant: a sealed request view has a leaseToken key")
+        + KEY.len();
+    let slot = &mut out[at..=at + token.len()];
+    assert!(
+        slot[..token.len()].iter().all(|&b| b == b'0') && slot[token.len()] == b'"',
+        "the leaseToken value is the token_slot placeholder"
+    );
+    slot[..token.len()].copy_from_slice(token);
+    Ok(out)
+}
+
+/// Serializes a lease token as a placeholder of its length (ASCII `0`s; the token is
+/// `[A-Za-z0-9_-]`, which JSON never escapes) that [`sealed_body`] overwrites.
+pub(crate) fn token_slot<S: serde::Serializer>(
+    token: &LeaseToken,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    const ZEROS: [u8; 128] = [b'0'; 128];
+    // INVARIANT: a lease token is at most 128 bytes; ASCII digits are UTF-8.
+    let len = token.expose().len();
+    serializer.serialize_str(core::str::from_utf8(&ZEROS[..len]).expect("invariant: ASCII zeros"))
+}
+
+/// `{"schema": …}` followed by the keys of `body`, for the bodies whose schema id comes first.
+#[derive(Serialize)]
+pub(crate) struct Schema<'a, T> {
+    pub(crate) schema: &'static str,
+    #[serde(flatten)]
+    pub(crate) body: &'a T,
+}
+
+/// The 7 activation fence keys, in the reference order (no `projectId`, no schema).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ActivationFence<'a> {
+    run_id: &'a RunId,
+    attempt_id: &'a AttemptId,
+    worker_generation: WorkerGeneration,
+    offer_id: &'a OfferId,
+    lease_generation: LeaseGeneration,
+    #[serde(serialize_with = "token_slot")]
+    lease_token: &'a LeaseToken,
+    expected_lease_version: LeaseVersion,
 }
 
 /// The execution fence every post-offer request carries: the Worker generation, the Run lease
 /// authority and the lease version the Worker holds. Built from the inbox's [`Offer`].
+/// Serializes as the 8 execution fence keys of artifact, completion and lease-control bodies,
+/// with the lease token as a placeholder only the request writer fills in.
 ///
 /// [`Offer`]: crate::offer::Offer
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Fence {
     /// Session generation (`workerGeneration`).
-    pub worker_generation: crate::ids::WorkerGeneration,
+    pub worker_generation: WorkerGeneration,
     /// Project (`projectId`).
-    pub project_id: crate::ids::ProjectId,
+    pub project_id: ProjectId,
     /// Run (`runId`).
-    pub run_id: crate::ids::RunId,
+    pub run_id: RunId,
     /// Attempt (`attemptId`).
-    pub attempt_id: crate::ids::AttemptId,
+    pub attempt_id: AttemptId,
     /// Offer (`offerId`).
-    pub offer_id: crate::ids::OfferId,
+    pub offer_id: OfferId,
     /// Lease generation (`leaseGeneration`).
-    pub lease_generation: crate::ids::LeaseGeneration,
+    pub lease_generation: LeaseGeneration,
     /// The lease capability (`leaseToken`); redacted in `Debug`.
-    pub lease_token: crate::ids::LeaseToken,
+    #[serde(serialize_with = "token_slot")]
+    pub lease_token: LeaseToken,
     /// The lease version persisted in the inbox (`expectedLeaseVersion`).
-    pub expected_lease_version: crate::ids::LeaseVersion,
+    pub expected_lease_version: LeaseVersion,
 }
 
 impl Fence {
@@ -334,26 +398,15 @@ impl Fence {
         }
     }
 
-    /// The 7 activation fence keys, in the reference order (no `projectId`, no schema).
-    pub(crate) fn write_activation(&self, w: &mut crate::js::JsonWriter) {
-        w.field_str("runId", self.run_id.as_str())
-            .field_str("attemptId", self.attempt_id.as_str())
-            .field_uint("workerGeneration", self.worker_generation.get())
-            .field_str("offerId", self.offer_id.as_str())
-            .field_uint("leaseGeneration", self.lease_generation.get())
-            .field_str("leaseToken", self.lease_token.expose())
-            .field_uint("expectedLeaseVersion", self.expected_lease_version.get());
-    }
-
-    /// The 8 execution fence keys of artifact, completion and lease-control bodies.
-    pub(crate) fn write_execution(&self, w: &mut crate::js::JsonWriter) {
-        w.field_uint("workerGeneration", self.worker_generation.get())
-            .field_str("projectId", self.project_id.as_str())
-            .field_str("runId", self.run_id.as_str())
-            .field_str("attemptId", self.attempt_id.as_str())
-            .field_str("offerId", self.offer_id.as_str())
-            .field_uint("leaseGeneration", self.lease_generation.get())
-            .field_str("leaseToken", self.lease_token.expose())
-            .field_uint("expectedLeaseVersion", self.expected_lease_version.get());
+    pub(crate) fn activation(&self) -> ActivationFence<'_> {
+        ActivationFence {
+            run_id: &self.run_id,
+            attempt_id: &self.attempt_id,
+            worker_generation: self.worker_generation,
+            offer_id: &self.offer_id,
+            lease_generation: self.lease_generation,
+            lease_token: &self.lease_token,
+            expected_lease_version: self.expected_lease_version,
+        }
     }
 }

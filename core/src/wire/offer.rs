@@ -4,13 +4,12 @@
 use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;
-use core::fmt;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use zeroize::Zeroizing;
 
-use super::{WireError, bind, ensure, exact, finish, id, parse_json};
+use super::{WireError, bind, ensure, exact, id, parse_json, sealed_body};
 use crate::ids::{
     AttemptId, LeaseGeneration, LeaseToken, LeaseVersion, MAX_SAFE_INTEGER, OfferId, ProjectId,
     RunId, SessionId, Sha256Digest, TaskId, TaskRevision, WorkerGeneration, WorkerId,
@@ -19,7 +18,7 @@ use crate::js::JsonWriter;
 use crate::offer::{
     Candidate, DeliveryKind, ExecutorType, Lease, LeaseStatus, Offer, OfferError, OfferWorker,
 };
-use crate::revision::{ExecutionRevision, JsonForm};
+use crate::revision::ExecutionRevision;
 use crate::time::UnixMillis;
 
 /// Schema id of the offer pull response.
@@ -46,13 +45,20 @@ impl OfferRequest {
     /// # Errors
     /// [`WireError::RequestTooLarge`] above 4 KiB (cannot happen with valid ids).
     pub fn to_body(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
-        let mut w = JsonWriter::with_cap(MAX_REQUEST_BYTES);
-        w.begin_object()
-            .field_uint("workerGeneration", self.worker_generation.get())
-            .field_str("offerId", self.offer_id.as_str())
-            .field_str("leaseToken", self.lease_token.expose())
-            .end_object();
-        finish(w, "offers")
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct View<'a> {
+            worker_generation: WorkerGeneration,
+            offer_id: &'a OfferId,
+            #[serde(serialize_with = "super::token_slot")]
+            lease_token: &'a LeaseToken,
+        }
+        let view = View {
+            worker_generation: self.worker_generation,
+            offer_id: &self.offer_id,
+            lease_token: &self.lease_token,
+        };
+        sealed_body(&view, &self.lease_token, "offers", MAX_REQUEST_BYTES)
     }
 }
 
@@ -534,16 +540,17 @@ fn write_offer(w: &mut JsonWriter, o: &OfferedOffer) {
         .field_uint("expiresAtMs", l.expires_at_ms.get())
         .field_uint("updatedAtMs", l.updated_at_ms.get())
         .end_object()
-        .key("executionRevision");
-    o.execution_revision.write_json(w, JsonForm::Wire);
-    w.field_uint("placementScore", o.placement_score)
+        .key("executionRevision")
+        .raw(&o.execution_revision.to_json())
+        .field_uint("placementScore", o.placement_score)
         .end_object();
 }
 
 /// Why an `offered` response could not be admitted for the pending claim.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AdmissionError {
     /// The offer is not for this claim or this Session.
+    #[error("offered {path} must equal {must_equal}")]
     ClaimMismatch {
         /// The offer field.
         path: &'static str,
@@ -551,21 +558,9 @@ pub enum AdmissionError {
         must_equal: &'static str,
     },
     /// The reconstructed offer is inconsistent.
+    #[error("offered offer rejected: {0}")]
     Offer(OfferError),
 }
-
-impl fmt::Display for AdmissionError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::ClaimMismatch { path, must_equal } => {
-                write!(f, "offered {path} must equal {must_equal}")
-            }
-            Self::Offer(error) => write!(f, "offered offer rejected: {error}"),
-        }
-    }
-}
-
-impl core::error::Error for AdmissionError {}
 
 /// Offer admission (reference `parseRemoteExecutionOfferPullResponse` +
 /// `createClusterRemoteExecutionOffer`): binds the offered offer to the pending claim
@@ -650,21 +645,12 @@ pub fn parse_and_admit(
 }
 
 /// Either failure of [`parse_and_admit`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AdmitOrWireError {
     /// The response broke the wire contract.
+    #[error(transparent)]
     Wire(WireError),
     /// The offer does not belong to the claim or is inconsistent.
+    #[error(transparent)]
     Admission(AdmissionError),
 }
-
-impl fmt::Display for AdmitOrWireError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Wire(e) => e.fmt(f),
-            Self::Admission(e) => e.fmt(f),
-        }
-    }
-}
-
-impl core::error::Error for AdmitOrWireError {}

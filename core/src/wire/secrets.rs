@@ -3,13 +3,15 @@
 
 use alloc::string::String;
 use alloc::vec::Vec;
-use core::fmt;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use super::{Fence, WireError, bind, ensure, exact, finish, parse_json};
-use crate::ids::{ProjectId, Sha256Digest, TaskId, TaskRevision};
+use super::{Fence, WireError, bind, ensure, exact, parse_json, sealed_body};
+use crate::ids::{
+    AttemptId, LeaseGeneration, LeaseToken, LeaseVersion, OfferId, ProjectId, RunId, Sha256Digest,
+    TaskId, TaskRevision, WorkerGeneration,
+};
 use crate::js::JsonWriter;
 use crate::offer::Offer;
 use crate::revision::{EnvName, EnvValue, SecretRef};
@@ -145,33 +147,44 @@ impl SecretsRequest {
     /// # Errors
     /// [`WireError::RequestTooLarge`] above 64 KiB, [`WireError::Request`] for invalid refs.
     pub fn to_body(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct View<'a> {
+            schema: &'static str,
+            worker_generation: WorkerGeneration,
+            run_id: &'a RunId,
+            attempt_id: &'a AttemptId,
+            project_id: &'a ProjectId,
+            task_id: &'a TaskId,
+            task_revision: &'a TaskRevision,
+            execution_digest: &'a Sha256Digest,
+            offer_id: &'a OfferId,
+            lease_generation: LeaseGeneration,
+            #[serde(serialize_with = "super::token_slot")]
+            lease_token: &'a LeaseToken,
+            expected_lease_version: LeaseVersion,
+            secret_refs: &'a [SecretRef],
+            environment_bundle_refs: &'a [SecretRef],
+        }
         self.validate()?;
         let f = &self.fence;
-        let mut w = JsonWriter::with_cap(MAX_REQUEST_BYTES);
-        w.begin_object()
-            .field_str("schema", SCHEMA)
-            .field_uint("workerGeneration", f.worker_generation.get())
-            .field_str("runId", f.run_id.as_str())
-            .field_str("attemptId", f.attempt_id.as_str())
-            .field_str("projectId", f.project_id.as_str())
-            .field_str("taskId", self.task_id.as_str())
-            .field_str("taskRevision", self.task_revision.as_str())
-            .field_str("executionDigest", &self.execution_digest.to_hex())
-            .field_str("offerId", f.offer_id.as_str())
-            .field_uint("leaseGeneration", f.lease_generation.get())
-            .field_str("leaseToken", f.lease_token.expose())
-            .field_uint("expectedLeaseVersion", f.expected_lease_version.get())
-            .key("secretRefs")
-            .begin_array();
-        for r in &self.secret_refs {
-            w.string(r.as_str());
-        }
-        w.end_array().key("environmentBundleRefs").begin_array();
-        for r in &self.environment_bundle_refs {
-            w.string(r.as_str());
-        }
-        w.end_array().end_object();
-        finish(w, "secrets")
+        let view = View {
+            schema: SCHEMA,
+            worker_generation: f.worker_generation,
+            run_id: &f.run_id,
+            attempt_id: &f.attempt_id,
+            project_id: &f.project_id,
+            task_id: &self.task_id,
+            task_revision: &self.task_revision,
+            execution_digest: &self.execution_digest,
+            offer_id: &f.offer_id,
+            lease_generation: f.lease_generation,
+            lease_token: &f.lease_token,
+            expected_lease_version: f.expected_lease_version,
+            secret_refs: &self.secret_refs,
+            environment_bundle_refs: &self.environment_bundle_refs,
+        };
+        sealed_body(&view, &f.lease_token, "secrets", MAX_REQUEST_BYTES)
     }
 }
 
@@ -347,16 +360,22 @@ pub struct EnvironmentBundle {
 }
 
 /// Why an environment bundle was refused. Names the rule, never a value.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BundleError {
     /// The bundle text is outside `2..=96 KiB`.
+    #[error(
+        "environment bundle of {len} bytes is outside 2..={max} bytes",
+        max = MAX_BUNDLE_VALUE_BYTES
+    )]
     Size {
         /// Its length, bytes.
         len: usize,
     },
     /// The text is not JSON of the exact bundle shape.
+    #[error("environment bundle JSON rejected: {0}")]
     Json(super::JsonError),
     /// A field breaks its rule.
+    #[error("environment bundle field {path} must be {rule}")]
     Field {
         /// The field.
         path: &'static str,
@@ -364,23 +383,6 @@ pub enum BundleError {
         rule: &'static str,
     },
 }
-
-impl fmt::Display for BundleError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Size { len } => write!(
-                f,
-                "environment bundle of {len} bytes is outside 2..={MAX_BUNDLE_VALUE_BYTES} bytes"
-            ),
-            Self::Json(error) => write!(f, "environment bundle JSON rejected: {error}"),
-            Self::Field { path, rule } => {
-                write!(f, "environment bundle field {path} must be {rule}")
-            }
-        }
-    }
-}
-
-impl core::error::Error for BundleError {}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

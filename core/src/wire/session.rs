@@ -5,12 +5,12 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use super::{WireError, bind, ensure, exact, finish, id, parse_json, semver};
+use super::{Schema, WireError, bind, body, ensure, exact, id, parse_json, semver};
 use crate::ids::{MAX_SAFE_INTEGER, SessionId, Sha256Digest, WorkerGeneration, WorkerId};
 use crate::js::{self, JsonWriter};
-use crate::revision::{Architecture, Label, SupportTier};
+use crate::revision::{Architecture, Label, LabelsJson, SupportTier};
 use crate::time::UnixMillis;
 
 /// Register schema id.
@@ -37,7 +37,7 @@ pub const MAX_LEASE_DURATION_MS: u64 = 600_000;
 pub const PROTOCOL_VERSION: &str = "1.0.0";
 
 /// A runtime the Worker offers.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RuntimeCapability {
     /// `^[a-z0-9][a-z0-9._+-]*$`, ≤ 64.
     pub name: String,
@@ -46,26 +46,34 @@ pub struct RuntimeCapability {
 }
 
 /// A GPU the Worker offers.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct GpuCapability {
     /// Vendor, capability name ≤ 64.
     pub vendor: String,
     /// Model, 1..=128 characters.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// Memory, bytes ≥ 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
 }
 
-/// Capacity facts.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Capacity facts; serialize as the canonical `capacity` object (absent facts omitted).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct CapacityCapability {
     /// 1..=4096.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_cores: Option<u64>,
     /// Bytes ≥ 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
     /// Bytes ≥ 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub disk_bytes: Option<u64>,
     /// ≤ 8 GPUs.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<Vec<GpuCapability>>,
 }
 
@@ -173,93 +181,86 @@ impl Capabilities {
             "supportTier",
             "the architecture's support tier",
         )?;
-        let mut w = JsonWriter::with_cap(MAX_CAPABILITIES_BYTES);
-        w.begin_object()
-            .field_str("architecture", self.architecture.as_str())
-            .key("executors")
-            .begin_array();
-        for e in &executors {
-            w.string(e);
-        }
-        w.end_array()
-            .field_str("protocolVersion", &self.protocol_version)
-            .field_str("supportTier", self.support_tier.as_str());
         if let Some(os) = &self.operating_system {
             req(
                 capability_name(os, 32),
                 "operatingSystem",
                 "a capability name <= 32",
             )?;
-            w.field_str("operatingSystem", os);
         }
-        if let Some(runtimes) = &self.runtimes {
-            self.write_runtimes(&mut w, runtimes)?;
-        }
-        if let Some(labels) = &self.labels {
-            write_labels(&mut w, labels)?;
-        }
-        if let Some(capacity) = &self.capacity {
-            write_capacity(&mut w, capacity)?;
-        }
-        if let Some(features) = &self.features {
-            let features = sorted_names(features, "features", 32)?;
-            w.key("features").begin_array();
-            for f in &features {
-                w.string(f);
-            }
-            w.end_array();
-        }
-        w.end_object();
-        let bytes = finish(w, "capabilities")?;
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
-    }
-
-    fn write_runtimes(
-        &self,
-        w: &mut JsonWriter,
-        runtimes: &[RuntimeCapability],
-    ) -> Result<(), WireError> {
-        req(runtimes.len() <= 32, "runtimes", "at most 32")?;
-        for r in runtimes {
-            req(
-                capability_name(&r.name, 64),
-                "runtimes.name",
-                "a capability name",
-            )?;
-            req(
-                semver::is_version(&r.version),
-                "runtimes.version",
-                "strict semver",
-            )?;
-        }
-        let mut sorted = runtimes.to_vec();
-        for r in &sorted {
-            js::locale_compare(&r.name, "").map_err(|_| WireError::Request {
-                path: "runtimes.name",
-                rule: "orderable",
-            })?;
-        }
-        sorted.sort_by(|a, b| {
-            js::locale_compare(&a.name, &b.name).unwrap_or(core::cmp::Ordering::Equal)
-        });
-        req(
-            sorted.windows(2).all(|p| p[0].name != p[1].name),
-            "runtimes",
-            "unique names",
-        )?;
-        w.key("runtimes").begin_array();
-        for r in &sorted {
-            w.begin_object()
-                .field_str("name", &r.name)
-                .field_str("version", &r.version)
-                .end_object();
-        }
-        w.end_array();
-        Ok(())
+        let view = CapabilitiesJson {
+            architecture: self.architecture,
+            executors,
+            protocol_version: &self.protocol_version,
+            support_tier: self.support_tier,
+            operating_system: self.operating_system.as_deref(),
+            runtimes: self.runtimes.as_deref().map(sorted_runtimes).transpose()?,
+            labels: self.labels.as_deref().map(sorted_labels).transpose()?,
+            capacity: self.capacity.as_ref().map(checked_capacity).transpose()?,
+            features: self
+                .features
+                .as_deref()
+                .map(|f| sorted_names(f, "features", 32))
+                .transpose()?,
+        };
+        let bytes = body(&view, "capabilities", MAX_CAPABILITIES_BYTES)?;
+        // INVARIANT: serde_json writes UTF-8.
+        Ok(String::from_utf8(bytes).expect("invariant: serde_json writes UTF-8"))
     }
 }
 
-fn write_labels(w: &mut JsonWriter, labels: &[Label]) -> Result<(), WireError> {
+/// The canonical capabilities object (`JSON.stringify` of the normalized capabilities).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CapabilitiesJson<'a> {
+    architecture: Architecture,
+    executors: Vec<String>,
+    protocol_version: &'a str,
+    support_tier: SupportTier,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    operating_system: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    runtimes: Option<Vec<RuntimeCapability>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    labels: Option<LabelsJson<Vec<Label>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    capacity: Option<&'a CapacityCapability>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    features: Option<Vec<String>>,
+}
+
+fn sorted_runtimes(runtimes: &[RuntimeCapability]) -> Result<Vec<RuntimeCapability>, WireError> {
+    req(runtimes.len() <= 32, "runtimes", "at most 32")?;
+    for r in runtimes {
+        req(
+            capability_name(&r.name, 64),
+            "runtimes.name",
+            "a capability name",
+        )?;
+        req(
+            semver::is_version(&r.version),
+            "runtimes.version",
+            "strict semver",
+        )?;
+    }
+    let mut sorted = runtimes.to_vec();
+    for r in &sorted {
+        js::locale_compare(&r.name, "").map_err(|_| WireError::Request {
+            path: "runtimes.name",
+            rule: "orderable",
+        })?;
+    }
+    sorted
+        .sort_by(|a, b| js::locale_compare(&a.name, &b.name).unwrap_or(core::cmp::Ordering::Equal));
+    req(
+        sorted.windows(2).all(|p| p[0].name != p[1].name),
+        "runtimes",
+        "unique names",
+    )?;
+    Ok(sorted)
+}
+
+fn sorted_labels(labels: &[Label]) -> Result<LabelsJson<Vec<Label>>, WireError> {
     req(labels.len() <= 32, "labels", "at most 32")?;
     let mut sorted = labels.to_vec();
     for l in &sorted {
@@ -286,31 +287,19 @@ fn write_labels(w: &mut JsonWriter, labels: &[Label]) -> Result<(), WireError> {
         "unique keys",
     )?;
     let keys: Vec<&str> = sorted.iter().map(|l| l.key.as_str()).collect();
-    w.key("labels").begin_object();
-    for i in js::object_key_order(&keys) {
-        w.field_str(&sorted[i].key, &sorted[i].value);
-    }
-    w.end_object();
-    Ok(())
+    let ordered = js::object_key_order(&keys)
+        .into_iter()
+        .map(|i| sorted[i].clone())
+        .collect();
+    Ok(LabelsJson(ordered))
 }
 
-fn write_capacity(w: &mut JsonWriter, c: &CapacityCapability) -> Result<(), WireError> {
+fn checked_capacity(c: &CapacityCapability) -> Result<&CapacityCapability, WireError> {
     positive(c.cpu_cores, 4096, "capacity.cpuCores")?;
     positive(c.memory_bytes, MAX_SAFE_INTEGER, "capacity.memoryBytes")?;
     positive(c.disk_bytes, MAX_SAFE_INTEGER, "capacity.diskBytes")?;
-    w.key("capacity").begin_object();
-    for (key, value) in [
-        ("cpuCores", c.cpu_cores),
-        ("memoryBytes", c.memory_bytes),
-        ("diskBytes", c.disk_bytes),
-    ] {
-        if let Some(v) = value {
-            w.field_uint(key, v);
-        }
-    }
     if let Some(gpus) = &c.gpu {
         req(gpus.len() <= 8, "capacity.gpu", "at most 8")?;
-        w.key("gpu").begin_array();
         for g in gpus {
             req(
                 capability_name(&g.vendor, 64),
@@ -323,23 +312,14 @@ fn write_capacity(w: &mut JsonWriter, c: &CapacityCapability) -> Result<(), Wire
                 "1..=128 characters",
             )?;
             positive(g.memory_bytes, MAX_SAFE_INTEGER, "capacity.gpu.memoryBytes")?;
-            w.begin_object().field_str("vendor", &g.vendor);
-            if let Some(m) = &g.model {
-                w.field_str("model", m);
-            }
-            if let Some(m) = g.memory_bytes {
-                w.field_uint("memoryBytes", m);
-            }
-            w.end_object();
         }
-        w.end_array();
     }
-    w.end_object();
-    Ok(())
+    Ok(c)
 }
 
-/// The `register` request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The `register` request; serializes as its body without the schema.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct RegisterRequest {
     /// Canonical capabilities JSON.
     pub capabilities_json: String,
@@ -394,21 +374,17 @@ impl RegisterRequest {
     /// # Errors
     /// [`WireError::RequestTooLarge`] above 20 KiB.
     pub fn to_body(&self) -> Result<Vec<u8>, WireError> {
-        let mut w = JsonWriter::with_cap(MAX_REGISTER_REQUEST_BYTES);
-        w.begin_object()
-            .field_str("schema", REGISTER_SCHEMA)
-            .field_str("capabilitiesJson", &self.capabilities_json)
-            .field_str("capabilitiesHash", &self.capabilities_hash.to_hex())
-            .field_uint("maxConcurrentRuns", self.max_concurrent_runs)
-            .field_uint("availableSlots", self.available_slots)
-            .field_uint("leaseDurationMs", self.lease_duration_ms)
-            .end_object();
-        finish(w, "register").map(|b| b.to_vec())
+        let view = Schema {
+            schema: REGISTER_SCHEMA,
+            body: self,
+        };
+        body(&view, "register", MAX_REGISTER_REQUEST_BYTES)
     }
 }
 
-/// The `heartbeat` request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The `heartbeat` request; serializes as its body without the schema.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct HeartbeatRequest {
     /// Session generation.
     pub generation: WorkerGeneration,
@@ -441,20 +417,16 @@ impl HeartbeatRequest {
             "leaseDurationMs",
             "5000..=600000",
         )?;
-        let mut w = JsonWriter::with_cap(MAX_REQUEST_BYTES);
-        w.begin_object()
-            .field_str("schema", HEARTBEAT_SCHEMA)
-            .field_uint("generation", self.generation.get())
-            .field_uint("expectedVersion", self.expected_version)
-            .field_uint("availableSlots", self.available_slots)
-            .field_uint("leaseDurationMs", self.lease_duration_ms)
-            .end_object();
-        finish(w, "heartbeat").map(|b| b.to_vec())
+        let view = Schema {
+            schema: HEARTBEAT_SCHEMA,
+            body: self,
+        };
+        body(&view, "heartbeat", MAX_REQUEST_BYTES)
     }
 }
 
 /// A Session status on the wire.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SessionStatus {
     /// `draining`.
@@ -477,8 +449,9 @@ impl SessionStatus {
     }
 }
 
-/// The `transition` request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The `transition` request; serializes as its body without the schema.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct TransitionRequest {
     /// Session generation.
     pub generation: WorkerGeneration,
@@ -504,14 +477,11 @@ impl TransitionRequest {
             "expectedVersion",
             "0..=2^53-1",
         )?;
-        let mut w = JsonWriter::with_cap(MAX_REQUEST_BYTES);
-        w.begin_object()
-            .field_str("schema", TRANSITION_SCHEMA)
-            .field_uint("generation", self.generation.get())
-            .field_uint("expectedVersion", self.expected_version)
-            .field_str("status", self.status.as_str())
-            .end_object();
-        finish(w, "transition").map(|b| b.to_vec())
+        let view = Schema {
+            schema: TRANSITION_SCHEMA,
+            body: self,
+        };
+        body(&view, "transition", MAX_REQUEST_BYTES)
     }
 }
 
