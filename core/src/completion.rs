@@ -446,7 +446,6 @@ impl CompletionOp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::{CallbackSequence, CapabilityDigest, LogArtifactId, Sha256Digest};
     use crate::testkit;
     use crate::time::UnixMillis;
     use crate::wire::session::SessionStatus;
@@ -458,15 +457,8 @@ mod tests {
 
     /// A `recovery_required` record with every launch-barrier field (all optional there).
     fn recovering(reason: RecoveryReason) -> InboxRecord {
-        let mut r = InboxRecord::accepted(testkit::offer(1), ms(100));
-        r.state = State::RecoveryRequired;
+        let mut r = testkit::record(1, State::RecoveryRequired);
         r.recovery_reason = Some(reason);
-        r.executor_started_at_ms = Some(ms(102));
-        r.log_artifact_id =
-            Some(LogArtifactId::new("wlog-0123456789abcdef0123456789abcd").unwrap());
-        r.completion_receipt_callback_sequence = Some(CallbackSequence::new(1).unwrap());
-        r.completion_receipt_token_digest =
-            Some(CapabilityDigest::new(Sha256Digest::of(b"capability")));
         r
     }
 
