@@ -233,7 +233,7 @@ fn a_decoded_record_is_validated_once_its_revision_digested_even_under_a_good_ch
     tampered.offer.execution_revision.working_directory = Some(String::from("/tmp"));
     let bytes = sealed(1, &postcard::to_allocvec(&tampered).unwrap());
     assert!(
-        matches!(envelope::open::<InboxRecord>(&bytes), Ok(_)),
+        envelope::open::<InboxRecord>(&bytes).is_ok(),
         "framing is fine"
     );
     for refused in [
