@@ -64,7 +64,7 @@ pub struct Capability([u8; 32]);
 impl Capability {
     /// Takes the capability from drawn entropy.
     #[must_use]
-    pub fn from_entropy(entropy: &Entropy) -> Self {
+    pub(crate) fn from_entropy(entropy: &Entropy) -> Self {
         Self(entropy.take32(0))
     }
 

@@ -10,7 +10,7 @@ use crate::time::UnixMillis;
 /// The on-disk schema version of the claim body.
 pub const CLAIM_SCHEMA_VERSION: u8 = 1;
 /// Pull attempts allowed per claim (`MAX_WORKER_REMOTE_OFFER_ATTEMPTS`).
-pub const MAX_CLAIM_ATTEMPTS: u8 = 16;
+pub(crate) const MAX_CLAIM_ATTEMPTS: u8 = 16;
 
 /// `pending-claim` (reference §3.4), every field in the reference's order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,7 +119,7 @@ impl PendingClaim {
 
     /// Claim identity: worker, session, generation, offer id and token.
     #[must_use]
-    pub fn same_identity(&self, other: &Self) -> bool {
+    pub(crate) fn same_identity(&self, other: &Self) -> bool {
         self.worker_id == other.worker_id
             && self.worker_session_id == other.worker_session_id
             && self.worker_generation == other.worker_generation

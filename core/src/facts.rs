@@ -21,7 +21,7 @@ use crate::pull::PullResult;
 use crate::session::SessionResult;
 
 /// Most facts kept between two polls; older ones are dropped (and counted).
-pub const MAX_QUEUED_FACTS: usize = 1024;
+pub(crate) const MAX_QUEUED_FACTS: usize = 1024;
 
 /// One fact.
 #[derive(Clone, Debug, PartialEq, Eq)]

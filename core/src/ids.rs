@@ -22,13 +22,13 @@ pub const MAX_INT32: u64 = (1 << 31) - 1;
 
 /// Length of a string as JavaScript counts it (`String.prototype.length`: UTF-16 code units).
 #[must_use]
-pub fn js_length(value: &str) -> usize {
+pub(crate) fn js_length(value: &str) -> usize {
     value.encode_utf16().count()
 }
 
 /// True when `value` contains a C0 control character or DEL (`/[\u0000-\u001f\u007f]/`).
 #[must_use]
-pub fn has_control_char(value: &str) -> bool {
+pub(crate) fn has_control_char(value: &str) -> bool {
     value.chars().any(|c| c <= '\u{1f}' || c == '\u{7f}')
 }
 
@@ -213,7 +213,7 @@ fn is_task_revision(v: &str) -> bool {
 
 /// Parses a canonical decimal (no sign, no leading zero unless "0", at most 16 digits).
 #[must_use]
-pub fn parse_canonical_decimal(text: &str) -> Option<u64> {
+pub(crate) fn parse_canonical_decimal(text: &str) -> Option<u64> {
     let bytes = text.as_bytes();
     if bytes.is_empty() || bytes.len() > 16 || (bytes.len() > 1 && bytes[0] == b'0') {
         return None;
@@ -450,7 +450,7 @@ macro_rules! counter {
 
         impl $name {
             /// Smallest valid value.
-            pub const MIN: u64 = $min;
+            pub(crate) const MIN: u64 = $min;
             /// Largest valid value.
             pub const MAX: u64 = $max;
             /// The validation rule.

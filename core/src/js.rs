@@ -10,7 +10,7 @@
 //!   labels and runtime names ([`locale_compare`]);
 //! * `Array.prototype.sort` without a comparator, which orders by UTF-16 code units
 //!   ([`code_unit_cmp`]), and the property order of plain objects, which lists array-index keys
-//!   first in numeric order ([`is_array_index`]).
+//!   first in numeric order (`is_array_index`).
 //!
 //! `locale_compare` supports exactly the characters the reference's patterns admit where it sorts
 //! with `localeCompare`: `[A-Za-z0-9._/+-]`. Any other character is refused with a
@@ -82,7 +82,7 @@ pub fn code_unit_cmp(a: &str, b: &str) -> Ordering {
 /// objects enumerate such keys first, in ascending numeric order, before all other keys in
 /// insertion order, whatever order they were inserted in; `JSON.stringify` follows that order.
 #[must_use]
-pub fn is_array_index(key: &str) -> bool {
+pub(crate) fn is_array_index(key: &str) -> bool {
     let bytes = key.as_bytes();
     if bytes.is_empty() || bytes.len() > 10 || !bytes.iter().all(u8::is_ascii_digit) {
         return false;
@@ -106,7 +106,7 @@ fn array_index_value(key: &str) -> u64 {
 /// enumerates them: array indices ascending first, then the rest in insertion order.
 /// Returns the permutation as indices into `keys`.
 #[must_use]
-pub fn object_key_order(keys: &[&str]) -> Vec<usize> {
+pub(crate) fn object_key_order(keys: &[&str]) -> Vec<usize> {
     let mut indices: Vec<usize> = (0..keys.len())
         .filter(|&i| is_array_index(keys[i]))
         .collect();
@@ -160,8 +160,8 @@ pub fn write_json_string(out: &mut Vec<u8>, value: &str) {
 /// `JSON.stringify` writes a lone surrogate back as its escape (`\ud800`), so the execution
 /// revision's digest needs it kept exactly (`JsStringJson`); Node hands the same string
 /// to the operating system with each lone surrogate replaced by U+FFFD
-/// ([`JsString::to_utf8_lossy`]), and `Buffer.byteLength` counts it as 3 bytes, like its WTF-8
-/// form ([`JsString::byte_len`]).
+/// (`JsString::to_utf8_lossy`), and `Buffer.byteLength` counts it as 3 bytes, like its WTF-8
+/// form (`JsString::byte_len`).
 ///
 /// Serialized as a string when it is well-formed, else as its WTF-8 bytes for binary formats
 /// (postcard writes both identically) and as the lossy string for human-readable ones (display
@@ -207,7 +207,7 @@ impl JsString {
     /// # Errors
     /// [`NotWtf8`] for invalid UTF-8 other than lone surrogates, or a high surrogate directly
     /// followed by a low one (that pair is one character and must be encoded as such).
-    pub fn from_wtf8(bytes: Vec<u8>) -> Result<Self, NotWtf8> {
+    pub(crate) fn from_wtf8(bytes: Vec<u8>) -> Result<Self, NotWtf8> {
         let mut i = 0;
         let mut high_before = false;
         while i < bytes.len() {
@@ -229,32 +229,26 @@ impl JsString {
 
     /// The WTF-8 bytes.
     #[must_use]
-    pub fn as_wtf8(&self) -> &[u8] {
+    pub(crate) fn as_wtf8(&self) -> &[u8] {
         &self.0
     }
 
     /// `Buffer.byteLength(value, 'utf8')`: UTF-8 bytes, 3 for each lone surrogate.
     #[must_use]
-    pub fn byte_len(&self) -> usize {
+    pub(crate) fn byte_len(&self) -> usize {
         self.0.len()
     }
 
     /// Whether it holds a NUL character.
     #[must_use]
-    pub fn contains_nul(&self) -> bool {
+    pub(crate) fn contains_nul(&self) -> bool {
         self.0.contains(&0)
-    }
-
-    /// Whether it holds a lone surrogate.
-    #[must_use]
-    pub fn has_lone_surrogate(&self) -> bool {
-        self.as_str().is_none()
     }
 
     /// The string as Node passes it to the operating system (environment, arguments): each lone
     /// surrogate replaced by U+FFFD.
     #[must_use]
-    pub fn to_utf8_lossy(&self) -> alloc::borrow::Cow<'_, str> {
+    pub(crate) fn to_utf8_lossy(&self) -> alloc::borrow::Cow<'_, str> {
         if let Some(text) = self.as_str() {
             return alloc::borrow::Cow::Borrowed(text);
         }
@@ -374,7 +368,7 @@ impl serde::Serialize for JsStringJson<'_> {
 
 /// Length of `value` once written by [`write_json_string`].
 #[must_use]
-pub fn json_string_len(value: &str) -> usize {
+pub(crate) fn json_string_len(value: &str) -> usize {
     2 + value
         .bytes()
         .map(|b| match b {
@@ -629,7 +623,7 @@ mod tests {
     fn js_strings_keep_lone_surrogates_for_json_and_replace_them_for_the_os() {
         // serde_json decodes `"x\ud800y\udc00"` into these WTF-8 bytes when asked for bytes.
         let lone = JsString::from_wtf8(b"x\xed\xa0\x80y\xed\xb0\x80".to_vec()).unwrap();
-        assert!(lone.has_lone_surrogate() && lone.as_str().is_none());
+        assert!(lone.as_str().is_none());
         assert_eq!(
             lone.byte_len(),
             8,

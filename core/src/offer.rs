@@ -180,7 +180,7 @@ impl Lease {
     ///
     /// # Errors
     /// [`OfferError::Bound`] naming the broken rule.
-    pub fn validate_timing(&self) -> Result<(), OfferError> {
+    pub(crate) fn validate_timing(&self) -> Result<(), OfferError> {
         ensure(
             self.renewed_at_ms >= self.acquired_at_ms,
             OfferError::Bound {

@@ -42,7 +42,7 @@ use crate::wire::route::{Operation, path};
 use crate::worker::{Ctx, HaltReason, Step, read_failure, write_failure};
 
 /// Full-jitter ceiling (`MAX_WORKER_REMOTE_OFFER_BACKOFF_MS`).
-pub const MAX_BACKOFF_MS: u64 = 60_000;
+pub(crate) const MAX_BACKOFF_MS: u64 = 60_000;
 
 /// Why a Pull failed (the claim is kept and retried after a backoff).
 #[derive(Clone, Debug, PartialEq, Eq)]

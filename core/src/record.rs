@@ -89,7 +89,7 @@ impl State {
     /// States before the spawn barrier: no process was ever started for the record (a
     /// `start_failed` record carries the proof that none was).
     #[must_use]
-    pub const fn is_pre_barrier(self) -> bool {
+    pub(crate) const fn is_pre_barrier(self) -> bool {
         match self {
             Self::Accepted | Self::StartingAcknowledged | Self::StartFailed => true,
             Self::Launching

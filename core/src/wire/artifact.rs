@@ -31,7 +31,7 @@ pub const MAX_RESPONSE_BYTES: usize = 4 * 1024;
 /// Largest request body: `64 MiB + 4 KiB + 4`.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024 + 4 * 1024 + 4;
 /// Domain of the log artifact id.
-pub const LOG_ID_DOMAIN: &[u8] = b"qinglong/worker-log-artifact@v1";
+pub(crate) const LOG_ID_DOMAIN: &[u8] = b"qinglong/worker-log-artifact@v1";
 
 /// The log artifact id of an offer: `"wlog-"` + the first 30 hex characters of
 /// `SHA-256("qinglong/worker-log-artifact@v1" \0 projectId \0 runId \0 attemptId \0 offerId)`.

@@ -9,7 +9,7 @@ use base64::Engine as _;
 use zeroize::Zeroizing;
 
 /// The header scheme and token prefix.
-pub const PREFIX: &str = "Worker ql3w_";
+pub(crate) const PREFIX: &str = "Worker ql3w_";
 
 /// Why a credential or header is refused. Never carries the secret.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -87,7 +87,7 @@ impl WorkerCredential {
     ///
     /// # Errors
     /// [`AuthError`] for an invalid id or non-canonical secret.
-    pub fn from_base64url(credential_id: &str, secret: &str) -> Result<Self, AuthError> {
+    pub(crate) fn from_base64url(credential_id: &str, secret: &str) -> Result<Self, AuthError> {
         if !valid_credential_id(credential_id) {
             return Err(AuthError::CredentialId);
         }

@@ -48,13 +48,9 @@ pub mod session;
 pub use artifact::derive_log_artifact_id;
 
 /// Default request body cap of the Worker client (4 KiB).
-pub const DEFAULT_REQUEST_CAP: usize = 4 * 1024;
-/// Hard request body cap of the Worker client for JSON (64 KiB, opt-in per endpoint).
-pub const HARD_REQUEST_CAP: usize = 64 * 1024;
-/// Ceiling of any response cap (256 KiB).
-pub const MAX_RESPONSE_CAP: usize = 256 * 1024;
+pub(crate) const DEFAULT_REQUEST_CAP: usize = 4 * 1024;
 /// Smallest response body accepted.
-pub const MIN_RESPONSE_BYTES: usize = 2;
+pub(crate) const MIN_RESPONSE_BYTES: usize = 2;
 
 /// A JSON text the serde layer refused (syntax, type, unknown/missing/duplicate key), with the
 /// position. `detail` is serde's message cut before the first quoted string literal (and reduced

@@ -27,20 +27,20 @@ pub const MAX_SECRET_REFS: usize = 64;
 /// Most environment bundle references per batch.
 pub const MAX_BUNDLE_REFS: usize = 1;
 /// Largest secret value, UTF-8 bytes.
-pub const MAX_VALUE_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_VALUE_BYTES: usize = 16 * 1024;
 /// Largest total of secret values, UTF-8 bytes.
-pub const MAX_TOTAL_VALUE_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_TOTAL_VALUE_BYTES: usize = 64 * 1024;
 /// Largest environment bundle value (and total), UTF-8 bytes.
-pub const MAX_BUNDLE_VALUE_BYTES: usize = 96 * 1024;
+pub(crate) const MAX_BUNDLE_VALUE_BYTES: usize = 96 * 1024;
 
 /// Schema id of an environment bundle's value (`RC/src/secret/environmentBundle.ts`).
 pub const BUNDLE_SCHEMA: &str = "qinglong/environment-bundle@v1";
 /// Most entries of one environment bundle (and of the whole materialized environment).
-pub const MAX_BUNDLE_ENTRIES: usize = 256;
+pub(crate) const MAX_BUNDLE_ENTRIES: usize = 256;
 /// Largest bundle entry value, UTF-8 bytes.
-pub const MAX_BUNDLE_ENTRY_VALUE_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_BUNDLE_ENTRY_VALUE_BYTES: usize = 16 * 1024;
 /// Largest total of a bundle's names and values (and of the whole materialized environment).
-pub const MAX_BUNDLE_TOTAL_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_BUNDLE_TOTAL_BYTES: usize = 64 * 1024;
 
 /// The secrets request. Built from the offer; the references are the revision's secret
 /// bindings, de-duplicated in revision order, and its environment bundle reference.

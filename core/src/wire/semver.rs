@@ -769,7 +769,7 @@ pub fn valid_range(text: &str) -> Option<String> {
 
 /// Whether node-semver's `validRange(text)` is not `null`.
 #[must_use]
-pub fn is_range(text: &str) -> bool {
+pub(crate) fn is_range(text: &str) -> bool {
     valid_range(text).is_some()
 }
 

@@ -20,7 +20,7 @@ pub const HEARTBEAT_SCHEMA: &str = "qinglong/worker-session-heartbeat@v1";
 /// Transition schema id.
 pub const TRANSITION_SCHEMA: &str = "qinglong/worker-session-transition@v1";
 /// `MAX_WORKER_SESSION_REGISTER_REQUEST_BYTES` (an explicit opt-in above 4 KiB).
-pub const MAX_REGISTER_REQUEST_BYTES: usize = 20 * 1024;
+pub(crate) const MAX_REGISTER_REQUEST_BYTES: usize = 20 * 1024;
 /// `MAX_WORKER_SESSION_REQUEST_BYTES` (heartbeat, transition).
 pub const MAX_REQUEST_BYTES: usize = 4 * 1024;
 /// `MAX_WORKER_SESSION_RESPONSE_BYTES`.
