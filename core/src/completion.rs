@@ -18,9 +18,11 @@ use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
 
+#[cfg(feature = "sim-hooks")]
+use crate::fingerprint::Fingerprint;
 use crate::ids::OfferId;
 use crate::io::{Action, HttpCall, Outcome, ReceiptRead};
-use crate::ops::{CallFault, Fingerprint, http_fault, next_record, persist, response, unexpected};
+use crate::ops::{CallFault, http_fault, next_record, persist, response, unexpected};
 use crate::receipt::{AuthenticatedReceipt, ReceiptError, authenticate};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::Fence;
@@ -140,6 +142,7 @@ impl CompletionOp {
     }
 
     /// A canonical rendering of this pass's state (model checking).
+    #[cfg(feature = "sim-hooks")]
     pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
         fp.tag("completion");
         fp.debug(&self.offer_id);

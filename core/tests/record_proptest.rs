@@ -10,8 +10,8 @@ use ql_worker_core::ids::{
 use ql_worker_core::record::{
     InboxRecord, RecoveryReason, State, TransitionError, check_transition,
 };
-use ql_worker_core::testkit;
 use ql_worker_core::time::UnixMillis;
+use ql_worker_sim::testkit;
 
 /// One proposed mutation, applied to a copy of the stored record.
 #[derive(Clone, Debug)]

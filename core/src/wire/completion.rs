@@ -233,18 +233,4 @@ impl CompletionResponse {
         )?;
         Ok(response)
     }
-
-    /// The response as the reference serializes it.
-    #[must_use]
-    pub fn to_json(&self) -> Vec<u8> {
-        let mut w = JsonWriter::with_cap(MAX_RESPONSE_BYTES);
-        w.begin_object()
-            .field_str("schema", SCHEMA)
-            .field_str("status", self.status.as_str())
-            .field_str("runId", self.run_id.as_str())
-            .field_str("attemptId", self.attempt_id.as_str())
-            .field_uint("callbackSequence", self.callback_sequence.get())
-            .end_object();
-        w.finish().map(|b| b.to_vec()).unwrap_or_default()
-    }
 }
