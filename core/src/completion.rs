@@ -18,9 +18,11 @@ use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
 
+#[cfg(feature = "sim-hooks")]
+use crate::fingerprint::Fingerprint;
 use crate::ids::OfferId;
 use crate::io::{Action, HttpCall, Outcome, ReceiptRead};
-use crate::ops::{CallFault, Fingerprint, http_fault, next_record, persist, response, unexpected};
+use crate::ops::{CallFault, http_fault, next_record, persist, response, unexpected};
 use crate::receipt::{AuthenticatedReceipt, ReceiptError, authenticate};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::Fence;
@@ -140,6 +142,7 @@ impl CompletionOp {
     }
 
     /// A canonical rendering of this pass's state (model checking).
+    #[cfg(feature = "sim-hooks")]
     pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
         fp.tag("completion");
         fp.debug(&self.offer_id);
@@ -439,97 +442,6 @@ impl CompletionOp {
                 let action = persist(&record, proposed.clone());
                 self.wait(CState::Acknowledging(Box::new(proposed)), action)
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testkit;
-    use crate::time::UnixMillis;
-    use crate::wire::session::SessionStatus;
-    use crate::worker::SessionView;
-
-    fn ms(v: u64) -> UnixMillis {
-        UnixMillis::new(v).unwrap()
-    }
-
-    /// A `recovery_required` record with every launch-barrier field (all optional there).
-    fn recovering(reason: RecoveryReason) -> InboxRecord {
-        let mut r = testkit::record(1, State::RecoveryRequired);
-        r.recovery_reason = Some(reason);
-        r
-    }
-
-    #[test]
-    fn debug_names_the_offer_and_nothing_else() {
-        let Step::Wait(op, _) = CompletionOp::begin(testkit::offer_id(1)) else {
-            panic!("completion starts by reading the record");
-        };
-        assert_eq!(
-            format!("{op:?}"),
-            "CompletionOp { offer_id: OfferId(\"offer-000001\"), .. }"
-        );
-    }
-
-    #[test]
-    fn completion_is_eligible_after_the_barrier_or_from_an_unknown_launch_outcome() {
-        // SPEC: completion works from `launching`, `started`, `running_acknowledged` and
-        // `recovery_required(launch_outcome_unknown)` only.
-        let launched = [State::Launching, State::Started, State::RunningAcknowledged];
-        for state in State::ALL {
-            let mut r = recovering(RecoveryReason::LaunchOutcomeUnknown);
-            r.state = state;
-            let expected = launched.contains(&state) || state == State::RecoveryRequired;
-            assert_eq!(eligible_state(&r), expected, "{state}");
-        }
-        for reason in RecoveryReason::ALL {
-            let expected = reason == RecoveryReason::LaunchOutcomeUnknown;
-            assert_eq!(eligible_state(&recovering(reason)), expected, "{reason}");
-        }
-    }
-
-    #[test]
-    fn a_recovery_record_missing_a_barrier_field_is_deferred() {
-        let config = testkit::config();
-        let session = SessionView {
-            worker: testkit::worker(),
-            version: 0,
-            status: SessionStatus::Online,
-            lease_expires_at: ms(50_000),
-        };
-        let ctx = Ctx {
-            config: &config,
-            session: Some(&session),
-            now: ms(1_000),
-        };
-        let read = |record: InboxRecord| {
-            let Step::Wait(op, Action::ReadRecord { .. }) =
-                CompletionOp::begin(record.offer.offer_id.clone())
-            else {
-                panic!("completion starts by reading the record");
-            };
-            op.resume(&ctx, Outcome::RecordRead(Some(Box::new(record))))
-        };
-        let full = recovering(RecoveryReason::LaunchOutcomeUnknown);
-        assert!(matches!(
-            read(full.clone()),
-            Step::Wait(_, Action::ReadReceipt { .. })
-        ));
-        let mut no_start = full.clone();
-        no_start.executor_started_at_ms = None;
-        let mut no_log = full.clone();
-        no_log.log_artifact_id = None;
-        let mut no_receipt = full;
-        no_receipt.completion_receipt_callback_sequence = None;
-        no_receipt.completion_receipt_token_digest = None;
-        for record in [no_start, no_log, no_receipt] {
-            assert_eq!(record.validate(), Ok(()));
-            assert!(matches!(
-                read(record),
-                Step::Done(CompletionOutcome::Deferred)
-            ));
         }
     }
 }

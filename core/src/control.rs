@@ -20,9 +20,11 @@ use alloc::format;
 use alloc::string::String;
 
 use crate::completion::{CompletionOp, CompletionOutcome};
+#[cfg(feature = "sim-hooks")]
+use crate::fingerprint::Fingerprint;
 use crate::ids::OfferId;
 use crate::io::{Action, HttpCall, Outcome, StopOutcome};
-use crate::ops::{CallFault, Fingerprint, next_record, persist, response, unexpected};
+use crate::ops::{CallFault, next_record, persist, response, unexpected};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::lease_control::{
     LeaseControlRequest, LeaseControlResponse, MAX_RESPONSE_BYTES, RenewedLease,
@@ -178,6 +180,7 @@ impl ControlOp {
     }
 
     /// A canonical rendering of this pass's state (model checking).
+    #[cfg(feature = "sim-hooks")]
     pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
         fp.tag("supervise");
         fp.debug(&(&self.offer_id, self.paced_ms, self.drain_stop));

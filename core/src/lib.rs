@@ -16,8 +16,8 @@ pub mod control;
 pub mod envelope;
 pub mod error;
 pub mod facts;
-#[doc(hidden)]
-pub mod fuzzing;
+#[cfg(feature = "sim-hooks")]
+mod fingerprint;
 pub mod ids;
 pub mod io;
 pub mod js;
@@ -33,8 +33,6 @@ pub mod retention;
 pub mod revision;
 pub mod secret;
 pub mod session;
-#[doc(hidden)]
-pub mod testkit;
 pub mod time;
 pub mod truncation;
 pub mod wire;

@@ -29,10 +29,12 @@ use alloc::vec::Vec;
 use zeroize::Zeroizing;
 
 use crate::capability::Capability;
+#[cfg(feature = "sim-hooks")]
+use crate::fingerprint::Fingerprint;
 use crate::ids::{CallbackSequence, ExecutorHandle, OfferId};
 use crate::io::{Action, HttpCall, LaunchPlan, Outcome, SpawnOutcome, StoreFailure};
 use crate::offer::DeliveryKind;
-use crate::ops::{CallFault, Fingerprint, next_record, persist, response, unexpected};
+use crate::ops::{CallFault, next_record, persist, response, unexpected};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::revision::EnvValue;
 use crate::time::UnixMillis;
@@ -118,8 +120,9 @@ struct Launch {
     capability: Capability,
 }
 
-/// Only for [`crate::worker::Worker::fork`]: the model checker branches a Worker between two
+/// Only for `Worker::fork` (`sim-hooks` feature): the model checker branches a Worker between two
 /// commands, which duplicates the in-memory capability of a launch in flight (never persisted).
+#[cfg(feature = "sim-hooks")]
 impl Clone for Launch {
     fn clone(&self) -> Self {
         Self {
@@ -130,7 +133,7 @@ impl Clone for Launch {
 }
 
 /// The Processor's states; each names the outcome it waits for.
-#[derive(Clone)]
+#[cfg_attr(feature = "sim-hooks", derive(Clone))]
 enum PState {
     Reading,
     AckingStarting(Box<InboxRecord>, ActivationRequest),
@@ -159,7 +162,7 @@ enum PState {
 }
 
 /// One offer being processed.
-#[derive(Clone)]
+#[cfg_attr(feature = "sim-hooks", derive(Clone))]
 pub(crate) struct ProcessOp {
     offer_id: OfferId,
     may_launch: bool,
@@ -176,6 +179,7 @@ impl core::fmt::Debug for ProcessOp {
 
 type PStep = Step<ProcessOp, ProcessResult>;
 
+#[cfg(feature = "sim-hooks")]
 impl Authority {
     fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
         fp.record(&self.record);
@@ -183,6 +187,7 @@ impl Authority {
     }
 }
 
+#[cfg(feature = "sim-hooks")]
 impl Launch {
     fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
         self.authority.fingerprint(fp);
@@ -190,6 +195,7 @@ impl Launch {
     }
 }
 
+#[cfg(feature = "sim-hooks")]
 fn env_fingerprint(env: &[(String, Zeroizing<String>)], fp: &mut Fingerprint<'_>) {
     for (name, value) in env {
         fp.tag(name);
@@ -197,6 +203,7 @@ fn env_fingerprint(env: &[(String, Zeroizing<String>)], fp: &mut Fingerprint<'_>
     }
 }
 
+#[cfg(feature = "sim-hooks")]
 impl PState {
     fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
         match self {
@@ -298,6 +305,7 @@ impl ProcessOp {
     }
 
     /// A canonical rendering of this operation's state (model checking).
+    #[cfg(feature = "sim-hooks")]
     pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
         fp.tag("process");
         fp.debug(&(&self.offer_id, self.may_launch));

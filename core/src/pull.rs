@@ -30,10 +30,12 @@ use base64::Engine as _;
 
 use crate::capability::Entropy;
 use crate::claim::{MAX_CLAIM_ATTEMPTS, PendingClaim};
+#[cfg(feature = "sim-hooks")]
+use crate::fingerprint::Fingerprint;
 use crate::ids::{LeaseToken, OfferId, Revision};
 use crate::io::{Action, HttpCall, Outcome, StoreFailure};
 use crate::offer::Offer;
-use crate::ops::{CallFault, Fingerprint, next_record, persist, response, unexpected};
+use crate::ops::{CallFault, next_record, persist, response, unexpected};
 use crate::record::InboxRecord;
 use crate::time::UnixMillis;
 use crate::wire::WireError;
@@ -133,6 +135,7 @@ pub(crate) enum PullOp {
 impl PullOp {
     /// A canonical rendering of this Pull's state (model checking): claims and offers by their
     /// exact encoding (their `Debug` redacts the lease token).
+    #[cfg(feature = "sim-hooks")]
     pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
         fp.tag("pull");
         match self {

@@ -662,12 +662,12 @@ impl Worker {
     }
 
     /// A copy of this Worker, for the model checker, which branches one Worker into every
-    /// possible outcome of its outstanding command. Not part of the API: a fork duplicates the
-    /// in-memory completion capability of a launch in flight.
+    /// possible outcome of its outstanding command. Only with the `sim-hooks` feature (not for
+    /// production): a fork duplicates the in-memory completion capability of a launch in flight.
     ///
     /// # Panics
     /// When an action is staged, i.e. between `handle` and `poll_output` (fork after polling).
-    #[doc(hidden)]
+    #[cfg(feature = "sim-hooks")]
     #[must_use]
     pub fn fork(&self) -> Self {
         assert!(self.staged.is_none(), "fork a Worker only after polling");
@@ -714,10 +714,10 @@ impl Worker {
     /// Writes a canonical rendering of the whole in-memory state into `hasher`, for the model
     /// checker's deduplication of states. The command counter and the outstanding command's id
     /// are left out: two Workers that differ only in how many commands they issued behave alike.
-    /// Not part of the API.
-    #[doc(hidden)]
+    /// Only with the `sim-hooks` feature (not for production).
+    #[cfg(feature = "sim-hooks")]
     pub fn fingerprint(&self, hasher: &mut dyn core::hash::Hasher) {
-        let mut fp = crate::ops::Fingerprint(hasher);
+        let mut fp = crate::fingerprint::Fingerprint(hasher);
         fp.debug(&(self.now, self.phase, &self.session, &self.known));
         fp.debug(&(&self.fail_closed, self.drain_started_at, &self.queue));
         fp.debug(&(self.staged.is_some(), self.outstanding.is_some()));

@@ -6,8 +6,8 @@ use ql_worker_core::claim::{
 };
 use ql_worker_core::ids::{OfferId, Revision};
 use ql_worker_core::listing::{Capacity, Page, PageLimit, page};
-use ql_worker_core::testkit;
 use ql_worker_core::time::UnixMillis;
+use ql_worker_sim::testkit;
 
 fn ms(v: u64) -> UnixMillis {
     UnixMillis::new(v).unwrap()

@@ -8,7 +8,6 @@ use ql_worker_core::revision::{ExecutionRevision, RevisionError};
 use ql_worker_core::wire::activation::ActivationResponse;
 use ql_worker_core::wire::artifact::ArtifactReceipt;
 use ql_worker_core::wire::completion::CompletionResponse;
-use ql_worker_core::wire::fuzzing as fx;
 use ql_worker_core::wire::lease_control::{LeaseControlRequest, LeaseControlResponse};
 use ql_worker_core::wire::offer::{OfferResponse, admit_offer};
 use ql_worker_core::wire::secrets::SecretsResponse;
@@ -17,6 +16,8 @@ use ql_worker_core::wire::session::{
     HEARTBEAT_SCHEMA, REGISTER_SCHEMA, SessionResponse, TRANSITION_SCHEMA,
 };
 use ql_worker_core::wire::{WireError, activation};
+use ql_worker_sim::fuzzing::wire as fx;
+use ql_worker_tests::server_wire::{ToJson as _, ToJsonFor as _};
 use serde_json::{Value, json};
 
 const SEMVER_RANGES: &str = include_str!("../../tests/fixtures/conformance/semver-ranges.json");

@@ -15,13 +15,13 @@ use proptest::prelude::*;
 use ql_worker_core::capability::Capability;
 use ql_worker_core::envelope;
 use ql_worker_core::ids::{CapabilityDigest, LeaseToken, LogArtifactId, OfferId, Sha256Digest};
-use ql_worker_core::testkit::act::Act;
-use ql_worker_core::testkit::explore::model_config;
-use ql_worker_core::testkit::sim::{On, Sim, Status};
-use ql_worker_core::testkit::world::{Answer, Event, Menu, OfferTemplate, ReceiptKind, World};
-use ql_worker_core::testkit::{self};
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
+use ql_worker_sim::testkit::act::Act;
+use ql_worker_sim::testkit::explore::model_config;
+use ql_worker_sim::testkit::sim::{On, Sim, Status};
+use ql_worker_sim::testkit::world::{Answer, Event, Menu, OfferTemplate, ReceiptKind, World};
+use ql_worker_sim::testkit::{self};
 
 fn ms(v: u64) -> UnixMillis {
     UnixMillis::new(v).unwrap()

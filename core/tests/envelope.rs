@@ -7,9 +7,9 @@ use ql_worker_core::envelope::{self, EnvelopeError, HEADER_BYTES, Kind, MAX_ENVE
 use ql_worker_core::ids::{AttemptId, CallbackSequence, LogArtifactId, RunId};
 use ql_worker_core::receipt::{Receipt, ReceiptToken};
 use ql_worker_core::record::InboxRecord;
-use ql_worker_core::testkit;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::truncation::TruncationFact;
+use ql_worker_sim::testkit;
 
 fn ms(v: u64) -> UnixMillis {
     UnixMillis::new(v).unwrap()

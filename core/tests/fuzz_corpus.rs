@@ -1,6 +1,6 @@
 //! Replays every checked-in corpus of the decoder and machine fuzz targets
 //! (`fuzz/corpus/<target>/*`) through the same entry points the cargo-fuzz targets use
-//! (`ql_worker_core::fuzzing`), on stable, in every test run. Files named `seed-*` are the
+//! (`ql_worker_sim::fuzzing`), on stable, in every test run. Files named `seed-*` are the
 //! generated seeds and must be accepted (decoders) or reach a milestone (machines); every other
 //! file (minimised fuzzer finds, regression inputs) must run without a panic. The minimised
 //! corpora of all 16 targets (`fuzz/corpus-min/<target>/*`) are replayed here too (the wire
@@ -13,12 +13,12 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use ql_worker_core::envelope;
-use ql_worker_core::fuzzing::decoders::{self, frame};
-use ql_worker_core::fuzzing::machine::{self, Scenario, Summary};
-use ql_worker_core::fuzzing::samples;
 use ql_worker_core::receipt::Receipt;
 use ql_worker_core::record::InboxRecord;
-use ql_worker_core::wire::fuzzing as wire;
+use ql_worker_sim::fuzzing::decoders::{self, frame};
+use ql_worker_sim::fuzzing::machine::{self, Scenario, Summary};
+use ql_worker_sim::fuzzing::samples;
+use ql_worker_sim::fuzzing::wire;
 
 type Decoder = fn(&[u8]) -> bool;
 type Machine = fn(&[u8]) -> Summary;

@@ -6,8 +6,8 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use ql_worker_core::record::State;
-use ql_worker_core::testkit::explore::{Guard, Model, Report, explore, finish_path};
-use ql_worker_core::testkit::world::Mutation;
+use ql_worker_sim::testkit::explore::{Guard, Model, Report, explore, finish_path};
+use ql_worker_sim::testkit::world::Mutation;
 
 /// Turns a panic of the core (a broken pair assertion, an `unreachable!`) into a violation.
 struct CatchPanics;

@@ -30,8 +30,8 @@ use ql_worker_core::record::{
     InboxRecord, OptionalField, RecordError, RecoveryReason, State, TransitionError,
     check_transition,
 };
-use ql_worker_core::testkit;
 use ql_worker_core::time::UnixMillis;
+use ql_worker_sim::testkit;
 
 use State::{
     Accepted as Acc, CompletionAcknowledged as Cack, Launching as Lau, RecoveryRequired as Rr,

@@ -6,13 +6,13 @@
 use ql_worker_core::io::Input;
 use ql_worker_core::listing::Capacity;
 use ql_worker_core::record::State;
-use ql_worker_core::testkit::act::Act;
-use ql_worker_core::testkit::sim::Sim;
-use ql_worker_core::testkit::world::{Event, OfferTemplate, ReceiptKind, World};
-use ql_worker_core::testkit::{self};
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::wire::session::SessionStatus;
+use ql_worker_sim::testkit::act::Act;
+use ql_worker_sim::testkit::sim::Sim;
+use ql_worker_sim::testkit::world::{Event, OfferTemplate, ReceiptKind, World};
+use ql_worker_sim::testkit::{self};
 
 fn ms(v: u64) -> UnixMillis {
     UnixMillis::new(v).unwrap()

@@ -4,10 +4,10 @@
 //! commands.
 
 use ql_worker_core::record::{RecoveryReason, State};
-use ql_worker_core::testkit::act::Act;
-use ql_worker_core::testkit::sim::{On, Sim};
-use ql_worker_core::testkit::world::{Answer, Event, ReceiptKind, World};
-use ql_worker_core::testkit::{self};
+use ql_worker_sim::testkit::act::Act;
+use ql_worker_sim::testkit::sim::{On, Sim};
+use ql_worker_sim::testkit::world::{Answer, Event, ReceiptKind, World};
+use ql_worker_sim::testkit::{self};
 
 fn lines(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_string()).collect()

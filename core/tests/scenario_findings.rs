@@ -2,12 +2,12 @@
 //! test pins one, by the command sequence the core issues against the simulated host.
 
 use ql_worker_core::record::{RecoveryReason, State};
-use ql_worker_core::testkit;
-use ql_worker_core::testkit::sim::{On, Sim, Status};
-use ql_worker_core::testkit::world::{Answer, World};
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::worker::{HaltReason, Phase};
+use ql_worker_sim::testkit;
+use ql_worker_sim::testkit::sim::{On, Sim, Status};
+use ql_worker_sim::testkit::world::{Answer, World};
 
 fn processed(world: World, script: &[(On, Answer)]) -> Sim {
     let mut sim = Sim::scenario(world);

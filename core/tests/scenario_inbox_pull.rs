@@ -7,13 +7,14 @@ use ql_worker_core::ids::{OfferId, Revision, WorkerGeneration};
 use ql_worker_core::io::{Outcome, StoreFailure};
 use ql_worker_core::listing::PageLimit;
 use ql_worker_core::record::{InboxRecord, State};
-use ql_worker_core::testkit::act::Act;
-use ql_worker_core::testkit::sim::{On, Sim};
-use ql_worker_core::testkit::world::{Answer, World};
-use ql_worker_core::testkit::{self};
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::offer::{OfferResponse, OfferStats, OfferedLease, OfferedOffer};
 use ql_worker_core::wire::route::Operation;
+use ql_worker_sim::testkit::act::Act;
+use ql_worker_sim::testkit::sim::{On, Sim};
+use ql_worker_sim::testkit::world::{Answer, World};
+use ql_worker_sim::testkit::{self};
+use ql_worker_tests::server_wire::ToJson as _;
 
 fn ms(v: u64) -> UnixMillis {
     UnixMillis::new(v).unwrap()

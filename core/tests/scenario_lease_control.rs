@@ -5,12 +5,12 @@
 
 use ql_worker_core::io::Input;
 use ql_worker_core::record::{RecoveryReason, State};
-use ql_worker_core::testkit::act::Act;
-use ql_worker_core::testkit::sim::{On, Sim, Status};
-use ql_worker_core::testkit::world::{Answer, Event, ReceiptKind, World};
-use ql_worker_core::testkit::{self};
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
+use ql_worker_sim::testkit::act::Act;
+use ql_worker_sim::testkit::sim::{On, Sim, Status};
+use ql_worker_sim::testkit::world::{Answer, Event, ReceiptKind, World};
+use ql_worker_sim::testkit::{self};
 
 fn ms(v: u64) -> UnixMillis {
     UnixMillis::new(v).unwrap()

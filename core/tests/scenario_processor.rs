@@ -6,16 +6,17 @@ use ql_worker_core::capability::Capability;
 use ql_worker_core::ids::{LogArtifactId, Sha256Digest};
 use ql_worker_core::io::{Outcome, SpawnOutcome};
 use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
-use ql_worker_core::testkit::act::{Act, SpawnPlan};
-use ql_worker_core::testkit::sim::{On, Sim};
-use ql_worker_core::testkit::world::{Answer, OfferTemplate, World};
-use ql_worker_core::testkit::{self};
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::activation::{
     ActivationResponse, ActivationSnapshot, ActivationStatus, AttemptStatus, RunStatus,
     SnapshotShape,
 };
 use ql_worker_core::wire::route::Operation;
+use ql_worker_sim::testkit::act::{Act, SpawnPlan};
+use ql_worker_sim::testkit::sim::{On, Sim};
+use ql_worker_sim::testkit::world::{Answer, OfferTemplate, World};
+use ql_worker_sim::testkit::{self};
+use ql_worker_tests::server_wire::ToJson as _;
 
 fn ms(v: u64) -> UnixMillis {
     UnixMillis::new(v).unwrap()

@@ -4,8 +4,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// Substrings that must not appear in core source (code or comments): I/O, clocks, randomness
-/// and iteration-order-unstable collections.
+/// Substrings that must not appear in core source (code or comments): I/O, clocks, randomness,
+/// iteration-order-unstable collections, and test machinery.
 const FORBIDDEN: &[(&str, &str)] = &[
     ("std::", "the core is no_std: use core:: or alloc::"),
     (
@@ -30,6 +30,18 @@ const FORBIDDEN: &[(&str, &str)] = &[
     (
         "HashSet",
         "iteration order must not reach outputs: use BTreeSet",
+    ),
+    (
+        "mod testkit",
+        "test machinery lives in ql-worker-sim (sim/), not in the core",
+    ),
+    (
+        "mod fuzzing",
+        "fuzz harnesses live in ql-worker-sim (sim/), not in the core",
+    ),
+    (
+        "doc(hidden)",
+        "no hidden public API: explorer hooks go behind the `sim-hooks` feature",
     ),
 ];
 

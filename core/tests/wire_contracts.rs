@@ -8,11 +8,12 @@ use ql_worker_core::wire::WireError;
 use ql_worker_core::wire::activation::{ActivationResponse, SnapshotShape};
 use ql_worker_core::wire::artifact::{ArtifactReceipt, ArtifactUpload, MAX_ARTIFACT_BYTES};
 use ql_worker_core::wire::completion::{CompletionResponse, Outcome};
-use ql_worker_core::wire::fuzzing as fx;
 use ql_worker_core::wire::lease_control::{LeaseControlRequest, LeaseControlResponse};
 use ql_worker_core::wire::offer::{AdmissionError, OfferResponse, admit_offer};
 use ql_worker_core::wire::secrets::SecretsResponse;
 use ql_worker_core::wire::session::SessionResponse;
+use ql_worker_sim::fuzzing::wire as fx;
+use ql_worker_tests::server_wire::{ToJson as _, ToJsonFor as _};
 use serde_json::{Value, json};
 use wire_support::{example, mutate, pad_to, prepend_member};
 

@@ -10,8 +10,7 @@ use ql_worker_core::wire::activation::{
 };
 use ql_worker_core::wire::artifact::{ArtifactReceipt, UploadStatus};
 use ql_worker_core::wire::completion::{CompletionResponse, CompletionStatus};
-use ql_worker_core::wire::error::{ErrorCode, error_body, parse_error_body};
-use ql_worker_core::wire::fuzzing as fx;
+use ql_worker_core::wire::error::{ErrorCode, parse_error_body};
 use ql_worker_core::wire::lease_control::{
     LeaseControlRequest, LeaseControlResponse, StopReason, TerminalStatus,
 };
@@ -22,6 +21,8 @@ use ql_worker_core::wire::session::{
     TRANSITION_SCHEMA,
 };
 use ql_worker_core::wire::{Fence, derive_log_artifact_id};
+use ql_worker_sim::fuzzing::wire as fx;
+use ql_worker_tests::server_wire::{ToJson as _, ToJsonFor as _, error_body};
 use wire_support::example;
 
 fn text(bytes: &[u8]) -> &str {

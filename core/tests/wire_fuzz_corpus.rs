@@ -1,11 +1,11 @@
 //! Runs every checked-in fuzz seed (`fuzz/corpus/<target>/*`) through the same entry point the
-//! cargo-fuzz target uses (`ql_worker_core::wire::fuzzing`), on stable, in every test run. The
+//! cargo-fuzz target uses (`ql_worker_sim::fuzzing::wire`), on stable, in every test run. The
 //! seeds are the reference examples, so each must be accepted; mutated variants must not panic.
 
 use std::fs;
 use std::path::PathBuf;
 
-use ql_worker_core::wire::fuzzing;
+use ql_worker_sim::fuzzing::wire as fuzzing;
 
 type Entry = fn(&[u8]) -> bool;
 

@@ -9,9 +9,9 @@ use ql_worker_core::ids::{
     WorkerGeneration,
 };
 use ql_worker_core::offer::Offer;
-use ql_worker_core::testkit;
 use ql_worker_core::wire::activation::{self, ActivationRequest, RunningAck};
 use ql_worker_core::wire::lease_control::{self, LeaseControlRequest};
+use ql_worker_sim::testkit;
 
 /// Sample offer 1 with every fence value at its longest encoding.
 fn longest_offer() -> Offer {

@@ -2,8 +2,9 @@
 
 use ql_worker_core::ids::{SessionId, WorkerId};
 use ql_worker_core::wire::auth::{AuthError, WorkerCredential};
-use ql_worker_core::wire::error::{ErrorClass, ErrorCode, IngressError, error_body};
+use ql_worker_core::wire::error::{ErrorClass, ErrorCode, IngressError};
 use ql_worker_core::wire::route::{self, ClientBody, Operation};
+use ql_worker_tests::server_wire::{error_body, parse_route};
 
 fn ids() -> (WorkerId, SessionId) {
     (
@@ -24,7 +25,7 @@ fn wire_route_paths_round_trip_for_every_operation() {
                 op.as_str()
             )
         );
-        let parsed = route::parse(&path).unwrap();
+        let parsed = parse_route(&path).unwrap();
         assert_eq!(
             (parsed.worker_id, parsed.session_id, parsed.operation),
             (worker.clone(), session.clone(), op)
@@ -65,7 +66,7 @@ fn wire_route_rejects_queries_and_confused_paths() {
         "/api/v3/worker-ingress/workers/edge-1/session/018f0000-0000-7000-8000-000000000001/offers".into(),
         "/api/v2/worker-ingress/workers/edge-1/sessions/018f0000-0000-7000-8000-000000000001/offers".into(),
     ] {
-        assert!(route::parse(&bad).is_err(), "{bad}");
+        assert!(parse_route(&bad).is_err(), "{bad}");
     }
 }
 

@@ -16,7 +16,6 @@ use ql_worker_core::offer::DeliveryKind;
 use ql_worker_core::receipt::{Receipt, ReceiptToken};
 use ql_worker_core::record::{InboxRecord, State};
 use ql_worker_core::revision::Architecture;
-use ql_worker_core::testkit;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::activation::{
     ActivationResponse, ActivationSnapshot, ActivationStatus, AttemptStatus, RunStatus,
@@ -27,6 +26,8 @@ use ql_worker_core::wire::lease_control::{LeaseControlResponse, RenewedLease};
 use ql_worker_core::wire::offer::{OfferResponse, OfferStats, OfferedLease, OfferedOffer};
 use ql_worker_core::wire::session::{Capabilities, SessionResponse, SessionStatus};
 use ql_worker_core::worker::{Output, Worker, WorkerConfig};
+use ql_worker_sim::testkit;
+use ql_worker_tests::server_wire::{ToJson as _, ToJsonFor as _};
 
 fn ms(v: u64) -> UnixMillis {
     UnixMillis::new(v).unwrap()

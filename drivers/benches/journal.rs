@@ -13,13 +13,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ql_worker::fsio::{FaultFs, RealFs};
+use ql_worker::fsio::RealFs;
 use ql_worker::journal::Journal;
 use ql_worker_core::envelope;
 use ql_worker_core::listing::Capacity;
 use ql_worker_core::record::InboxRecord;
-use ql_worker_core::testkit;
 use ql_worker_core::time::UnixMillis;
+use ql_worker_sim::fault_fs::FaultFs;
+use ql_worker_sim::testkit;
 
 const ROUNDS: u32 = 10;
 

@@ -21,8 +21,8 @@ use ql_worker_core::ids::{CallbackSequence, LogArtifactId, Revision};
 use ql_worker_core::listing::Capacity;
 use ql_worker_core::record::{InboxRecord, State};
 use ql_worker_core::revision::ExecCommand;
-use ql_worker_core::testkit;
 use ql_worker_core::time::UnixMillis;
+use ql_worker_sim::testkit;
 
 const CLEAN_ENV: &str = "QL_BENCH_CLEAN";
 const CLOSE_STRAYS_AND_EXEC: &str = r#"for fd in /proc/$$/fd/*; do n=${fd##*/}; if [ "$n" -gt 2 ]; then eval "exec $n>&-" 2>/dev/null; fi; done; exec "$@""#;

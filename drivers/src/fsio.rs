@@ -1,8 +1,8 @@
 //! The file seam and the one durable publication recipe.
 //!
 //! Every file operation of the storage modules goes through [`FileSystem`], a small object-safe
-//! trait with one method per system call. [`RealFs`] implements it with rustix; `FaultFs`
-//! (test builds only: the `test-hooks` feature) wraps any implementation, counts calls (and
+//! trait with one method per system call. [`RealFs`] implements it with rustix; `FaultFs` (in the
+//! test crate `ql-worker-sim`, never in this one) wraps any implementation, counts calls (and
 //! fsyncs) and fails the Nth call with a chosen errno, once or from then on, so tests can walk a
 //! failure through every step of a write (CONVENTIONS C14, redb's countdown backend).
 //!
@@ -500,11 +500,6 @@ impl FileSystem for RealFs {
         crate::os::fill_random(buf)
     }
 }
-
-#[cfg(feature = "test-hooks")]
-mod fault;
-#[cfg(feature = "test-hooks")]
-pub use fault::{FaultFs, FaultPlan};
 
 /// A rule of the state root that something on disk breaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

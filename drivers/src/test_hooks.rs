@@ -1,10 +1,10 @@
-//! Test-only hooks, compiled only with the `test-hooks` feature and installed only by the
+//! The test-only stall hook, compiled only with the `test-hooks` feature and installed only by the
 //! `ql-worker-test-hooks` binary (never by `ql-worker`, even when the library was compiled with
 //! the feature, as it is in `cargo test` builds).
 //!
-//! * `QL_WORKER_FAULT_STALL_AFTER=<state>|spawned`: the Worker stops answering at that point
-//!   (see [`StallPoint`]), so a test can SIGKILL it with exactly that fact on disk.
-//! * [`crate::fsio::FaultFs`]: the fault-injecting file seam (a library type; no binary uses it).
+//! `QL_WORKER_FAULT_STALL_AFTER=<state>|spawned`: the Worker stops answering at that point (see
+//! [`StallPoint`]), so a test can SIGKILL it with exactly that fact on disk. (The fault-injecting
+//! file seam, `FaultFs`, is in the test crate `ql-worker-sim`.)
 
 use std::sync::OnceLock;
 

@@ -10,7 +10,7 @@ use std::process::Command;
 use ql_worker::journal::Journal;
 use ql_worker_core::listing::Capacity;
 use ql_worker_core::record::State;
-use ql_worker_core::testkit;
+use ql_worker_sim::testkit;
 use storage_support::*;
 
 fn cli(args: &[&str]) -> (i32, String, String) {

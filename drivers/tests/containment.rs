@@ -18,7 +18,7 @@ use ql_worker::containment::{
 };
 use ql_worker::supervisor::{EnvVar, Executor as _, ExecutorOutcome, RejectReason};
 use ql_worker_core::receipt::{RECEIPT_SCHEMA_VERSION, Receipt, ReceiptToken};
-use ql_worker_core::testkit;
+use ql_worker_sim::testkit;
 use supervisor_common::{Fixture, alive, argv, in_clean_process, now_ms, sh, wait_for};
 
 /// `nobody`, present on every Debian-like host.

@@ -16,7 +16,7 @@ use ql_worker::journal::Journal;
 use ql_worker::receipts;
 use ql_worker_core::listing::Capacity;
 use ql_worker_core::record::State;
-use ql_worker_core::testkit;
+use ql_worker_sim::testkit;
 use storage_support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ql-worker");

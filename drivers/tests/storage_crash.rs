@@ -24,7 +24,7 @@ use ql_worker::journal::{self, Journal};
 use ql_worker_core::ids::Revision;
 use ql_worker_core::listing::{Capacity, PageLimit};
 use ql_worker_core::record::InboxRecord;
-use ql_worker_core::testkit;
+use ql_worker_sim::testkit;
 use storage_support::*;
 
 const CHILD_ENV: &str = "QL_CRASH_CHILD_ROOT";

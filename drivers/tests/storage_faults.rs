@@ -16,7 +16,7 @@ use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 
-use ql_worker::fsio::{FaultFs, FaultPlan, FileSystem, RealFs};
+use ql_worker::fsio::{FileSystem, RealFs};
 use ql_worker::journal::{Journal, JournalError};
 use ql_worker::{receipts, spool};
 use ql_worker_core::claim::PendingClaim;
@@ -25,8 +25,9 @@ use ql_worker_core::ids::Revision;
 use ql_worker_core::listing::Capacity;
 use ql_worker_core::receipt::Receipt;
 use ql_worker_core::record::InboxRecord;
-use ql_worker_core::testkit;
 use ql_worker_core::truncation::TruncationFact;
+use ql_worker_sim::fault_fs::{FaultFs, FaultPlan};
+use ql_worker_sim::testkit;
 use rustix::io::Errno;
 use storage_support::*;
 

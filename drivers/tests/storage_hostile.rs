@@ -18,7 +18,7 @@ use ql_worker::spool::{self, SpoolError, SpoolPolicy};
 use ql_worker_core::envelope::EnvelopeError;
 use ql_worker_core::ids::{AttemptId, OfferId};
 use ql_worker_core::listing::{Capacity, PageLimit};
-use ql_worker_core::testkit;
+use ql_worker_sim::testkit;
 use storage_support::*;
 
 const POLICY: SpoolPolicy = SpoolPolicy::EDGE;

@@ -12,7 +12,7 @@ use ql_worker_core::claim::{ClaimCreate, ClaimError, PendingClaim};
 use ql_worker_core::ids::{OfferId, Revision};
 use ql_worker_core::listing::{Capacity, PageLimit};
 use ql_worker_core::record::{State, TransitionError};
-use ql_worker_core::testkit;
+use ql_worker_sim::testkit;
 use storage_support::*;
 
 fn open(root: &std::path::Path) -> Journal {

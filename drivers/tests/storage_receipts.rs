@@ -6,9 +6,10 @@ mod storage_support;
 use std::fs;
 use std::os::unix::fs::MetadataExt as _;
 
-use ql_worker::fsio::{FaultFs, RealFs};
+use ql_worker::fsio::RealFs;
 use ql_worker::receipts::{self, ReceiptStoreError};
 use ql_worker_core::ids::AttemptId;
+use ql_worker_sim::fault_fs::FaultFs;
 use storage_support::*;
 
 fn root_dir() -> Sandbox {

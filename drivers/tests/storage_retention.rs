@@ -14,7 +14,7 @@ use ql_worker_core::claim::PendingClaim;
 use ql_worker_core::ids::OfferId;
 use ql_worker_core::listing::{Capacity, PageLimit};
 use ql_worker_core::record::InboxRecord;
-use ql_worker_core::testkit;
+use ql_worker_sim::testkit;
 use storage_support::*;
 
 fn publish_chain(journal: &mut Journal, chain: &[InboxRecord]) {

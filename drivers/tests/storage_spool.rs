@@ -8,8 +8,9 @@ use std::fs;
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::MetadataExt as _;
 
-use ql_worker::fsio::{FaultFs, RealFs};
+use ql_worker::fsio::RealFs;
 use ql_worker::spool::{self, READ_CHUNK_BYTES, SpoolError, SpoolPolicy};
+use ql_worker_sim::fault_fs::FaultFs;
 use storage_support::*;
 
 const POLICY: SpoolPolicy = SpoolPolicy::EDGE;

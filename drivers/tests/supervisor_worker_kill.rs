@@ -40,7 +40,7 @@ fn standin_worker_for_worker_kill() {
     let n: u32 = n.parse().unwrap();
     let root = Path::new(&root);
     let record =
-        ql_worker::journal::read_record_unlocked(root, &ql_worker_core::testkit::offer_id(n))
+        ql_worker::journal::read_record_unlocked(root, &ql_worker_sim::testkit::offer_id(n))
             .unwrap();
     let image = SupervisorImage::open(&worker_bin()).unwrap();
     let mut executor = SupervisorExecutor::new(image, root).with_report_timeout(WAIT);

@@ -1,11 +1,13 @@
 //! Test-only hooks stay out of production (issue 19, item 10).
 //!
-//! The crash-test stall hook and the `FaultFs` seam exist only with the `test-hooks` feature,
-//! which only this package's own dev-dependency turns on, and only the `ql-worker-test-hooks`
-//! binary (required-features = ["test-hooks"]) installs the stall hook. So:
+//! The crash-test stall hook exists only with the `test-hooks` feature, which only this package's
+//! own dev-dependency turns on, and only the `ql-worker-test-hooks` binary (required-features =
+//! ["test-hooks"]) installs it; the rest of the test machinery (`FaultFs`, the simulated world,
+//! the explorer's `sim-hooks` in core) is in `ql-worker-sim`, a dev-dependency only. So:
 //! * cargo's feature resolution for a build without dev-dependencies (`cargo build -p
 //!   ql-worker`, `cargo install`) has no `test-hooks`, and the hooked binary is not a target of
 //!   such a build;
+//! * `cargo tree -p ql-worker -e normal` lists no `ql-worker-sim` and no `sim-hooks`;
 //! * the `ql-worker` binary ignores `QL_WORKER_FAULT_STALL_AFTER` even in this test build, where
 //!   its library *is* compiled with the feature; the hooked binary obeys it (the control).
 
@@ -60,6 +62,25 @@ fn resolved_features(with_dev: bool, extra: &[&str]) -> String {
         .to_string()
 }
 
+/// `cargo tree -p ql-worker -e <edges>` with each package's features.
+fn dependency_tree(edges: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "tree",
+        "-p",
+        "ql-worker",
+        "-e",
+        edges,
+        "--prefix",
+        "none",
+        "-f",
+        "{p} [{f}]",
+        "--locked",
+        "--offline",
+    ];
+    args.extend(extra);
+    cargo(&args)
+}
+
 #[test]
 fn a_production_build_resolves_without_the_test_hooks_feature() {
     let production = resolved_features(false, &[]);
@@ -72,6 +93,20 @@ fn a_production_build_resolves_without_the_test_hooks_feature() {
     // The control: the same query with dev-dependencies (what `cargo test` builds) has it.
     let test = resolved_features(true, &[]);
     assert!(test.contains("test-hooks"), "cargo test: {test}");
+
+    // The test machinery (`ql-worker-sim`, the only crate that turns on core's `sim-hooks`) is
+    // not in the production dependency tree, with or without the default features; the control:
+    // the tree with dev-dependencies has it.
+    for extra in [&[][..], &["--no-default-features"][..]] {
+        let tree = dependency_tree("normal", extra);
+        assert!(tree.contains("ql-worker-core v"), "{tree}");
+        assert!(
+            !tree.contains("ql-worker-sim"),
+            "cargo tree {extra:?}: {tree}"
+        );
+        assert!(!tree.contains("sim-hooks"), "cargo tree {extra:?}: {tree}");
+    }
+    assert!(dependency_tree("normal,dev", &[]).contains("ql-worker-sim v"));
 
     // Only the hooked binary requires the feature; the production binary requires nothing.
     let metadata: serde_json::Value = serde_json::from_str(&cargo(&[

@@ -1,10 +1,10 @@
 //! Fuzz target `envelope_inbox_record`: arbitrary bytes into the shared entry point
-//! `ql_worker_core::fuzzing::decoders::envelope_inbox_record` (also replayed on stable by
+//! `ql_worker_sim::fuzzing::decoders::envelope_inbox_record` (also replayed on stable by
 //! `core/tests/fuzz_corpus.rs`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = ql_worker_core::fuzzing::decoders::envelope_inbox_record(data);
+    let _ = ql_worker_sim::fuzzing::decoders::envelope_inbox_record(data);
 });

@@ -1,10 +1,10 @@
 //! Fuzz target `wire_offer_response`: arbitrary bytes into the shared entry point
-//! `ql_worker_core::wire::fuzzing::offer_response` (also replayed on stable by
+//! `ql_worker_sim::fuzzing::wire::offer_response` (also replayed on stable by
 //! `core/tests/wire_fuzz_corpus.rs`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = ql_worker_core::wire::fuzzing::offer_response(data);
+    let _ = ql_worker_sim::fuzzing::wire::offer_response(data);
 });

@@ -4,3 +4,4 @@
 pub mod control_plane;
 pub mod https_server;
 pub mod pki;
+pub mod server_wire;

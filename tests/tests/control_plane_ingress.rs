@@ -18,6 +18,7 @@ use ql_worker_tests::control_plane::harness::{
 use ql_worker_tests::control_plane::{
     AuditOutcome, CpHead, CpRequest, CpResponse, RevisionBuilder, RunSpec, ServiceFault,
 };
+use ql_worker_tests::server_wire::ToJsonFor as _;
 
 const GEN1: WorkerGeneration = WorkerGeneration::FIRST;
 

@@ -541,7 +541,7 @@ fn rejects_invalid_requests_before_any_transport_access() {
         assert_eq!(err.blame(), Blame::Local, "{err:?}");
     }
     // The core refuses inconsistent evidence before a body exists.
-    let offer = ql_worker_core::testkit::offer(1);
+    let offer = ql_worker_sim::testkit::offer(1);
     let up = upload(&offer, b"x", None);
     let now = ql_worker_tests::control_plane::ReferenceControlPlane::now();
     let earlier = ql_worker_core::time::UnixMillis::new(now.get() - 1).unwrap();

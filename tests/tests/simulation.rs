@@ -1,7 +1,7 @@
 //! Deterministic whole-Worker simulation (issue 10, item 1; `docs/simulation.md`).
 //!
 //! One `u64` seed decides everything: a splitmix64 stream picks the scenario, the fault rate,
-//! the extra fault classes and the op bytes that the fuzz host (`ql_worker_core::fuzzing`)
+//! the extra fault classes and the op bytes that the fuzz host (`ql_worker_sim::fuzzing`)
 //! reads to answer every command of the real `Worker` (valid, a fault, a crash before or after
 //! performing it) and to choose what happens when the Worker is idle. The host's checkers run
 //! on every command and after every step; a liveness phase (faults healed) follows, in which
@@ -18,8 +18,8 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::Once;
 use std::time::Instant;
 
-use ql_worker_core::fuzzing::host::Lie;
-use ql_worker_core::fuzzing::machine::{self, Scenario, SimOptions, Summary};
+use ql_worker_sim::fuzzing::host::Lie;
+use ql_worker_sim::fuzzing::machine::{self, Scenario, SimOptions, Summary};
 
 const REPLAY: &str = "cargo test --release -p ql-worker-tests --test simulation -- --nocapture";
 

@@ -18,7 +18,6 @@ use crate::ids::{
     AttemptId, CallbackSequence, CapabilityDigest, ExecutorHandle, LeaseVersion, LogArtifactId,
     MAX_INT32, RunId, Sha256Digest,
 };
-use crate::js::JsonWriter;
 use crate::offer::Offer;
 use crate::time::UnixMillis;
 
@@ -478,44 +477,5 @@ impl ActivationResponse {
             snapshot,
             shape,
         })
-    }
-
-    /// The response as the reference serializes it.
-    #[must_use]
-    pub fn to_json(&self) -> Vec<u8> {
-        let s = &self.snapshot;
-        let mut w = JsonWriter::with_cap(MAX_RESPONSE_BYTES * 2);
-        w.begin_object()
-            .field_str("schema", SCHEMA)
-            .field_str("status", self.status.as_str())
-            .key("snapshot")
-            .begin_object()
-            .field_str("runId", s.run_id.as_str())
-            .field_str("attemptId", s.attempt_id.as_str())
-            .field_str("runStatus", s.run_status.as_str())
-            .field_str("attemptStatus", s.attempt_status.as_str())
-            .field_uint("leaseVersion", s.lease_version.get())
-            .field_uint("leaseGeneration", s.lease_generation)
-            .field_uint("callbackSequence", s.callback_sequence);
-        for (key, value) in [
-            ("deadlineAtMs", s.deadline_at_ms),
-            ("startedAtMs", s.started_at_ms),
-            ("finishedAtMs", s.finished_at_ms),
-        ] {
-            if let Some(v) = value {
-                w.field_uint(key, v.get());
-            }
-        }
-        if let Some(h) = &s.executor_handle {
-            w.field_str("executorHandle", h.as_str());
-        }
-        if let Some(l) = &s.log_artifact_id {
-            w.field_str("logArtifactId", l);
-        }
-        if let Some(e) = &s.error_code {
-            w.field_str("errorCode", e);
-        }
-        w.end_object().end_object();
-        w.finish().map(|b| b.to_vec()).unwrap_or_default()
     }
 }

@@ -14,7 +14,6 @@ use crate::ids::{
     AttemptId, LeaseGeneration, LeaseToken, LeaseVersion, LogArtifactId, OfferId, ProjectId, RunId,
     Sha256Digest, WorkerGeneration,
 };
-use crate::js::JsonWriter;
 
 /// Schema id (header and response).
 pub const SCHEMA: &str = "qinglong/remote-worker-artifact-upload@v1";
@@ -309,30 +308,5 @@ impl ArtifactReceipt {
             status: wire.status,
             sha256,
         })
-    }
-
-    /// The response as the reference serializes it for `upload`.
-    #[must_use]
-    pub fn to_json(&self, upload: &ArtifactUpload) -> Vec<u8> {
-        let f = &upload.fence;
-        let mut w = JsonWriter::with_cap(MAX_RESPONSE_BYTES);
-        w.begin_object()
-            .field_str("schema", SCHEMA)
-            .field_str(
-                "status",
-                match self.status {
-                    UploadStatus::AlreadyStored => "already_stored",
-                    UploadStatus::Stored => "stored",
-                },
-            )
-            .field_str("projectId", f.project_id.as_str())
-            .field_str("runId", f.run_id.as_str())
-            .field_str("attemptId", f.attempt_id.as_str())
-            .field_str("logArtifactId", upload.log_artifact_id.as_str())
-            .field_uint("byteLength", upload.byte_length)
-            .field_str("sha256", &self.sha256.to_hex())
-            .field_opt_bool("truncated", upload.truncated)
-            .end_object();
-        w.finish().map(|b| b.to_vec()).unwrap_or_default()
     }
 }

@@ -11,7 +11,6 @@ use super::{Fence, Schema, WireError, bind, exact, id, parse_json, sealed_body};
 use crate::ids::{
     AttemptId, CallbackSequence, CapabilityDigest, LogArtifactId, RunId, Sha256Digest,
 };
-use crate::js::JsonWriter;
 use crate::time::UnixMillis;
 
 /// Schema id (request and response).
@@ -231,19 +230,5 @@ impl CompletionResponse {
             "the request's callbackSequence",
         )?;
         Ok(response)
-    }
-
-    /// The response as the reference serializes it.
-    #[must_use]
-    pub fn to_json(&self) -> Vec<u8> {
-        let mut w = JsonWriter::with_cap(MAX_RESPONSE_BYTES);
-        w.begin_object()
-            .field_str("schema", SCHEMA)
-            .field_str("status", self.status.as_str())
-            .field_str("runId", self.run_id.as_str())
-            .field_str("attemptId", self.attempt_id.as_str())
-            .field_uint("callbackSequence", self.callback_sequence.get())
-            .end_object();
-        w.finish().map(|b| b.to_vec()).unwrap_or_default()
     }
 }

@@ -2,13 +2,11 @@
 //! (reference §2.1). The Worker client treats any status other than 200 as `response_rejected`
 //! carrying only the status; [`IngressError::classify`] adds the code when a body is read.
 
-use alloc::vec::Vec;
 use core::fmt;
 
 use serde::Deserialize;
 
 use super::{WireError, parse_json};
-use crate::js::JsonWriter;
 
 /// Error body cap (the same 4 KiB as the smallest response cap).
 pub const MAX_ERROR_BODY_BYTES: usize = 4 * 1024;
@@ -168,14 +166,4 @@ pub fn parse_error_body(bytes: &[u8]) -> Result<ErrorCode, WireError> {
         path: "code",
         rule: "a known error code",
     })
-}
-
-/// The error body the server sends for `code`.
-#[must_use]
-pub fn error_body(code: ErrorCode) -> Vec<u8> {
-    let mut w = JsonWriter::with_cap(MAX_ERROR_BODY_BYTES);
-    w.begin_object()
-        .field_str("code", code.as_str())
-        .end_object();
-    w.finish().map(|b| b.to_vec()).unwrap_or_default()
 }

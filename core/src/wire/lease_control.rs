@@ -10,7 +10,6 @@ use zeroize::Zeroizing;
 use super::de::nullable;
 use super::{Fence, Schema, WireError, bind, ensure, exact, field, id, parse_json, sealed_body};
 use crate::ids::LeaseVersion;
-use crate::js::JsonWriter;
 use crate::offer::Offer;
 use crate::time::UnixMillis;
 
@@ -274,54 +273,5 @@ impl LeaseControlResponse {
                 Ok(Self::StopRequested(lease, stop))
             }
         }
-    }
-
-    /// The response as the reference serializes it for `request`.
-    #[must_use]
-    pub fn to_json(&self, request: &LeaseControlRequest) -> Vec<u8> {
-        let f = &request.fence;
-        let mut w = JsonWriter::with_cap(MAX_RESPONSE_BYTES);
-        let (status, lease, stop, terminal) = match self {
-            Self::Renewed(l) => ("renewed", Some(l), None, None),
-            Self::StopRequested(l, s) => ("stop_requested", Some(l), Some(s), None),
-            Self::Terminal(t) => ("terminal", None, None, Some(t)),
-        };
-        w.begin_object()
-            .field_str("schema", SCHEMA)
-            .field_str("status", status)
-            .field_str("projectId", f.project_id.as_str())
-            .field_str("runId", f.run_id.as_str())
-            .field_str("attemptId", f.attempt_id.as_str())
-            .field_str("offerId", f.offer_id.as_str())
-            .field_uint("leaseGeneration", f.lease_generation.get());
-        match lease {
-            Some(l) => w
-                .field_uint("leaseVersion", l.lease_version.get())
-                .field_uint("renewedAtMs", l.renewed_at_ms.get())
-                .field_uint("expiresAtMs", l.expires_at_ms.get()),
-            None => w
-                .key("leaseVersion")
-                .null()
-                .key("renewedAtMs")
-                .null()
-                .key("expiresAtMs")
-                .null(),
-        };
-        w.key("stop");
-        match stop {
-            Some(s) => w
-                .begin_object()
-                .field_str("reason", s.reason.as_str())
-                .field_uint("requestedAtMs", s.requested_at_ms.get())
-                .end_object(),
-            None => w.null(),
-        };
-        w.key("terminalStatus");
-        match terminal {
-            Some(t) => w.string(t.as_str()),
-            None => w.null(),
-        };
-        w.end_object();
-        w.finish().map(|b| b.to_vec()).unwrap_or_default()
     }
 }

@@ -36,8 +36,6 @@ pub mod auth;
 pub mod completion;
 pub(crate) mod de;
 pub mod error;
-#[doc(hidden)]
-pub mod fuzzing;
 pub mod lease_control;
 pub mod offer;
 pub mod route;

@@ -14,7 +14,6 @@ use crate::ids::{
     AttemptId, LeaseGeneration, LeaseToken, LeaseVersion, MAX_SAFE_INTEGER, OfferId, ProjectId,
     RunId, SessionId, Sha256Digest, TaskId, TaskRevision, WorkerGeneration, WorkerId,
 };
-use crate::js::JsonWriter;
 use crate::offer::{
     Candidate, DeliveryKind, ExecutorType, Lease, LeaseStatus, Offer, OfferError, OfferWorker,
 };
@@ -137,18 +136,6 @@ impl OfferStats {
             "stats.claimRaces",
             "<= stats.claimAttempts",
         )
-    }
-
-    fn write(&self, w: &mut JsonWriter) {
-        w.key("stats")
-            .begin_object()
-            .field_uint("pages", self.pages)
-            .field_uint("candidates", self.candidates)
-            .field_uint("plansUnavailable", self.plans_unavailable)
-            .field_uint("placementMismatches", self.placement_mismatches)
-            .field_uint("claimAttempts", self.claim_attempts)
-            .field_uint("claimRaces", self.claim_races)
-            .end_object();
     }
 }
 
@@ -464,86 +451,6 @@ impl OfferResponse {
             _ => Err(super::field("status", "\"idle\" or \"offered\"")),
         }
     }
-
-    /// The response as the reference control plane serializes it (used by round-trip tests and
-    /// the loopback control plane).
-    #[must_use]
-    pub fn to_json(&self) -> Vec<u8> {
-        let mut w = JsonWriter::with_cap(MAX_RESPONSE_BYTES * 2);
-        w.begin_object().field_str("schema", SCHEMA);
-        match self {
-            Self::Idle {
-                reason,
-                stats,
-                truncated,
-            } => {
-                w.field_str("status", "idle")
-                    .field_str("reason", reason.as_str());
-                stats.write(&mut w);
-                w.key("truncated").bool(*truncated);
-            }
-            Self::Offered {
-                offer,
-                stats,
-                truncated,
-            } => {
-                w.field_str("status", "offered").key("offer");
-                write_offer(&mut w, offer);
-                stats.write(&mut w);
-                w.key("truncated").bool(*truncated);
-            }
-        }
-        w.end_object();
-        w.finish().map(|b| b.to_vec()).unwrap_or_default()
-    }
-}
-
-fn write_offer(w: &mut JsonWriter, o: &OfferedOffer) {
-    let c = &o.candidate;
-    let l = &o.lease;
-    w.begin_object()
-        .field_str("offerId", o.offer_id.as_str())
-        .field_str(
-            "deliveryKind",
-            match o.delivery_kind {
-                DeliveryKind::NewClaim => "new_claim",
-                DeliveryKind::LeaseRecovery => "lease_recovery",
-            },
-        )
-        .field_str("executionDigest", &o.execution_digest.to_hex())
-        .key("candidate")
-        .begin_object()
-        .field_str("runId", c.run_id.as_str())
-        .field_str("attemptId", c.attempt_id.as_str())
-        .field_str("projectId", c.project_id.as_str())
-        .field_str("taskId", c.task_id.as_str())
-        .field_str("taskRevision", c.task_revision.as_str())
-        .key("priority")
-        .int(c.priority)
-        .field_uint("queuedAtMs", c.queued_at_ms.get())
-        .field_uint("attemptCreatedAtMs", c.attempt_created_at_ms.get())
-        .field_uint("attemptNumber", c.attempt_number)
-        .field_str("executorType", "remote_worker")
-        .end_object()
-        .key("worker")
-        .begin_object()
-        .field_str("workerId", o.worker.worker_id.as_str())
-        .field_str("sessionId", o.worker.session_id.as_str())
-        .field_uint("generation", o.worker.generation.get())
-        .end_object()
-        .key("lease")
-        .begin_object()
-        .field_uint("version", l.version.get())
-        .field_uint("leaseGeneration", l.lease_generation.get())
-        .field_uint("acquiredAtMs", l.acquired_at_ms.get())
-        .field_uint("renewedAtMs", l.renewed_at_ms.get())
-        .field_uint("expiresAtMs", l.expires_at_ms.get())
-        .field_uint("updatedAtMs", l.updated_at_ms.get())
-        .end_object()
-        .key("executionRevision")
-        .raw(&o.execution_revision.to_json())
-        .field_uint("placementScore", o.placement_score)
-        .end_object();
 }
 
 /// Why an `offered` response could not be admitted for the pending claim.

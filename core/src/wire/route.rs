@@ -2,7 +2,6 @@
 //! (reference §2.1). Worker and Session identity travel only in the path, never in bodies.
 
 use alloc::string::String;
-use core::fmt;
 
 use crate::ids::{SessionId, WorkerId};
 
@@ -151,41 +150,6 @@ pub enum ClientBody {
     NotCalled,
 }
 
-/// A path that does not match the route template (the server answers 404
-/// `worker_route_not_found`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RouteError {
-    /// Which part is wrong.
-    pub part: &'static str,
-}
-
-impl fmt::Display for RouteError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "worker ingress path rejected: invalid {}", self.part)
-    }
-}
-
-impl core::error::Error for RouteError {}
-
-/// A parsed route.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Route {
-    /// Worker.
-    pub worker_id: WorkerId,
-    /// Session.
-    pub session_id: SessionId,
-    /// Operation.
-    pub operation: Operation,
-}
-
-impl Route {
-    /// The path of this route.
-    #[must_use]
-    pub fn path(&self) -> String {
-        path(&self.worker_id, &self.session_id, self.operation)
-    }
-}
-
 /// Builds the request path (ids are validated by their types, so no escaping is needed).
 #[must_use]
 pub fn path(worker_id: &WorkerId, session_id: &SessionId, operation: Operation) -> String {
@@ -197,35 +161,4 @@ pub fn path(worker_id: &WorkerId, session_id: &SessionId, operation: Operation) 
     out.push('/');
     out.push_str(operation.as_str());
     out
-}
-
-/// Parses and validates a request path (no query string, no fragment, exact template).
-///
-/// # Errors
-/// [`RouteError`] naming the part that does not match.
-pub fn parse(path: &str) -> Result<Route, RouteError> {
-    if path.contains(['?', '#']) {
-        return Err(RouteError { part: "query" });
-    }
-    let rest = path
-        .strip_prefix(PREFIX)
-        .ok_or(RouteError { part: "prefix" })?;
-    let mut parts = rest.split('/');
-    let worker = parts.next().ok_or(RouteError { part: "workerId" })?;
-    if parts.next() != Some("sessions") {
-        return Err(RouteError { part: "template" });
-    }
-    let session = parts.next().ok_or(RouteError { part: "sessionId" })?;
-    let operation = parts
-        .next()
-        .and_then(Operation::from_segment)
-        .ok_or(RouteError { part: "operation" })?;
-    if parts.next().is_some() {
-        return Err(RouteError { part: "template" });
-    }
-    Ok(Route {
-        worker_id: WorkerId::new(worker).map_err(|_| RouteError { part: "workerId" })?,
-        session_id: SessionId::new(session).map_err(|_| RouteError { part: "sessionId" })?,
-        operation,
-    })
 }

@@ -12,7 +12,6 @@ use crate::ids::{
     AttemptId, LeaseGeneration, LeaseToken, LeaseVersion, OfferId, ProjectId, RunId, Sha256Digest,
     TaskId, TaskRevision, WorkerGeneration,
 };
-use crate::js::JsonWriter;
 use crate::offer::Offer;
 use crate::revision::{EnvName, EnvValue, SecretRef};
 
@@ -317,35 +316,6 @@ impl SecretsResponse {
                 "environmentBundles",
             )?,
         })
-    }
-
-    /// The response as the reference serializes it for `request`; exposes every value, so the
-    /// buffer is wiped on drop (tests and the loopback control plane only).
-    #[must_use]
-    pub fn to_json(&self, request: &SecretsRequest) -> Zeroizing<Vec<u8>> {
-        let f = &request.fence;
-        let mut w = JsonWriter::with_cap(MAX_RESPONSE_BYTES * 2);
-        w.begin_object()
-            .field_str("schema", SCHEMA)
-            .field_str("runId", f.run_id.as_str())
-            .field_str("attemptId", f.attempt_id.as_str())
-            .field_str("offerId", f.offer_id.as_str())
-            .field_str("executionDigest", &request.execution_digest.to_hex());
-        for (key, list) in [
-            ("values", &self.values),
-            ("environmentBundles", &self.environment_bundles),
-        ] {
-            w.key(key).begin_array();
-            for item in list {
-                w.begin_object()
-                    .field_str("secretRef", item.secret_ref.as_str())
-                    .field_str("value", item.value.expose())
-                    .end_object();
-            }
-            w.end_array();
-        }
-        w.end_object();
-        w.finish().unwrap_or_default()
     }
 }
 

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Schema, WireError, bind, body, ensure, exact, id, parse_json, semver};
 use crate::ids::{MAX_SAFE_INTEGER, SessionId, Sha256Digest, WorkerGeneration, WorkerId};
-use crate::js::{self, JsonWriter};
+use crate::js;
 use crate::revision::{Architecture, Label, LabelsJson, SupportTier};
 use crate::time::UnixMillis;
 
@@ -646,24 +646,5 @@ impl SessionResponse {
         )?;
         bind(r.status == request.status, "status", "the requested status")?;
         Ok(r)
-    }
-
-    /// The response as the reference serializes it under `schema`.
-    #[must_use]
-    pub fn to_json(&self, schema: &str) -> Vec<u8> {
-        let mut w = JsonWriter::with_cap(MAX_RESPONSE_BYTES);
-        w.begin_object()
-            .field_str("schema", schema)
-            .field_str("workerId", self.worker_id.as_str())
-            .field_str("sessionId", self.session_id.as_str())
-            .field_uint("generation", self.generation.get())
-            .field_uint("version", self.version)
-            .field_str("status", self.status.as_str())
-            .field_uint("leaseExpiresAtMs", self.lease_expires_at_ms.get());
-        if let Some(r) = self.replaced_session {
-            w.key("replacedSession").bool(r);
-        }
-        w.end_object();
-        w.finish().map(|b| b.to_vec()).unwrap_or_default()
     }
 }

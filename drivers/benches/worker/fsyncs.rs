@@ -2,7 +2,7 @@
 //! binary: every `fsync`/`fdatasync`/`sync_file_range`/`syncfs`/`sync`/`msync` of the Worker,
 //! its supervisors and the user process, attributed by process (exec image) and by file.
 //!
-//! Why strace and not the `fsio::FaultFs` seam: the Runner's stores (journal, receipts, spool,
+//! Why strace and not the `FaultFs` seam: the Runner's stores (journal, receipts, spool,
 //! session) are built on `RealFs` inside the binary, and the supervisor is another process that
 //! the seam cannot reach. strace counts every sync call of every process, seam or not, without
 //! changing the product. Only counts come from the traced run; its timings are never used.

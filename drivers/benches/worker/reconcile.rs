@@ -16,8 +16,8 @@ use ql_worker_core::envelope;
 use ql_worker_core::ids::OfferId;
 use ql_worker_core::listing::{Capacity, PageLimit};
 use ql_worker_core::record::InboxRecord;
-use ql_worker_core::testkit;
 use ql_worker_core::time::UnixMillis;
+use ql_worker_sim::testkit;
 
 use crate::table::{Table, dur, median};
 use crate::world::scratch;

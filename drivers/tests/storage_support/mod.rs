@@ -13,9 +13,9 @@ use ql_worker_core::ids::{
 };
 use ql_worker_core::receipt::{Receipt, ReceiptToken};
 use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
-use ql_worker_core::testkit;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::truncation::TruncationFact;
+use ql_worker_sim::testkit;
 use sha2::Digest as _;
 
 pub fn ms(v: u64) -> UnixMillis {

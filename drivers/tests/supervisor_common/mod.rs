@@ -22,9 +22,9 @@ use ql_worker_core::listing::Capacity;
 use ql_worker_core::receipt::Receipt;
 use ql_worker_core::record::{InboxRecord, State};
 use ql_worker_core::revision::ExecCommand;
-use ql_worker_core::testkit;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::truncation::TruncationFact;
+use ql_worker_sim::testkit;
 use tempfile::TempDir;
 
 #[path = "../bin_under_test/mod.rs"]

@@ -367,7 +367,7 @@ mod tests {
 
     #[test]
     fn framing_from_the_header_equals_the_core_preamble() {
-        let offer = ql_worker_core::testkit::offer(1);
+        let offer = ql_worker_sim::testkit::offer(1);
         let up = upload(&offer, b"content", Some(true));
         let header = up.header_json().unwrap();
         assert_eq!(

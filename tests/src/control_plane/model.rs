@@ -44,9 +44,9 @@ use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::activation::{AttemptStatus, RunStatus};
 use ql_worker_core::wire::artifact::CONTENT_TYPE as ARTIFACT_CONTENT_TYPE;
 use ql_worker_core::wire::auth::WorkerCredential;
-use ql_worker_core::wire::error::{ErrorCode, error_body};
+use ql_worker_core::wire::error::ErrorCode;
 use ql_worker_core::wire::lease_control::StopReason;
-use ql_worker_core::wire::route::{self, ClientBody, Operation, Route};
+use ql_worker_core::wire::route::{ClientBody, Operation};
 use ql_worker_core::wire::session::SessionStatus;
 
 use super::requests::{ExecFence, Reject};
@@ -54,6 +54,7 @@ use super::state::{
     ArtifactKey, CancelIntent, CpState, LeaseRecord, LeaseState, RunEvent, RunEventKind, RunRecord,
     SessionRecord, StoredArtifact,
 };
+use crate::server_wire::{Route, error_body, parse_route};
 
 /// Domain separator of the credential HMAC (reference `workerCredentialAuthenticator.ts`).
 pub const CREDENTIAL_HMAC_DOMAIN: &[u8] = b"qinglong-worker-credential-v1\0";
@@ -772,7 +773,7 @@ impl ControlPlane {
         head: &CpHead,
         body: &mut CountingReader<'_>,
     ) -> (Option<Operation>, Handled) {
-        let route = match route::parse(&head.path) {
+        let route = match parse_route(&head.path) {
             Ok(route) => route,
             Err(_) => {
                 let reject = Reject::new(ErrorCode::WorkerRouteNotFound, "route");

@@ -23,6 +23,7 @@ use ql_worker_core::wire::lease_control::StopReason;
 use super::{ControlPlane, CpResponse, Ctx, Handled};
 use crate::control_plane::requests::{self, ExecFence, Reject, RunningFacts};
 use crate::control_plane::state::{LeaseRecord, LeaseState, RunEventKind, RunRecord};
+use crate::server_wire::ToJson as _;
 
 /// The error code a start failure records.
 pub const START_FAILED_ERROR_CODE: &str = "EXECUTOR_START_FAILED";

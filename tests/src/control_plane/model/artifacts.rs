@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 use super::{ControlPlane, CountingReader, CpResponse, Ctx, Handled};
 use crate::control_plane::requests::Reject;
 use crate::control_plane::state::{ArtifactKey, StoredArtifact};
+use crate::server_wire::ToJsonFor as _;
 
 /// Smallest body the service accepts (reference: `contentLength < 6` is invalid).
 const MIN_BODY_BYTES: u64 = 6;

@@ -12,6 +12,7 @@ use super::activation::intended_terminal;
 use super::{ControlPlane, CpResponse, Ctx, Handled};
 use crate::control_plane::requests::{self, CompletionRequest, Reject};
 use crate::control_plane::state::{ArtifactKey, CompletionFacts, RunRecord};
+use crate::server_wire::ToJson as _;
 
 fn fenced(reason: &'static str) -> Reject {
     Reject::new(ErrorCode::WorkerCompletionFenced, reason)

@@ -12,6 +12,7 @@ use ql_worker_core::wire::lease_control::{
 use super::{ControlPlane, CpResponse, Ctx, Handled};
 use crate::control_plane::requests::{self, Reject};
 use crate::control_plane::state::{CancelIntent, RunEventKind};
+use crate::server_wire::ToJsonFor as _;
 
 fn fenced(reason: &'static str) -> Reject {
     Reject::new(ErrorCode::WorkerLeaseControlFenced, reason)

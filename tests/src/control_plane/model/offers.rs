@@ -14,6 +14,7 @@ use ql_worker_core::wire::session::Capabilities;
 use super::{ControlPlane, CpResponse, Ctx, Handled, ServiceFault};
 use crate::control_plane::requests::{self, ClaimRequest, Reject};
 use crate::control_plane::state::{LeaseRecord, LeaseState, RunEventKind, RunRecord};
+use crate::server_wire::ToJson as _;
 
 fn fenced(reason: &'static str) -> Reject {
     Reject::new(ErrorCode::WorkerOfferFenced, reason)

@@ -8,6 +8,7 @@ use ql_worker_core::wire::secrets::{ResolvedSecret, SecretValue, SecretsResponse
 
 use super::{ControlPlane, CpResponse, Ctx, Handled, ServiceFault};
 use crate::control_plane::requests::{self, Reject};
+use crate::server_wire::ToJsonFor as _;
 
 fn fenced(reason: &'static str) -> Reject {
     Reject::new(ErrorCode::WorkerSecretDeliveryFenced, reason)

@@ -16,6 +16,7 @@ use ql_worker_core::wire::session::{
 use super::{ControlPlane, CpResponse, Ctx, Handled, sha256};
 use crate::control_plane::requests::{self, Reject};
 use crate::control_plane::state::SessionRecord;
+use crate::server_wire::ToJsonFor as _;
 
 fn fenced(reason: &'static str) -> Reject {
     Reject::new(ErrorCode::WorkerSessionFenced, reason)

@@ -4,27 +4,27 @@
 //! reference examples, so the seed corpora (made from those examples) exercise the accept paths.
 #![allow(missing_docs)]
 
-use alloc::vec::Vec;
-
-use super::Fence;
-use super::activation::{ActivationRequest, ActivationResponse, RunningAck};
-use super::artifact::{ArtifactReceipt, ArtifactUpload};
-use super::completion::{
-    CompletionArtifact, CompletionRequest, CompletionResponse, CompletionResult,
-};
-use super::error::parse_error_body;
-use super::lease_control::{LeaseControlRequest, LeaseControlResponse};
-use super::offer::{OfferResponse, admit_offer};
-use super::secrets::{SecretsRequest, SecretsResponse};
-use super::session::{HeartbeatRequest, SessionResponse, SessionStatus, TransitionRequest};
-use crate::ids::{
+use ql_worker_core::ids::{
     AttemptId, CallbackSequence, CapabilityDigest, ExecutorHandle, LeaseGeneration, LeaseToken,
     LeaseVersion, LogArtifactId, OfferId, ProjectId, RunId, SessionId, Sha256Digest, TaskId,
     TaskRevision, WorkerGeneration, WorkerId,
 };
-use crate::offer::OfferWorker;
-use crate::revision::SecretRef;
-use crate::time::UnixMillis;
+use ql_worker_core::offer::OfferWorker;
+use ql_worker_core::revision::SecretRef;
+use ql_worker_core::time::UnixMillis;
+use ql_worker_core::wire::Fence;
+use ql_worker_core::wire::activation::{ActivationRequest, ActivationResponse, RunningAck};
+use ql_worker_core::wire::artifact::{ArtifactReceipt, ArtifactUpload};
+use ql_worker_core::wire::completion::{
+    CompletionArtifact, CompletionRequest, CompletionResponse, CompletionResult,
+};
+use ql_worker_core::wire::error::parse_error_body;
+use ql_worker_core::wire::lease_control::{LeaseControlRequest, LeaseControlResponse};
+use ql_worker_core::wire::offer::{OfferResponse, admit_offer};
+use ql_worker_core::wire::secrets::{SecretsRequest, SecretsResponse};
+use ql_worker_core::wire::session::{
+    HeartbeatRequest, SessionResponse, SessionStatus, TransitionRequest,
+};
 
 /// Worker of the fixtures (reference examples).
 pub const WORKER_ID: &str = "edge-1";
@@ -80,7 +80,7 @@ pub fn fence() -> Fence {
 pub fn starting_request() -> ActivationRequest {
     ActivationRequest {
         fence: fence(),
-        op: super::activation::ActivationOp::Starting,
+        op: ql_worker_core::wire::activation::ActivationOp::Starting,
     }
 }
 
@@ -89,7 +89,7 @@ pub fn starting_request() -> ActivationRequest {
 pub fn running_request() -> ActivationRequest {
     ActivationRequest {
         fence: fence(),
-        op: super::activation::ActivationOp::Running(RunningAck {
+        op: ql_worker_core::wire::activation::ActivationOp::Running(RunningAck {
             executor_handle: ok(ExecutorHandle::new("ql3lp1.eyJ2IjoxfQ").ok()),
             log_artifact_id: None,
             callback_sequence: ok(CallbackSequence::new(1).ok()),
@@ -116,7 +116,7 @@ pub fn secrets_request() -> SecretsRequest {
         )
         .ok()),
         execution_digest: ok(Sha256Digest::from_hex(&"b".repeat(64)).ok()),
-        secret_refs: alloc::vec![secret_ref("API_TOKEN")],
+        secret_refs: std::vec![secret_ref("API_TOKEN")],
         environment_bundle_refs: Vec::new(),
     }
 }

@@ -6,23 +6,19 @@
 //! bytes, request bodies verbatim, the launch plan field by field); [`Act::summary`] is the
 //! one-line form the scenario tests assert.
 
-use alloc::boxed::Box;
-use alloc::format;
-use alloc::string::String;
-use alloc::vec::Vec;
-use core::fmt;
+use std::fmt;
 
-use crate::claim::PendingClaim;
-use crate::envelope;
-use crate::ids::{
+use ql_worker_core::claim::PendingClaim;
+use ql_worker_core::envelope;
+use ql_worker_core::ids::{
     AttemptId, CallbackSequence, ExecutorHandle, LogArtifactId, OfferId, Revision, RunId,
     SessionId, Sha256Digest,
 };
-use crate::io::Action;
-use crate::record::InboxRecord;
-use crate::revision::ExecCommand;
-use crate::time::UnixMillis;
-use crate::wire::route::Operation;
+use ql_worker_core::io::Action;
+use ql_worker_core::record::InboxRecord;
+use ql_worker_core::revision::ExecCommand;
+use ql_worker_core::time::UnixMillis;
+use ql_worker_core::wire::route::Operation;
 
 /// The launch plan as the simulated supervisor receives it. It holds the raw capability (the
 /// real supervisor holds it in memory too, and writes it only into the receipt).

@@ -1,19 +1,15 @@
 //! The simulated disk: inbox, pending claim, receipts and log spool, with the journal's checks.
 
-use alloc::boxed::Box;
-use alloc::collections::BTreeMap;
-use alloc::format;
-use alloc::string::String;
-use alloc::vec::Vec;
-use core::hash::Hasher;
+use std::collections::BTreeMap;
+use std::hash::Hasher;
 
 use super::{Answer, Mutation, World, hash_debug};
-use crate::claim::{ClaimCreate, PendingClaim, check_clear, check_create, check_replace};
-use crate::envelope;
-use crate::ids::{AttemptId, LogArtifactId, OfferId, Revision, SessionId};
-use crate::io::{Outcome, ReceiptRead, StoreFailure};
-use crate::receipt::Receipt;
-use crate::record::{InboxRecord, check_transition};
+use ql_worker_core::claim::{ClaimCreate, PendingClaim, check_clear, check_create, check_replace};
+use ql_worker_core::envelope;
+use ql_worker_core::ids::{AttemptId, LogArtifactId, OfferId, Revision, SessionId};
+use ql_worker_core::io::{Outcome, ReceiptRead, StoreFailure};
+use ql_worker_core::receipt::Receipt;
+use ql_worker_core::record::{InboxRecord, check_transition};
 
 /// A receipt file.
 #[derive(Clone, Debug, PartialEq, Eq)]

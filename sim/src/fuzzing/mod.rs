@@ -1,10 +1,10 @@
-//! Fuzzing support beyond the wire parsers (`crate::wire::fuzzing`): the entry points shared by
+//! Fuzzing support beyond the wire parsers (`crate::fuzzing::wire`): the entry points shared by
 //! the cargo-fuzz targets (`fuzz/fuzz_targets/*.rs`) and the stable corpus replay test
 //! (`core/tests/fuzz_corpus.rs`). Not part of the API.
 //!
 //! * [`decoders`]: the four envelope kinds (raw and below the checksum) and receipt
 //!   authentication.
-//! * [`machine`]: the whole [`Worker`](crate::worker::Worker) driven by a fuzzed op sequence
+//! * [`machine`]: the whole [`Worker`](ql_worker_core::worker::Worker) driven by a fuzzed op sequence
 //!   through a fuzz host ([`host`]) that answers every action, injects faults and crashes, and
 //!   checks the safety invariants after every step.
 //!
@@ -19,3 +19,4 @@ pub mod host;
 pub mod machine;
 pub mod plane;
 pub mod samples;
+pub mod wire;

@@ -3,40 +3,38 @@
 //! choosing among the valid alternatives (`already_*` statuses, terminal snapshots, stop
 //! requests, generation changes…). Faulty answers are made by the host around these.
 
-use alloc::boxed::Box;
-use alloc::collections::BTreeMap;
-use alloc::format;
-use alloc::string::String;
-use alloc::vec;
-use alloc::vec::Vec;
+use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::ids::{
+use ql_worker_core::ids::{
     AttemptId, CallbackSequence, ExecutorHandle, LeaseGeneration, LeaseToken, LeaseVersion,
     OfferId, RunId, SessionId, WorkerGeneration,
 };
-use crate::offer::DeliveryKind;
-use crate::record::InboxRecord;
-use crate::revision::{ExecutionRevision, SecretRef};
-use crate::time::UnixMillis;
-use crate::wire::Fence;
-use crate::wire::activation::{
+use ql_worker_core::offer::DeliveryKind;
+use ql_worker_core::record::InboxRecord;
+use ql_worker_core::revision::{ExecutionRevision, SecretRef};
+use ql_worker_core::time::UnixMillis;
+use ql_worker_core::wire::Fence;
+use ql_worker_core::wire::activation::{
     ActivationResponse, ActivationSnapshot, ActivationStatus, AttemptStatus, RunStatus,
     SnapshotShape,
 };
-use crate::wire::completion::{CompletionResponse, CompletionStatus};
-use crate::wire::lease_control::{
+use ql_worker_core::wire::completion::{CompletionResponse, CompletionStatus};
+use ql_worker_core::wire::lease_control::{
     LeaseControlRequest, LeaseControlResponse, RenewedLease, StopReason, StopRequest,
     TerminalStatus,
 };
-use crate::wire::offer::{IdleReason, OfferResponse, OfferStats, OfferedLease, OfferedOffer};
-use crate::wire::secrets::{ResolvedSecret, SecretValue, SecretsRequest, SecretsResponse};
-use crate::wire::session::{
+use ql_worker_core::wire::offer::{
+    IdleReason, OfferResponse, OfferStats, OfferedLease, OfferedOffer,
+};
+use ql_worker_core::wire::secrets::{ResolvedSecret, SecretValue, SecretsRequest, SecretsResponse};
+use ql_worker_core::wire::session::{
     HEARTBEAT_SCHEMA, REGISTER_SCHEMA, SessionResponse, SessionStatus, TRANSITION_SCHEMA,
 };
 
 use super::samples;
+use ql_worker_tests::server_wire::{ToJson as _, ToJsonFor as _};
 
 /// Whether the control plane has work for the Worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

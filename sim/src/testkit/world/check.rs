@@ -9,7 +9,7 @@
 //!   is durable.
 //! * `revision-plus-one`: every record write is a first publication at revision 0 or a replace
 //!   at exactly `expected + 1` that the journal's `check_transition` accepts; every claim write
-//!   obeys the claim rules of `crate::claim`.
+//!   obeys the claim rules of `ql_worker_core::claim`.
 //! * `no-raw-capability`: no persisted record or claim contains drawn capability bytes (raw,
 //!   base64url or hex).
 //! * `claim-before-pull`: the `offers` request only with its claim (offer id, token) durable.
@@ -33,20 +33,16 @@
 //! unexpected outcome) and `drain-no-pull` (no Pull starts once the Worker is draining), and the
 //! explorer `panic` (a core assertion fired).
 
-use alloc::format;
-use alloc::string::String;
-use alloc::vec::Vec;
-
 use base64::Engine as _;
 use serde_json::Value;
 
 use super::World;
-use crate::ids::{AttemptId, LogArtifactId, OfferId, Sha256Digest};
-use crate::record::State;
 use crate::testkit::act::{Act, SpawnPlan};
-use crate::time::UnixMillis;
-use crate::wire::route::Operation;
-use crate::wire::session::SessionStatus;
+use ql_worker_core::ids::{AttemptId, LogArtifactId, OfferId, Sha256Digest};
+use ql_worker_core::record::State;
+use ql_worker_core::time::UnixMillis;
+use ql_worker_core::wire::route::Operation;
+use ql_worker_core::wire::session::SessionStatus;
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
@@ -58,7 +54,7 @@ impl World {
         match act {
             Act::Spawn(plan) => self.check_spawn(plan),
             Act::PersistRecord { record, .. } => {
-                if let Ok(bytes) = crate::envelope::encode(&**record) {
+                if let Ok(bytes) = ql_worker_core::envelope::encode(&**record) {
                     self.check_capability_free(&bytes, "record");
                 }
                 let fresh = self
@@ -83,7 +79,7 @@ impl World {
                 }
             }
             Act::PersistClaim { claim, .. } => {
-                if let Ok(bytes) = crate::envelope::encode(&**claim) {
+                if let Ok(bytes) = ql_worker_core::envelope::encode(&**claim) {
                     self.check_capability_free(&bytes, "claim");
                 }
             }
@@ -154,7 +150,8 @@ impl World {
             matches!(
                 r.state,
                 State::Launching | State::Started | State::RunningAcknowledged
-            ) || r.recovery_reason == Some(crate::record::RecoveryReason::LaunchOutcomeUnknown)
+            ) || r.recovery_reason
+                == Some(ql_worker_core::record::RecoveryReason::LaunchOutcomeUnknown)
         });
         if let Some((record, _)) = live
             && status == SessionStatus::Draining

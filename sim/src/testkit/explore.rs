@@ -20,18 +20,15 @@
 //! at (depth × branching) states; with budgets in the fingerprint it visits exactly the states a
 //! breadth-first search would.
 
-use alloc::collections::BTreeMap;
-use alloc::format;
-use alloc::string::String;
-use alloc::vec::Vec;
-use core::hash::Hasher;
+use std::collections::BTreeMap;
+use std::hash::Hasher;
 
 use crate::testkit::sim::{Sim, Status};
 use crate::testkit::world::{
     Answer, Cost, Event, Menu, OfferTemplate, Violation, World, hash_debug,
 };
-use crate::time::UnixMillis;
-use crate::worker::Phase;
+use ql_worker_core::time::UnixMillis;
+use ql_worker_core::worker::Phase;
 
 /// How far the explorer may go along one path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -381,7 +378,7 @@ struct Search<'a> {
 
 impl Search<'_> {
     fn trace(&self, mut id: u32, last: String) -> Vec<String> {
-        let mut out = alloc::vec![last];
+        let mut out = std::vec![last];
         while let Some((parent, step)) = self.arena.get(id as usize) {
             out.push(step.clone());
             id = *parent;
@@ -424,7 +421,7 @@ impl Search<'_> {
             self.report.transitions += 1;
             let mut sim = node.sim.fork();
             let outcome = self.guard.run(&mut || apply(&mut sim, mv));
-            let mut violations = core::mem::take(&mut sim.world.violations);
+            let mut violations = std::mem::take(&mut sim.world.violations);
             if let Err(message) = outcome {
                 violations.push(Violation {
                     invariant: "panic",
@@ -485,7 +482,7 @@ pub fn explore(model: &Model, guard: &dyn Guard) -> Report {
 /// The Worker configuration of the model checks: the edge profile with one concurrent Run, so
 /// that the Worker pulls again only once its Run is settled.
 #[must_use]
-pub fn model_config() -> crate::worker::WorkerConfig {
+pub fn model_config() -> ql_worker_core::worker::WorkerConfig {
     let mut config = crate::testkit::config();
     config.max_concurrent_runs = 1;
     config
@@ -536,9 +533,9 @@ pub fn start_path() -> Model {
             max_states: 2_000_000,
         },
         roots: roots(
-            alloc::vec![
+            std::vec![
                 World::one_offer(1),
-                World::new(2, alloc::vec![OfferTemplate::with_revision(1, secret)]),
+                World::new(2, std::vec![OfferTemplate::with_revision(1, secret)]),
             ],
             1,
         ),
@@ -580,6 +577,6 @@ pub fn finish_path() -> Model {
             drains: 1,
             max_states: 2_000_000,
         },
-        roots: roots(alloc::vec![World::one_offer(1)], 2),
+        roots: roots(std::vec![World::one_offer(1)], 2),
     }
 }

@@ -2,43 +2,42 @@
 //! [`Answer`] (built with the wire module's own `to_json`, so they pass the strict parsers
 //! unless the answer is [`Answer::Invalid`]).
 
-use alloc::boxed::Box;
-use alloc::collections::{BTreeMap, VecDeque};
-use alloc::format;
-use alloc::string::String;
-use alloc::vec::Vec;
-use core::hash::Hasher;
+use std::collections::{BTreeMap, VecDeque};
+use std::hash::Hasher;
 
 use serde_json::Value;
 
 use super::{Answer, World, hash_debug};
-use crate::ids::{
+use crate::testkit::{offer_for, worker};
+use ql_worker_core::ids::{
     CallbackSequence, ExecutorHandle, LeaseToken, LeaseVersion, LogArtifactId, OfferId, SessionId,
     Sha256Digest,
 };
-use crate::io::{HttpFailure, Outcome};
-use crate::offer::Offer;
-use crate::record::InboxRecord;
-use crate::revision::ExecutionRevision;
-use crate::testkit::{offer_for, worker};
-use crate::time::UnixMillis;
-use crate::wire::Fence;
-use crate::wire::activation::{
+use ql_worker_core::io::{HttpFailure, Outcome};
+use ql_worker_core::offer::Offer;
+use ql_worker_core::record::InboxRecord;
+use ql_worker_core::revision::ExecutionRevision;
+use ql_worker_core::time::UnixMillis;
+use ql_worker_core::wire::Fence;
+use ql_worker_core::wire::activation::{
     ActivationResponse, ActivationSnapshot, ActivationStatus, AttemptStatus, RunStatus,
     SnapshotShape,
 };
-use crate::wire::artifact::{ArtifactReceipt, ArtifactUpload, UploadStatus};
-use crate::wire::completion::{CompletionResponse, CompletionStatus};
-use crate::wire::lease_control::{
+use ql_worker_core::wire::artifact::{ArtifactReceipt, ArtifactUpload, UploadStatus};
+use ql_worker_core::wire::completion::{CompletionResponse, CompletionStatus};
+use ql_worker_core::wire::lease_control::{
     LeaseControlRequest, LeaseControlResponse, RenewedLease, StopReason, StopRequest,
     TerminalStatus,
 };
-use crate::wire::offer::{IdleReason, OfferResponse, OfferStats, OfferedLease, OfferedOffer};
-use crate::wire::route::Operation;
-use crate::wire::secrets::{ResolvedSecret, SecretValue, SecretsRequest, SecretsResponse};
-use crate::wire::session::{
+use ql_worker_core::wire::offer::{
+    IdleReason, OfferResponse, OfferStats, OfferedLease, OfferedOffer,
+};
+use ql_worker_core::wire::route::Operation;
+use ql_worker_core::wire::secrets::{ResolvedSecret, SecretValue, SecretsRequest, SecretsResponse};
+use ql_worker_core::wire::session::{
     HEARTBEAT_SCHEMA, REGISTER_SCHEMA, SessionResponse, SessionStatus, TRANSITION_SCHEMA,
 };
+use ql_worker_tests::server_wire::{ToJson as _, ToJsonFor as _};
 
 /// An offer the control plane will hand out for the next fresh claim.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,7 +128,7 @@ impl CpRun {
     #[must_use]
     pub fn log_artifact_id(&self) -> LogArtifactId {
         let c = &self.offer.candidate;
-        crate::wire::derive_log_artifact_id(
+        ql_worker_core::wire::derive_log_artifact_id(
             &c.project_id,
             &c.run_id,
             &c.attempt_id,
@@ -182,7 +181,10 @@ impl ControlPlane {
             hash_debug(hasher, &(run.completion, run.wants_stop));
             hash_debug(hasher, &(run.stop_requested_version, run.terminal_answered));
             hasher.write(run.offer.offer_id.as_str().as_bytes());
-            crate::ops::Fingerprint(&mut *hasher).durable(&run.offer.lease);
+            // The lease as its exact postcard bytes (its `Debug` redacts the token digest).
+            let lease = postcard::to_allocvec(&run.offer.lease).expect("a lease serializes");
+            hasher.write(&lease);
+            hasher.write_u8(0xfd);
         }
     }
 }
@@ -372,7 +374,7 @@ impl World {
     /// `running`, with the process of its seeded capability and handle running under the
     /// supervisor (and its log allocated).
     pub fn seed(&mut self, n: u32, record: InboxRecord, running: bool) {
-        use crate::record::State as S;
+        use ql_worker_core::record::State as S;
         let id = record.offer.offer_id.clone();
         let mut run = new_run(n, record.offer.clone());
         run.status = match record.state {

@@ -8,18 +8,15 @@
 //! a new one from the same configuration, while the world (disk, processes, control plane)
 //! stays.
 
-use alloc::format;
-use alloc::string::String;
-use alloc::vec::Vec;
-use core::hash::Hasher;
+use std::hash::Hasher;
 
-use crate::io::{Input, OpId};
-use crate::record::State;
 use crate::testkit::act::Act;
 use crate::testkit::world::{Answer, Event, World, hash_debug};
-use crate::time::UnixMillis;
-use crate::wire::route::Operation;
-use crate::worker::{HaltReason, Output, StopReason, Worker, WorkerConfig};
+use ql_worker_core::io::{Input, OpId};
+use ql_worker_core::record::State;
+use ql_worker_core::time::UnixMillis;
+use ql_worker_core::wire::route::Operation;
+use ql_worker_core::worker::{HaltReason, Output, StopReason, Worker, WorkerConfig};
 
 /// What the Worker is doing, as the driver sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -159,7 +156,9 @@ impl Sim {
         self.status = match self.worker.poll_output() {
             Output::Command(command) => {
                 let act = Act::from_action(command.action);
-                if act == Act::ReadClaim && self.worker.phase() == crate::worker::Phase::Draining {
+                if act == Act::ReadClaim
+                    && self.worker.phase() == ql_worker_core::worker::Phase::Draining
+                {
                     self.world.violation(
                         "drain-no-pull",
                         String::from("a Pull starts while draining"),
@@ -222,7 +221,7 @@ impl Sim {
     ///
     /// # Panics
     /// When no command is outstanding.
-    pub fn deliver(&mut self, outcome: crate::io::Outcome) {
+    pub fn deliver(&mut self, outcome: ql_worker_core::io::Outcome) {
         // INVARIANT: callers deliver only to a Busy simulation.
         let (id, _) = self.pending.take().expect("a command is outstanding");
         if let Err(e) = self.worker.handle(self.now, Input::Outcome { id, outcome }) {
@@ -350,6 +349,6 @@ impl Sim {
 
     /// Drains the trail.
     pub fn take_trail(&mut self) -> Vec<String> {
-        self.trail.as_mut().map(core::mem::take).unwrap_or_default()
+        self.trail.as_mut().map(std::mem::take).unwrap_or_default()
     }
 }

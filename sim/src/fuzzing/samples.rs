@@ -3,26 +3,25 @@
 //! and without a Secret binding and a timeout, records in every state with their barrier
 //! fields, genuine receipts, truncation facts and claims.
 
-use alloc::format;
-use alloc::string::String;
-use alloc::vec;
-use alloc::vec::Vec;
-
 use base64::Engine as _;
 
-use crate::claim::PendingClaim;
-use crate::ids::{
+use ql_worker_core::claim::PendingClaim;
+use ql_worker_core::ids::{
     AttemptId, CallbackSequence, CapabilityDigest, ExecutorHandle, LeaseToken, LeaseVersion,
     OfferId, ProjectId, Revision, RunId, SessionId, Sha256Digest, TaskId, TaskRevision,
     WorkerGeneration, WorkerId,
 };
-use crate::offer::{Offer, OfferWorker};
-use crate::receipt::{Receipt, ReceiptToken};
-use crate::record::{InboxRecord, OptionalField, Presence, RecoveryReason, State, presence};
-use crate::revision::{EnvBinding, EnvName, EnvValue, ExecCommand, ExecutionRevision, SecretRef};
-use crate::time::UnixMillis;
-use crate::truncation::{FACT_SCHEMA_VERSION, MIN_LOG_QUOTA_BYTES, TruncationFact};
-use crate::wire::artifact::derive_log_artifact_id;
+use ql_worker_core::offer::{Offer, OfferWorker};
+use ql_worker_core::receipt::{Receipt, ReceiptToken};
+use ql_worker_core::record::{
+    InboxRecord, OptionalField, Presence, RecoveryReason, State, presence,
+};
+use ql_worker_core::revision::{
+    EnvBinding, EnvName, EnvValue, ExecCommand, ExecutionRevision, SecretRef,
+};
+use ql_worker_core::time::UnixMillis;
+use ql_worker_core::truncation::{FACT_SCHEMA_VERSION, MIN_LOG_QUOTA_BYTES, TruncationFact};
+use ql_worker_core::wire::artifact::derive_log_artifact_id;
 
 /// The Session generation of the sample Worker.
 pub const GENERATION: u64 = 2;

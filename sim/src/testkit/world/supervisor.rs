@@ -1,23 +1,20 @@
 //! The simulated supervisor: spawns (after re-verifying the durable barrier), stops, and
 //! processes that exit and leave a receipt. Processes survive Worker crashes.
 
-use alloc::format;
-use alloc::string::String;
-use alloc::vec::Vec;
-use core::hash::Hasher;
+use std::hash::Hasher;
 
 use base64::Engine as _;
 
 use super::disk::{Log, StoredReceipt};
 use super::{Answer, World, hash_debug};
-use crate::ids::{
+use crate::testkit::act::SpawnPlan;
+use ql_worker_core::ids::{
     AttemptId, CallbackSequence, ExecutorHandle, LogArtifactId, OfferId, RunId, Sha256Digest,
 };
-use crate::io::{Outcome, SpawnOutcome, StopOutcome};
-use crate::receipt::{RECEIPT_SCHEMA_VERSION, Receipt, ReceiptToken};
-use crate::record::State;
-use crate::testkit::act::SpawnPlan;
-use crate::time::UnixMillis;
+use ql_worker_core::io::{Outcome, SpawnOutcome, StopOutcome};
+use ql_worker_core::receipt::{RECEIPT_SCHEMA_VERSION, Receipt, ReceiptToken};
+use ql_worker_core::record::State;
+use ql_worker_core::time::UnixMillis;
 
 /// What a process leaves behind when it exits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -64,8 +61,8 @@ pub struct Process {
     pub state: ProcessState,
 }
 
-impl core::fmt::Debug for Process {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+impl std::fmt::Debug for Process {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Process")
             .field("offer_id", &self.offer_id)
             .field("handle", &self.handle)

@@ -17,23 +17,21 @@ pub mod explore;
 pub mod sim;
 pub mod world;
 
-use alloc::format;
-use alloc::string::String;
-use alloc::vec;
-
-use crate::ids::{
+use ql_worker_core::ids::{
     AttemptId, CallbackSequence, CapabilityDigest, ExecutorHandle, LeaseGeneration, LeaseToken,
     LeaseVersion, OfferId, ProjectId, Revision, RunId, SessionId, Sha256Digest, TaskId,
     TaskRevision, WorkerGeneration, WorkerId,
 };
-use crate::offer::{Candidate, DeliveryKind, ExecutorType, Lease, LeaseStatus, Offer, OfferWorker};
-use crate::record::{InboxRecord, RecoveryReason, State};
-use crate::revision::{
+use ql_worker_core::offer::{
+    Candidate, DeliveryKind, ExecutorType, Lease, LeaseStatus, Offer, OfferWorker,
+};
+use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
+use ql_worker_core::revision::{
     Architecture, EnvBinding, EnvName, EnvValue, ExecCommand, ExecutionRevision, SecretRef,
 };
-use crate::time::UnixMillis;
-use crate::wire::session::Capabilities;
-use crate::worker::WorkerConfig;
+use ql_worker_core::time::UnixMillis;
+use ql_worker_core::wire::session::Capabilities;
+use ql_worker_core::worker::WorkerConfig;
 
 fn ms(value: u64) -> UnixMillis {
     // INVARIANT: every sample time is far below 2^53.
@@ -234,7 +232,7 @@ pub fn record(n: u32, state: State) -> InboxRecord {
     if barrier {
         let c = &r.offer.candidate;
         r.executor_started_at_ms = Some(ms(102));
-        r.log_artifact_id = Some(crate::wire::derive_log_artifact_id(
+        r.log_artifact_id = Some(ql_worker_core::wire::derive_log_artifact_id(
             &c.project_id,
             &c.run_id,
             &c.attempt_id,

@@ -1,5 +1,5 @@
-//! The fault-injecting file seam (`test-hooks` feature only; re-exported as
-//! `crate::fsio::FaultFs` and `crate::fsio::FaultPlan`).
+//! The fault-injecting file seam: a [`FileSystem`] that counts calls and fails the Nth (the
+//! `fault-fs` feature of this crate, which the drivers' tests and benches enable).
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::Path;
@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rustix::fs::OFlags;
 use rustix::io::Errno;
 
-use super::{Entry, FileSystem, Meta, RealFs, Space};
+use ql_worker::fsio::{Entry, FileSystem, Meta, RealFs, Space};
 
-/// When [`FaultFs`] fails calls (test builds only).
+/// When [`FaultFs`] fails calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FaultPlan {
     /// The 1-based call number that fails first.
@@ -32,8 +32,8 @@ pub struct FaultPlan {
 /// real EIO from fsync may have written some pages; that case is covered by the rule that an
 /// fsync error is fatal and by the crash test, which kills at arbitrary points.)
 ///
-/// Compiled only with the `test-hooks` feature (test and bench builds), never into a production
-/// build.
+/// It lives in this test crate, never in the `ql-worker` binary; the production crate keeps only
+/// the seam ([`FileSystem`]).
 #[derive(Debug)]
 pub struct FaultFs<F: FileSystem = RealFs> {
     inner: F,

@@ -10,14 +10,13 @@
 //! decodes to the same value, and so does its bare postcard body; a correctly framed body may
 //! only fail in the body (never in the framing).
 
-use alloc::vec::Vec;
-use core::fmt::Debug;
+use std::fmt::Debug;
 
-use crate::envelope::{self, Durable, EnvelopeError, FORMAT_VERSION, HEADER_BYTES, MAGIC};
-use crate::ids::{CallbackSequence, CapabilityDigest, Sha256Digest};
-use crate::receipt::{Receipt, ReceiptToken, authenticate};
-use crate::record::{InboxRecord, RecoveryReason, State};
-use crate::time::UnixMillis;
+use ql_worker_core::envelope::{self, Durable, EnvelopeError, FORMAT_VERSION, HEADER_BYTES, MAGIC};
+use ql_worker_core::ids::{CallbackSequence, CapabilityDigest, Sha256Digest};
+use ql_worker_core::receipt::{Receipt, ReceiptToken, authenticate};
+use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
+use ql_worker_core::time::UnixMillis;
 
 use super::bytes::Bytes;
 use super::samples;
@@ -86,7 +85,7 @@ pub fn envelope_inbox_record(data: &[u8]) -> bool {
 /// `envelope_pending_claim`.
 #[must_use]
 pub fn envelope_pending_claim(data: &[u8]) -> bool {
-    both_layers::<crate::claim::PendingClaim>(data)
+    both_layers::<ql_worker_core::claim::PendingClaim>(data)
 }
 
 /// `envelope_receipt`.
@@ -98,11 +97,11 @@ pub fn envelope_receipt(data: &[u8]) -> bool {
 /// `envelope_truncation_fact`.
 #[must_use]
 pub fn envelope_truncation_fact(data: &[u8]) -> bool {
-    both_layers::<crate::truncation::TruncationFact>(data)
+    both_layers::<ql_worker_core::truncation::TruncationFact>(data)
 }
 
 /// How the fuzzed receipt token is made.
-fn token(r: &mut Bytes<'_>, genuine: &[u8; 32]) -> alloc::string::String {
+fn token(r: &mut Bytes<'_>, genuine: &[u8; 32]) -> String {
     match r.below(4) {
         // The genuine token (the empty input authenticates).
         0 => samples::base64url(genuine),
@@ -118,10 +117,10 @@ fn token(r: &mut Bytes<'_>, genuine: &[u8; 32]) -> alloc::string::String {
             let mut text = samples::base64url(genuine).into_bytes();
             let at = usize::from(r.below(43));
             text[at] = r.u8() & 0x7f;
-            alloc::string::String::from_utf8_lossy(&text).into_owned()
+            String::from_utf8_lossy(&text).into_owned()
         }
         // Arbitrary text.
-        _ => alloc::string::String::from_utf8_lossy(r.slice(160)).into_owned(),
+        _ => String::from_utf8_lossy(r.slice(160)).into_owned(),
     }
 }
 

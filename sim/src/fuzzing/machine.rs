@@ -15,16 +15,14 @@
 //! A crash rebuilds the Worker from nothing but the host's durable state. A halt or a stop is
 //! checked (only for a cause the host produced) and followed by a restart.
 
-use alloc::string::String;
-
-use crate::ids::OfferId;
-use crate::io::{Command, Input, Outcome};
-use crate::listing::PageLimit;
-use crate::record::{RecoveryReason, State};
-use crate::revision::Architecture;
-use crate::time::UnixMillis;
-use crate::wire::session::Capabilities;
-use crate::worker::{HaltReason, Output, StopReason, Worker, WorkerConfig};
+use ql_worker_core::ids::OfferId;
+use ql_worker_core::io::{Command, Input, Outcome};
+use ql_worker_core::listing::PageLimit;
+use ql_worker_core::record::{RecoveryReason, State};
+use ql_worker_core::revision::Architecture;
+use ql_worker_core::time::UnixMillis;
+use ql_worker_core::wire::session::Capabilities;
+use ql_worker_core::worker::{HaltReason, Output, StopReason, Worker, WorkerConfig};
 
 use super::bytes::Bytes;
 use super::ghost::{License, SpawnFate};
@@ -184,7 +182,7 @@ pub fn simulate(
     sim.trace = Some(trace);
     if faults.small_inbox {
         let places = sim.host.records.len() + 1 + usize::from(r.u8() % 2);
-        let capacity = crate::listing::Capacity::new(u64::try_from(places).unwrap_or(1));
+        let capacity = ql_worker_core::listing::Capacity::new(u64::try_from(places).unwrap_or(1));
         sim.config.capacity = capacity.unwrap_or_default();
         sim.worker = Worker::new(sim.config.clone(), sim.host.now);
     }
@@ -244,8 +242,8 @@ fn config(r: &mut Bytes<'_>) -> WorkerConfig {
     config
 }
 
-impl core::fmt::Debug for Sim<'_> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+impl std::fmt::Debug for Sim<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sim")
             .field("host", &self.host)
             .field("summary", &self.summary)
@@ -254,9 +252,9 @@ impl core::fmt::Debug for Sim<'_> {
 }
 
 impl Sim<'_> {
-    fn note(&mut self, line: core::fmt::Arguments<'_>) {
+    fn note(&mut self, line: std::fmt::Arguments<'_>) {
         if let Some(trace) = &mut self.trace {
-            trace(&alloc::format!("[{}] {line}", self.host.now));
+            trace(&std::format!("[{}] {line}", self.host.now));
         }
     }
 
@@ -390,12 +388,15 @@ impl Sim<'_> {
         self.summary.commands += 1;
         self.note(format_args!("{} {:?}", command.id, command.action));
         self.host.on_command(&command.action, &self.worker);
-        if matches!(command.action, crate::io::Action::PersistSession { .. }) {
+        if matches!(
+            command.action,
+            ql_worker_core::io::Action::PersistSession { .. }
+        ) {
             self.summary.renewals += 1;
         }
-        if let (Some(pulls), crate::io::Action::ReadClaim) =
+        if let (Some(pulls), ql_worker_core::io::Action::ReadClaim) =
             (&mut self.pulls_after_unclean, &command.action)
-            && self.host.plane.status == crate::wire::session::SessionStatus::Online
+            && self.host.plane.status == ql_worker_core::wire::session::SessionStatus::Online
             && self.host.plane.session_id == self.host.session_id
         {
             *pulls += 1;
@@ -423,11 +424,11 @@ impl Sim<'_> {
                 return;
             }
         };
-        let reconciling = matches!(command.action, crate::io::Action::ListInbox { .. })
-            && self.worker.phase() == crate::worker::Phase::Reconciling;
+        let reconciling = matches!(command.action, ql_worker_core::io::Action::ListInbox { .. })
+            && self.worker.phase() == ql_worker_core::worker::Phase::Reconciling;
         let remote = matches!(
             command.action,
-            crate::io::Action::Post(_) | crate::io::Action::UploadLog { .. }
+            ql_worker_core::io::Action::Post(_) | ql_worker_core::io::Action::UploadLog { .. }
         );
         let delay = if self.faults.delays && remote {
             r.u8()
@@ -473,7 +474,7 @@ impl Sim<'_> {
             self.note(format_args!("  duplicate delivery of {id}"));
             let again = Input::Outcome {
                 id,
-                outcome: Outcome::Http(crate::io::HttpFailure::Unavailable),
+                outcome: Outcome::Http(ql_worker_core::io::HttpFailure::Unavailable),
             };
             let result = self.worker.handle(now, again);
             assert!(
@@ -527,7 +528,7 @@ impl Sim<'_> {
                 return;
             }
             200..=219 => {
-                let alive: alloc::vec::Vec<usize> = (0..self.host.processes.len())
+                let alive: Vec<usize> = (0..self.host.processes.len())
                     .filter(|i| self.host.processes[*i].alive)
                     .collect();
                 if !alive.is_empty() {
@@ -582,9 +583,9 @@ impl Sim<'_> {
     /// with the lease expired), a `completion_acknowledged` record whose receipt is still on
     /// disk, a pending claim, or a live process.
     #[must_use]
-    pub fn unsettled(&self) -> alloc::vec::Vec<String> {
+    pub fn unsettled(&self) -> Vec<String> {
         let now = self.host.now;
-        let mut stuck = alloc::vec::Vec::new();
+        let mut stuck = Vec::new();
         for record in self.host.all_records() {
             let dormant = matches!(
                 record.state,
@@ -595,7 +596,7 @@ impl Sim<'_> {
                 && self.host.receipts.contains_key(attempt);
             let settled = record.state.is_terminal() || record.state == State::RecoveryRequired;
             if !(settled || dormant) || receipt {
-                stuck.push(alloc::format!(
+                stuck.push(std::format!(
                     "{} {} (lease expires {}, receipt on disk {})",
                     record.offer.offer_id,
                     record.state,
@@ -618,7 +619,7 @@ impl Sim<'_> {
                 .iter()
                 .any(|r| r.offer.candidate.attempt_id == *attempt);
             if !named {
-                stuck.push(alloc::format!(
+                stuck.push(std::format!(
                     "the receipt of {attempt} without its record (a capability left behind)"
                 ));
             }
@@ -629,7 +630,7 @@ impl Sim<'_> {
             ));
         }
         for process in self.host.processes.iter().filter(|p| p.alive) {
-            stuck.push(alloc::format!("process {} alive", process.handle));
+            stuck.push(std::format!("process {} alive", process.handle));
         }
         stuck
     }
@@ -638,13 +639,13 @@ impl Sim<'_> {
     /// as they are), then each removal reported to the Worker. A removed record must have been
     /// settled, receipt-free and unclaimed (checked here independently of the plan).
     fn retain(&mut self) {
-        use crate::retention::{RecordFacts, RetentionPolicy, plan};
+        use ql_worker_core::retention::{RecordFacts, RetentionPolicy, plan};
         let claimed = self.host.claim.as_ref().and_then(|bytes| {
-            crate::envelope::decode::<crate::claim::PendingClaim>(bytes)
+            ql_worker_core::envelope::decode::<ql_worker_core::claim::PendingClaim>(bytes)
                 .ok()
                 .map(|c| c.offer_id)
         });
-        let facts: alloc::vec::Vec<RecordFacts> = self
+        let facts: Vec<RecordFacts> = self
             .host
             .all_records()
             .iter()
@@ -707,7 +708,7 @@ impl Sim<'_> {
             let _ = self.step(healed);
             self.host.check_state();
         }
-        if self.worker.phase() != crate::worker::Phase::Finished {
+        if self.worker.phase() != ql_worker_core::worker::Phase::Finished {
             self.host.ghost.drain_requested = true;
             let now = self.host.now;
             let result = self.worker.handle(now, Input::DrainRequested);
@@ -717,7 +718,7 @@ impl Sim<'_> {
             );
         }
         for _ in 0..LIVE_STEPS / 8 {
-            if self.host.plane.status != crate::wire::session::SessionStatus::Online {
+            if self.host.plane.status != ql_worker_core::wire::session::SessionStatus::Online {
                 break;
             }
             let _ = self.step(healed);
@@ -798,7 +799,7 @@ fn preload(
         return;
     }
     let handle = record.executor_handle.as_ref().map_or_else(
-        || alloc::format!("ql3lp1.fuzz-pre-{n}"),
+        || std::format!("ql3lp1.fuzz-pre-{n}"),
         |h| String::from(h.as_str()),
     );
     host.ghost.handles.insert(handle.clone());
@@ -825,7 +826,7 @@ fn preload_claim(host: &mut Host, r: &mut Bytes<'_>) {
         1 => {}
         2 => {
             claim.worker_generation =
-                crate::ids::WorkerGeneration::new(1).unwrap_or(claim.worker_generation);
+                ql_worker_core::ids::WorkerGeneration::new(1).unwrap_or(claim.worker_generation);
         }
         _ => return,
     }

@@ -1,9 +1,9 @@
 //! The simulated host: everything outside the Worker, as plain data.
 //!
 //! * **Disk** ([`Disk`]): inbox records, checked exactly as the journal checks them
-//!   ([`check_transition`](crate::record::check_transition) on every replace, revision 0 on
+//!   ([`check_transition`](ql_worker_core::record::check_transition) on every replace, revision 0 on
 //!   every first publication), the pending claim (create/replace/clear rules of
-//!   [`crate::claim`]), completion receipts and the log spool (content and truncation fact).
+//!   [`ql_worker_core::claim`]), completion receipts and the log spool (content and truncation fact).
 //!   Writes may fail cleanly ([`Answer::Unchanged`]) or uncertainly: the bytes land
 //!   ([`Answer::UncertainLanded`]) or not ([`Answer::UncertainLost`]), and either way the
 //!   Worker hears `Uncertain`.
@@ -25,24 +25,21 @@ mod disk;
 mod plane;
 mod supervisor;
 
-use alloc::collections::BTreeMap;
-use alloc::format;
-use alloc::string::String;
-use alloc::vec::Vec;
-use core::hash::Hasher;
+use std::collections::BTreeMap;
+use std::hash::Hasher;
 
 use sha2::{Digest as _, Sha256};
 
 pub use self::disk::{Disk, Log, StoredReceipt};
 pub use self::plane::{ControlPlane, CpRun, CpStatus, OfferTemplate};
 pub use self::supervisor::{Process, ProcessState, ReceiptKind, Supervisor};
-use crate::capability::{ENTROPY_BYTES, Entropy};
-use crate::ids::{OfferId, SessionId};
-use crate::io::Outcome;
-use crate::record::State;
 use crate::testkit::act::Act;
-use crate::time::UnixMillis;
-use crate::wire::route::Operation;
+use ql_worker_core::capability::{ENTROPY_BYTES, Entropy};
+use ql_worker_core::ids::{OfferId, SessionId};
+use ql_worker_core::io::Outcome;
+use ql_worker_core::record::State;
+use ql_worker_core::time::UnixMillis;
+use ql_worker_core::wire::route::Operation;
 
 /// How the world answers one command. [`Answer::Ok`] is the healthy, consistent answer; every
 /// other variant is an alternative a command kind may allow (see [`World::options`]).
@@ -261,7 +258,7 @@ impl World {
     /// The world of most tests: one offer (`o1`: the sample revision, Run `run-1`).
     #[must_use]
     pub fn one_offer(seed: u64) -> Self {
-        Self::new(seed, alloc::vec![OfferTemplate::sample(1)])
+        Self::new(seed, std::vec![OfferTemplate::sample(1)])
     }
 
     fn with_capacity(mut self, capacity: usize) -> Self {
@@ -277,7 +274,7 @@ impl World {
     #[must_use]
     pub fn options(&self, act: &Act, menu: &Menu) -> Vec<Answer> {
         use Answer as A;
-        let mut out = alloc::vec![A::Ok];
+        let mut out = std::vec![A::Ok];
         if menu.crashes {
             out.extend([A::CrashBefore, A::CrashAfter]);
         }
@@ -541,7 +538,7 @@ impl World {
         }
     }
 
-    fn log_alias(&self, log: &crate::ids::LogArtifactId) -> String {
+    fn log_alias(&self, log: &ql_worker_core::ids::LogArtifactId) -> String {
         for run in self.plane.runs.values() {
             if run.log_artifact_id() == *log {
                 return self.alias(&run.offer.offer_id);
@@ -567,14 +564,14 @@ impl World {
 }
 
 /// Writes `value`'s `Debug` rendering into `hasher`.
-pub(crate) fn hash_debug(hasher: &mut dyn Hasher, value: &dyn core::fmt::Debug) {
+pub(crate) fn hash_debug(hasher: &mut dyn Hasher, value: &dyn std::fmt::Debug) {
     struct W<'a>(&'a mut dyn Hasher);
-    impl core::fmt::Write for W<'_> {
-        fn write_str(&mut self, s: &str) -> core::fmt::Result {
+    impl std::fmt::Write for W<'_> {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
             self.0.write(s.as_bytes());
             Ok(())
         }
     }
-    let _ = core::fmt::write(&mut W(hasher), format_args!("{value:?}"));
+    let _ = std::fmt::write(&mut W(hasher), format_args!("{value:?}"));
     hasher.write_u8(0xfe);
 }

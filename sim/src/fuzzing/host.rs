@@ -8,34 +8,31 @@
 //! every write is encoded, scanned for secrets and decoded again on every read), receipts,
 //! logs and live processes. The [`Ghost`] holds what only the host knows.
 
-use alloc::boxed::Box;
-use alloc::collections::BTreeMap;
-use alloc::format;
-use alloc::string::String;
-use alloc::vec::Vec;
+use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::capability::{ENTROPY_BYTES, Entropy};
-use crate::claim::{self, PendingClaim};
-use crate::envelope;
-use crate::ids::{AttemptId, LogArtifactId, OfferId, Revision, Sha256Digest};
-use crate::io::{
+use ql_worker_core::capability::{ENTROPY_BYTES, Entropy};
+use ql_worker_core::claim::{self, PendingClaim};
+use ql_worker_core::envelope;
+use ql_worker_core::ids::{AttemptId, LogArtifactId, OfferId, Revision, Sha256Digest};
+use ql_worker_core::io::{
     Action, HttpCall, HttpFailure, LaunchPlan, Outcome, ReceiptRead, SpawnOutcome, StopOutcome,
     StoreFailure,
 };
-use crate::listing::{PageLimit, page};
-use crate::receipt::{Receipt, ReceiptToken};
-use crate::record::{InboxRecord, RecoveryReason, State, check_transition};
-use crate::time::UnixMillis;
-use crate::wire::artifact::{ArtifactReceipt, ArtifactUpload, UploadStatus};
-use crate::wire::route::{self, Operation};
-use crate::worker::Worker;
+use ql_worker_core::listing::{PageLimit, page};
+use ql_worker_core::receipt::{Receipt, ReceiptToken};
+use ql_worker_core::record::{InboxRecord, RecoveryReason, State, check_transition};
+use ql_worker_core::time::UnixMillis;
+use ql_worker_core::wire::artifact::{ArtifactReceipt, ArtifactUpload, UploadStatus};
+use ql_worker_core::wire::route::Operation;
+use ql_worker_core::worker::Worker;
 
 use super::bytes::Bytes;
 use super::ghost::{Ghost, License, SpawnFate};
 use super::plane::{self, Plane};
 use super::samples;
+use ql_worker_tests::server_wire::{ToJsonFor as _, parse_route};
 
 /// A spool file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,7 +119,7 @@ pub struct Host {
     /// The pending claim as an envelope.
     pub claim: Option<Vec<u8>>,
     /// The stored Session id (the driver's `<root>/session`): a restarted Worker uses it.
-    pub session_id: crate::ids::SessionId,
+    pub session_id: ql_worker_core::ids::SessionId,
     /// Completion receipts by attempt.
     pub receipts: BTreeMap<AttemptId, Receipt>,
     /// Spool files.
@@ -315,7 +312,7 @@ impl Host {
     fn check_renewal(&self) {
         assert!(
             self.plane.session_id == self.session_id
-                && self.plane.status != crate::wire::session::SessionStatus::Online,
+                && self.plane.status != ql_worker_core::wire::session::SessionStatus::Online,
             "INVARIANT renewal-only-retired: a new Session while the stored one is {:?} at the \
              control plane",
             self.plane.status
@@ -327,7 +324,7 @@ impl Host {
             ) || record.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown);
             assert!(
                 !(live && record.offer.worker.session_id == self.session_id)
-                    || self.plane.status == crate::wire::session::SessionStatus::Offline,
+                    || self.plane.status == ql_worker_core::wire::session::SessionStatus::Offline,
                 "INVARIANT renewal-after-runs: a new Session while {} ({}) of the old one may \
                  still run",
                 record.offer.offer_id,
@@ -398,7 +395,7 @@ impl Host {
             "INVARIANT request-cap: body above its cap"
         );
         self.ghost.check_no_secret("a request body", &call.body);
-        let route = route::parse(&call.path)
+        let route = parse_route(&call.path)
             .unwrap_or_else(|e| panic!("INVARIANT route: {}: {e}", call.path));
         let body: Value = serde_json::from_slice(&call.body)
             .unwrap_or_else(|_| panic!("INVARIANT request-json: {} body", call.path));
@@ -695,7 +692,7 @@ impl Host {
     }
 
     fn post(&mut self, call: &HttpCall, mode: Mode, r: &mut Bytes<'_>) -> Answer {
-        let Ok(route) = route::parse(&call.path) else {
+        let Ok(route) = parse_route(&call.path) else {
             return Answer::new(http_status(404));
         };
         let body: Value = serde_json::from_slice(&call.body).unwrap_or(Value::Null);
@@ -732,7 +729,7 @@ impl Host {
     fn valid_body(
         &mut self,
         op: Operation,
-        session: &crate::ids::SessionId,
+        session: &ql_worker_core::ids::SessionId,
         body: &Value,
         v: u8,
     ) -> Option<Vec<u8>> {

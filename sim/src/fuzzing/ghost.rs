@@ -1,14 +1,12 @@
 //! What the fuzz host knows that the Worker must not (or cannot) see, and the safety
 //! invariants checked against it. Every check panics with the invariant's name on violation.
 
-use alloc::collections::{BTreeMap, BTreeSet};
-use alloc::string::String;
-use alloc::vec::Vec;
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::ids::{AttemptId, OfferId, Sha256Digest};
-use crate::io::LaunchPlan;
-use crate::record::{InboxRecord, RecoveryReason, State};
-use crate::worker::HaltReason;
+use ql_worker_core::ids::{AttemptId, OfferId, Sha256Digest};
+use ql_worker_core::io::LaunchPlan;
+use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
+use ql_worker_core::worker::HaltReason;
 
 use super::samples;
 
