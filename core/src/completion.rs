@@ -87,7 +87,9 @@ enum CState {
     ReadingReceipt(Box<InboxRecord>),
     Inspecting(Box<InboxRecord>, AuthenticatedReceipt),
     Uploading(Box<InboxRecord>, AuthenticatedReceipt, ArtifactUpload),
-    Completing(Box<InboxRecord>, CompletionRequest),
+    /// The completion call in flight; `caught_up`: this is the one retry at the persisted lease
+    /// version + 1 after a fence (see [`crate::control`]).
+    Completing(Box<InboxRecord>, CompletionRequest, bool),
     Acknowledging(Box<InboxRecord>),
 }
 
@@ -166,10 +168,10 @@ impl CompletionOp {
                 fp.record(record);
                 fp.debug(&(receipt, upload));
             }
-            CState::Completing(record, request) => {
+            CState::Completing(record, request, caught_up) => {
                 fp.tag("completing");
                 fp.record(record);
-                fp.debug(request);
+                fp.debug(&(request, caught_up));
             }
             CState::Acknowledging(record) => {
                 fp.tag("acknowledging");
@@ -199,8 +201,8 @@ impl CompletionOp {
             CState::Uploading(record, receipt, upload) => {
                 self.on_upload(ctx, record, receipt, &upload, outcome)
             }
-            CState::Completing(record, request) => {
-                self.on_completion(ctx, record, &request, outcome)
+            CState::Completing(record, request, caught_up) => {
+                self.on_completion(ctx, record, &request, caught_up, outcome)
             }
             CState::Acknowledging(record) => match outcome {
                 Outcome::Persisted => self.remove_receipt(&record, true),
@@ -346,7 +348,9 @@ impl CompletionOp {
             } => (body, sent_bytes, sent_sha256),
             Outcome::Http(failure) => {
                 return Step::Done(match http_fault(failure) {
-                    CallFault::Unavailable => CompletionOutcome::Unavailable,
+                    CallFault::Unavailable | CallFault::Uncertain(_) => {
+                        CompletionOutcome::Unavailable
+                    }
                     fault @ (CallFault::Fenced { .. }
                     | CallFault::Rejected { .. }
                     | CallFault::Invalid(_)) => CompletionOutcome::Refused(fault),
@@ -390,6 +394,17 @@ impl CompletionOp {
                 truncated: upload.truncated,
             },
         };
+        self.complete(ctx, record, request, false)
+    }
+
+    /// Step 7: the completion call.
+    fn complete(
+        self,
+        ctx: &Ctx<'_>,
+        record: Box<InboxRecord>,
+        request: CompletionRequest,
+        caught_up: bool,
+    ) -> CStep {
         let body = match request.to_body() {
             Ok(body) => body,
             Err(e) => {
@@ -406,7 +421,7 @@ impl CompletionOp {
             request_cap: completion::MAX_REQUEST_BYTES,
             response_cap: completion::MAX_RESPONSE_BYTES,
         });
-        self.wait(CState::Completing(record, request), action)
+        self.wait(CState::Completing(record, request, caught_up), action)
     }
 
     /// Steps 8–9: terminal elsewhere, or durable acknowledgement.
@@ -415,11 +430,28 @@ impl CompletionOp {
         ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
         request: &CompletionRequest,
+        caught_up: bool,
         outcome: Outcome,
     ) -> CStep {
         let body = match response(outcome) {
             Ok(Ok(body)) => body,
-            Ok(Err(CallFault::Unavailable)) => return Step::Done(CompletionOutcome::Unavailable),
+            Ok(Err(CallFault::Unavailable | CallFault::Uncertain(_))) => {
+                return Step::Done(CompletionOutcome::Unavailable);
+            }
+            // Fenced at the persisted lease version: a renewal may have committed without its
+            // answer reaching the disk (issue 17). Once more at the version it would have left;
+            // an exact replay of a completion that did commit answers `already_completed` there
+            // too (the control plane's lease is then at that version + 1).
+            Ok(Err(CallFault::Fenced { code })) if !caught_up => {
+                let mut next = request.clone();
+                return match request.fence.expected_lease_version.next() {
+                    Ok(version) => {
+                        next.fence.expected_lease_version = version;
+                        self.complete(ctx, record, next, true)
+                    }
+                    Err(_) => Step::Done(CompletionOutcome::Refused(CallFault::Fenced { code })),
+                };
+            }
             Ok(Err(fault)) => return Step::Done(CompletionOutcome::Refused(fault)),
             Err(other) => return unexpected(&other),
         };

@@ -11,6 +11,11 @@
 //!                                        ─► stop_requested ─► stop the exact process group
 //! ```
 //!
+//! A renewal fenced at the persisted lease version `v` is tried once more at `v + 1` (issue 17):
+//! the version the control plane holds if an earlier renewal committed without the Worker
+//! persisting its answer (a lost or garbled answer, or a crash between the control plane's
+//! commit and the Worker's write). Only a second fence leaves the lease to its local expiry.
+//!
 //! A stop is only ever sent after the new lease is durable. Local lease expiry never contacts the
 //! control plane: the Worker records whether its own stop was conclusive
 //! (`lease_lost_local_execution_stopped`) or not (`…_unverified`) and never reports the Run lost.
@@ -24,7 +29,7 @@ use crate::completion::{CompletionOp, CompletionOutcome};
 use crate::fingerprint::Fingerprint;
 use crate::ids::OfferId;
 use crate::io::{Action, HttpCall, Outcome, StopOutcome};
-use crate::ops::{CallFault, next_record, persist, response, unexpected};
+use crate::ops::{CallFault, Uncertainty, garbled, next_record, persist, response, unexpected};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::lease_control::{
     LeaseControlRequest, LeaseControlResponse, MAX_RESPONSE_BYTES, RenewedLease,
@@ -55,8 +60,12 @@ pub enum ControlResult {
     StopRequested(StopOutcome),
     /// The Attempt is terminal at the control plane; stopped and recorded.
     Terminal(StopOutcome),
-    /// The lease-control call got no usable answer.
+    /// The lease-control call got no answer and cannot have taken effect.
     Unavailable,
+    /// The lease-control call may have renewed the lease, but no usable answer came back: the
+    /// next pass asks again, and a fence there is retried at the version the lost renewal
+    /// would have left.
+    Uncertain(Uncertainty),
     /// The lease-control call was refused.
     Refused(CallFault),
     /// The lease-control answer breaks the contract.
@@ -90,6 +99,7 @@ impl ControlResult {
             | Self::StopRequested(_)
             | Self::Terminal(_)
             | Self::Unavailable
+            | Self::Uncertain(_)
             | Self::Refused(_)
             | Self::LeaseResponseInvalid(_)
             | Self::StorageUnchanged
@@ -114,7 +124,8 @@ enum StopCause {
 enum LState {
     Completing(CompletionOp),
     Reading(CompletionOutcome),
-    Controlling(Box<InboxRecord>, LeaseControlRequest),
+    /// The call in flight; `caught_up`: this is the one retry at the persisted version + 1.
+    Controlling(Box<InboxRecord>, LeaseControlRequest, bool),
     PersistingLease(Box<InboxRecord>, bool),
     Stopping(Box<InboxRecord>, StopCause),
     Recording(RecoveryReason, StopOutcome),
@@ -190,10 +201,10 @@ impl ControlOp {
                 fp.tag("reading");
                 fp.debug(completion);
             }
-            LState::Controlling(record, request) => {
+            LState::Controlling(record, request, caught_up) => {
                 fp.tag("controlling");
                 fp.record(record);
-                fp.debug(request);
+                fp.debug(&(request, caught_up));
             }
             LState::PersistingLease(record, stop) => {
                 fp.tag("persisting-lease");
@@ -237,7 +248,9 @@ impl ControlOp {
                 Step::Done(_) => self.stop(ctx, &record, StopCause::ControlPlaneTerminal),
                 Step::Halt(reason) => Step::Halt(reason),
             },
-            LState::Controlling(record, request) => self.on_control(ctx, record, &request, outcome),
+            LState::Controlling(record, request, caught_up) => {
+                self.on_control(ctx, record, &request, caught_up, outcome)
+            }
             LState::PersistingLease(record, stop) => match outcome {
                 Outcome::Persisted if stop => self.stop(ctx, &record, StopCause::Requested),
                 Outcome::Persisted => Step::Done(ControlResult::Renewed),
@@ -325,7 +338,19 @@ impl ControlOp {
         {
             return Step::Done(ControlResult::Paced);
         }
+        let _ = completion;
         let request = LeaseControlRequest::from_offer(&record.offer);
+        self.control(ctx, record, request, false)
+    }
+
+    /// Step 6: the lease-control call.
+    fn control(
+        self,
+        ctx: &Ctx<'_>,
+        record: Box<InboxRecord>,
+        request: LeaseControlRequest,
+        caught_up: bool,
+    ) -> LStep {
         let body = request.to_body().expect(
             "invariant: a lease-control body of validated ids and a lease token (at most about \
              1 KiB) is far below its 8 KiB cap",
@@ -340,8 +365,7 @@ impl ControlOp {
             request_cap: crate::wire::lease_control::MAX_REQUEST_BYTES,
             response_cap: MAX_RESPONSE_BYTES,
         });
-        let _ = completion;
-        self.wait(LState::Controlling(record, request), action)
+        self.wait(LState::Controlling(record, request, caught_up), action)
     }
 
     /// Steps 6–9.
@@ -350,17 +374,32 @@ impl ControlOp {
         ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
         request: &LeaseControlRequest,
+        caught_up: bool,
         outcome: Outcome,
     ) -> LStep {
         let body = match response(outcome) {
             Ok(Ok(body)) => body,
             Ok(Err(CallFault::Unavailable)) => return Step::Done(ControlResult::Unavailable),
+            Ok(Err(CallFault::Uncertain(why))) => return Step::Done(ControlResult::Uncertain(why)),
+            // Fenced at the persisted version: an earlier renewal may have committed without
+            // its answer reaching the disk. Ask once at the version it would have left.
+            Ok(Err(CallFault::Fenced { code })) if !caught_up => {
+                return match catch_up(request) {
+                    Some(request) => self.control(ctx, record, request, true),
+                    None => Step::Done(ControlResult::Refused(CallFault::Fenced { code })),
+                };
+            }
             Ok(Err(fault)) => return Step::Done(ControlResult::Refused(fault)),
             Err(other) => return unexpected(&other),
         };
         let answer = match LeaseControlResponse::parse(&body, request) {
             Ok(answer) => answer,
-            Err(e) => return Step::Done(ControlResult::LeaseResponseInvalid(format!("{e}"))),
+            Err(e) => {
+                return Step::Done(match garbled(e) {
+                    Ok(why) => ControlResult::Uncertain(why),
+                    Err(e) => ControlResult::LeaseResponseInvalid(format!("{e}")),
+                });
+            }
         };
         match answer {
             // A terminal lease may be our own completion whose answer was lost: replay the
@@ -463,6 +502,15 @@ impl ControlOp {
         let action = persist(record, proposed);
         self.wait(LState::Recording(reason, stopped), action)
     }
+}
+
+/// The same request one lease version further: what the control plane holds if the renewal
+/// the Worker last sent committed but its answer never became durable here. `None` at the top of
+/// the version range (the control plane cannot hold a version past it either).
+pub(crate) fn catch_up(request: &LeaseControlRequest) -> Option<LeaseControlRequest> {
+    let mut next = request.clone();
+    next.fence.expected_lease_version = request.fence.expected_lease_version.next().ok()?;
+    Some(next)
 }
 
 /// The evidence a stop leaves, by cause.

@@ -62,6 +62,18 @@ pub enum Fact {
         detail: String,
         /// Fences in a row without a good heartbeat in between (1 for the first).
         attempt: u8,
+        /// The fence follows an uncertain heartbeat or transition (one that may have
+        /// committed): expected, and not counted in `attempt`.
+        after_uncertain: bool,
+    },
+    /// A register got no usable answer (issue 17): retried after `retry_in_ms`.
+    RegisterRetry {
+        /// Registers in a row that got no usable answer (1 for the first).
+        attempt: u32,
+        /// Why.
+        fault: crate::ops::CallFault,
+        /// The backoff before the next register.
+        retry_in_ms: u64,
     },
     /// The re-registration after a fence succeeded: admission resumes.
     Rejoined,

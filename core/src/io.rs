@@ -257,9 +257,14 @@ pub enum StoreFailure {
 /// An HTTP exchange that did not yield a 200 JSON body.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HttpFailure {
-    /// No usable response: connect, TLS, timeout, I/O, or a response refused by the transport
-    /// rules (size, content type, encoding).
+    /// The request cannot have reached the control plane: no connection, TLS handshake refused,
+    /// or refused locally before sending. Nothing can have taken effect.
     Unavailable,
+    /// The request may have reached the control plane and taken effect, but no usable answer came
+    /// back: the connection closed, reset or timed out after the request was (possibly) sent, or
+    /// the response broke the transport rules (content type, encoding, length, size, HTTP
+    /// framing). The core treats the call's effect as unknown (issue 17).
+    Uncertain,
     /// A non-200 status, with the `{"code":…}` of the body when present.
     Status {
         /// HTTP status.

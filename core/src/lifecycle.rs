@@ -23,7 +23,8 @@ use crate::facts::Fact;
 use crate::ops::{Finished, ListResult};
 use crate::pull::PullResult;
 use crate::record::{InboxRecord, RecoveryReason, State};
-use crate::session::SessionResult;
+use crate::ops::CallFault;
+use crate::session::{Exchange, SessionResult};
 use crate::worker::{HaltReason, ListPurpose, Phase, SessionStatus, StopReason, Work, Worker};
 
 /// Why the Worker does not Pull now ([`Worker::pull_blocker`]).
@@ -91,6 +92,7 @@ impl Worker {
         }
         self.next_tick_at = self.now.saturating_add(self.config.cadence_ms);
         match self.phase {
+            Phase::Registering if self.register_backing_off() => {}
             Phase::Registering => self.queue.push_back(Work::Register),
             Phase::Reconciling => self.queue.push_back(Work::ListPage {
                 purpose: ListPurpose::Reconcile,
@@ -106,8 +108,9 @@ impl Worker {
     /// Nothing already queued is queued twice.
     fn plan_active_tick(&mut self) {
         if self.rejoin {
-            // Fenced: register again before anything else talks to the control plane.
-            if !self.queue.contains(&Work::Rejoin) {
+            // Fenced: register again before anything else talks to the control plane (after
+            // the backoff of a register that got no usable answer).
+            if !self.register_backing_off() && !self.queue.contains(&Work::Rejoin) {
                 self.queue.push_front(Work::Rejoin);
             }
         } else if self.session.is_some()
@@ -144,6 +147,11 @@ impl Worker {
         } else {
             self.pull_again(false);
         }
+    }
+
+    /// A register got no usable answer and its backoff has not passed.
+    fn register_backing_off(&self) -> bool {
+        self.register_retry_at.is_some_and(|at| self.now < at)
     }
 
     /// Why the Worker does not Pull now, if it does not: not active, fail-closed, admission
@@ -303,6 +311,7 @@ impl Worker {
                     ControlResult::Paced
                     | ControlResult::SessionUnavailable
                     | ControlResult::Unavailable
+                    | ControlResult::Uncertain(_)
                     | ControlResult::Refused(_)
                     | ControlResult::LeaseResponseInvalid(_)
                     | ControlResult::StorageUnchanged
@@ -354,6 +363,11 @@ impl Worker {
         match result {
             SessionResult::Registered(view) | SessionResult::Heartbeat(view) => {
                 self.reported_slots = self.reporting_slots.take();
+                self.session_uncertain = false;
+                if matches!(result_kind, Kind::Registered) {
+                    self.register_failures = 0;
+                    self.register_retry_at = None;
+                }
                 if matches!(result_kind, Kind::Heartbeat) {
                     self.fences = 0;
                 }
@@ -382,6 +396,7 @@ impl Worker {
                 }
             }
             SessionResult::Transitioned(view) => {
+                self.session_uncertain = false;
                 let offline = view.status == SessionStatus::Offline;
                 self.session = Some(view);
                 if offline {
@@ -401,21 +416,48 @@ impl Worker {
                 self.next_tick_at = self.now;
                 self.heartbeat_due_at = self.now;
             }
-            SessionResult::Unavailable => {
-                // Retried at the next tick; the Session lease decides what stays usable.
+            SessionResult::Unanswered { exchange, fault } => {
+                // Retried; the Session lease decides what stays usable. An uncertain heartbeat
+                // or transition may have moved the Session's version at the control plane: the
+                // fence that then answers the next exchange is expected (see `Fenced`).
                 self.heartbeat_due_at = self.now;
-            }
-            SessionResult::TransitionUnavailable(status) => {
-                self.heartbeat_due_at = self.now;
-                if status == SessionStatus::Offline {
+                if matches!(fault, CallFault::Uncertain(_))
+                    && matches!(exchange, Exchange::Heartbeat | Exchange::Transition(_))
+                {
+                    self.session_uncertain = true;
+                }
+                match exchange {
+                    Exchange::Register => {
+                        self.register_failures = self.register_failures.saturating_add(1);
+                        let delay = register_backoff(
+                            self.config.backoff_base_ms,
+                            self.register_failures,
+                        );
+                        self.register_retry_at = Some(self.now.saturating_add(delay));
+                        let attempt = self.register_failures;
+                        self.fact(|| Fact::RegisterRetry {
+                            attempt,
+                            fault,
+                            retry_in_ms: delay,
+                        });
+                    }
+                    Exchange::Heartbeat | Exchange::Transition(SessionStatus::Draining) => {}
                     // Nothing is in flight (the final transition is queued only then): the
                     // drain is done; the Session's lease expires at the control plane.
-                    self.stop(self.drain_end());
+                    Exchange::Transition(SessionStatus::Offline | SessionStatus::Online) => {
+                        self.stop(self.drain_end());
+                    }
                 }
             }
             SessionResult::Fenced(detail) => {
                 if !self.rejoin {
-                    self.fences = self.fences.saturating_add(1);
+                    // A fence right after an uncertain exchange is what a committed, unanswered
+                    // exchange leaves (the control plane holds version + 1): register again
+                    // (the reference's resume) without counting it against the Worker.
+                    let expected = core::mem::take(&mut self.session_uncertain);
+                    if !expected {
+                        self.fences = self.fences.saturating_add(1);
+                    }
                     if self.fences > MAX_FENCES_IN_A_ROW {
                         self.halt(HaltReason::SessionFenced {
                             detail: alloc::format!(
@@ -425,10 +467,14 @@ impl Worker {
                         });
                         return;
                     }
-                    let attempt = self.fences;
+                    let attempt = self.fences.max(1);
                     self.rejoin = true;
                     self.next_tick_at = self.now;
-                    self.fact(|| Fact::Rejoining { detail, attempt });
+                    self.fact(|| Fact::Rejoining {
+                        detail,
+                        attempt,
+                        after_uncertain: expected,
+                    });
                 }
             }
             SessionResult::Rejected(detail) => self.halt(HaltReason::RegisterRejected { detail }),
@@ -560,6 +606,16 @@ impl Worker {
 /// Fences of the Session in a row (each followed by registering again without a good heartbeat
 /// in between) before the Worker halts.
 const MAX_FENCES_IN_A_ROW: u8 = 3;
+
+/// The wait before registering again after `failures` registers in a row got no usable answer:
+/// `min(60 s, base · 2^(failures − 1))`, the Pull backoff's ceiling without its jitter (a
+/// register is one per Worker, not one per claim, and the core draws no entropy for it).
+pub(crate) fn register_backoff(base_ms: u64, failures: u32) -> u64 {
+    let exponent = failures.saturating_sub(1).min(20);
+    base_ms
+        .saturating_mul(1u64 << exponent)
+        .min(crate::pull::MAX_BACKOFF_MS)
+}
 
 /// Which Session result `on_session` handles.
 #[derive(Clone, Copy)]

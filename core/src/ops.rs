@@ -257,23 +257,54 @@ pub(crate) fn persist(stored: &InboxRecord, proposed: InboxRecord) -> Action {
 /// How a control-plane call failed, from the core's point of view.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CallFault {
-    /// No usable answer (transport, timeout, 5xx, 429): nothing is known; retry later.
+    /// No answer, and the request cannot have taken effect (no connection, 5xx, 408, 429):
+    /// retry later.
     Unavailable,
+    /// The request may have taken effect, but no usable answer came back (issue 17): the
+    /// connection was lost after sending, the answer was not the contract's JSON, or its status
+    /// was neither 200 nor an error. Retried like [`CallFault::Unavailable`]; an operation whose
+    /// retry is fenced by a version the lost call advanced reasons about it (lease control,
+    /// completion, the Session).
+    Uncertain(Uncertainty),
     /// 409: the control plane fenced the request (stale Session, lease or version).
     Fenced {
         /// The error code.
         code: Option<String>,
     },
-    /// Another non-200 status (400, 401, 403, 404, 413, 415): a configuration or
-    /// contract problem on one side.
+    /// Another 4xx status (400, 401, 403, 404, 413, 415): a configuration or contract problem on
+    /// one side, or refused credentials.
     Rejected {
         /// HTTP status.
         status: u16,
         /// The error code.
         code: Option<String>,
     },
-    /// A 200 response that breaks the wire contract.
+    /// A 200 response of the contract's JSON shape that breaks a rule or drifts from its
+    /// request: the control plane said something definite, and it is wrong.
     Invalid(WireError),
+}
+
+/// Why a call's outcome is uncertain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Uncertainty {
+    /// The connection closed, reset or timed out after the request may have been sent, or the
+    /// response broke the transport rules.
+    Transport,
+    /// A status that is neither 200 nor an error status (a 201, a redirect).
+    Status(u16),
+    /// A 200 whose body is not the contract's JSON (not JSON, a key added or missing, outside
+    /// its size bounds).
+    Garbled(WireError),
+}
+
+impl core::fmt::Display for Uncertainty {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::Transport => f.write_str("the answer was lost (connection or transport)"),
+            Self::Status(status) => write!(f, "the answer had status {status}, not 200"),
+            Self::Garbled(e) => write!(f, "the answer is not the contract's JSON: {e}"),
+        }
+    }
 }
 
 /// Classifies a JSON call's outcome: the 200 body, or the fault.
@@ -289,13 +320,23 @@ pub(crate) fn response(outcome: Outcome) -> Result<Result<Vec<u8>, CallFault>, O
 pub(crate) fn http_fault(failure: HttpFailure) -> CallFault {
     match failure {
         HttpFailure::Unavailable => CallFault::Unavailable,
+        HttpFailure::Uncertain => CallFault::Uncertain(Uncertainty::Transport),
         HttpFailure::Status { status: 409, code } => CallFault::Fenced { code },
-        HttpFailure::Status { status, code } => {
-            if status >= 500 || status == 408 || status == 429 {
-                CallFault::Unavailable
-            } else {
-                CallFault::Rejected { status, code }
-            }
-        }
+        HttpFailure::Status { status, code } => match status {
+            408 | 429 | 500.. => CallFault::Unavailable,
+            400..=499 => CallFault::Rejected { status, code },
+            _ => CallFault::Uncertain(Uncertainty::Status(status)),
+        },
+    }
+}
+
+/// Classifies a 200 body that failed to parse: a body that is not the contract's JSON at all
+/// (not JSON, a key added or missing, outside its size bounds) is an uncertain outcome
+/// (`Ok`); a body of the right shape whose values break a rule or drift from the request is the
+/// control plane's definite, wrong answer (`Err`, unchanged).
+pub(crate) fn garbled(error: WireError) -> Result<Uncertainty, WireError> {
+    match error {
+        WireError::Size { .. } | WireError::Json { .. } => Ok(Uncertainty::Garbled(error)),
+        other => Err(other),
     }
 }

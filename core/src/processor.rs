@@ -34,7 +34,7 @@ use crate::fingerprint::Fingerprint;
 use crate::ids::{CallbackSequence, ExecutorHandle, OfferId};
 use crate::io::{Action, HttpCall, LaunchPlan, Outcome, SpawnOutcome, StoreFailure};
 use crate::offer::DeliveryKind;
-use crate::ops::{CallFault, next_record, persist, response, unexpected};
+use crate::ops::{CallFault, Uncertainty, garbled, next_record, persist, response, unexpected};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::revision::EnvValue;
 use crate::time::UnixMillis;
@@ -72,8 +72,13 @@ pub enum ProcessResult {
     OfferExpired,
     /// A launch is not allowed now (fail-closed or draining). Nothing changed.
     Deferred,
-    /// A call got no usable answer; the record is unchanged and will be retried.
+    /// A call got no answer and cannot have taken effect; the record is unchanged and will be
+    /// retried.
     Unavailable,
+    /// A call may have taken effect but got no usable answer (issue 17); the record is
+    /// unchanged and the call is retried (every call of the start path is replay-safe: the
+    /// ACKs answer their replay, the Secret batch is a read).
+    Uncertain(Uncertainty),
     /// A call was refused; the record is unchanged.
     Refused(CallFault),
     /// An activation answer breaks the start contract (e.g. deadline without timeout); nothing
@@ -99,6 +104,7 @@ impl ProcessResult {
             | Self::OfferExpired
             | Self::Deferred
             | Self::Unavailable
+            | Self::Uncertain(_)
             | Self::Refused(_)
             | Self::ActivationInvalid(_)
             | Self::StorageUnchanged => None,
@@ -579,14 +585,30 @@ impl ProcessOp {
         request: &SecretsRequest,
         outcome: Outcome,
     ) -> PStep {
+        // The Secret batch is a read: every answer that is not final is retried at the next
+        // pass, within the offer's lease (`target_refusal`), before any start failure. Final:
+        // a fence (a ref that does not exist, a drifted digest, a stale lease), a request the
+        // control plane refused as malformed, an answer of the contract's shape that drifts.
         let body = match response(outcome) {
             Ok(Ok(body)) => Zeroizing::new(body),
             Ok(Err(CallFault::Unavailable)) => return Step::Done(ProcessResult::Unavailable),
-            Ok(Err(_)) => return self.start_failed(ctx, &launch.authority.record),
+            Ok(Err(CallFault::Uncertain(why))) => return Step::Done(ProcessResult::Uncertain(why)),
+            Ok(Err(
+                fault @ CallFault::Rejected {
+                    status: 401 | 403, ..
+                },
+            )) => return Step::Done(ProcessResult::Refused(fault)),
+            Ok(Err(
+                CallFault::Fenced { .. } | CallFault::Rejected { .. } | CallFault::Invalid(_),
+            )) => return self.start_failed(ctx, &launch.authority.record),
             Err(other) => return unexpected(&other),
         };
-        let Ok(resolved) = SecretsResponse::parse(&body, request) else {
-            return self.start_failed(ctx, &launch.authority.record);
+        let resolved = match SecretsResponse::parse(&body, request) {
+            Ok(resolved) => resolved,
+            Err(e) => match garbled(e) {
+                Ok(why) => return Step::Done(ProcessResult::Uncertain(why)),
+                Err(_) => return self.start_failed(ctx, &launch.authority.record),
+            },
         };
         let env = match environment(&launch.authority.record, &resolved) {
             Some(env) => env,
@@ -888,11 +910,18 @@ fn activation_answer(
         Ok(Err(CallFault::Unavailable)) => {
             return Err(Box::new(Step::Done(ProcessResult::Unavailable)));
         }
+        Ok(Err(CallFault::Uncertain(why))) => {
+            return Err(Box::new(Step::Done(ProcessResult::Uncertain(why))));
+        }
         Ok(Err(fault)) => return Err(Box::new(Step::Done(ProcessResult::Refused(fault)))),
         Err(other) => return Err(Box::new(unexpected(&other))),
     };
-    ActivationResponse::parse(&body, request)
-        .map_err(|e| Box::new(Step::Done(ProcessResult::ActivationInvalid(format!("{e}")))))
+    ActivationResponse::parse(&body, request).map_err(|e| {
+        Box::new(Step::Done(match garbled(e) {
+            Ok(why) => ProcessResult::Uncertain(why),
+            Err(e) => ProcessResult::ActivationInvalid(format!("{e}")),
+        }))
+    })
 }
 
 /// Step 6a: the callback sequence (snapshot + 1) and the deadline, which must be present iff

@@ -1,13 +1,18 @@
 //! The Worker Session exchanges (reference §2.10): register, heartbeat and transition.
 //!
 //! Each is one POST; the response is parsed against the request and becomes the Worker's
-//! [`SessionView`]. Transport failures, 5xx and credential refusals (401/403, which also pause
-//! admission: see `Worker::admission_paused`) are retried at the next tick; the Session lease
-//! then decides what stays usable. A 409 on a heartbeat or transition (or an answer that breaks
-//! the version CAS) means the Session was fenced: the Worker registers it again with the same
-//! Session id (`Fact::Rejoining`) and halts only if another Session had replaced it meanwhile
-//! (two Workers with one worker id), or if the fences repeat. A register refused with 400, 404,
-//! 409, 413 or 415, or answered with an invalid body, is final: the Worker halts.
+//! [`SessionView`]. Transport failures, 5xx, credential refusals (401/403, which also pause
+//! admission: see `Worker::admission_paused`) and uncertain outcomes (issue 17: the exchange may
+//! have taken effect but its answer was lost, timed out, came with a status other than 200 or
+//! an error, or is not the contract's JSON) are not final: a heartbeat is retried at the next
+//! tick, a register after a backoff; the Session lease then decides what stays usable. A 409 on
+//! a heartbeat or transition (or an answer that breaks the version CAS) means the Session was
+//! fenced — also what follows an uncertain heartbeat that did commit, since the control plane
+//! then holds version + 1: the Worker registers it again with the same Session id (the
+//! reference's resume: same generation, version + 1; `Fact::Rejoining`) and halts only if another
+//! Session had replaced it meanwhile (two Workers with one worker id), or if the fences repeat
+//! without an uncertain outcome to explain them. A register refused with 400, 404, 409, 413 or
+//! 415 is final: the Worker halts.
 
 use alloc::format;
 use alloc::string::String;
@@ -16,7 +21,7 @@ use zeroize::Zeroizing;
 use crate::ids::SessionId;
 use crate::io::{Action, HttpCall, Outcome};
 use crate::offer::OfferWorker;
-use crate::ops::{CallFault, response, unexpected};
+use crate::ops::{CallFault, garbled, response, unexpected};
 use crate::time::UnixMillis;
 use crate::wire::route::{Operation, path};
 use crate::wire::session::{
@@ -50,17 +55,34 @@ pub enum SessionResult {
     Transitioned(SessionView),
     /// A new Session id is durable; the Worker registers it next.
     Renewed(SessionId),
-    /// No usable answer (transport, 5xx, 401/403); retry at the next tick.
-    Unavailable,
-    /// A transition to this status got no usable answer.
-    TransitionUnavailable(SessionStatus),
+    /// An exchange got no usable answer: no connection, 5xx, credentials refused (401/403), an
+    /// uncertain outcome, or (register) an answer that breaks the contract. Nothing is final: a
+    /// heartbeat is retried at the next tick, a register after a backoff.
+    Unanswered {
+        /// Which exchange.
+        exchange: Exchange,
+        /// Why.
+        fault: CallFault,
+    },
     /// 409 on a heartbeat or transition, or an answer that breaks its version CAS: this Session
     /// was fenced (register it again).
     Fenced(String),
-    /// The register exchange was refused for good (400, 404, 409, 413, 415), or its answer is
-    /// invalid, or — registering again after a fence — the answer says another Session had
-    /// replaced this one; or a request could not be built.
+    /// The register exchange was refused for good (400, 404, 409, 413, 415), or — registering
+    /// again after a fence — the answer says another Session had replaced this one; or a
+    /// heartbeat or transition was refused as malformed (400, 404, 413, 415); or a request could
+    /// not be built.
     Rejected(String),
+}
+
+/// A Session exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exchange {
+    /// `register` (first, or again after a fence), or the new Session id's durable write.
+    Register,
+    /// `heartbeat`.
+    Heartbeat,
+    /// `transition` to this status.
+    Transition(SessionStatus),
 }
 
 fn call(ctx: &Ctx<'_>, operation: Operation, body: alloc::vec::Vec<u8>) -> Action {
@@ -128,7 +150,10 @@ impl SessionOp {
     /// `heartbeat` at the Session's current generation and version.
     pub(crate) fn heartbeat(ctx: &Ctx<'_>, available_slots: u64) -> Step<Self, SessionResult> {
         let Some(session) = ctx.session else {
-            return Step::Done(SessionResult::Unavailable);
+            return Step::Done(SessionResult::Unanswered {
+                exchange: Exchange::Heartbeat,
+                fault: CallFault::Unavailable,
+            });
         };
         let slots = if session.status == SessionStatus::Online {
             available_slots
@@ -153,7 +178,10 @@ impl SessionOp {
     /// `transition` to draining or offline.
     pub(crate) fn transition(ctx: &Ctx<'_>, status: SessionStatus) -> Step<Self, SessionResult> {
         let Some(session) = ctx.session else {
-            return Step::Done(SessionResult::Unavailable);
+            return Step::Done(SessionResult::Unanswered {
+                exchange: Exchange::Transition(status),
+                fault: CallFault::Unavailable,
+            });
         };
         if session.status == status {
             return Step::Done(SessionResult::Transitioned(session.clone()));
@@ -194,7 +222,12 @@ impl SessionOp {
             }
             // Nothing durable changed: the stored Session stays; retried at the next tick.
             (Self::PersistingSessionId(_), Outcome::Store(failure)) => {
-                crate::worker::write_failure(failure, || Step::Done(SessionResult::Unavailable))
+                crate::worker::write_failure(failure, || {
+                    Step::Done(SessionResult::Unanswered {
+                        exchange: Exchange::Register,
+                        fault: CallFault::Unavailable,
+                    })
+                })
             }
             (Self::DrawingSessionId | Self::PersistingSessionId(_), other) => unexpected(&other),
             (
@@ -227,15 +260,24 @@ impl SessionOp {
         };
         let parsed = match parsed {
             Ok(parsed) => parsed,
-            // A register answer we cannot accept is a configuration problem; a heartbeat or
-            // transition answer that breaks the CAS means the Session moved under us.
+            // Not the contract's JSON: uncertain, as a lost answer. A register answer of the
+            // right shape that we cannot accept is retried after a backoff (each one logged);
+            // a heartbeat or transition answer that breaks the CAS means the Session moved under
+            // us.
             Err(e) => {
-                let detail = format!("invalid Session response: {e}");
-                return Step::Done(match self {
-                    Self::Heartbeating(_) | Self::Transitioning(_) => SessionResult::Fenced(detail),
-                    Self::Registering { .. }
-                    | Self::DrawingSessionId
-                    | Self::PersistingSessionId(_) => SessionResult::Rejected(detail),
+                return Step::Done(match garbled(e) {
+                    Ok(why) => self.fault_result(CallFault::Uncertain(why)),
+                    Err(e) => match self {
+                        Self::Heartbeating(_) | Self::Transitioning(_) => {
+                            SessionResult::Fenced(format!("invalid Session response: {e}"))
+                        }
+                        Self::Registering { .. }
+                        | Self::DrawingSessionId
+                        | Self::PersistingSessionId(_) => SessionResult::Unanswered {
+                            exchange: Exchange::Register,
+                            fault: CallFault::Invalid(e),
+                        },
+                    },
                 });
             }
         };
@@ -258,28 +300,27 @@ impl SessionOp {
     }
 
     /// A failed exchange. Credentials refused (401/403) are not final: the Worker pauses
-    /// admission and retries (see the module documentation).
+    /// admission and retries (see the module documentation); neither is an uncertain outcome.
     fn fault_result(&self, fault: CallFault) -> SessionResult {
         let described = |status: u16, code: Option<&str>| {
             format!("{status} {}", code.unwrap_or("without a code"))
         };
-        match (self, fault) {
-            (Self::Transitioning(request), CallFault::Unavailable) => {
-                SessionResult::TransitionUnavailable(request.status)
+        let exchange = match self {
+            Self::Heartbeating(_) => Exchange::Heartbeat,
+            Self::Transitioning(request) => Exchange::Transition(request.status),
+            Self::Registering { .. } | Self::DrawingSessionId | Self::PersistingSessionId(_) => {
+                Exchange::Register
             }
-            (
-                Self::Transitioning(request),
-                CallFault::Rejected {
-                    status: 401 | 403, ..
-                },
-            ) => SessionResult::TransitionUnavailable(request.status),
+        };
+        match (self, fault) {
             (
                 _,
-                CallFault::Unavailable
+                fault @ (CallFault::Unavailable
+                | CallFault::Uncertain(_)
                 | CallFault::Rejected {
                     status: 401 | 403, ..
-                },
-            ) => SessionResult::Unavailable,
+                }),
+            ) => SessionResult::Unanswered { exchange, fault },
             (
                 Self::Registering { .. } | Self::DrawingSessionId | Self::PersistingSessionId(_),
                 CallFault::Fenced { code },
@@ -290,7 +331,7 @@ impl SessionOp {
             (_, CallFault::Rejected { status, code }) => {
                 SessionResult::Rejected(described(status, code.as_deref()))
             }
-            (_, CallFault::Invalid(e)) => SessionResult::Rejected(format!("{e}")),
+            (_, fault @ CallFault::Invalid(_)) => SessionResult::Unanswered { exchange, fault },
         }
     }
 }

@@ -58,7 +58,7 @@ use crate::time::UnixMillis;
 use crate::wire::session::Capabilities;
 
 pub use crate::facts::Fact;
-pub use crate::ops::CallFault;
+pub use crate::ops::{CallFault, Uncertainty};
 
 /// Tunables of one Worker (reference §7 production defaults; see [`WorkerConfig::edge`] and
 /// [`WorkerConfig::node`]).
@@ -429,8 +429,15 @@ pub struct Worker {
     pub(crate) auth_paused: Option<u16>,
     /// The Session was fenced: register it again before anything else (admission paused).
     pub(crate) rejoin: bool,
-    /// Fences in a row without a good heartbeat in between.
+    /// Fences in a row without a good heartbeat in between (a fence right after an uncertain
+    /// exchange is not counted).
     pub(crate) fences: u8,
+    /// The last heartbeat or transition had an uncertain outcome (it may have committed): the
+    /// fence that follows is expected (issue 17).
+    pub(crate) session_uncertain: bool,
+    /// Registers in a row that got no usable answer, and when the next may go out.
+    pub(crate) register_failures: u32,
+    pub(crate) register_retry_at: Option<UnixMillis>,
     /// The drain budget ended: the Runs still in flight are stopped, then completed.
     pub(crate) drain_overrun: bool,
     /// Records whose Run the drain-budget stop has already stopped.
@@ -538,6 +545,9 @@ impl Worker {
             auth_paused: None,
             rejoin: false,
             fences: 0,
+            session_uncertain: false,
+            register_failures: 0,
+            register_retry_at: None,
             drain_overrun: false,
             drain_stopped: alloc::collections::BTreeSet::new(),
         }
@@ -705,6 +715,9 @@ impl Worker {
             auth_paused: self.auth_paused,
             rejoin: self.rejoin,
             fences: self.fences,
+            session_uncertain: self.session_uncertain,
+            register_failures: self.register_failures,
+            register_retry_at: self.register_retry_at,
             drain_overrun: self.drain_overrun,
             drain_stopped: self.drain_stopped.clone(),
             notices: self.notices.clone(),
@@ -727,6 +740,11 @@ impl Worker {
         fp.debug(&(self.claim_pending, self.retiring, &self.config.session_id));
         fp.debug(&(self.inbox, self.reported_slots, self.reporting_slots));
         fp.debug(&(self.auth_paused, self.rejoin, self.fences));
+        fp.debug(&(
+            self.session_uncertain,
+            self.register_failures,
+            self.register_retry_at,
+        ));
         fp.debug(&(self.drain_overrun, &self.drain_stopped));
         fp.debug(&(
             &self.evidence,

@@ -730,15 +730,31 @@ fn spool_failure(error: &SpoolError) -> Outcome {
     }
 }
 
-/// Transport errors as the core's HTTP facts: only the status and the error code cross over.
+/// Transport errors as the core's HTTP facts: only the status, the error code and whether the
+/// request may have reached the control plane cross over (issue 17). A failure before any byte of
+/// the request can have left (our own refusal, name resolution, connecting, the TLS handshake)
+/// is [`HttpFailure::Unavailable`]; a connection lost or timed out later, or a response the
+/// transport rules refuse, is [`HttpFailure::Uncertain`]: the control plane may have applied
+/// the request.
 #[must_use]
 pub fn http_failure(error: TransportError) -> HttpFailure {
+    use crate::https::Blame;
     match error {
         TransportError::Status { status, code } => HttpFailure::Status { status, code },
-        other => {
-            drop(other);
+        TransportError::Timeout { ref phase } if matches!(phase.as_str(), "resolve" | "connect") => {
             HttpFailure::Unavailable
         }
+        other => match other.blame() {
+            Blame::Local | Blame::Tls => HttpFailure::Unavailable,
+            Blame::Connection if matches!(
+                other,
+                TransportError::HostNotFound | TransportError::Connect { .. }
+            ) =>
+            {
+                HttpFailure::Unavailable
+            }
+            Blame::Connection | Blame::Remote => HttpFailure::Uncertain,
+        },
     }
 }
 

@@ -21,7 +21,8 @@ use std::fmt;
 use ql_worker_core::facts::Fact;
 use ql_worker_core::ids::OfferId;
 use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
-use ql_worker_core::worker::{CallFault, SessionStatus};
+use ql_worker_core::session::Exchange;
+use ql_worker_core::worker::{CallFault, SessionStatus, Uncertainty};
 
 use crate::events::Event;
 use crate::https::{Blame, TlsFailure, TransportError};
@@ -75,6 +76,7 @@ pub fn operation(path: &str) -> &str {
 fn fault_text(fault: &CallFault) -> String {
     match fault {
         CallFault::Unavailable => String::from("no usable answer"),
+        CallFault::Uncertain(why) => format!("an uncertain outcome (it may have taken effect): {why}"),
         CallFault::Fenced { code } => {
             format!("409 {}", code.as_deref().unwrap_or("without a code"))
         }
@@ -434,16 +436,35 @@ impl Telemetry {
                     .text("status", view.status.as_str())
                     .emit(format_args!("Session is {}", view.status.as_str()));
             }
-            Fact::Session(SessionResult::TransitionUnavailable(status)) => {
+            Fact::Session(SessionResult::Unanswered {
+                exchange: Exchange::Transition(status),
+                fault,
+            }) => {
                 Event::warn("session.transition_failed")
                     .text("status", status.as_str())
+                    .text("cause", fault_text(fault))
                     .emit(format_args!(
-                        "the transition to {} got no usable answer",
-                        status.as_str()
+                        "the transition to {} got no usable answer: {}",
+                        status.as_str(),
+                        fault_text(fault)
                     ));
             }
-            // The failed call was reported with its cause (`call.failed`, `credential.unreadable`).
-            Fact::Session(SessionResult::Unavailable) => {}
+            // A register's failure is reported with its backoff (`session.register_failed`).
+            Fact::Session(SessionResult::Unanswered {
+                exchange: Exchange::Register,
+                ..
+            }) => {}
+            Fact::Session(SessionResult::Unanswered {
+                exchange: Exchange::Heartbeat,
+                fault,
+            }) => {
+                // A failed call was reported with its cause (`call.failed`,
+                // `credential.unreadable`); an answer that arrived but was unusable only the core
+                // saw.
+                if let CallFault::Uncertain(Uncertainty::Garbled(e)) = fault {
+                    self.invalid_answer("heartbeat", &e.to_string());
+                }
+            }
             // The driver reports it with the Session it replaced (`session.renewed`).
             Fact::Session(SessionResult::Renewed(_)) => {}
             // Fences are reported as `Rejoining`; a final refusal ends the run with its message.
@@ -487,6 +508,18 @@ impl Telemetry {
                 }
                 ProcessResult::ActivationInvalid(why) => {
                     self.invalid_answer("starting", why);
+                }
+                ProcessResult::Uncertain(why) => {
+                    if let Uncertainty::Garbled(e) = why {
+                        self.invalid_answer("start-path", &e.to_string());
+                    }
+                    Event::warn("start.uncertain")
+                        .text("offer", offer_id)
+                        .text("cause", format_args!("{why}"))
+                        .emit(format_args!(
+                            "offer {offer_id}: a start-path call got no usable answer ({why}); \
+                             the record is unchanged and the call retried"
+                        ));
                 }
                 _ => {}
             },
@@ -548,14 +581,44 @@ impl Telemetry {
                 Event::info("admission.resumed")
                     .emit("the control plane authenticated the Worker again: taking new work");
             }
-            Fact::Rejoining { detail, attempt } => {
+            Fact::Rejoining {
+                detail,
+                attempt,
+                after_uncertain,
+            } => {
                 self.metrics.update(|r| r.admission_paused = true);
+                let why = if *after_uncertain {
+                    " after an exchange whose answer was lost (it may have committed)"
+                } else {
+                    ""
+                };
                 Event::warn("session.fenced")
                     .text("cause", detail)
                     .number("attempt", u64::from(*attempt))
+                    .flag("after_uncertain", *after_uncertain)
                     .emit(format_args!(
-                        "the control plane fenced the Session ({detail}); registering it again \
-                         (no new work meanwhile)"
+                        "the control plane fenced the Session ({detail}){why}; registering it \
+                         again (no new work meanwhile)"
+                    ));
+            }
+            Fact::RegisterRetry {
+                attempt,
+                fault,
+                retry_in_ms,
+            } => {
+                if let CallFault::Uncertain(Uncertainty::Garbled(e)) | CallFault::Invalid(e) =
+                    fault
+                {
+                    self.invalid_answer("register", &e.to_string());
+                }
+                Event::warn("session.register_failed")
+                    .number("attempt", u64::from(*attempt))
+                    .text("cause", fault_text(fault))
+                    .number("retry_in_ms", *retry_in_ms)
+                    .emit(format_args!(
+                        "register got no usable answer ({}); attempt {attempt}, retried in \
+                         {retry_in_ms} ms",
+                        fault_text(fault)
                     ));
             }
             Fact::Rejoined => {
@@ -620,6 +683,19 @@ impl Telemetry {
                         "offer {offer_id}: lease renewal got no usable answer; retried"
                     ));
                 Some("unavailable")
+            }
+            ControlResult::Uncertain(why) => {
+                if let Uncertainty::Garbled(e) = why {
+                    self.invalid_answer("lease-control", &e.to_string());
+                }
+                Event::warn("renewal.uncertain")
+                    .text("offer", offer_id)
+                    .text("cause", format_args!("{why}"))
+                    .emit(format_args!(
+                        "offer {offer_id}: lease renewal may have committed but its answer is \
+                         unusable ({why}); asked again, a fence then is retried one version on"
+                    ));
+                Some("uncertain")
             }
             ControlResult::Refused(CallFault::Fenced { code }) => {
                 Event::warn("renewal.fenced")
