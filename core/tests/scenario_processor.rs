@@ -394,15 +394,15 @@ fn revalidates_the_exact_durable_log_and_callback_barrier_before_posix_spawn() {
 
 /// The environment is checked exactly against the revision before the barrier: public values
 /// come from the revision itself, and Secret values that do not match the request (here a
-/// malformed Secrets answer) fail the start before `launching`: `start_failed`,
-/// `start-failure`, `start_failure_acknowledged`, zero spawns.
+/// Secrets answer of the contract's shape for another execution digest) fail the start before
+/// `launching`: `start_failed`, `start-failure`, `start_failure_acknowledged`, zero spawns.
 #[test]
 fn reports_failure_before_the_spawn_barrier_when_materialized_public_data_drifts() {
     let world = World::new(
         1,
         vec![OfferTemplate::with_revision(1, testkit::secret_revision())],
     );
-    let sim = processed(world, &[(On::Post(Operation::Secrets), Answer::Invalid)]);
+    let sim = processed(world, &[(On::Post(Operation::Secrets), Answer::Drifted)]);
     assert_eq!(
         from(&sim.commands(), "post starting o1")[..7],
         lines(&[

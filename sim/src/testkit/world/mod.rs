@@ -81,9 +81,12 @@ pub enum Answer {
     Fenced,
     /// No usable response (transport loss before the control plane saw the request).
     Unavailable,
-    /// A 200 whose body breaks the contract.
+    /// A 200 whose body is not the contract's JSON (`{}`): an uncertain outcome.
     Invalid,
-    /// The control plane commits the request, then the response is lost (`Unavailable`).
+    /// A 200 of the contract's shape that drifts from its request (Secrets: the answer names
+    /// another execution digest): the control plane's definite, wrong answer.
+    Drifted,
+    /// The control plane commits the request, then the response is lost (`Uncertain`).
     LostAfterCommit,
     /// Spawn: `Rejected` (proof of no spawn).
     Rejected,
@@ -341,7 +344,13 @@ impl World {
                 out.extend(faults);
             }
             Operation::Secrets if menu.secret_answers => {
-                out.extend([A::Fenced, A::Unavailable, A::Invalid]);
+                out.extend([
+                    A::Fenced,
+                    A::Unavailable,
+                    A::Invalid,
+                    A::Drifted,
+                    A::LostAfterCommit,
+                ]);
             }
             Operation::Completion if menu.completion_answers => {
                 out.extend([A::AlreadyTerminal]);
@@ -354,7 +363,7 @@ impl World {
             Operation::Register | Operation::Heartbeat | Operation::Transition
                 if menu.session_answers =>
             {
-                out.extend([A::Unavailable, A::Fenced]);
+                out.extend([A::Unavailable, A::Fenced, A::Invalid, A::LostAfterCommit]);
             }
             Operation::Artifacts
             | Operation::Attestations

@@ -235,7 +235,7 @@ impl World {
             Answer::Invalid => return Outcome::Responded(Vec::from(&b"{}"[..])),
             Answer::LostAfterCommit => {
                 let _ = self.answer_post(now, operation, body, Answer::Ok, false);
-                return Outcome::Http(HttpFailure::Unavailable);
+                return Outcome::Http(HttpFailure::Uncertain);
             }
             _ => {}
         }
@@ -259,7 +259,7 @@ impl World {
             Operation::Starting | Operation::Running | Operation::StartFailure => {
                 self.activation(now, operation, &v, answer)
             }
-            Operation::Secrets => self.secrets(&v),
+            Operation::Secrets => self.secrets(&v, answer),
             Operation::Completion => self.completion(&v, answer),
             Operation::LeaseControl => self.lease_control(now, &v, answer),
             Operation::Artifacts | Operation::Attestations => not_found(),
@@ -281,6 +281,16 @@ impl World {
                     plane.session_version += 1;
                 }
                 REGISTER_SCHEMA
+            }
+            // The version CAS of the reference's heartbeat and transition: a stale
+            // `expectedVersion` (an earlier exchange committed unanswered) is fenced.
+            Operation::Heartbeat | Operation::Transition
+                if number(v, "expectedVersion") != plane.session_version =>
+            {
+                return Outcome::Http(HttpFailure::Status {
+                    status: 409,
+                    code: Some(String::from("worker_session_fenced")),
+                });
             }
             Operation::Transition => {
                 plane.session_version = number(v, "expectedVersion") + 1;
@@ -586,7 +596,7 @@ fn snapshot(run: &CpRun, v: &Value, shape: SnapshotShape, now: UnixMillis) -> Ac
 }
 
 impl World {
-    fn secrets(&mut self, v: &Value) -> Outcome {
+    fn secrets(&mut self, v: &Value, answer: Answer) -> Outcome {
         let Some(run) = OfferId::new(text(v, "offerId"))
             .ok()
             .and_then(|id| self.plane.runs.get(&id))
@@ -608,7 +618,11 @@ impl World {
             values,
             environment_bundles: Vec::new(),
         };
-        Outcome::Responded(response.to_json(&request).to_vec())
+        let mut answered = request.clone();
+        if answer == Answer::Drifted {
+            answered.execution_digest = Sha256Digest::of(b"another execution");
+        }
+        Outcome::Responded(response.to_json(&answered).to_vec())
     }
 
     fn completion(&mut self, v: &Value, answer: Answer) -> Outcome {
@@ -657,6 +671,11 @@ impl World {
             return not_found();
         };
         let expected = number(v, "expectedLeaseVersion");
+        // The reference fences a stale `expectedLeaseVersion` (a renewal that committed without
+        // its answer reaching the Worker leaves the lease one version on).
+        if !run.status.terminal() && expected != run.offer.lease.version.get() {
+            return fenced();
+        }
         let mut fence = Fence::from_offer(&run.offer);
         fence.expected_lease_version = LeaseVersion::new(expected).unwrap_or(LeaseVersion::FIRST);
         let request = LeaseControlRequest { fence };

@@ -1,0 +1,445 @@
+//! Issue 17: one lost or garbled answer never costs a Run or the Session. Each scenario puts one
+//! uncertain outcome (the control plane committed, the answer was lost; or a 200 that is not the
+//! contract's JSON; or a status that is neither 200 nor an error) on one operation, against the
+//! simulated host whose control plane fences stale lease and Session versions as the
+//! reference's does, and asserts the exact commands and what the Worker concluded.
+
+use ql_worker_core::io::{HttpFailure, Outcome};
+use ql_worker_core::record::State;
+use ql_worker_core::time::UnixMillis;
+use ql_worker_core::wire::route::Operation;
+use ql_worker_core::worker::StopReason;
+use ql_worker_sim::testkit::act::Act;
+use ql_worker_sim::testkit::sim::{On, Sim, Status};
+use ql_worker_sim::testkit::world::{
+    Answer, Event, OfferTemplate, ProcessState, ReceiptKind, World,
+};
+use ql_worker_sim::testkit::{self};
+
+fn ms(v: u64) -> UnixMillis {
+    UnixMillis::new(v).unwrap()
+}
+
+/// A Worker holding o1 in `state` with its process running, registered and reconciled; trail
+/// emptied.
+fn holding(state: State) -> Sim {
+    let mut world = World::new(1, Vec::new());
+    world.seed(1, testkit::record(1, state), true);
+    let mut sim = Sim::scenario(world);
+    sim.run(2);
+    sim.take_trail();
+    sim
+}
+
+fn record_of(sim: &Sim) -> ql_worker_core::record::InboxRecord {
+    let id = sim.world.plane.runs.keys().next().unwrap();
+    sim.world.disk.record(id).unwrap().clone()
+}
+
+/// The `expectedLeaseVersion` of every POST to `operation`, in order.
+fn expected_versions(sim: &Sim, operation: Operation) -> Vec<u64> {
+    sim.stream
+        .iter()
+        .flatten()
+        .filter_map(|a| match a {
+            Act::Post {
+                operation: op,
+                body,
+                ..
+            } if *op == operation => {
+                let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+                v["expectedLeaseVersion"].as_u64()
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn count(sim: &Sim, line: &str) -> usize {
+    sim.commands().iter().filter(|l| *l == line).count()
+}
+
+fn assert_running(sim: &Sim) {
+    assert!(
+        matches!(sim.status, Status::Idle(_) | Status::Busy),
+        "the Worker must keep running: {:?}\n{:#?}",
+        sim.status,
+        sim.commands()
+    );
+    assert!(sim.world.violations.is_empty(), "{:?}", sim.world.violations);
+}
+
+/// A renewal the control plane committed but whose answer was lost leaves the plane at v + 1.
+/// The next pass asks at v, is fenced, asks once more at v + 1, and persists the lease the
+/// control plane then renews (v + 2). The Run keeps its lease and is never stopped.
+#[test]
+fn a_renewal_whose_answer_was_lost_is_caught_up_one_version_on() {
+    let mut sim = holding(State::RunningAcknowledged);
+    sim.on(On::Post(Operation::LeaseControl), Answer::LostAfterCommit);
+    sim.run(1);
+    assert_eq!(record_of(&sim).offer.lease.version.get(), 0, "nothing durable");
+    sim.run(1);
+    assert_eq!(
+        expected_versions(&sim, Operation::LeaseControl),
+        vec![0, 0, 1],
+        "{:#?}",
+        sim.commands()
+    );
+    let record = record_of(&sim);
+    assert_eq!(record.state, State::RunningAcknowledged);
+    assert_eq!(record.offer.lease.version.get(), 2);
+    assert!(
+        sim.world
+            .supervisor
+            .processes
+            .iter()
+            .any(|p| p.state == ProcessState::Running)
+    );
+    assert_eq!(count(&sim, "stop o1"), 0);
+    assert_running(&sim);
+}
+
+/// The same after a garbled answer (a 200 that is not the contract's JSON) and after an answer
+/// with a status that is neither 200 nor an error (201, 302): each may have renewed the lease.
+#[test]
+fn a_garbled_or_odd_status_renewal_answer_is_uncertain_and_caught_up() {
+    let odds: [fn() -> Outcome; 5] = [
+        || Outcome::Responded(b"not json".to_vec()),
+        || {
+            Outcome::Responded(b"{\"schema\":\"qinglong/remote-worker-lease-control@v1\"}".to_vec())
+        },
+        || {
+            Outcome::Http(HttpFailure::Status {
+                status: 201,
+                code: None,
+            })
+        },
+        || {
+            Outcome::Http(HttpFailure::Status {
+                status: 302,
+                code: None,
+            })
+        },
+        || Outcome::Http(HttpFailure::Uncertain),
+    ];
+    for odd in odds {
+        let mut sim = holding(State::RunningAcknowledged);
+        sim.advance_to(sim.now.saturating_add(1));
+        sim.tick();
+        // Answer until the lease-control call, commit it at the control plane, then hand the
+        // Worker the odd outcome instead of the answer.
+        loop {
+            let Some((_, act)) = sim.pending.clone() else {
+                panic!("no lease-control call: {:#?}", sim.commands());
+            };
+            if let Act::Post {
+                operation: Operation::LeaseControl,
+                ..
+            } = act
+            {
+                let _ = sim.world.perform(sim.now, &act, Answer::Ok);
+                sim.deliver(odd());
+                break;
+            }
+            sim.answer(Answer::Ok);
+        }
+        sim.settle();
+        sim.run(1);
+        assert_eq!(
+            expected_versions(&sim, Operation::LeaseControl),
+            vec![0, 0, 1],
+            "{:?}: {:#?}",
+            odd(),
+            sim.commands()
+        );
+        assert_eq!(record_of(&sim).offer.lease.version.get(), 2, "{:?}", odd());
+        assert_running(&sim);
+    }
+}
+
+/// Only a second fence (at v + 1 too) leaves the lease to its local expiry: nothing is
+/// persisted, nothing stopped, and the next pass asks again.
+#[test]
+fn a_second_fence_is_not_retried_again_in_the_same_pass() {
+    let mut sim = holding(State::RunningAcknowledged);
+    sim.on(On::Post(Operation::LeaseControl), Answer::Fenced);
+    sim.on(On::Post(Operation::LeaseControl), Answer::Fenced);
+    sim.run(1);
+    assert_eq!(expected_versions(&sim, Operation::LeaseControl), vec![0, 1]);
+    assert_eq!(record_of(&sim).offer.lease.version.get(), 0);
+    assert_eq!(count(&sim, "stop o1"), 0);
+    sim.run(1);
+    assert_eq!(
+        expected_versions(&sim, Operation::LeaseControl),
+        vec![0, 1, 0]
+    );
+    assert_eq!(record_of(&sim).offer.lease.version.get(), 1);
+    assert_running(&sim);
+}
+
+/// A completion fenced at the persisted lease version (a renewal committed without its answer
+/// reaching the disk) is sent once more at v + 1 and acknowledged.
+#[test]
+fn a_completion_fenced_after_a_lost_renewal_completes_one_version_on() {
+    let mut sim = holding(State::RunningAcknowledged);
+    sim.event(Event::Exit {
+        index: 0,
+        code: 0,
+        receipt: ReceiptKind::Genuine,
+    });
+    sim.on(On::Post(Operation::Completion), Answer::Fenced);
+    sim.run(1);
+    assert_eq!(
+        expected_versions(&sim, Operation::Completion),
+        vec![0, 1],
+        "{:#?}",
+        sim.commands()
+    );
+    assert_eq!(record_of(&sim).state, State::CompletionAcknowledged);
+    assert_running(&sim);
+}
+
+/// A heartbeat the control plane applied but whose answer was lost leaves the Session one
+/// version on: the next heartbeat is fenced (the simulated plane checks the version as the
+/// reference does), and the Worker registers the Session again (the reference's resume) without
+/// counting the fence. Five such cycles in a row — more than the fences that make a Worker give
+/// up on a contested worker id — and the Worker still runs and still takes work.
+#[test]
+fn uncertain_heartbeats_never_halt_the_worker() {
+    let mut sim = Sim::scenario(World::new(1, vec![OfferTemplate::sample(1)]));
+    sim.run(2);
+    for cycle in 0..5 {
+        sim.on(On::Post(Operation::Heartbeat), Answer::LostAfterCommit);
+        // Until the lost heartbeat, its fenced successor and the register again went out.
+        for _ in 0..40 {
+            sim.run(1);
+            if count(&sim, "post register") == cycle + 2 {
+                break;
+            }
+        }
+        assert_eq!(
+            count(&sim, "post register"),
+            cycle + 2,
+            "cycle {cycle}: {:#?}",
+            sim.commands()
+        );
+        assert_running(&sim);
+    }
+    // Work goes on: the next Pull admits the queued offer and starts it.
+    for _ in 0..10 {
+        sim.run(1);
+    }
+    assert!(
+        sim.commands().iter().any(|l| l == "spawn o1"),
+        "{:#?}",
+        sim.commands()
+    );
+    assert_running(&sim);
+}
+
+/// Plain fences (no uncertain outcome before them) still count: a contested worker id makes the
+/// Worker halt after the fences repeat (unchanged behaviour, the contrast to the above).
+#[test]
+fn plain_fences_in_a_row_still_halt() {
+    let mut sim = Sim::scenario(World::new(1, Vec::new()));
+    sim.run(2);
+    for _ in 0..4 {
+        sim.on(On::Post(Operation::Heartbeat), Answer::Fenced);
+    }
+    for _ in 0..80 {
+        sim.run(1);
+        if matches!(sim.status, Status::Halted(_)) {
+            break;
+        }
+    }
+    assert!(
+        matches!(sim.status, Status::Halted(_)),
+        "{:?}: {:#?}",
+        sim.status,
+        sim.commands()
+    );
+}
+
+/// A register without a usable answer — lost after the control plane applied it, a 302, a
+/// 201, a 200 that is not the contract's JSON, a 503 — is retried after a growing backoff, never
+/// a halt; the next usable answer registers the Session and work begins.
+#[test]
+fn a_register_without_a_usable_answer_backs_off_and_never_halts() {
+    let odd: [fn() -> Outcome; 5] = [
+        || Outcome::Http(HttpFailure::Uncertain),
+        || {
+            Outcome::Http(HttpFailure::Status {
+                status: 302,
+                code: None,
+            })
+        },
+        || {
+            Outcome::Http(HttpFailure::Status {
+                status: 201,
+                code: None,
+            })
+        },
+        || Outcome::Responded(b"<html>".to_vec()),
+        || {
+            Outcome::Http(HttpFailure::Status {
+                status: 503,
+                code: Some(String::from("worker_ingress_unavailable")),
+            })
+        },
+    ];
+    let mut sim = Sim::scenario(World::new(1, Vec::new()));
+    let mut sent_at = Vec::new();
+    for outcome in &odd {
+        // Tick (without answering anything) until the register goes out.
+        for _ in 0..200 {
+            if sim.pending.is_some() {
+                break;
+            }
+            if let Status::Idle(Some(wake)) = sim.status {
+                sim.advance_to(wake);
+            }
+            sim.tick();
+        }
+        let Some((_, Act::Post {
+            operation: Operation::Register,
+            ..
+        })) = sim.pending.clone()
+        else {
+            panic!("a register is outstanding: {:?}", sim.pending);
+        };
+        sent_at.push(sim.now.get());
+        sim.deliver(outcome());
+        assert_running(&sim);
+    }
+    let gaps: Vec<u64> = sent_at.windows(2).map(|w| w[1] - w[0]).collect();
+    let base = sim.config.backoff_base_ms;
+    for (i, gap) in gaps.iter().enumerate() {
+        let backoff = base << i;
+        assert!(
+            *gap >= backoff,
+            "register {} went out {gap} ms after the previous one, before its backoff of {backoff} ms: {sent_at:?}",
+            i + 2
+        );
+    }
+    // The backoff after the fifth failure is 16 base periods; then the register is answered.
+    for _ in 0..40 {
+        sim.run(1);
+        if sim.commands().iter().any(|l| l == "list-inbox") {
+            break;
+        }
+    }
+    assert!(matches!(sim.status, Status::Idle(_)));
+    assert!(
+        sim.commands().iter().any(|l| l == "list-inbox"),
+        "{:#?}",
+        sim.commands()
+    );
+}
+
+/// The Secret batch is a read: an answer lost after the control plane saw it, a 200 that is not
+/// the contract's JSON, a 302 and a 201 are retried at the next pass (within the offer's lease),
+/// never a start failure; the Run then starts with its Secret value.
+#[test]
+fn an_unusable_secrets_answer_is_retried_never_a_start_failure() {
+    for answer in [Answer::LostAfterCommit, Answer::Invalid, Answer::Unavailable] {
+        let world = World::new(
+            1,
+            vec![OfferTemplate::with_revision(1, testkit::secret_revision())],
+        );
+        let mut sim = Sim::scenario(world);
+        sim.run(2);
+        sim.on(On::Post(Operation::Secrets), answer);
+        for _ in 0..6 {
+            sim.run(1);
+        }
+        let commands = sim.commands();
+        assert_eq!(
+            commands.iter().filter(|l| *l == "post secrets o1").count(),
+            2,
+            "{answer:?}: {commands:#?}"
+        );
+        assert!(commands.iter().any(|l| l == "spawn o1"), "{answer:?}");
+        assert!(
+            !commands.iter().any(|l| l.contains("start-failure")),
+            "{answer:?}"
+        );
+        assert_running(&sim);
+    }
+    for status in [302, 201] {
+        let world = World::new(
+            1,
+            vec![OfferTemplate::with_revision(1, testkit::secret_revision())],
+        );
+        let mut sim = Sim::scenario(world);
+        sim.run(2);
+        sim.advance_to(sim.now.saturating_add(1));
+        sim.tick();
+        loop {
+            let Some((_, act)) = sim.pending.clone() else {
+                panic!("no Secrets call: {:#?}", sim.commands());
+            };
+            if let Act::Post {
+                operation: Operation::Secrets,
+                ..
+            } = act
+            {
+                sim.deliver(Outcome::Http(HttpFailure::Status { status, code: None }));
+                break;
+            }
+            sim.answer(Answer::Ok);
+        }
+        sim.settle();
+        for _ in 0..6 {
+            sim.run(1);
+        }
+        let commands = sim.commands();
+        assert!(commands.iter().any(|l| l == "spawn o1"), "{status}");
+        assert!(
+            !commands.iter().any(|l| l.contains("start-failure")),
+            "{status}: {commands:#?}"
+        );
+    }
+}
+
+/// A definite refusal of the Secret batch (a fence: the ref does not exist, the digest drifted)
+/// is final: a proven start failure, zero spawns.
+#[test]
+fn a_fenced_secrets_answer_is_a_start_failure() {
+    let world = World::new(
+        1,
+        vec![OfferTemplate::with_revision(1, testkit::secret_revision())],
+    );
+    let mut sim = Sim::scenario(world);
+    sim.run(2);
+    sim.on(On::Post(Operation::Secrets), Answer::Fenced);
+    for _ in 0..4 {
+        sim.run(1);
+    }
+    let commands = sim.commands();
+    assert!(commands.iter().any(|l| l == "post start-failure o1"));
+    assert!(!commands.iter().any(|l| l == "spawn o1"));
+}
+
+/// A transition to draining the control plane applied unanswered: the next heartbeat is fenced,
+/// the Session is registered again (still draining at the control plane), and the drain ends
+/// cleanly.
+#[test]
+fn an_uncertain_transition_still_drains_cleanly() {
+    let mut sim = Sim::scenario(World::new(1, Vec::new()));
+    sim.run(3);
+    sim.on(On::Post(Operation::Transition), Answer::LostAfterCommit);
+    sim.request_drain();
+    for _ in 0..40 {
+        sim.settle();
+        if matches!(sim.status, Status::Stopped(_) | Status::Halted(_)) {
+            break;
+        }
+        sim.run(1);
+    }
+    assert_eq!(
+        sim.status,
+        Status::Stopped(StopReason::Drained),
+        "{:#?}",
+        sim.commands()
+    );
+}
