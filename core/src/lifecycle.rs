@@ -20,10 +20,10 @@ use alloc::vec::Vec;
 
 use crate::control::ControlResult;
 use crate::facts::Fact;
+use crate::ops::CallFault;
 use crate::ops::{Finished, ListResult};
 use crate::pull::PullResult;
 use crate::record::{InboxRecord, RecoveryReason, State};
-use crate::ops::CallFault;
 use crate::session::{Exchange, SessionResult};
 use crate::worker::{HaltReason, ListPurpose, Phase, SessionStatus, StopReason, Work, Worker};
 
@@ -416,68 +416,72 @@ impl Worker {
                 self.next_tick_at = self.now;
                 self.heartbeat_due_at = self.now;
             }
-            SessionResult::Unanswered { exchange, fault } => {
-                // Retried; the Session lease decides what stays usable. An uncertain heartbeat
-                // or transition may have moved the Session's version at the control plane: the
-                // fence that then answers the next exchange is expected (see `Fenced`).
-                self.heartbeat_due_at = self.now;
-                if matches!(fault, CallFault::Uncertain(_))
-                    && matches!(exchange, Exchange::Heartbeat | Exchange::Transition(_))
-                {
-                    self.session_uncertain = true;
-                }
-                match exchange {
-                    Exchange::Register => {
-                        self.register_failures = self.register_failures.saturating_add(1);
-                        let delay = register_backoff(
-                            self.config.backoff_base_ms,
-                            self.register_failures,
-                        );
-                        self.register_retry_at = Some(self.now.saturating_add(delay));
-                        let attempt = self.register_failures;
-                        self.fact(|| Fact::RegisterRetry {
-                            attempt,
-                            fault,
-                            retry_in_ms: delay,
-                        });
-                    }
-                    Exchange::Heartbeat | Exchange::Transition(SessionStatus::Draining) => {}
-                    // Nothing is in flight (the final transition is queued only then): the
-                    // drain is done; the Session's lease expires at the control plane.
-                    Exchange::Transition(SessionStatus::Offline | SessionStatus::Online) => {
-                        self.stop(self.drain_end());
-                    }
-                }
-            }
-            SessionResult::Fenced(detail) => {
-                if !self.rejoin {
-                    // A fence right after an uncertain exchange is what a committed, unanswered
-                    // exchange leaves (the control plane holds version + 1): register again
-                    // (the reference's resume) without counting it against the Worker.
-                    let expected = core::mem::take(&mut self.session_uncertain);
-                    if !expected {
-                        self.fences = self.fences.saturating_add(1);
-                    }
-                    if self.fences > MAX_FENCES_IN_A_ROW {
-                        self.halt(HaltReason::SessionFenced {
-                            detail: alloc::format!(
-                                "{detail} ({} fences in a row, each after registering again)",
-                                self.fences
-                            ),
-                        });
-                        return;
-                    }
-                    let attempt = self.fences.max(1);
-                    self.rejoin = true;
-                    self.next_tick_at = self.now;
-                    self.fact(|| Fact::Rejoining {
-                        detail,
-                        attempt,
-                        after_uncertain: expected,
-                    });
-                }
-            }
+            SessionResult::Unanswered { exchange, fault } => self.on_unanswered(exchange, fault),
+            SessionResult::Fenced(detail) => self.on_fenced(detail),
             SessionResult::Rejected(detail) => self.halt(HaltReason::RegisterRejected { detail }),
+        }
+    }
+
+    /// A Session exchange got no usable answer: retried; the Session lease decides what stays
+    /// usable.
+    fn on_unanswered(&mut self, exchange: Exchange, fault: CallFault) {
+        // Retried; the Session lease decides what stays usable. An uncertain heartbeat
+        // or transition may have moved the Session's version at the control plane: the
+        // fence that then answers the next exchange is expected (see `Fenced`).
+        self.heartbeat_due_at = self.now;
+        if matches!(fault, CallFault::Uncertain(_))
+            && matches!(exchange, Exchange::Heartbeat | Exchange::Transition(_))
+        {
+            self.session_uncertain = true;
+        }
+        match exchange {
+            Exchange::Register => {
+                self.register_failures = self.register_failures.saturating_add(1);
+                let delay = register_backoff(self.config.backoff_base_ms, self.register_failures);
+                self.register_retry_at = Some(self.now.saturating_add(delay));
+                let attempt = self.register_failures;
+                self.fact(|| Fact::RegisterRetry {
+                    attempt,
+                    fault,
+                    retry_in_ms: delay,
+                });
+            }
+            Exchange::Heartbeat | Exchange::Transition(SessionStatus::Draining) => {}
+            // Nothing is in flight (the final transition is queued only then): the
+            // drain is done; the Session's lease expires at the control plane.
+            Exchange::Transition(SessionStatus::Offline | SessionStatus::Online) => {
+                self.stop(self.drain_end());
+            }
+        }
+    }
+
+    /// The Session was fenced: register it again (the reference's resume).
+    fn on_fenced(&mut self, detail: alloc::string::String) {
+        if !self.rejoin {
+            // A fence right after an uncertain exchange is what a committed, unanswered
+            // exchange leaves (the control plane holds version + 1): register again
+            // (the reference's resume) without counting it against the Worker.
+            let expected = core::mem::take(&mut self.session_uncertain);
+            if !expected {
+                self.fences = self.fences.saturating_add(1);
+            }
+            if self.fences > MAX_FENCES_IN_A_ROW {
+                self.halt(HaltReason::SessionFenced {
+                    detail: alloc::format!(
+                        "{detail} ({} fences in a row, each after registering again)",
+                        self.fences
+                    ),
+                });
+                return;
+            }
+            let attempt = self.fences.max(1);
+            self.rejoin = true;
+            self.next_tick_at = self.now;
+            self.fact(|| Fact::Rejoining {
+                detail,
+                attempt,
+                after_uncertain: expected,
+            });
         }
     }
 

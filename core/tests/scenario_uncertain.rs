@@ -66,7 +66,11 @@ fn assert_running(sim: &Sim) {
         sim.status,
         sim.commands()
     );
-    assert!(sim.world.violations.is_empty(), "{:?}", sim.world.violations);
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
 }
 
 /// A renewal the control plane committed but whose answer was lost leaves the plane at v + 1.
@@ -77,7 +81,11 @@ fn a_renewal_whose_answer_was_lost_is_caught_up_one_version_on() {
     let mut sim = holding(State::RunningAcknowledged);
     sim.on(On::Post(Operation::LeaseControl), Answer::LostAfterCommit);
     sim.run(1);
-    assert_eq!(record_of(&sim).offer.lease.version.get(), 0, "nothing durable");
+    assert_eq!(
+        record_of(&sim).offer.lease.version.get(),
+        0,
+        "nothing durable"
+    );
     sim.run(1);
     assert_eq!(
         expected_versions(&sim, Operation::LeaseControl),
@@ -105,9 +113,7 @@ fn a_renewal_whose_answer_was_lost_is_caught_up_one_version_on() {
 fn a_garbled_or_odd_status_renewal_answer_is_uncertain_and_caught_up() {
     let odds: [fn() -> Outcome; 5] = [
         || Outcome::Responded(b"not json".to_vec()),
-        || {
-            Outcome::Responded(b"{\"schema\":\"qinglong/remote-worker-lease-control@v1\"}".to_vec())
-        },
+        || Outcome::Responded(b"{\"schema\":\"qinglong/remote-worker-lease-control@v1\"}".to_vec()),
         || {
             Outcome::Http(HttpFailure::Status {
                 status: 201,
@@ -300,10 +306,13 @@ fn a_register_without_a_usable_answer_backs_off_and_never_halts() {
             }
             sim.tick();
         }
-        let Some((_, Act::Post {
-            operation: Operation::Register,
-            ..
-        })) = sim.pending.clone()
+        let Some((
+            _,
+            Act::Post {
+                operation: Operation::Register,
+                ..
+            },
+        )) = sim.pending.clone()
         else {
             panic!("a register is outstanding: {:?}", sim.pending);
         };
@@ -341,7 +350,11 @@ fn a_register_without_a_usable_answer_backs_off_and_never_halts() {
 /// never a start failure; the Run then starts with its Secret value.
 #[test]
 fn an_unusable_secrets_answer_is_retried_never_a_start_failure() {
-    for answer in [Answer::LostAfterCommit, Answer::Invalid, Answer::Unavailable] {
+    for answer in [
+        Answer::LostAfterCommit,
+        Answer::Invalid,
+        Answer::Unavailable,
+    ] {
         let world = World::new(
             1,
             vec![OfferTemplate::with_revision(1, testkit::secret_revision())],

@@ -141,6 +141,11 @@ pub const EVENTS: &[(&str, Level, &str)] = &[
         "the Session was fenced; the Worker registers it again",
     ),
     (
+        "session.register_failed",
+        Level::Warn,
+        "a register got no usable answer (or an answer that breaks the contract); it is retried after a growing backoff, never a halt",
+    ),
+    (
         "session.retiring",
         Level::Warn,
         "the Session is draining or offline at start (an earlier drain did not finish): its live Runs finish under it, then a new Session replaces it",
@@ -216,6 +221,11 @@ pub const EVENTS: &[(&str, Level, &str)] = &[
         "a launch was refused before anything started (a proven start failure)",
     ),
     (
+        "start.uncertain",
+        Level::Warn,
+        "a start-path call may have taken effect but got no usable answer; the record is unchanged and the call retried",
+    ),
+    (
         "launch.unknown",
         Level::Error,
         "a launch outcome is unknown: recovery evidence",
@@ -229,6 +239,11 @@ pub const EVENTS: &[(&str, Level, &str)] = &[
         "renewal.failed",
         Level::Warn,
         "a lease renewal got no usable answer or was refused",
+    ),
+    (
+        "renewal.uncertain",
+        Level::Warn,
+        "a lease renewal may have committed but its answer is unusable; asked again, and a fence then is retried one lease version on",
     ),
     (
         "renewal.fenced",

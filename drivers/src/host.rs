@@ -741,15 +741,18 @@ pub fn http_failure(error: TransportError) -> HttpFailure {
     use crate::https::Blame;
     match error {
         TransportError::Status { status, code } => HttpFailure::Status { status, code },
-        TransportError::Timeout { ref phase } if matches!(phase.as_str(), "resolve" | "connect") => {
+        TransportError::Timeout { ref phase }
+            if matches!(phase.as_str(), "resolve" | "connect") =>
+        {
             HttpFailure::Unavailable
         }
         other => match other.blame() {
             Blame::Local | Blame::Tls => HttpFailure::Unavailable,
-            Blame::Connection if matches!(
-                other,
-                TransportError::HostNotFound | TransportError::Connect { .. }
-            ) =>
+            Blame::Connection
+                if matches!(
+                    other,
+                    TransportError::HostNotFound | TransportError::Connect { .. }
+                ) =>
             {
                 HttpFailure::Unavailable
             }

@@ -76,7 +76,9 @@ pub fn operation(path: &str) -> &str {
 fn fault_text(fault: &CallFault) -> String {
     match fault {
         CallFault::Unavailable => String::from("no usable answer"),
-        CallFault::Uncertain(why) => format!("an uncertain outcome (it may have taken effect): {why}"),
+        CallFault::Uncertain(why) => {
+            format!("an uncertain outcome (it may have taken effect): {why}")
+        }
         CallFault::Fenced { code } => {
             format!("409 {}", code.as_deref().unwrap_or("without a code"))
         }
@@ -606,8 +608,7 @@ impl Telemetry {
                 fault,
                 retry_in_ms,
             } => {
-                if let CallFault::Uncertain(Uncertainty::Garbled(e)) | CallFault::Invalid(e) =
-                    fault
+                if let CallFault::Uncertain(Uncertainty::Garbled(e)) | CallFault::Invalid(e) = fault
                 {
                     self.invalid_answer("register", &e.to_string());
                 }

@@ -445,7 +445,9 @@ impl Campaign {
         self.reaped += self.cp().with_model(|m| m.reap_expired_leases(now)).len();
     }
 
-    /// One transport fault on an idempotent Worker route (replays are answered), sometimes.
+    /// One transport fault on a Worker route, sometimes: every route, including those whose
+    /// retry the reference fences after a lost answer (heartbeat, transition, lease-control: the
+    /// Worker reasons about the version the lost call advanced, issue 17).
     fn maybe_net_fault(&mut self) {
         if !self.rng.percent(self.params.net_fault_percent) {
             return;
@@ -461,17 +463,24 @@ impl Campaign {
             "artifacts",
             "completion",
             "secrets",
+            "heartbeat",
+            "lease-control",
+            "register",
+            "transition",
         ];
-        let op = operations[self.rng.weighted(&[3, 2, 2, 1, 2, 3, 1])];
+        let op = operations[self.rng.weighted(&[3, 2, 2, 1, 2, 3, 1, 2, 3, 1, 1])];
         let path = format!(
             "/api/v3/worker-ingress/workers/{}/sessions/{}/{op}",
             self.cp().worker_id(),
             session.session_id
         );
-        let (name, fault) = match self.rng.weighted(&[6, 3, 1]) {
+        let (name, fault) = match self.rng.weighted(&[6, 3, 1, 1, 1, 1]) {
             0 => ("commit-then-drop", Fault::CommitThenDrop),
             1 => ("unavailable", Fault::Unavailable),
-            _ => ("slow", Fault::Slow(Duration::from_millis(300))),
+            2 => ("slow", Fault::Slow(Duration::from_millis(300))),
+            3 => ("widened-200", Fault::WidenedJson),
+            4 => ("status-201", Fault::WrongStatus(201)),
+            _ => ("redirect", Fault::Redirect),
         };
         self.cp().inject_for(&path, fault);
         *self.net_faults.entry(name).or_default() += 1;
