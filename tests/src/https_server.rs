@@ -410,8 +410,28 @@ impl RequestRecord {
     }
 }
 
+/// Which request a queued fault is for.
+enum Target {
+    /// The next request, whatever its path.
+    Any,
+    /// The next request to exactly this path.
+    Path(String),
+    /// The next request whose path ends with this text.
+    Suffix(String),
+}
+
+impl Target {
+    fn matches(&self, path: &str) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Path(p) => p == path,
+            Self::Suffix(s) => path.ends_with(s.as_str()),
+        }
+    }
+}
+
 struct FaultRule {
-    path: Option<String>,
+    target: Target,
     fault: Fault,
 }
 
@@ -528,13 +548,25 @@ impl HttpsServer {
 
     /// Queues a fault for the next request, whatever its path.
     pub fn inject(&self, fault: Fault) {
-        lock(&self.shared.faults).push_back(FaultRule { path: None, fault });
+        lock(&self.shared.faults).push_back(FaultRule {
+            target: Target::Any,
+            fault,
+        });
     }
 
     /// Queues a fault for the next request whose path is exactly `path`.
     pub fn inject_for(&self, path: &str, fault: Fault) {
         lock(&self.shared.faults).push_back(FaultRule {
-            path: Some(path.to_owned()),
+            target: Target::Path(path.to_owned()),
+            fault,
+        });
+    }
+
+    /// Queues a fault for the next request whose path ends with `suffix` (for example
+    /// `/lease-control`, whatever the Worker and Session in front of it).
+    pub fn inject_for_suffix(&self, suffix: &str, fault: Fault) {
+        lock(&self.shared.faults).push_back(FaultRule {
+            target: Target::Suffix(suffix.to_owned()),
             fault,
         });
     }
@@ -1060,9 +1092,7 @@ fn serve_request(
 
 fn take_fault(shared: &Shared, path: &str) -> Option<Fault> {
     let mut faults = lock(&shared.faults);
-    let index = faults
-        .iter()
-        .position(|rule| rule.path.as_deref().is_none_or(|p| p == path))?;
+    let index = faults.iter().position(|rule| rule.target.matches(path))?;
     faults.remove(index).map(|rule| rule.fault)
 }
 

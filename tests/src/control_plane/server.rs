@@ -45,6 +45,9 @@ use crate::https_server::{
 };
 use crate::pki::{TestPki, write_private};
 
+/// The body of a [`Fault::NotJson`] answer.
+const NOT_JSON: &[u8] = b"not json";
+
 /// Granularity of the interruptible sleep of [`Fault::Slow`].
 const SLEEP_STEP: Duration = Duration::from_millis(10);
 
@@ -65,6 +68,10 @@ pub enum Fault {
     Garbage,
     /// Applied, and the answer gets an extra key (`"widened":true`) in its top-level object.
     WidenedJson,
+    /// Applied, and whatever the model answered goes out as `200` with
+    /// `content-type: application/json` and the body `not json` (a garbled answer: the request
+    /// committed, the Worker cannot read the outcome).
+    NotJson,
     /// Not applied: `302 Found` with a `location` to another path of this server.
     Redirect,
     /// Applied, and the model's answer goes out with this status instead.
@@ -97,6 +104,7 @@ impl Fault {
             Self::Unavailable
             | Self::Slow(_)
             | Self::WidenedJson
+            | Self::NotJson
             | Self::Redirect
             | Self::WrongStatus(_)
             | Self::Refuse(_)
@@ -149,8 +157,34 @@ pub struct WorkerSettings {
     pub credential_file: PathBuf,
 }
 
+/// Which request a queued fault is for.
+enum Target {
+    /// The next request, whatever its path.
+    Any,
+    /// The next request to exactly this path.
+    Path(String),
+    /// The next request to this operation, whatever the Worker and Session in its path.
+    Operation(Operation),
+}
+
+impl Target {
+    fn matches(&self, path: &str) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Path(p) => p == path,
+            // The same rule as the transport's suffix match, so both layers pick one request.
+            Self::Operation(operation) => path.ends_with(&operation_suffix(*operation)),
+        }
+    }
+}
+
+/// The path suffix that selects `operation` (its last path segment).
+fn operation_suffix(operation: Operation) -> String {
+    format!("/{}", operation.as_str())
+}
+
 struct FaultRule {
-    path: Option<String>,
+    target: Target,
     fault: Fault,
 }
 
@@ -312,24 +346,34 @@ impl ReferenceControlPlane {
 
     /// Queues a transport fault for the next request, whatever its path.
     pub fn inject(&self, fault: Fault) {
-        self.push_fault(None, fault);
+        self.push_fault(Target::Any, fault);
     }
 
     /// Queues a transport fault for the next request to exactly `path`.
     pub fn inject_for(&self, path: &str, fault: Fault) {
-        self.push_fault(Some(path.to_owned()), fault);
+        self.push_fault(Target::Path(path.to_owned()), fault);
     }
 
-    fn push_fault(&self, path: Option<String>, fault: Fault) {
+    /// Queues a transport fault for the next request to `operation`, whatever the Worker and
+    /// Session in its path: usable before the Worker has chosen its Session id (the first
+    /// `register`, or the first call of a Run queued before the Worker starts).
+    pub fn inject_for_operation(&self, operation: Operation, fault: Fault) {
+        self.push_fault(Target::Operation(operation), fault);
+    }
+
+    fn push_fault(&self, target: Target, fault: Fault) {
         // Both queues are consumed by the same request: the transport takes its fault when the
         // request head arrives, the adapter when the handler runs.
         if let (Some(server), Some(transport)) = (&self.server, fault.transport()) {
-            match &path {
-                Some(p) => server.inject_for(p, transport),
-                None => server.inject(transport),
+            match &target {
+                Target::Any => server.inject(transport),
+                Target::Path(p) => server.inject_for(p, transport),
+                Target::Operation(operation) => {
+                    server.inject_for_suffix(&operation_suffix(*operation), transport);
+                }
             }
         }
-        lock(&self.shared.faults).push_back(FaultRule { path, fault });
+        lock(&self.shared.faults).push_back(FaultRule { target, fault });
     }
 
     /// Queues a fault of the control plane's own services (see [`ServiceFault`]).
@@ -405,9 +449,7 @@ struct CpHandler {
 impl CpHandler {
     fn take_fault(&self, path: &str) -> Option<Fault> {
         let mut faults = lock(&self.shared.faults);
-        let index = faults
-            .iter()
-            .position(|rule| rule.path.as_deref().is_none_or(|p| p == path))?;
+        let index = faults.iter().position(|rule| rule.target.matches(path))?;
         faults.remove(index).map(|rule| rule.fault)
     }
 
@@ -491,6 +533,12 @@ impl Handler for CpHandler {
                 }
                 to_response(cp)
             }
+            Fault::NotJson => {
+                // The model's own answer (success or error) is discarded: the request committed
+                // or was refused, and the Worker cannot tell which.
+                drop(self.apply(req));
+                Response::json(NOT_JSON.to_vec())
+            }
             Fault::Redirect => Response {
                 status: 302,
                 headers: vec![("location".to_owned(), "/redirected".to_owned())],
@@ -524,5 +572,17 @@ mod tests {
     fn widening_adds_one_key_to_an_object() {
         assert_eq!(widen(br#"{"a":1}"#), br#"{"widened":true,"a":1}"#.to_vec());
         assert_eq!(widen(b"{}"), b"{}".to_vec());
+    }
+
+    #[test]
+    fn an_operation_target_matches_only_that_operation() {
+        let base = "/api/v3/worker-ingress/workers/w/sessions/s";
+        let target = Target::Operation(Operation::Running);
+        assert!(target.matches(&format!("{base}/running")));
+        assert!(!target.matches(&format!("{base}/starting")));
+        assert!(!target.matches(&format!("{base}/running/x")));
+        let lease = Target::Operation(Operation::LeaseControl);
+        assert!(lease.matches(&format!("{base}/lease-control")));
+        assert!(!lease.matches(&format!("{base}/completion")));
     }
 }
