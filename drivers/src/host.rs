@@ -766,3 +766,63 @@ pub fn http_failure(error: TransportError) -> HttpFailure {
 pub fn launch(plan: LaunchPlan, spool: SpoolPolicy) -> Launch {
     Launch::from_core(plan, spool.maximum_attempt_bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::https::TlsFailure;
+    use std::io::ErrorKind;
+
+    /// What can have reached the control plane is uncertain; what cannot is unavailable; a status
+    /// crosses over as it is (issue 17).
+    #[test]
+    fn transport_errors_are_unsent_or_uncertain() {
+        let timeout = |phase: &str| TransportError::Timeout {
+            phase: phase.to_owned(),
+        };
+        let unsent = [
+            TransportError::HostNotFound,
+            TransportError::Connect {
+                kind: ErrorKind::ConnectionRefused,
+            },
+            TransportError::Tls(TlsFailure::UnknownIssuer),
+            TransportError::RequestTooLarge { len: 9, cap: 8 },
+            timeout("resolve"),
+            timeout("connect"),
+        ];
+        for error in unsent {
+            let text = error.to_string();
+            assert_eq!(http_failure(error), HttpFailure::Unavailable, "{text}");
+        }
+        let uncertain = [
+            timeout("send body"),
+            timeout("receive response"),
+            timeout("global"),
+            TransportError::ConnectionClosed {
+                kind: ErrorKind::ConnectionReset,
+            },
+            TransportError::Io {
+                kind: ErrorKind::BrokenPipe,
+            },
+            TransportError::ContentType,
+            TransportError::ResponseTooShort { len: 1 },
+            TransportError::MalformedResponse {
+                reason: String::from("bad status line"),
+            },
+        ];
+        for error in uncertain {
+            let text = error.to_string();
+            assert_eq!(http_failure(error), HttpFailure::Uncertain, "{text}");
+        }
+        assert_eq!(
+            http_failure(TransportError::Status {
+                status: 302,
+                code: None
+            }),
+            HttpFailure::Status {
+                status: 302,
+                code: None
+            }
+        );
+    }
+}

@@ -174,7 +174,8 @@ struct Outcome {
 
 impl Outcome {
     fn passed(&self) -> bool {
-        self.local == "completion_acknowledged"
+        self.fault_reached
+            && self.local == "completion_acknowledged"
             && self.plane == "succeeded"
             && self.executions == 1
             && self.exited_early.is_none()
