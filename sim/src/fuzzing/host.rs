@@ -666,6 +666,9 @@ impl Host {
                 }
             }
             Mode::Fault(f) => match f % 6 {
+                0 if (f / 6) % 2 == 1 => {
+                    return Answer::new(Outcome::Http(HttpFailure::Uncertain));
+                }
                 0 => return Answer::new(Outcome::Http(HttpFailure::Unavailable)),
                 1 => return Answer::new(http_status(409)),
                 2 => body = r.slice(64).to_vec(),
@@ -707,11 +710,15 @@ impl Host {
             (Mode::Valid, None) => Answer::new(http_status(404)),
             (Mode::Fault(f), valid) => {
                 let mut answer = Answer::new(post_fault(f, valid, r));
-                answer.license.session = session;
+                // Only a final answer licenses a Session halt: a fence (repeated, it is two
+                // Workers on one worker id), a refusal, or an answer of the contract's shape
+                // that breaks the version CAS. An unavailable or uncertain answer (no answer, a
+                // 503, a 401, a 302, a 201, a body that is not JSON) never does (issue 17).
+                answer.license.session = session && licenses_session_halt(&answer.outcome);
                 answer
             }
         };
-        if session && matches!(answer.outcome, Outcome::Http(HttpFailure::Status { .. })) {
+        if session && licenses_session_halt(&answer.outcome) {
             answer.license.session = true;
         }
         // A register answered `replacedSession: true`: another Session of this worker id had
@@ -877,13 +884,32 @@ fn http_status(status: u16) -> Outcome {
     })
 }
 
-/// A faulty answer to a JSON call.
+/// Whether a Session exchange answered with `outcome` may end in a halt: a 409 (the fences
+/// repeat), another 4xx refusal but 401/403, or a 200 whose body may be of the contract's shape
+/// and break its CAS. Never an unavailable or uncertain outcome.
+fn licenses_session_halt(outcome: &Outcome) -> bool {
+    match outcome {
+        Outcome::Http(HttpFailure::Status { status, .. }) => {
+            matches!(status, 400..=499) && !matches!(status, 401 | 403 | 408 | 429)
+        }
+        Outcome::Responded(body) => serde_json::from_slice::<Value>(body).is_ok(),
+        _ => false,
+    }
+}
+
+/// A faulty answer to a JSON call. The high bits of `f` pick among kinds of one family: no
+/// answer (unsent, or uncertain: the request may have taken effect), and an answer that is not
+/// a 200 or an error (503, or the uncertain 302 and 201).
 fn post_fault(f: u8, valid: Option<Vec<u8>>, r: &mut Bytes<'_>) -> Outcome {
     match f % 8 {
+        0 if (f / 8) % 2 == 1 => Outcome::Http(HttpFailure::Uncertain),
         0 => Outcome::Http(HttpFailure::Unavailable),
         1 => http_status(409),
         2 => http_status(400),
-        3 => http_status(503),
+        3 => Outcome::Http(HttpFailure::Status {
+            status: [503, 302, 201][usize::from(f / 8) % 3],
+            code: None,
+        }),
         4 => Outcome::Responded(r.slice(96).to_vec()),
         5 => {
             let mut bytes = valid.unwrap_or_default();
