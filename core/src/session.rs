@@ -74,7 +74,7 @@ pub enum SessionResult {
     Rejected(String),
 }
 
-/// A Session exchange.
+/// A Session exchange (`Display`: its name on the wire, e.g. `transition to draining`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exchange {
     /// `register` (first, or again after a fence), or the new Session id's durable write.
@@ -324,14 +324,28 @@ impl SessionOp {
             (
                 Self::Registering { .. } | Self::DrawingSessionId | Self::PersistingSessionId(_),
                 CallFault::Fenced { code },
-            ) => SessionResult::Rejected(described(409, code.as_deref())),
+            ) => SessionResult::Rejected(format!(
+                "{exchange} answered {}",
+                described(409, code.as_deref())
+            )),
             (Self::Heartbeating(_) | Self::Transitioning(_), CallFault::Fenced { code }) => {
                 SessionResult::Fenced(described(409, code.as_deref()))
             }
-            (_, CallFault::Rejected { status, code }) => {
-                SessionResult::Rejected(described(status, code.as_deref()))
-            }
+            (_, CallFault::Rejected { status, code }) => SessionResult::Rejected(format!(
+                "{exchange} answered {}",
+                described(status, code.as_deref())
+            )),
             (_, fault @ CallFault::Invalid(_)) => SessionResult::Unanswered { exchange, fault },
+        }
+    }
+}
+
+impl core::fmt::Display for Exchange {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::Register => f.write_str("register"),
+            Self::Heartbeat => f.write_str("heartbeat"),
+            Self::Transition(status) => write!(f, "transition to {}", status.as_str()),
         }
     }
 }

@@ -204,7 +204,9 @@ pub enum HaltReason {
         /// The response that fenced it.
         detail: String,
     },
-    /// The register exchange failed permanently.
+    /// A Session exchange was refused for good: a register (400, 404, 409, 413, 415, or a
+    /// register again after a fence answered that another Session replaced this one), a
+    /// heartbeat or a transition (400, 404, 413, 415), or its request could not be built.
     RegisterRejected {
         /// Why.
         detail: String,
@@ -229,7 +231,9 @@ impl fmt::Display for HaltReason {
                  the next start reconciles from disk",
             ),
             Self::SessionFenced { detail } => write!(f, "the Worker Session was fenced: {detail}"),
-            Self::RegisterRejected { detail } => write!(f, "Session register failed: {detail}"),
+            Self::RegisterRejected { detail } => {
+                write!(f, "a Session exchange was refused for good: {detail}")
+            }
             Self::UnexpectedOutcome { detail } => {
                 write!(
                     f,
