@@ -22,7 +22,7 @@ use alloc::string::String;
 use crate::fingerprint::Fingerprint;
 use crate::ids::OfferId;
 use crate::io::{Action, HttpCall, Outcome, ReceiptRead};
-use crate::ops::{CallFault, http_fault, next_record, persist, response, unexpected};
+use crate::ops::{CallFault, garbled, http_fault, next_record, persist, response, unexpected};
 use crate::receipt::{AuthenticatedReceipt, ReceiptError, authenticate};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::Fence;
@@ -72,7 +72,8 @@ pub enum CompletionOutcome {
     CompletionResponseInvalid(String),
     /// The control plane settled the Run otherwise (`already_terminal`); the inbox is unchanged.
     ControlPlaneTerminal,
-    /// A call got no usable answer.
+    /// A call got no usable answer (none, an uncertain one, or one that is not the contract's
+    /// JSON): retried at the next pass.
     Unavailable,
     /// A call was refused.
     Refused(CallFault),
@@ -368,8 +369,12 @@ impl CompletionOp {
         }
         let stored = match ArtifactReceipt::parse(&body, upload, &sent_sha256) {
             Ok(stored) => stored,
+            // Not the contract's JSON: the answer is lost, as a dropped one (issue 17).
             Err(e) => {
-                return Step::Done(CompletionOutcome::ArtifactResponseInvalid(format!("{e}")));
+                return Step::Done(match garbled(e) {
+                    Ok(_) => CompletionOutcome::Unavailable,
+                    Err(e) => CompletionOutcome::ArtifactResponseInvalid(format!("{e}")),
+                });
             }
         };
         let (Some(digest), Some(log_artifact_id)) = (
@@ -458,7 +463,10 @@ impl CompletionOp {
         let answer = match CompletionResponse::parse(&body, request) {
             Ok(answer) => answer,
             Err(e) => {
-                return Step::Done(CompletionOutcome::CompletionResponseInvalid(format!("{e}")));
+                return Step::Done(match garbled(e) {
+                    Ok(_) => CompletionOutcome::Unavailable,
+                    Err(e) => CompletionOutcome::CompletionResponseInvalid(format!("{e}")),
+                });
             }
         };
         match answer.status {

@@ -245,7 +245,27 @@ impl ControlOp {
                     result @ (CompletionOutcome::AlreadyCompleted(_)
                     | CompletionOutcome::Acknowledged(_)),
                 ) => Step::Done(ControlResult::Completed(result)),
-                Step::Done(_) => self.stop(ctx, &record, StopCause::ControlPlaneTerminal),
+                // The replay got no usable answer, or a transient read or write failed: nothing
+                // says the control plane settled the Run otherwise (the lost answer may well be
+                // our own completion's). The next pass asks again; found by the hostile-network
+                // test (issue 17).
+                Step::Done(
+                    result @ (CompletionOutcome::Unavailable
+                    | CompletionOutcome::StorageUnchanged
+                    | CompletionOutcome::ReceiptUnavailable
+                    | CompletionOutcome::ArtifactUnavailable),
+                ) => Step::Done(ControlResult::Pending(result)),
+                Step::Done(
+                    CompletionOutcome::NotFound
+                    | CompletionOutcome::Deferred
+                    | CompletionOutcome::ReceiptMissing
+                    | CompletionOutcome::ReceiptInvalid(_)
+                    | CompletionOutcome::ArtifactMissing
+                    | CompletionOutcome::ArtifactResponseInvalid(_)
+                    | CompletionOutcome::CompletionResponseInvalid(_)
+                    | CompletionOutcome::ControlPlaneTerminal
+                    | CompletionOutcome::Refused(_),
+                ) => self.stop(ctx, &record, StopCause::ControlPlaneTerminal),
                 Step::Halt(reason) => Step::Halt(reason),
             },
             LState::Controlling(record, request, caught_up) => {

@@ -456,3 +456,36 @@ fn an_uncertain_transition_still_drains_cleanly() {
         sim.commands()
     );
 }
+
+/// The completion was applied but its answer lost; the lease-control call then answers
+/// `terminal` (the Run completed — by us) and the completion replay's answer is lost too. That
+/// is no proof that the control plane settled the Run otherwise: the pass ends without recovery
+/// evidence, and the next one completes the Run (`already_completed`). Found by the
+/// hostile-network test (`drivers/tests/e2e_hostile_network.rs`).
+#[test]
+fn a_lost_completion_replay_answer_is_not_a_control_plane_terminal() {
+    let mut sim = holding(State::RunningAcknowledged);
+    sim.event(Event::Exit {
+        index: 0,
+        code: 0,
+        receipt: ReceiptKind::Genuine,
+    });
+    sim.on(On::Post(Operation::Completion), Answer::LostAfterCommit);
+    sim.on(On::Post(Operation::Completion), Answer::LostAfterCommit);
+    sim.run(1);
+    let commands = sim.commands();
+    assert_eq!(
+        commands
+            .iter()
+            .filter(|l| *l == "post completion o1")
+            .count(),
+        2,
+        "the completion and its replay after `terminal`: {commands:#?}"
+    );
+    assert!(commands.iter().any(|l| l == "post lease-control o1"));
+    assert_eq!(record_of(&sim).state, State::RunningAcknowledged);
+    assert_eq!(count(&sim, "stop o1"), 0);
+    sim.run(1);
+    assert_eq!(record_of(&sim).state, State::CompletionAcknowledged);
+    assert_running(&sim);
+}
