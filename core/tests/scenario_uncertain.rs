@@ -6,7 +6,6 @@
 
 use ql_worker_core::io::{HttpFailure, Outcome};
 use ql_worker_core::record::State;
-use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::worker::StopReason;
 use ql_worker_sim::testkit::act::Act;
@@ -15,10 +14,6 @@ use ql_worker_sim::testkit::world::{
     Answer, Event, OfferTemplate, ProcessState, ReceiptKind, World,
 };
 use ql_worker_sim::testkit::{self};
-
-fn ms(v: u64) -> UnixMillis {
-    UnixMillis::new(v).unwrap()
-}
 
 /// A Worker holding o1 in `state` with its process running, registered and reconciled; trail
 /// emptied.
