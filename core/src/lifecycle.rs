@@ -425,9 +425,9 @@ impl Worker {
     /// A Session exchange got no usable answer: retried; the Session lease decides what stays
     /// usable.
     fn on_unanswered(&mut self, exchange: Exchange, fault: CallFault) {
-        // Retried; the Session lease decides what stays usable. An uncertain heartbeat
-        // or transition may have moved the Session's version at the control plane: the
-        // fence that then answers the next exchange is expected (see `Fenced`).
+        // An uncertain heartbeat or transition may have moved the Session's version at the
+        // control plane: the fence that then answers the next exchange is expected (see
+        // `on_fenced`).
         self.heartbeat_due_at = self.now;
         if matches!(fault, CallFault::Uncertain(_))
             && matches!(exchange, Exchange::Heartbeat | Exchange::Transition(_))
