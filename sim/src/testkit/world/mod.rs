@@ -547,18 +547,27 @@ impl World {
         String::from(log.as_str())
     }
 
-    /// Writes a canonical rendering of the world (without [`World::violations`]).
+    /// Writes a canonical rendering of the world (without [`World::violations`]): its state
+    /// ([`World::state_fingerprint`]) and its history — the entropy seed and draw counter, the
+    /// checkers' evidence (every drawn window, spawn counts, deliveries) — and the mutation.
     pub fn fingerprint(&self, hasher: &mut dyn Hasher) {
         hasher.write_u64(self.seed);
         hasher.write_u32(self.draws);
-        self.disk.fingerprint(hasher);
-        self.supervisor.fingerprint(hasher);
-        self.plane.fingerprint(hasher);
+        self.state_fingerprint(hasher);
         for window in &self.evidence.windows {
             hasher.write(window);
         }
         hash_debug(hasher, &(&self.evidence.spawns, &self.evidence.delivered));
         hash_debug(hasher, &self.mutation);
+    }
+
+    /// Writes a canonical rendering of the world's state only: the disk (records, claim,
+    /// receipts, logs), the supervisor's process table, the control plane and the stored
+    /// Session id. Not the entropy stream's position, not the checkers' evidence.
+    pub fn state_fingerprint(&self, hasher: &mut dyn Hasher) {
+        self.disk.fingerprint(hasher);
+        self.supervisor.fingerprint(hasher);
+        self.plane.fingerprint(hasher);
         hash_debug(hasher, &self.session_id);
     }
 }
