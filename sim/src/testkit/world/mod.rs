@@ -35,7 +35,7 @@ pub use self::plane::{ControlPlane, CpRun, CpStatus, OfferTemplate};
 pub use self::supervisor::{Process, ProcessState, ReceiptKind, Supervisor};
 use crate::testkit::act::Act;
 use ql_worker_core::capability::{ENTROPY_BYTES, Entropy};
-use ql_worker_core::ids::{OfferId, SessionId};
+use ql_worker_core::ids::{AttemptId, OfferId, RunId, SessionId};
 use ql_worker_core::io::Outcome;
 use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
@@ -207,6 +207,8 @@ pub struct Evidence {
     pub windows: Vec<[u8; 32]>,
     /// Spawn commands received per offer, with the answer given to the last one.
     pub spawns: BTreeMap<OfferId, (u32, Answer)>,
+    /// Spawn commands received per Run: the Attempt and offer of each, in order.
+    pub run_spawns: BTreeMap<RunId, Vec<(AttemptId, OfferId)>>,
     /// For each claimed offer id: whether the last `offers` reply the Worker heard delivered it.
     pub delivered: BTreeMap<OfferId, bool>,
 }
@@ -547,6 +549,13 @@ impl World {
         String::from(log.as_str())
     }
 
+    /// Turns on re-delivery of expired Runs under fresh offer ids ([`ControlPlane::reoffers`]).
+    #[must_use]
+    pub fn with_reoffers(mut self) -> Self {
+        self.plane.reoffers = true;
+        self
+    }
+
     /// Writes a canonical rendering of the world (without [`World::violations`]): its state
     /// ([`World::state_fingerprint`]) and its history — the entropy seed and draw counter, the
     /// checkers' evidence (every drawn window, spawn counts, deliveries) — and the mutation.
@@ -558,6 +567,7 @@ impl World {
             hasher.write(window);
         }
         hash_debug(hasher, &(&self.evidence.spawns, &self.evidence.delivered));
+        hash_debug(hasher, &self.evidence.run_spawns);
         hash_debug(hasher, &self.mutation);
     }
 
