@@ -462,6 +462,19 @@ impl Search<'_> {
             };
             *self.report.coverage.entry(key).or_default() += 1;
         }
+        let plane = &sim.world.plane;
+        let superseded = plane
+            .runs
+            .values()
+            .any(|r| r.status == crate::testkit::world::CpStatus::Superseded);
+        if superseded {
+            let key = if plane.lost_attempts.is_empty() {
+                "plane:redelivered-same-attempt"
+            } else {
+                "plane:redelivered-new-attempt"
+            };
+            *self.report.coverage.entry(String::from(key)).or_default() += 1;
+        }
     }
 
     fn record(&mut self, violations: Vec<Violation>, parent: u32, step: String) {
@@ -603,6 +616,37 @@ pub fn start_path() -> Model {
             ],
             1,
         ),
+    }
+}
+
+/// Issue 15's model: the start path with re-delivery ([`World::with_reoffers`]). One lease
+/// expiry jump lets `o1`'s lease run out wherever the Worker is idle; the next fresh claim then
+/// gets the same Run again under a new offer id — the same Attempt if no activation call
+/// reached the plane, else a new Attempt — and every spawn is checked for at most once per
+/// offer, Attempt and Run. Two faults, one crash per path (the faults and the crash are what
+/// leave `o1` behind, unstarted or started, when its lease expires).
+#[must_use]
+pub fn redelivery() -> Model {
+    let menu = Menu {
+        crashes: true,
+        record_faults: true,
+        ack_answers: true,
+        spawn_answers: true,
+        ..Menu::default()
+    };
+    Model {
+        name: "redelivery",
+        menu,
+        bounds: Bounds {
+            faults: 2,
+            crashes: 1,
+            entropy: 0,
+            ticks: 10,
+            jumps: 1,
+            drains: 0,
+            max_states: 2_000_000,
+        },
+        roots: roots(std::vec![World::one_offer(1).with_reoffers()], 1),
     }
 }
 
