@@ -729,13 +729,23 @@ impl Worker {
     }
 
     /// Writes a canonical rendering of the whole in-memory state into `hasher`, for the model
-    /// checker's deduplication of states. The command counter and the outstanding command's id
-    /// are left out: two Workers that differ only in how many commands they issued behave alike.
-    /// Only with the `sim-hooks` feature (not for production).
+    /// checker's deduplication of states: the last clock reading, then
+    /// [`Worker::state_fingerprint`]. Only with the `sim-hooks` feature (not for production).
     #[cfg(feature = "sim-hooks")]
     pub fn fingerprint(&self, hasher: &mut dyn core::hash::Hasher) {
+        crate::fingerprint::Fingerprint(&mut *hasher).debug(&self.now);
+        self.state_fingerprint(hasher);
+    }
+
+    /// Writes a canonical rendering of the in-memory state without the last clock reading (the
+    /// deadlines and timestamps the Worker holds stay), for the model checker's count of
+    /// distinct states. The command counter and the outstanding command's id are left out: two
+    /// Workers that differ only in how many commands they issued behave alike. Only with the
+    /// `sim-hooks` feature (not for production).
+    #[cfg(feature = "sim-hooks")]
+    pub fn state_fingerprint(&self, hasher: &mut dyn core::hash::Hasher) {
         let mut fp = crate::fingerprint::Fingerprint(hasher);
-        fp.debug(&(self.now, self.phase, &self.session, &self.known));
+        fp.debug(&(self.phase, &self.session, &self.known));
         fp.debug(&(&self.fail_closed, self.drain_started_at, &self.queue));
         fp.debug(&(self.staged.is_some(), self.outstanding.is_some()));
         fp.debug(&(self.next_tick_at, self.heartbeat_due_at, self.pull_retry_at));

@@ -7,7 +7,7 @@ use ql_worker_core::claim::ClaimError;
 use ql_worker_core::envelope::{ContentError, EnvelopeError, Kind};
 use ql_worker_core::error::IdError;
 use ql_worker_core::ids::Revision;
-use ql_worker_core::js::{CapExceeded, CollationError, NotWtf8};
+use ql_worker_core::js::{CollationError, NotWtf8};
 use ql_worker_core::listing::LimitError;
 use ql_worker_core::offer::OfferError;
 use ql_worker_core::receipt::{ReceiptError, ReceiptShapeError};
@@ -268,10 +268,6 @@ fn every_derived_error_message_is_unchanged() {
         (
             NotWtf8.to_string(),
             "a string of UTF-8 and lone UTF-16 surrogates only",
-        ),
-        (
-            CapExceeded { cap: 4096 }.to_string(),
-            "serialized JSON exceeds its 4096 byte cap",
         ),
         (
             admission.to_string(),

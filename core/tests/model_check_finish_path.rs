@@ -41,20 +41,15 @@ fn model_check_finish_path() {
         model.bounds.faults = 1;
     }
     let report = explore(&model, &CatchPanics);
-    report_line(&format!(
-        "model-check finish-path: {} states, {} transitions, {} violations",
-        report.states, report.transitions, report.violations
-    ));
-    println!(
-        "  bounded: {} (complete within the bounds: {}; deepest path {} moves)",
-        model.bounds.describe(),
-        !report.truncated,
-        report.deepest
-    );
+    report_line(&report.line(&model));
     print_found(&report);
     assert_eq!(report.violations, 0, "the finish path broke an invariant");
     assert!(!report.truncated, "the state cap cut the exploration short");
-    assert!(report.states >= 10_000, "only {} states", report.states);
+    assert!(
+        report.states >= 10_000,
+        "only {} distinct states",
+        report.states
+    );
     for state in [
         "launching",
         "started",

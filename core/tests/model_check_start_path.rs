@@ -7,7 +7,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use ql_worker_core::record::State;
-use ql_worker_sim::testkit::explore::{Guard, Model, Report, explore, start_path};
+use ql_worker_sim::testkit::explore::{Guard, Model, Report, explore, redelivery, start_path};
 use ql_worker_sim::testkit::world::Mutation;
 
 /// Turns a panic of the core (a broken pair assertion, an `unreachable!`) into a violation.
@@ -42,20 +42,15 @@ fn model_check_start_path() {
         model.bounds.faults = 1;
     }
     let report = explore(&model, &CatchPanics);
-    report_line(&format!(
-        "model-check start-path: {} states, {} transitions, {} violations",
-        report.states, report.transitions, report.violations
-    ));
-    println!(
-        "  bounded: {} (complete within the bounds: {}; deepest path {} moves)",
-        model.bounds.describe(),
-        !report.truncated,
-        report.deepest
-    );
+    report_line(&report.line(&model));
     print_found(&report);
     assert_eq!(report.violations, 0, "the start path broke an invariant");
     assert!(!report.truncated, "the state cap cut the exploration short");
-    assert!(report.states >= 10_000, "only {} states", report.states);
+    assert!(
+        report.states >= 10_000,
+        "only {} distinct states",
+        report.states
+    );
     // The model must reach every start-path outcome, or it proves less than it claims.
     for state in [
         "accepted",
@@ -72,6 +67,34 @@ fn model_check_start_path() {
         assert!(
             report.coverage.contains_key(state),
             "the model never reached {state}: {:?}",
+            report.coverage
+        );
+    }
+}
+
+/// Issue 15: the start path against a control plane that re-delivers an expired Run under a
+/// new offer id (same Attempt, or a new one after declaring the first lost): at most one spawn
+/// per offer, per Attempt and per Run (`at-most-once-attempt`, `at-most-once-run`).
+#[test]
+fn model_check_redelivery() {
+    let mut model = redelivery();
+    if cfg!(debug_assertions) {
+        // As for the start path: an unoptimized build explores the one-fault slice.
+        model.bounds.faults = 1;
+    }
+    let report = explore(&model, &CatchPanics);
+    report_line(&report.line(&model));
+    print_found(&report);
+    assert_eq!(report.violations, 0, "re-delivery broke an invariant");
+    assert!(!report.truncated, "the state cap cut the exploration short");
+    for key in [
+        "plane:redelivered-same-attempt",
+        "plane:redelivered-new-attempt",
+        "running_acknowledged",
+    ] {
+        assert!(
+            report.coverage.contains_key(key),
+            "the model never reached {key}: {:?}",
             report.coverage
         );
     }

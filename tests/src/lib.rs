@@ -3,5 +3,6 @@
 
 pub mod control_plane;
 pub mod https_server;
+pub mod json_writer;
 pub mod pki;
 pub mod server_wire;

@@ -3,13 +3,13 @@
 //! loopback control plane that answers with them (and the simulated world of `ql-worker-sim`,
 //! which answers with the same bytes), not in the audited core.
 //!
-//! The bodies are written with core's `JsonWriter` in the reference's key order, so the Worker's
-//! parsers read exactly what the reference would send.
+//! The bodies are written with this crate's [`JsonWriter`] in the reference's key order, so the
+//! Worker's parsers read exactly what the reference would send.
 
 use std::fmt;
 
+use crate::json_writer::JsonWriter;
 use ql_worker_core::ids::{SessionId, WorkerId};
-use ql_worker_core::js::JsonWriter;
 use ql_worker_core::offer::DeliveryKind;
 use ql_worker_core::wire::activation::{self, ActivationResponse};
 use ql_worker_core::wire::artifact::{self, ArtifactReceipt, ArtifactUpload, UploadStatus};

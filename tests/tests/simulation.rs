@@ -9,8 +9,11 @@
 //!
 //! * `simulation`: `QL_SIM_SEEDS` seeds (10,000 in release, 500 in debug builds), or the single
 //!   seed `QL_SIM_SEED` with its step-by-step trace. Prints exactly one line,
-//!   `simulation: <N> seeds, <V> violations`, after any failing seeds, and asserts `V == 0`.
-//! * `checkers_can_fail`: a lying host must make the checkers report violations.
+//!   `simulation: <N> seeds, <V> violations, runs <S> succeeded <F> failed <X> start-failed <R>
+//!   recovery`, after any failing seeds, and asserts `V == 0` (`docs/simulation.md` says what
+//!   each count means).
+//! * `checkers_can_fail`: a lying host, or a lying Worker side, must make the checkers report
+//!   violations.
 //! * `same_seed_same_trace`: a seed replays byte for byte.
 
 use std::cell::Cell;
@@ -75,6 +78,7 @@ fn case(seed: u64) -> Case {
         plane_timeout: true,
         small_inbox: h.below(4) == 0,
         unclean_drain: h.below(4) == 0,
+        reoffers: SplitMix(seed ^ 0x1515_1515_1515_1515).below(2) == 0,
     };
     let len = 24 + usize::try_from(g.below(360)).unwrap_or(0);
     // The first bytes are the setup (configuration profile, pages, concurrency, clock and the
@@ -170,6 +174,11 @@ struct Totals {
     plane_timeouts: u64,
     retained: u64,
     renewals: u64,
+    redelivered: u64,
+    succeeded: u64,
+    failed: u64,
+    runs_start_failed: u64,
+    runs_recovery: u64,
 }
 
 impl Totals {
@@ -186,6 +195,11 @@ impl Totals {
         self.plane_timeouts += u64::from(s.plane_timeout);
         self.retained += u64::from(s.retained);
         self.renewals += u64::from(s.renewals);
+        self.redelivered += u64::from(s.redelivered);
+        self.succeeded += u64::from(s.runs.succeeded);
+        self.failed += u64::from(s.runs.failed);
+        self.runs_start_failed += u64::from(s.runs.start_failed);
+        self.runs_recovery += u64::from(s.runs.recovery);
     }
 
     fn merge(&mut self, o: &Self) {
@@ -201,6 +215,19 @@ impl Totals {
         self.plane_timeouts += o.plane_timeouts;
         self.retained += o.retained;
         self.renewals += o.renewals;
+        self.redelivered += o.redelivered;
+        self.succeeded += o.succeeded;
+        self.failed += o.failed;
+        self.runs_start_failed += o.runs_start_failed;
+        self.runs_recovery += o.runs_recovery;
+    }
+
+    /// The Run outcomes part of the result line.
+    fn runs(&self) -> String {
+        format!(
+            "runs {} succeeded {} failed {} start-failed {} recovery",
+            self.succeeded, self.failed, self.runs_start_failed, self.runs_recovery
+        )
     }
 }
 
@@ -260,7 +287,14 @@ fn simulation() {
             Err(violation) => println!("seed {seed}: VIOLATION {violation}"),
         }
         let violations = usize::from(result.is_err());
-        println!("simulation: 1 seeds, {violations} violations");
+        let mut totals = Totals::default();
+        if let Ok(summary) = &result {
+            totals.add(summary);
+        }
+        println!(
+            "simulation: 1 seeds, {violations} violations, {}",
+            totals.runs()
+        );
         assert_eq!(violations, 0, "seed {seed} violates an invariant");
         return;
     }
@@ -276,8 +310,9 @@ fn simulation() {
         eprintln!("simulation stats: {secs:.1} s, {totals:?}");
     }
     report_line(&format!(
-        "simulation: {n} seeds, {} violations",
-        violations.len()
+        "simulation: {n} seeds, {} violations, {}",
+        violations.len(),
+        totals.runs()
     ));
     assert!(
         violations.is_empty(),
@@ -287,11 +322,19 @@ fn simulation() {
     );
 }
 
-/// A checker that cannot fail is a defect: each lie of the host must be reported, by the
-/// checker named, on a seed that is clean without the lie.
+/// A checker that cannot fail is a defect: each lie of the host — and of the Worker's side (a
+/// forged double spawn, a wrong recovery reason written for the Worker) — must be reported, by
+/// the checker named, on a seed that is clean without the lie.
 #[test]
 fn checkers_can_fail() {
     let lies = [
+        (Lie::WorkerDoubleSpawn, "INVARIANT at-most-one-spawn"),
+        (
+            Lie::WorkerSpawnsAttemptTwice,
+            "INVARIANT at-most-once-attempt",
+        ),
+        (Lie::WorkerSpawnsRunTwice, "INVARIANT at-most-once-run"),
+        (Lie::WorkerWrongRecovery, "INVARIANT recovery-licensed"),
         (Lie::SpawnedButRejected, "INVARIANT start-failure-proof"),
         (Lie::UploadNotStored, "INVARIANT upload-first"),
         (Lie::HungProcesses, "INVARIANT liveness"),

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ql_worker_core::ids::{AttemptId, OfferId, Sha256Digest};
+use ql_worker_core::ids::{AttemptId, OfferId, RunId, Sha256Digest};
 use ql_worker_core::io::LaunchPlan;
 use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
 use ql_worker_core::worker::HaltReason;
@@ -58,6 +58,11 @@ impl License {
 pub struct Ghost {
     /// The spawn of each offer (at most one, ever).
     pub spawns: BTreeMap<OfferId, SpawnFate>,
+    /// The offer whose spawn carried each Attempt (at most one spawn per Attempt, ever).
+    pub attempt_spawns: BTreeMap<AttemptId, OfferId>,
+    /// The offer whose spawn carried each Run. This plane never gives a Run a second Attempt,
+    /// so at most one spawn per Run, ever.
+    pub run_spawns: BTreeMap<RunId, OfferId>,
     /// Every capability candidate: the first 32 bytes of every entropy draw (and the preloaded
     /// capabilities), with their SHA-256.
     pub candidates: Vec<([u8; 32], Sha256Digest)>,
@@ -83,6 +88,17 @@ pub struct Ghost {
     /// Startup reconciliation listed every page (a reconciliation page answered validly with
     /// no next cursor) in this incarnation.
     pub reconciled: bool,
+    /// Per offer, the recovery reasons something the seed injected leads to (SPEC §5, §8;
+    /// reference §4.2, §4.6): `launch_outcome_unknown` after a crash, halt, stop or fault while
+    /// the record was durably `launching` (or a preloaded `launching` record);
+    /// `control_plane_already_running` after the control plane answered `already_running`;
+    /// `control_plane_terminal` after it said the Run is terminal. `lease_lost_*` is licensed by
+    /// its own trigger instead, checked when written: the durable lease has expired locally.
+    pub recovery_causes: BTreeMap<OfferId, BTreeSet<RecoveryReason>>,
+    /// The state the Worker last proposed for each offer's record, in this simulation.
+    pub written: BTreeMap<OfferId, State>,
+    /// The exit code of the last completion the Worker reported per offer.
+    pub completion_exit: BTreeMap<OfferId, u64>,
 }
 
 impl Ghost {
@@ -118,14 +134,28 @@ impl Ghost {
         );
     }
 
-    /// Spawn rules: at most one spawn per offer across crashes, only from a durable `launching`
-    /// record whose barrier fields are the plan's.
+    /// Spawn rules: at most one spawn per offer, per Attempt and per Run across crashes, only
+    /// from a durable `launching` record whose barrier fields are the plan's.
     pub fn check_spawn(&mut self, plan: &LaunchPlan, stored: Option<&InboxRecord>) {
         let offer = &plan.offer_id;
         assert!(
             !self.spawns.contains_key(offer),
             "INVARIANT at-most-one-spawn: a second spawn for {offer}"
         );
+        if let Some(first) = self.attempt_spawns.get(&plan.attempt_id) {
+            panic!(
+                "INVARIANT at-most-once-attempt: a second spawn of Attempt {} (offers {first} \
+                 and {offer})",
+                plan.attempt_id
+            );
+        }
+        if let Some(first) = self.run_spawns.get(&plan.run_id) {
+            panic!(
+                "INVARIANT at-most-once-run: a second spawn of Run {} (offers {first} and \
+                 {offer}) without a new Attempt from the control plane",
+                plan.run_id
+            );
+        }
         let Some(record) = stored else {
             panic!("INVARIANT spawn-barrier: spawn for {offer} without a durable record");
         };
@@ -151,6 +181,9 @@ impl Ghost {
             "INVARIANT drain: a spawn after the drain was requested"
         );
         self.spawns.insert(offer.clone(), SpawnFate::Emitted);
+        self.attempt_spawns
+            .insert(plan.attempt_id.clone(), offer.clone());
+        self.run_spawns.insert(plan.run_id.clone(), offer.clone());
         self.capability(*plan.capability.expose());
     }
 
@@ -207,6 +240,43 @@ impl Ghost {
                 "INVARIANT no-secret-at-rest: {what} holds a Secret value"
             );
         }
+    }
+
+    /// Licenses `reason` for `offer` (a fault or answer that leads there happened).
+    pub fn cause(&mut self, offer: &OfferId, reason: RecoveryReason) {
+        self.recovery_causes
+            .entry(offer.clone())
+            .or_default()
+            .insert(reason);
+    }
+
+    /// A `recovery_required` record only for a cause the seed injected: a licensed reason
+    /// ([`Self::recovery_causes`]), or a lease-loss reason once the durable lease has expired at
+    /// `now`.
+    pub fn check_recovery(&self, record: &InboxRecord, now: ql_worker_core::time::UnixMillis) {
+        let Some(reason) = record.recovery_reason else {
+            return;
+        };
+        let offer = &record.offer.offer_id;
+        let licensed = match reason {
+            RecoveryReason::LeaseLostLocalExecutionStopped
+            | RecoveryReason::LeaseLostLocalExecutionUnverified => {
+                record.offer.lease.expires_at_ms <= now
+            }
+            RecoveryReason::LaunchOutcomeUnknown
+            | RecoveryReason::ControlPlaneAlreadyRunning
+            | RecoveryReason::ControlPlaneTerminal => self
+                .recovery_causes
+                .get(offer)
+                .is_some_and(|causes| causes.contains(&reason)),
+        };
+        assert!(
+            licensed,
+            "INVARIANT recovery-licensed: {offer} recovery_required({reason}) without an injected \
+             fault that leads there (causes seen: {:?}; lease expires {}, now {now})",
+            self.recovery_causes.get(offer),
+            record.offer.lease.expires_at_ms
+        );
     }
 
     /// State rules of one durable record against the ghost.

@@ -89,6 +89,19 @@ pub enum Lie {
     RemovalNotDone,
     /// The control plane registers a new Session `draining` (so it never takes work).
     SessionStaysDraining,
+    /// The Worker's side lies: every spawn command reaches the supervisor twice (a forged
+    /// double spawn, as a driver that retried a spawn would make).
+    WorkerDoubleSpawn,
+    /// The Worker's side lies: next to every spawn, a forged spawn of the same Attempt under
+    /// another offer id.
+    WorkerSpawnsAttemptTwice,
+    /// The Worker's side lies: next to every spawn, a forged spawn of the same Run with another
+    /// Attempt id the control plane never made.
+    WorkerSpawnsRunTwice,
+    /// The Worker's side lies: every `recovery_required` record is written with
+    /// `control_plane_already_running` (or, when that is the true reason,
+    /// `control_plane_terminal`) instead of the reason the Worker chose.
+    WorkerWrongRecovery,
 }
 
 /// The answer to one command.
@@ -207,10 +220,20 @@ impl Host {
             .collect()
     }
 
+    /// The record of `attempt`: the one past the spawn barrier when a re-delivered Attempt
+    /// has two records (only one of them can ever have launched).
     fn record_of_attempt(&self, attempt: &AttemptId) -> Option<InboxRecord> {
-        self.all_records()
+        let mut of = self
+            .all_records()
             .into_iter()
-            .find(|r| r.offer.candidate.attempt_id == *attempt)
+            .filter(|r| r.offer.candidate.attempt_id == *attempt);
+        let first = of.next()?;
+        Some(
+            std::iter::once(first.clone())
+                .chain(of)
+                .find(|r| r.executor_started_at_ms.is_some())
+                .unwrap_or(first),
+        )
     }
 
     fn stored_claim(&self) -> Option<PendingClaim> {
@@ -249,7 +272,17 @@ impl Host {
     /// Invariants on a command as the Worker emits it (before the host performs it).
     pub fn on_command(&mut self, action: &Action, worker: &Worker) {
         match action {
-            Action::PersistRecord { expected, record } => self.check_persist(*expected, record),
+            Action::PersistRecord { expected, record } => {
+                let offer = &record.offer.offer_id;
+                let stored = self.record(offer).map(|r| r.state);
+                if record.state == State::RecoveryRequired
+                    && stored != Some(State::RecoveryRequired)
+                {
+                    self.ghost.check_recovery(record, self.now);
+                }
+                self.check_persist(*expected, record);
+                self.ghost.written.insert(offer.clone(), record.state);
+            }
             Action::PersistClaim { expected, claim } => self.check_claim(*expected, claim),
             Action::ClearClaim { offer_id, revision } => {
                 let stored = self.stored_claim();
@@ -296,7 +329,10 @@ impl Host {
                 self.ghost.handles.contains(handle.as_str()),
                 "INVARIANT stop-known-handle: stop of a handle the supervisor never issued"
             ),
-            Action::Post(call) => self.check_post(call, worker),
+            Action::Post(call) => {
+                self.check_post(call, worker);
+                self.note_completion(call);
+            }
             Action::PersistSession { .. } => self.check_renewal(),
             Action::ListInbox { .. }
             | Action::ReadRecord { .. }
@@ -304,6 +340,58 @@ impl Host {
             | Action::AllocateLog { .. }
             | Action::InspectLog { .. }
             | Action::DrawEntropy => {}
+        }
+    }
+
+    /// Remembers the exit code a completion reports (for the simulation's outcome counts).
+    fn note_completion(&mut self, call: &HttpCall) {
+        if !parse_route(&call.path).is_ok_and(|r| r.operation == Operation::Completion) {
+            return;
+        }
+        let body: Value = serde_json::from_slice(&call.body).unwrap_or(Value::Null);
+        let offer = OfferId::new(plane::text(&body, "offerId"));
+        let exit = body.get("result").and_then(|r| r.get("exitCode"));
+        if let (Ok(offer), Some(exit)) = (offer, exit.and_then(Value::as_u64)) {
+            self.ghost.completion_exit.insert(offer, exit);
+        }
+    }
+
+    /// Licenses `launch_outcome_unknown` for every record durably `launching`: a crash, halt,
+    /// stop or fault now may leave the Worker unable to know whether its process started.
+    pub fn launch_uncertain(&mut self) {
+        let launching: Vec<OfferId> = self
+            .records
+            .values()
+            .filter(|(_, r)| r.state == State::Launching)
+            .map(|(_, r)| r.offer.offer_id.clone())
+            .collect();
+        for offer in launching {
+            self.ghost
+                .cause(&offer, RecoveryReason::LaunchOutcomeUnknown);
+        }
+    }
+
+    /// Licenses the recovery reasons an answer about `offer` leads to: the control plane said
+    /// the Run is already running elsewhere, or terminal.
+    fn note_plane_answer(&mut self, offer: &OfferId, outcome: &Outcome) {
+        let Outcome::Responded(bytes) = outcome else {
+            return;
+        };
+        let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+        if has(b"\"already_running\"") {
+            self.ghost
+                .cause(offer, RecoveryReason::ControlPlaneAlreadyRunning);
+        }
+        let terminal = [
+            &b"\"already_terminal\""[..],
+            b"\"status\":\"terminal\"",
+            b"\"attemptStatus\":\"failed\"",
+            b"\"attemptStatus\":\"cancelled\"",
+            b"\"attemptStatus\":\"timed_out\"",
+        ];
+        if terminal.iter().any(|t| has(t)) {
+            self.ghost
+                .cause(offer, RecoveryReason::ControlPlaneTerminal);
         }
     }
 
@@ -718,6 +806,9 @@ impl Host {
                 answer
             }
         };
+        if let Ok(offer) = OfferId::new(plane::text(&body, "offerId")) {
+            self.note_plane_answer(&offer, &answer.outcome);
+        }
         if session && licenses_session_halt(&answer.outcome) {
             answer.license.session = true;
         }
@@ -750,6 +841,9 @@ impl Host {
             }
             Operation::Offers => Some(self.plane.offers(session, body, now, v)),
             Operation::Starting | Operation::Running | Operation::StartFailure => {
+                if let Ok(offer) = OfferId::new(plane::text(body, "offerId")) {
+                    self.plane.activation_seen(&offer);
+                }
                 Some(self.plane.activation(op.as_str(), body, &record?, now, v))
             }
             Operation::Secrets => {

@@ -18,7 +18,7 @@
 use ql_worker_core::ids::OfferId;
 use ql_worker_core::io::{Command, Input, Outcome};
 use ql_worker_core::listing::PageLimit;
-use ql_worker_core::record::{RecoveryReason, State};
+use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
 use ql_worker_core::revision::Architecture;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::session::Capabilities;
@@ -63,6 +63,10 @@ pub struct SimOptions {
     /// as the control plane holds the Session draining. The restarted Worker must settle
     /// everything and take new work again through a new Session (issue 14).
     pub unclean_drain: bool,
+    /// The control plane may answer a fresh claim with an existing Run whose lease expired
+    /// before any activation call reached it: the same Run and Attempt under the new offer id,
+    /// as a control plane re-delivers an unstarted Attempt (`docs/simulation.md`).
+    pub reoffers: bool,
 }
 
 /// Which part of the Worker a target focuses on.
@@ -106,6 +110,25 @@ pub struct Summary {
     pub retained: u32,
     /// Session ids the Worker replaced ([`SimOptions::unclean_drain`] and the safety phase).
     pub renewals: u32,
+    /// Runs the control plane re-delivered under a new offer id ([`SimOptions::reoffers`]).
+    pub redelivered: u32,
+    /// Runs this simulation settled, by how (preloaded settled records are not counted; records
+    /// retention removed are).
+    pub runs: RunOutcomes,
+}
+
+/// How the Runs of one simulation ended, counted from the records the Worker itself moved into
+/// a final state (a record counts once, under the state it ends in).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunOutcomes {
+    /// `completion_acknowledged`, and the completion the Worker reported had exit code 0.
+    pub succeeded: u32,
+    /// `completion_acknowledged` with a non-zero exit code.
+    pub failed: u32,
+    /// `start_failure_acknowledged` (the control plane applied the start failure).
+    pub start_failed: u32,
+    /// `recovery_required`, each for a cause the seed injected (`recovery-licensed`).
+    pub recovery: u32,
 }
 
 impl Summary {
@@ -179,6 +202,7 @@ pub fn simulate(
     sim.faults = faults;
     sim.host.lie = lie;
     sim.host.plane.new_sessions_draining = lie == Some(super::host::Lie::SessionStaysDraining);
+    sim.host.plane.reoffers = faults.reoffers;
     sim.trace = Some(trace);
     if faults.small_inbox {
         let places = sim.host.records.len() + 1 + usize::from(r.u8() % 2);
@@ -224,6 +248,8 @@ pub struct Sim<'t> {
     pulls_after_unclean: Option<u32>,
     /// Whether the last step found the Worker idle (no operation in flight).
     idle: bool,
+    /// Records retention removed (for the outcome counts).
+    removed: Vec<InboxRecord>,
 }
 
 fn config(r: &mut Bytes<'_>) -> WorkerConfig {
@@ -325,6 +351,7 @@ impl Sim<'_> {
             summary: Summary::default(),
             pulls_after_unclean: None,
             idle: false,
+            removed: Vec::new(),
         }
     }
 
@@ -403,15 +430,31 @@ impl Sim<'_> {
         }
     }
 
-    fn command(&mut self, command: Command, r: &mut Bytes<'_>) {
+    fn command(&mut self, mut command: Command, r: &mut Bytes<'_>) {
+        if self.host.lie == Some(super::host::Lie::WorkerWrongRecovery)
+            && let ql_worker_core::io::Action::PersistRecord { record, .. } = &mut command.action
+            && let Some(reason) = &mut record.recovery_reason
+        {
+            *reason = if *reason == RecoveryReason::ControlPlaneAlreadyRunning {
+                RecoveryReason::ControlPlaneTerminal
+            } else {
+                RecoveryReason::ControlPlaneAlreadyRunning
+            };
+        }
         self.count(&command);
+        if let ql_worker_core::io::Action::Spawn(plan) = &command.action {
+            self.forge_spawn(plan);
+        }
         let byte = r.u8();
         if byte >= 200 {
             self.note(format_args!("  answer byte {byte}"));
         }
         let mode = match byte {
             0..=199 => Mode::Valid,
-            m @ 200..=239 => Mode::Fault(m - 200),
+            m @ 200..=239 => {
+                self.host.launch_uncertain();
+                Mode::Fault(m - 200)
+            }
             240..=247 => {
                 // Crash before the driver performed the command.
                 let _ = self.restart();
@@ -482,6 +525,27 @@ impl Sim<'_> {
                 "INVARIANT duplicate-refused: a second outcome for {id} was accepted"
             );
         }
+    }
+
+    /// The Worker-side lies of the self-test: a spawn issued twice, or a forged spawn of the
+    /// same Attempt (another offer id) or of the same Run (another Attempt id).
+    fn forge_spawn(&mut self, plan: &ql_worker_core::io::LaunchPlan) {
+        use super::host::Lie;
+        let (offer, attempt) = match self.host.lie {
+            Some(Lie::WorkerDoubleSpawn) => {
+                let again = ql_worker_core::io::Action::Spawn(Box::new(forged(plan, None, None)));
+                self.host.on_command(&again, &self.worker);
+                return;
+            }
+            Some(Lie::WorkerSpawnsAttemptTwice) => (Some("forged-offer"), None),
+            Some(Lie::WorkerSpawnsRunTwice) => (Some("forged-offer"), Some("forged-attempt")),
+            _ => return,
+        };
+        let plan = forged(plan, offer, attempt);
+        self.host.on_command(
+            &ql_worker_core::io::Action::Spawn(Box::new(plan)),
+            &self.worker,
+        );
     }
 
     fn idle(&mut self, wake_at: Option<UnixMillis>, r: &mut Bytes<'_>) {
@@ -579,7 +643,8 @@ impl Sim<'_> {
     }
 
     /// The Runs not settled: records neither terminal (`completion_acknowledged`,
-    /// `start_failure_acknowledged`, `recovery_required`) nor dormant (before the spawn barrier
+    /// `start_failure_acknowledged`, `recovery_required` — the last only for a cause the seed
+    /// injected, which `recovery-licensed` checked when it was written) nor dormant (before the spawn barrier
     /// with the lease expired), a `completion_acknowledged` record whose receipt is still on
     /// disk, a pending claim, or a live process.
     #[must_use]
@@ -684,6 +749,7 @@ impl Sim<'_> {
             if self.host.lie != Some(super::host::Lie::RemovalNotDone) {
                 self.host.records.remove(&offer_id);
             }
+            self.removed.push(record);
             self.summary.retained += 1;
             self.note(format_args!("retention removed {offer_id}"));
             let now = self.host.now;
@@ -735,6 +801,7 @@ impl Sim<'_> {
     /// A crash or restart: the Worker is rebuilt from the durable state alone.
     fn restart(&mut self) -> bool {
         self.note(format_args!("restart"));
+        self.host.launch_uncertain();
         self.summary.restarts += 1;
         self.host.ghost.restart();
         self.license = License::default();
@@ -753,6 +820,33 @@ impl Sim<'_> {
         self.summary.start_failed = count(State::StartFailureAcknowledged);
         self.summary.recovery = count(State::RecoveryRequired);
         self.summary.spawns = u32::try_from(self.host.ghost.spawns.len()).unwrap_or(0);
+        self.summary.redelivered = self.host.plane.redelivered;
+        let mut runs = RunOutcomes::default();
+        for record in records.iter().chain(&self.removed) {
+            let offer = &record.offer.offer_id;
+            if self.host.ghost.written.get(offer) != Some(&record.state) {
+                continue;
+            }
+            match record.state {
+                State::CompletionAcknowledged => match self.host.ghost.completion_exit.get(offer) {
+                    Some(0) => runs.succeeded += 1,
+                    Some(_) => runs.failed += 1,
+                    None => panic!(
+                        "INVARIANT completion-before-acknowledged: {offer} acknowledged \
+                             without a completion"
+                    ),
+                },
+                State::StartFailureAcknowledged => runs.start_failed += 1,
+                State::RecoveryRequired => runs.recovery += 1,
+                State::Accepted
+                | State::StartingAcknowledged
+                | State::Launching
+                | State::Started
+                | State::RunningAcknowledged
+                | State::StartFailed => {}
+            }
+        }
+        self.summary.runs = runs;
         self.summary
     }
 }
@@ -776,6 +870,11 @@ fn preload(
     let at = samples::ms(now.get() - 500);
     let record = samples::record(samples::offer(n, expires), n, state, reason, at, extras);
     host.ghost.candidate(samples::capability(n));
+    if state == State::Launching {
+        // A previous incarnation left it launching: whether its process started is unknown.
+        host.ghost
+            .cause(&record.offer.offer_id, RecoveryReason::LaunchOutcomeUnknown);
+    }
     host.put_record(&record);
     if record.executor_started_at_ms.is_none() {
         return;
@@ -788,6 +887,13 @@ fn preload(
         _ if record.executor_handle.is_some() => SpawnFate::Started,
         _ => SpawnFate::Unknown,
     };
+    let candidate = &record.offer.candidate;
+    host.ghost
+        .attempt_spawns
+        .insert(candidate.attempt_id.clone(), offer.clone());
+    host.ghost
+        .run_spawns
+        .insert(candidate.run_id.clone(), offer.clone());
     host.ghost.spawns.insert(offer, fate);
     if let Some(handle) = &record.executor_handle {
         host.ghost.handles.insert(String::from(handle.as_str()));
@@ -831,4 +937,27 @@ fn preload_claim(host: &mut Host, r: &mut Bytes<'_>) {
         _ => return,
     }
     host.put_claim(&claim);
+}
+
+/// A copy of `plan` (self-test lies only), with another offer id and Attempt id if given.
+fn forged(
+    plan: &ql_worker_core::io::LaunchPlan,
+    offer: Option<&str>,
+    attempt: Option<&str>,
+) -> ql_worker_core::io::LaunchPlan {
+    let offer_id = offer.and_then(|o| OfferId::new(o).ok());
+    let attempt_id = attempt.and_then(|a| ql_worker_core::ids::AttemptId::new(a).ok());
+    ql_worker_core::io::LaunchPlan {
+        offer_id: offer_id.unwrap_or_else(|| plan.offer_id.clone()),
+        run_id: plan.run_id.clone(),
+        attempt_id: attempt_id.unwrap_or_else(|| plan.attempt_id.clone()),
+        executor_started_at: plan.executor_started_at,
+        command: plan.command.clone(),
+        environment: Vec::new(),
+        working_directory: None,
+        timeout: plan.timeout,
+        log_artifact_id: plan.log_artifact_id.clone(),
+        callback_sequence: plan.callback_sequence,
+        capability: ql_worker_core::capability::Capability::from_bytes(*plan.capability.expose()),
+    }
 }

@@ -61,6 +61,15 @@ pub struct Offered {
     pub timeout: bool,
     /// Lease version last handed out.
     pub lease_version: u64,
+    /// When the lease last handed out expires (the control plane's view; renewals happen only
+    /// after the starting ACK, so it is exact while [`Self::starting_seen`] is false).
+    pub expires_at: UnixMillis,
+    /// Whether any activation call (`starting`, `running`, `start-failure`) for this offer
+    /// reached the control plane: from then on it cannot know whether the Attempt ran.
+    pub starting_seen: bool,
+    /// Whether the control plane re-offered this Attempt under another offer id (this offer's
+    /// lease is gone; a replay of it gets nothing).
+    pub superseded: bool,
 }
 
 /// The simulated control plane.
@@ -87,6 +96,12 @@ pub struct Plane {
     revisions: [ExecutionRevision; 4],
     /// A lie for the simulation's self-test: a new Session is registered `draining`.
     pub new_sessions_draining: bool,
+    /// Re-delivery (`SimOptions::reoffers`): a fresh claim may be answered with an existing
+    /// Run whose lease expired before any activation call reached the control plane — the same
+    /// Run and Attempt under the new offer id (`docs/simulation.md`, at-most-once).
+    pub reoffers: bool,
+    /// Re-deliveries made.
+    pub redelivered: u32,
 }
 
 /// A string field of a request body.
@@ -125,6 +140,8 @@ impl Plane {
                 samples::revision(true, true),
             ],
             new_sessions_draining: false,
+            reoffers: false,
+            redelivered: 0,
         }
     }
 
@@ -229,8 +246,33 @@ impl Plane {
         let Ok(offer_id) = OfferId::new(text(body, "offerId")) else {
             return idle.to_json();
         };
+        let expires = if v & 16 != 0 { 1_000 } else { 30_000 };
+        let redeliverable = self
+            .offers
+            .iter()
+            .find(|(_, o)| !o.starting_seen && !o.superseded && o.expires_at <= now)
+            .map(|(id, _)| id.clone());
         let offer = match (self.offers.get(&offer_id).copied(), self.policy) {
+            (Some(known), _) if known.superseded => return idle.to_json(),
             (Some(known), _) => known,
+            (None, OfferPolicy::Always | OfferPolicy::Sometimes)
+                if self.reoffers && redeliverable.is_some() =>
+            {
+                // The lease of an unstarted Attempt expired: the control plane hands the same
+                // Run and Attempt out again under the new offer id; the old lease is gone.
+                let old = redeliverable.unwrap_or_else(|| offer_id.clone());
+                let Some(previous) = self.offers.get_mut(&old) else {
+                    return idle.to_json();
+                };
+                previous.superseded = true;
+                self.redelivered += 1;
+                Offered {
+                    lease_version: 0,
+                    starting_seen: false,
+                    superseded: false,
+                    ..*previous
+                }
+            }
             (None, OfferPolicy::Never) => return idle.to_json(),
             (None, OfferPolicy::Sometimes) if v & 1 == 1 => return idle.to_json(),
             (None, _) if self.next_run > MAX_RUNS => return idle.to_json(),
@@ -240,6 +282,9 @@ impl Plane {
                     secret: v & 2 == 0,
                     timeout: v & 4 == 0,
                     lease_version: 0,
+                    expires_at: now,
+                    starting_seen: false,
+                    superseded: false,
                 };
                 self.next_run += 1;
                 made
@@ -249,13 +294,13 @@ impl Plane {
         if v & 8 != 0 {
             offer.lease_version += 1;
         }
+        offer.expires_at = later(now, expires);
         self.offers.insert(offer_id.clone(), offer);
         let Ok(token) = LeaseToken::new(text(body, "leaseToken")) else {
             return idle.to_json();
         };
         let mut worker = samples::worker_at(number(body, "workerGeneration"));
         worker.session_id = session.clone();
-        let expires = if v & 16 != 0 { 1_000 } else { 30_000 };
         let full = samples::offer_with(
             offer.n,
             offer_id.clone(),
@@ -291,6 +336,13 @@ impl Plane {
             truncated: false,
         }
         .to_json()
+    }
+
+    /// An activation call for `offer` reached the control plane.
+    pub fn activation_seen(&mut self, offer: &OfferId) {
+        if let Some(o) = self.offers.get_mut(offer) {
+            o.starting_seen = true;
+        }
     }
 
     /// `starting`, `running` or `start-failure` for `record`.

@@ -14,13 +14,23 @@
 //!   malformed or missing receipt).
 //!
 //! Every move is checked by the world's invariants ([`crate::testkit::world::check`]); a move
-//! that breaks one is reported with its trace and not explored further. States are
-//! deduplicated by a 128-bit fingerprint of their canonical rendering
-//! ([`Sim::fingerprint`]). The search is depth-first over an explicit stack, which keeps memory
-//! at (depth × branching) states; with budgets in the fingerprint it visits exactly the states a
-//! breadth-first search would.
+//! that breaks one is reported with its trace and not explored further.
+//!
+//! Two fingerprints (128-bit, of canonical renderings) are kept per node:
+//!
+//! * the **search key** — [`Sim::fingerprint`] plus the budget left: the system state, the
+//!   clock, the entropy stream's position and the checkers' evidence (spawn counts, drawn
+//!   windows, deliveries). The visited set is keyed by it, so two nodes are merged only when
+//!   every future move and every check behaves alike; the search is depth-first over an
+//!   explicit stack, which keeps memory at (depth × branching) nodes, and with the budget in the
+//!   key it visits exactly the nodes a breadth-first search would. [`Report::histories`]
+//!   counts these keys.
+//! * the **system state** — [`Sim::state_fingerprint`]: the Worker's memory (without its clock
+//!   reading) and the world's disk, process table, control plane and stored Session id, the
+//!   command in flight and the driver status; no budget, no clock, no entropy position, no
+//!   evidence. [`Report::states`] counts these: the number of distinct system states reached.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher;
 
 use crate::testkit::sim::{Sim, Status};
@@ -45,7 +55,8 @@ pub struct Bounds {
     pub jumps: u8,
     /// Drain requests per path.
     pub drains: u8,
-    /// Stop after this many distinct states (the report then says it is truncated).
+    /// Stop after this many search keys ([`Report::histories`]; the report then says it is
+    /// truncated).
     pub max_states: usize,
 }
 
@@ -54,8 +65,15 @@ impl Bounds {
     #[must_use]
     pub fn describe(&self) -> String {
         format!(
-            "faults<={} crashes<={} entropy-variations<={} ticks<={} lease-jumps<={} drains<={}",
-            self.faults, self.crashes, self.entropy, self.ticks, self.jumps, self.drains
+            "faults<={} crashes<={} entropy-variations<={} ticks<={} lease-jumps<={} drains<={} \
+             max-states={}",
+            self.faults,
+            self.crashes,
+            self.entropy,
+            self.ticks,
+            self.jumps,
+            self.drains,
+            self.max_states
         )
     }
 }
@@ -104,8 +122,13 @@ pub struct Found {
 /// What an exploration found.
 #[derive(Clone, Debug, Default)]
 pub struct Report {
-    /// Distinct states visited.
+    /// Distinct system states reached ([`Sim::state_fingerprint`]: no budget, clock, entropy
+    /// position or checker evidence).
     pub states: usize,
+    /// Distinct search keys visited ([`Sim::fingerprint`] plus the budget left): the system
+    /// state together with the clock, the entropy position, the checkers' evidence and the
+    /// remaining budget. Always at least [`Report::states`].
+    pub histories: usize,
     /// Moves taken (edges explored, including those into known states).
     pub transitions: usize,
     /// Moves that broke an invariant (or panicked).
@@ -116,8 +139,32 @@ pub struct Report {
     pub truncated: bool,
     /// Longest path (in moves) to a visited state.
     pub deepest: usize,
-    /// Visited states per Worker-visible record state reached, for the docs.
+    /// Distinct system states per record state (with its recovery reason) present on disk.
     pub coverage: BTreeMap<String, usize>,
+}
+
+impl Report {
+    /// The one result line of a model check: distinct states, histories, transitions, the
+    /// bounds explored, whether the exploration completed within them, and the violations.
+    #[must_use]
+    pub fn line(&self, model: &Model) -> String {
+        format!(
+            "model-check {}: {} distinct states ({} histories), {} transitions, bounds: {}, \
+             deepest path {} moves, {}, {} violations",
+            model.name,
+            self.states,
+            self.histories,
+            self.transitions,
+            model.bounds.describe(),
+            self.deepest,
+            if self.truncated {
+                "TRUNCATED by the state cap"
+            } else {
+                "complete within the bounds"
+            },
+            self.violations
+        )
+    }
 }
 
 /// Runs one move so that a panic in it becomes a violation (tests implement it with
@@ -270,10 +317,18 @@ impl Hasher for Fp128 {
     }
 }
 
+/// The search key: the whole simulation (history included) and the budget left.
 fn fingerprint(node: &Node) -> u128 {
     let mut h = Fp128::new();
     node.sim.fingerprint(&mut h);
     hash_debug(&mut h, &node.budget);
+    h.value()
+}
+
+/// The system state alone (no budget, clock, entropy position or evidence).
+fn state_fingerprint(sim: &Sim) -> u128 {
+    let mut h = Fp128::new();
+    sim.state_fingerprint(&mut h);
     h.value()
 }
 
@@ -371,6 +426,7 @@ struct Search<'a> {
     model: &'a Model,
     guard: &'a dyn Guard,
     visited: BTreeMap<u128, u32>,
+    states: BTreeSet<u128>,
     arena: Vec<(u32, String)>,
     stack: Vec<(Node, u32)>,
     report: Report,
@@ -392,14 +448,33 @@ impl Search<'_> {
         self.visited.insert(fp, id);
         self.arena.push((parent, step));
         self.report.deepest = self.report.deepest.max(node.depth);
-        for (record, _) in node.sim.world.disk.records.values() {
+        if self.states.insert(state_fingerprint(&node.sim)) {
+            self.coverage(&node.sim);
+        }
+        self.stack.push((node, id));
+    }
+
+    fn coverage(&mut self, sim: &Sim) {
+        for (record, _) in sim.world.disk.records.values() {
             let key = match record.recovery_reason {
                 Some(reason) => format!("{}({reason})", record.state),
                 None => format!("{}", record.state),
             };
             *self.report.coverage.entry(key).or_default() += 1;
         }
-        self.stack.push((node, id));
+        let plane = &sim.world.plane;
+        let superseded = plane
+            .runs
+            .values()
+            .any(|r| r.status == crate::testkit::world::CpStatus::Superseded);
+        if superseded {
+            let key = if plane.lost_attempts.is_empty() {
+                "plane:redelivered-same-attempt"
+            } else {
+                "plane:redelivered-new-attempt"
+            };
+            *self.report.coverage.entry(String::from(key)).or_default() += 1;
+        }
     }
 
     fn record(&mut self, violations: Vec<Violation>, parent: u32, step: String) {
@@ -453,6 +528,7 @@ pub fn explore(model: &Model, guard: &dyn Guard) -> Report {
         model,
         guard,
         visited: BTreeMap::new(),
+        states: BTreeSet::new(),
         arena: Vec::new(),
         stack: Vec::new(),
         report: Report::default(),
@@ -475,7 +551,8 @@ pub fn explore(model: &Model, guard: &dyn Guard) -> Report {
         }
         search.expand(&node, id);
     }
-    search.report.states = search.visited.len();
+    search.report.histories = search.visited.len();
+    search.report.states = search.states.len();
     search.report
 }
 
@@ -539,6 +616,37 @@ pub fn start_path() -> Model {
             ],
             1,
         ),
+    }
+}
+
+/// Issue 15's model: the start path with re-delivery ([`World::with_reoffers`]). One lease
+/// expiry jump lets `o1`'s lease run out wherever the Worker is idle; the next fresh claim then
+/// gets the same Run again under a new offer id — the same Attempt if no activation call
+/// reached the plane, else a new Attempt — and every spawn is checked for at most once per
+/// offer, Attempt and Run. Two faults, one crash per path (the faults and the crash are what
+/// leave `o1` behind, unstarted or started, when its lease expires).
+#[must_use]
+pub fn redelivery() -> Model {
+    let menu = Menu {
+        crashes: true,
+        record_faults: true,
+        ack_answers: true,
+        spawn_answers: true,
+        ..Menu::default()
+    };
+    Model {
+        name: "redelivery",
+        menu,
+        bounds: Bounds {
+            faults: 2,
+            crashes: 1,
+            entropy: 0,
+            ticks: 10,
+            jumps: 1,
+            drains: 0,
+            max_states: 2_000_000,
+        },
+        roots: roots(std::vec![World::one_offer(1).with_reoffers()], 1),
     }
 }
 

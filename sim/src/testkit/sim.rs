@@ -142,6 +142,21 @@ impl Sim {
         hash_debug(hasher, &(&self.status, self.now));
     }
 
+    /// Writes a canonical rendering of the system state only: the world's state
+    /// ([`World::state_fingerprint`]), the Worker's memory without its clock reading
+    /// ([`Worker::state_fingerprint`]), the outstanding command and the status. Not the clock,
+    /// the entropy stream's position or the checkers' evidence (the model check counts distinct
+    /// states with it).
+    pub fn state_fingerprint(&self, hasher: &mut dyn Hasher) {
+        self.world.state_fingerprint(hasher);
+        self.worker.state_fingerprint(hasher);
+        match &self.pending {
+            Some((_, act)) => hasher.write(&act.canonical()),
+            None => hasher.write_u8(0),
+        }
+        hash_debug(hasher, &self.status);
+    }
+
     fn note(&mut self, line: String) {
         if let Some(trail) = &mut self.trail {
             trail.push(line);

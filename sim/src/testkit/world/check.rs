@@ -1,6 +1,10 @@
 //! The safety invariants, checked on every command before it takes effect.
 //!
 //! * `single-spawn`: at most one spawn per offer, across every crash and restart.
+//! * `at-most-once-attempt`: at most one spawn per Attempt id, whatever offer carries it.
+//! * `at-most-once-run`: a second spawn of a Run only for an Attempt the control plane created
+//!   after it declared every earlier spawned Attempt of the Run lost (its decision, not a
+//!   Worker double execution), and never of an Attempt it already declared lost.
 //! * `spawn-barrier`: a spawn only while the durable record is `launching` with exactly the
 //!   plan's offer, Run, Attempt, start time, log id, callback sequence and capability digest.
 //! * `fail-start-proof`: `start-failure` only when no spawn was issued for the offer, or the
@@ -196,6 +200,7 @@ impl World {
         if earlier > 0 {
             self.violation("single-spawn", format!("spawn #{} of {name}", earlier + 1));
         }
+        self.check_once_per_run(plan, &name);
         let matches = self.disk.record(&plan.offer_id).map(|r| {
             (
                 r.state,
@@ -217,6 +222,49 @@ impl World {
             ),
             None => self.violation("spawn-barrier", format!("spawn of {name} without a record")),
         }
+    }
+
+    fn check_once_per_run(&mut self, plan: &SpawnPlan, name: &str) {
+        let earlier = self
+            .evidence
+            .run_spawns
+            .get(&plan.run_id)
+            .cloned()
+            .unwrap_or_default();
+        if let Some((_, offer)) = earlier.iter().find(|(a, _)| *a == plan.attempt_id) {
+            let first = alias(self, offer);
+            self.violation(
+                "at-most-once-attempt",
+                format!("second spawn of {} ({first}, then {name})", plan.attempt_id),
+            );
+        }
+        let lost = &self.plane.lost_attempts;
+        let detail = if lost.contains(&plan.attempt_id) {
+            Some(format!(
+                "spawn of {name}: the control plane declared {} lost",
+                plan.attempt_id
+            ))
+        } else {
+            earlier
+                .iter()
+                .find(|(a, _)| *a != plan.attempt_id && !lost.contains(a))
+                .map(|(attempt, offer)| {
+                    format!(
+                        "second spawn of Run {} ({name}) while Attempt {attempt} ({}) was not \
+                         declared lost",
+                        plan.run_id,
+                        alias(self, offer)
+                    )
+                })
+        };
+        if let Some(detail) = detail {
+            self.violation("at-most-once-run", detail);
+        }
+        self.evidence
+            .run_spawns
+            .entry(plan.run_id.clone())
+            .or_default()
+            .push((plan.attempt_id.clone(), plan.offer_id.clone()));
     }
 
     fn check_capability_free(&mut self, bytes: &[u8], what: &str) {

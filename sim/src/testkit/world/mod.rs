@@ -35,7 +35,7 @@ pub use self::plane::{ControlPlane, CpRun, CpStatus, OfferTemplate};
 pub use self::supervisor::{Process, ProcessState, ReceiptKind, Supervisor};
 use crate::testkit::act::Act;
 use ql_worker_core::capability::{ENTROPY_BYTES, Entropy};
-use ql_worker_core::ids::{OfferId, SessionId};
+use ql_worker_core::ids::{AttemptId, OfferId, RunId, SessionId};
 use ql_worker_core::io::Outcome;
 use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
@@ -210,6 +210,8 @@ pub struct Evidence {
     pub windows: Vec<[u8; 32]>,
     /// Spawn commands received per offer, with the answer given to the last one.
     pub spawns: BTreeMap<OfferId, (u32, Answer)>,
+    /// Spawn commands received per Run: the Attempt and offer of each, in order.
+    pub run_spawns: BTreeMap<RunId, Vec<(AttemptId, OfferId)>>,
     /// For each claimed offer id: whether the last `offers` reply the Worker heard delivered it.
     pub delivered: BTreeMap<OfferId, bool>,
 }
@@ -556,18 +558,35 @@ impl World {
         String::from(log.as_str())
     }
 
-    /// Writes a canonical rendering of the world (without [`World::violations`]).
+    /// Turns on re-delivery of expired Runs under fresh offer ids ([`ControlPlane::reoffers`]).
+    #[must_use]
+    pub fn with_reoffers(mut self) -> Self {
+        self.plane.reoffers = true;
+        self
+    }
+
+    /// Writes a canonical rendering of the world (without [`World::violations`]): its state
+    /// ([`World::state_fingerprint`]) and its history — the entropy seed and draw counter, the
+    /// checkers' evidence (every drawn window, spawn counts, deliveries) — and the mutation.
     pub fn fingerprint(&self, hasher: &mut dyn Hasher) {
         hasher.write_u64(self.seed);
         hasher.write_u32(self.draws);
-        self.disk.fingerprint(hasher);
-        self.supervisor.fingerprint(hasher);
-        self.plane.fingerprint(hasher);
+        self.state_fingerprint(hasher);
         for window in &self.evidence.windows {
             hasher.write(window);
         }
         hash_debug(hasher, &(&self.evidence.spawns, &self.evidence.delivered));
+        hash_debug(hasher, &self.evidence.run_spawns);
         hash_debug(hasher, &self.mutation);
+    }
+
+    /// Writes a canonical rendering of the world's state only: the disk (records, claim,
+    /// receipts, logs), the supervisor's process table, the control plane and the stored
+    /// Session id. Not the entropy stream's position, not the checkers' evidence.
+    pub fn state_fingerprint(&self, hasher: &mut dyn Hasher) {
+        self.disk.fingerprint(hasher);
+        self.supervisor.fingerprint(hasher);
+        self.plane.fingerprint(hasher);
         hash_debug(hasher, &self.session_id);
     }
 }

@@ -10,8 +10,8 @@ use serde_json::Value;
 use super::{Answer, World, hash_debug};
 use crate::testkit::{offer_for, worker};
 use ql_worker_core::ids::{
-    CallbackSequence, ExecutorHandle, LeaseToken, LeaseVersion, LogArtifactId, OfferId, SessionId,
-    Sha256Digest,
+    AttemptId, CallbackSequence, ExecutorHandle, LeaseToken, LeaseVersion, LogArtifactId, OfferId,
+    SessionId, Sha256Digest,
 };
 use ql_worker_core::io::{HttpFailure, Outcome};
 use ql_worker_core::offer::Offer;
@@ -86,11 +86,17 @@ pub enum CpStatus {
     Completed,
     /// Terminal by another path (cancelled, timed out).
     Cancelled,
+    /// This offer's lease expired and the control plane re-delivered its Run under another
+    /// offer id ([`ControlPlane::reoffers`]): the lease is gone (terminal for this offer).
+    Superseded,
 }
 
 impl CpStatus {
     fn terminal(self) -> bool {
-        matches!(self, Self::StartFailed | Self::Completed | Self::Cancelled)
+        matches!(
+            self,
+            Self::StartFailed | Self::Completed | Self::Cancelled | Self::Superseded
+        )
     }
 }
 
@@ -152,6 +158,13 @@ pub struct ControlPlane {
     pub session_id: Option<SessionId>,
     /// Session lease granted per register/heartbeat.
     pub session_lease_ms: u64,
+    /// Re-delivery: a fresh claim is answered with an existing Run whose lease expired (before
+    /// any template): the same Attempt when no activation call reached the plane (`leased`),
+    /// else a new Attempt of the Run, the old one declared lost (`docs/simulation.md`, "At most
+    /// once per Run and per Attempt").
+    pub reoffers: bool,
+    /// Attempts the control plane declared lost (it gave up on them and made a new Attempt).
+    pub lost_attempts: std::collections::BTreeSet<AttemptId>,
 }
 
 impl ControlPlane {
@@ -163,11 +176,14 @@ impl ControlPlane {
             session_status: SessionStatus::Online,
             session_id: None,
             session_lease_ms: 30_000,
+            reoffers: false,
+            lost_attempts: std::collections::BTreeSet::new(),
         }
     }
 
     pub(super) fn fingerprint(&self, hasher: &mut dyn Hasher) {
         hasher.write_usize(self.templates.len());
+        hash_debug(hasher, &(self.reoffers, &self.lost_attempts));
         hash_debug(
             hasher,
             &(self.session_version, self.session_status, &self.session_id),
@@ -329,9 +345,10 @@ impl World {
             });
         };
         let known = self.plane.runs.contains_key(&id);
+        let expired = self.expired_run(now);
         let deliver = match answer {
             Answer::Idle => false,
-            _ => known || !self.plane.templates.is_empty(),
+            _ => known || expired.is_some() || !self.plane.templates.is_empty(),
         };
         if !deliver {
             if heard {
@@ -346,7 +363,9 @@ impl World {
                 .to_json(),
             );
         }
-        if !known && let Some(t) = self.plane.templates.pop_front() {
+        if !known && let Some(old) = expired {
+            self.redeliver(&old, &id, token, now);
+        } else if !known && let Some(t) = self.plane.templates.pop_front() {
             let mut offer = offer_for(t.n, id.clone(), token, t.revision, now, t.lease_ms);
             // Claimed by the Session the Worker calls with (a new one once it replaced it).
             if let Some(session_id) = &self.session_id {
@@ -379,6 +398,53 @@ impl World {
 }
 
 impl World {
+    /// With re-delivery on, the first Run (by offer id) whose lease expired at `now` and that
+    /// is not terminal.
+    fn expired_run(&self, now: UnixMillis) -> Option<OfferId> {
+        if !self.plane.reoffers {
+            return None;
+        }
+        self.plane
+            .runs
+            .iter()
+            .find(|(_, run)| !run.status.terminal() && run.offer.lease.expires_at_ms <= now)
+            .map(|(id, _)| id.clone())
+    }
+
+    /// Re-delivers the Run of offer `old` (lease expired) under the fresh offer `id`: the same
+    /// Attempt when no activation call reached the plane, else a new Attempt (the old one is
+    /// declared lost). The old offer's lease is gone ([`CpStatus::Superseded`]).
+    fn redeliver(&mut self, old: &OfferId, id: &OfferId, token: LeaseToken, now: UnixMillis) {
+        let Some(previous) = self.plane.runs.get_mut(old) else {
+            return;
+        };
+        let unstarted = previous.status == CpStatus::Leased;
+        previous.status = CpStatus::Superseded;
+        let (n, lease_ms) = (previous.n, 30_000);
+        let revision = previous.offer.execution_revision.clone();
+        let mut candidate = previous.offer.candidate.clone();
+        if !unstarted {
+            self.plane
+                .lost_attempts
+                .insert(candidate.attempt_id.clone());
+            let number = candidate.attempt_number + 1;
+            let attempt = format!("attempt-{n}-{number}");
+            candidate.attempt_id = AttemptId::new(attempt).unwrap_or(candidate.attempt_id);
+            candidate.attempt_number = number;
+            candidate.attempt_created_at_ms = now;
+        }
+        let mut offer = offer_for(n, id.clone(), token, revision, now, lease_ms);
+        offer.lease.attempt_id = candidate.attempt_id.clone();
+        offer.candidate = candidate;
+        if let Some(session_id) = &self.session_id {
+            offer.worker.session_id = session_id.clone();
+            offer.lease.worker_session_id = session_id.clone();
+        }
+        let alias = format!("{}'", self.alias(old));
+        self.aliases.insert(id.clone(), alias);
+        self.plane.runs.insert(id.clone(), new_run(n, offer));
+    }
+
     /// Seeds the world with `record` of offer `n` as if the Worker had written it: stored on
     /// disk, known to the control plane (with the status that record implies), and, when
     /// `running`, with the process of its seeded capability and handle running under the

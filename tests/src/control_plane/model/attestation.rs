@@ -2,8 +2,8 @@
 //! checks the complete execution fence carried by the body against the live Attempt and answers
 //! 201 (created) or 200 (exact replay); a stale fence is 409 `worker_attestation_fenced`.
 
+use crate::json_writer::JsonWriter;
 use ql_worker_core::ids::CapabilityDigest;
-use ql_worker_core::js::JsonWriter;
 use ql_worker_core::wire::activation::AttemptStatus;
 use ql_worker_core::wire::error::ErrorCode;
 
