@@ -33,29 +33,7 @@ const PINS: &str = include_str!("../../tests/fixtures/wire/request-pins.json");
 const CASES_PER_KIND: usize = 40;
 
 /// splitmix64: a fixed, dependency-free sequence.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.below(hi - lo + 1)
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len() as u64) as usize]
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
+use ql_worker_tests::splitmix::SplitMix64 as Rng;
 
 /// Characters that JSON escaping treats differently, none a control character the id rules
 /// refuse (C0 and DEL).
@@ -96,7 +74,7 @@ fn text(rng: &mut Rng, max_units: usize) -> String {
         let len = rng.range(1, max_units.min(40) as u64) as usize;
         let mut out = String::new();
         for _ in 0..len {
-            if rng.chance(50) {
+            if rng.percent(50) {
                 out.push(*rng.pick(TRICKY));
             } else {
                 out.push(*rng.pick(&['a', 'Z', '0', '9', '-', '_', '.', ':', 'x']));
@@ -111,7 +89,7 @@ fn text(rng: &mut Rng, max_units: usize) -> String {
 fn token_id(rng: &mut Rng, max: usize) -> String {
     const FIRST: &[u8] = b"AZaz09";
     const REST: &[u8] = b"AZaz09._:-";
-    let len = if rng.chance(10) {
+    let len = if rng.percent(10) {
         max
     } else {
         rng.range(1, 12) as usize
@@ -173,7 +151,7 @@ fn truncated(rng: &mut Rng) -> Option<bool> {
 
 fn secret_ref(rng: &mut Rng, project: &str, versioned: bool) -> SecretRef {
     loop {
-        let version = (versioned || rng.chance(50)).then(|| counter(rng, 1));
+        let version = (versioned || rng.percent(50)).then(|| counter(rng, 1));
         if let Ok(text) = SecretRef::create(project, &text(rng, 40), version) {
             return SecretRef::parse(&text).unwrap();
         }
@@ -187,7 +165,7 @@ fn activation(rng: &mut Rng, kind: u64) -> ActivationRequest {
         1 => ActivationOp::StartFailure,
         _ => ActivationOp::Running(RunningAck {
             executor_handle: ExecutorHandle::new(text(rng, 200)).unwrap(),
-            log_artifact_id: rng.chance(50).then(|| log_id(rng)),
+            log_artifact_id: rng.percent(50).then(|| log_id(rng)),
             callback_sequence: CallbackSequence::new(counter(rng, 1)).unwrap(),
             callback_token_digest: CapabilityDigest::new(digest(rng)),
         }),
@@ -206,7 +184,7 @@ fn secrets(rng: &mut Rng) -> SecretsRequest {
         }
     }
     let mut environment_bundle_refs = Vec::new();
-    if secret_refs.is_empty() || rng.chance(40) {
+    if secret_refs.is_empty() || rng.percent(40) {
         let r = secret_ref(rng, &project, true);
         if !secret_refs.contains(&r) {
             environment_bundle_refs.push(r);
@@ -272,17 +250,17 @@ fn capabilities(rng: &mut Rng) -> Capabilities {
         Architecture::S390x,
     ]);
     let mut caps = Capabilities::for_architecture(architecture);
-    if rng.chance(50) {
+    if rng.percent(50) {
         let n = rng.range(0, 4);
         let mut executors = unique(rng, n, capability_name);
         executors.retain(|e| e != "remote-worker");
         executors.push("remote-worker".into());
         caps.executors = executors;
     }
-    if rng.chance(50) {
+    if rng.percent(50) {
         caps.operating_system = Some(capability_name(rng));
     }
-    if rng.chance(50) {
+    if rng.percent(50) {
         let n = rng.range(0, 5);
         caps.runtimes = Some(
             unique(rng, n, capability_name)
@@ -294,7 +272,7 @@ fn capabilities(rng: &mut Rng) -> Capabilities {
                 .collect(),
         );
     }
-    if rng.chance(70) {
+    if rng.percent(70) {
         let mut labels: Vec<Label> = Vec::new();
         for _ in 0..rng.range(0, 12) {
             let key = label_key(rng);
@@ -307,24 +285,24 @@ fn capabilities(rng: &mut Rng) -> Capabilities {
         }
         caps.labels = Some(labels);
     }
-    if rng.chance(50) {
-        let gpu = rng.chance(50).then(|| {
+    if rng.percent(50) {
+        let gpu = rng.percent(50).then(|| {
             (0..rng.range(0, 3))
                 .map(|_| GpuCapability {
                     vendor: capability_name(rng),
-                    model: rng.chance(50).then(|| text(rng, 128)),
-                    memory_bytes: rng.chance(50).then(|| rng.range(1, 1 << 40)),
+                    model: rng.percent(50).then(|| text(rng, 128)),
+                    memory_bytes: rng.percent(50).then(|| rng.range(1, 1 << 40)),
                 })
                 .collect()
         });
         caps.capacity = Some(CapacityCapability {
-            cpu_cores: rng.chance(50).then(|| rng.range(1, 4096)),
-            memory_bytes: rng.chance(50).then(|| rng.range(1, 9_007_199_254_740_991)),
-            disk_bytes: rng.chance(50).then(|| rng.range(1, 1 << 45)),
+            cpu_cores: rng.percent(50).then(|| rng.range(1, 4096)),
+            memory_bytes: rng.percent(50).then(|| rng.range(1, 9_007_199_254_740_991)),
+            disk_bytes: rng.percent(50).then(|| rng.range(1, 1 << 45)),
             gpu,
         });
     }
-    if rng.chance(50) {
+    if rng.percent(50) {
         let n = rng.range(0, 5);
         caps.features = Some(unique(rng, n, capability_name));
     }

@@ -87,46 +87,8 @@ const TARGET_CAP: Duration = Duration::from_millis(2_000);
 /// Log quota of the campaign Worker (the demo's: 64 KiB).
 const LOG_QUOTA: u64 = ql_worker::demo::DEMO_LOG_QUOTA;
 
-/// SplitMix64: small, seedable, good enough for schedules.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn range_ms(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.below(hi - lo + 1))
-    }
-
-    fn percent(&mut self, p: u64) -> bool {
-        self.below(100) < p
-    }
-
-    /// An index into `weights`, proportionally.
-    fn weighted(&mut self, weights: &[u64]) -> usize {
-        let mut r = self.below(weights.iter().sum());
-        for (i, w) in weights.iter().enumerate() {
-            if r < *w {
-                return i;
-            }
-            r -= w;
-        }
-        weights.len() - 1
-    }
-
-    fn hex(&mut self) -> String {
-        format!("{:016x}", self.next())
-    }
-}
+/// The schedule's random stream.
+use ql_worker_tests::splitmix::SplitMix64 as Rng;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {

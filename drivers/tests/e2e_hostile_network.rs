@@ -25,22 +25,8 @@ const JSON: &[&str] = &["--log-format", "json"];
 const REQUEST_TIMEOUT_MS: u64 = 2_000;
 const STALL: Duration = Duration::from_millis(2_600);
 
-/// A seeded splitmix64 stream.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+/// The proxy's random stream.
+use ql_worker_tests::splitmix::SplitMix64 as Rng;
 
 /// What the proxy does to one burst of the plane's bytes (a TLS flight: the handshake, or the
 /// records of one answer).
@@ -91,7 +77,7 @@ impl Proxy {
                     counts.connections.fetch_add(1, Ordering::Relaxed);
                     // Hostile for a while, then healed, so that every Run can settle.
                     let hostile = started.elapsed() < hostile_for;
-                    let connection_seed = rng.next();
+                    let connection_seed = rng.next_u64();
                     let Ok(server) = TcpStream::connect(upstream) else {
                         continue;
                     };

@@ -6,3 +6,4 @@ pub mod https_server;
 pub mod json_writer;
 pub mod pki;
 pub mod server_wire;
+pub mod splitmix;

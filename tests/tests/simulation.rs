@@ -27,26 +27,7 @@ use ql_worker_sim::fuzzing::machine::{self, Scenario, SimOptions, Summary};
 const REPLAY: &str = "cargo test --release -p ql-worker-tests --test simulation -- --nocapture";
 
 /// The seed stream (splitmix64).
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A value in `0..n`.
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn byte(&mut self) -> u8 {
-        u8::try_from(self.next() >> 56).unwrap_or(0)
-    }
-}
+use ql_worker_tests::splitmix::SplitMix64 as SplitMix;
 
 /// Everything a seed decides.
 #[derive(Debug)]
