@@ -11,10 +11,12 @@
 //!                                        ─► stop_requested ─► stop the exact process group
 //! ```
 //!
-//! A renewal fenced at the persisted lease version `v` is tried once more at `v + 1` (issue 17):
-//! the version the control plane holds if an earlier renewal committed without the Worker
-//! persisting its answer (a lost or garbled answer, or a crash between the control plane's
-//! commit and the Worker's write). Only a second fence leaves the lease to its local expiry.
+//! A renewal fenced at the persisted lease version `v` is tried again at `v + 1`, `v + 2`, … up
+//! to the highest version the control plane may hold (issue 17): each renewal at version `x`
+//! whose answer was lost (or garbled) may have committed and left it at `x + 1`, and the Worker
+//! remembers the highest such version per Run (`Worker::lease_may_hold`); after a restart, which
+//! forgets it, a crash between the control plane's commit and the Worker's write can have left
+//! at most `v + 1`. Only a fence at that ceiling leaves the lease to its local expiry.
 //!
 //! A stop is only ever sent after the new lease is durable. Local lease expiry never contacts the
 //! control plane: the Worker records whether its own stop was conclusive
@@ -27,7 +29,7 @@ use alloc::string::String;
 use crate::completion::{CompletionOp, CompletionOutcome};
 #[cfg(feature = "sim-hooks")]
 use crate::fingerprint::Fingerprint;
-use crate::ids::OfferId;
+use crate::ids::{LeaseVersion, OfferId};
 use crate::io::{Action, HttpCall, Outcome, StopOutcome};
 use crate::ops::{CallFault, Uncertainty, garbled, next_record, persist, response, unexpected};
 use crate::record::{InboxRecord, RecoveryReason, State};
@@ -62,10 +64,15 @@ pub enum ControlResult {
     Terminal(StopOutcome),
     /// The lease-control call got no answer and cannot have taken effect.
     Unavailable,
-    /// The lease-control call may have renewed the lease, but no usable answer came back: the
-    /// next pass asks again, and a fence there is retried at the version the lost renewal
-    /// would have left.
-    Uncertain(Uncertainty),
+    /// The lease-control call at `attempted` may have renewed the lease (to `attempted + 1`),
+    /// but no usable answer came back: the Worker remembers that the control plane may hold
+    /// that version, and a fence at the next pass is retried up to it.
+    Uncertain {
+        /// The `expectedLeaseVersion` of the call whose answer was lost.
+        attempted: LeaseVersion,
+        /// Why.
+        why: Uncertainty,
+    },
     /// The lease-control call was refused.
     Refused(CallFault),
     /// The lease-control answer breaks the contract.
@@ -99,7 +106,7 @@ impl ControlResult {
             | Self::StopRequested(_)
             | Self::Terminal(_)
             | Self::Unavailable
-            | Self::Uncertain(_)
+            | Self::Uncertain { .. }
             | Self::Refused(_)
             | Self::LeaseResponseInvalid(_)
             | Self::StorageUnchanged
@@ -124,8 +131,8 @@ enum StopCause {
 enum LState {
     Completing(CompletionOp),
     Reading(CompletionOutcome),
-    /// The call in flight; `caught_up`: this is the one retry at the persisted version + 1.
-    Controlling(Box<InboxRecord>, LeaseControlRequest, bool),
+    /// The call in flight.
+    Controlling(Box<InboxRecord>, LeaseControlRequest),
     PersistingLease(Box<InboxRecord>, bool),
     Stopping(Box<InboxRecord>, StopCause),
     Recording(RecoveryReason, StopOutcome),
@@ -142,6 +149,9 @@ pub(crate) struct ControlOp {
     /// The drain budget ended and this Run was not stopped yet: stop it (after completion,
     /// before any lease call).
     drain_stop: bool,
+    /// The highest lease version the control plane may hold (lost renewals that may have
+    /// committed): a fenced renewal is retried at each version up to it.
+    may_hold: Option<LeaseVersion>,
     state: LState,
 }
 
@@ -159,7 +169,12 @@ impl ControlOp {
     /// A pass for `offer_id`. `paced_ms`: the interval, when the lease was renewed less than it
     /// ago (the call is then skipped while more than three intervals of lease remain).
     /// `drain_stop`: the drain budget ended; stop the Run (see [`ControlResult::DrainStopped`]).
-    pub(crate) fn begin(offer_id: OfferId, paced_ms: Option<u64>, drain_stop: bool) -> LStep {
+    pub(crate) fn begin(
+        offer_id: OfferId,
+        paced_ms: Option<u64>,
+        drain_stop: bool,
+        may_hold: Option<LeaseVersion>,
+    ) -> LStep {
         let id = offer_id.clone();
         match CompletionOp::begin(offer_id.clone()) {
             Step::Wait(op, action) => Step::Wait(
@@ -167,6 +182,7 @@ impl ControlOp {
                     offer_id: id,
                     paced_ms,
                     drain_stop,
+                    may_hold,
                     state: LState::Completing(op),
                 },
                 action,
@@ -175,6 +191,7 @@ impl ControlOp {
                 offer_id,
                 paced_ms,
                 drain_stop,
+                may_hold,
                 state: LState::Reading(CompletionOutcome::Deferred),
             }
             .after_completion(outcome),
@@ -194,17 +211,22 @@ impl ControlOp {
     #[cfg(feature = "sim-hooks")]
     pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
         fp.tag("supervise");
-        fp.debug(&(&self.offer_id, self.paced_ms, self.drain_stop));
+        fp.debug(&(
+            &self.offer_id,
+            self.paced_ms,
+            self.drain_stop,
+            self.may_hold,
+        ));
         match &self.state {
             LState::Completing(op) => op.fingerprint(fp),
             LState::Reading(completion) => {
                 fp.tag("reading");
                 fp.debug(completion);
             }
-            LState::Controlling(record, request, caught_up) => {
+            LState::Controlling(record, request) => {
                 fp.tag("controlling");
                 fp.record(record);
-                fp.debug(&(request, caught_up));
+                fp.debug(request);
             }
             LState::PersistingLease(record, stop) => {
                 fp.tag("persisting-lease");
@@ -268,9 +290,7 @@ impl ControlOp {
                 ) => self.stop(ctx, &record, StopCause::ControlPlaneTerminal),
                 Step::Halt(reason) => Step::Halt(reason),
             },
-            LState::Controlling(record, request, caught_up) => {
-                self.on_control(ctx, record, &request, caught_up, outcome)
-            }
+            LState::Controlling(record, request) => self.on_control(ctx, record, &request, outcome),
             LState::PersistingLease(record, stop) => match outcome {
                 Outcome::Persisted if stop => self.stop(ctx, &record, StopCause::Requested),
                 Outcome::Persisted => Step::Done(ControlResult::Renewed),
@@ -360,7 +380,7 @@ impl ControlOp {
         }
         let _ = completion;
         let request = LeaseControlRequest::from_offer(&record.offer);
-        self.control(ctx, record, request, false)
+        self.control(ctx, record, request)
     }
 
     /// Step 6: the lease-control call.
@@ -369,7 +389,6 @@ impl ControlOp {
         ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
         request: LeaseControlRequest,
-        caught_up: bool,
     ) -> LStep {
         let body = request.to_body().expect(
             "invariant: a lease-control body of validated ids and a lease token (at most about \
@@ -385,7 +404,7 @@ impl ControlOp {
             request_cap: crate::wire::lease_control::MAX_REQUEST_BYTES,
             response_cap: MAX_RESPONSE_BYTES,
         });
-        self.wait(LState::Controlling(record, request, caught_up), action)
+        self.wait(LState::Controlling(record, request), action)
     }
 
     /// Steps 6–9.
@@ -394,19 +413,30 @@ impl ControlOp {
         ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
         request: &LeaseControlRequest,
-        caught_up: bool,
         outcome: Outcome,
     ) -> LStep {
+        let attempted = request.fence.expected_lease_version;
         let body = match response(outcome) {
             Ok(Ok(body)) => body,
             Ok(Err(CallFault::Unavailable)) => return Step::Done(ControlResult::Unavailable),
-            Ok(Err(CallFault::Uncertain(why))) => return Step::Done(ControlResult::Uncertain(why)),
-            // Fenced at the persisted version: an earlier renewal may have committed without
-            // its answer reaching the disk. Ask once at the version it would have left.
-            Ok(Err(CallFault::Fenced { code })) if !caught_up => {
+            Ok(Err(CallFault::Uncertain(why))) => {
+                return Step::Done(ControlResult::Uncertain { attempted, why });
+            }
+            // Fenced: earlier renewals may have committed without their answers reaching the
+            // disk. Ask at the next version, up to the highest one they could have left (the
+            // persisted version + 1 at least: a renewal lost to a crash leaves no memory).
+            Ok(Err(CallFault::Fenced { code })) => {
+                let persisted = record.offer.lease.version;
+                let ceiling = persisted.next().ok().max(self.may_hold);
                 return match catch_up(request) {
-                    Some(request) => self.control(ctx, record, request, true),
-                    None => Step::Done(ControlResult::Refused(CallFault::Fenced { code })),
+                    Some(next)
+                        if ceiling.is_some_and(|c| next.fence.expected_lease_version <= c) =>
+                    {
+                        self.control(ctx, record, next)
+                    }
+                    Some(_) | None => {
+                        Step::Done(ControlResult::Refused(CallFault::Fenced { code }))
+                    }
                 };
             }
             Ok(Err(fault)) => return Step::Done(ControlResult::Refused(fault)),
@@ -416,7 +446,7 @@ impl ControlOp {
             Ok(answer) => answer,
             Err(e) => {
                 return Step::Done(match garbled(e) {
-                    Ok(why) => ControlResult::Uncertain(why),
+                    Ok(why) => ControlResult::Uncertain { attempted, why },
                     Err(e) => ControlResult::LeaseResponseInvalid(format!("{e}")),
                 });
             }
@@ -525,8 +555,8 @@ impl ControlOp {
 }
 
 /// The same request one lease version further: what the control plane holds if the renewal
-/// the Worker last sent committed but its answer never became durable here. `None` at the top of
-/// the version range (the control plane cannot hold a version past it either).
+/// sent at the request's version committed but its answer never became durable here. `None` at
+/// the top of the version range (the control plane cannot hold a version past it either).
 pub(crate) fn catch_up(request: &LeaseControlRequest) -> Option<LeaseControlRequest> {
     let mut next = request.clone();
     next.fence.expected_lease_version = request.fence.expected_lease_version.next().ok()?;

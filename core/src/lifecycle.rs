@@ -301,9 +301,16 @@ impl Worker {
                             | CompletionOutcome::AlreadyCompleted(Cleanup::Pending)
                     )
                 );
-                match result {
+                match &result {
+                    ControlResult::Uncertain { attempted, .. } => {
+                        if let Ok(next) = attempted.next() {
+                            let held = self.lease_may_hold.entry(offer_id.clone()).or_insert(next);
+                            *held = (*held).max(next);
+                        }
+                    }
                     ControlResult::Renewed | ControlResult::StopRequested(_) => {
                         self.last_renewal.insert(offer_id.clone(), self.now);
+                        self.lease_may_hold.remove(&offer_id);
                     }
                     ControlResult::DrainStopped(_) => {
                         self.drain_stopped.insert(offer_id.clone());
@@ -311,7 +318,6 @@ impl Worker {
                     ControlResult::Paced
                     | ControlResult::SessionUnavailable
                     | ControlResult::Unavailable
-                    | ControlResult::Uncertain(_)
                     | ControlResult::Refused(_)
                     | ControlResult::LeaseResponseInvalid(_)
                     | ControlResult::StorageUnchanged
@@ -324,6 +330,7 @@ impl Worker {
                     | ControlResult::Terminal(_)
                     | ControlResult::Recovered(..) => {
                         self.last_renewal.remove(&offer_id);
+                        self.lease_may_hold.remove(&offer_id);
                     }
                 }
                 // A pending cleanup ends only with a pass that reached it (completed) or a

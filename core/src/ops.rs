@@ -79,6 +79,9 @@ pub(crate) struct Pass {
     pub(crate) paced: bool,
     /// The drain budget ended: stop the Run by identity (once), then complete it as usual.
     pub(crate) drain_stop: bool,
+    /// The highest lease version the control plane may hold for this Run because renewals
+    /// whose answers were lost may have committed (issue 17; `Worker::lease_may_hold`).
+    pub(crate) may_hold: Option<crate::ids::LeaseVersion>,
 }
 
 /// One listed page.
@@ -135,7 +138,7 @@ impl Running {
             Work::Supervise(offer_id) => {
                 let id = offer_id.clone();
                 let paced = pass.paced.then_some(ctx.config.lease_control_interval_ms);
-                ControlOp::begin(offer_id, paced, pass.drain_stop).map(
+                ControlOp::begin(offer_id, paced, pass.drain_stop, pass.may_hold).map(
                     Self::Supervise,
                     move |result| Finished::Supervise {
                         offer_id: id,

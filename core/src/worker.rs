@@ -406,6 +406,11 @@ pub struct Worker {
     pub(crate) pending_cleanup: alloc::collections::BTreeSet<OfferId>,
     /// When each live Run's lease was last renewed (local time), for pacing.
     pub(crate) last_renewal: BTreeMap<OfferId, UnixMillis>,
+    /// For each live Run whose renewals got uncertain outcomes since its lease was last made
+    /// durable: the highest lease version the control plane may hold (each lost renewal at
+    /// version `x` may have left it at `x + 1`). A fenced renewal is tried at every version up
+    /// to it (issue 17). Lost with a restart: then only the persisted version + 1 is tried.
+    pub(crate) lease_may_hold: BTreeMap<OfferId, crate::ids::LeaseVersion>,
     pub(crate) finished: Option<Finish>,
     pub(crate) running: Option<crate::ops::Running>,
     /// Whether the last Pull kept its pending claim (a failure or a backoff): it may still bring
@@ -534,6 +539,7 @@ impl Worker {
             pre_barrier_expiry: BTreeMap::new(),
             pending_cleanup: alloc::collections::BTreeSet::new(),
             last_renewal: BTreeMap::new(),
+            lease_may_hold: BTreeMap::new(),
             notices: VecDeque::new(),
             finished: None,
             running: None,
@@ -708,6 +714,7 @@ impl Worker {
             pre_barrier_expiry: self.pre_barrier_expiry.clone(),
             pending_cleanup: self.pending_cleanup.clone(),
             last_renewal: self.last_renewal.clone(),
+            lease_may_hold: self.lease_may_hold.clone(),
             finished: self.finished.clone(),
             running: self.running.clone(),
             claim_pending: self.claim_pending,
@@ -764,6 +771,7 @@ impl Worker {
             &self.evidence,
             &self.pre_barrier_expiry,
             &self.pending_cleanup,
+            &self.lease_may_hold,
         ));
         match &self.pending_write {
             Some(record) => fp.record(record),
@@ -954,6 +962,10 @@ impl Worker {
                 | Work::Process(_)
                 | Work::Supervise(_) => self.reporting_slots,
             };
+            let may_hold = match &work {
+                Work::Supervise(offer_id) => self.lease_may_hold.get(offer_id).copied(),
+                _ => None,
+            };
             let drain_stop = match &work {
                 Work::Supervise(offer_id) => {
                     self.drain_overrun && !self.drain_stopped.contains(offer_id)
@@ -966,7 +978,11 @@ impl Worker {
                 &self.known,
                 self.may_launch(),
                 slots,
-                crate::ops::Pass { paced, drain_stop },
+                crate::ops::Pass {
+                    paced,
+                    drain_stop,
+                    may_hold,
+                },
             )
         };
         self.apply(step);
@@ -1073,6 +1089,7 @@ impl Worker {
             self.known.remove(offer_id);
             self.pre_barrier_expiry.remove(offer_id);
             self.last_renewal.remove(offer_id);
+            self.lease_may_hold.remove(offer_id);
         }
     }
 

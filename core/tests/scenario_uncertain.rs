@@ -484,3 +484,31 @@ fn a_lost_completion_replay_answer_is_not_a_control_plane_terminal() {
     assert_eq!(record_of(&sim).state, State::CompletionAcknowledged);
     assert_running(&sim);
 }
+
+/// Two renewals in a row whose answers were lost (the second one the catch-up retry itself)
+/// leave the control plane two versions on: the Worker remembers the highest version it may
+/// hold and, fenced, asks at each version up to it; the lease is renewed and persisted there.
+/// Found by the hostile-network test with 30 Runs (one try at v + 1 was not enough).
+#[test]
+fn consecutive_lost_renewals_are_caught_up_to_the_highest_version_they_may_have_left() {
+    let mut sim = holding(State::RunningAcknowledged);
+    sim.on(On::Post(Operation::LeaseControl), Answer::LostAfterCommit);
+    sim.run(1);
+    // The next pass: fenced at 0, the catch-up at 1 is lost too (the plane is at 2 now).
+    sim.on(On::Post(Operation::LeaseControl), Answer::Fenced);
+    sim.on(On::Post(Operation::LeaseControl), Answer::LostAfterCommit);
+    sim.run(1);
+    assert_eq!(record_of(&sim).offer.lease.version.get(), 0);
+    sim.run(1);
+    assert_eq!(
+        expected_versions(&sim, Operation::LeaseControl),
+        vec![0, 0, 1, 0, 1, 2],
+        "{:#?}",
+        sim.commands()
+    );
+    let record = record_of(&sim);
+    assert_eq!(record.state, State::RunningAcknowledged);
+    assert_eq!(record.offer.lease.version.get(), 3);
+    assert_eq!(count(&sim, "stop o1"), 0);
+    assert_running(&sim);
+}

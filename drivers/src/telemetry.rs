@@ -685,7 +685,7 @@ impl Telemetry {
                     ));
                 Some("unavailable")
             }
-            ControlResult::Uncertain(why) => {
+            ControlResult::Uncertain { why, .. } => {
                 if let Uncertainty::Garbled(e) = why {
                     self.invalid_answer("lease-control", &e.to_string());
                 }
