@@ -236,8 +236,11 @@ pub fn layers<T: Durable + PartialEq + Debug>(data: &[u8]) -> Layers {
     }
 }
 
+/// [`layers`] of one kind.
+pub type LayersOf = fn(&[u8]) -> Layers;
+
 /// The envelope targets by name, with [`layers`] of their kind.
-pub const ENVELOPE_LAYERS: [(&str, fn(&[u8]) -> Layers); 4] = [
+pub const ENVELOPE_LAYERS: [(&str, LayersOf); 4] = [
     ("envelope_inbox_record", layers::<InboxRecord>),
     ("envelope_pending_claim", layers::<PendingClaim>),
     ("envelope_receipt", layers::<Receipt>),
