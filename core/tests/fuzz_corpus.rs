@@ -12,10 +12,12 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use ql_worker_core::claim::PendingClaim;
 use ql_worker_core::envelope;
 use ql_worker_core::receipt::Receipt;
 use ql_worker_core::record::InboxRecord;
-use ql_worker_sim::fuzzing::decoders::{self, frame};
+use ql_worker_core::truncation::TruncationFact;
+use ql_worker_sim::fuzzing::decoders::{self, Tally, frame};
 use ql_worker_sim::fuzzing::machine::{self, Scenario, Summary};
 use ql_worker_sim::fuzzing::samples;
 use ql_worker_sim::fuzzing::wire;
@@ -108,6 +110,8 @@ fn minimised_corpora_replay() {
     println!("minimised corpora: {replayed} inputs replayed");
 }
 
+/// Where the decoder targets' inputs ended: the checked-in corpora (`fuzz/corpus/`) and the
+/// minimised fuzzer finds (`fuzz/corpus-min/`) of each envelope target, tallied by layer.
 #[test]
 fn decoder_corpora_replay_and_seeds_are_accepted() {
     for (target, entry) in DECODERS {
@@ -123,6 +127,101 @@ fn decoder_corpora_replay_and_seeds_are_accepted() {
             }
         }
     }
+    for (target, layers) in decoders::ENVELOPE_LAYERS {
+        let mut replay = Tally::default();
+        let inputs = corpus(target)
+            .into_iter()
+            .map(|(_, bytes)| bytes)
+            .chain(minimised(target));
+        for bytes in inputs {
+            replay.add(&layers(&bytes));
+        }
+        println!("decoder replay {target}: {replay}");
+        let mut mutated = Tally::default();
+        for bytes in mutations(&sample_envelopes(target), MUTATIONS) {
+            mutated.add(&layers(&bytes));
+        }
+        println!("decoder mutations {target}: {mutated}");
+        for (what, tally) in [("replay", replay), ("mutations", mutated)] {
+            assert!(
+                tally.resealed_reached_body * 2 > tally.resealed,
+                "{what} {target}: at most half the re-sealed inputs reached the body decoder: \
+                 {tally}"
+            );
+            assert!(
+                tally.rejected_by_body() > 0 && tally.accepted > 0,
+                "{what} {target}: the body decoder must both accept and reject: {tally}"
+            );
+        }
+        assert!(
+            mutated.validation > 0 && mutated.postcard > 0,
+            "mutations {target}: both the postcard parser and the validation must reject some: \
+             {mutated}"
+        );
+    }
+}
+
+/// Seeded mutations per envelope target.
+const MUTATIONS: usize = 2_000;
+
+/// A sample value of each envelope target, encoded (the values the seeds are written from).
+fn sample_envelopes(target: &str) -> Vec<Vec<u8>> {
+    fn encoded<T: envelope::Durable>(values: &[T]) -> Vec<Vec<u8>> {
+        values
+            .iter()
+            .map(|v| envelope::encode(v).unwrap().to_vec())
+            .collect()
+    }
+    let values = SampleValues::new();
+    match target {
+        "envelope_inbox_record" => encoded(&values.records),
+        "envelope_pending_claim" => encoded(&values.claims),
+        "envelope_receipt" => encoded(&values.receipts),
+        "envelope_truncation_fact" => encoded(&values.facts),
+        other => panic!("not an envelope target: {other}"),
+    }
+}
+
+/// `count` deterministic mutations of the sample envelopes `envelopes`: byte flips, byte
+/// overwrites, truncations, extensions, insertions and deletions (one to three each) of a
+/// sample's body. Even ones are the mutated body alone (re-sealed by the target as a body);
+/// odd ones keep the sample's now stale header (the raw envelope fails its checksum or length,
+/// and the target re-seals the bytes after the header).
+fn mutations(envelopes: &[Vec<u8>], count: usize) -> Vec<Vec<u8>> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |below: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        usize::try_from(x % u64::try_from(below.max(1)).unwrap()).unwrap()
+    };
+    (0..count)
+        .map(|i| {
+            let sample = &envelopes[i % envelopes.len()];
+            let (header, body) = sample.split_at(envelope::HEADER_BYTES);
+            let mut body = body.to_vec();
+            for _ in 0..=next(3) {
+                let at = next(body.len());
+                let byte = u8::try_from(next(256)).unwrap();
+                match next(6) {
+                    0 if !body.is_empty() => body[at] ^= 1 << next(8),
+                    1 if !body.is_empty() => body[at] = byte,
+                    2 => body.truncate(at),
+                    3 => body.extend((0..=next(8)).map(|_| u8::try_from(next(256)).unwrap())),
+                    4 => body.insert(at, byte),
+                    5 if !body.is_empty() => {
+                        body.remove(at);
+                    }
+                    _ => body.push(byte),
+                }
+            }
+            if i % 2 == 0 {
+                body
+            } else {
+                [header, &body].concat()
+            }
+        })
+        .collect()
 }
 
 #[test]
@@ -218,32 +317,52 @@ fn write_machine_seeds(target: &str, entry: Machine) {
     assert!(index > 0, "{target}: no seed reached a milestone");
 }
 
+/// The sample values of the envelope seeds (`fuzzing::samples`).
+struct SampleValues {
+    records: Vec<InboxRecord>,
+    claims: Vec<PendingClaim>,
+    receipts: Vec<Receipt>,
+    facts: Vec<TruncationFact>,
+}
+
+impl SampleValues {
+    fn new() -> Self {
+        let records = samples::every_record();
+        let claims = [(1, 0), (2, 3), (3, 16)]
+            .iter()
+            .map(|(n, a)| samples::claim(*n, *a))
+            .collect();
+        let receipts = records
+            .iter()
+            .filter(|r| r.executor_started_at_ms.is_some())
+            .take(4)
+            .enumerate()
+            .map(|(i, r)| {
+                let n = u32::try_from(i).unwrap();
+                samples::receipt_for(r, &samples::capability(n), samples::ms(5_000), 0)
+            })
+            .collect();
+        let facts = [(1, false), (2, true)]
+            .iter()
+            .map(|(n, q)| samples::truncation_fact(*n, *q))
+            .collect();
+        Self {
+            records,
+            claims,
+            receipts,
+            facts,
+        }
+    }
+}
+
 #[test]
 #[ignore = "writes the seed corpora into fuzz/corpus; run by hand after changing samples"]
 fn write_seed_corpora() {
-    let records = samples::every_record();
-    write_envelope_seeds::<InboxRecord>("envelope_inbox_record", &records);
-    let claims: Vec<_> = [(1, 0), (2, 3), (3, 16)]
-        .iter()
-        .map(|(n, a)| samples::claim(*n, *a))
-        .collect();
-    write_envelope_seeds("envelope_pending_claim", &claims);
-    let receipts: Vec<Receipt> = records
-        .iter()
-        .filter(|r| r.executor_started_at_ms.is_some())
-        .take(4)
-        .enumerate()
-        .map(|(i, r)| {
-            let n = u32::try_from(i).unwrap();
-            samples::receipt_for(r, &samples::capability(n), samples::ms(5_000), 0)
-        })
-        .collect();
-    write_envelope_seeds("envelope_receipt", &receipts);
-    let facts: Vec<_> = [(1, false), (2, true)]
-        .iter()
-        .map(|(n, q)| samples::truncation_fact(*n, *q))
-        .collect();
-    write_envelope_seeds("envelope_truncation_fact", &facts);
+    let values = SampleValues::new();
+    write_envelope_seeds::<InboxRecord>("envelope_inbox_record", &values.records);
+    write_envelope_seeds("envelope_pending_claim", &values.claims);
+    write_envelope_seeds("envelope_receipt", &values.receipts);
+    write_envelope_seeds("envelope_truncation_fact", &values.facts);
     let dir = corpus_dir("receipt_authenticate");
     let mut i = 0;
     for state in 0..9u8 {

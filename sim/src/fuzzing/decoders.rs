@@ -1,22 +1,28 @@
 //! Decoder targets: the four durable envelope kinds and receipt authentication.
 //!
-//! Each envelope entry point feeds the bytes twice:
+//! Each envelope entry point feeds the bytes as many as three ways:
 //! 1. as a whole envelope to [`envelope::decode`] (framing, checksum, body, validation);
-//! 2. as a **body** framed with a correct header (magic, kind, version, length, SHA-256), so the
-//!    postcard parser and the value's own validation are reached — a raw fuzzer almost never
-//!    gets past the checksum.
+//! 2. as a **body** re-sealed with a correct header (magic, kind, version, length, SHA-256:
+//!    [`frame`]), so the postcard parser and the value's own validation are reached — a raw
+//!    fuzzer almost never gets past the checksum;
+//! 3. when the bytes are an envelope of the kind whose framing or checksum fails (a mutated
+//!    envelope), the bytes after its header re-sealed the same way, so a mutation of an
+//!    envelope's body reaches the body decoder too.
 //!
-//! Neither may panic. Whatever decodes must round-trip: [`envelope::encode`] of the value
-//! decodes to the same value, and so does its bare postcard body; a correctly framed body may
-//! only fail in the body (never in the framing).
+//! None may panic. Whatever decodes must round-trip: [`envelope::encode`] of the value
+//! decodes to the same value, and so does its bare postcard body; a re-sealed body may only
+//! fail in the body (never in the framing). [`layers`] reports where each way ended, so the
+//! replay test can count how many inputs reached the body decoder ([`Tally`]).
 
-use std::fmt::Debug;
+use std::fmt::{self, Debug};
 
+use ql_worker_core::claim::PendingClaim;
 use ql_worker_core::envelope::{self, Durable, EnvelopeError, FORMAT_VERSION, HEADER_BYTES, MAGIC};
 use ql_worker_core::ids::{CallbackSequence, CapabilityDigest, Sha256Digest};
 use ql_worker_core::receipt::{Receipt, ReceiptToken, authenticate};
 use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
 use ql_worker_core::time::UnixMillis;
+use ql_worker_core::truncation::TruncationFact;
 
 use super::bytes::Bytes;
 use super::samples;
@@ -38,6 +44,142 @@ pub fn frame<T: Durable>(body: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Where one decode ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stage {
+    /// Rejected by the envelope layer (size, header, declared length or checksum): the body
+    /// decoder was not reached.
+    Envelope,
+    /// Rejected by the body decoder: not a postcard value of the kind's type.
+    Postcard,
+    /// Rejected by the body decoder: bytes follow the postcard value.
+    Trailing,
+    /// Rejected by the body decoder: the value breaks its own rules (`Durable::check`).
+    Validation,
+    /// Accepted, and round-tripped.
+    Accepted,
+}
+
+impl Stage {
+    fn of<T>(result: &Result<T, EnvelopeError>) -> Self {
+        match result {
+            Ok(_) => Self::Accepted,
+            Err(EnvelopeError::BodyMalformed) => Self::Postcard,
+            Err(EnvelopeError::TrailingBytes { .. }) => Self::Trailing,
+            Err(EnvelopeError::Invalid(_)) => Self::Validation,
+            Err(_) => Self::Envelope,
+        }
+    }
+
+    /// Whether the body decoder was reached (the framing and checksum passed).
+    #[must_use]
+    pub const fn reached_body(self) -> bool {
+        !matches!(self, Self::Envelope)
+    }
+}
+
+/// Where one input ended, each way it was fed (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layers {
+    /// 1: the bytes as a whole envelope.
+    pub raw: Stage,
+    /// 2: the bytes as a body, re-sealed.
+    pub as_body: Stage,
+    /// 3: the body of a mutated envelope of the kind, re-sealed (`None` when the bytes do not
+    /// start with the magic and kind, are shorter than a header, or open as they are).
+    pub envelope_body: Option<Stage>,
+}
+
+impl Layers {
+    /// Whether any way accepted the bytes.
+    #[must_use]
+    pub fn accepted(&self) -> bool {
+        self.raw == Stage::Accepted
+            || self.as_body == Stage::Accepted
+            || self.envelope_body == Some(Stage::Accepted)
+    }
+
+    /// The re-sealed decodes (2, and 3 when it ran).
+    pub fn resealed(&self) -> impl Iterator<Item = Stage> {
+        core::iter::once(self.as_body).chain(self.envelope_body)
+    }
+}
+
+/// Counts of [`Layers`] over many inputs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Inputs.
+    pub inputs: usize,
+    /// Inputs whose raw bytes passed the envelope layer.
+    pub raw_reached_body: usize,
+    /// Inputs whose raw bytes were rejected at the envelope layer.
+    pub raw_rejected_by_envelope: usize,
+    /// Re-sealed decodes (ways 2 and 3).
+    pub resealed: usize,
+    /// Re-sealed decodes that reached the body decoder.
+    pub resealed_reached_body: usize,
+    /// … of which accepted.
+    pub accepted: usize,
+    /// … of which rejected as not postcard.
+    pub postcard: usize,
+    /// … of which rejected for trailing bytes.
+    pub trailing: usize,
+    /// … of which rejected by the value's validation.
+    pub validation: usize,
+}
+
+impl Tally {
+    /// Adds one input.
+    pub fn add(&mut self, layers: &Layers) {
+        self.inputs += 1;
+        if layers.raw.reached_body() {
+            self.raw_reached_body += 1;
+        } else {
+            self.raw_rejected_by_envelope += 1;
+        }
+        for stage in layers.resealed() {
+            self.resealed += 1;
+            if stage.reached_body() {
+                self.resealed_reached_body += 1;
+            }
+            match stage {
+                Stage::Envelope => {}
+                Stage::Postcard => self.postcard += 1,
+                Stage::Trailing => self.trailing += 1,
+                Stage::Validation => self.validation += 1,
+                Stage::Accepted => self.accepted += 1,
+            }
+        }
+    }
+
+    /// Re-sealed decodes rejected by the body decoder.
+    #[must_use]
+    pub const fn rejected_by_body(&self) -> usize {
+        self.postcard + self.trailing + self.validation
+    }
+}
+
+impl fmt::Display for Tally {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} inputs, {} re-sealed reached the body decoder ({} accepted, {} rejected by it: \
+             {} not postcard, {} trailing bytes, {} validation) of {} re-sealed; as sent, {} \
+             passed the checksum and {} were rejected at the envelope layer",
+            self.inputs,
+            self.resealed_reached_body,
+            self.accepted,
+            self.rejected_by_body(),
+            self.postcard,
+            self.trailing,
+            self.validation,
+            self.resealed,
+            self.raw_reached_body,
+            self.raw_rejected_by_envelope,
+        )
+    }
+}
+
 /// The round-trip property of a decoded value.
 fn round_trip<T: Durable + PartialEq + Debug>(value: &T) {
     let encoded =
@@ -56,48 +198,77 @@ fn round_trip<T: Durable + PartialEq + Debug>(value: &T) {
     assert_eq!(*reencoded, *encoded, "encoding is not deterministic");
 }
 
-/// Both layers for kind `T`; true when either accepted the bytes.
-fn both_layers<T: Durable + PartialEq + Debug>(data: &[u8]) -> bool {
+/// Decodes `body` re-sealed for `T`: it may fail only in the body.
+fn resealed<T: Durable + PartialEq + Debug>(body: &[u8]) -> Stage {
+    let result = envelope::decode::<T>(&frame::<T>(body));
+    let stage = Stage::of(&result);
+    match &result {
+        Ok(value) => round_trip(value),
+        Err(e) if stage == Stage::Envelope => {
+            panic!("a re-sealed body failed in the framing: {e}")
+        }
+        Err(_) => {}
+    }
+    stage
+}
+
+/// Every way for kind `T` (see the module docs).
+#[must_use]
+pub fn layers<T: Durable + PartialEq + Debug>(data: &[u8]) -> Layers {
     let raw = envelope::decode::<T>(data);
     if let Ok(value) = &raw {
         round_trip(value);
     }
-    let framed = frame::<T>(data);
-    let body = envelope::decode::<T>(&framed);
-    match &body {
-        Ok(value) => round_trip(value),
-        Err(
-            EnvelopeError::BodyMalformed
-            | EnvelopeError::TrailingBytes { .. }
-            | EnvelopeError::Invalid(_),
-        ) => {}
-        Err(other) => panic!("a correctly framed body failed in the framing: {other}"),
+    let raw = Stage::of(&raw);
+    let as_body = resealed::<T>(data);
+    let envelope_body = match data.split_at_checked(HEADER_BYTES) {
+        Some((header, body))
+            if raw == Stage::Envelope && header[0..4] == MAGIC && header[4] == T::KIND.byte() =>
+        {
+            Some(resealed::<T>(body))
+        }
+        _ => None,
+    };
+    Layers {
+        raw,
+        as_body,
+        envelope_body,
     }
-    raw.is_ok() || body.is_ok()
 }
+
+/// [`layers`] of one kind.
+pub type LayersOf = fn(&[u8]) -> Layers;
+
+/// The envelope targets by name, with [`layers`] of their kind.
+pub const ENVELOPE_LAYERS: [(&str, LayersOf); 4] = [
+    ("envelope_inbox_record", layers::<InboxRecord>),
+    ("envelope_pending_claim", layers::<PendingClaim>),
+    ("envelope_receipt", layers::<Receipt>),
+    ("envelope_truncation_fact", layers::<TruncationFact>),
+];
 
 /// `envelope_inbox_record`.
 #[must_use]
 pub fn envelope_inbox_record(data: &[u8]) -> bool {
-    both_layers::<InboxRecord>(data)
+    layers::<InboxRecord>(data).accepted()
 }
 
 /// `envelope_pending_claim`.
 #[must_use]
 pub fn envelope_pending_claim(data: &[u8]) -> bool {
-    both_layers::<ql_worker_core::claim::PendingClaim>(data)
+    layers::<PendingClaim>(data).accepted()
 }
 
 /// `envelope_receipt`.
 #[must_use]
 pub fn envelope_receipt(data: &[u8]) -> bool {
-    both_layers::<Receipt>(data)
+    layers::<Receipt>(data).accepted()
 }
 
 /// `envelope_truncation_fact`.
 #[must_use]
 pub fn envelope_truncation_fact(data: &[u8]) -> bool {
-    both_layers::<ql_worker_core::truncation::TruncationFact>(data)
+    layers::<TruncationFact>(data).accepted()
 }
 
 /// How the fuzzed receipt token is made.
