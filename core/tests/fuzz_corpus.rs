@@ -144,11 +144,6 @@ fn decoder_corpora_replay_and_seeds_are_accepted() {
         println!("decoder mutations {target}: {mutated}");
         for (what, tally) in [("replay", replay), ("mutations", mutated)] {
             assert!(
-                tally.resealed_reached_body * 2 > tally.resealed,
-                "{what} {target}: at most half the re-sealed inputs reached the body decoder: \
-                 {tally}"
-            );
-            assert!(
                 tally.rejected_by_body() > 0 && tally.accepted > 0,
                 "{what} {target}: the body decoder must both accept and reject: {tally}"
             );
