@@ -141,6 +141,10 @@ pub struct Report {
     pub deepest: usize,
     /// Distinct system states per record state (with its recovery reason) present on disk.
     pub coverage: BTreeMap<String, usize>,
+    /// Crash moves taken during recovery: on a path that already spent a crash, from a Worker
+    /// that is registering or reconciling again (the restart rules), i.e. a second crash landing
+    /// in the recovery that followed the first. (A restart after a halt is not a crash.)
+    pub crashes_during_recovery: usize,
 }
 
 impl Report {
@@ -150,13 +154,14 @@ impl Report {
     pub fn line(&self, model: &Model) -> String {
         format!(
             "model-check {}: {} distinct states ({} histories), {} transitions, bounds: {}, \
-             deepest path {} moves, {}, {} violations",
+             deepest path {} moves, crashes-during-recovery explored: {}, {}, {} violations",
             model.name,
             self.states,
             self.histories,
             self.transitions,
             model.bounds.describe(),
             self.deepest,
+            self.crashes_during_recovery,
             if self.truncated {
                 "TRUNCATED by the state cap"
             } else {
@@ -492,8 +497,16 @@ impl Search<'_> {
     }
 
     fn expand(&mut self, node: &Node, id: u32) {
+        let recovering = node.budget.crashes < self.model.bounds.crashes
+            && matches!(
+                node.sim.worker.phase(),
+                Phase::Registering | Phase::Reconciling
+            );
         for (mv, budget) in moves(node, &self.model.menu) {
             self.report.transitions += 1;
+            if recovering && matches!(mv, Move::Answer(Answer::CrashBefore | Answer::CrashAfter)) {
+                self.report.crashes_during_recovery += 1;
+            }
             let mut sim = node.sim.fork();
             let outcome = self.guard.run(&mut || apply(&mut sim, mv));
             let mut violations = std::mem::take(&mut sim.world.violations);
@@ -593,6 +606,7 @@ pub fn start_path() -> Model {
         secret_answers: true,
         spawn_answers: true,
         log_faults: true,
+        session_answers: true,
         entropy_variants: true,
         ..Menu::default()
     };
@@ -663,6 +677,8 @@ pub fn finish_path() -> Model {
     let menu = Menu {
         crashes: true,
         record_faults: true,
+        claim_faults: true,
+        read_faults: true,
         spawn_answers: true,
         log_faults: true,
         receipt_answers: true,
@@ -670,6 +686,7 @@ pub fn finish_path() -> Model {
         completion_answers: true,
         lease_answers: true,
         stop_answers: true,
+        session_answers: true,
         exits: true,
         ..Menu::default()
     };
