@@ -332,7 +332,7 @@ impl serde::Serialize for JsStringJson<'_> {
 /// serde_json) writes it: `"` and `\` escaped, `\b \f \n \r \t` in short form, other C0
 /// controls as `\u00xx`, everything else verbatim.
 #[must_use]
-pub(crate) fn json_string_len(value: &str) -> usize {
+pub fn json_string_len(value: &str) -> usize {
     2 + value
         .bytes()
         .map(|b| match b {

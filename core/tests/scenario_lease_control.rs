@@ -20,27 +20,11 @@ fn lines(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_string()).collect()
 }
 
-/// A Worker holding o1 in `state` with its process running, registered and reconciled;
-/// `take_trail` emptied.
-fn holding(state: State) -> Sim {
-    let mut world = World::new(1, Vec::new());
-    world.seed(1, testkit::record(1, state), true);
-    let mut sim = Sim::scenario(world);
-    sim.run(2);
-    sim.take_trail();
-    sim
-}
-
-fn record_of(sim: &Sim) -> ql_worker_core::record::InboxRecord {
-    let id = sim.world.plane.runs.keys().next().unwrap();
-    sim.world.disk.record(id).unwrap().clone()
-}
-
 /// Completion is tried first (the receipt read), then the lease is renewed, then the new lease
 /// version is persisted in the same state.
 #[test]
 fn replays_completion_first_renews_authority_then_persists_the_next_lease_version() {
-    let mut sim = holding(State::RunningAcknowledged);
+    let mut sim = Sim::holding(State::RunningAcknowledged);
     sim.run(1);
     assert_eq!(
         sim.commands(),
@@ -53,7 +37,7 @@ fn replays_completion_first_renews_authority_then_persists_the_next_lease_versio
             "persist-record o1 r5 running_acknowledged",
         ])
     );
-    let record = record_of(&sim);
+    let record = sim.first_record();
     assert_eq!(record.offer.lease.version.get(), 1);
     assert_eq!(record.offer.lease.expires_at_ms, ms(31_000));
 }
@@ -63,7 +47,7 @@ fn replays_completion_first_renews_authority_then_persists_the_next_lease_versio
 /// completed like any other.
 #[test]
 fn persists_stop_request_lease_authority_before_stopping_the_exact_process() {
-    let mut sim = holding(State::RunningAcknowledged);
+    let mut sim = Sim::holding(State::RunningAcknowledged);
     sim.on(On::Post(Operation::LeaseControl), Answer::StopRequested);
     sim.run(2);
     assert_eq!(
@@ -119,7 +103,7 @@ fn expire(sim: &mut Sim) {
 /// recorded as `recovery_required(lease_lost_local_execution_stopped)`.
 #[test]
 fn stops_locally_and_records_conclusive_recovery_after_lease_expiry() {
-    let mut sim = holding(State::RunningAcknowledged);
+    let mut sim = Sim::holding(State::RunningAcknowledged);
     sim.on(On::Post(Operation::LeaseControl), Answer::Unavailable);
     sim.run(1);
     sim.take_trail();
@@ -136,7 +120,7 @@ fn stops_locally_and_records_conclusive_recovery_after_lease_expiry() {
         ])
     );
     assert_eq!(
-        record_of(&sim).recovery_reason,
+        sim.first_record().recovery_reason,
         Some(RecoveryReason::LeaseLostLocalExecutionStopped)
     );
 }
@@ -145,7 +129,7 @@ fn stops_locally_and_records_conclusive_recovery_after_lease_expiry() {
 /// `recovery_required(lease_lost_local_execution_unverified)`.
 #[test]
 fn keeps_inconclusive_stop_evidence_distinct_after_lease_expiry() {
-    let mut sim = holding(State::RunningAcknowledged);
+    let mut sim = Sim::holding(State::RunningAcknowledged);
     sim.on(On::Post(Operation::LeaseControl), Answer::Unavailable);
     sim.run(1);
     sim.take_trail();
@@ -163,7 +147,7 @@ fn keeps_inconclusive_stop_evidence_distinct_after_lease_expiry() {
         ])
     );
     assert_eq!(
-        record_of(&sim).recovery_reason,
+        sim.first_record().recovery_reason,
         Some(RecoveryReason::LeaseLostLocalExecutionUnverified)
     );
 }
@@ -171,7 +155,7 @@ fn keeps_inconclusive_stop_evidence_distinct_after_lease_expiry() {
 /// Once `completion_acknowledged` is durable, supervision never calls the control plane again.
 #[test]
 fn does_not_contact_control_after_completion_acknowledgement() {
-    let mut sim = holding(State::RunningAcknowledged);
+    let mut sim = Sim::holding(State::RunningAcknowledged);
     sim.event(Event::Exit {
         index: 0,
         code: 0,
@@ -214,7 +198,7 @@ fn waits_for_the_bound_worker_session_while_local_lease_authority_remains_live()
             "read-record o1"
         ])
     );
-    assert_eq!(record_of(&sim).state, State::RunningAcknowledged);
+    assert_eq!(sim.first_record().state, State::RunningAcknowledged);
 }
 
 /// `terminal` at lease control: the completion is replayed once first (a terminal lease may be
@@ -223,7 +207,7 @@ fn waits_for_the_bound_worker_session_while_local_lease_authority_remains_live()
 /// `recovery_required(control_plane_terminal)`.
 #[test]
 fn stops_and_quarantines_execution_when_the_control_plane_is_terminal() {
-    let mut sim = holding(State::RunningAcknowledged);
+    let mut sim = Sim::holding(State::RunningAcknowledged);
     sim.on(On::Post(Operation::LeaseControl), Answer::Terminal);
     sim.run(1);
     assert_eq!(
@@ -241,7 +225,7 @@ fn stops_and_quarantines_execution_when_the_control_plane_is_terminal() {
         ])
     );
     assert_eq!(
-        record_of(&sim).recovery_reason,
+        sim.first_record().recovery_reason,
         Some(RecoveryReason::ControlPlaneTerminal)
     );
     assert!(sim.worker.fail_closed().is_some());

@@ -15,22 +15,6 @@ use ql_worker_sim::testkit::world::{
 };
 use ql_worker_sim::testkit::{self};
 
-/// A Worker holding o1 in `state` with its process running, registered and reconciled; trail
-/// emptied.
-fn holding(state: State) -> Sim {
-    let mut world = World::new(1, Vec::new());
-    world.seed(1, testkit::record(1, state), true);
-    let mut sim = Sim::scenario(world);
-    sim.run(2);
-    sim.take_trail();
-    sim
-}
-
-fn record_of(sim: &Sim) -> ql_worker_core::record::InboxRecord {
-    let id = sim.world.plane.runs.keys().next().unwrap();
-    sim.world.disk.record(id).unwrap().clone()
-}
-
 /// The `expectedLeaseVersion` of every POST to `operation`, in order.
 fn expected_versions(sim: &Sim, operation: Operation) -> Vec<u64> {
     sim.stream
@@ -73,11 +57,11 @@ fn assert_running(sim: &Sim) {
 /// control plane then renews (v + 2). The Run keeps its lease and is never stopped.
 #[test]
 fn a_renewal_whose_answer_was_lost_is_caught_up_one_version_on() {
-    let mut sim = holding(State::RunningAcknowledged);
+    let mut sim = Sim::holding(State::RunningAcknowledged);
     sim.on(On::Post(Operation::LeaseControl), Answer::LostAfterCommit);
     sim.run(1);
     assert_eq!(
-        record_of(&sim).offer.lease.version.get(),
+        sim.first_record().offer.lease.version.get(),
         0,
         "nothing durable"
     );
@@ -88,7 +72,7 @@ fn a_renewal_whose_answer_was_lost_is_caught_up_one_version_on() {
         "{:#?}",
         sim.commands()
     );
-    let record = record_of(&sim);
+    let record = sim.first_record();
     assert_eq!(record.state, State::RunningAcknowledged);
     assert_eq!(record.offer.lease.version.get(), 2);
     assert!(
@@ -124,7 +108,7 @@ fn a_garbled_or_odd_status_renewal_answer_is_uncertain_and_caught_up() {
         || Outcome::Http(HttpFailure::Uncertain),
     ];
     for odd in odds {
-        let mut sim = holding(State::RunningAcknowledged);
+        let mut sim = Sim::holding(State::RunningAcknowledged);
         sim.advance_to(sim.now.saturating_add(1));
         sim.tick();
         // Answer until the lease-control call, commit it at the control plane, then hand the
@@ -153,7 +137,12 @@ fn a_garbled_or_odd_status_renewal_answer_is_uncertain_and_caught_up() {
             odd(),
             sim.commands()
         );
-        assert_eq!(record_of(&sim).offer.lease.version.get(), 2, "{:?}", odd());
+        assert_eq!(
+            sim.first_record().offer.lease.version.get(),
+            2,
+            "{:?}",
+            odd()
+        );
         assert_running(&sim);
     }
 }
@@ -162,19 +151,19 @@ fn a_garbled_or_odd_status_renewal_answer_is_uncertain_and_caught_up() {
 /// persisted, nothing stopped, and the next pass asks again.
 #[test]
 fn a_second_fence_is_not_retried_again_in_the_same_pass() {
-    let mut sim = holding(State::RunningAcknowledged);
+    let mut sim = Sim::holding(State::RunningAcknowledged);
     sim.on(On::Post(Operation::LeaseControl), Answer::Fenced);
     sim.on(On::Post(Operation::LeaseControl), Answer::Fenced);
     sim.run(1);
     assert_eq!(expected_versions(&sim, Operation::LeaseControl), vec![0, 1]);
-    assert_eq!(record_of(&sim).offer.lease.version.get(), 0);
+    assert_eq!(sim.first_record().offer.lease.version.get(), 0);
     assert_eq!(count(&sim, "stop o1"), 0);
     sim.run(1);
     assert_eq!(
         expected_versions(&sim, Operation::LeaseControl),
         vec![0, 1, 0]
     );
-    assert_eq!(record_of(&sim).offer.lease.version.get(), 1);
+    assert_eq!(sim.first_record().offer.lease.version.get(), 1);
     assert_running(&sim);
 }
 
@@ -182,7 +171,7 @@ fn a_second_fence_is_not_retried_again_in_the_same_pass() {
 /// reaching the disk) is sent once more at v + 1 and acknowledged.
 #[test]
 fn a_completion_fenced_after_a_lost_renewal_completes_one_version_on() {
-    let mut sim = holding(State::RunningAcknowledged);
+    let mut sim = Sim::holding(State::RunningAcknowledged);
     sim.event(Event::Exit {
         index: 0,
         code: 0,
@@ -196,7 +185,7 @@ fn a_completion_fenced_after_a_lost_renewal_completes_one_version_on() {
         "{:#?}",
         sim.commands()
     );
-    assert_eq!(record_of(&sim).state, State::CompletionAcknowledged);
+    assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
     assert_running(&sim);
 }
 
@@ -459,7 +448,7 @@ fn an_uncertain_transition_still_drains_cleanly() {
 /// hostile-network test (`drivers/tests/e2e_hostile_network.rs`).
 #[test]
 fn a_lost_completion_replay_answer_is_not_a_control_plane_terminal() {
-    let mut sim = holding(State::RunningAcknowledged);
+    let mut sim = Sim::holding(State::RunningAcknowledged);
     sim.event(Event::Exit {
         index: 0,
         code: 0,
@@ -478,10 +467,10 @@ fn a_lost_completion_replay_answer_is_not_a_control_plane_terminal() {
         "the completion and its replay after `terminal`: {commands:#?}"
     );
     assert!(commands.iter().any(|l| l == "post lease-control o1"));
-    assert_eq!(record_of(&sim).state, State::RunningAcknowledged);
+    assert_eq!(sim.first_record().state, State::RunningAcknowledged);
     assert_eq!(count(&sim, "stop o1"), 0);
     sim.run(1);
-    assert_eq!(record_of(&sim).state, State::CompletionAcknowledged);
+    assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
     assert_running(&sim);
 }
 
@@ -491,14 +480,14 @@ fn a_lost_completion_replay_answer_is_not_a_control_plane_terminal() {
 /// Found by the hostile-network test with 30 Runs (one try at v + 1 was not enough).
 #[test]
 fn consecutive_lost_renewals_are_caught_up_to_the_highest_version_they_may_have_left() {
-    let mut sim = holding(State::RunningAcknowledged);
+    let mut sim = Sim::holding(State::RunningAcknowledged);
     sim.on(On::Post(Operation::LeaseControl), Answer::LostAfterCommit);
     sim.run(1);
     // The next pass: fenced at 0, the catch-up at 1 is lost too (the plane is at 2 now).
     sim.on(On::Post(Operation::LeaseControl), Answer::Fenced);
     sim.on(On::Post(Operation::LeaseControl), Answer::LostAfterCommit);
     sim.run(1);
-    assert_eq!(record_of(&sim).offer.lease.version.get(), 0);
+    assert_eq!(sim.first_record().offer.lease.version.get(), 0);
     sim.run(1);
     assert_eq!(
         expected_versions(&sim, Operation::LeaseControl),
@@ -506,7 +495,7 @@ fn consecutive_lost_renewals_are_caught_up_to_the_highest_version_they_may_have_
         "{:#?}",
         sim.commands()
     );
-    let record = record_of(&sim);
+    let record = sim.first_record();
     assert_eq!(record.state, State::RunningAcknowledged);
     assert_eq!(record.offer.lease.version.get(), 3);
     assert_eq!(count(&sim, "stop o1"), 0);

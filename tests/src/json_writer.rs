@@ -6,6 +6,9 @@
 //! audited core carries no code it does not run. It writes keys in the order the caller states,
 //! which is how the reference's response bodies are laid out.
 
+// The length of a string once written (the writer reserves before it writes, so a capability
+// never passes through a second buffer): core's count, held against serde_json's output there.
+use ql_worker_core::js::json_string_len;
 use std::fmt;
 
 use zeroize::Zeroizing;
@@ -45,19 +48,6 @@ pub fn write_json_string(out: &mut Vec<u8>, value: &str) {
     }
     out.extend_from_slice(&bytes[start..]);
     out.push(b'"');
-}
-
-/// Length of `value` once written by [`write_json_string`] (the writer reserves before it
-/// writes, so a capability never passes through a second buffer).
-fn json_string_len(value: &str) -> usize {
-    2 + value
-        .bytes()
-        .map(|b| match b {
-            b'"' | b'\\' | 0x08 | 0x0c | b'\n' | b'\r' | b'\t' => 2,
-            0x00..=0x1f => 6,
-            _ => 1,
-        })
-        .sum::<usize>()
 }
 
 /// Appends an integer the way `JSON.stringify` formats a safe integer (plain decimal, `-` for

@@ -105,6 +105,34 @@ impl Sim {
         Self::new(crate::testkit::explore::model_config(), world, start).recording()
     }
 
+    /// A scenario Worker holding o1 in `state` with its process running, registered and
+    /// reconciled; the trail emptied (the lease-control and uncertain-outcome scenarios).
+    #[must_use]
+    pub fn holding(state: State) -> Self {
+        let mut world = World::new(1, Vec::new());
+        world.seed(1, crate::testkit::record(1, state), true);
+        let mut sim = Self::scenario(world);
+        sim.run(2);
+        sim.take_trail();
+        sim
+    }
+
+    /// The stored record of the control plane's first Run.
+    ///
+    /// # Panics
+    /// If the plane has no Run or the disk no record of it.
+    #[must_use]
+    pub fn first_record(&self) -> ql_worker_core::record::InboxRecord {
+        let id = self
+            .world
+            .plane
+            .runs
+            .keys()
+            .next()
+            .expect("a Run at the plane");
+        self.world.disk.record(id).expect("its record").clone()
+    }
+
     /// Records the trail and the canonical command stream from now on.
     #[must_use]
     pub fn recording(mut self) -> Self {
