@@ -43,13 +43,16 @@ fi
 target="$1"
 case "$target" in
   x86_64-unknown-linux-musl)
-    cc=musl-gcc ar=ar linker="" pkg=musl-tools machine="Advanced Micro Devices X86-64" ;;
+    cc=musl-gcc ar=ar linker="" pkg=musl-tools machine="Advanced Micro Devices X86-64"
+    libc_header="" libc_pkg="" ;;
   aarch64-unknown-linux-musl)
     cc=aarch64-linux-gnu-gcc ar=aarch64-linux-gnu-ar linker=aarch64-linux-gnu-gcc
-    pkg=gcc-aarch64-linux-gnu machine="AArch64" ;;
+    pkg=gcc-aarch64-linux-gnu machine="AArch64"
+    libc_header=/usr/aarch64-linux-gnu/include/stdint.h libc_pkg=libc6-dev-arm64-cross ;;
   armv7-unknown-linux-musleabihf)
     cc=arm-linux-gnueabihf-gcc ar=arm-linux-gnueabihf-ar linker=arm-linux-gnueabihf-gcc
-    pkg=gcc-arm-linux-gnueabihf machine="ARM" ;;
+    pkg=gcc-arm-linux-gnueabihf machine="ARM"
+    libc_header=/usr/arm-linux-gnueabihf/include/stdint.h libc_pkg=libc6-dev-armhf-cross ;;
   *) die "unknown target '$target'; $usage" ;;
 esac
 
@@ -60,6 +63,9 @@ command -v rustup >/dev/null 2>&1 || die "rustup not found: the edge build adds 
 need_pkgs=()
 command -v "$cc" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 command -v readelf >/dev/null 2>&1 || need_pkgs+=(binutils)
+# The cross compiler's C headers (ring's C includes <stdint.h>): a Recommends of the compiler
+# package, which --no-install-recommends below leaves out on a fresh machine.
+if [ -n "$libc_header" ] && [ ! -e "$libc_header" ]; then need_pkgs+=("$libc_pkg"); fi
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     die "missing ${need_pkgs[*]} (for $cc / readelf); install them (Debian: apt-get install ${need_pkgs[*]}) or run this script as root on Debian"
