@@ -7,15 +7,22 @@
 //!
 //! Rows: fsyncs per success lifecycle (Worker, supervisor) and per idle Pull against the
 //! documented minimum (`fsyncs`); lifecycle latency of `/bin/true` Runs against the physical
-//! floor (`latency`); the 64 MiB upload's peak RSS and throughput against `sha256sum`
-//! (`upload`); startup reconciliation of 1,024 records against raw reads (`reconcile`); peak RSS
-//! of the Worker and each supervisor with 1 and 256 sleeping Runs, and steady-state fsyncs per
-//! second (`concurrency`); quick-Run throughput on the edge and node profiles' defaults against
-//! the serial floor (`throughput`); release binary size (`size`).
+//! floor, whole (enqueue → receipt removed) and split at the claim (enqueue → claimed against
+//! the floor's pre-claim part, claimed → receipt removed against the rest), all three from the
+//! same lifecycles (`latency`); the 64 MiB upload's peak RSS and throughput against `sha256sum`
+//! (`upload`); startup reconciliation of 1,024 records against raw reads (`reconcile`); restart
+//! → first Pull of the real Worker with 1,024 settled records in the inbox, with the default
+//! high water and with one that keeps 1,023, against the reconciliation's storage work on the
+//! same files (`restart`); peak RSS of the Worker and each supervisor with 1 and 256 sleeping
+//! Runs, and steady-state fsyncs per second (`concurrency`); quick-Run throughput on the edge
+//! and node profiles' defaults against the serial floor (`throughput`); release binary size
+//! (`size`).
 //!
-//! `QL_BENCH_ONLY=fsync,latency,throughput,upload,reconcile,rss,size` runs a subset; `QL_BENCH_RUNS` sets the
-//! timed lifecycles (default 20); `QL_BENCH_VERBOSE=1` prints each traced lifecycle by file.
-//! See `docs/performance.md` ("Whole-Worker benchmarks") for the method of each row.
+//! `QL_BENCH_ONLY=fsync,latency,throughput,upload,reconcile,restart,rss,size` runs a subset
+//! (`latency` prints its three rows, `restart` its two); `QL_BENCH_RUNS` sets the timed
+//! lifecycles (default 20); `QL_BENCH_RESTART_ROUNDS` the restarts of each restart row (default
+//! 5); `QL_BENCH_VERBOSE=1` prints each traced lifecycle by file. See `docs/performance.md`
+//! ("Whole-Worker benchmarks") for the method of each row.
 
 mod concurrency;
 mod fsyncs;
@@ -23,6 +30,7 @@ mod latency;
 mod machine;
 mod procfs;
 mod reconcile;
+mod restart;
 mod size;
 mod table;
 mod throughput;
@@ -108,6 +116,10 @@ fn main() {
     if selected("reconcile") {
         eprintln!("startup reconciliation of 1,024 records…");
         reconcile::measure(&mut table);
+    }
+    if selected("restart") {
+        eprintln!("restart → first Pull with 1,024 settled records…");
+        restart::measure(&exe, &mut table);
     }
     if selected("rss") {
         eprintln!("peak RSS with 1 and with 256 concurrent sleeping Runs…");

@@ -14,7 +14,7 @@ use ql_worker_core::listing::PageLimit;
 use ql_worker_core::record::InboxRecord;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_tests::control_plane::{
-    ReferenceControlPlane, ReferenceOptions, RevisionBuilder, RunSpec,
+    ReferenceControlPlane, ReferenceOptions, RevisionBuilder, RunEventKind, RunSpec,
 };
 
 use crate::procfs;
@@ -66,6 +66,16 @@ pub(crate) fn wait_until(
     }
 }
 
+/// What one look at a Run found (see [`World::progress`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Progress {
+    /// The control plane handed the offer to the Worker: its model holds the Run's `Claimed`
+    /// event (recorded while it answers the Pull that claimed it).
+    pub(crate) claimed: bool,
+    /// [`World::settled`].
+    pub(crate) settled: bool,
+}
+
 /// A Run this world enqueued.
 #[derive(Clone, Debug)]
 pub(crate) struct Queued {
@@ -106,7 +116,7 @@ impl World {
 
     /// A world with a fresh control plane and state root; `tail` gives what follows the
     /// `[control_plane]` section's connection settings (more of that section, then others).
-    fn with_config(profile: &str, tail: &str) -> Self {
+    pub(crate) fn with_config(profile: &str, tail: &str) -> Self {
         let dir = scratch("ql-bench-worker-");
         let cp = ReferenceControlPlane::start(ReferenceOptions::default()).expect("control plane");
         let s = cp.worker_settings();
@@ -157,12 +167,22 @@ impl World {
     /// The lifecycle is over: the control plane applied the completion and the Worker removed
     /// the receipt (its last step, after `completion_acknowledged` is durable).
     pub(crate) fn settled(&self, run: &Queued) -> bool {
-        self.cp
-            .run(&run.run_id)
-            .is_some_and(|r| r.completion.is_some())
+        self.progress(run).settled
+    }
+
+    /// Where `run` is, from one look at the control plane's model and the receipt file.
+    pub(crate) fn progress(&self, run: &Queued) -> Progress {
+        let record = self.cp.run(&run.run_id);
+        let claimed = record.as_ref().is_some_and(|r| {
+            r.events
+                .iter()
+                .any(|e| matches!(e.kind, RunEventKind::Claimed { .. }))
+        });
+        let settled = record.is_some_and(|r| r.completion.is_some())
             && !ql_worker::layout::Paths::new(self.root())
                 .receipt(&run.attempt_id)
-                .exists()
+                .exists();
+        Progress { claimed, settled }
     }
 
     /// Whether the Worker has registered and pulled at least once.
