@@ -59,11 +59,7 @@ pub(crate) struct Measured {
 }
 
 fn runs() -> usize {
-    std::env::var("QL_BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20)
-        .clamp(3, 500)
+    crate::env_number("QL_BENCH_RUNS", 20, 3, 500)
 }
 
 /// The floor's pieces, on the same disk and the same server.
@@ -349,9 +345,26 @@ pub(crate) fn largest_record(root: &Path) -> usize {
         .unwrap_or(1024)
 }
 
+/// One row of a timed measure against its floor: the median (p90) of `samples` against the
+/// median of `floor`.
+fn push_against_floor(
+    table: &mut Table,
+    measure: &str,
+    samples: &[Duration],
+    (floor, floor_name): (&[Duration], &str),
+    note: String,
+) {
+    let (ours, base) = (median(samples), median(floor));
+    table.push(
+        measure,
+        format!("{} (p90 {})", dur(ours), dur(percentile(samples, 90))),
+        format!("{} ({floor_name})", dur(base)),
+        Some(ours.as_secs_f64() / base.as_secs_f64()),
+        note,
+    );
+}
+
 pub(crate) fn report(m: &Measured, cadence_ms: u64, table: &mut Table) {
-    let floor = median(&m.floor);
-    let ours = median(&m.lifecycle);
     let [durable_pre, durable_post, spawn, trips_pre, trips_post] = m.floor_parts;
     let pull_wait = if m.pull_wait.is_empty() {
         String::from("n/a")
@@ -360,15 +373,11 @@ pub(crate) fn report(m: &Measured, cadence_ms: u64, table: &mut Table) {
     };
     let post_fsyncs = m.fsyncs.saturating_sub(PRE_CLAIM_FSYNCS);
     let post_trips = m.round_trips.saturating_sub(PRE_CLAIM_ROUND_TRIPS);
-    table.push(
+    push_against_floor(
+        table,
         "lifecycle latency of a `/bin/true` Run, enqueue → receipt removed (median)",
-        format!(
-            "{} (p90 {})",
-            dur(ours),
-            dur(percentile(&m.lifecycle, 90))
-        ),
-        format!("{} (floor)", dur(floor)),
-        Some(ours.as_secs_f64() / floor.as_secs_f64()),
+        &m.lifecycle,
+        (&m.floor, "floor"),
         format!(
             "{} Runs, cadence {cadence_ms} ms, one slot. Floor = {} fsyncs as write+fsync+rename+dir fsync of a {}-byte record ({}) + bare spawn+wait of /bin/true ({}) + {} HTTPS round trips on one kept-alive mTLS connection ({}). Requests per lifecycle: {}. The rest is tick waits: enqueue → claimed {} (median, control-plane clock: the wait for the next Pull tick), and the completion is found by the next supervision tick; the supervisor's 5 fsyncs overlap the Worker's",
             m.runs,
@@ -382,16 +391,11 @@ pub(crate) fn report(m: &Measured, cadence_ms: u64, table: &mut Table) {
             pull_wait,
         ),
     );
-    let (to_claim, floor_to_claim) = (median(&m.to_claim), median(&m.floor_to_claim));
-    table.push(
+    push_against_floor(
+        table,
         "lifecycle latency, enqueue → claimed (the Pull wait, median)",
-        format!(
-            "{} (p90 {})",
-            dur(to_claim),
-            dur(percentile(&m.to_claim, 90))
-        ),
-        format!("{} (floor before the claim)", dur(floor_to_claim)),
-        Some(to_claim.as_secs_f64() / floor_to_claim.as_secs_f64()),
+        &m.to_claim,
+        (&m.floor_to_claim, "floor before the claim"),
         format!(
             "The same {} Runs, enqueued at a random phase of the {cadence_ms} ms tick. Claimed = the first 1 ms poll that finds the Run's Claimed event in the loopback plane's model (recorded while it answers the claiming Pull); on the plane's own clock the median is {pull_wait}. Floor before the claim = the pending claim's {} fsyncs ({}) + {} HTTPS round trip (the Pull, {})",
             m.runs,
@@ -401,16 +405,11 @@ pub(crate) fn report(m: &Measured, cadence_ms: u64, table: &mut Table) {
             dur(trips_pre),
         ),
     );
-    let (after_claim, floor_after_claim) = (median(&m.after_claim), median(&m.floor_after_claim));
-    table.push(
+    push_against_floor(
+        table,
         "lifecycle latency, claimed → receipt removed (median)",
-        format!(
-            "{} (p90 {})",
-            dur(after_claim),
-            dur(percentile(&m.after_claim, 90))
-        ),
-        format!("{} (floor after the claim)", dur(floor_after_claim)),
-        Some(after_claim.as_secs_f64() / floor_after_claim.as_secs_f64()),
+        &m.after_claim,
+        (&m.floor_after_claim, "floor after the claim"),
         format!(
             "The same {} Runs; both ends found by the same 1 ms poll. Floor after the claim = the lifecycle's other {post_fsyncs} fsyncs ({}) + bare spawn+wait of /bin/true ({}) + {post_trips} HTTPS round trips ({}), all one after another (the supervisor's fsyncs included, though they may overlap the Worker's). Target: ≤ 1.5× (issue 16)",
             m.runs,

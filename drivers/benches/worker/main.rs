@@ -59,6 +59,16 @@ impl Drop for Leftovers {
     }
 }
 
+/// The number in the environment variable `name`, `default` when it is unset or not a number,
+/// held within `min..=max`.
+pub(crate) fn env_number<T: std::str::FromStr + Ord>(name: &str, default: T, min: T, max: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+        .clamp(min, max)
+}
+
 fn selected(name: &str) -> bool {
     std::env::var("QL_BENCH_ONLY").map_or(true, |only| only.split(',').any(|o| o.trim() == name))
 }

@@ -51,11 +51,7 @@ const VARIANTS: [Variant; 2] = [
 const SETTLED_AGO_MS: u64 = 3_600_000;
 
 fn rounds() -> usize {
-    std::env::var("QL_BENCH_RESTART_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5)
-        .clamp(1, 25)
+    crate::env_number("QL_BENCH_RESTART_ROUNDS", 5, 1, 25)
 }
 
 /// Record `n` as the happy path leaves it (`testkit::record`), settled `base + n` ms after the

@@ -19,11 +19,7 @@ use crate::table::{Table, median};
 use crate::world::{World, wait_until};
 
 fn runs() -> u32 {
-    std::env::var("QL_BENCH_THROUGHPUT_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(115)
-        .clamp(10, 5000)
+    crate::env_number("QL_BENCH_THROUGHPUT_RUNS", 115, 10, 5000)
 }
 
 /// Essential requests of a `/bin/true` lifecycle: offers, starting, running, artifacts,
