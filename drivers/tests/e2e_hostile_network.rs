@@ -11,13 +11,13 @@
 mod e2e_common;
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::thread::JoinHandle;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use e2e_common::{KillOnDrop, World, marker_lines, sigterm, wait_exit};
+use e2e_common::proxy::{Link, Proxy, pump};
+use e2e_common::{KillOnDrop, World, env_number as number, marker_lines, sigterm, wait_exit};
 use ql_worker_core::record::State;
 
 const JSON: &[&str] = &["--log-format", "json"];
@@ -49,76 +49,42 @@ struct Counts {
     stalls: AtomicUsize,
 }
 
-/// The hostile proxy: loopback only, stops when dropped.
-struct Proxy {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
+/// The hostile proxy: loopback only, stops (and joins its threads) when dropped.
+struct Hostile {
     counts: Arc<Counts>,
-    accept: Option<JoinHandle<()>>,
+    proxy: Proxy,
 }
 
-impl Proxy {
+impl Hostile {
     fn start(upstream: SocketAddr, seed: u64, hostile_for: Duration) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
         let counts = Arc::new(Counts::default());
-        let accept = {
-            let (stop, counts) = (Arc::clone(&stop), Arc::clone(&counts));
-            std::thread::spawn(move || {
-                let mut rng = Rng(seed);
-                let started = Instant::now();
-                while !stop.load(Ordering::Relaxed) {
-                    let Ok((client, _)) = listener.accept() else {
-                        std::thread::sleep(Duration::from_millis(5));
-                        continue;
-                    };
-                    counts.connections.fetch_add(1, Ordering::Relaxed);
-                    // Hostile for a while, then healed, so that every Run can settle.
-                    let hostile = started.elapsed() < hostile_for;
-                    let connection_seed = rng.next_u64();
-                    let Ok(server) = TcpStream::connect(upstream) else {
-                        continue;
-                    };
-                    relay(client, server, hostile.then_some(connection_seed), &counts);
-                }
+        let proxy = {
+            let counts = Arc::clone(&counts);
+            let mut rng = Rng(seed);
+            let started = Instant::now();
+            Proxy::start(upstream, move |link| {
+                counts.connections.fetch_add(1, Ordering::Relaxed);
+                // Hostile for a while, then healed, so that every Run can settle.
+                let hostile = started.elapsed() < hostile_for;
+                let connection_seed = rng.next_u64();
+                relay(link, hostile.then_some(connection_seed), &counts);
             })
         };
-        Self {
-            addr,
-            stop,
-            counts,
-            accept: Some(accept),
-        }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(accept) = self.accept.take() {
-            let _ = accept.join();
-        }
+        Self { counts, proxy }
     }
 }
 
 /// Two pumps for one connection; with a seed, the plane → Worker one draws a [`Fate`] for every
 /// burst it reads.
-fn relay(client: TcpStream, server: TcpStream, seed: Option<u64>, counts: &Arc<Counts>) {
-    let (mut c_read, mut s_write) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 16 * 1024];
-        while let Ok(n) = c_read.read(&mut buf) {
-            if n == 0 || s_write.write_all(&buf[..n]).is_err() {
-                break;
-            }
-        }
-        let _ = s_write.shutdown(Shutdown::Write);
+fn relay(link: &mut Link, seed: Option<u64>, counts: &Arc<Counts>) {
+    let Ok([(c_read, s_write), (mut s_read, mut c_write)]) = link.directions() else {
+        return;
+    };
+    link.spawn(move || {
+        pump(c_read, s_write, 16 * 1024, |_| true);
     });
     let counts = Arc::clone(counts);
-    let (mut s_read, mut c_write) = (server, client);
-    std::thread::spawn(move || {
+    link.spawn(move || {
         let mut rng = seed.map(Rng);
         let mut buf = [0u8; 32 * 1024];
         loop {
@@ -176,13 +142,6 @@ fn notable(log: &std::path::Path) -> String {
         .join("\n")
 }
 
-fn number(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 #[test]
 fn every_run_succeeds_once_through_a_hostile_network() {
     let seed = number(
@@ -201,8 +160,8 @@ fn every_run_succeeds_once_through_a_hostile_network() {
     );
     let origin = world.cp.origin().to_owned();
     let upstream: SocketAddr = origin.trim_start_matches("https://").parse().unwrap();
-    let proxy = Proxy::start(upstream, seed, Duration::from_secs(25));
-    world.edit_config(&origin, &format!("https://{}", proxy.addr));
+    let proxy = Hostile::start(upstream, seed, Duration::from_secs(25));
+    world.edit_config(&origin, &format!("https://{}", proxy.proxy.addr()));
 
     let mut markers = Vec::new();
     let mut run_ids = Vec::new();

@@ -6,6 +6,7 @@
 #[path = "../bin_under_test/mod.rs"]
 pub mod bin_under_test;
 pub mod evidence;
+pub mod proxy;
 
 pub use bin_under_test::{hooked_worker_bin, worker_bin};
 
@@ -77,12 +78,22 @@ impl World {
     /// the control plane's settings and `extra` (`key = value` lines, appended at the end of
     /// the file, so a `[section]` header in it opens that section) are written.
     pub fn edge(extra: &str) -> Self {
+        Self::profile("edge", ReferenceOptions::default(), extra)
+    }
+
+    /// As [`World::edge`] for the **node** profile, with a control plane started with
+    /// `options`.
+    pub fn node(options: ReferenceOptions, extra: &str) -> Self {
+        Self::profile("node", options, extra)
+    }
+
+    fn profile(profile: &str, options: ReferenceOptions, extra: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let cp = ReferenceControlPlane::start(ReferenceOptions::default()).unwrap();
+        let cp = ReferenceControlPlane::start(options).unwrap();
         let s = cp.worker_settings();
         let root = dir.path().join("state");
         let text = format!(
-            "profile = \"edge\"\nworker_id = \"{}\"\nroot = \"{}\"\n\n[control_plane]\n\
+            "profile = \"{profile}\"\nworker_id = \"{}\"\nroot = \"{}\"\n\n[control_plane]\n\
              origin = \"{}\"\ntrust_anchors = [\"{}\"]\nclient_certificate = \"{}\"\n\
              client_key = \"{}\"\ncredential_file = \"{}\"\n{extra}",
             s.worker_id,
@@ -356,6 +367,15 @@ pub fn wait_exit(child: &mut Child, timeout: Duration) -> ExitStatus {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The number in environment variable `name`, or `default` when it is unset or not a number
+/// (the e2e tests' knobs).
+pub fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Lines in a marker file (0 when absent).
