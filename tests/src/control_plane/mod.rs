@@ -21,8 +21,8 @@ pub mod server;
 pub mod state;
 
 pub use model::{
-    AuditOutcome, AuditRecord, CancelOutcome, ControlPlane, CpConfig, CpError, CpHead, CpRequest,
-    CpResponse, RequestLogEntry, RunSpec, ServiceFault,
+    ArtifactTicket, AuditOutcome, AuditRecord, CancelOutcome, ControlPlane, CpConfig, CpError,
+    CpHead, CpRequest, CpResponse, RequestLogEntry, RunSpec, ServiceFault, StreamedContent,
 };
 pub use revisions::{RevisionBuildError, RevisionBuilder};
 pub use server::{Fault, ReferenceControlPlane, ReferenceOptions, WorkerSettings};

@@ -6,6 +6,11 @@
 //! ControlPlane::handle_stream(now, &CpHead, &mut dyn Read) -> CpResponse   (body streamed)
 //! ```
 //!
+//! `handle_stream` is [`ControlPlane::begin_stream`] (admission, and a JSON request's whole
+//! handling) then, for an artifact upload, [`ArtifactTicket::stream_content`] (no model needed)
+//! and [`ControlPlane::finish_artifact`] (store and log): a server holds the model's lock only
+//! for the first and last, never while an upload's content streams.
+//!
 //! Every request goes through the reference's ingress order (§2.1): route match (404) →
 //! authenticate `Worker ql3w_…` and bind the credential's Worker to the path (401, before any
 //! body byte is read) → audit → media type and size (415, 413) → read the body → exact shape
@@ -435,6 +440,75 @@ impl Ctx<'_> {
 /// Outcome of one endpoint handler: an answer and a short description for the log.
 pub(crate) type Handled = Result<(CpResponse, &'static str), Reject>;
 
+/// What dispatching an admitted request produced.
+enum Step {
+    /// The answer and a short description for the log.
+    Answered(CpResponse, &'static str),
+    /// An artifact upload whose frame was read and fence authorized; its content is unread.
+    Upload(artifacts::Authorized),
+}
+
+/// An artifact upload admitted by [`ControlPlane::begin_stream`]: its frame was read and its
+/// fence authorized; its content is still to stream ([`ArtifactTicket::stream_content`]) and to
+/// be stored ([`ControlPlane::finish_artifact`]).
+#[must_use = "an admitted upload is logged only by ControlPlane::finish_artifact"]
+pub struct ArtifactTicket {
+    head: CpHead,
+    operation: Option<Operation>,
+    authorized: artifacts::Authorized,
+    keep: usize,
+    /// Body bytes read while admitting (prefix and header).
+    read: u64,
+    /// Body bytes left by `content-length`.
+    remaining: u64,
+}
+
+impl fmt::Debug for ArtifactTicket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ArtifactTicket")
+            .field("path", &self.head.path)
+            .field("byte_length", &self.authorized.byte_length())
+            .field("read", &self.read)
+            .field("remaining", &self.remaining)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ArtifactTicket {
+    /// Reads the upload's content from `body` (the rest of the same body, at most what
+    /// `content-length` leaves), hashing it and keeping its first bytes. Touches no
+    /// `ControlPlane`: a server streams without holding the model.
+    pub fn stream_content(&self, body: &mut dyn Read) -> StreamedContent {
+        let mut counted = CountingReader {
+            inner: body,
+            remaining: self.remaining,
+            read: 0,
+        };
+        let content =
+            artifacts::stream_content(&mut counted, self.authorized.byte_length(), self.keep);
+        StreamedContent {
+            content,
+            read: counted.read,
+        }
+    }
+}
+
+/// The result of [`ArtifactTicket::stream_content`], for [`ControlPlane::finish_artifact`].
+#[must_use = "pass it to ControlPlane::finish_artifact"]
+pub struct StreamedContent {
+    content: Result<artifacts::Content, Reject>,
+    read: u64,
+}
+
+impl fmt::Debug for StreamedContent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamedContent")
+            .field("complete", &self.content.is_ok())
+            .field("read", &self.read)
+            .finish_non_exhaustive()
+    }
+}
+
 impl ControlPlane {
     /// An empty control plane.
     pub fn new(config: CpConfig) -> Self {
@@ -746,12 +820,36 @@ impl ControlPlane {
     /// Handles one request, reading at most `head.content_length` body bytes from `body`, and
     /// none at all unless the request is authenticated and audited. An artifact's content is
     /// hashed while it streams and never buffered whole.
+    ///
+    /// The same as [`Self::begin_stream`], then, for an admitted upload,
+    /// [`ArtifactTicket::stream_content`] and [`Self::finish_artifact`] in a row.
     pub fn handle_stream(
         &mut self,
         now: UnixMillis,
         head: &CpHead,
         body: &mut dyn Read,
     ) -> CpResponse {
+        match self.begin_stream(now, head, body) {
+            Err(response) => response,
+            Ok(ticket) => {
+                let streamed = ticket.stream_content(body);
+                self.finish_artifact(now, ticket, streamed)
+            }
+        }
+    }
+
+    /// First phase of a request: route, fault injection, authentication and audit, media type
+    /// and size. A JSON request (or any refusal) is handled in full here: `Err` is its answer,
+    /// already logged. An artifact upload stops after its prefix and header were read and its
+    /// fence authorized: `Ok` is the ticket whose content the caller streams with
+    /// [`ArtifactTicket::stream_content`], which needs no `ControlPlane` (so a server can release
+    /// the model meanwhile), and hands to [`Self::finish_artifact`], which stores and logs.
+    pub fn begin_stream(
+        &mut self,
+        now: UnixMillis,
+        head: &CpHead,
+        body: &mut dyn Read,
+    ) -> Result<ArtifactTicket, CpResponse> {
         let now = self.clamp(now);
         let mut counted = CountingReader {
             inner: body,
@@ -760,10 +858,43 @@ impl ControlPlane {
         };
         let (operation, outcome) = self.admit_and_dispatch(now, head, &mut counted);
         let (response, reason) = match outcome {
-            Ok(pair) => pair,
+            Ok(Step::Upload(authorized)) => {
+                return Ok(ArtifactTicket {
+                    head: head.clone(),
+                    operation,
+                    authorized,
+                    keep: self.config.artifact_head_bytes,
+                    read: counted.read,
+                    remaining: counted.remaining,
+                });
+            }
+            Ok(Step::Answered(response, reason)) => (response, reason),
             Err(reject) => (CpResponse::error(reject.code), reject.reason),
         };
         self.log_request(now, head, operation, &response, reason, counted.read);
+        Err(response)
+    }
+
+    /// Last phase of an artifact upload begun with [`Self::begin_stream`]: stores the streamed
+    /// content put-if-absent (or refuses it) and logs the request once, with every body byte
+    /// read in both phases. The fence is not checked again (the reference authorizes it from the
+    /// header): a lease renewal committed while the content streamed does not refuse the upload.
+    pub fn finish_artifact(
+        &mut self,
+        now: UnixMillis,
+        ticket: ArtifactTicket,
+        streamed: StreamedContent,
+    ) -> CpResponse {
+        let now = self.clamp(now);
+        let outcome = streamed
+            .content
+            .and_then(|content| self.store_artifact(now, &ticket.authorized, content));
+        let (response, reason) = match outcome {
+            Ok(pair) => pair,
+            Err(reject) => (CpResponse::error(reject.code), reject.reason),
+        };
+        let read = ticket.read + streamed.read;
+        self.log_request(now, &ticket.head, ticket.operation, &response, reason, read);
         response
     }
 
@@ -772,7 +903,7 @@ impl ControlPlane {
         now: UnixMillis,
         head: &CpHead,
         body: &mut CountingReader<'_>,
-    ) -> (Option<Operation>, Handled) {
+    ) -> (Option<Operation>, Result<Step, Reject>) {
         let route = match parse_route(&head.path) {
             Ok(route) => route,
             Err(_) => {
@@ -793,7 +924,12 @@ impl ControlPlane {
         (Some(operation), self.dispatch(&ctx, head, body))
     }
 
-    fn dispatch(&mut self, ctx: &Ctx<'_>, head: &CpHead, body: &mut CountingReader<'_>) -> Handled {
+    fn dispatch(
+        &mut self,
+        ctx: &Ctx<'_>,
+        head: &CpHead,
+        body: &mut CountingReader<'_>,
+    ) -> Result<Step, Reject> {
         let operation = ctx.route.operation;
         let media = media_type(head.content_type.as_deref());
         match operation.client_body() {
@@ -804,7 +940,8 @@ impl ControlPlane {
                         "artifact media type",
                     ));
                 }
-                self.artifacts(ctx, head.content_length, body)
+                self.admit_artifact(ctx, head.content_length, body)
+                    .map(Step::Upload)
             }
             ClientBody::Json | ClientBody::NotCalled => {
                 if media.as_deref() != Some("application/json") {
@@ -826,7 +963,8 @@ impl ControlPlane {
                         "body shorter than content-length",
                     ));
                 }
-                self.dispatch_json(ctx, &bytes)
+                let (response, reason) = self.dispatch_json(ctx, &bytes)?;
+                Ok(Step::Answered(response, reason))
             }
         }
     }

@@ -453,7 +453,10 @@ impl CpHandler {
         faults.remove(index).map(|rule| rule.fault)
     }
 
-    /// Hands the request to the model; the body streams from the socket.
+    /// Hands the request to the model; the body streams from the socket. The model is locked
+    /// while a request is admitted and answered, but not while an artifact's content streams:
+    /// like the reference, other requests (heartbeats, lease renewals of the same Run) proceed
+    /// during a slow upload.
     fn apply(&self, req: &mut Request<'_>) -> CpResponse {
         if req.method != "POST" {
             return CpResponse::error(ErrorCode::WorkerRouteNotFound);
@@ -465,7 +468,15 @@ impl CpHandler {
             content_length: req.content_length,
         };
         let now = ReferenceControlPlane::now();
-        lock(&self.shared.model).handle_stream(now, &head, req)
+        let begun = lock(&self.shared.model).begin_stream(now, &head, req);
+        let ticket = match begun {
+            Ok(ticket) => ticket,
+            Err(response) => return response,
+        };
+        // Unlocked: the content may take minutes over a slow link.
+        let streamed = ticket.stream_content(req);
+        let now = ReferenceControlPlane::now();
+        lock(&self.shared.model).finish_artifact(now, ticket, streamed)
     }
 
     /// Sleeps up to `delay`; returns `false` if the server started stopping meanwhile.

@@ -3,6 +3,7 @@
 
 use std::io::Read;
 
+use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::activation::AttemptStatus;
 use ql_worker_core::wire::artifact::{
     ArtifactReceipt, ArtifactUpload, MAX_HEADER_BYTES, MAX_REQUEST_BYTES, MIN_HEADER_BYTES,
@@ -45,17 +46,34 @@ enum Mode {
     ReplayOnly,
 }
 
+/// An upload whose frame was parsed and whose fence was authorized: what storing it needs once
+/// its content has streamed.
+pub(super) struct Authorized {
+    upload: ArtifactUpload,
+    mode: Mode,
+}
+
+impl Authorized {
+    /// Content bytes the frame declares.
+    pub(super) fn byte_length(&self) -> u64 {
+        self.upload.byte_length
+    }
+}
+
+/// Streamed content: its length, SHA-256 and first bytes.
+pub(super) type Content = (u64, ql_worker_core::ids::Sha256Digest, Vec<u8>);
+
 impl ControlPlane {
-    /// `artifacts`: reads the 4-byte prefix and the header, parses and checks the frame against
-    /// `content-length`, authorizes the fence **before** consuming content, then streams the
-    /// content through SHA-256. Put-if-absent: the same key with the same length, digest and
-    /// truncation fact is `already_stored`; anything else under that key is 409.
-    pub(super) fn artifacts(
-        &mut self,
+    /// `artifacts`, admission half: reads the 4-byte prefix and the header, parses and checks the
+    /// frame against `content-length`, and authorizes the fence **before** any content byte is
+    /// consumed. The content then streams through [`stream_content`] (which needs no model) and
+    /// [`Self::store_artifact`] finishes.
+    pub(super) fn admit_artifact(
+        &self,
         ctx: &Ctx<'_>,
         content_length: u64,
         body: &mut CountingReader<'_>,
-    ) -> Handled {
+    ) -> Result<Authorized, Reject> {
         if content_length < MIN_BODY_BYTES {
             return Err(Reject::invalid("artifact envelope too short"));
         }
@@ -75,7 +93,21 @@ impl ControlPlane {
             .map_err(|_| Reject::invalid("artifact header"))?;
         ctx.storage()?;
         let mode = self.authorize_upload(ctx, &upload)?;
-        let (byte_length, sha256, head) = self.stream_content(body, upload.byte_length)?;
+        Ok(Authorized { upload, mode })
+    }
+
+    /// `artifacts`, storing half, after the content streamed. Put-if-absent: the same key with
+    /// the same length, digest and truncation fact is `already_stored`; anything else under that
+    /// key is 409. The fence is not checked again: like the reference, an upload authorized from
+    /// its header stays valid if the Run's lease is renewed while the content streams.
+    pub(super) fn store_artifact(
+        &mut self,
+        now: UnixMillis,
+        authorized: &Authorized,
+        content: Content,
+    ) -> Handled {
+        let Authorized { upload, mode } = authorized;
+        let (byte_length, sha256, head) = content;
         let key = ArtifactKey {
             project_id: upload.fence.project_id.clone(),
             run_id: upload.fence.run_id.clone(),
@@ -92,7 +124,7 @@ impl ControlPlane {
                 }
                 UploadStatus::AlreadyStored
             }
-            None if mode == Mode::ReplayOnly => return Err(fenced("attempt is terminal")),
+            None if *mode == Mode::ReplayOnly => return Err(fenced("attempt is terminal")),
             None => {
                 self.state.artifacts.insert(
                     key,
@@ -100,14 +132,14 @@ impl ControlPlane {
                         byte_length,
                         sha256,
                         truncated: upload.truncated,
-                        stored_at: ctx.now,
+                        stored_at: now,
                         head,
                     },
                 );
                 UploadStatus::Stored
             }
         };
-        let body = ArtifactReceipt { status, sha256 }.to_json(&upload);
+        let body = ArtifactReceipt { status, sha256 }.to_json(upload);
         let reason = match status {
             UploadStatus::Stored => "stored",
             UploadStatus::AlreadyStored => "already_stored",
@@ -153,35 +185,35 @@ impl ControlPlane {
             }
         }
     }
+}
 
-    /// Reads exactly `len` content bytes, hashing them and keeping the first
-    /// `artifact_head_bytes`.
-    fn stream_content(
-        &self,
-        body: &mut CountingReader<'_>,
-        len: u64,
-    ) -> Result<(u64, ql_worker_core::ids::Sha256Digest, Vec<u8>), Reject> {
-        let keep = self.config.artifact_head_bytes;
-        let mut hasher = Sha256::new();
-        let mut head = Vec::new();
-        let mut buf = vec![0_u8; CHUNK_BYTES];
-        let mut total = 0_u64;
-        while total < len {
-            let want = buf
-                .len()
-                .min(usize::try_from(len - total).unwrap_or(usize::MAX));
-            let n = match body.read(&mut buf[..want]) {
-                Ok(0) => return Err(short()),
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(_) => return Err(short()),
-            };
-            hasher.update(&buf[..n]);
-            let room = keep.saturating_sub(head.len()).min(n);
-            head.extend_from_slice(&buf[..room]);
-            total += n as u64;
-        }
-        let digest = ql_worker_core::ids::Sha256Digest::from_bytes(hasher.finalize().into());
-        Ok((total, digest, head))
+/// Reads exactly `len` content bytes, hashing them and keeping the first
+/// `keep` (the model's `artifact_head_bytes`). Needs no model: the server runs it without the
+/// model's lock.
+pub(super) fn stream_content(
+    body: &mut CountingReader<'_>,
+    len: u64,
+    keep: usize,
+) -> Result<Content, Reject> {
+    let mut hasher = Sha256::new();
+    let mut head = Vec::new();
+    let mut buf = vec![0_u8; CHUNK_BYTES];
+    let mut total = 0_u64;
+    while total < len {
+        let want = buf
+            .len()
+            .min(usize::try_from(len - total).unwrap_or(usize::MAX));
+        let n = match body.read(&mut buf[..want]) {
+            Ok(0) => return Err(short()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return Err(short()),
+        };
+        hasher.update(&buf[..n]);
+        let room = keep.saturating_sub(head.len()).min(n);
+        head.extend_from_slice(&buf[..room]);
+        total += n as u64;
     }
+    let digest = ql_worker_core::ids::Sha256Digest::from_bytes(hasher.finalize().into());
+    Ok((total, digest, head))
 }
