@@ -88,6 +88,14 @@ enum CState {
     ReadingReceipt(Box<InboxRecord>),
     Inspecting(Box<InboxRecord>, AuthenticatedReceipt),
     Uploading(Box<InboxRecord>, AuthenticatedReceipt, ArtifactUpload),
+    /// The log is stored; the record is read again: a renewal may have run beside the upload
+    /// (`worker::Lane::Lease`) and moved the lease the completion must name.
+    Refreshing(
+        Box<InboxRecord>,
+        AuthenticatedReceipt,
+        ArtifactUpload,
+        crate::ids::Sha256Digest,
+    ),
     /// The completion call in flight; `caught_up`: this is the one retry at the persisted lease
     /// version + 1 after a fence (see [`crate::control`]).
     Completing(Box<InboxRecord>, CompletionRequest, bool),
@@ -169,6 +177,11 @@ impl CompletionOp {
                 fp.record(record);
                 fp.debug(&(receipt, upload));
             }
+            CState::Refreshing(record, receipt, upload, sha256) => {
+                fp.tag("refreshing");
+                fp.record(record);
+                fp.debug(&(receipt, upload, sha256));
+            }
             CState::Completing(record, request, caught_up) => {
                 fp.tag("completing");
                 fp.record(record);
@@ -200,7 +213,10 @@ impl CompletionOp {
             CState::ReadingReceipt(record) => self.on_receipt(ctx, record, outcome),
             CState::Inspecting(record, receipt) => self.on_log(ctx, record, receipt, outcome),
             CState::Uploading(record, receipt, upload) => {
-                self.on_upload(ctx, record, receipt, &upload, outcome)
+                self.on_upload(record, receipt, upload, outcome)
+            }
+            CState::Refreshing(record, receipt, upload, sha256) => {
+                self.on_refreshed(ctx, &record, &receipt, &upload, sha256, outcome)
             }
             CState::Completing(record, request, caught_up) => {
                 self.on_completion(ctx, record, &request, caught_up, outcome)
@@ -332,13 +348,12 @@ impl CompletionOp {
         self.wait(CState::Uploading(record, receipt, upload), action)
     }
 
-    /// Step 6–7: verify the upload against what was actually sent, then report completion.
+    /// Step 6: verify the upload against what was actually sent, then read the record again.
     fn on_upload(
         self,
-        ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
         receipt: AuthenticatedReceipt,
-        upload: &ArtifactUpload,
+        upload: ArtifactUpload,
         outcome: Outcome,
     ) -> CStep {
         let (body, sent_bytes, sent_sha256) = match outcome {
@@ -367,7 +382,7 @@ impl CompletionOp {
                 upload.byte_length
             )));
         }
-        let stored = match ArtifactReceipt::parse(&body, upload, &sent_sha256) {
+        let stored = match ArtifactReceipt::parse(&body, &upload, &sent_sha256) {
             Ok(stored) => stored,
             // Not the contract's JSON: the answer is lost, as a dropped one (issue 17).
             Err(e) => {
@@ -377,6 +392,43 @@ impl CompletionOp {
                 });
             }
         };
+        let action = Action::ReadRecord {
+            offer_id: self.offer_id.clone(),
+        };
+        self.wait(
+            CState::Refreshing(record, receipt, upload, stored.sha256),
+            action,
+        )
+    }
+
+    /// Step 7: report completion under the lease as it is now. A renewal beside the upload
+    /// moves only the lease (and the revision); anything else that changed (the Run was
+    /// stopped and recorded, another Attempt) defers to the next pass.
+    fn on_refreshed(
+        self,
+        ctx: &Ctx<'_>,
+        before: &InboxRecord,
+        receipt: &AuthenticatedReceipt,
+        upload: &ArtifactUpload,
+        sha256: crate::ids::Sha256Digest,
+        outcome: Outcome,
+    ) -> CStep {
+        let record = match outcome {
+            Outcome::RecordRead(Some(record)) => record,
+            Outcome::RecordRead(None) => return Step::Done(CompletionOutcome::NotFound),
+            Outcome::Store(failure) => {
+                return read_failure(failure, || Step::Done(CompletionOutcome::StorageUnchanged));
+            }
+            other => return unexpected(&other),
+        };
+        let moved = record.revision != before.revision;
+        if moved
+            && (record.state != before.state
+                || record.offer.candidate != before.offer.candidate
+                || record.offer.lease.expired_at(ctx.now))
+        {
+            return Step::Done(CompletionOutcome::Deferred);
+        }
         let (Some(digest), Some(log_artifact_id)) = (
             record.completion_receipt_token_digest,
             record.log_artifact_id.clone(),
@@ -395,7 +447,7 @@ impl CompletionOp {
             artifact: CompletionArtifact {
                 log_artifact_id,
                 byte_length: upload.byte_length,
-                sha256: stored.sha256,
+                sha256,
                 truncated: upload.truncated,
             },
         };

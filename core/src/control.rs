@@ -136,7 +136,10 @@ enum LState {
     PersistingLease(Box<InboxRecord>, bool),
     Stopping(Box<InboxRecord>, StopCause),
     Recording(RecoveryReason, StopOutcome),
-    Recompleting(CompletionOp, Box<InboxRecord>),
+    Recompleting(CompletionOp),
+    /// The completion replay did not settle a Run the control plane calls terminal: the record
+    /// is read again before the stop (a renewal beside the replay's upload may have moved it).
+    Restopping(StopCause),
 }
 
 /// One supervision pass.
@@ -152,6 +155,8 @@ pub(crate) struct ControlOp {
     /// The highest lease version the control plane may hold (lost renewals that may have
     /// committed): a fenced renewal is retried at each version up to it.
     may_hold: Option<LeaseVersion>,
+    /// A renewal beside the offer's own pass ([`ControlOp::renew`]): no completion of its own.
+    renew_only: bool,
     state: LState,
 }
 
@@ -183,6 +188,7 @@ impl ControlOp {
                     paced_ms,
                     drain_stop,
                     may_hold,
+                    renew_only: false,
                     state: LState::Completing(op),
                 },
                 action,
@@ -192,11 +198,36 @@ impl ControlOp {
                 paced_ms,
                 drain_stop,
                 may_hold,
+                renew_only: false,
                 state: LState::Reading(CompletionOutcome::Deferred),
             }
             .after_completion(outcome),
             Step::Halt(reason) => Step::Halt(reason),
         }
+    }
+
+    /// A renewal only (no completion): for an offer whose own pass is uploading its log, so
+    /// that a transfer longer than the lease does not lose it. The same lease path as
+    /// [`ControlOp::begin`]'s after its completion step.
+    pub(crate) fn renew(
+        offer_id: OfferId,
+        paced_ms: Option<u64>,
+        may_hold: Option<LeaseVersion>,
+    ) -> LStep {
+        let action = Action::ReadRecord {
+            offer_id: offer_id.clone(),
+        };
+        Step::Wait(
+            Self {
+                offer_id,
+                paced_ms,
+                drain_stop: false,
+                may_hold,
+                renew_only: true,
+                state: LState::Reading(CompletionOutcome::Deferred),
+            },
+            action,
+        )
     }
 
     pub(crate) fn offer_id(&self) -> &OfferId {
@@ -216,6 +247,7 @@ impl ControlOp {
             self.paced_ms,
             self.drain_stop,
             self.may_hold,
+            self.renew_only,
         ));
         match &self.state {
             LState::Completing(op) => op.fingerprint(fp),
@@ -242,10 +274,13 @@ impl ControlOp {
                 fp.tag("recording");
                 fp.debug(&(reason, stopped));
             }
-            LState::Recompleting(op, record) => {
+            LState::Recompleting(op) => {
                 fp.tag("recompleting");
                 op.fingerprint(fp);
-                fp.record(record);
+            }
+            LState::Restopping(cause) => {
+                fp.tag("restopping");
+                fp.debug(cause);
             }
         }
     }
@@ -261,8 +296,19 @@ impl ControlOp {
                 Step::Halt(reason) => Step::Halt(reason),
             },
             LState::Reading(completion) => self.on_record(ctx, completion, outcome),
-            LState::Recompleting(op, record) => match op.resume(ctx, outcome) {
-                Step::Wait(op, action) => self.wait(LState::Recompleting(op, record), action),
+            LState::Restopping(cause) => match outcome {
+                Outcome::RecordRead(Some(record)) if record.state.is_terminal() => {
+                    Step::Done(ControlResult::Settled)
+                }
+                Outcome::RecordRead(Some(record)) => self.stop(ctx, &record, cause),
+                Outcome::RecordRead(None) => Step::Done(ControlResult::NotFound),
+                Outcome::Store(failure) => {
+                    read_failure(failure, || Step::Done(ControlResult::StorageUnchanged))
+                }
+                other => unexpected(&other),
+            },
+            LState::Recompleting(op) => match op.resume(ctx, outcome) {
+                Step::Wait(op, action) => self.wait(LState::Recompleting(op), action),
                 Step::Done(
                     result @ (CompletionOutcome::AlreadyCompleted(_)
                     | CompletionOutcome::Acknowledged(_)),
@@ -287,7 +333,12 @@ impl ControlOp {
                     | CompletionOutcome::CompletionResponseInvalid(_)
                     | CompletionOutcome::ControlPlaneTerminal
                     | CompletionOutcome::Refused(_),
-                ) => self.stop(ctx, &record, StopCause::ControlPlaneTerminal),
+                ) => {
+                    let action = Action::ReadRecord {
+                        offer_id: self.offer_id.clone(),
+                    };
+                    self.wait(LState::Restopping(StopCause::ControlPlaneTerminal), action)
+                }
                 Step::Halt(reason) => Step::Halt(reason),
             },
             LState::Controlling(record, request) => self.on_control(ctx, record, &request, outcome),
@@ -455,9 +506,14 @@ impl ControlOp {
             // A terminal lease may be our own completion whose answer was lost: replay the
             // completion once (an exact replay answers `already_completed`) before concluding
             // the control plane settled the Run otherwise.
+            // A renewal beside the offer's own pass (which is uploading: see `ControlOp::renew`)
+            // leaves a terminal Run to that pass: it is the one completing it.
+            LeaseControlResponse::Terminal(_) if self.renew_only => Step::Done(
+                ControlResult::Pending(CompletionOutcome::ControlPlaneTerminal),
+            ),
             LeaseControlResponse::Terminal(_) if crate::completion::eligible_state(&record) => {
                 match CompletionOp::begin(self.offer_id.clone()) {
-                    Step::Wait(op, action) => self.wait(LState::Recompleting(op, record), action),
+                    Step::Wait(op, action) => self.wait(LState::Recompleting(op), action),
                     Step::Done(_) => self.stop(ctx, &record, StopCause::ControlPlaneTerminal),
                     Step::Halt(reason) => Step::Halt(reason),
                 }

@@ -412,16 +412,9 @@ pub enum Input {
 /// An input the core refused. Nothing changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InputError {
-    /// No command is outstanding, or it has another id (a driver bug).
+    /// No command with this id is outstanding (a driver bug: answered twice, or never sent).
     UnexpectedOutcome {
         /// The id given.
-        id: OpId,
-        /// The outstanding id, if any.
-        outstanding: Option<OpId>,
-    },
-    /// The outcome variant does not answer the outstanding command (a driver bug).
-    OutcomeMismatch {
-        /// The id.
         id: OpId,
     },
     /// The machine has halted; only a restart helps.
@@ -431,19 +424,12 @@ pub enum InputError {
 impl fmt::Display for InputError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::UnexpectedOutcome {
-                id,
-                outstanding: Some(o),
-            } => {
-                write!(f, "outcome for {id} but {o} is outstanding")
+            Self::UnexpectedOutcome { id } => {
+                write!(
+                    f,
+                    "outcome for {id} but no command with that id is outstanding"
+                )
             }
-            Self::UnexpectedOutcome {
-                id,
-                outstanding: None,
-            } => {
-                write!(f, "outcome for {id} but no command is outstanding")
-            }
-            Self::OutcomeMismatch { id } => write!(f, "outcome for {id} does not answer it"),
             Self::Halted => f.write_str("the worker has halted"),
         }
     }

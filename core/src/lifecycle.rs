@@ -48,24 +48,11 @@ pub(crate) enum PullBlocker {
 }
 
 impl Worker {
-    /// Plans a tick when its time has come. A spurious early wake-up is a no-op.
-    ///
-    /// A tick waits for the previous tick's work, with one exception: while active or draining,
-    /// a tick overdue by a whole cadence with work still queued (a burst of Pulls and the Runs
-    /// it started, completions the supervisors' exits brought) is planned between two
-    /// operations (`poll_output` calls this): its periodic work joins the queue, the heartbeat
-    /// first, so no stream of quick Runs starves the Session or a long Run's lease control (a
-    /// tick comes at least every two cadences).
+    /// Plans a tick when its time has come. A spurious early wake-up is a no-op. Operations
+    /// still in flight do not hold a tick back: its periodic work (the heartbeat first, then a
+    /// supervision page and a Pull) joins the queue unless the same work is already queued or
+    /// in progress, and each starts as soon as its lane is free (see `worker::Lane`).
     pub(crate) fn on_tick(&mut self) {
-        if self.running.is_some() || self.staged.is_some() {
-            return;
-        }
-        let overdue = self.next_tick_at.saturating_add(self.config.cadence_ms);
-        let busy_tick =
-            matches!(self.phase, Phase::Active | Phase::Draining) && self.now >= overdue;
-        if !self.queue.is_empty() && !busy_tick {
-            return;
-        }
         if let Some(started) = self.drain_started_at
             && !self.drain_overrun
             && self.now >= started.saturating_add(self.config.drain_budget_ms)
@@ -93,11 +80,19 @@ impl Worker {
         self.next_tick_at = self.now.saturating_add(self.config.cadence_ms);
         match self.phase {
             Phase::Registering if self.register_backing_off() => {}
-            Phase::Registering => self.queue.push_back(Work::Register),
-            Phase::Reconciling => self.queue.push_back(Work::ListPage {
-                purpose: ListPurpose::Reconcile,
-                after: self.reconcile_cursor.clone(),
-            }),
+            Phase::Registering => {
+                if !self.planned(&Work::Register) {
+                    self.queue.push_back(Work::Register);
+                }
+            }
+            Phase::Reconciling => {
+                if !self.listing(ListPurpose::Reconcile) {
+                    self.queue.push_back(Work::ListPage {
+                        purpose: ListPurpose::Reconcile,
+                        after: self.reconcile_cursor.clone(),
+                    });
+                }
+            }
             Phase::Active | Phase::Draining => self.plan_active_tick(),
             Phase::Finished => {}
         }
@@ -110,12 +105,12 @@ impl Worker {
         if self.rejoin {
             // Fenced: register again before anything else talks to the control plane (after
             // the backoff of a register that got no usable answer).
-            if !self.register_backing_off() && !self.queue.contains(&Work::Rejoin) {
+            if !self.register_backing_off() && !self.planned(&Work::Rejoin) {
                 self.queue.push_front(Work::Rejoin);
             }
         } else if self.session.is_some()
             && self.now >= self.heartbeat_due_at
-            && !self.queue.contains(&Work::Heartbeat)
+            && !self.planned(&Work::Heartbeat)
         {
             self.queue.push_front(Work::Heartbeat);
         }
@@ -124,19 +119,10 @@ impl Worker {
             .pending_cleanup
             .iter()
             .map(|offer_id| Work::Supervise(offer_id.clone()))
-            .filter(|work| !self.queue.contains(work))
+            .filter(|work| !self.planned(work))
             .collect();
         self.queue.extend(cleanup);
-        let supervising = self.queue.iter().any(|w| {
-            matches!(
-                w,
-                Work::ListPage {
-                    purpose: ListPurpose::Supervise,
-                    ..
-                }
-            )
-        });
-        if !supervising {
+        if !self.listing(ListPurpose::Supervise) {
             self.queue.push_back(Work::ListPage {
                 purpose: ListPurpose::Supervise,
                 after: self.supervision_cursor.clone(),
@@ -147,6 +133,12 @@ impl Worker {
         } else {
             self.pull_again(false);
         }
+    }
+
+    /// Whether a page is queued or being listed for `purpose`.
+    fn listing(&self, purpose: ListPurpose) -> bool {
+        let listing = |w: &Work| matches!(w, Work::ListPage { purpose: p, .. } if *p == purpose);
+        self.queue.iter().any(listing) || self.lanes.values().any(|s| listing(&s.work))
     }
 
     /// A register got no usable answer and its backoff has not passed.
@@ -208,7 +200,7 @@ impl Worker {
     /// Session live any more (an offline Session serves none). Until then its Runs finish under
     /// it: a new Session fences every lease of the old one at the control plane.
     fn renewal_due(&self) -> bool {
-        self.renewal_ready() && !self.queue.contains(&Work::RenewSession)
+        self.renewal_ready() && !self.planned(&Work::RenewSession)
     }
 
     /// [`Self::renewal_due`] without the queue: checked again when the renewal starts (work
@@ -262,10 +254,10 @@ impl Worker {
     /// none is queued. The control plane offers nothing to a Session whose last heartbeat (or
     /// register) reported no free slot: then a heartbeat that reports the slots goes first.
     fn pull_again(&mut self, at_front: bool) {
-        if self.queue.contains(&Work::Pull) || !self.decide_pull() {
+        if self.planned(&Work::Pull) || !self.decide_pull() {
             return;
         }
-        let stale = self.reported_slots == Some(0) && !self.queue.contains(&Work::Heartbeat);
+        let stale = self.reported_slots == Some(0) && !self.planned(&Work::Heartbeat);
         if at_front {
             self.queue.push_front(Work::Pull);
             if stale {
@@ -513,7 +505,11 @@ impl Worker {
                         self.pending_cleanup.insert(r.offer.offer_id.clone());
                     }
                 }
-                self.queue.extend(work);
+                for item in work {
+                    if !self.queue.contains(&item) {
+                        self.queue.push_back(item);
+                    }
+                }
                 self.reconcile_cursor = result.next_after.clone();
                 if result.next_after.is_none() {
                     if self.drain_started_at.is_some() {
@@ -546,9 +542,12 @@ impl Worker {
                         after: Some(after),
                     });
                 }
-                // Supervision runs before the Pull queued behind it in this tick.
+                // Supervision runs before the Pull queued behind it in this tick; what is queued
+                // already is not queued twice (an offer's pass may outlast a tick).
                 for item in work.into_iter().rev() {
-                    self.queue.push_front(item);
+                    if !self.queue.contains(&item) {
+                        self.queue.push_front(item);
+                    }
                 }
                 self.supervision_cursor = result.next_after;
             }
@@ -604,7 +603,7 @@ impl Worker {
         if self.phase == Phase::Draining
             && settled
             && self.queue.is_empty()
-            && self.running.is_none()
+            && self.lanes.is_empty()
             && !self.transition_offline_queued
         {
             self.transition_offline_queued = true;

@@ -2,10 +2,10 @@
 //!
 //! An operation is a state machine that consumes one [`Outcome`] at a time and answers with the
 //! next [`Action`] ([`Step::Wait`]), its result ([`Step::Done`]) or a halt. The Worker runs one
-//! operation at a time; each operation module owns its states and transitions.
+//! operation per lane at a time (`worker::Lane`); each operation module owns its states and
+//! transitions.
 
 use alloc::boxed::Box;
-use alloc::collections::BTreeMap;
 use alloc::string::String;
 use alloc::vec::Vec;
 
@@ -100,12 +100,10 @@ impl Running {
     pub(crate) fn begin(
         ctx: &Ctx<'_>,
         work: Work,
-        known: &BTreeMap<OfferId, State>,
         may_launch: bool,
         available_slots: u64,
         pass: Pass,
     ) -> Step<Self, Finished> {
-        let _ = known;
         match work {
             Work::Register => SessionOp::register(ctx, available_slots, false)
                 .map(Self::Session, Finished::Session),
@@ -139,6 +137,17 @@ impl Running {
                 let id = offer_id.clone();
                 let paced = pass.paced.then_some(ctx.config.lease_control_interval_ms);
                 ControlOp::begin(offer_id, paced, pass.drain_stop, pass.may_hold).map(
+                    Self::Supervise,
+                    move |result| Finished::Supervise {
+                        offer_id: id,
+                        result,
+                    },
+                )
+            }
+            Work::Renew(offer_id) => {
+                let id = offer_id.clone();
+                let paced = pass.paced.then_some(ctx.config.lease_control_interval_ms);
+                ControlOp::renew(offer_id, paced, pass.may_hold).map(
                     Self::Supervise,
                     move |result| Finished::Supervise {
                         offer_id: id,

@@ -4,14 +4,23 @@
 //! # Driving it
 //!
 //! Method categories: inputs go in through [`Worker::handle`], outputs come out of
-//! [`Worker::poll_output`]. The driver alternates strictly:
+//! [`Worker::poll_output`]. Several commands may be outstanding at once, one per lane (the
+//! Session, the Pull, each offer; see `Lane`), so that no Run and no Session waits behind
+//! another's call. The driver:
 //!
-//! 1. `poll_output()` until it returns something other than [`Output::Command`]; for every
-//!    command, perform it and feed **one** [`Input::Outcome`] with the command's [`OpId`] before
-//!    polling again (one outstanding command at a time);
-//! 2. on [`Output::Idle`], sleep until `wake_at` (or a signal), then `handle(now, Input::Tick)`;
-//! 3. on [`Output::Stopped`] or [`Output::Halted`], exit (the owner lock is released with the
-//!    process).
+//! 1. calls `poll_output()` until it returns something other than [`Output::Command`], and
+//!    starts every command (it may perform one at once, or hand a network call off to be
+//!    performed concurrently);
+//! 2. feeds each command's outcome as [`Input::Outcome`] with the command's [`OpId`], in any
+//!    order, as outcomes arrive, and polls again after each;
+//! 3. on [`Output::Idle`], waits until `wake_at`, an outcome, a supervisor's exit or a signal,
+//!    then feeds what came (`handle(now, Input::Tick)` for the deadline);
+//! 4. on [`Output::Stopped`] or [`Output::Halted`], exits (calls still in flight are abandoned,
+//!    as a crash would; the owner lock is released with the process).
+//!
+//! A driver that performs each command at once and feeds its outcome before polling again (the
+//! simulations do) is one valid order among many; the core is deterministic in the order of its
+//! inputs (same inputs in the same order ⇒ byte-identical commands).
 //!
 //! **Durability rule**: a command whose safety depends on a record being durable (spawn after
 //! `launching`, receipt removal after `completion_acknowledged`, clearing the claim after the
@@ -27,6 +36,7 @@
 //! # fn now() -> UnixMillis { unimplemented!() }
 //! # fn sleep_until(_: Option<UnixMillis>) {}
 //! # fn run(mut worker: Worker) {
+//! // The simplest valid driver: one command at a time.
 //! loop {
 //!     match worker.poll_output() {
 //!         Output::Command(command) => {
@@ -45,7 +55,6 @@
 //! ```
 
 use alloc::collections::{BTreeMap, VecDeque};
-use alloc::format;
 use alloc::string::String;
 use core::fmt;
 
@@ -127,15 +136,6 @@ impl WorkerConfig {
             drain_budget_ms: 300_000,
             ..Self::edge(worker_id, session_id, capabilities)
         }
-    }
-
-    /// The route of one Worker-ingress operation.
-    #[must_use]
-    pub fn route(&self, operation: &str) -> String {
-        format!(
-            "/api/v3/worker-ingress/workers/{}/sessions/{}/{operation}",
-            self.worker_id, self.session_id
-        )
     }
 }
 
@@ -302,6 +302,147 @@ pub(crate) enum Work {
     Pull,
     Process(OfferId),
     Supervise(OfferId),
+    /// A lease renewal only, beside the offer's own pass while that one uploads its log (a
+    /// supervision pass that found its offer's lane uploading becomes this).
+    Renew(OfferId),
+}
+
+impl Work {
+    /// The lane this work runs in.
+    pub(crate) fn lane(&self) -> Lane {
+        match self {
+            Self::Register
+            | Self::Rejoin
+            | Self::Heartbeat
+            | Self::Transition(_)
+            | Self::RenewSession => Lane::Session,
+            Self::ListPage { .. } => Lane::Inbox,
+            Self::Pull => Lane::Pull,
+            Self::Process(id) | Self::Supervise(id) => Lane::Offer(id.clone()),
+            Self::Renew(id) => Lane::Lease(id.clone()),
+        }
+    }
+}
+
+/// Where an operation runs. Lanes run concurrently, each with at most one operation and one
+/// command outstanding: no Run and no Session waits behind another's call. One lane per offer
+/// keeps each record's revision sequence simple; the only exception is [`Lane::Lease`].
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Lane {
+    /// Register, heartbeat, transition, a new Session id.
+    Session,
+    /// Listing pages of the inbox (startup reconciliation, supervision).
+    Inbox,
+    /// The Pull coordinator.
+    Pull,
+    /// Processing and supervising one offer (at most `max_concurrent_runs` at once).
+    Offer(OfferId),
+    /// Renewing one offer's lease while its lane uploads the log (a transfer may outlast the
+    /// lease). The offer's next step waits until this ends (`Worker::gated`).
+    Lease(OfferId),
+}
+
+/// One operation in progress.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    /// What it was started for.
+    pub(crate) work: Work,
+    pub(crate) op: crate::ops::Running,
+    pub(crate) pending: Pending,
+}
+
+/// The operation's next action: not yet polled, or sent and awaiting its outcome.
+#[derive(Debug)]
+pub(crate) enum Pending {
+    Staged(Action),
+    Outstanding {
+        id: OpId,
+        /// The record a `PersistRecord` proposes: known durable once `Persisted` answers.
+        write: Option<alloc::boxed::Box<InboxRecord>>,
+        /// The command streams a log (a renewal may run beside it).
+        uploading: bool,
+    },
+}
+
+impl Slot {
+    fn is_staged(&self) -> bool {
+        matches!(self.pending, Pending::Staged(_))
+    }
+
+    fn awaits(&self, id: OpId) -> bool {
+        matches!(self.pending, Pending::Outstanding { id: sent, .. } if sent == id)
+    }
+
+    fn uploading(&self) -> bool {
+        matches!(
+            self.pending,
+            Pending::Outstanding {
+                uploading: true,
+                ..
+            }
+        )
+    }
+
+    /// Sends the staged action under `id`.
+    fn send(&mut self, id: OpId) -> Option<Action> {
+        let placeholder = Pending::Outstanding {
+            id,
+            write: None,
+            uploading: false,
+        };
+        let Pending::Staged(action) = core::mem::replace(&mut self.pending, placeholder) else {
+            return None;
+        };
+        let write = match &action {
+            Action::PersistRecord { record, .. } => Some(record.clone()),
+            _ => None,
+        };
+        self.pending = Pending::Outstanding {
+            id,
+            write,
+            uploading: matches!(action, Action::UploadLog { .. }),
+        };
+        Some(action)
+    }
+
+    /// A copy for the model checker (`sim-hooks`).
+    ///
+    /// # Panics
+    /// When its action is staged: fork a Worker only after polling.
+    #[cfg(feature = "sim-hooks")]
+    fn fork(&self) -> Self {
+        let pending = match &self.pending {
+            Pending::Staged(_) => panic!("fork a Worker only after polling"),
+            Pending::Outstanding {
+                id,
+                write,
+                uploading,
+            } => Pending::Outstanding {
+                id: *id,
+                write: write.clone(),
+                uploading: *uploading,
+            },
+        };
+        Self {
+            work: self.work.clone(),
+            op: self.op.clone(),
+            pending,
+        }
+    }
+
+    /// A canonical rendering (model checking): the operation and whether its action is sent,
+    /// without the command's id.
+    #[cfg(feature = "sim-hooks")]
+    fn fingerprint(&self, fp: &mut crate::fingerprint::Fingerprint<'_>) {
+        self.op.fingerprint(fp);
+        match &self.pending {
+            Pending::Staged(_) => fp.tag("staged"),
+            Pending::Outstanding { write, .. } => match write {
+                Some(record) => fp.record(record),
+                None => fp.tag("sent"),
+            },
+        }
+    }
 }
 
 /// Why a page is listed.
@@ -388,15 +529,14 @@ pub struct Worker {
     pub(crate) fail_closed: Option<FailClosed>,
     pub(crate) drain_started_at: Option<UnixMillis>,
     pub(crate) queue: VecDeque<Work>,
-    pub(crate) staged: Option<Action>,
-    pub(crate) outstanding: Option<OpId>,
+    /// The operations in progress, one per lane (see [`Lane`]).
+    pub(crate) lanes: BTreeMap<Lane, Slot>,
     pub(crate) next_tick_at: UnixMillis,
     pub(crate) heartbeat_due_at: UnixMillis,
     pub(crate) pull_retry_at: Option<UnixMillis>,
     pub(crate) supervision_cursor: Option<OfferId>,
     pub(crate) reconcile_cursor: Option<OfferId>,
     pub(crate) transition_offline_queued: bool,
-    pub(crate) pending_write: Option<InboxRecord>,
     /// Recovery evidence by record: the Worker is fail-closed while this is not empty.
     pub(crate) evidence: BTreeMap<OfferId, RecoveryReason>,
     /// Lease expiry of records that never crossed the spawn barrier (`accepted`,
@@ -412,7 +552,6 @@ pub struct Worker {
     /// to it (issue 17). Lost with a restart: then only the persisted version + 1 is tried.
     pub(crate) lease_may_hold: BTreeMap<OfferId, crate::ids::LeaseVersion>,
     pub(crate) finished: Option<Finish>,
-    pub(crate) running: Option<crate::ops::Running>,
     /// Whether the last Pull kept its pending claim (a failure or a backoff): it may still bring
     /// one record, so it takes one place of the inbox's room in `availableSlots`. Unknown until
     /// the first Pull reads the claim; taken as absent (the Pull itself stores at most one
@@ -526,15 +665,13 @@ impl Worker {
             fail_closed: None,
             drain_started_at: None,
             queue: VecDeque::new(),
-            staged: None,
-            outstanding: None,
+            lanes: BTreeMap::new(),
             next_tick_at: now,
             heartbeat_due_at: now,
             pull_retry_at: None,
             supervision_cursor: None,
             reconcile_cursor: None,
             transition_offline_queued: false,
-            pending_write: None,
             evidence: BTreeMap::new(),
             pre_barrier_expiry: BTreeMap::new(),
             pending_cleanup: alloc::collections::BTreeSet::new(),
@@ -542,7 +679,6 @@ impl Worker {
             lease_may_hold: BTreeMap::new(),
             notices: VecDeque::new(),
             finished: None,
-            running: None,
             claim_pending: false,
             retiring: false,
             reported_slots: None,
@@ -690,7 +826,11 @@ impl Worker {
     #[cfg(feature = "sim-hooks")]
     #[must_use]
     pub fn fork(&self) -> Self {
-        assert!(self.staged.is_none(), "fork a Worker only after polling");
+        let lanes = self
+            .lanes
+            .iter()
+            .map(|(lane, slot)| (lane.clone(), slot.fork()))
+            .collect();
         Self {
             config: self.config.clone(),
             now: self.now,
@@ -701,22 +841,19 @@ impl Worker {
             fail_closed: self.fail_closed.clone(),
             drain_started_at: self.drain_started_at,
             queue: self.queue.clone(),
-            staged: None,
-            outstanding: self.outstanding,
+            lanes,
             next_tick_at: self.next_tick_at,
             heartbeat_due_at: self.heartbeat_due_at,
             pull_retry_at: self.pull_retry_at,
             supervision_cursor: self.supervision_cursor.clone(),
             reconcile_cursor: self.reconcile_cursor.clone(),
             transition_offline_queued: self.transition_offline_queued,
-            pending_write: self.pending_write.clone(),
             evidence: self.evidence.clone(),
             pre_barrier_expiry: self.pre_barrier_expiry.clone(),
             pending_cleanup: self.pending_cleanup.clone(),
             last_renewal: self.last_renewal.clone(),
             lease_may_hold: self.lease_may_hold.clone(),
             finished: self.finished.clone(),
-            running: self.running.clone(),
             claim_pending: self.claim_pending,
             retiring: self.retiring,
             inbox: self.inbox,
@@ -754,7 +891,6 @@ impl Worker {
         let mut fp = crate::fingerprint::Fingerprint(hasher);
         fp.debug(&(self.phase, &self.session, &self.known));
         fp.debug(&(&self.fail_closed, self.drain_started_at, &self.queue));
-        fp.debug(&(self.staged.is_some(), self.outstanding.is_some()));
         fp.debug(&(self.next_tick_at, self.heartbeat_due_at, self.pull_retry_at));
         fp.debug(&(&self.supervision_cursor, &self.reconcile_cursor));
         fp.debug(&(self.transition_offline_queued, &self.finished));
@@ -773,13 +909,12 @@ impl Worker {
             &self.pending_cleanup,
             &self.lease_may_hold,
         ));
-        match &self.pending_write {
-            Some(record) => fp.record(record),
-            None => fp.tag("no-pending-write"),
+        for (lane, slot) in &self.lanes {
+            fp.debug(&(lane, &slot.work));
+            slot.fingerprint(&mut fp);
         }
-        match &self.running {
-            Some(running) => running.fingerprint(&mut fp),
-            None => fp.tag("idle"),
+        if self.lanes.is_empty() {
+            fp.tag("idle");
         }
     }
 
@@ -835,28 +970,16 @@ impl Worker {
                     Finish::Halted(reason) => Output::Halted(reason.clone()),
                 };
             }
-            if self.outstanding.is_some() {
-                // The driver polled again before answering: nothing new until it does.
-                return Output::Idle { wake_at: None };
+            if let Some(command) = self.emit_staged() {
+                return Output::Command(command);
             }
-            if let Some(action) = self.staged.take() {
-                let id = OpId(self.next_op);
-                self.next_op += 1;
-                self.outstanding = Some(id);
-                return Output::Command(Command { id, action });
-            }
-            if self.running.is_some() {
-                // INVARIANT: a running operation always has a staged or outstanding action.
-                unreachable!("running operation without an action");
-            }
-            if !self.queue.is_empty() {
-                // A tick that came due while work is still queued (see `on_tick`).
+            if self.busy_tick_due() {
                 self.on_tick();
                 if self.finished.is_some() {
                     continue;
                 }
             }
-            match self.queue.pop_front() {
+            match self.next_startable() {
                 Some(work) => self.start(work),
                 None => {
                     return Output::Idle {
@@ -865,6 +988,104 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// Whether a tick is overdue by a whole cadence while work is still queued (a burst of
+    /// Pulls and the Runs it started, completions the supervisors' exits brought): it is then
+    /// planned between two commands, so that no stream of quick Runs starves the Session or a
+    /// long Run's lease control. Otherwise ticks come from the driver ([`Input::Tick`]), which
+    /// plans them whatever is in flight.
+    fn busy_tick_due(&self) -> bool {
+        let overdue = self.next_tick_at.saturating_add(self.config.cadence_ms);
+        !self.queue.is_empty()
+            && matches!(self.phase, Phase::Active | Phase::Draining)
+            && self.now >= overdue
+    }
+
+    /// The first staged action of a lane that may go out now, as a command.
+    fn emit_staged(&mut self) -> Option<Command> {
+        let lane = self
+            .lanes
+            .iter()
+            .find(|(lane, slot)| slot.is_staged() && !self.gated(lane))
+            .map(|(lane, _)| lane.clone())?;
+        let id = OpId(self.next_op);
+        self.next_op += 1;
+        let slot = self.lanes.get_mut(&lane)?;
+        let action = slot.send(id)?;
+        Some(Command { id, action })
+    }
+
+    /// An offer's next step waits while a renewal of its lease runs beside its upload: both
+    /// write the record, and its revisions are a single sequence.
+    fn gated(&self, lane: &Lane) -> bool {
+        matches!(lane, Lane::Offer(id) if self.lanes.contains_key(&Lane::Lease(id.clone())))
+    }
+
+    /// Takes the first queued unit of work whose lane is free (see [`Lane`]), if any may start.
+    fn next_startable(&mut self) -> Option<Work> {
+        if self.lanes.values().any(|s| s.work == Work::RenewSession) {
+            // A new Session id replaces the old one: nothing else goes out meanwhile.
+            return None;
+        }
+        let offers = self
+            .lanes
+            .keys()
+            .filter(|l| matches!(l, Lane::Offer(_)))
+            .count();
+        let index = (0..self.queue.len()).find(|&i| self.startable(i, offers))?;
+        let work = self.queue.remove(index)?;
+        Some(match work {
+            // The pass's completion is in progress (uploading): renew the lease beside it.
+            Work::Supervise(id) if self.lanes.contains_key(&Lane::Offer(id.clone())) => {
+                Work::Renew(id)
+            }
+            other => other,
+        })
+    }
+
+    /// Whether the queued work at `index` may start now.
+    fn startable(&self, index: usize, offers: usize) -> bool {
+        let work = &self.queue[index];
+        let free = |lane: Lane| !self.lanes.contains_key(&lane);
+        match work {
+            Work::RenewSession => self.lanes.is_empty(),
+            // Every Session exchange ahead of it first (a heartbeat that reports the slots);
+            // every processing ahead of it too (startup reconciliation's and an admitted
+            // offer's: their evidence latches fail-closed before another offer is taken).
+            Work::Pull => {
+                free(Lane::Pull)
+                    && free(Lane::Session)
+                    && !self
+                        .lanes
+                        .values()
+                        .any(|s| matches!(s.work, Work::Process(_)))
+                    && !self
+                        .queue
+                        .range(..index)
+                        .any(|w| matches!(w.lane(), Lane::Session) || matches!(w, Work::Process(_)))
+            }
+            Work::Supervise(id) if !free(Lane::Offer(id.clone())) => {
+                free(Lane::Lease(id.clone()))
+                    && self
+                        .lanes
+                        .get(&Lane::Offer(id.clone()))
+                        .is_some_and(Slot::uploading)
+            }
+            Work::Process(_) | Work::Supervise(_) | Work::Renew(_) => {
+                free(work.lane()) && offers < usize::from(self.config.max_concurrent_runs.max(1))
+            }
+            Work::Register
+            | Work::Rejoin
+            | Work::Heartbeat
+            | Work::Transition(_)
+            | Work::ListPage { .. } => free(work.lane()),
+        }
+    }
+
+    /// Whether `work` is queued or in progress (nothing is planned twice).
+    pub(crate) fn planned(&self, work: &Work) -> bool {
+        self.queue.contains(work) || self.lanes.values().any(|s| &s.work == work)
     }
 
     fn wake_at(&self) -> Option<UnixMillis> {
@@ -878,39 +1099,38 @@ impl Worker {
     }
 
     fn on_outcome(&mut self, id: OpId, outcome: Outcome) -> Result<(), InputError> {
-        if self.outstanding != Some(id) {
-            return Err(InputError::UnexpectedOutcome {
-                id,
-                outstanding: self.outstanding,
-            });
-        }
-        let Some(running) = self.running.take() else {
-            return Err(InputError::UnexpectedOutcome {
-                id,
-                outstanding: None,
-            });
+        let Some(lane) = self
+            .lanes
+            .iter()
+            .find(|(_, slot)| slot.awaits(id))
+            .map(|(lane, _)| lane.clone())
+        else {
+            return Err(InputError::UnexpectedOutcome { id });
         };
-        self.outstanding = None;
+        let Some(slot) = self.lanes.remove(&lane) else {
+            return Err(InputError::UnexpectedOutcome { id });
+        };
         self.observe_authentication(&outcome);
-        match &outcome {
-            Outcome::Persisted => {
-                if let Some(record) = self.pending_write.take() {
-                    self.observe(&record);
-                }
-            }
-            Outcome::RecordRead(Some(record)) => self.observe(record),
+        match (&outcome, slot.pending) {
+            (
+                Outcome::Persisted,
+                Pending::Outstanding {
+                    write: Some(record),
+                    ..
+                },
+            ) => self.observe(&record),
+            (Outcome::RecordRead(Some(record)), _) => self.observe(record),
             _ => {}
         }
-        self.pending_write = None;
         let step = {
             let ctx = Ctx {
                 config: &self.config,
                 session: self.session.as_ref(),
                 now: self.now,
             };
-            running.resume(&ctx, outcome)
+            slot.op.resume(&ctx, outcome)
         };
-        self.apply(step);
+        self.apply(lane, slot.work, step);
         Ok(())
     }
 
@@ -931,19 +1151,15 @@ impl Worker {
                 session: self.session.as_ref(),
                 now: self.now,
             };
-            let paced = match &work {
-                Work::Supervise(offer_id) => self.last_renewal.get(offer_id).is_some_and(|at| {
-                    self.now < at.saturating_add(self.config.lease_control_interval_ms)
-                }),
-                Work::Register
-                | Work::Rejoin
-                | Work::Heartbeat
-                | Work::Transition(_)
-                | Work::RenewSession
-                | Work::ListPage { .. }
-                | Work::Pull
-                | Work::Process(_) => false,
+            let offer = match &work {
+                Work::Supervise(offer_id) | Work::Renew(offer_id) => Some(offer_id),
+                _ => None,
             };
+            let paced = offer.is_some_and(|offer_id| {
+                self.last_renewal.get(offer_id).is_some_and(|at| {
+                    self.now < at.saturating_add(self.config.lease_control_interval_ms)
+                })
+            });
             let slots = self.available_slots();
             self.reporting_slots = match &work {
                 Work::Register | Work::Rejoin => {
@@ -955,27 +1171,14 @@ impl Worker {
                         .filter(|s| s.status == SessionStatus::Online)
                         .map_or(0, |_| slots),
                 ),
-                Work::Transition(_)
-                | Work::RenewSession
-                | Work::ListPage { .. }
-                | Work::Pull
-                | Work::Process(_)
-                | Work::Supervise(_) => self.reporting_slots,
+                _ => self.reporting_slots,
             };
-            let may_hold = match &work {
-                Work::Supervise(offer_id) => self.lease_may_hold.get(offer_id).copied(),
-                _ => None,
-            };
-            let drain_stop = match &work {
-                Work::Supervise(offer_id) => {
-                    self.drain_overrun && !self.drain_stopped.contains(offer_id)
-                }
-                _ => false,
-            };
+            let may_hold = offer.and_then(|offer_id| self.lease_may_hold.get(offer_id).copied());
+            let drain_stop = matches!(&work, Work::Supervise(offer_id)
+                if self.drain_overrun && !self.drain_stopped.contains(offer_id));
             crate::ops::Running::begin(
                 &ctx,
-                work,
-                &self.known,
+                work.clone(),
                 self.may_launch(),
                 slots,
                 crate::ops::Pass {
@@ -985,17 +1188,25 @@ impl Worker {
                 },
             )
         };
-        self.apply(step);
+        self.apply(work.lane(), work, step);
     }
 
-    fn apply(&mut self, step: Step<crate::ops::Running, crate::ops::Finished>) {
+    fn apply(
+        &mut self,
+        lane: Lane,
+        work: Work,
+        step: Step<crate::ops::Running, crate::ops::Finished>,
+    ) {
         match step {
-            Step::Wait(running, action) => {
-                if let Action::PersistRecord { record, .. } = &action {
-                    self.pending_write = Some((**record).clone());
-                }
-                self.running = Some(running);
-                self.staged = Some(action);
+            Step::Wait(op, action) => {
+                self.lanes.insert(
+                    lane,
+                    Slot {
+                        work,
+                        op,
+                        pending: Pending::Staged(action),
+                    },
+                );
             }
             Step::Done(finished) => self.on_finished(finished),
             Step::Halt(reason) => self.halt(reason),
@@ -1004,14 +1215,16 @@ impl Worker {
 
     pub(crate) fn halt(&mut self, reason: HaltReason) {
         self.queue.clear();
-        self.running = None;
-        self.staged = None;
+        self.lanes.clear();
         self.phase = Phase::Finished;
         self.finished = Some(Finish::Halted(reason));
     }
 
+    /// Stops the machine. Calls still in flight are abandoned, as a crash would (the lanes
+    /// are idle whenever a drain completes; otherwise the next start reconciles).
     pub(crate) fn stop(&mut self, reason: StopReason) {
         self.queue.clear();
+        self.lanes.clear();
         self.phase = Phase::Finished;
         self.finished = Some(Finish::Stopped(reason));
     }
@@ -1107,7 +1320,7 @@ impl Worker {
                 // Never registered: this incarnation started nothing, and what a previous one
                 // left is reconciled at the next start. Stop at once (an unreachable control
                 // plane must not hold a stop for the whole drain budget).
-                Phase::Registering if self.running.is_none() && self.staged.is_none() => {
+                Phase::Registering if self.lanes.is_empty() => {
                     self.stop(StopReason::NotRegistered);
                 }
                 Phase::Registering | Phase::Reconciling | Phase::Draining | Phase::Finished => {}

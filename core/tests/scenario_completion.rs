@@ -36,12 +36,13 @@ fn exit(sim: &mut Sim, receipt: ReceiptKind) {
     sim.take_trail();
 }
 
-const COMPLETE: [&str; 8] = [
+const COMPLETE: [&str; 9] = [
     "list-inbox",
     "read-record o1",
     "read-receipt attempt-1",
     "inspect-log o1",
     "upload-log o1",
+    "read-record o1",
     "post completion o1",
     "persist-record o1 r5 completion_acknowledged",
     "remove-receipt attempt-1",
@@ -120,6 +121,7 @@ fn recovers_a_receipt_from_the_durable_launching_crash_window() {
             "read-receipt attempt-1",
             "inspect-log o1",
             "upload-log o1",
+            "read-record o1",
             "post completion o1",
             "persist-record o1 r4 completion_acknowledged",
             "remove-receipt attempt-1",

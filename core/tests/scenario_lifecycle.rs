@@ -286,6 +286,7 @@ fn draining_aborts_pull_but_keeps_ownership_until_final_stop() {
             "read-receipt attempt-1",
             "inspect-log o1",
             "upload-log o1",
+            "read-record o1",
             "post completion o1",
             "persist-record o1 r7 completion_acknowledged",
             "remove-receipt attempt-1",

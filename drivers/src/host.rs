@@ -15,9 +15,10 @@ use ql_worker_core::io::{
 use ql_worker_core::wire::auth::{AuthError, WorkerCredential};
 use zeroize::{Zeroize as _, Zeroizing};
 
+use crate::calls::{NetCall, NetDone, Note, Request};
 use crate::config::FileClass;
 use crate::containment::Policy;
-use crate::https::{HttpsClient, JsonCaps, TransportError};
+use crate::https::{HttpsClient, TransportError};
 use crate::journal::{Journal, JournalError};
 use crate::receipts::{self, ReceiptStoreError};
 use crate::spool::{self, SpoolError, SpoolPolicy};
@@ -420,42 +421,13 @@ impl<E: Executor> Host<E> {
                     }
                 }
             }
-            Action::Post(call) => {
-                let caps = JsonCaps::default()
-                    .request_cap(call.request_cap)
-                    .and_then(|c| c.response_cap(call.response_cap));
-                let Ok(caps) = caps else {
-                    return Ok(Outcome::Http(HttpFailure::Unavailable));
-                };
-                match authorization(&self.credential_file) {
-                    Ok(auth) => match self.client.post_json(&call.path, &auth, &call.body, caps) {
-                        Ok(body) => {
-                            self.telemetry.call_answered(&call.path);
-                            Outcome::Responded(body)
-                        }
-                        Err(e) => {
-                            self.telemetry
-                                .call_failed(&call.path, &e, crate::os::now().get());
-                            Outcome::Http(http_failure(e))
-                        }
-                    },
-                    Err(problem) => {
-                        self.telemetry.credential_unreadable(
-                            &call.path,
-                            &problem,
-                            crate::os::now().get(),
-                        );
-                        Outcome::Http(HttpFailure::Unavailable)
-                    }
+            action @ (Action::Post(_) | Action::UploadLog { .. }) => match self.network(action) {
+                Ok(call) => {
+                    let done = call.perform();
+                    self.absorb(done)
                 }
-            }
-            Action::UploadLog {
-                path,
-                log_artifact_id,
-                header,
-                byte_length,
-                response_cap,
-            } => self.upload(&path, &log_artifact_id, &header, byte_length, response_cap),
+                Err(action) => unreachable!("a network action: {action:?}"),
+            },
             Action::Spawn(plan) => {
                 let quota = self.spool.maximum_attempt_bytes;
                 let context = SpawnContext::of(&plan);
@@ -487,6 +459,74 @@ impl<E: Executor> Host<E> {
                 }
             }
         })
+    }
+
+    /// The network command `action` as a call another thread can perform, or `action` back
+    /// when it is a storage or process effect (performed on the loop: [`Host::perform`]).
+    ///
+    /// # Errors
+    /// `action` itself when it is not a network command.
+    #[allow(clippy::result_large_err)]
+    pub fn network(&self, action: Action) -> Result<NetCall, Action> {
+        let request = match action {
+            Action::Post(call) => Request::Post(call),
+            Action::UploadLog {
+                path,
+                log_artifact_id,
+                header,
+                byte_length,
+                response_cap,
+            } => Request::Upload {
+                path,
+                log_artifact_id,
+                header,
+                byte_length,
+                response_cap,
+            },
+            other => return Err(other),
+        };
+        Ok(NetCall {
+            request,
+            caller: self.client.caller(),
+            credential_file: self.credential_file.clone(),
+            root: self.root.clone(),
+            spool: self.spool,
+        })
+    }
+
+    /// Records what a finished call observed (metrics, events, the observer) and returns its
+    /// outcome for the core.
+    pub fn absorb(&mut self, done: NetDone) -> Outcome {
+        for note in done.notes {
+            match note {
+                Note::Answered(path) => self.telemetry.call_answered(&path),
+                Note::Failed { path, error, at_ms } => {
+                    self.telemetry.call_failed(&path, &error, at_ms);
+                }
+                Note::CredentialUnreadable {
+                    path,
+                    problem,
+                    at_ms,
+                } => self.telemetry.credential_unreadable(&path, &problem, at_ms),
+                Note::SpoolFault { what, error } => {
+                    self.telemetry.storage_fault(&what, &error, false);
+                }
+                Note::Uploaded {
+                    log_artifact_id,
+                    bytes,
+                    seconds,
+                    sha256,
+                } => {
+                    self.telemetry.uploaded(&log_artifact_id, bytes, seconds);
+                    (self.observer)(&Event::Uploaded {
+                        log_artifact_id: &log_artifact_id,
+                        bytes,
+                        sha256: &sha256,
+                    });
+                }
+            }
+        }
+        done.outcome
     }
 
     fn list(
@@ -530,64 +570,6 @@ impl<E: Executor> Host<E> {
         Outcome::InboxListed {
             records,
             next_after: page.next_after,
-        }
-    }
-
-    fn upload(
-        &mut self,
-        path: &str,
-        log_artifact_id: &ql_worker_core::ids::LogArtifactId,
-        header: &[u8],
-        byte_length: u64,
-        response_cap: usize,
-    ) -> Outcome {
-        let mut reader = match spool::open_reader(&self.root, log_artifact_id, self.spool) {
-            Ok(reader) => reader,
-            Err(e) => {
-                let what = format!("reading log {log_artifact_id} for its upload");
-                self.telemetry.storage_fault(&what, &e, false);
-                return spool_failure(&e);
-            }
-        };
-        if reader.len() != byte_length {
-            return Outcome::LogUnavailable;
-        }
-        let auth = match authorization(&self.credential_file) {
-            Ok(auth) => auth,
-            Err(problem) => {
-                self.telemetry
-                    .credential_unreadable(path, &problem, crate::os::now().get());
-                return Outcome::Http(HttpFailure::Unavailable);
-            }
-        };
-        let started = std::time::Instant::now();
-        match self
-            .client
-            .post_artifact(path, &auth, header, &mut reader, byte_length, response_cap)
-        {
-            Ok((body, report)) => {
-                self.telemetry.call_answered(path);
-                self.telemetry.uploaded(
-                    log_artifact_id,
-                    report.bytes_sent,
-                    started.elapsed().as_secs_f64(),
-                );
-                let sha256 = ql_worker_core::ids::Sha256Digest::from_bytes(report.sha256);
-                (self.observer)(&Event::Uploaded {
-                    log_artifact_id,
-                    bytes: report.bytes_sent,
-                    sha256: &sha256,
-                });
-                Outcome::Uploaded {
-                    body,
-                    sent_bytes: report.bytes_sent,
-                    sent_sha256: sha256,
-                }
-            }
-            Err(e) => {
-                self.telemetry.call_failed(path, &e, crate::os::now().get());
-                Outcome::Http(http_failure(e))
-            }
         }
     }
 }
@@ -719,7 +701,7 @@ fn receipt_failure(error: &ReceiptStoreError) -> ReceiptRead {
     }
 }
 
-fn spool_failure(error: &SpoolError) -> Outcome {
+pub(crate) fn spool_failure(error: &SpoolError) -> Outcome {
     match error {
         SpoolError::NotFound { .. } => Outcome::LogMissing,
         SpoolError::Storage(_)
@@ -737,13 +719,14 @@ fn spool_failure(error: &SpoolError) -> Outcome {
 /// transport rules refuse, is [`HttpFailure::Uncertain`]: the control plane may have applied
 /// the request.
 #[must_use]
-pub fn http_failure(error: TransportError) -> HttpFailure {
+pub fn http_failure(error: &TransportError) -> HttpFailure {
     use crate::https::Blame;
     match error {
-        TransportError::Status { status, code } => HttpFailure::Status { status, code },
-        TransportError::Timeout { ref phase }
-            if matches!(phase.as_str(), "resolve" | "connect") =>
-        {
+        TransportError::Status { status, code } => HttpFailure::Status {
+            status: *status,
+            code: code.clone(),
+        },
+        TransportError::Timeout { phase } if matches!(phase.as_str(), "resolve" | "connect") => {
             HttpFailure::Unavailable
         }
         other => match other.blame() {
@@ -792,7 +775,7 @@ mod tests {
         ];
         for error in unsent {
             let text = error.to_string();
-            assert_eq!(http_failure(error), HttpFailure::Unavailable, "{text}");
+            assert_eq!(http_failure(&error), HttpFailure::Unavailable, "{text}");
         }
         let uncertain = [
             timeout("send body"),
@@ -812,10 +795,10 @@ mod tests {
         ];
         for error in uncertain {
             let text = error.to_string();
-            assert_eq!(http_failure(error), HttpFailure::Uncertain, "{text}");
+            assert_eq!(http_failure(&error), HttpFailure::Uncertain, "{text}");
         }
         assert_eq!(
-            http_failure(TransportError::Status {
+            http_failure(&TransportError::Status {
                 status: 302,
                 code: None
             }),

@@ -1,6 +1,7 @@
 //! ql-worker drivers: file authority, supervisor, HTTPS client and the blocking loop.
 #![forbid(unsafe_code)]
 
+pub mod calls;
 pub mod certificate;
 pub mod cli;
 pub mod config;

@@ -18,10 +18,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ql_worker_core::io::Input;
+use ql_worker_core::io::{Input, OpId};
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::worker::{HaltReason, Output, Phase, StopReason, Worker, WorkerConfig};
 
+use crate::calls::Calls;
 use crate::certificate::Leaf;
 use crate::config::{Config, MetricsSettings};
 use crate::events::Event;
@@ -209,6 +210,8 @@ impl Signals {
 pub struct Runner {
     worker: Worker,
     host: Host<SupervisorExecutor>,
+    /// The control-plane calls in flight on their threads (see [`crate::calls`]).
+    calls: Calls,
     root: PathBuf,
     retention: RetentionPolicy,
     signals: Signals,
@@ -348,7 +351,13 @@ impl Runner {
     ) -> Result<Self, StartError> {
         // Every configuration check first: nothing is created or written before the whole
         // configuration is known to be usable.
-        let client = control_plane_client(config)?;
+        // One call thread per Run slot, one for the Session and one for the Pull (issue 16),
+        // each with its own kept-alive connection.
+        let threads = usize::from(config.limits.max_concurrent_runs) + 2;
+        let client = control_plane_client(config)?
+            .with_connections(threads)
+            .map_err(|e| StartError::ControlPlane(format!("control plane client: {e}")))?;
+        let calls = Calls::start(threads).map_err(StartError::Image)?;
         config
             .capabilities
             .canonical_json()
@@ -424,6 +433,7 @@ impl Runner {
         Ok(Self {
             worker,
             host,
+            calls,
             root: config.root.clone(),
             retention: RetentionPolicy {
                 high_water_records: usize::try_from(config.retention.high_water_records)
@@ -655,22 +665,32 @@ impl Runner {
                 return exit;
             }
             self.report_facts();
+            // Outcomes of calls that finished meanwhile go in first.
+            if let Some((id, done)) = self.calls.try_take() {
+                let outcome = self.host.absorb(done);
+                if let Err(exit) = self.feed(id, outcome) {
+                    return exit;
+                }
+                continue;
+            }
             match self.worker.poll_output() {
                 Output::Command(command) => {
                     self.notifier.watchdog_tick();
                     let id = command.id;
-                    let outcome = match self.host.perform(command.action) {
+                    // A control-plane call goes to its thread; everything else (storage,
+                    // spawn, stop, entropy) is performed here, in order.
+                    let action = match self.host.network(command.action) {
+                        Ok(call) => {
+                            self.calls.submit(id, call);
+                            continue;
+                        }
+                        Err(action) => action,
+                    };
+                    let outcome = match self.host.perform(action) {
                         Ok(outcome) => outcome,
                         Err(HostError::Fatal(detail)) => return RunExit::Fatal(detail),
                     };
-                    let input = Input::Outcome { id, outcome };
-                    if let Err(e) = self.worker.handle(crate::os::now(), input) {
-                        return RunExit::Fatal(format!("core refused an outcome: {e}"));
-                    }
-                    self.report_notices();
-                    // Between two commands too: a stream of quick Runs keeps the core busy,
-                    // and its supervisors' exits and the inbox's bound must not wait for it.
-                    if let Err(exit) = self.housekeeping() {
+                    if let Err(exit) = self.feed(id, outcome) {
                         return exit;
                     }
                 }
@@ -683,6 +703,10 @@ impl Runner {
                     }
                     if let Some(exit) = self.sleep_until(wake_at) {
                         return exit;
+                    }
+                    if self.calls.has_done() {
+                        // A call finished: its outcome goes in at the top of the loop.
+                        continue;
                     }
                     if self.worker.phase() == Phase::Finished {
                         // An operator input (a drain) ended the machine: its output says how.
@@ -717,6 +741,18 @@ impl Runner {
                 Output::Halted(reason) => return RunExit::Halted(reason),
             }
         }
+    }
+
+    /// Feeds one command's outcome to the core, then what it noticed; between two commands
+    /// too, reaps supervisors and keeps the inbox's bound (a stream of quick Runs keeps the
+    /// core busy, and their exits must not wait for it).
+    fn feed(&mut self, id: OpId, outcome: ql_worker_core::io::Outcome) -> Result<(), RunExit> {
+        let input = Input::Outcome { id, outcome };
+        if let Err(e) = self.worker.handle(crate::os::now(), input) {
+            return Err(RunExit::Fatal(format!("core refused an outcome: {e}")));
+        }
+        self.report_notices();
+        self.housekeeping().map(|_| ())
     }
 
     /// Turns the core's notices into events and metrics (never a value: ids, field paths and
@@ -938,8 +974,18 @@ impl Runner {
             let left = wake_at.map_or(SLEEP_SLICE, |at| {
                 Duration::from_millis(at.saturating_since(now))
             });
-            // Wakes early when a supervisor exits (its pidfd), else sleeps one slice.
-            let _ = self.host.executor_mut().wait_exit(left.min(SLEEP_SLICE));
+            // Wakes early when a supervisor exits (its pidfd) or a call finishes (the call
+            // threads' wake-up), else sleeps one slice.
+            let woke = self
+                .host
+                .executor_mut()
+                .wait_exit(left.min(SLEEP_SLICE), Some(self.calls.wake_fd()));
+            if woke {
+                self.calls.clear_wake();
+            }
+            if self.calls.has_done() {
+                return None;
+            }
             self.notifier.watchdog_tick();
             let before = self.drain_sent;
             if let Some(exit) = self.check_operator() {

@@ -41,9 +41,12 @@ pub const PATH_MAX_BYTES: usize = 2048;
 pub const AUTHORIZATION_MAX_BYTES: usize = 512;
 /// Largest response header block accepted.
 const RESPONSE_HEADER_MAX_BYTES: usize = 16 * 1024;
-/// Slowest artifact upload rate the overall deadline allows for, in bytes per second.
-/// Idle stalls are caught sooner by the per-read and per-write timeouts.
-const ARTIFACT_MIN_RATE_BYTES_PER_S: u64 = 64 * 1024;
+/// Slowest artifact upload rate the overall deadline allows for, in bytes per second: 4 KiB/s,
+/// a 512 kbit/s uplink shared by 16 concurrent uploads (issue 16: uploads run beside each other
+/// and beside the Runs' lease renewals, so a long transfer no longer costs a lease; 64 MiB may
+/// take up to about 4.5 h). Idle stalls are caught sooner by the per-read and per-write
+/// timeouts.
+const ARTIFACT_MIN_RATE_BYTES_PER_S: u64 = 4 * 1024;
 
 /// The request timeout: 15 s by default, 1..=60 s allowed (wire reference §7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,7 +209,7 @@ pub struct AgentSettings {
 
 /// The Worker's HTTPS client.
 ///
-/// One agent with one kept-alive connection; calls are blocking. `Debug` shows the origin,
+/// One agent with one kept-alive connection per call thread ([`HttpsClient::with_connections`]); calls are blocking. `Debug` shows the origin,
 /// the timeout and the material fingerprint, never key material.
 pub struct HttpsClient {
     origin: Origin,
@@ -214,6 +217,28 @@ pub struct HttpsClient {
     timeout: RequestTimeout,
     provider: Arc<CryptoProvider>,
     agent: ureq::Agent,
+    /// Connections kept alive between calls (one per call thread; 1 by default).
+    idle_connections: usize,
+}
+
+/// What one call needs, cheap to clone and `Send`: the origin, the timeout and the agent (a
+/// handle on the client's connection pool; no key material is copied). The driver's call
+/// threads each perform calls with one; a SIGHUP reload takes effect for calls made with a
+/// caller taken afterwards.
+#[derive(Clone)]
+pub struct Caller {
+    origin: Origin,
+    timeout: RequestTimeout,
+    agent: ureq::Agent,
+}
+
+impl fmt::Debug for Caller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Caller")
+            .field("origin", &self.origin.to_string())
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl fmt::Debug for HttpsClient {
@@ -234,14 +259,31 @@ impl HttpsClient {
         timeout: RequestTimeout,
     ) -> Result<Self, TransportError> {
         let provider = tls13_provider();
-        let agent = build_agent(&material, timeout, provider.clone())?;
+        let agent = build_agent(&material, timeout, provider.clone(), 1)?;
         Ok(Self {
             origin,
             material,
             timeout,
             provider,
             agent,
+            idle_connections: 1,
         })
+    }
+
+    /// Keeps up to `connections` connections alive between calls (at least one): one per
+    /// thread that makes calls at the same time, so none of them pays a handshake per call.
+    ///
+    /// # Errors
+    /// When the agent cannot be rebuilt.
+    pub fn with_connections(mut self, connections: usize) -> Result<Self, TransportError> {
+        self.idle_connections = connections.max(1);
+        self.agent = build_agent(
+            &self.material,
+            self.timeout,
+            self.provider.clone(),
+            self.idle_connections,
+        )?;
+        Ok(self)
     }
 
     /// The origin every call goes to.
@@ -265,7 +307,12 @@ impl HttpsClient {
         if material.fingerprint() == self.material.fingerprint() {
             return Ok(false);
         }
-        self.agent = build_agent(&material, self.timeout, self.provider.clone())?;
+        self.agent = build_agent(
+            &material,
+            self.timeout,
+            self.provider.clone(),
+            self.idle_connections,
+        )?;
         self.material = material;
         Ok(true)
     }
@@ -296,6 +343,54 @@ impl HttpsClient {
         }
     }
 
+    /// A caller for one call on another thread (see [`Caller`]).
+    pub fn caller(&self) -> Caller {
+        Caller {
+            origin: self.origin.clone(),
+            timeout: self.timeout,
+            agent: self.agent.clone(),
+        }
+    }
+
+    /// POSTs a JSON body (see [`Caller::post_json`]).
+    ///
+    /// # Errors
+    /// As [`Caller::post_json`].
+    pub fn post_json(
+        &self,
+        path: &str,
+        authorization: &str,
+        body: &[u8],
+        caps: JsonCaps,
+    ) -> Result<Vec<u8>, TransportError> {
+        self.caller().post_json(path, authorization, body, caps)
+    }
+
+    /// Streams one framed artifact (see [`Caller::post_artifact`]).
+    ///
+    /// # Errors
+    /// As [`Caller::post_artifact`].
+    pub fn post_artifact(
+        &self,
+        path: &str,
+        authorization: &str,
+        header_json: &[u8],
+        content: &mut dyn Read,
+        content_len: u64,
+        response_cap: usize,
+    ) -> Result<(Vec<u8>, StreamReport), TransportError> {
+        self.caller().post_artifact(
+            path,
+            authorization,
+            header_json,
+            content,
+            content_len,
+            response_cap,
+        )
+    }
+}
+
+impl Caller {
     /// POSTs a JSON body and returns the JSON response body.
     ///
     /// Sends `accept: application/json`, `authorization`, `content-type: application/json`
@@ -342,7 +437,7 @@ impl HttpsClient {
     ///
     /// Timeouts: the request timeout applies to connecting, to each socket read and write
     /// (idle time), and to waiting for the response; the whole upload is additionally bounded
-    /// by the timeout plus one second per 64 KiB of body.
+    /// by the timeout plus one second per 4 KiB of body.
     pub fn post_artifact(
         &self,
         path: &str,
@@ -429,6 +524,7 @@ fn build_agent(
     material: &TlsMaterial,
     timeout: RequestTimeout,
     provider: Arc<CryptoProvider>,
+    idle_connections: usize,
 ) -> Result<ureq::Agent, TransportError> {
     let tls = TlsConfig::builder()
         .provider(TlsProvider::Rustls)
@@ -448,8 +544,8 @@ fn build_agent(
         .save_redirect_history(false)
         .user_agent(AutoHeaderValue::None)
         .accept_encoding(AutoHeaderValue::None)
-        .max_idle_connections(1)
-        .max_idle_connections_per_host(1)
+        .max_idle_connections(idle_connections)
+        .max_idle_connections_per_host(idle_connections)
         .max_response_header_size(RESPONSE_HEADER_MAX_BYTES)
         .timeout_global(Some(t))
         .timeout_connect(Some(t))

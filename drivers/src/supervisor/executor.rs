@@ -4,7 +4,7 @@
 use std::fmt;
 use std::fs::File;
 use std::io::{self, Write as _};
-use std::os::fd::{AsFd, AsRawFd as _};
+use std::os::fd::{AsFd, AsRawFd as _, BorrowedFd};
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -317,15 +317,19 @@ impl SupervisorExecutor {
 
     /// Waits at most `timeout` for a live supervisor to exit: returns as soon as one has (its
     /// pidfd turns readable), so the Worker runs that Run's completion at once instead of at
-    /// its next poll. Without supervisors, or without pidfds, it just sleeps `timeout`. Whether
-    /// one may have exited (reap to know).
-    pub fn wait_exit(&self, timeout: Duration) -> bool {
+    /// its next poll; also as soon as `also` turns readable (the call threads' wake-up, see
+    /// [`crate::calls`]). Without any descriptor it just sleeps `timeout`. Whether one may have
+    /// exited or `also` is readable (reap and look to know).
+    pub fn wait_exit(&self, timeout: Duration, also: Option<BorrowedFd<'_>>) -> bool {
         let mut fds: Vec<PollFd<'_>> = self
             .supervisors
             .iter()
             .filter_map(|(_, _, pidfd)| pidfd.as_ref())
             .map(|fd| PollFd::new(fd, PollFlags::IN))
             .collect();
+        if let Some(fd) = &also {
+            fds.push(PollFd::new(fd, PollFlags::IN));
+        }
         if fds.is_empty() {
             std::thread::sleep(timeout);
             return false;

@@ -1,0 +1,234 @@
+//! Issue 16: no Run and no Session is starved by another call. The Worker keeps several commands
+//! outstanding, one per lane (the Session, the Pull, each offer, and a lease renewal beside an
+//! offer's log upload), and takes their outcomes in any order. Each scenario holds one command
+//! outstanding (the simulated control plane performs it when it goes out, as a real one
+//! authorizes an upload from its header, and its outcome is fed later) and asserts what goes out
+//! meanwhile.
+
+use ql_worker_core::io::{Input, OpId, Outcome};
+use ql_worker_core::record::State;
+use ql_worker_core::wire::route::Operation;
+use ql_worker_sim::testkit::act::Act;
+use ql_worker_sim::testkit::sim::{Sim, Status};
+use ql_worker_sim::testkit::world::{Answer, Event, ReceiptKind};
+
+/// Takes the outstanding command out of the simulation: the world performs it now; its outcome
+/// is returned to be fed later. The simulation is left idle, with the command in flight.
+fn hold(sim: &mut Sim) -> (OpId, Act, Outcome) {
+    let (id, act) = sim.pending.take().expect("a command is outstanding");
+    let outcome = sim.world.perform(sim.now, &act, Answer::Ok);
+    sim.status = Status::Idle(None);
+    sim.poll();
+    (id, act, outcome)
+}
+
+/// Answers commands until `matches` is outstanding; returns whether it came.
+fn until(sim: &mut Sim, matches: impl Fn(&Act) -> bool) -> bool {
+    for _ in 0..200 {
+        match sim.act() {
+            Some(act) if matches(act) => return true,
+            Some(_) => sim.answer(Answer::Ok),
+            None => return false,
+        }
+    }
+    false
+}
+
+/// Advances the clock by `ms` and ticks, answering everything that goes out meanwhile.
+fn tick_after(sim: &mut Sim, ms: u64) {
+    let at = sim.now.saturating_add(ms);
+    sim.advance_to(at);
+    sim.tick();
+    sim.settle();
+}
+
+fn posts(sim: &Sim, operation: Operation) -> Vec<u64> {
+    sim.stream
+        .iter()
+        .flatten()
+        .filter_map(|a| match a {
+            Act::Post {
+                operation: op,
+                body,
+                ..
+            } if *op == operation => {
+                let v: serde_json::Value = serde_json::from_slice(body).expect("JSON body");
+                Some(v["expectedLeaseVersion"].as_u64().unwrap_or(u64::MAX))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn position(sim: &Sim, line: &str) -> Option<usize> {
+    sim.commands().iter().position(|l| l.starts_with(line))
+}
+
+/// A log upload that outlasts several supervision passes: the Run's lease is renewed beside it
+/// (a renewal-only pass in the offer's lease lane), the heartbeat goes out, and the completion
+/// that follows the upload names the lease as it is then.
+#[test]
+fn a_long_upload_keeps_its_lease_and_the_session_alive() {
+    let mut sim = Sim::holding(State::RunningAcknowledged);
+    sim.event(Event::Exit {
+        index: 0,
+        code: 0,
+        receipt: ReceiptKind::Genuine,
+    });
+    let at = sim.now.saturating_add(2_000);
+    sim.advance_to(at);
+    sim.tick();
+    assert!(
+        until(&mut sim, |a| matches!(a, Act::UploadLog { .. })),
+        "{:#?}",
+        sim.commands()
+    );
+    let version_at_upload = sim.first_record().offer.lease.version.get();
+    let (upload, _, uploaded) = hold(&mut sim);
+    // Three passes and a heartbeat while the upload is in flight.
+    for _ in 0..6 {
+        tick_after(&mut sim, 2_000);
+        assert!(sim.pending.is_none(), "{:#?}", sim.commands());
+    }
+    let renewed = sim.first_record();
+    assert_eq!(
+        renewed.state,
+        State::RunningAcknowledged,
+        "not completed yet"
+    );
+    assert!(
+        renewed.offer.lease.version.get() >= version_at_upload + 3,
+        "renewed beside the upload: v{} -> v{}\n{:#?}",
+        version_at_upload,
+        renewed.offer.lease.version.get(),
+        sim.commands()
+    );
+    assert!(
+        sim.commands().iter().any(|l| l == "post heartbeat"),
+        "the heartbeat went out during the upload: {:#?}",
+        sim.commands()
+    );
+    // The upload's answer arrives: the record is read again and completion names the lease
+    // the renewals left.
+    sim.worker
+        .handle(
+            sim.now,
+            Input::Outcome {
+                id: upload,
+                outcome: uploaded,
+            },
+        )
+        .expect("the upload's outcome is expected");
+    sim.poll();
+    sim.settle();
+    let record = sim.first_record();
+    assert_eq!(
+        record.state,
+        State::CompletionAcknowledged,
+        "{:#?}",
+        sim.commands()
+    );
+    assert_eq!(
+        posts(&sim, Operation::Completion),
+        vec![renewed.offer.lease.version.get()],
+        "one completion, under the renewed lease"
+    );
+    let upload_at = position(&sim, "upload-log o1").expect("an upload");
+    let renewal_at = sim
+        .commands()
+        .iter()
+        .enumerate()
+        .skip(upload_at)
+        .find(|(_, l)| *l == "post lease-control o1")
+        .map(|(i, _)| i)
+        .expect("a renewal after the upload went out");
+    let completion_at = position(&sim, "post completion o1").expect("a completion");
+    assert!(upload_at < renewal_at && renewal_at < completion_at);
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
+
+/// A Run's lease-control call without an answer yet does not hold the Session back: the
+/// heartbeat goes out and is answered, then the late renewal answer is taken.
+#[test]
+fn a_slow_renewal_does_not_hold_the_heartbeat() {
+    let mut sim = Sim::holding(State::RunningAcknowledged);
+    let at = sim.now.saturating_add(2_000);
+    sim.advance_to(at);
+    sim.tick();
+    assert!(until(&mut sim, |a| matches!(
+        a,
+        Act::Post {
+            operation: Operation::LeaseControl,
+            ..
+        }
+    )));
+    let (renewal, _, renewed) = hold(&mut sim);
+    let before = sim.commands().len();
+    tick_after(&mut sim, 12_000);
+    let meanwhile: Vec<String> = sim.commands()[before..].to_vec();
+    assert!(
+        meanwhile.iter().any(|l| l == "post heartbeat"),
+        "{meanwhile:#?}"
+    );
+    assert!(
+        !meanwhile.iter().any(|l| l == "post lease-control o1"),
+        "one operation per offer: no second renewal while one is in flight: {meanwhile:#?}"
+    );
+    sim.worker
+        .handle(
+            sim.now,
+            Input::Outcome {
+                id: renewal,
+                outcome: renewed,
+            },
+        )
+        .expect("the renewal's outcome is expected");
+    sim.poll();
+    sim.settle();
+    // The held renewal (v0 -> v1), then the pass that waited in the queue behind it.
+    assert_eq!(
+        posts(&sim, Operation::LeaseControl),
+        vec![0, 1],
+        "{:#?}",
+        sim.commands()
+    );
+    assert_eq!(sim.first_record().offer.lease.version.get(), 2);
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
+
+/// Outcomes are correlated by id: one that answers no outstanding command is refused and
+/// changes nothing; the same inputs in the same order give the same commands.
+#[test]
+fn an_outcome_for_no_outstanding_command_is_refused() {
+    let mut sim = Sim::holding(State::RunningAcknowledged);
+    let at = sim.now.saturating_add(2_000);
+    sim.advance_to(at);
+    sim.tick();
+    let (id, _) = sim.pending.clone().expect("a command");
+    let stranger = OpId(id.0 + 1_000);
+    let refused = sim.worker.handle(
+        sim.now,
+        Input::Outcome {
+            id: stranger,
+            outcome: Outcome::Persisted,
+        },
+    );
+    assert_eq!(
+        refused,
+        Err(ql_worker_core::io::InputError::UnexpectedOutcome { id: stranger })
+    );
+    sim.settle();
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
