@@ -33,6 +33,7 @@ fn replays_completion_first_renews_authority_then_persists_the_next_lease_versio
             "read-record o1",
             "read-receipt attempt-1",
             "read-record o1",
+            "inspect-supervision o1",
             "post lease-control o1",
             "persist-record o1 r5 running_acknowledged",
         ])
@@ -57,6 +58,7 @@ fn persists_stop_request_lease_authority_before_stopping_the_exact_process() {
             "read-record o1",
             "read-receipt attempt-1",
             "read-record o1",
+            "inspect-supervision o1",
             "post lease-control o1",
             "persist-record o1 r5 running_acknowledged",
             "stop o1",
@@ -217,6 +219,7 @@ fn stops_and_quarantines_execution_when_the_control_plane_is_terminal() {
             "read-record o1",
             "read-receipt attempt-1",
             "read-record o1",
+            "inspect-supervision o1",
             "post lease-control o1",
             "read-record o1",
             "read-receipt attempt-1",
@@ -263,10 +266,10 @@ fn coalesces_concurrent_supervision_for_the_same_offer() {
             "read-record o1",
             "read-receipt attempt-1",
             "read-record o1",
+            "inspect-supervision o1",
             "post lease-control o1",
             "persist-record o1 r5 running_acknowledged",
             "list-inbox",
-            "read-record o1",
         ])[..]
     );
     let ticks = 2;
