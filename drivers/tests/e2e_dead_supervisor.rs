@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use e2e_common::evidence::run_cli;
-use e2e_common::{KillOnDrop, World, events_named, kill9, wait_exit};
+use e2e_common::{KillOnDrop, World, events_named, kill9, wait_event, wait_exit};
 use ql_worker_core::ids::RunId;
 use ql_worker_core::record::{RecoveryReason, State};
 use ql_worker_tests::control_plane::{RevisionBuilder, RunSpec};
@@ -98,8 +98,11 @@ fn check_recorded_and_drain(world: &World, run: &RunId, worker: &mut KillOnDrop,
         record.recovery_reason,
         Some(RecoveryReason::LeaseLostLocalExecutionStopped)
     );
-    let gone = events_named(log, "run.supervisor_gone");
-    assert_eq!(gone.len(), 1, "{gone:?}");
+    // The event follows the durable write.
+    let offer = record.offer.offer_id.as_str().to_owned();
+    wait_event(log, "run.supervisor_gone", SETTLE, |e| {
+        e["offer"] == offer.as_str()
+    });
     // Several lease-control cadences (100 ms here): nothing renews the lease any more.
     std::thread::sleep(Duration::from_millis(1_500));
     let later = &world.records()[run];
@@ -137,6 +140,7 @@ fn check_recorded_and_drain(world: &World, run: &RunId, worker: &mut KillOnDrop,
         started.elapsed()
     );
     assert!(events_named(log, "drain.budget_ended").is_empty(), "{text}");
+    assert_eq!(events_named(log, "run.supervisor_gone").len(), 1, "{text}");
 }
 
 #[test]
