@@ -399,59 +399,30 @@ impl ControlOp {
         record: &InboxRecord,
         completion: CompletionOutcome,
     ) -> LStep {
-        match completion {
-            CompletionOutcome::AlreadyCompleted(_) | CompletionOutcome::Acknowledged(_) => {
-                Step::Done(ControlResult::Completed(completion))
-            }
-            CompletionOutcome::NotFound => Step::Done(ControlResult::NotFound),
-            CompletionOutcome::ReceiptMissing => {
-                // Nothing wrote this record since it was read in this pass (the confirming
-                // completion writes only on success), so the proposal is based on what was read.
-                let proposed = next_record(record, State::RecoveryRequired, ctx.now, |r| {
-                    r.recovery_reason = Some(RecoveryReason::LeaseLostLocalExecutionStopped);
-                });
-                let action = persist(record, proposed);
-                self.wait(LState::RecordingGone, action)
-            }
-            CompletionOutcome::Deferred
-            | CompletionOutcome::ReceiptUnavailable
-            | CompletionOutcome::ReceiptInvalid(_)
-            | CompletionOutcome::ArtifactMissing
-            | CompletionOutcome::ArtifactUnavailable
-            | CompletionOutcome::ArtifactResponseInvalid(_)
-            | CompletionOutcome::CompletionResponseInvalid(_)
-            | CompletionOutcome::ControlPlaneTerminal
-            | CompletionOutcome::Unavailable
-            | CompletionOutcome::Refused(_)
-            | CompletionOutcome::StorageUnchanged => Step::Done(ControlResult::Pending(completion)),
+        if let Some(done) = finished(&completion) {
+            return Step::Done(done);
         }
+        if completion != CompletionOutcome::ReceiptMissing {
+            return Step::Done(ControlResult::Pending(completion));
+        }
+        // Nothing wrote this record since it was read in this pass (the confirming completion
+        // writes only on success), so the proposal is based on what was read.
+        let proposed = next_record(record, State::RecoveryRequired, ctx.now, |r| {
+            r.recovery_reason = Some(RecoveryReason::LeaseLostLocalExecutionStopped);
+        });
+        let action = persist(record, proposed);
+        self.wait(LState::RecordingGone, action)
     }
 
     /// Step 2–3: completion first.
     fn after_completion(self, completion: CompletionOutcome) -> LStep {
-        match completion {
-            CompletionOutcome::AlreadyCompleted(_) | CompletionOutcome::Acknowledged(_) => {
-                Step::Done(ControlResult::Completed(completion))
-            }
-            CompletionOutcome::NotFound => Step::Done(ControlResult::NotFound),
-            CompletionOutcome::Deferred
-            | CompletionOutcome::ReceiptMissing
-            | CompletionOutcome::ReceiptUnavailable
-            | CompletionOutcome::ReceiptInvalid(_)
-            | CompletionOutcome::ArtifactMissing
-            | CompletionOutcome::ArtifactUnavailable
-            | CompletionOutcome::ArtifactResponseInvalid(_)
-            | CompletionOutcome::CompletionResponseInvalid(_)
-            | CompletionOutcome::ControlPlaneTerminal
-            | CompletionOutcome::Unavailable
-            | CompletionOutcome::Refused(_)
-            | CompletionOutcome::StorageUnchanged => {
-                let action = Action::ReadRecord {
-                    offer_id: self.offer_id.clone(),
-                };
-                self.wait(LState::Reading(completion), action)
-            }
+        if let Some(done) = finished(&completion) {
+            return Step::Done(done);
         }
+        let action = Action::ReadRecord {
+            offer_id: self.offer_id.clone(),
+        };
+        self.wait(LState::Reading(completion), action)
     }
 
     /// Steps 3–6.
@@ -685,6 +656,29 @@ pub(crate) fn catch_up(request: &LeaseControlRequest) -> Option<LeaseControlRequ
     let mut next = request.clone();
     next.fence.expected_lease_version = request.fence.expected_lease_version.next().ok()?;
     Some(next)
+}
+
+/// What a completion pass that ends the supervision pass concluded (the Run is completed, or
+/// its record is gone); `None` when the pass goes on.
+fn finished(completion: &CompletionOutcome) -> Option<ControlResult> {
+    match completion {
+        CompletionOutcome::AlreadyCompleted(_) | CompletionOutcome::Acknowledged(_) => {
+            Some(ControlResult::Completed(completion.clone()))
+        }
+        CompletionOutcome::NotFound => Some(ControlResult::NotFound),
+        CompletionOutcome::Deferred
+        | CompletionOutcome::ReceiptMissing
+        | CompletionOutcome::ReceiptUnavailable
+        | CompletionOutcome::ReceiptInvalid(_)
+        | CompletionOutcome::ArtifactMissing
+        | CompletionOutcome::ArtifactUnavailable
+        | CompletionOutcome::ArtifactResponseInvalid(_)
+        | CompletionOutcome::CompletionResponseInvalid(_)
+        | CompletionOutcome::ControlPlaneTerminal
+        | CompletionOutcome::Unavailable
+        | CompletionOutcome::Refused(_)
+        | CompletionOutcome::StorageUnchanged => None,
+    }
 }
 
 /// The evidence a stop leaves, by cause.

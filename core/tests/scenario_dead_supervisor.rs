@@ -16,6 +16,17 @@ fn lines(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_string()).collect()
 }
 
+/// A pass that inspects, concludes nothing is gone, and renews as before.
+const RENEWED: [&str; 7] = [
+    "list-inbox",
+    "read-record o1",
+    "read-receipt attempt-1",
+    "read-record o1",
+    "inspect-supervision o1",
+    "post lease-control o1",
+    "persist-record o1 r5 running_acknowledged",
+];
+
 /// o1 running, then its supervisor and process end without a receipt.
 fn died_without_receipt() -> Sim {
     let mut sim = Sim::holding(State::RunningAcknowledged);
@@ -100,18 +111,7 @@ fn an_inconclusive_inspection_renews_as_before() {
     let mut sim = died_without_receipt();
     sim.on(On::Kind("inspect-supervision"), Answer::StopUnknown);
     sim.run(1);
-    assert_eq!(
-        sim.commands(),
-        lines(&[
-            "list-inbox",
-            "read-record o1",
-            "read-receipt attempt-1",
-            "read-record o1",
-            "inspect-supervision o1",
-            "post lease-control o1",
-            "persist-record o1 r5 running_acknowledged",
-        ])
-    );
+    assert_eq!(sim.commands(), lines(&RENEWED));
     assert_eq!(sim.first_record().state, State::RunningAcknowledged);
 }
 
@@ -150,15 +150,7 @@ fn a_supervisor_or_process_still_alive_is_renewed_as_before() {
         inspect_as(&mut sim, supervisor, process);
         assert_eq!(
             sim.commands(),
-            lines(&[
-                "list-inbox",
-                "read-record o1",
-                "read-receipt attempt-1",
-                "read-record o1",
-                "inspect-supervision o1",
-                "post lease-control o1",
-                "persist-record o1 r5 running_acknowledged",
-            ]),
+            lines(&RENEWED),
             "{supervisor:?} {process:?}"
         );
     }

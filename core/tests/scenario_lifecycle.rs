@@ -134,7 +134,7 @@ fn supervises_a_bounded_active_page_before_pulling_new_work() {
     let mut sim = with_slots(world, 2);
     sim.run(3);
     assert_eq!(
-        sim.commands()[2..12],
+        sim.commands()[2..13],
         lines(&[
             "list-inbox",
             "read-record o1",

@@ -12,7 +12,7 @@
 
 mod e2e_common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -76,7 +76,7 @@ fn kill_supervisor_and_run(user: u32) {
     }
 }
 
-fn slow_run(world: &World) -> (RunId, std::path::PathBuf) {
+fn slow_run(world: &World) -> (RunId, PathBuf) {
     let pid_file = world.dir.path().join("user.pid");
     let script = format!("echo $$ > {}; exec sleep 120", pid_file.display());
     let revision = RevisionBuilder::shell(&script).build().unwrap();
@@ -85,6 +85,18 @@ fn slow_run(world: &World) -> (RunId, std::path::PathBuf) {
         .enqueue_run(RunSpec::numbered(1, revision))
         .unwrap();
     (run, pid_file)
+}
+
+/// A Worker (JSON event log) running one slow Run.
+fn running() -> (World, RunId, PathBuf, PathBuf, KillOnDrop) {
+    let world = World::new();
+    let (run, pid_file) = slow_run(&world);
+    let log = world.dir.path().join("worker.log");
+    let worker = KillOnDrop(world.spawn_with_args(JSON, &[], &log));
+    world.wait_for("the Run running", SETTLE, |w| {
+        w.state_of(&run) == Some(State::RunningAcknowledged)
+    });
+    (world, run, pid_file, log, worker)
 }
 
 /// The record is recorded, stays put (no renewal writes it any more), `recover` lists it, and a
@@ -145,26 +157,14 @@ fn check_recorded_and_drain(world: &World, run: &RunId, worker: &mut KillOnDrop,
 
 #[test]
 fn a_run_whose_supervisor_and_process_were_killed_is_recorded_and_no_longer_renewed() {
-    let world = World::new();
-    let (run, pid_file) = slow_run(&world);
-    let log = world.dir.path().join("worker.log");
-    let mut worker = KillOnDrop(world.spawn_with_args(JSON, &[], &log));
-    world.wait_for("the Run running", SETTLE, |w| {
-        w.state_of(&run) == Some(State::RunningAcknowledged)
-    });
+    let (world, run, pid_file, log, mut worker) = running();
     kill_supervisor_and_run(user_pid(&pid_file));
     check_recorded_and_drain(&world, &run, &mut worker, &log);
 }
 
 #[test]
 fn after_a_restart_a_run_whose_supervisor_and_process_died_is_recorded() {
-    let world = World::new();
-    let (run, pid_file) = slow_run(&world);
-    let log = world.dir.path().join("worker.log");
-    let mut first = KillOnDrop(world.spawn_with_args(JSON, &[], &log));
-    world.wait_for("the Run running", SETTLE, |w| {
-        w.state_of(&run) == Some(State::RunningAcknowledged)
-    });
+    let (world, run, pid_file, log, mut first) = running();
     // The Worker dies first: the supervisor is no child of the next incarnation.
     kill9(&mut first.0);
     kill_supervisor_and_run(user_pid(&pid_file));
