@@ -18,6 +18,14 @@
 //! forgets it, a crash between the control plane's commit and the Worker's write can have left
 //! at most `v + 1`. Only a fence at that ceiling leaves the lease to its local expiry.
 //!
+//! Before a renewal is sent for a Run whose receipt is missing, the driver is asked whether the
+//! Run's supervisor and user process still exist (issue 16): when both are gone, no receipt can
+//! ever come and nothing runs, so renewing would hold the lease for nothing. The pass reads the
+//! receipt once more (the supervisor publishes it before it exits), and if it is still missing
+//! records `recovery_required(lease_lost_local_execution_stopped)` instead of renewing: the
+//! Worker gives the lease up, the local execution is conclusively over, and the control plane
+//! decides the outcome when the lease lapses there.
+//!
 //! A stop is only ever sent after the new lease is durable. Local lease expiry never contacts the
 //! control plane: the Worker records whether its own stop was conclusive
 //! (`lease_lost_local_execution_stopped`) or not (`…_unverified`) and never reports the Run lost.
@@ -30,7 +38,7 @@ use crate::completion::{CompletionOp, CompletionOutcome};
 #[cfg(feature = "sim-hooks")]
 use crate::fingerprint::Fingerprint;
 use crate::ids::{LeaseVersion, OfferId};
-use crate::io::{Action, HttpCall, Outcome, StopOutcome};
+use crate::io::{Action, HttpCall, Liveness, Outcome, StopOutcome};
 use crate::ops::{CallFault, Uncertainty, garbled, next_record, persist, response, unexpected};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::lease_control::{
@@ -87,6 +95,10 @@ pub enum ControlResult {
     /// The drain budget ended: the Run was stopped by identity (no call, nothing recorded);
     /// its receipt completes it through the normal path.
     DrainStopped(StopOutcome),
+    /// The Run's supervisor and user process are both gone and no receipt was published: no
+    /// renewal was sent, and `recovery_required(lease_lost_local_execution_stopped)` was
+    /// recorded (issue 16).
+    SupervisorGone,
 }
 
 impl ControlResult {
@@ -95,6 +107,7 @@ impl ControlResult {
     pub fn recovery(&self) -> Option<RecoveryReason> {
         match self {
             Self::Recovered(reason, _) => Some(*reason),
+            Self::SupervisorGone => Some(RecoveryReason::LeaseLostLocalExecutionStopped),
             Self::NotFound
             | Self::Completed(_)
             | Self::Settled
@@ -140,6 +153,13 @@ enum LState {
     /// The completion replay did not settle a Run the control plane calls terminal: the record
     /// is read again before the stop (a renewal beside the replay's upload may have moved it).
     Restopping(StopCause),
+    /// Asking whether the supervisor and the user process still exist, before the call.
+    Inspecting(Box<InboxRecord>, LeaseControlRequest),
+    /// Both are gone: completion once more (a receipt published just before the supervisor
+    /// exited is found here) before concluding that none will come.
+    Confirming(CompletionOp, Box<InboxRecord>),
+    /// Recording that the supervisor and the process are gone without a receipt.
+    RecordingGone,
 }
 
 /// One supervision pass.
@@ -282,6 +302,17 @@ impl ControlOp {
                 fp.tag("restopping");
                 fp.debug(cause);
             }
+            LState::Inspecting(record, request) => {
+                fp.tag("inspecting");
+                fp.record(record);
+                fp.debug(request);
+            }
+            LState::Confirming(op, record) => {
+                fp.tag("confirming");
+                op.fingerprint(fp);
+                fp.record(record);
+            }
+            LState::RecordingGone => fp.tag("recording-gone"),
         }
     }
 
@@ -364,34 +395,86 @@ impl ControlOp {
                 }
                 other => unexpected(&other),
             },
+            state @ (LState::Inspecting(..) | LState::Confirming(..) | LState::RecordingGone) => {
+                self.resume_gone(ctx, state, outcome)
+            }
         }
+    }
+
+    /// The steps of a Run whose supervisor may be gone (issue 16).
+    fn resume_gone(self, ctx: &Ctx<'_>, state: LState, outcome: Outcome) -> LStep {
+        match state {
+            LState::Inspecting(record, request) => match outcome {
+                Outcome::SupervisionInspected {
+                    supervisor: Liveness::Gone,
+                    process: Liveness::Gone,
+                } => match CompletionOp::begin(self.offer_id.clone()) {
+                    Step::Wait(op, action) => self.wait(LState::Confirming(op, record), action),
+                    Step::Done(result) => self.after_confirming(ctx, &record, result),
+                    Step::Halt(reason) => Step::Halt(reason),
+                },
+                // Either may still exist, or nothing can be concluded: renew as before (a
+                // supervisor that lives publishes its receipt; a process that lives is stopped
+                // by identity when the control plane asks).
+                Outcome::SupervisionInspected { .. } => self.control(ctx, record, request),
+                other => unexpected(&other),
+            },
+            LState::Confirming(op, record) => match op.resume(ctx, outcome) {
+                Step::Wait(op, action) => self.wait(LState::Confirming(op, record), action),
+                Step::Done(result) => self.after_confirming(ctx, &record, result),
+                Step::Halt(reason) => Step::Halt(reason),
+            },
+            LState::RecordingGone => match outcome {
+                Outcome::Persisted => Step::Done(ControlResult::SupervisorGone),
+                Outcome::Store(failure) => {
+                    write_failure(failure, || Step::Done(ControlResult::StorageUnchanged))
+                }
+                other => unexpected(&other),
+            },
+            LState::Completing(_)
+            | LState::Reading(_)
+            | LState::Controlling(..)
+            | LState::PersistingLease(..)
+            | LState::Stopping(..)
+            | LState::Recording(..)
+            | LState::Recompleting(..)
+            | LState::Restopping(_) => unexpected(&outcome),
+        }
+    }
+
+    /// After the confirming completion pass: still no receipt ⇒ record that the supervisor and
+    /// the process are gone (no renewal); a completion ⇒ done; anything else ⇒ the next pass
+    /// decides again.
+    fn after_confirming(
+        self,
+        ctx: &Ctx<'_>,
+        record: &InboxRecord,
+        completion: CompletionOutcome,
+    ) -> LStep {
+        if let Some(done) = finished(&completion) {
+            return Step::Done(done);
+        }
+        if completion != CompletionOutcome::ReceiptMissing {
+            return Step::Done(ControlResult::Pending(completion));
+        }
+        // Nothing wrote this record since it was read in this pass (the confirming completion
+        // writes only on success), so the proposal is based on what was read.
+        let proposed = next_record(record, State::RecoveryRequired, ctx.now, |r| {
+            r.recovery_reason = Some(RecoveryReason::LeaseLostLocalExecutionStopped);
+        });
+        let action = persist(record, proposed);
+        self.wait(LState::RecordingGone, action)
     }
 
     /// Step 2–3: completion first.
     fn after_completion(self, completion: CompletionOutcome) -> LStep {
-        match completion {
-            CompletionOutcome::AlreadyCompleted(_) | CompletionOutcome::Acknowledged(_) => {
-                Step::Done(ControlResult::Completed(completion))
-            }
-            CompletionOutcome::NotFound => Step::Done(ControlResult::NotFound),
-            CompletionOutcome::Deferred
-            | CompletionOutcome::ReceiptMissing
-            | CompletionOutcome::ReceiptUnavailable
-            | CompletionOutcome::ReceiptInvalid(_)
-            | CompletionOutcome::ArtifactMissing
-            | CompletionOutcome::ArtifactUnavailable
-            | CompletionOutcome::ArtifactResponseInvalid(_)
-            | CompletionOutcome::CompletionResponseInvalid(_)
-            | CompletionOutcome::ControlPlaneTerminal
-            | CompletionOutcome::Unavailable
-            | CompletionOutcome::Refused(_)
-            | CompletionOutcome::StorageUnchanged => {
-                let action = Action::ReadRecord {
-                    offer_id: self.offer_id.clone(),
-                };
-                self.wait(LState::Reading(completion), action)
-            }
+        if let Some(done) = finished(&completion) {
+            return Step::Done(done);
         }
+        let action = Action::ReadRecord {
+            offer_id: self.offer_id.clone(),
+        };
+        self.wait(LState::Reading(completion), action)
     }
 
     /// Steps 3–6.
@@ -429,8 +512,21 @@ impl ControlOp {
         {
             return Step::Done(ControlResult::Paced);
         }
-        let _ = completion;
         let request = LeaseControlRequest::from_offer(&record.offer);
+        // No receipt: before renewing, ask whether anything of the Run is left (issue 16).
+        if completion == CompletionOutcome::ReceiptMissing
+            && matches!(record.state, State::Started | State::RunningAcknowledged)
+            && let (Some(handle), Some(log_artifact_id)) = (
+                record.executor_handle.clone(),
+                record.log_artifact_id.clone(),
+            )
+        {
+            let action = Action::InspectSupervision {
+                log_artifact_id,
+                handle,
+            };
+            return self.wait(LState::Inspecting(record, request), action);
+        }
         self.control(ctx, record, request)
     }
 
@@ -617,6 +713,29 @@ pub(crate) fn catch_up(request: &LeaseControlRequest) -> Option<LeaseControlRequ
     let mut next = request.clone();
     next.fence.expected_lease_version = request.fence.expected_lease_version.next().ok()?;
     Some(next)
+}
+
+/// What a completion pass that ends the supervision pass concluded (the Run is completed, or
+/// its record is gone); `None` when the pass goes on.
+fn finished(completion: &CompletionOutcome) -> Option<ControlResult> {
+    match completion {
+        CompletionOutcome::AlreadyCompleted(_) | CompletionOutcome::Acknowledged(_) => {
+            Some(ControlResult::Completed(completion.clone()))
+        }
+        CompletionOutcome::NotFound => Some(ControlResult::NotFound),
+        CompletionOutcome::Deferred
+        | CompletionOutcome::ReceiptMissing
+        | CompletionOutcome::ReceiptUnavailable
+        | CompletionOutcome::ReceiptInvalid(_)
+        | CompletionOutcome::ArtifactMissing
+        | CompletionOutcome::ArtifactUnavailable
+        | CompletionOutcome::ArtifactResponseInvalid(_)
+        | CompletionOutcome::CompletionResponseInvalid(_)
+        | CompletionOutcome::ControlPlaneTerminal
+        | CompletionOutcome::Unavailable
+        | CompletionOutcome::Refused(_)
+        | CompletionOutcome::StorageUnchanged => None,
+    }
 }
 
 /// The evidence a stop leaves, by cause.

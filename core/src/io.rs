@@ -196,6 +196,16 @@ pub enum Action {
         /// Durable handle.
         handle: ExecutorHandle,
     },
+    /// Observe, without signalling anything, whether the supervisor of a Run and its user
+    /// process still exist: the supervisor by the lock it holds on the Run's log from before
+    /// the spawn until after its receipt is published, the user process by its durable handle.
+    /// ⇒ [`Outcome::SupervisionInspected`].
+    InspectSupervision {
+        /// The Run's log (its supervisor holds a lock on it while it lives).
+        log_artifact_id: LogArtifactId,
+        /// The durable handle of the user process.
+        handle: ExecutorHandle,
+    },
     /// Draw [`crate::capability::ENTROPY_BYTES`] bytes from the OS CSPRNG.
     /// ⇒ [`Outcome::EntropyDrawn`].
     DrawEntropy,
@@ -233,6 +243,17 @@ pub enum StopOutcome {
     /// The identity no longer matches a live process.
     AlreadyExited,
     /// Could not verify (identity unreadable, signal failed, still alive).
+    Unknown,
+}
+
+/// Whether a process the Worker started still exists, as the driver observed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// It exists (or its lock is held).
+    Alive,
+    /// It is gone: its identity matches no live process (or its lock is free).
+    Gone,
+    /// Nothing can be concluded (unreadable, missing, unsafe).
     Unknown,
 }
 
@@ -341,6 +362,13 @@ pub enum Outcome {
     Spawned(SpawnOutcome),
     /// The stop result.
     Stopped(StopOutcome),
+    /// What [`Action::InspectSupervision`] observed.
+    SupervisionInspected {
+        /// The Run's supervisor.
+        supervisor: Liveness,
+        /// The Run's user process.
+        process: Liveness,
+    },
     /// Fresh entropy.
     EntropyDrawn(Entropy),
 }
@@ -376,6 +404,10 @@ impl fmt::Debug for Outcome {
             Self::Uploaded { sent_bytes, .. } => write!(f, "Uploaded({sent_bytes} bytes)"),
             Self::Spawned(s) => write!(f, "Spawned({s:?})"),
             Self::Stopped(s) => write!(f, "Stopped({s:?})"),
+            Self::SupervisionInspected {
+                supervisor,
+                process,
+            } => write!(f, "SupervisionInspected({supervisor:?}, {process:?})"),
             Self::EntropyDrawn(_) => f.write_str("EntropyDrawn([redacted])"),
         }
     }

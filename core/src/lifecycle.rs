@@ -320,7 +320,8 @@ impl Worker {
                     | ControlResult::CompletionTerminal(_)
                     | ControlResult::LeaseExpired(_)
                     | ControlResult::Terminal(_)
-                    | ControlResult::Recovered(..) => {
+                    | ControlResult::Recovered(..)
+                    | ControlResult::SupervisorGone => {
                         self.last_renewal.remove(&offer_id);
                         self.lease_may_hold.remove(&offer_id);
                     }

@@ -154,7 +154,11 @@ impl Masks {
                 // The backoff time is drawn from entropy (full jitter).
                 claim.next_attempt_at_ms = claim.updated_at_ms;
             }
-            Act::AllocateLog { log_artifact_id } | Act::InspectLog { log_artifact_id } => {
+            Act::AllocateLog { log_artifact_id }
+            | Act::InspectLog { log_artifact_id }
+            | Act::InspectSupervision {
+                log_artifact_id, ..
+            } => {
                 *log_artifact_id = self.log(log_artifact_id);
             }
             Act::Post { body, .. } => *body = self.text(body),

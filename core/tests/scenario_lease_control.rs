@@ -33,6 +33,7 @@ fn replays_completion_first_renews_authority_then_persists_the_next_lease_versio
             "read-record o1",
             "read-receipt attempt-1",
             "read-record o1",
+            "inspect-supervision o1",
             "post lease-control o1",
             "persist-record o1 r5 running_acknowledged",
         ])
@@ -57,6 +58,7 @@ fn persists_stop_request_lease_authority_before_stopping_the_exact_process() {
             "read-record o1",
             "read-receipt attempt-1",
             "read-record o1",
+            "inspect-supervision o1",
             "post lease-control o1",
             "persist-record o1 r5 running_acknowledged",
             "stop o1",
@@ -218,6 +220,7 @@ fn stops_and_quarantines_execution_when_the_control_plane_is_terminal() {
             "read-record o1",
             "read-receipt attempt-1",
             "read-record o1",
+            "inspect-supervision o1",
             "post lease-control o1",
             "read-record o1",
             "read-receipt attempt-1",
@@ -268,10 +271,10 @@ fn coalesces_concurrent_supervision_for_the_same_offer() {
             "read-record o1",
             "read-receipt attempt-1",
             "read-record o1",
+            "inspect-supervision o1",
             "post lease-control o1",
             "persist-record o1 r5 running_acknowledged",
             "list-inbox",
-            "read-record o1",
         ])[..]
     );
     // Two rounds, and the one pass the three concurrent ticks planned.

@@ -134,12 +134,13 @@ fn supervises_a_bounded_active_page_before_pulling_new_work() {
     let mut sim = with_slots(world, 2);
     sim.run(3);
     assert_eq!(
-        sim.commands()[2..12],
+        sim.commands()[2..13],
         lines(&[
             "list-inbox",
             "read-record o1",
             "read-receipt attempt-1",
             "read-record o1",
+            "inspect-supervision o1",
             "post lease-control o1",
             "persist-record o1 r5 running_acknowledged",
             "read-claim",
@@ -272,12 +273,14 @@ fn draining_aborts_pull_but_keeps_ownership_until_final_stop() {
             "read-record o1",
             "read-receipt attempt-1",
             "read-record o1",
+            "inspect-supervision o1",
             "post lease-control o1",
             "persist-record o1 r5 running_acknowledged",
             "list-inbox",
             "read-record o1",
             "read-receipt attempt-1",
             "read-record o1",
+            "inspect-supervision o1",
             "post lease-control o1",
             "persist-record o1 r6 running_acknowledged",
             "Exit { index: 0, code: 0, receipt: Genuine }",

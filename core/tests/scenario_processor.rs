@@ -148,6 +148,7 @@ fn persists_every_ack_and_spawn_barrier_in_the_one_delivery_inbox() {
             "read-record o1",
             "read-receipt attempt-1",
             "read-record o1",
+            "inspect-supervision o1",
             "post lease-control o1",
             "persist-record o1 r5 running_acknowledged",
         ])

@@ -128,6 +128,11 @@ impl Host {
                 })
             }
             Action::Stop { .. } => panic!("no stop expected"),
+            // The process runs until its receipt appears.
+            Action::InspectSupervision { .. } => Outcome::SupervisionInspected {
+                supervisor: ql_worker_core::io::Liveness::Alive,
+                process: ql_worker_core::io::Liveness::Alive,
+            },
             Action::PersistSession { .. } => panic!("the Session is online: no new one expected"),
             Action::UploadLog { header, .. } => {
                 self.log.push("upload".into());

@@ -256,6 +256,12 @@ pub const EVENTS: &[(&str, Level, &str)] = &[
         "the control plane asked to stop a Run; it was stopped",
     ),
     (
+        "run.supervisor_gone",
+        Level::Warn,
+        "a Run's supervisor and user process are gone without a receipt: its lease is no longer \
+         renewed and recovery evidence is recorded",
+    ),
+    (
         "upload.done",
         Level::Info,
         "a Run's log was uploaded: bytes, seconds",

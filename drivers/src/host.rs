@@ -444,6 +444,13 @@ impl<E: Executor> Host<E> {
                 Outcome::Spawned(outcome)
             }
             Action::Stop { handle } => Outcome::Stopped(self.stopper.stop(handle.as_str()).into()),
+            Action::InspectSupervision {
+                log_artifact_id,
+                handle,
+            } => Outcome::SupervisionInspected {
+                supervisor: spool::capture_liveness(&self.root, &log_artifact_id, self.spool),
+                process: self.stopper.liveness(handle.as_str()),
+            },
             Action::DrawEntropy => match crate::os::entropy() {
                 Ok(entropy) => Outcome::EntropyDrawn(entropy),
                 Err(e) => return Err(HostError::Fatal(format!("getrandom: {e}"))),

@@ -13,6 +13,10 @@
 //!   authenticated against the log id and the policy quota (missing ⇒ truncation unknown), and a
 //!   [`LogReader`] that streams ≤ 64 KiB per read and hashes as it goes.
 //! * [`remove`] (retention only): the log, its fact and stale temps of the fact.
+//! * [`hold_for_capture`] (supervisor, before spawning) and [`capture_liveness`] (Worker): the
+//!   supervisor holds `flock(LOCK_EX)` on its open log from before the spawn until it exits,
+//!   after its receipt is published; the kernel releases it when the supervisor dies, however
+//!   it dies. A free lock on a Run's log means no supervisor of that Run lives (issue 16).
 //!
 //! The log id comes from the core (it is derived from the offer authority); the spool only
 //! turns it into a path.
@@ -361,6 +365,57 @@ pub fn open_for_capture_with(
         remaining_quota_bytes: quota_bytes - meta.size,
         path,
     })
+}
+
+/// Takes `flock(LOCK_EX|LOCK_NB)` on the capture file's open description and returns a
+/// duplicate descriptor (close-on-exec) that keeps it: the supervisor keeps that descriptor
+/// until it exits, so the lock outlives the capture and the receipt's publication. See
+/// [`capture_liveness`].
+///
+/// # Errors
+/// The lock is held elsewhere (another supervisor of the same log), or a failed call.
+pub fn hold_for_capture(capture: &CaptureFile) -> Result<std::fs::File, SpoolError> {
+    let held = capture.file.try_clone().map_err(|e| StorageError::Io {
+        op: "dup",
+        path: capture.path.clone(),
+        errno: Errno::from_io_error(&e).unwrap_or(Errno::IO),
+    })?;
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
+        |errno| StorageError::Io {
+            op: "flock",
+            path: capture.path.clone(),
+            errno,
+        },
+    )?;
+    Ok(held)
+}
+
+/// Whether a supervisor still holds the log of `log_id` ([`hold_for_capture`]): the verified
+/// read-only open of [`open_reader`], then `flock(LOCK_SH|LOCK_NB)`, released at once. A fact
+/// for the core, which decides what it means: held ⇒ `Alive`; free ⇒ `Gone`; no log, unsafe
+/// storage or any other failure ⇒ `Unknown` (nothing is concluded from what cannot be read).
+#[must_use]
+pub fn capture_liveness(
+    root: &Path,
+    log_id: &LogArtifactId,
+    policy: SpoolPolicy,
+) -> ql_worker_core::io::Liveness {
+    use ql_worker_core::io::Liveness;
+    let fs = RealFs;
+    let Ok(shard) = open_shard(&fs, root, log_id) else {
+        return Liveness::Unknown;
+    };
+    let name = layout::log_file_name(log_id);
+    let rules = log_rules(policy.maximum_attempt_bytes);
+    let Ok(Some((fd, _))) = fsio::open_verified(&fs, &shard, &name, OFlags::RDONLY, rules) else {
+        return Liveness::Unknown;
+    };
+    match rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockShared) {
+        // Closing the descriptor releases it.
+        Ok(()) => Liveness::Gone,
+        Err(Errno::WOULDBLOCK) => Liveness::Alive,
+        Err(_) => Liveness::Unknown,
+    }
 }
 
 /// Publishes the immutable truncation fact of `fact.log_artifact_id` next to its log (temp +

@@ -723,6 +723,17 @@ impl Telemetry {
                 self.invalid_answer("lease-control", why);
                 Some("invalid")
             }
+            ControlResult::SupervisorGone => {
+                Event::warn("run.supervisor_gone")
+                    .text("offer", offer_id)
+                    .emit(format_args!(
+                        "offer {offer_id}: the Run's supervisor and user process are gone and \
+                         no receipt was published: its lease is no longer renewed; recorded \
+                         recovery_required(lease_lost_local_execution_stopped) (see `ql-worker \
+                         recover`)"
+                    ));
+                None
+            }
             ControlResult::DrainStopped(stopped) => {
                 Event::warn("drain.run_stopped")
                     .text("offer", offer_id)

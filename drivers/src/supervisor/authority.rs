@@ -29,6 +29,11 @@ pub(crate) fn open_capture(
     spool::open_for_capture(root, log_id, quota_bytes)
 }
 
+/// Locks the capture file for the supervisor's life (the Worker's sign that it lives).
+pub(crate) fn hold_capture(capture: &CaptureFile) -> Result<std::fs::File, SpoolError> {
+    spool::hold_for_capture(capture)
+}
+
 /// Publishes the immutable truncation fact next to the log.
 pub(crate) fn publish_fact(root: &Path, fact: &TruncationFact) -> Result<(), SpoolError> {
     spool::publish_truncation_fact(root, fact)

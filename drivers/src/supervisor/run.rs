@@ -155,6 +155,8 @@ fn read_plan() -> Result<Plan, RejectReason> {
 /// What exists once the user process is spawned.
 struct Spawned {
     user: Pid,
+    /// The lock on the log that tells the Worker this supervisor lives; released at exit.
+    alive: File,
     capture: mpsc::Receiver<(CaptureTally, Option<File>)>,
     made: Made,
 }
@@ -256,6 +258,9 @@ fn prepare_and_spawn(plan: &mut Plan) -> Result<Spawned, RejectReason> {
     drop(record);
     let capture = authority::open_capture(root, &plan.log_artifact_id, plan.log_quota_bytes)
         .map_err(|_| RejectReason::LogUnavailable)?;
+    // Held until this process exits, after the receipt: while it is held, the Worker knows a
+    // supervisor of this Run lives and a receipt may still come (issue 16).
+    let alive = authority::hold_capture(&capture).map_err(|_| RejectReason::LogUnavailable)?;
     let (log, remaining) = (capture.file, capture.remaining_quota_bytes);
     match super::inheritable_descriptors() {
         Ok(fds) if fds.is_empty() => {}
@@ -361,6 +366,7 @@ fn prepare_and_spawn(plan: &mut Plan) -> Result<Spawned, RejectReason> {
     drop(child); // We reap with waitid/waitpid ourselves; dropping a Child never waits or kills.
     Ok(Spawned {
         user,
+        alive,
         capture: receiver,
         made,
     })
@@ -416,6 +422,7 @@ fn user_command(plan: &Plan, run_dir: Option<&RunDir>) -> Command {
 fn finish(plan: &Plan, spawned: Spawned, reporter: &mut Reporter) -> u8 {
     let Spawned {
         user,
+        alive,
         capture,
         made,
     } = spawned;
@@ -478,6 +485,8 @@ fn finish(plan: &Plan, spawned: Spawned, reporter: &mut Reporter) -> u8 {
     made.remove(plan);
     let code = exit.receipt_code();
     publish_receipt(plan, code);
+    // Only now may the Worker conclude, from a free lock and no receipt, that none will come.
+    drop(alive);
     code
 }
 

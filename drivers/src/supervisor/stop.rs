@@ -154,6 +154,22 @@ impl StopController {
         }
     }
 
+    /// Whether the process named by `handle` still runs, without signalling anything: `Gone`
+    /// when its full identity matches no live process, `Unknown` for a bad handle or an
+    /// unreadable identity.
+    #[must_use]
+    pub fn liveness(&self, handle: &str) -> ql_worker_core::io::Liveness {
+        use ql_worker_core::io::Liveness;
+        let Ok(handle) = DurableHandle::parse(handle) else {
+            return Liveness::Unknown;
+        };
+        match inspect(&self.proc_root, &handle.identity) {
+            Inspection::Running => Liveness::Alive,
+            Inspection::NotRunning => Liveness::Gone,
+            Inspection::Unknown(_) => Liveness::Unknown,
+        }
+    }
+
     fn poll_gone(
         &self,
         identity: &super::identity::ProcessIdentity,

@@ -92,8 +92,10 @@ pub struct Ghost {
     /// reference §4.2, §4.6): `launch_outcome_unknown` after a crash, halt, stop or fault while
     /// the record was durably `launching` (or a preloaded `launching` record);
     /// `control_plane_already_running` after the control plane answered `already_running`;
-    /// `control_plane_terminal` after it said the Run is terminal. `lease_lost_*` is licensed by
-    /// its own trigger instead, checked when written: the durable lease has expired locally.
+    /// `control_plane_terminal` after it said the Run is terminal; `lease_lost_local_execution_stopped`
+    /// after the host said a Run's supervisor and process are gone without a receipt.
+    /// `lease_lost_*` is also licensed by its own trigger, checked when written: the durable
+    /// lease has expired locally.
     pub recovery_causes: BTreeMap<OfferId, BTreeSet<RecoveryReason>>,
     /// The state the Worker last proposed for each offer's record, in this simulation.
     pub written: BTreeMap<OfferId, State>,
@@ -259,9 +261,17 @@ impl Ghost {
         };
         let offer = &record.offer.offer_id;
         let licensed = match reason {
-            RecoveryReason::LeaseLostLocalExecutionStopped
-            | RecoveryReason::LeaseLostLocalExecutionUnverified => {
+            RecoveryReason::LeaseLostLocalExecutionUnverified => {
                 record.offer.lease.expires_at_ms <= now
+            }
+            // Also licensed without expiry once the host said the supervisor and the process
+            // are gone with no receipt (issue 16).
+            RecoveryReason::LeaseLostLocalExecutionStopped => {
+                record.offer.lease.expires_at_ms <= now
+                    || self
+                        .recovery_causes
+                        .get(offer)
+                        .is_some_and(|causes| causes.contains(&reason))
             }
             RecoveryReason::LaunchOutcomeUnknown
             | RecoveryReason::ControlPlaneAlreadyRunning

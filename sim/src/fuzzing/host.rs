@@ -17,8 +17,8 @@ use ql_worker_core::claim::{self, PendingClaim};
 use ql_worker_core::envelope;
 use ql_worker_core::ids::{AttemptId, LogArtifactId, OfferId, Revision, Sha256Digest};
 use ql_worker_core::io::{
-    Action, HttpCall, HttpFailure, LaunchPlan, Outcome, ReceiptRead, SpawnOutcome, StopOutcome,
-    StoreFailure,
+    Action, HttpCall, HttpFailure, LaunchPlan, Liveness, Outcome, ReceiptRead, SpawnOutcome,
+    StopOutcome, StoreFailure,
 };
 use ql_worker_core::listing::{PageLimit, page};
 use ql_worker_core::receipt::{Receipt, ReceiptToken};
@@ -339,6 +339,7 @@ impl Host {
             | Action::ReadReceipt { .. }
             | Action::AllocateLog { .. }
             | Action::InspectLog { .. }
+            | Action::InspectSupervision { .. }
             | Action::DrawEntropy => {}
         }
     }
@@ -599,6 +600,7 @@ impl Host {
             Action::Post(call) => self.post(&call, mode, r),
             Action::Spawn(plan) => self.spawn(*plan, mode, r),
             Action::Stop { handle } => self.stop(handle.as_str(), mode),
+            Action::InspectSupervision { handle, .. } => self.inspect(handle.as_str(), mode),
             Action::DrawEntropy => Answer::new(Outcome::EntropyDrawn(self.entropy(r.u8()))),
             Action::PersistSession { session_id } => {
                 self.write(mode, |h| h.session_id = session_id)
@@ -948,6 +950,33 @@ impl Host {
             self.receipts
                 .insert(record.offer.candidate.attempt_id.clone(), genuine);
         }
+    }
+
+    /// Whether the supervisor and the process of `handle` exist: in this host they end
+    /// together (the receipt, if any, is published as the process exits). A process that ended
+    /// without a receipt licenses `lease_lost_local_execution_stopped` (issue 16).
+    fn inspect(&mut self, handle: &str, mode: Mode) -> Answer {
+        let index = self.processes.iter().position(|p| p.handle == handle);
+        let liveness = match (mode, index) {
+            (Mode::Fault(_), _) | (Mode::Valid, None) => Liveness::Unknown,
+            (Mode::Valid, Some(i)) if self.processes[i].alive => Liveness::Alive,
+            (Mode::Valid, Some(i)) => {
+                let record = &self.processes[i].launching;
+                if !self
+                    .receipts
+                    .contains_key(&record.offer.candidate.attempt_id)
+                {
+                    let offer = record.offer.offer_id.clone();
+                    self.ghost
+                        .cause(&offer, RecoveryReason::LeaseLostLocalExecutionStopped);
+                }
+                Liveness::Gone
+            }
+        };
+        Answer::new(Outcome::SupervisionInspected {
+            supervisor: liveness,
+            process: liveness,
+        })
     }
 
     fn stop(&mut self, handle: &str, mode: Mode) -> Answer {

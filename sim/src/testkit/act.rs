@@ -152,6 +152,13 @@ pub enum Act {
         /// Durable handle.
         handle: ExecutorHandle,
     },
+    /// [`Action::InspectSupervision`].
+    InspectSupervision {
+        /// The Run's log.
+        log_artifact_id: LogArtifactId,
+        /// Durable handle of the user process.
+        handle: ExecutorHandle,
+    },
     /// [`Action::DrawEntropy`].
     DrawEntropy,
     /// [`Action::PersistSession`].
@@ -218,6 +225,13 @@ impl Act {
                 capability: *plan.capability.expose(),
             })),
             Action::Stop { handle } => Self::Stop { handle },
+            Action::InspectSupervision {
+                log_artifact_id,
+                handle,
+            } => Self::InspectSupervision {
+                log_artifact_id,
+                handle,
+            },
             Action::DrawEntropy => Self::DrawEntropy,
             Action::PersistSession { session_id } => Self::PersistSession { session_id },
         }
@@ -241,6 +255,7 @@ impl Act {
             Self::UploadLog { .. } => "upload-log",
             Self::Spawn(_) => "spawn",
             Self::Stop { .. } => "stop",
+            Self::InspectSupervision { .. } => "inspect-supervision",
             Self::DrawEntropy => "draw-entropy",
             Self::PersistSession { .. } => "persist-session",
         }
@@ -289,6 +304,10 @@ impl Act {
             }
             Self::Spawn(plan) => spawn_text(plan),
             Self::Stop { handle } => format!("{handle}"),
+            Self::InspectSupervision {
+                log_artifact_id,
+                handle,
+            } => format!("{log_artifact_id} {handle}"),
             Self::PersistSession { session_id } => format!("{session_id}"),
         };
         out.extend_from_slice(text.as_bytes());

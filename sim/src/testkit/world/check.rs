@@ -134,6 +134,7 @@ impl World {
             | Act::ReadReceipt { .. }
             | Act::AllocateLog { .. }
             | Act::InspectLog { .. }
+            | Act::InspectSupervision { .. }
             | Act::DrawEntropy => {}
         }
     }

@@ -321,6 +321,8 @@ impl World {
             Act::Spawn(_) => {}
             Act::Stop { .. } if menu.stop_answers => out.push(A::StopUnknown),
             Act::Stop { .. } => {}
+            Act::InspectSupervision { .. } if menu.stop_answers => out.push(A::StopUnknown),
+            Act::InspectSupervision { .. } => {}
             Act::DrawEntropy if menu.entropy_variants => out.push(A::EntropyVariant),
             Act::DrawEntropy => {}
             Act::PersistSession { .. } if menu.record_faults => out.extend(store),
@@ -469,6 +471,7 @@ impl World {
             Act::UploadLog { header, .. } => self.upload(header, answer),
             Act::Spawn(plan) => self.spawn(plan, answer),
             Act::Stop { handle } => self.stop(now, handle, answer),
+            Act::InspectSupervision { handle, .. } => self.inspect_supervision(handle, answer),
             Act::DrawEntropy => Outcome::EntropyDrawn(self.draw(answer)),
             Act::PersistSession { session_id } => self.persist_session(session_id, answer),
         };
@@ -542,10 +545,12 @@ impl World {
                 None => format!("{kind} {}", operation.as_str()),
             },
             Act::Spawn(plan) => format!("{kind} {}", self.alias(&plan.offer_id)),
-            Act::Stop { handle } => match self.supervisor.by_handle(handle.as_str()) {
-                Some(p) => format!("{kind} {}", self.alias(&p.offer_id)),
-                None => format!("{kind} {handle}"),
-            },
+            Act::Stop { handle } | Act::InspectSupervision { handle, .. } => {
+                match self.supervisor.by_handle(handle.as_str()) {
+                    Some(p) => format!("{kind} {}", self.alias(&p.offer_id)),
+                    None => format!("{kind} {handle}"),
+                }
+            }
         }
     }
 

@@ -11,7 +11,7 @@ use crate::testkit::act::SpawnPlan;
 use ql_worker_core::ids::{
     AttemptId, CallbackSequence, ExecutorHandle, LogArtifactId, OfferId, RunId, Sha256Digest,
 };
-use ql_worker_core::io::{Outcome, SpawnOutcome, StopOutcome};
+use ql_worker_core::io::{Liveness, Outcome, SpawnOutcome, StopOutcome};
 use ql_worker_core::receipt::{RECEIPT_SCHEMA_VERSION, Receipt, ReceiptToken};
 use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
@@ -170,6 +170,27 @@ impl World {
             Answer::Rejected => SpawnOutcome::Rejected,
             _ => SpawnOutcome::Unknown,
         })
+    }
+
+    /// Whether the supervisor and the process of `handle` exist. In this world they end
+    /// together: a process exits and its supervisor publishes the receipt (or, for
+    /// [`ReceiptKind::Missing`], dies without one) in the same step. [`Answer::StopUnknown`]:
+    /// nothing can be concluded.
+    pub(super) fn inspect_supervision(
+        &mut self,
+        handle: &ExecutorHandle,
+        answer: Answer,
+    ) -> Outcome {
+        let liveness = match self.supervisor.by_handle(handle.as_str()) {
+            _ if answer == Answer::StopUnknown => Liveness::Unknown,
+            None => Liveness::Unknown,
+            Some(p) if p.state == ProcessState::Running => Liveness::Alive,
+            Some(_) => Liveness::Gone,
+        };
+        Outcome::SupervisionInspected {
+            supervisor: liveness,
+            process: liveness,
+        }
     }
 
     pub(super) fn stop(

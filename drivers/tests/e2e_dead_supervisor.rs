@@ -1,0 +1,173 @@
+//! Issue 16, item 6, with the real binary: a Run whose supervisor and user process were
+//! SIGKILLed (no receipt can come) is no longer renewed. The Worker records
+//! `recovery_required(lease_lost_local_execution_stopped)` (event `run.supervisor_gone`),
+//! `ql-worker recover` lists it, its lease stops moving, and a drain ends at once — exit 4,
+//! because recovery evidence remains for the operator (docs/operations.md, "Exit codes") —
+//! instead of waiting for a Run that holds nothing. Both while the Worker that started the
+//! supervisor runs, and after a Worker restart (the supervisor was the previous incarnation's).
+//!
+//! ```sh
+//! cargo test --release -p ql-worker --test e2e_dead_supervisor
+//! ```
+
+mod e2e_common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use e2e_common::evidence::run_cli;
+use e2e_common::{KillOnDrop, World, events_named, kill9, wait_event, wait_exit};
+use ql_worker_core::ids::RunId;
+use ql_worker_core::record::{RecoveryReason, State};
+use ql_worker_tests::control_plane::{RevisionBuilder, RunSpec};
+
+const SETTLE: Duration = Duration::from_secs(60);
+const JSON: &[&str] = &["--log-format", "json"];
+
+/// The pid the user command wrote, once it exists.
+fn user_pid(file: &Path) -> u32 {
+    let start = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(file)
+            && let Ok(pid) = text.trim().parse()
+        {
+            return pid;
+        }
+        assert!(
+            start.elapsed() < SETTLE,
+            "the user command never wrote its pid"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The parent of `pid` (field 4 of `/proc/<pid>/stat`, after the last `)`).
+fn parent_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    after.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+fn exists(pid: u32) -> bool {
+    // A zombie still has its /proc entry; its state is `Z`.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| !stat[stat.rfind(')').unwrap() + 2..].starts_with('Z'))
+}
+
+/// SIGKILLs the supervisor of the user process `user`, then the user's whole process group:
+/// nothing of the Run is left and no receipt was published.
+fn kill_supervisor_and_run(user: u32) {
+    let supervisor = parent_of(user);
+    assert_ne!(supervisor, 1, "the user process's parent is its supervisor");
+    let kill = |pid: i32| {
+        let status = Command::new("kill")
+            .args(["-KILL", "--", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -KILL {pid}");
+    };
+    kill(i32::try_from(supervisor).unwrap());
+    kill(-i32::try_from(user).unwrap());
+    let start = Instant::now();
+    while exists(supervisor) || exists(user) {
+        assert!(start.elapsed() < SETTLE, "the Run's processes did not die");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn slow_run(world: &World) -> (RunId, PathBuf) {
+    let pid_file = world.dir.path().join("user.pid");
+    let script = format!("echo $$ > {}; exec sleep 120", pid_file.display());
+    let revision = RevisionBuilder::shell(&script).build().unwrap();
+    let run = world
+        .cp
+        .enqueue_run(RunSpec::numbered(1, revision))
+        .unwrap();
+    (run, pid_file)
+}
+
+/// A Worker (JSON event log) running one slow Run.
+fn running() -> (World, RunId, PathBuf, PathBuf, KillOnDrop) {
+    let world = World::new();
+    let (run, pid_file) = slow_run(&world);
+    let log = world.dir.path().join("worker.log");
+    let worker = KillOnDrop(world.spawn_with_args(JSON, &[], &log));
+    world.wait_for("the Run running", SETTLE, |w| {
+        w.state_of(&run) == Some(State::RunningAcknowledged)
+    });
+    (world, run, pid_file, log, worker)
+}
+
+/// The record is recorded, stays put (no renewal writes it any more), `recover` lists it, and a
+/// drain ends at once with exit 4.
+fn check_recorded_and_drain(world: &World, run: &RunId, worker: &mut KillOnDrop, log: &Path) {
+    world.wait_for("the Run recorded as gone", SETTLE, |w| {
+        w.state_of(run) == Some(State::RecoveryRequired)
+    });
+    let record = &world.records()[run];
+    assert_eq!(
+        record.recovery_reason,
+        Some(RecoveryReason::LeaseLostLocalExecutionStopped)
+    );
+    // The event follows the durable write.
+    let offer = record.offer.offer_id.as_str().to_owned();
+    wait_event(log, "run.supervisor_gone", SETTLE, |e| {
+        e["offer"] == offer.as_str()
+    });
+    // Several lease-control cadences (100 ms here): nothing renews the lease any more.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let later = &world.records()[run];
+    assert_eq!(
+        later.revision, record.revision,
+        "the record was written again"
+    );
+    assert_eq!(later.offer.lease.version, record.offer.lease.version);
+
+    let root = world.root().to_str().unwrap().to_owned();
+    let (code, text) = run_cli(&["recover", "--root", &root, "--json"]);
+    assert_eq!(code, Some(6), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let listed = json["recoveryRequired"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{json}");
+    assert_eq!(
+        listed[0]["reason"], "lease_lost_local_execution_stopped",
+        "{json}"
+    );
+
+    // The drain budget is 20 s: the drain must not wait for it.
+    let started = Instant::now();
+    let drain = Command::new(env!("CARGO_BIN_EXE_ql-worker"))
+        .args(["drain", "--config"])
+        .arg(&world.config_path)
+        .output()
+        .unwrap();
+    assert!(drain.status.success(), "{drain:?}");
+    let status = wait_exit(&mut worker.0, Duration::from_secs(15));
+    let text = std::fs::read_to_string(log).unwrap();
+    assert_eq!(status.code(), Some(4), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the drain waited {:?}",
+        started.elapsed()
+    );
+    assert!(events_named(log, "drain.budget_ended").is_empty(), "{text}");
+    assert_eq!(events_named(log, "run.supervisor_gone").len(), 1, "{text}");
+}
+
+#[test]
+fn a_run_whose_supervisor_and_process_were_killed_is_recorded_and_no_longer_renewed() {
+    let (world, run, pid_file, log, mut worker) = running();
+    kill_supervisor_and_run(user_pid(&pid_file));
+    check_recorded_and_drain(&world, &run, &mut worker, &log);
+}
+
+#[test]
+fn after_a_restart_a_run_whose_supervisor_and_process_died_is_recorded() {
+    let (world, run, pid_file, log, mut first) = running();
+    // The Worker dies first: the supervisor is no child of the next incarnation.
+    kill9(&mut first.0);
+    kill_supervisor_and_run(user_pid(&pid_file));
+    let mut second = KillOnDrop(world.spawn_with_args(JSON, &[], &log));
+    check_recorded_and_drain(&world, &run, &mut second, &log);
+}
