@@ -203,10 +203,20 @@ fn a_slow_uplink_starves_neither_lease_renewals_nor_the_session() {
     }
     let observed_until = now_ms();
     let status = match exited {
-        Some(status) => status,
+        Some(status) => Some(status),
         None => {
+            // A drain waits for the uploads in flight: bounded by what is left of them.
             sigterm(&worker);
-            wait_exit(&mut worker, Duration::from_secs(120))
+            let until = Instant::now() + Duration::from_secs(sleep_s + 60);
+            loop {
+                if let Some(status) = worker.0.try_wait().unwrap() {
+                    break Some(status);
+                }
+                if Instant::now() >= until {
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
     };
     let bytes = proxy.uplink().carried();
@@ -330,6 +340,13 @@ fn a_slow_uplink_starves_neither_lease_renewals_nor_the_session() {
              {fenced_events} session.fenced events"
         ));
     }
+    let Some(status) = status else {
+        failures.push(format!(
+            "the Worker did not exit within {} s of SIGTERM (killed)",
+            sleep_s + 60
+        ));
+        panic!("{}\n{}", failures.join("\n"), notable(&log, 80));
+    };
     if status.code() != Some(0) {
         failures.push(format!(
             "the Worker ended with {status} ({}), not a drain with exit 0",

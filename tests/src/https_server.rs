@@ -95,7 +95,10 @@ impl Default for ServerOptions {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             mode: ServerMode::Tls13,
             client_auth: ClientAuth::Required,
-            workers: 4,
+            // A Worker keeps one connection per call thread (`max_concurrent_runs + 2`), and a
+            // connection holds its server thread while it streams or idles (up to
+            // `read_timeout`): as many threads as the node profile's connections and more.
+            workers: 32,
             read_timeout: Duration::from_secs(5),
             write_timeout: Duration::from_secs(5),
             max_head_bytes: 16 * 1024,
