@@ -119,6 +119,20 @@ impl core::fmt::Debug for CompletionOp {
 
 type CStep = Step<CompletionOp, CompletionOutcome>;
 
+/// The record a `ReadRecord` returned, or how the pass ends without one.
+// The step is returned at once by both callers; boxing it would only add an allocation.
+#[allow(clippy::result_large_err)]
+fn read_record(outcome: Outcome) -> Result<Box<InboxRecord>, CStep> {
+    match outcome {
+        Outcome::RecordRead(Some(record)) => Ok(record),
+        Outcome::RecordRead(None) => Err(Step::Done(CompletionOutcome::NotFound)),
+        Outcome::Store(failure) => Err(read_failure(failure, || {
+            Step::Done(CompletionOutcome::StorageUnchanged)
+        })),
+        other => Err(unexpected(&other)),
+    }
+}
+
 /// Completion is possible from these states, with the launch barrier fields present.
 pub(crate) fn eligible_state(record: &InboxRecord) -> bool {
     match record.state {
@@ -241,13 +255,9 @@ impl CompletionOp {
 
     /// Steps 1–2: read, shortcut, eligibility.
     fn on_record(self, ctx: &Ctx<'_>, outcome: Outcome) -> CStep {
-        let record = match outcome {
-            Outcome::RecordRead(Some(record)) => record,
-            Outcome::RecordRead(None) => return Step::Done(CompletionOutcome::NotFound),
-            Outcome::Store(failure) => {
-                return read_failure(failure, || Step::Done(CompletionOutcome::StorageUnchanged));
-            }
-            other => return unexpected(&other),
+        let record = match read_record(outcome) {
+            Ok(record) => record,
+            Err(step) => return step,
         };
         if record.state == State::CompletionAcknowledged {
             return self.remove_receipt(&record, false);
@@ -413,13 +423,9 @@ impl CompletionOp {
         sha256: crate::ids::Sha256Digest,
         outcome: Outcome,
     ) -> CStep {
-        let record = match outcome {
-            Outcome::RecordRead(Some(record)) => record,
-            Outcome::RecordRead(None) => return Step::Done(CompletionOutcome::NotFound),
-            Outcome::Store(failure) => {
-                return read_failure(failure, || Step::Done(CompletionOutcome::StorageUnchanged));
-            }
-            other => return unexpected(&other),
+        let record = match read_record(outcome) {
+            Ok(record) => record,
+            Err(step) => return step,
         };
         let moved = record.revision != before.revision;
         if moved

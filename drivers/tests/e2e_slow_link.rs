@@ -25,7 +25,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use e2e_common::proxy::Throttled;
-use e2e_common::{KillOnDrop, World, env_number, events_named, marker_lines, sigterm, wait_exit};
+use e2e_common::{KillOnDrop, World, env_number, events_named, marker_lines, sigterm};
 use ql_worker_core::ids::RunId;
 use ql_worker_core::record::State;
 use ql_worker_core::wire::activation::AttemptStatus;
