@@ -227,7 +227,7 @@ impl CompletionOp {
             CState::ReadingReceipt(record) => self.on_receipt(ctx, record, outcome),
             CState::Inspecting(record, receipt) => self.on_log(ctx, record, receipt, outcome),
             CState::Uploading(record, receipt, upload) => {
-                self.on_upload(record, receipt, upload, outcome)
+                self.on_upload(ctx, record, receipt, upload, outcome)
             }
             CState::Refreshing(record, receipt, upload, sha256) => {
                 self.on_refreshed(ctx, &record, &receipt, &upload, sha256, outcome)
@@ -334,10 +334,22 @@ impl CompletionOp {
         };
         let upload = ArtifactUpload {
             fence: Fence::from_offer(&record.offer),
-            log_artifact_id: log_artifact_id.clone(),
+            log_artifact_id,
             byte_length,
             truncated,
         };
+        self.upload(ctx, record, receipt, upload)
+    }
+
+    /// Step 6: stream the log under `upload`'s fence.
+    fn upload(
+        self,
+        ctx: &Ctx<'_>,
+        record: Box<InboxRecord>,
+        receipt: AuthenticatedReceipt,
+        upload: ArtifactUpload,
+    ) -> CStep {
+        let log_artifact_id = upload.log_artifact_id.clone();
         let header = match upload.header_json() {
             Ok(header) => header,
             Err(e) => {
@@ -352,7 +364,7 @@ impl CompletionOp {
             ),
             log_artifact_id,
             header,
-            byte_length,
+            byte_length: upload.byte_length,
             response_cap: artifact::MAX_RESPONSE_BYTES,
         };
         self.wait(CState::Uploading(record, receipt, upload), action)
@@ -361,6 +373,7 @@ impl CompletionOp {
     /// Step 6: verify the upload against what was actually sent, then read the record again.
     fn on_upload(
         self,
+        ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
         receipt: AuthenticatedReceipt,
         upload: ArtifactUpload,
@@ -373,14 +386,32 @@ impl CompletionOp {
                 sent_sha256,
             } => (body, sent_bytes, sent_sha256),
             Outcome::Http(failure) => {
-                return Step::Done(match http_fault(failure) {
+                return match http_fault(failure) {
                     CallFault::Unavailable | CallFault::Uncertain(_) => {
-                        CompletionOutcome::Unavailable
+                        Step::Done(CompletionOutcome::Unavailable)
+                    }
+                    // Fenced at the persisted lease version: as the completion (step 8), once
+                    // more one version on. A renewal may have committed without its answer
+                    // reaching the disk, or a completion named that version and committed
+                    // (the control plane then takes only an exact replay of its upload).
+                    CallFault::Fenced { code }
+                        if upload.fence.expected_lease_version == record.offer.lease.version =>
+                    {
+                        let mut next = upload;
+                        match next.fence.expected_lease_version.next() {
+                            Ok(version) => {
+                                next.fence.expected_lease_version = version;
+                                self.upload(ctx, record, receipt, next)
+                            }
+                            Err(_) => {
+                                Step::Done(CompletionOutcome::Refused(CallFault::Fenced { code }))
+                            }
+                        }
                     }
                     fault @ (CallFault::Fenced { .. }
                     | CallFault::Rejected { .. }
-                    | CallFault::Invalid(_)) => CompletionOutcome::Refused(fault),
-                });
+                    | CallFault::Invalid(_)) => Step::Done(CompletionOutcome::Refused(fault)),
+                };
             }
             Outcome::LogMissing => return Step::Done(CompletionOutcome::ArtifactMissing),
             Outcome::LogUnavailable => return Step::Done(CompletionOutcome::ArtifactUnavailable),
@@ -441,8 +472,15 @@ impl CompletionOp {
         ) else {
             return Step::Done(CompletionOutcome::Deferred);
         };
+        // An upload caught up one version on (step 6) names the version the completion must
+        // name too, unless a renewal beside it moved the record further.
+        let mut fence = Fence::from_offer(&record.offer);
+        let caught_up = upload.fence.expected_lease_version > fence.expected_lease_version;
+        if caught_up {
+            fence.expected_lease_version = upload.fence.expected_lease_version;
+        }
         let request = CompletionRequest {
-            fence: Fence::from_offer(&record.offer),
+            fence,
             callback_sequence: receipt.callback_sequence,
             callback_token_digest: digest,
             result: CompletionResult::from_exit(
@@ -457,7 +495,7 @@ impl CompletionOp {
                 truncated: upload.truncated,
             },
         };
-        self.complete(ctx, record, request, false)
+        self.complete(ctx, record, request, caught_up)
     }
 
     /// Step 7: the completion call.

@@ -340,36 +340,7 @@ impl ControlOp {
             },
             LState::Recompleting(op) => match op.resume(ctx, outcome) {
                 Step::Wait(op, action) => self.wait(LState::Recompleting(op), action),
-                Step::Done(
-                    result @ (CompletionOutcome::AlreadyCompleted(_)
-                    | CompletionOutcome::Acknowledged(_)),
-                ) => Step::Done(ControlResult::Completed(result)),
-                // The replay got no usable answer, or a transient read or write failed: nothing
-                // says the control plane settled the Run otherwise (the lost answer may well be
-                // our own completion's). The next pass asks again; found by the hostile-network
-                // test (issue 17).
-                Step::Done(
-                    result @ (CompletionOutcome::Unavailable
-                    | CompletionOutcome::StorageUnchanged
-                    | CompletionOutcome::ReceiptUnavailable
-                    | CompletionOutcome::ArtifactUnavailable),
-                ) => Step::Done(ControlResult::Pending(result)),
-                Step::Done(
-                    CompletionOutcome::NotFound
-                    | CompletionOutcome::Deferred
-                    | CompletionOutcome::ReceiptMissing
-                    | CompletionOutcome::ReceiptInvalid(_)
-                    | CompletionOutcome::ArtifactMissing
-                    | CompletionOutcome::ArtifactResponseInvalid(_)
-                    | CompletionOutcome::CompletionResponseInvalid(_)
-                    | CompletionOutcome::ControlPlaneTerminal
-                    | CompletionOutcome::Refused(_),
-                ) => {
-                    let action = Action::ReadRecord {
-                        offer_id: self.offer_id.clone(),
-                    };
-                    self.wait(LState::Restopping(StopCause::ControlPlaneTerminal), action)
-                }
+                Step::Done(result) => self.after_recompleting(result),
                 Step::Halt(reason) => Step::Halt(reason),
             },
             LState::Controlling(record, request) => self.on_control(ctx, record, &request, outcome),
@@ -397,6 +368,41 @@ impl ControlOp {
             },
             state @ (LState::Inspecting(..) | LState::Confirming(..) | LState::RecordingGone) => {
                 self.resume_gone(ctx, state, outcome)
+            }
+        }
+    }
+
+    /// The completion replay after lease control answered `terminal` ended with `result`.
+    fn after_recompleting(self, result: CompletionOutcome) -> LStep {
+        match result {
+            CompletionOutcome::AlreadyCompleted(_) | CompletionOutcome::Acknowledged(_) => {
+                Step::Done(ControlResult::Completed(result))
+            }
+            // The replay got no usable answer, a transient read or write failed, or the control
+            // plane refused the Worker's credentials (401, 403: an operator fixes them, the
+            // completion must not be lost meanwhile): nothing says the control plane settled the
+            // Run otherwise (the lost answer may well be our own completion's). The next pass
+            // asks again; found by the hostile-network test (issue 17).
+            CompletionOutcome::Unavailable
+            | CompletionOutcome::StorageUnchanged
+            | CompletionOutcome::ReceiptUnavailable
+            | CompletionOutcome::ArtifactUnavailable
+            | CompletionOutcome::Refused(CallFault::Rejected {
+                status: 401 | 403, ..
+            }) => Step::Done(ControlResult::Pending(result)),
+            CompletionOutcome::NotFound
+            | CompletionOutcome::Deferred
+            | CompletionOutcome::ReceiptMissing
+            | CompletionOutcome::ReceiptInvalid(_)
+            | CompletionOutcome::ArtifactMissing
+            | CompletionOutcome::ArtifactResponseInvalid(_)
+            | CompletionOutcome::CompletionResponseInvalid(_)
+            | CompletionOutcome::ControlPlaneTerminal
+            | CompletionOutcome::Refused(_) => {
+                let action = Action::ReadRecord {
+                    offer_id: self.offer_id.clone(),
+                };
+                self.wait(LState::Restopping(StopCause::ControlPlaneTerminal), action)
             }
         }
     }

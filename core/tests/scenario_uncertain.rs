@@ -29,6 +29,10 @@ fn expected_versions(sim: &Sim, operation: Operation) -> Vec<u64> {
                 let v: serde_json::Value = serde_json::from_slice(body).unwrap();
                 v["expectedLeaseVersion"].as_u64()
             }
+            Act::UploadLog { header, .. } if operation == Operation::Artifacts => {
+                let v: serde_json::Value = serde_json::from_slice(header).unwrap();
+                v["expectedLeaseVersion"].as_u64()
+            }
             _ => None,
         })
         .collect()
@@ -167,25 +171,74 @@ fn a_second_fence_is_not_retried_again_in_the_same_pass() {
     assert_running(&sim);
 }
 
-/// A completion fenced at the persisted lease version (a renewal committed without its answer
-/// reaching the disk) is sent once more at v + 1 and acknowledged.
+/// A renewal the control plane committed but whose answer was lost leaves its lease at 1 while
+/// the record says 0. The completion pass's upload at 0 is fenced (the reference authorizes the
+/// fence before it takes the content); it is sent once more at 1, and the completion names 1.
 #[test]
-fn a_completion_fenced_after_a_lost_renewal_completes_one_version_on() {
+fn a_completion_after_a_lost_renewal_uploads_and_completes_one_version_on() {
     let mut sim = Sim::holding(State::RunningAcknowledged);
+    sim.on(On::Post(Operation::LeaseControl), Answer::LostAfterCommit);
+    sim.run(1);
     sim.event(Event::Exit {
         index: 0,
         code: 0,
         receipt: ReceiptKind::Genuine,
     });
-    sim.on(On::Post(Operation::Completion), Answer::Fenced);
     sim.run(1);
     assert_eq!(
-        expected_versions(&sim, Operation::Completion),
+        expected_versions(&sim, Operation::Artifacts),
         vec![0, 1],
         "{:#?}",
         sim.commands()
     );
+    assert_eq!(expected_versions(&sim, Operation::Completion), vec![1]);
     assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
+    assert_running(&sim);
+}
+
+/// Found by the hostile-network test once lanes ran renewals beside uploads: the completion
+/// commits one version past the persisted lease (after a lost renewal) and its answer is lost.
+/// The control plane has completed the Run under that version and takes only an exact replay
+/// under it, upload included. The next pass's upload at 0 is fenced and replayed at 1
+/// (`already_stored`), and the completion names 1 (`already_completed`): the Run is
+/// acknowledged. Before, the fenced upload ended the pass, lease control answered `terminal`,
+/// the replay was fenced the same way, and the Run went `recovery_required(control_plane_terminal)`
+/// with the Worker taking no more work.
+#[test]
+fn a_completion_committed_one_version_on_is_replayed_under_that_version() {
+    let mut sim = Sim::holding(State::RunningAcknowledged);
+    sim.on(On::Post(Operation::LeaseControl), Answer::LostAfterCommit);
+    sim.run(1);
+    sim.event(Event::Exit {
+        index: 0,
+        code: 0,
+        receipt: ReceiptKind::Genuine,
+    });
+    sim.on(On::Post(Operation::Completion), Answer::LostAfterCommit);
+    sim.run(2);
+    assert_eq!(
+        expected_versions(&sim, Operation::Artifacts),
+        vec![0, 1, 0, 1],
+        "{:#?}",
+        sim.commands()
+    );
+    assert_eq!(
+        expected_versions(&sim, Operation::Completion),
+        vec![1, 1],
+        "{:#?}",
+        sim.commands()
+    );
+    assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
+    assert_eq!(count(&sim, "stop o1"), 0);
+    assert_eq!(
+        sim.world
+            .plane
+            .runs
+            .values()
+            .filter(|r| r.completion.is_some())
+            .count(),
+        1
+    );
     assert_running(&sim);
 }
 
@@ -498,6 +551,50 @@ fn consecutive_lost_renewals_are_caught_up_to_the_highest_version_they_may_have_
     let record = sim.first_record();
     assert_eq!(record.state, State::RunningAcknowledged);
     assert_eq!(record.offer.lease.version.get(), 3);
+    assert_eq!(count(&sim, "stop o1"), 0);
+    assert_running(&sim);
+}
+
+/// A completion replay refused for the Worker's credentials (401, 403) says nothing about who
+/// settled the Run: an operator fixes the credentials, and the Run's completion must not be
+/// lost meanwhile. The Run is neither stopped nor recorded `recovery_required`; the next pass
+/// asks again and, with the credentials back, the replay is acknowledged.
+#[test]
+fn a_completion_replay_refused_for_credentials_is_asked_again() {
+    let mut sim = Sim::holding(State::RunningAcknowledged);
+    sim.event(Event::Exit {
+        index: 0,
+        code: 0,
+        receipt: ReceiptKind::Genuine,
+    });
+    // The first completion commits, its answer is lost; lease control then says `terminal`,
+    // and the replay is refused with 401.
+    sim.tick();
+    let mut completions = 0;
+    for _ in 0..100 {
+        let Some(act) = sim.act() else { break };
+        let completion = matches!(
+            act,
+            Act::Post {
+                operation: Operation::Completion,
+                ..
+            }
+        );
+        match (completion, completions) {
+            (true, 0) => sim.answer(Answer::LostAfterCommit),
+            (true, _) => sim.deliver(Outcome::Http(HttpFailure::Status {
+                status: 401,
+                code: None,
+            })),
+            (false, _) => sim.answer(Answer::Ok),
+        }
+        completions += usize::from(completion);
+    }
+    assert_eq!(completions, 2, "{:#?}", sim.commands());
+    assert_eq!(sim.first_record().state, State::RunningAcknowledged);
+    assert_eq!(count(&sim, "stop o1"), 0, "{:#?}", sim.commands());
+    sim.run(1);
+    assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
     assert_eq!(count(&sim, "stop o1"), 0);
     assert_running(&sim);
 }

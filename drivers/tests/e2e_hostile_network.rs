@@ -191,9 +191,17 @@ fn every_run_succeeds_once_through_a_hostile_network() {
         if done == run_ids.len() {
             break;
         }
+        // The whole log outlives the test's directory on a failure (the message shows only the
+        // notable lines).
+        let kept = std::env::temp_dir().join(format!("ql-hostile-{seed}.log"));
+        if Instant::now() >= deadline {
+            let _ = std::fs::copy(&log, &kept);
+        }
         assert!(
             Instant::now() < deadline,
-            "{done}/{runs} Runs done in 150 s; seed {seed}; states {:?}; notable events:\n{}",
+            "{done}/{runs} Runs done in 150 s; seed {seed}; whole log in {}; states {:?}; \
+             notable events:\n{}",
+            kept.display(),
             run_ids
                 .iter()
                 .map(|r| world.state_of(r))

@@ -121,6 +121,9 @@ pub struct CpRun {
     pub uploads: Vec<(LogArtifactId, u64, Sha256Digest, bool)>,
     /// The applied completion's callback sequence.
     pub completion: Option<CallbackSequence>,
+    /// The `expectedLeaseVersion` the applied completion named: an exact replay (of the upload
+    /// or the completion) must name it too, as the reference's `replay_mismatch` rule says.
+    pub completed_version: Option<u64>,
     /// The control plane wants the process stopped (answers `stop_requested`).
     pub wants_stop: bool,
     /// Highest lease version sent with `stop_requested`.
@@ -510,6 +513,7 @@ fn new_run(n: u32, offer: Offer) -> CpRun {
         wants_stop: false,
         stop_requested_version: None,
         terminal_answered: false,
+        completed_version: None,
     }
 }
 
@@ -701,16 +705,29 @@ impl World {
         let Ok(sequence) = CallbackSequence::new(number(v, "callbackSequence")) else {
             return not_found();
         };
+        let expected = number(v, "expectedLeaseVersion");
+        // The reference's fence: a live lease at exactly the expected version, or an exact
+        // replay of the applied completion (which named the version it left one behind).
         let status = match answer {
             Answer::AlreadyTerminal => CompletionStatus::AlreadyTerminal,
-            _ if run.completion.is_some() => CompletionStatus::AlreadyCompleted,
+            _ if run.completion.is_some() => {
+                if run.completed_version != Some(expected) {
+                    return fenced();
+                }
+                CompletionStatus::AlreadyCompleted
+            }
             _ if run.status.terminal() => CompletionStatus::AlreadyTerminal,
+            _ if expected != run.offer.lease.version.get() => return fenced(),
             _ => CompletionStatus::Applied,
         };
         match status {
             CompletionStatus::Applied => {
                 run.completion = Some(sequence);
+                run.completed_version = Some(expected);
                 run.status = CpStatus::Completed;
+                if let Ok(next) = run.offer.lease.version.next() {
+                    run.offer.lease.version = next;
+                }
             }
             CompletionStatus::AlreadyTerminal => {
                 if !run.status.terminal() {
@@ -819,6 +836,17 @@ impl World {
         let Some(run) = self.plane.runs.get_mut(&upload.fence.offer_id) else {
             return not_found();
         };
+        // The reference authorizes the fence before it takes any content: a live lease at the
+        // expected version, or after the completion only an exact replay under its version.
+        let expected = upload.fence.expected_lease_version.get();
+        let authorized = if run.completion.is_some() {
+            run.completed_version == Some(expected)
+        } else {
+            !run.status.terminal() && expected == run.offer.lease.version.get()
+        };
+        if !authorized {
+            return fenced();
+        }
         let entry = (upload.log_artifact_id.clone(), upload.byte_length, sent);
         let index = run
             .uploads
