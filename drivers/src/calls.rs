@@ -259,7 +259,21 @@ pub struct Calls {
     /// Finished calls taken off the channel, oldest first.
     ready: VecDeque<(OpId, NetDone)>,
     wake: UnixStream,
+    /// The writing end every wake-up goes through (the call threads', a [`Waker`]'s).
+    signal: Arc<UnixStream>,
     in_flight: usize,
+}
+
+/// Wakes the loop from another thread (the signal watcher's: a drain or stop request is acted on
+/// at once rather than at the end of the loop's sleep slice).
+#[derive(Clone, Debug)]
+pub struct Waker(Arc<UnixStream>);
+
+impl Waker {
+    /// Wakes the loop (a full socket buffer already holds a wake-up: nothing is lost).
+    pub fn wake(&self) {
+        let _ = (&*self.0).write(&[1]);
+    }
 }
 
 impl std::fmt::Debug for Calls {
@@ -302,6 +316,7 @@ impl Calls {
             done,
             ready: VecDeque::new(),
             wake,
+            signal,
             in_flight: 0,
         })
     }
@@ -356,6 +371,12 @@ impl Calls {
         self.wake.as_fd()
     }
 
+    /// A handle that wakes the loop from another thread.
+    #[must_use]
+    pub fn waker(&self) -> Waker {
+        Waker(Arc::clone(&self.signal))
+    }
+
     /// Empties the wake-up socket (after a poll said it is readable).
     pub fn clear_wake(&self) {
         let mut sink = [0u8; 64];
@@ -408,5 +429,34 @@ fn serve(
         }
         // A full socket buffer already holds a wake-up: nothing is lost.
         let _ = signal.write(&[1]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rustix::event::{PollFd, PollFlags, poll};
+
+    use super::Calls;
+    use crate::runtime::Signals;
+
+    fn readable(calls: &Calls) -> bool {
+        let mut fds = [PollFd::new(&calls.wake, PollFlags::IN)];
+        poll(&mut fds, Some(&rustix::event::Timespec::default())).is_ok_and(|n| n == 1)
+    }
+
+    /// A drain or stop request wakes the loop through the same socket a finished call does, so
+    /// it is acted on at once rather than at the end of a sleep slice.
+    #[test]
+    fn a_signal_request_wakes_the_loop() {
+        let calls = Calls::start(1).unwrap();
+        let signals = Signals::default();
+        signals.raise();
+        assert!(!readable(&calls), "no waker set yet: nothing to wake");
+        signals.set_waker(calls.waker());
+        signals.raise();
+        assert!(readable(&calls), "the request wrote a wake-up");
+        calls.clear_wake();
+        assert!(!readable(&calls), "cleared");
+        assert_eq!(signals.seen(), 2);
     }
 }

@@ -14,8 +14,8 @@
 //! is checked daily ([`crate::certificate`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ql_worker_core::io::{Input, OpId};
@@ -38,7 +38,8 @@ use crate::supervisor::{StopController, SupervisorExecutor, SupervisorImage};
 
 /// File whose presence in the state root asks the running Worker to drain.
 pub use crate::layout::DRAIN_FILE;
-/// Longest uninterrupted sleep, so signals and the drain file are noticed promptly.
+/// Longest uninterrupted sleep, so the drain file is noticed promptly (signals, finished calls
+/// and exiting supervisors wake the loop at once).
 const SLEEP_SLICE: Duration = Duration::from_millis(100);
 /// Interval of the full retention sweeps (logs and archive included); the inbox's own sweep runs
 /// whenever it holds more than `high_water_records`.
@@ -114,6 +115,8 @@ impl StartError {
 pub struct Signals {
     count: Arc<AtomicUsize>,
     reloads: Arc<AtomicUsize>,
+    /// Wakes the running loop when a drain, stop or reload request arrives.
+    waker: Arc<Mutex<Option<crate::calls::Waker>>>,
 }
 
 /// The name of a signal this module handles.
@@ -163,6 +166,8 @@ impl Signals {
         )?;
         let seen = Arc::clone(&count);
         let reloaded = Arc::clone(&reloads);
+        let waker: Arc<Mutex<Option<crate::calls::Waker>>> = Arc::default();
+        let wakes = Arc::clone(&waker);
         let counted = counted.to_vec();
         let reload = reload.to_vec();
         let drain_names: Vec<&str> = counted.iter().map(|&s| signal_name(s)).collect();
@@ -173,8 +178,10 @@ impl Signals {
                 for signal in signals.forever() {
                     if counted.contains(&signal) {
                         seen.fetch_add(1, Ordering::SeqCst);
+                        wake(&wakes);
                     } else if reload.contains(&signal) {
                         reloaded.fetch_add(1, Ordering::SeqCst);
+                        wake(&wakes);
                     } else {
                         Event::warn("signal.ignored")
                             .text("signal", signal_name(signal))
@@ -185,7 +192,19 @@ impl Signals {
                     }
                 }
             })?;
-        Ok(Self { count, reloads })
+        Ok(Self {
+            count,
+            reloads,
+            waker,
+        })
+    }
+
+    /// From now on, every request also wakes the loop through `waker`.
+    pub fn set_waker(&self, waker: crate::calls::Waker) {
+        *self
+            .waker
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(waker);
     }
 
     /// Signals seen so far.
@@ -203,6 +222,18 @@ impl Signals {
     /// Records one request (tests and the demo).
     pub fn raise(&self) {
         self.count.fetch_add(1, Ordering::SeqCst);
+        wake(&self.waker);
+    }
+}
+
+/// Wakes the loop, when one is running.
+fn wake(waker: &Mutex<Option<crate::calls::Waker>>) {
+    if let Some(waker) = waker
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_ref()
+    {
+        waker.wake();
     }
 }
 
@@ -358,6 +389,8 @@ impl Runner {
             .with_connections(threads)
             .map_err(|e| StartError::ControlPlane(format!("control plane client: {e}")))?;
         let calls = Calls::start(threads).map_err(StartError::Image)?;
+        // A signal wakes the loop at once, as a finished call or an exiting supervisor does.
+        signals.set_waker(calls.waker());
         config
             .capabilities
             .canonical_json()
