@@ -96,11 +96,23 @@ pub(crate) struct ListResult {
 }
 
 impl Running {
+    /// The offer whose launch this operation's next command begins or continues before the
+    /// spawn barrier ([`ProcessOp::launching`]), if any.
+    pub(crate) fn launching(&self) -> Option<&OfferId> {
+        match self {
+            Self::Process(op) if op.launching() => Some(op.offer_id()),
+            Self::Session(_)
+            | Self::List(_)
+            | Self::Pull(_)
+            | Self::Process(_)
+            | Self::Supervise(_) => None,
+        }
+    }
+
     /// Starts the operation for one unit of work.
     pub(crate) fn begin(
         ctx: &Ctx<'_>,
         work: Work,
-        may_launch: bool,
         available_slots: u64,
         pass: Pass,
     ) -> Step<Self, Finished> {
@@ -126,11 +138,9 @@ impl Running {
             Work::Pull => PullOp::begin(ctx).map(Self::Pull, Finished::Pull),
             Work::Process(offer_id) => {
                 let id = offer_id.clone();
-                ProcessOp::begin(offer_id, may_launch).map(Self::Process, move |result| {
-                    Finished::Process {
-                        offer_id: id,
-                        result,
-                    }
+                ProcessOp::begin(offer_id).map(Self::Process, move |result| Finished::Process {
+                    offer_id: id,
+                    result,
                 })
             }
             Work::Supervise(offer_id) => {

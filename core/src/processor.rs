@@ -171,7 +171,6 @@ enum PState {
 #[cfg_attr(feature = "sim-hooks", derive(Clone))]
 pub(crate) struct ProcessOp {
     offer_id: OfferId,
-    may_launch: bool,
     state: PState,
 }
 
@@ -296,14 +295,29 @@ impl ProcessOp {
         &self.offer_id
     }
 
-    pub(crate) fn begin(offer_id: OfferId, may_launch: bool) -> PStep {
+    /// Whether this operation's next command begins or continues a launch before the spawn
+    /// barrier (the starting ACK, the log, the `launching` write). Such a command, staged while
+    /// a launch was allowed, is withdrawn if the Worker latched fail-closed or began to drain
+    /// before it went out (another lane's outcome came in between: found by the simulation once
+    /// calls overlapped, seed 8873): the record stays before the barrier, as a launch never
+    /// begun does, and the operation ends [`ProcessResult::Deferred`].
+    pub(crate) fn launching(&self) -> bool {
+        matches!(
+            self.state,
+            PState::AckingStarting(..)
+                | PState::ReplayingStarting(..)
+                | PState::AllocatingLog(..)
+                | PState::PersistingLaunching(..)
+        )
+    }
+
+    pub(crate) fn begin(offer_id: OfferId) -> PStep {
         let action = Action::ReadRecord {
             offer_id: offer_id.clone(),
         };
         Step::Wait(
             Self {
                 offer_id,
-                may_launch,
                 state: PState::Reading,
             },
             action,
@@ -314,7 +328,7 @@ impl ProcessOp {
     #[cfg(feature = "sim-hooks")]
     pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
         fp.tag("process");
-        fp.debug(&(&self.offer_id, self.may_launch));
+        fp.debug(&self.offer_id);
         self.state.fingerprint(fp);
     }
 
@@ -468,12 +482,12 @@ impl ProcessOp {
             State::Launching => {
                 self.recover(ctx, &record, RecoveryReason::LaunchOutcomeUnknown, true)
             }
-            State::Accepted if self.may_launch => {
+            State::Accepted if ctx.may_launch => {
                 let request = ActivationRequest::starting(&record.offer);
                 let action = activation_call(ctx, &request);
                 self.wait(PState::AckingStarting(record, request), action)
             }
-            State::StartingAcknowledged if self.may_launch => self.replay_starting(ctx, record),
+            State::StartingAcknowledged if ctx.may_launch => self.replay_starting(ctx, record),
             State::Accepted | State::StartingAcknowledged => Step::Done(ProcessResult::Deferred),
             State::Started => self.ack_running(ctx, record),
             State::StartFailed => self.fail_start(ctx, record),

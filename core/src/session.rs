@@ -408,6 +408,7 @@ mod tests {
             config: &config,
             session: None,
             now: UnixMillis::new(1_000).unwrap(),
+            may_launch: true,
         };
         let op = SessionOp::Registering { rejoin };
         match op.resume(&ctx, register_answer(replaced)) {

@@ -275,7 +275,7 @@ pub struct FailClosed {
 pub enum Phase {
     /// Registering its Session.
     Registering,
-    /// Startup reconciliation: one page per tick, before any Pull.
+    /// Startup reconciliation: its pages back to back, before any Pull.
     Reconciling,
     /// Normal operation.
     Active,
@@ -457,6 +457,9 @@ pub(crate) struct Ctx<'a> {
     pub(crate) config: &'a WorkerConfig,
     pub(crate) session: Option<&'a SessionView>,
     pub(crate) now: UnixMillis,
+    /// Whether a launch may begin or go on now (not fail-closed, no drain): read at every step,
+    /// since another lane's outcome may latch fail-closed while a launch is under way.
+    pub(crate) may_launch: bool,
 }
 
 /// One step of an operation.
@@ -1004,6 +1007,9 @@ impl Worker {
 
     /// The first staged action of a lane that may go out now, as a command.
     fn emit_staged(&mut self) -> Option<Command> {
+        if !self.may_launch() {
+            self.withdraw_launches();
+        }
         let lane = self
             .lanes
             .iter()
@@ -1014,6 +1020,27 @@ impl Worker {
         let slot = self.lanes.get_mut(&lane)?;
         let action = slot.send(id)?;
         Some(Command { id, action })
+    }
+
+    /// Withdraws every staged command that would begin or continue a launch before the spawn
+    /// barrier ([`crate::processor::ProcessOp::launching`]): fail-closed latched or a drain
+    /// began after it was staged. Its operation ends `Deferred`.
+    fn withdraw_launches(&mut self) {
+        let withdrawn: alloc::vec::Vec<(Lane, OfferId)> = self
+            .lanes
+            .iter()
+            .filter(|(_, slot)| slot.is_staged())
+            .filter_map(|(lane, slot)| Some((lane.clone(), slot.op.launching()?.clone())))
+            .collect();
+        for (lane, offer_id) in withdrawn {
+            if let Some(slot) = self.lanes.remove(&lane) {
+                let finished = crate::ops::Finished::Process {
+                    offer_id,
+                    result: crate::processor::ProcessResult::Deferred,
+                };
+                self.apply(lane, slot.work, Step::Done(finished));
+            }
+        }
     }
 
     /// An offer's next step waits while a renewal of its lease runs beside its upload: both
@@ -1127,6 +1154,7 @@ impl Worker {
                 config: &self.config,
                 session: self.session.as_ref(),
                 now: self.now,
+                may_launch: self.may_launch(),
             };
             slot.op.resume(&ctx, outcome)
         };
@@ -1150,6 +1178,7 @@ impl Worker {
                 config: &self.config,
                 session: self.session.as_ref(),
                 now: self.now,
+                may_launch: self.may_launch(),
             };
             let offer = match &work {
                 Work::Supervise(offer_id) | Work::Renew(offer_id) => Some(offer_id),
@@ -1179,7 +1208,6 @@ impl Worker {
             crate::ops::Running::begin(
                 &ctx,
                 work.clone(),
-                self.may_launch(),
                 slots,
                 crate::ops::Pass {
                     paced,

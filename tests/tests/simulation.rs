@@ -60,6 +60,7 @@ fn case(seed: u64) -> Case {
         small_inbox: h.below(4) == 0,
         unclean_drain: h.below(4) == 0,
         reoffers: SplitMix(seed ^ 0x1515_1515_1515_1515).below(2) == 0,
+        concurrent: SplitMix(seed ^ 0x1616_1616_1616_1616).below(2) == 0,
     };
     let len = 24 + usize::try_from(g.below(360)).unwrap_or(0);
     // The first bytes are the setup (configuration profile, pages, concurrency, clock and the
@@ -402,6 +403,22 @@ fn regression_cleanup_retry_survives_a_failed_read() {
         let result = run_seed(seed, None, &mut |_| {});
         assert!(result.is_ok(), "seed {seed}: {result:?}");
     }
+}
+
+/// Regression (found by this simulation once calls stayed in flight, issue 16): a starting ACK
+/// staged while a launch was allowed went out after another offer's outcome had latched
+/// fail-closed, and the launch went on. Seed 8873 reproduced it; the staged command is now
+/// withdrawn and the record stays before the spawn barrier.
+#[test]
+fn regression_no_launch_goes_out_after_fail_closed_latched_meanwhile() {
+    let seed = 8873;
+    assert!(case(seed).faults.concurrent, "the seed overlaps calls");
+    let mut overlapped = false;
+    let result = run_seed(seed, None, &mut |line| {
+        overlapped |= line.contains("more in flight");
+    });
+    assert!(result.is_ok(), "seed {seed}: {result:?}");
+    assert!(overlapped, "seed {seed} answered a call out of its order");
 }
 
 /// Prints a result line even while libtest captures test output, so `.ci/run` shows it: a

@@ -67,7 +67,15 @@ pub struct SimOptions {
     /// before any activation call reached it: the same Run and Attempt under the new offer id,
     /// as a control plane re-delivers an unstarted Attempt (`docs/simulation.md`).
     pub reoffers: bool,
+    /// Control-plane calls (JSON and uploads) may stay in flight while the Worker goes on, as
+    /// on the driver's call threads (issue 16): up to [`MAX_IN_FLIGHT`] at once, answered in an
+    /// order the bytes choose, with other commands, ticks and time between. One byte per call
+    /// and one per step while calls are in flight.
+    pub concurrent: bool,
 }
+
+/// Calls in flight at once, at most, with [`SimOptions::concurrent`].
+pub const MAX_IN_FLIGHT: usize = 4;
 
 /// Which part of the Worker a target focuses on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -250,6 +258,8 @@ pub struct Sim<'t> {
     idle: bool,
     /// Records retention removed (for the outcome counts).
     removed: Vec<InboxRecord>,
+    /// Calls issued and not answered yet ([`SimOptions::concurrent`]), oldest first.
+    in_flight: Vec<Command>,
 }
 
 fn config(r: &mut Bytes<'_>) -> WorkerConfig {
@@ -352,19 +362,49 @@ impl Sim<'_> {
             pulls_after_unclean: None,
             idle: false,
             removed: Vec::new(),
+            in_flight: Vec::new(),
         }
     }
 
     /// One step; false when the run must end (restart budget used up).
     pub fn step(&mut self, r: &mut Bytes<'_>) -> bool {
+        // Calls in flight: most steps answer one of them (any one: outcomes come back in any
+        // order); past the end of the bytes, always. A Worker that halted or stopped meanwhile
+        // hears none of them: the driver stops feeding it (the restart drops them).
+        if !self.in_flight.is_empty()
+            && self.worker.phase() != ql_worker_core::worker::Phase::Finished
+            && r.u8() < 96
+        {
+            self.answer_in_flight(r);
+            return true;
+        }
         match self.worker.poll_output() {
             Output::Command(command) => {
                 self.idle = false;
-                self.command(command, r);
+                if self.faults.concurrent
+                    && self.in_flight.len() < MAX_IN_FLIGHT
+                    && matches!(
+                        command.action,
+                        ql_worker_core::io::Action::Post(_)
+                            | ql_worker_core::io::Action::UploadLog { .. }
+                    )
+                    && r.flag()
+                {
+                    self.count(&command);
+                    self.note(format_args!("  in flight"));
+                    self.in_flight.push(command);
+                } else {
+                    self.command(command, r);
+                }
+                true
+            }
+            Output::Idle { .. } if !self.in_flight.is_empty() && r.flag() => {
+                self.answer_in_flight(r);
                 true
             }
             Output::Idle { wake_at } => {
-                self.idle = true;
+                // Ticks, time, exits and operator requests may come while calls are in flight.
+                self.idle = self.in_flight.is_empty();
                 self.idle(wake_at, r);
                 true
             }
@@ -445,6 +485,24 @@ impl Sim<'_> {
         if let ql_worker_core::io::Action::Spawn(plan) = &command.action {
             self.forge_spawn(plan);
         }
+        self.answer(command, r);
+    }
+
+    /// Answers one of the calls in flight, chosen by the bytes.
+    fn answer_in_flight(&mut self, r: &mut Bytes<'_>) {
+        let index = usize::from(r.u8()) % self.in_flight.len().max(1);
+        let command = self.in_flight.remove(index);
+        self.note(format_args!(
+            "answering {} ({} more in flight)",
+            command.id,
+            self.in_flight.len()
+        ));
+        self.answer(command, r);
+    }
+
+    /// Performs `command` (valid, a fault, or a crash before or after it) and hands its outcome
+    /// to the Worker.
+    fn answer(&mut self, command: Command, r: &mut Bytes<'_>) {
         let byte = r.u8();
         if byte >= 200 {
             self.note(format_args!("  answer byte {byte}"));
@@ -801,6 +859,9 @@ impl Sim<'_> {
     /// A crash or restart: the Worker is rebuilt from the durable state alone.
     fn restart(&mut self) -> bool {
         self.note(format_args!("restart"));
+        // The calls in flight die with the process, unperformed (a call that commits and loses
+        // its answer is a fault byte of its own).
+        self.in_flight.clear();
         self.host.launch_uncertain();
         self.summary.restarts += 1;
         self.host.ghost.restart();
