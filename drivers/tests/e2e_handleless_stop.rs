@@ -55,7 +55,14 @@ fn exists(pid: u32) -> bool {
 fn a_run_whose_worker_crashed_before_started_is_stopped_by_its_published_handle() {
     let world = World::new();
     let pid_file = world.dir.path().join("user.pid");
-    let script = format!("echo $$ > {}; exec sleep 40", pid_file.display());
+    // What the user command sees when it starts: the handle files already published.
+    let seen = world.dir.path().join("seen-at-start");
+    let script = format!(
+        "ls {}/receipts/*/ > {}; echo $$ > {}; exec sleep 40",
+        world.root().display(),
+        seen.display(),
+        pid_file.display()
+    );
     let revision = RevisionBuilder::shell(&script).build().unwrap();
     let run = world
         .cp
@@ -89,6 +96,13 @@ fn a_run_whose_worker_crashed_before_started_is_stopped_by_its_published_handle(
         "the handle names the user process"
     );
     assert_eq!(handle.identity.pgid, user);
+    // Published before the user command ran: it saw the file when it started.
+    let seen = std::fs::read_to_string(&seen).unwrap();
+    assert!(
+        seen.lines()
+            .any(|l| l == format!("{}.handle", attempt.as_str())),
+        "the user command started before its handle was published: {seen:?}"
+    );
 
     kill9(&mut first.0);
     let _second = KillOnDrop(world.spawn_worker_logged(&[], &log));
@@ -120,7 +134,10 @@ fn a_run_whose_worker_crashed_before_started_is_stopped_by_its_published_handle(
     });
     let facts = world.cp.run(&run).unwrap().completion.unwrap();
     assert_eq!(facts.result.exit_code, 143);
-    // The published handle went with the receipt.
-    assert!(!published.exists(), "{published:?} left behind");
+    // The published handle goes with the receipt (removed right after completion_acknowledged
+    // is durable).
+    world.wait_for("the published handle removed", SETTLE, |_| {
+        !published.exists()
+    });
     println!("stopped {stopped_after:?} after the stop request");
 }
