@@ -397,13 +397,12 @@ impl CompletionOp {
                     CallFault::Fenced { code }
                         if upload.fence.expected_lease_version == record.offer.lease.version =>
                     {
-                        let mut next = upload;
-                        match next.fence.expected_lease_version.next() {
-                            Ok(version) => {
-                                next.fence.expected_lease_version = version;
+                        match upload.fence.one_version_on() {
+                            Some(fence) => {
+                                let next = ArtifactUpload { fence, ..upload };
                                 self.upload(ctx, record, receipt, next)
                             }
-                            Err(_) => {
+                            None => {
                                 Step::Done(CompletionOutcome::Refused(CallFault::Fenced { code }))
                             }
                         }
@@ -544,13 +543,15 @@ impl CompletionOp {
             // an exact replay of a completion that did commit answers `already_completed` there
             // too (the control plane's lease is then at that version + 1).
             Ok(Err(CallFault::Fenced { code })) if !caught_up => {
-                let mut next = request.clone();
-                return match request.fence.expected_lease_version.next() {
-                    Ok(version) => {
-                        next.fence.expected_lease_version = version;
+                return match request.fence.one_version_on() {
+                    Some(fence) => {
+                        let next = CompletionRequest {
+                            fence,
+                            ..request.clone()
+                        };
                         self.complete(ctx, record, next, true)
                     }
-                    Err(_) => Step::Done(CompletionOutcome::Refused(CallFault::Fenced { code })),
+                    None => Step::Done(CompletionOutcome::Refused(CallFault::Fenced { code })),
                 };
             }
             Ok(Err(fault)) => return Step::Done(CompletionOutcome::Refused(fault)),

@@ -755,9 +755,9 @@ impl ControlOp {
 /// sent at the request's version committed but its answer never became durable here. `None` at
 /// the top of the version range (the control plane cannot hold a version past it either).
 pub(crate) fn catch_up(request: &LeaseControlRequest) -> Option<LeaseControlRequest> {
-    let mut next = request.clone();
-    next.fence.expected_lease_version = request.fence.expected_lease_version.next().ok()?;
-    Some(next)
+    Some(LeaseControlRequest {
+        fence: request.fence.one_version_on()?,
+    })
 }
 
 /// What a completion pass that ends the supervision pass concluded (the Run is completed, or

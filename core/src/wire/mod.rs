@@ -392,6 +392,15 @@ impl Fence {
         }
     }
 
+    /// The same fence one lease version on: how a request fenced after a lost answer (a renewal
+    /// or completion that may have committed) is asked once more. `None` past the largest
+    /// version.
+    pub(crate) fn one_version_on(&self) -> Option<Self> {
+        let mut next = self.clone();
+        next.expected_lease_version = self.expected_lease_version.next().ok()?;
+        Some(next)
+    }
+
     pub(crate) fn activation(&self) -> ActivationFence<'_> {
         ActivationFence {
             run_id: &self.run_id,
