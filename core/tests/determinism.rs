@@ -186,7 +186,6 @@ impl Masks {
             Act::ReadClaim
             | Act::ReadReceipt { .. }
             | Act::RemoveReceipt { .. }
-            | Act::ReadPublishedHandle { .. }
             | Act::Stop { .. }
             | Act::DrawEntropy => {}
         }

@@ -135,7 +135,6 @@ impl World {
             | Act::AllocateLog { .. }
             | Act::InspectLog { .. }
             | Act::InspectSupervision { .. }
-            | Act::ReadPublishedHandle { .. }
             | Act::DrawEntropy => {}
         }
     }
