@@ -171,11 +171,9 @@ fn a_second_fence_is_not_retried_again_in_the_same_pass() {
     assert_running(&sim);
 }
 
-/// A renewal the control plane committed but whose answer was lost leaves its lease at 1 while
-/// the record says 0. The completion pass's upload at 0 is fenced (the reference authorizes the
-/// fence before it takes the content); it is sent once more at 1, and the completion names 1.
-#[test]
-fn a_completion_after_a_lost_renewal_uploads_and_completes_one_version_on() {
+/// A Run whose renewal the control plane committed (its lease at 1) but whose answer was lost
+/// (the record says 0), and whose process then exited with a genuine receipt.
+fn exited_after_a_lost_renewal() -> Sim {
     let mut sim = Sim::holding(State::RunningAcknowledged);
     sim.on(On::Post(Operation::LeaseControl), Answer::LostAfterCommit);
     sim.run(1);
@@ -184,6 +182,15 @@ fn a_completion_after_a_lost_renewal_uploads_and_completes_one_version_on() {
         code: 0,
         receipt: ReceiptKind::Genuine,
     });
+    sim
+}
+
+/// A renewal the control plane committed but whose answer was lost leaves its lease at 1 while
+/// the record says 0. The completion pass's upload at 0 is fenced (the reference authorizes the
+/// fence before it takes the content); it is sent once more at 1, and the completion names 1.
+#[test]
+fn a_completion_after_a_lost_renewal_uploads_and_completes_one_version_on() {
+    let mut sim = exited_after_a_lost_renewal();
     sim.run(1);
     assert_eq!(
         expected_versions(&sim, Operation::Artifacts),
@@ -206,14 +213,7 @@ fn a_completion_after_a_lost_renewal_uploads_and_completes_one_version_on() {
 /// with the Worker taking no more work.
 #[test]
 fn a_completion_committed_one_version_on_is_replayed_under_that_version() {
-    let mut sim = Sim::holding(State::RunningAcknowledged);
-    sim.on(On::Post(Operation::LeaseControl), Answer::LostAfterCommit);
-    sim.run(1);
-    sim.event(Event::Exit {
-        index: 0,
-        code: 0,
-        receipt: ReceiptKind::Genuine,
-    });
+    let mut sim = exited_after_a_lost_renewal();
     sim.on(On::Post(Operation::Completion), Answer::LostAfterCommit);
     sim.run(2);
     assert_eq!(

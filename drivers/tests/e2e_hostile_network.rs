@@ -177,6 +177,9 @@ fn every_run_succeeds_once_through_a_hostile_network() {
     let mut worker = KillOnDrop(world.spawn_with_args(JSON, &[], &log));
 
     let deadline = Instant::now() + Duration::from_secs(150);
+    // The whole log outlives the test's directory on a failure (the message shows only the
+    // notable lines).
+    let kept = std::env::temp_dir().join(format!("ql-hostile-{seed}.log"));
     loop {
         let done = run_ids
             .iter()
@@ -191,9 +194,6 @@ fn every_run_succeeds_once_through_a_hostile_network() {
         if done == run_ids.len() {
             break;
         }
-        // The whole log outlives the test's directory on a failure (the message shows only the
-        // notable lines).
-        let kept = std::env::temp_dir().join(format!("ql-hostile-{seed}.log"));
         if Instant::now() >= deadline {
             let _ = std::fs::copy(&log, &kept);
         }
