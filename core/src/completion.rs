@@ -264,16 +264,12 @@ impl CompletionOp {
         }
         let session_ok = ctx
             .session
-            .is_some_and(|s| s.worker == record.offer.worker && s.usable(ctx.now));
+            .is_some_and(|s| s.worker == record.offer.worker && ctx.usable(s));
         let barrier = record.executor_started_at_ms.is_some()
             && record.log_artifact_id.is_some()
             && record.completion_receipt_callback_sequence.is_some()
             && record.completion_receipt_token_digest.is_some();
-        if !eligible_state(&record)
-            || !session_ok
-            || record.offer.lease.expired_at(ctx.now)
-            || !barrier
-        {
+        if !eligible_state(&record) || !session_ok || ctx.lease_expired(&record) || !barrier {
             return Step::Done(CompletionOutcome::Deferred);
         }
         let attempt_id = record.offer.candidate.attempt_id.clone();
@@ -461,7 +457,7 @@ impl CompletionOp {
         if moved
             && (record.state != before.state
                 || record.offer.candidate != before.offer.candidate
-                || record.offer.lease.expired_at(ctx.now))
+                || ctx.lease_expired(&record))
         {
             return Step::Done(CompletionOutcome::Deferred);
         }

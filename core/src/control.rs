@@ -191,6 +191,12 @@ impl core::fmt::Debug for ControlOp {
 type LStep = Step<ControlOp, ControlResult>;
 
 impl ControlOp {
+    /// Whether the write awaited stores a lease this operation's lease-control call renewed (the
+    /// control plane renews at the moment it answers, after the call was sent).
+    pub(crate) fn grants_lease(&self) -> bool {
+        matches!(self.state, LState::PersistingLease(..))
+    }
+
     /// A pass for `offer_id`. `paced_ms`: the interval, when the lease was renewed less than it
     /// ago (the call is then skipped while more than three intervals of lease remain).
     /// `drain_stop`: the drain budget ended; stop the Run (see [`ControlResult::DrainStopped`]).
@@ -499,7 +505,7 @@ impl ControlOp {
         if completion == CompletionOutcome::ControlPlaneTerminal {
             return self.stop(ctx, &record, StopCause::CompletionTerminal);
         }
-        if record.offer.lease.expired_at(ctx.now) {
+        if ctx.lease_expired(&record) {
             return self.stop(ctx, &record, StopCause::LeaseExpired);
         }
         if self.drain_stop {
@@ -507,11 +513,11 @@ impl ControlOp {
         }
         let session_ok = ctx
             .session
-            .is_some_and(|s| s.worker == record.offer.worker && s.usable(ctx.now));
+            .is_some_and(|s| s.worker == record.offer.worker && ctx.usable(s));
         if !session_ok {
             return Step::Done(ControlResult::SessionUnavailable);
         }
-        let remaining = record.offer.lease.expires_at_ms.saturating_since(ctx.now);
+        let remaining = ctx.lease_remaining_ms(&record);
         if self
             .paced_ms
             .is_some_and(|interval| remaining > interval.saturating_mul(3))

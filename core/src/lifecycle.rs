@@ -55,7 +55,7 @@ impl Worker {
     pub(crate) fn on_tick(&mut self) {
         if let Some(started) = self.drain_started_at
             && !self.drain_overrun
-            && self.now >= started.saturating_add(self.config.drain_budget_ms)
+            && self.mono >= started.saturating_add(self.config.drain_budget_ms)
         {
             // ADR-0121: ownership is kept until every record is settled. The Runs still in
             // flight are stopped by identity and completed through the normal path; records
@@ -72,12 +72,12 @@ impl Worker {
                     return self.stop(StopReason::Unsettled);
                 }
             }
-            self.next_tick_at = self.now;
+            self.next_tick_at = self.mono;
         }
-        if self.now < self.next_tick_at {
+        if self.mono < self.next_tick_at {
             return;
         }
-        self.next_tick_at = self.now.saturating_add(self.config.cadence_ms);
+        self.next_tick_at = self.mono.saturating_add(self.config.cadence_ms);
         match self.phase {
             Phase::Registering if self.register_backing_off() => {}
             Phase::Registering => {
@@ -109,7 +109,7 @@ impl Worker {
                 self.queue.push_front(Work::Rejoin);
             }
         } else if self.session.is_some()
-            && self.now >= self.heartbeat_due_at
+            && self.mono >= self.heartbeat_due_at
             && !self.planned(&Work::Heartbeat)
         {
             self.queue.push_front(Work::Heartbeat);
@@ -143,7 +143,7 @@ impl Worker {
 
     /// A register got no usable answer and its backoff has not passed.
     fn register_backing_off(&self) -> bool {
-        self.register_retry_at.is_some_and(|at| self.now < at)
+        self.register_retry_at.is_some_and(|at| self.mono < at)
     }
 
     /// Why the Worker does not Pull now, if it does not: not active, fail-closed, admission
@@ -154,7 +154,7 @@ impl Worker {
         let online = self
             .session
             .as_ref()
-            .is_some_and(|s| s.usable(self.now) && s.status == SessionStatus::Online);
+            .is_some_and(|s| s.usable(self.mono) && s.status == SessionStatus::Online);
         if self.phase != Phase::Active {
             Some(PullBlocker::NotActive)
         } else if self.fail_closed.is_some() {
@@ -167,7 +167,7 @@ impl Worker {
             Some(PullBlocker::InboxFull)
         } else if self.active_count() >= usize::from(self.config.max_concurrent_runs) {
             Some(PullBlocker::Slots)
-        } else if self.pull_retry_at.is_some_and(|at| self.now < at) {
+        } else if self.pull_retry_at.is_some_and(|at| self.mono < at) {
             Some(PullBlocker::Backoff)
         } else {
             None
@@ -301,7 +301,7 @@ impl Worker {
                         }
                     }
                     ControlResult::Renewed | ControlResult::StopRequested(_) => {
-                        self.last_renewal.insert(offer_id.clone(), self.now);
+                        self.last_renewal.insert(offer_id.clone(), self.mono);
                         self.lease_may_hold.remove(&offer_id);
                     }
                     ControlResult::DrainStopped(_) => {
@@ -389,10 +389,10 @@ impl Worker {
                         view.status != SessionStatus::Online && self.drain_started_at.is_none();
                 }
                 self.session = Some(view);
-                self.heartbeat_due_at = self.now.saturating_add(self.config.heartbeat_interval_ms);
+                self.heartbeat_due_at = self.mono.saturating_add(self.config.heartbeat_interval_ms);
                 if self.phase == Phase::Registering {
                     self.phase = Phase::Reconciling;
-                    self.next_tick_at = self.now;
+                    self.next_tick_at = self.mono;
                 }
             }
             SessionResult::Transitioned(view) => {
@@ -413,8 +413,8 @@ impl Worker {
                 self.phase = Phase::Registering;
                 self.reconcile_cursor = None;
                 self.queue.clear();
-                self.next_tick_at = self.now;
-                self.heartbeat_due_at = self.now;
+                self.next_tick_at = self.mono;
+                self.heartbeat_due_at = self.mono;
             }
             SessionResult::Unanswered { exchange, fault } => self.on_unanswered(exchange, fault),
             SessionResult::Fenced(detail) => self.on_fenced(detail),
@@ -428,7 +428,7 @@ impl Worker {
         // An uncertain heartbeat or transition may have moved the Session's version at the
         // control plane: the fence that then answers the next exchange is expected (see
         // `on_fenced`).
-        self.heartbeat_due_at = self.now;
+        self.heartbeat_due_at = self.mono;
         if matches!(fault, CallFault::Uncertain(_))
             && matches!(exchange, Exchange::Heartbeat | Exchange::Transition(_))
         {
@@ -438,7 +438,7 @@ impl Worker {
             Exchange::Register => {
                 self.register_failures = self.register_failures.saturating_add(1);
                 let delay = register_backoff(self.config.backoff_base_ms, self.register_failures);
-                self.register_retry_at = Some(self.now.saturating_add(delay));
+                self.register_retry_at = Some(self.mono.saturating_add(delay));
                 let attempt = self.register_failures;
                 self.fact(|| Fact::RegisterRetry {
                     attempt,
@@ -476,7 +476,7 @@ impl Worker {
             }
             let attempt = self.fences.max(1);
             self.rejoin = true;
-            self.next_tick_at = self.now;
+            self.next_tick_at = self.mono;
             self.fact(|| Fact::Rejoining {
                 detail,
                 attempt,
@@ -522,7 +522,7 @@ impl Worker {
                     }
                 }
                 // The next page (or the first active tick) follows at once.
-                self.next_tick_at = self.now;
+                self.next_tick_at = self.mono;
             }
             ListPurpose::Supervise => {
                 let active = result
@@ -560,6 +560,7 @@ impl Worker {
             PullResult::Admitted { offer_id, .. } => {
                 self.pull_retry_at = None;
                 self.claim_pending = false;
+                self.claim_backoff_served = false;
                 // The offer is processed first, then the next Pull goes out at once while slots
                 // and room remain (re-checked when it starts); an idle answer ends the burst.
                 self.pull_again(true);
@@ -568,23 +569,26 @@ impl Worker {
             PullResult::Idle => {
                 self.pull_retry_at = None;
                 self.claim_pending = false;
+                self.claim_backoff_served = false;
             }
             // The claim is gone: the next tick pulls afresh, with no backoff.
             PullResult::Refused { offer_id, reason } => {
                 self.pull_retry_at = None;
                 self.claim_pending = false;
+                self.claim_backoff_served = false;
                 self.notify(crate::worker::Notice::OfferRefused { offer_id, reason });
             }
-            PullResult::Backoff { until } => {
-                self.pull_retry_at = Some(until);
+            // The claim's backoff is waited out here, on the monotonic clock; the next Pull
+            // does not compare its persisted wall-clock time again (`Pass::backoff_served`).
+            PullResult::Backoff { retry_in_ms } => {
+                self.pull_retry_at = Some(self.mono.saturating_add(retry_in_ms));
                 self.claim_pending = true;
+                self.claim_backoff_served = true;
             }
-            PullResult::Failed {
-                retry_at: until,
-                fault,
-            } => {
-                self.pull_retry_at = Some(until);
+            PullResult::Failed { retry_in_ms, fault } => {
+                self.pull_retry_at = Some(self.mono.saturating_add(retry_in_ms));
                 self.claim_pending = fault != crate::pull::PullFault::BudgetExhausted;
+                self.claim_backoff_served = self.claim_pending;
             }
             PullResult::SessionUnavailable => {}
         }

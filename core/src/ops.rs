@@ -82,6 +82,9 @@ pub(crate) struct Pass {
     /// The highest lease version the control plane may hold for this Run because renewals
     /// whose answers were lost may have committed (issue 17; `Worker::lease_may_hold`).
     pub(crate) may_hold: Option<crate::ids::LeaseVersion>,
+    /// The Pull's pending claim had a backoff, and this process waited it out on the
+    /// monotonic clock: its persisted wall-clock time is not compared again.
+    pub(crate) backoff_served: bool,
 }
 
 /// One listed page.
@@ -96,6 +99,17 @@ pub(crate) struct ListResult {
 }
 
 impl Running {
+    /// Whether the record write this operation awaits stores a lease the control plane granted
+    /// in answer to one of its own calls (the Worker then times that lease from when the
+    /// operation began; see `worker::LeaseClock`).
+    pub(crate) fn grants_lease(&self) -> bool {
+        match self {
+            Self::Pull(op) => op.grants_lease(),
+            Self::Supervise(op) => op.grants_lease(),
+            Self::Session(_) | Self::List(_) | Self::Process(_) => false,
+        }
+    }
+
     /// The offer whose launch this operation's next command begins or continues before the
     /// spawn barrier ([`ProcessOp::launching`]), if any.
     pub(crate) fn launching(&self) -> Option<&OfferId> {
@@ -135,7 +149,7 @@ impl Running {
                 };
                 Step::Wait(Self::List(purpose), Action::ListInbox { after, limit })
             }
-            Work::Pull => PullOp::begin(ctx).map(Self::Pull, Finished::Pull),
+            Work::Pull => PullOp::begin(ctx, pass.backoff_served).map(Self::Pull, Finished::Pull),
             Work::Process(offer_id) => {
                 let id = offer_id.clone();
                 ProcessOp::begin(offer_id).map(Self::Process, move |result| Finished::Process {

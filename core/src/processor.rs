@@ -719,9 +719,13 @@ impl ProcessOp {
     ) -> PStep {
         match spawned {
             SpawnOutcome::Started { handle, started_at } => {
-                let valid = ExecutorHandle::new(handle).ok().filter(|_| {
-                    Some(started_at) == launching.executor_started_at_ms && started_at <= ctx.now
-                });
+                // The supervisor must echo the start time persisted in `launching` (the Worker's
+                // own reading, never before the record's last update). It is not compared with
+                // the wall clock again: one set back below the record's times (a host that
+                // booted in 1970) would make a good spawn look like one from the future.
+                let valid = ExecutorHandle::new(handle)
+                    .ok()
+                    .filter(|_| Some(started_at) == launching.executor_started_at_ms);
                 match valid {
                     Some(handle) => {
                         let proposed = next_record(&launching, State::Started, ctx.now, |r| {
@@ -884,13 +888,13 @@ fn target_refusal(ctx: &Ctx<'_>, record: &InboxRecord) -> Option<ProcessResult> 
     let offer = &record.offer;
     let session_ok = ctx.session.is_some_and(|s| {
         s.worker == offer.worker
-            && s.usable(ctx.now)
+            && ctx.usable(s)
             && !(s.status == SessionStatus::Draining
                 && offer.delivery_kind == DeliveryKind::NewClaim)
     });
     if !session_ok {
         Some(ProcessResult::TargetFenced)
-    } else if offer.lease.expired_at(ctx.now) {
+    } else if ctx.lease_expired(record) {
         Some(ProcessResult::OfferExpired)
     } else {
         None

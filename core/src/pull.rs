@@ -37,7 +37,6 @@ use crate::io::{Action, HttpCall, Outcome, StoreFailure};
 use crate::offer::Offer;
 use crate::ops::{CallFault, next_record, persist, response, unexpected};
 use crate::record::InboxRecord;
-use crate::time::UnixMillis;
 use crate::wire::WireError;
 use crate::wire::offer::{MAX_RESPONSE_BYTES, OfferRequest, OfferResponse, admit_offer};
 use crate::wire::route::{Operation, path};
@@ -86,15 +85,15 @@ pub enum PullResult {
     },
     /// The claim's next attempt is in the future; no request was sent.
     Backoff {
-        /// When the claim may be retried.
-        until: UnixMillis,
+        /// How long until the claim may be retried (at most [`MAX_BACKOFF_MS`]).
+        retry_in_ms: u64,
     },
     /// The Pull failed; the claim is kept (or cleared after its budget).
     Failed {
         /// Why.
         fault: PullFault,
-        /// When to retry.
-        retry_at: UnixMillis,
+        /// How long until the next Pull (0: the next tick).
+        retry_in_ms: u64,
     },
     /// No usable Session.
     SessionUnavailable,
@@ -103,7 +102,10 @@ pub enum PullResult {
 /// A Pull in flight.
 #[derive(Clone, Debug)]
 pub(crate) enum PullOp {
-    ReadingClaim,
+    ReadingClaim {
+        /// See [`crate::ops::Pass::backoff_served`].
+        backoff_served: bool,
+    },
     ClearingForeign,
     DrawingIdentity,
     PersistingAttempt(Box<PendingClaim>),
@@ -127,7 +129,7 @@ pub(crate) enum PullOp {
     ClearingStale,
     DrawingJitter(Box<PendingClaim>, PullFault),
     PersistingBackoff {
-        retry_at: UnixMillis,
+        retry_in_ms: u64,
         fault: PullFault,
     },
 }
@@ -139,7 +141,7 @@ impl PullOp {
     pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
         fp.tag("pull");
         match self {
-            Self::ReadingClaim
+            Self::ReadingClaim { .. }
             | Self::ClearingForeign
             | Self::DrawingIdentity
             | Self::ClearingIdle
@@ -173,16 +175,25 @@ impl PullOp {
         }
     }
 
-    pub(crate) fn begin(ctx: &Ctx<'_>) -> Step<Self, PullResult> {
+    /// Whether the write awaited stores a lease granted in answer to a request of this very
+    /// operation: the offer of a claim's first attempt (a retried claim may be answered with a
+    /// lease the control plane granted to an earlier attempt, before this operation began).
+    pub(crate) fn grants_lease(&self) -> bool {
+        matches!(self, Self::StoringOffer { claim, .. } if claim.attempt_count == 1)
+    }
+
+    pub(crate) fn begin(ctx: &Ctx<'_>, backoff_served: bool) -> Step<Self, PullResult> {
         match ctx.session {
-            Some(s) if s.usable(ctx.now) => Step::Wait(Self::ReadingClaim, Action::ReadClaim),
+            Some(s) if ctx.usable(s) => {
+                Step::Wait(Self::ReadingClaim { backoff_served }, Action::ReadClaim)
+            }
             Some(_) | None => Step::Done(PullResult::SessionUnavailable),
         }
     }
 
     pub(crate) fn resume(self, ctx: &Ctx<'_>, outcome: Outcome) -> Step<Self, PullResult> {
         match self {
-            Self::ReadingClaim => on_claim(ctx, outcome),
+            Self::ReadingClaim { backoff_served } => on_claim(ctx, backoff_served, outcome),
             Self::ClearingForeign => after_write(outcome, draw_identity),
             Self::DrawingIdentity => match outcome {
                 Outcome::EntropyDrawn(entropy) => fresh_claim(ctx, &entropy),
@@ -211,23 +222,20 @@ impl PullOp {
             Self::ClearingRefused { offer_id, reason } => after_write(outcome, move || {
                 Step::Done(PullResult::Refused { offer_id, reason })
             }),
-            Self::ClearingExhausted => {
-                let now = ctx.now;
-                after_write(outcome, move || {
-                    Step::Done(PullResult::Failed {
-                        fault: PullFault::BudgetExhausted,
-                        retry_at: now,
-                    })
+            Self::ClearingExhausted => after_write(outcome, || {
+                Step::Done(PullResult::Failed {
+                    fault: PullFault::BudgetExhausted,
+                    retry_in_ms: 0,
                 })
-            }
+            }),
             Self::CheckingStored(claim) => on_stored_check(ctx, &claim, outcome),
             Self::ClearingStale => after_write(outcome, draw_identity),
             Self::DrawingJitter(claim, fault) => match outcome {
                 Outcome::EntropyDrawn(entropy) => persist_backoff(ctx, &claim, &entropy, fault),
                 other => unexpected(&other),
             },
-            Self::PersistingBackoff { retry_at, fault } => after_write(outcome, move || {
-                Step::Done(PullResult::Failed { fault, retry_at })
+            Self::PersistingBackoff { retry_in_ms, fault } => after_write(outcome, move || {
+                Step::Done(PullResult::Failed { fault, retry_in_ms })
             }),
         }
     }
@@ -245,7 +253,7 @@ fn after_write(
         Outcome::Store(failure) => write_failure(failure, || {
             Step::Done(PullResult::Failed {
                 fault: PullFault::StorageUnchanged,
-                retry_at: UnixMillis::ZERO,
+                retry_in_ms: 0,
             })
         }),
         other => unexpected(&other),
@@ -256,14 +264,14 @@ fn draw_identity() -> Step<PullOp, PullResult> {
     Step::Wait(PullOp::DrawingIdentity, Action::DrawEntropy)
 }
 
-fn on_claim(ctx: &Ctx<'_>, outcome: Outcome) -> Step<PullOp, PullResult> {
+fn on_claim(ctx: &Ctx<'_>, backoff_served: bool, outcome: Outcome) -> Step<PullOp, PullResult> {
     let claim = match outcome {
         Outcome::ClaimRead(claim) => claim,
         Outcome::Store(failure) => {
             return read_failure(failure, || {
                 Step::Done(PullResult::Failed {
                     fault: PullFault::StorageUnchanged,
-                    retry_at: ctx.now,
+                    retry_in_ms: 0,
                 })
             });
         }
@@ -282,9 +290,16 @@ fn on_claim(ctx: &Ctx<'_>, outcome: Outcome) -> Step<PullOp, PullResult> {
         };
         return Step::Wait(PullOp::ClearingForeign, action);
     }
-    if claim.next_attempt_at_ms > ctx.now {
+    // The persisted time of the next attempt is on the wall clock of whoever wrote it: it is
+    // honoured once, and never for longer than a backoff can last (a wall clock stepped back
+    // would otherwise hold every Pull until it caught up). A backoff this process has waited
+    // out on the monotonic clock is not compared again.
+    if !backoff_served && claim.next_attempt_at_ms > ctx.now {
         return Step::Done(PullResult::Backoff {
-            until: claim.next_attempt_at_ms,
+            retry_in_ms: claim
+                .next_attempt_at_ms
+                .saturating_since(ctx.now)
+                .min(MAX_BACKOFF_MS),
         });
     }
     // A crash between storing the offer and clearing its claim leaves a claim whose offer is
@@ -315,7 +330,7 @@ fn on_stored_check(
             return read_failure(failure, || {
                 Step::Done(PullResult::Failed {
                     fault: PullFault::StorageUnchanged,
-                    retry_at: ctx.now,
+                    retry_in_ms: 0,
                 })
             });
         }
@@ -576,18 +591,14 @@ fn persist_backoff(
     fault: PullFault,
 ) -> Step<PullOp, PullResult> {
     let now = ctx.now.max(claim.updated_at_ms);
-    let retry_at = now.saturating_add(jitter_delay(
-        ctx.config.backoff_base_ms,
-        claim.attempt_count,
-        entropy,
-    ));
+    let retry_in_ms = jitter_delay(ctx.config.backoff_base_ms, claim.attempt_count, entropy);
     let mut next = claim.clone();
     next.revision = next_revision(claim.revision);
     next.updated_at_ms = now;
-    next.next_attempt_at_ms = retry_at;
+    next.next_attempt_at_ms = now.saturating_add(retry_in_ms);
     let action = Action::PersistClaim {
         expected: Some(claim.revision),
         claim: Box::new(next),
     };
-    Step::Wait(PullOp::PersistingBackoff { retry_at, fault }, action)
+    Step::Wait(PullOp::PersistingBackoff { retry_in_ms, fault }, action)
 }

@@ -108,7 +108,26 @@ fn call(ctx: &Ctx<'_>, operation: Operation, body: alloc::vec::Vec<u8>) -> Actio
     })
 }
 
-fn view(response: &SessionResponse) -> SessionView {
+/// The Session the response describes, with its local deadline on the monotonic clock: from
+/// the sending of the register or heartbeat, the lease it asked for (`leaseDurationMs`), or
+/// less when the control plane granted less. The answer carries only the plane's expiry, so
+/// what it granted is read against this host's wall clock (`expiresAtMs - now`). That reading
+/// is trusted only when it lies between zero and what was asked. Above it, the wall clock is
+/// behind; at or below zero, it is ahead (a plane grants no lease that has already expired).
+/// Either way the clock is off, and the lease asked for stands. A transition asks for no lease:
+/// the deadline already known stays (none known: the same rule).
+fn view(ctx: &Ctx<'_>, response: &SessionResponse, transition: bool) -> SessionView {
+    let asked = ctx.config.session_lease_ms;
+    let read = response.lease_expires_at_ms.saturating_since(ctx.now);
+    let granted = if read > 0 && read < asked {
+        read
+    } else {
+        asked
+    };
+    let lease_deadline = match ctx.session {
+        Some(known) if transition => known.lease_deadline,
+        Some(_) | None => ctx.call_sent.saturating_add(granted),
+    };
     SessionView {
         worker: OfferWorker {
             worker_id: response.worker_id.clone(),
@@ -118,6 +137,7 @@ fn view(response: &SessionResponse) -> SessionView {
         version: response.version,
         status: response.status,
         lease_expires_at: response.lease_expires_at_ms,
+        lease_deadline,
     }
 }
 
@@ -289,7 +309,7 @@ impl SessionOp {
                  had replaced this one: another Worker uses it",
             )));
         }
-        let view = view(&parsed);
+        let view = view(ctx, &parsed, matches!(self, Self::Transitioning(_)));
         Step::Done(match self {
             Self::Heartbeating(_) => SessionResult::Heartbeat(view),
             Self::Transitioning(_) => SessionResult::Transitioned(view),
@@ -404,10 +424,14 @@ mod tests {
                 crate::revision::Architecture::Amd64,
             ),
         );
+        let leases = alloc::collections::BTreeMap::new();
         let ctx = Ctx {
             config: &config,
             session: None,
             now: UnixMillis::new(1_000).unwrap(),
+            mono: crate::time::MonoMillis::new(7),
+            call_sent: crate::time::MonoMillis::new(7),
+            leases: &leases,
             may_launch: true,
         };
         let op = SessionOp::Registering { rejoin };

@@ -13,8 +13,9 @@
 //!    performed concurrently);
 //! 2. feeds each command's outcome as [`Input::Outcome`] with the command's [`OpId`], in any
 //!    order, as outcomes arrive, and polls again after each;
-//! 3. on [`Output::Idle`], waits until `wake_at`, an outcome, a supervisor's exit or a signal,
-//!    then feeds what came (`handle(now, Input::Tick)` for the deadline);
+//! 3. on [`Output::Idle`], waits until `wake_at` (on the monotonic clock), an outcome, a
+//!    supervisor's exit or a signal, then feeds what came (`handle(now, Input::Tick)` for the
+//!    deadline);
 //! 4. on [`Output::Stopped`] or [`Output::Halted`], exits (calls still in flight are abandoned,
 //!    as a crash would; the owner lock is released with the process).
 //!
@@ -31,10 +32,10 @@
 //! ```no_run
 //! # use ql_worker_core::worker::{Worker, Output};
 //! # use ql_worker_core::io::{Input, Outcome, Command};
-//! # use ql_worker_core::time::UnixMillis;
+//! # use ql_worker_core::time::{MonoMillis, Now};
 //! # fn perform(_: Command) -> Outcome { unimplemented!() }
-//! # fn now() -> UnixMillis { unimplemented!() }
-//! # fn sleep_until(_: Option<UnixMillis>) {}
+//! # fn now() -> Now { unimplemented!() } // both clocks, read together
+//! # fn sleep_until(_: Option<MonoMillis>) {}
 //! # fn run(mut worker: Worker) {
 //! // The simplest valid driver: one command at a time.
 //! loop {
@@ -61,9 +62,9 @@ use core::fmt;
 use crate::ids::{OfferId, SessionId, WorkerGeneration, WorkerId};
 use crate::io::{Action, Command, Input, InputError, OpId, Outcome, StoreFailure};
 use crate::listing::{Capacity, PageLimit};
-use crate::offer::OfferWorker;
+use crate::offer::{Lease, OfferWorker};
 use crate::record::{InboxRecord, RecoveryReason, State};
-use crate::time::UnixMillis;
+use crate::time::{MonoMillis, Now, UnixMillis};
 use crate::wire::session::Capabilities;
 
 pub use crate::facts::Fact;
@@ -150,15 +151,20 @@ pub struct SessionView {
     pub version: u64,
     /// Status.
     pub status: SessionStatus,
-    /// Session lease expiry.
+    /// Session lease expiry, on the control plane's clock (for the log; never compared with
+    /// this host's wall clock).
     pub lease_expires_at: UnixMillis,
+    /// The same lease on this Worker's monotonic clock: when the exchange that granted it was
+    /// sent, plus the lease it asked for (`leaseDurationMs`) or the shorter one the control
+    /// plane granted (see `session::view`).
+    pub lease_deadline: MonoMillis,
 }
 
 impl SessionView {
-    /// Usable for execution: not offline and its lease unexpired at `now`.
+    /// Usable for execution: not offline and its lease unexpired at `now` (monotonic).
     #[must_use]
-    pub fn usable(&self, now: UnixMillis) -> bool {
-        self.status != SessionStatus::Offline && now < self.lease_expires_at
+    pub fn usable(&self, now: MonoMillis) -> bool {
+        self.status != SessionStatus::Offline && now < self.lease_deadline
     }
 
     /// The Session generation.
@@ -253,7 +259,7 @@ pub enum Output {
     /// Nothing to do before `wake_at` (`None`: only an operator input can wake it).
     Idle {
         /// Earliest deadline (tick cadence, heartbeat, backoff, drain budget).
-        wake_at: Option<UnixMillis>,
+        wake_at: Option<MonoMillis>,
     },
     /// Stopped on purpose.
     Stopped(StopReason),
@@ -347,6 +353,9 @@ pub(crate) enum Lane {
 pub(crate) struct Slot {
     /// What it was started for.
     pub(crate) work: Work,
+    /// When its last control-plane call was sent, or when it began before its first one
+    /// (monotonic): what that call obtained, the control plane granted after this.
+    pub(crate) call_sent: MonoMillis,
     pub(crate) op: crate::ops::Running,
     pub(crate) pending: Pending,
 }
@@ -425,6 +434,7 @@ impl Slot {
         };
         Self {
             work: self.work.clone(),
+            call_sent: self.call_sent,
             op: self.op.clone(),
             pending,
         }
@@ -434,6 +444,7 @@ impl Slot {
     /// without the command's id.
     #[cfg(feature = "sim-hooks")]
     fn fingerprint(&self, fp: &mut crate::fingerprint::Fingerprint<'_>) {
+        fp.debug(&self.call_sent);
         self.op.fingerprint(fp);
         match &self.pending {
             Pending::Staged(_) => fp.tag("staged"),
@@ -457,9 +468,120 @@ pub(crate) struct Ctx<'a> {
     pub(crate) config: &'a WorkerConfig,
     pub(crate) session: Option<&'a SessionView>,
     pub(crate) now: UnixMillis,
+    /// The monotonic reading of the same moment.
+    pub(crate) mono: MonoMillis,
+    /// When the operation's last control-plane call was sent (monotonic; see
+    /// `Slot::call_sent`).
+    pub(crate) call_sent: MonoMillis,
+    /// The leases this process obtained or renewed, with their local deadlines.
+    pub(crate) leases: &'a BTreeMap<OfferId, LeaseClock>,
     /// Whether a launch may begin or go on now (not fail-closed, no drain): read at every step,
     /// since another lane's outcome may latch fail-closed while a launch is under way.
     pub(crate) may_launch: bool,
+}
+
+impl Ctx<'_> {
+    /// Whether `record`'s lease has expired (see [`lease_expired`]).
+    pub(crate) fn lease_expired(&self, record: &InboxRecord) -> bool {
+        let offer = &record.offer;
+        lease_expired(
+            self.leases,
+            &offer.offer_id,
+            &offer.lease,
+            self.now,
+            self.mono,
+        )
+    }
+
+    /// What is left of `record`'s lease, in milliseconds (see [`lease_expired`]).
+    pub(crate) fn lease_remaining_ms(&self, record: &InboxRecord) -> u64 {
+        let offer = &record.offer;
+        lease_remaining_ms(
+            self.leases,
+            &offer.offer_id,
+            &offer.lease,
+            self.now,
+            self.mono,
+        )
+    }
+
+    /// Whether the Session `session` is usable now (monotonic).
+    pub(crate) fn usable(&self, session: &SessionView) -> bool {
+        session.usable(self.mono)
+    }
+}
+
+/// A lease this process obtained or renewed, on both clocks: the control plane's
+/// `renewedAtMs` and `expiresAtMs`, which name the grant, and its local deadline: the
+/// monotonic time at which the call that obtained it was sent plus the lease's length on the
+/// control plane's own clock (`expiresAtMs - renewedAtMs`). The control plane granted it after
+/// that call was sent, so the local deadline comes before the control plane's expiry, never
+/// after it, whatever this host's wall clock says. A lease this process did not obtain itself
+/// (read from disk after a restart; the offer of a claim retried from an earlier attempt, which
+/// the control plane may have granted before) has none until its first renewal here, and is
+/// judged by the wall clock against `expiresAtMs` meanwhile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LeaseClock {
+    renewed_at: UnixMillis,
+    expires_at: UnixMillis,
+    deadline: MonoMillis,
+}
+
+impl LeaseClock {
+    fn of(lease: &Lease, began: MonoMillis) -> Self {
+        Self {
+            renewed_at: lease.renewed_at_ms,
+            expires_at: lease.expires_at_ms,
+            deadline: began
+                .saturating_add(lease.expires_at_ms.saturating_since(lease.renewed_at_ms)),
+        }
+    }
+
+    fn names(&self, lease: &Lease) -> bool {
+        self.renewed_at == lease.renewed_at_ms && self.expires_at == lease.expires_at_ms
+    }
+}
+
+/// The local deadline of `record`'s lease: on the monotonic clock when this process obtained
+/// or renewed this very grant; otherwise (a lease read from disk after a restart, not renewed
+/// since) `None`, and the wall clock is compared with the control plane's expiry.
+fn lease_deadline(
+    leases: &BTreeMap<OfferId, LeaseClock>,
+    offer_id: &OfferId,
+    lease: &Lease,
+) -> Option<MonoMillis> {
+    leases
+        .get(offer_id)
+        .filter(|clock| clock.names(lease))
+        .map(|clock| clock.deadline)
+}
+
+/// Whether `record`'s lease has expired at `now` / `mono` (see [`lease_deadline`]).
+pub(crate) fn lease_expired(
+    leases: &BTreeMap<OfferId, LeaseClock>,
+    offer_id: &OfferId,
+    lease: &Lease,
+    now: UnixMillis,
+    mono: MonoMillis,
+) -> bool {
+    match lease_deadline(leases, offer_id, lease) {
+        Some(deadline) => mono >= deadline,
+        None => lease.expired_at(now),
+    }
+}
+
+/// What is left of `record`'s lease at `now` / `mono`, in milliseconds.
+pub(crate) fn lease_remaining_ms(
+    leases: &BTreeMap<OfferId, LeaseClock>,
+    offer_id: &OfferId,
+    lease: &Lease,
+    now: UnixMillis,
+    mono: MonoMillis,
+) -> u64 {
+    match lease_deadline(leases, offer_id, lease) {
+        Some(deadline) => deadline.saturating_since(mono),
+        None => lease.expires_at_ms.saturating_since(now),
+    }
 }
 
 /// One step of an operation.
@@ -524,19 +646,25 @@ pub(crate) fn is_active(state: State) -> bool {
 #[derive(Debug)]
 pub struct Worker {
     pub(crate) config: WorkerConfig,
+    /// The last wall-clock reading (never goes back: an older one is clamped).
     pub(crate) now: UnixMillis,
+    /// The last monotonic reading: every interval below runs on it.
+    pub(crate) mono: MonoMillis,
     pub(crate) next_op: u64,
     pub(crate) phase: Phase,
     pub(crate) session: Option<SessionView>,
     pub(crate) known: BTreeMap<OfferId, State>,
     pub(crate) fail_closed: Option<FailClosed>,
-    pub(crate) drain_started_at: Option<UnixMillis>,
+    pub(crate) drain_started_at: Option<MonoMillis>,
     pub(crate) queue: VecDeque<Work>,
     /// The operations in progress, one per lane (see [`Lane`]).
     pub(crate) lanes: BTreeMap<Lane, Slot>,
-    pub(crate) next_tick_at: UnixMillis,
-    pub(crate) heartbeat_due_at: UnixMillis,
-    pub(crate) pull_retry_at: Option<UnixMillis>,
+    pub(crate) next_tick_at: MonoMillis,
+    pub(crate) heartbeat_due_at: MonoMillis,
+    pub(crate) pull_retry_at: Option<MonoMillis>,
+    /// The pending claim's backoff was waited out in this process (on the monotonic clock):
+    /// the next Pull retries it without comparing its persisted wall-clock time again.
+    pub(crate) claim_backoff_served: bool,
     pub(crate) supervision_cursor: Option<OfferId>,
     pub(crate) reconcile_cursor: Option<OfferId>,
     pub(crate) transition_offline_queued: bool,
@@ -544,11 +672,13 @@ pub struct Worker {
     pub(crate) evidence: BTreeMap<OfferId, RecoveryReason>,
     /// Lease expiry of records that never crossed the spawn barrier (`accepted`,
     /// `starting_acknowledged`, `start_failed`): once it passes they are dormant.
-    pub(crate) pre_barrier_expiry: BTreeMap<OfferId, UnixMillis>,
+    pub(crate) pre_barrier_expiry: BTreeMap<OfferId, Lease>,
     /// Settled records whose receipt removal failed: retried at the next tick.
     pub(crate) pending_cleanup: alloc::collections::BTreeSet<OfferId>,
-    /// When each live Run's lease was last renewed (local time), for pacing.
-    pub(crate) last_renewal: BTreeMap<OfferId, UnixMillis>,
+    /// When each live Run's lease was last renewed (monotonic), for pacing.
+    pub(crate) last_renewal: BTreeMap<OfferId, MonoMillis>,
+    /// The local deadline of each lease this process obtained or renewed (see [`LeaseClock`]).
+    pub(crate) leases: BTreeMap<OfferId, LeaseClock>,
     /// For each live Run whose renewals got uncertain outcomes since its lease was last made
     /// durable: the highest lease version the control plane may hold (each lost renewal at
     /// version `x` may have left it at `x + 1`). A fenced renewal is tried at every version up
@@ -588,7 +718,7 @@ pub struct Worker {
     pub(crate) session_uncertain: bool,
     /// Registers in a row that got no usable answer, and when the next may go out.
     pub(crate) register_failures: u32,
-    pub(crate) register_retry_at: Option<UnixMillis>,
+    pub(crate) register_retry_at: Option<MonoMillis>,
     /// The drain budget ended: the Runs still in flight are stopped, then completed.
     pub(crate) drain_overrun: bool,
     /// Records whose Run the drain-budget stop has already stopped.
@@ -656,11 +786,12 @@ impl Worker {
     /// A new Worker. Inert until the first [`Input::Tick`]; the driver must already hold the
     /// inbox owner lock.
     #[must_use]
-    pub fn new(config: WorkerConfig, now: UnixMillis) -> Self {
+    pub fn new(config: WorkerConfig, now: Now) -> Self {
         let config_capacity = config.capacity.get();
         Self {
             config,
-            now,
+            now: now.wall,
+            mono: now.mono,
             next_op: 0,
             phase: Phase::Registering,
             session: None,
@@ -669,9 +800,10 @@ impl Worker {
             drain_started_at: None,
             queue: VecDeque::new(),
             lanes: BTreeMap::new(),
-            next_tick_at: now,
-            heartbeat_due_at: now,
+            next_tick_at: now.mono,
+            heartbeat_due_at: now.mono,
             pull_retry_at: None,
+            claim_backoff_served: false,
             supervision_cursor: None,
             reconcile_cursor: None,
             transition_offline_queued: false,
@@ -679,6 +811,7 @@ impl Worker {
             pre_barrier_expiry: BTreeMap::new(),
             pending_cleanup: alloc::collections::BTreeSet::new(),
             last_renewal: BTreeMap::new(),
+            leases: BTreeMap::new(),
             lease_may_hold: BTreeMap::new(),
             notices: VecDeque::new(),
             finished: None,
@@ -750,12 +883,7 @@ impl Worker {
     /// budget has ended, only records past the spawn barrier hold it (their Runs are stopped and
     /// completed); the others stay for the next start.
     pub(crate) fn holds_drain(&self, id: &OfferId, state: State) -> bool {
-        if !is_active(state)
-            || self
-                .pre_barrier_expiry
-                .get(id)
-                .is_some_and(|at| self.now >= *at)
-        {
+        if !is_active(state) || self.dormant(id) {
             return false;
         }
         match state {
@@ -837,6 +965,7 @@ impl Worker {
         Self {
             config: self.config.clone(),
             now: self.now,
+            mono: self.mono,
             next_op: self.next_op,
             phase: self.phase,
             session: self.session.clone(),
@@ -848,6 +977,7 @@ impl Worker {
             next_tick_at: self.next_tick_at,
             heartbeat_due_at: self.heartbeat_due_at,
             pull_retry_at: self.pull_retry_at,
+            claim_backoff_served: self.claim_backoff_served,
             supervision_cursor: self.supervision_cursor.clone(),
             reconcile_cursor: self.reconcile_cursor.clone(),
             transition_offline_queued: self.transition_offline_queued,
@@ -855,6 +985,7 @@ impl Worker {
             pre_barrier_expiry: self.pre_barrier_expiry.clone(),
             pending_cleanup: self.pending_cleanup.clone(),
             last_renewal: self.last_renewal.clone(),
+            leases: self.leases.clone(),
             lease_may_hold: self.lease_may_hold.clone(),
             finished: self.finished.clone(),
             claim_pending: self.claim_pending,
@@ -875,12 +1006,28 @@ impl Worker {
         }
     }
 
+    /// The Worker's clock readings as it holds them (each the highest it was fed). Only with
+    /// the `sim-hooks` feature (not for production).
+    #[cfg(feature = "sim-hooks")]
+    #[must_use]
+    pub fn clock_reading(&self) -> Now {
+        Now::new(self.now, self.mono)
+    }
+
+    /// Whether this process holds a local deadline for `offer_id`'s current lease (see
+    /// `LeaseClock`). Only with the `sim-hooks` feature (not for production).
+    #[cfg(feature = "sim-hooks")]
+    #[must_use]
+    pub fn times_lease(&self, offer_id: &OfferId) -> bool {
+        self.leases.contains_key(offer_id)
+    }
+
     /// Writes a canonical rendering of the whole in-memory state into `hasher`, for the model
     /// checker's deduplication of states: the last clock reading, then
     /// [`Worker::state_fingerprint`]. Only with the `sim-hooks` feature (not for production).
     #[cfg(feature = "sim-hooks")]
     pub fn fingerprint(&self, hasher: &mut dyn core::hash::Hasher) {
-        crate::fingerprint::Fingerprint(&mut *hasher).debug(&self.now);
+        crate::fingerprint::Fingerprint(&mut *hasher).debug(&(self.now, self.mono));
         self.state_fingerprint(hasher);
     }
 
@@ -895,6 +1042,7 @@ impl Worker {
         fp.debug(&(self.phase, &self.session, &self.known));
         fp.debug(&(&self.fail_closed, self.drain_started_at, &self.queue));
         fp.debug(&(self.next_tick_at, self.heartbeat_due_at, self.pull_retry_at));
+        fp.debug(&(self.claim_backoff_served, &self.leases));
         fp.debug(&(&self.supervision_cursor, &self.reconcile_cursor));
         fp.debug(&(self.transition_offline_queued, &self.finished));
         fp.debug(&(self.claim_pending, self.retiring, &self.config.session_id));
@@ -921,16 +1069,20 @@ impl Worker {
         }
     }
 
-    /// Feeds one input. `now` is the driver's single clock reading; an older reading than the
-    /// last one is clamped (time never goes back inside the core).
+    /// Feeds one input. `now` holds the driver's two clock readings, taken together; on
+    /// either clock an older reading than the last one is clamped (time never goes back inside
+    /// the core). A wall clock stepped back therefore stands still here until it has caught up
+    /// (only the timestamps the Worker writes see it); no interval does, since intervals run on
+    /// the monotonic clock.
     ///
     /// # Errors
     /// [`InputError`] when the input does not answer the outstanding command; nothing changes.
-    pub fn handle(&mut self, now: UnixMillis, input: Input) -> Result<(), InputError> {
+    pub fn handle(&mut self, now: Now, input: Input) -> Result<(), InputError> {
         if self.finished.is_some() {
             return Err(InputError::Halted);
         }
-        self.now = self.now.max(now);
+        self.now = self.now.max(now.wall);
+        self.mono = self.mono.max(now.mono);
         match input {
             Input::Tick => {
                 self.on_tick();
@@ -1002,7 +1154,7 @@ impl Worker {
         let overdue = self.next_tick_at.saturating_add(self.config.cadence_ms);
         !self.queue.is_empty()
             && matches!(self.phase, Phase::Active | Phase::Draining)
-            && self.now >= overdue
+            && self.mono >= overdue
     }
 
     /// The first staged action of a lane that may go out now, as a command.
@@ -1019,6 +1171,10 @@ impl Worker {
         self.next_op += 1;
         let slot = self.lanes.get_mut(&lane)?;
         let action = slot.send(id)?;
+        if matches!(action, Action::Post(_) | Action::UploadLog { .. }) {
+            // The driver sends it after this reading, never before.
+            slot.call_sent = self.mono;
+        }
         Some(Command { id, action })
     }
 
@@ -1038,7 +1194,7 @@ impl Worker {
                     offer_id,
                     result: crate::processor::ProcessResult::Deferred,
                 };
-                self.apply(lane, slot.work, Step::Done(finished));
+                self.apply(lane, slot.work, slot.call_sent, Step::Done(finished));
             }
         }
     }
@@ -1115,7 +1271,7 @@ impl Worker {
         self.queue.contains(work) || self.lanes.values().any(|s| &s.work == work)
     }
 
-    fn wake_at(&self) -> Option<UnixMillis> {
+    fn wake_at(&self) -> Option<MonoMillis> {
         let mut wake = self.next_tick_at;
         if let Some(started) = self.drain_started_at
             && !self.drain_overrun
@@ -1145,7 +1301,16 @@ impl Worker {
                     write: Some(record),
                     ..
                 },
-            ) => self.observe(&record),
+            ) => {
+                if slot.op.grants_lease() {
+                    // The lease it writes was granted in answer to its last call.
+                    self.leases.insert(
+                        record.offer.offer_id.clone(),
+                        LeaseClock::of(&record.offer.lease, slot.call_sent),
+                    );
+                }
+                self.observe(&record);
+            }
             (Outcome::RecordRead(Some(record)), _) => self.observe(record),
             _ => {}
         }
@@ -1154,11 +1319,14 @@ impl Worker {
                 config: &self.config,
                 session: self.session.as_ref(),
                 now: self.now,
+                mono: self.mono,
+                call_sent: slot.call_sent,
+                leases: &self.leases,
                 may_launch: self.may_launch(),
             };
             slot.op.resume(&ctx, outcome)
         };
-        self.apply(lane, slot.work, step);
+        self.apply(lane, slot.work, slot.call_sent, step);
         Ok(())
     }
 
@@ -1178,6 +1346,9 @@ impl Worker {
                 config: &self.config,
                 session: self.session.as_ref(),
                 now: self.now,
+                mono: self.mono,
+                call_sent: self.mono,
+                leases: &self.leases,
                 may_launch: self.may_launch(),
             };
             let offer = match &work {
@@ -1186,7 +1357,7 @@ impl Worker {
             };
             let paced = offer.is_some_and(|offer_id| {
                 self.last_renewal.get(offer_id).is_some_and(|at| {
-                    self.now < at.saturating_add(self.config.lease_control_interval_ms)
+                    self.mono < at.saturating_add(self.config.lease_control_interval_ms)
                 })
             });
             let slots = self.available_slots();
@@ -1213,16 +1384,18 @@ impl Worker {
                     paced,
                     drain_stop,
                     may_hold,
+                    backoff_served: self.claim_backoff_served,
                 },
             )
         };
-        self.apply(work.lane(), work, step);
+        self.apply(work.lane(), work, self.mono, step);
     }
 
     fn apply(
         &mut self,
         lane: Lane,
         work: Work,
+        call_sent: MonoMillis,
         step: Step<crate::ops::Running, crate::ops::Finished>,
     ) {
         match step {
@@ -1231,6 +1404,7 @@ impl Worker {
                     lane,
                     Slot {
                         work,
+                        call_sent,
                         op,
                         pending: Pending::Staged(action),
                     },
@@ -1257,8 +1431,6 @@ impl Worker {
         self.finished = Some(Finish::Stopped(reason));
     }
 
-    /// Records the state of a record the Worker read or wrote, and latches fail-closed on
-    /// recovery evidence.
     /// Records the state of a record the Worker read or wrote. Fail-closed follows the
     /// evidence: it holds while any known record is `recovery_required` (startup
     /// reconciliation lists every record, so nothing on disk is missed), and lifts once the last
@@ -1266,6 +1438,15 @@ impl Worker {
     pub(crate) fn observe(&mut self, record: &InboxRecord) {
         let id = record.offer.offer_id.clone();
         self.known.insert(id.clone(), record.state);
+        // A local lease deadline holds only for the very grant it was computed for.
+        if record.state.is_terminal()
+            || self
+                .leases
+                .get(&id)
+                .is_some_and(|clock| !clock.names(&record.offer.lease))
+        {
+            self.leases.remove(&id);
+        }
         match record.recovery() {
             Some(reason) => {
                 self.evidence.insert(id.clone(), reason);
@@ -1277,7 +1458,7 @@ impl Worker {
         // Kept to tell dormant records apart (`InboxRecord::is_dormant`) without the record.
         if record.state.is_pre_barrier() {
             self.pre_barrier_expiry
-                .insert(id, record.offer.lease.expires_at_ms);
+                .insert(id, record.offer.lease.clone());
         } else {
             self.pre_barrier_expiry.remove(&id);
         }
@@ -1299,14 +1480,16 @@ impl Worker {
     pub(crate) fn active_count(&self) -> usize {
         self.known
             .iter()
-            .filter(|(id, state)| {
-                is_active(**state)
-                    && self
-                        .pre_barrier_expiry
-                        .get(*id)
-                        .is_none_or(|at| self.now < *at)
-            })
+            .filter(|(id, state)| is_active(**state) && !self.dormant(id))
             .count()
+    }
+
+    /// Whether a record that never crossed the spawn barrier has outlived its lease (see
+    /// [`lease_expired`]): it can never progress.
+    fn dormant(&self, id: &OfferId) -> bool {
+        self.pre_barrier_expiry
+            .get(id)
+            .is_some_and(|lease| lease_expired(&self.leases, id, lease, self.now, self.mono))
     }
 
     /// A supervisor of this Worker exited: its receipt is published (or it failed). The record's
@@ -1330,13 +1513,14 @@ impl Worker {
             self.known.remove(offer_id);
             self.pre_barrier_expiry.remove(offer_id);
             self.last_renewal.remove(offer_id);
+            self.leases.remove(offer_id);
             self.lease_may_hold.remove(offer_id);
         }
     }
 
     fn begin_drain(&mut self) {
         if self.drain_started_at.is_none() {
-            self.drain_started_at = Some(self.now);
+            self.drain_started_at = Some(self.mono);
             let in_flight = self.in_flight();
             self.fact(|| Fact::DrainBegun { in_flight });
             match self.phase {

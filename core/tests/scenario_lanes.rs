@@ -112,7 +112,7 @@ fn a_long_upload_keeps_its_lease_and_the_session_alive() {
     // the renewals left.
     sim.worker
         .handle(
-            sim.now,
+            sim.clock(),
             Input::Outcome {
                 id: upload,
                 outcome: uploaded,
@@ -180,7 +180,7 @@ fn a_slow_renewal_does_not_hold_the_heartbeat() {
     );
     sim.worker
         .handle(
-            sim.now,
+            sim.clock(),
             Input::Outcome {
                 id: renewal,
                 outcome: renewed,
@@ -215,7 +215,7 @@ fn an_outcome_for_no_outstanding_command_is_refused() {
     let (id, _) = sim.pending.clone().expect("a command");
     let stranger = OpId(id.0 + 1_000);
     let refused = sim.worker.handle(
-        sim.now,
+        sim.clock(),
         Input::Outcome {
             id: stranger,
             outcome: Outcome::Persisted,

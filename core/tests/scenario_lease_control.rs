@@ -254,7 +254,7 @@ fn coalesces_concurrent_supervision_for_the_same_offer() {
     // Concurrent ticks while the Processor's read is outstanding change nothing.
     let pending = sim.pending.clone();
     for _ in 0..3 {
-        sim.worker.handle(sim.now, Input::Tick).unwrap();
+        sim.worker.handle(sim.clock(), Input::Tick).unwrap();
         sim.poll();
     }
     assert_eq!(sim.pending, pending);

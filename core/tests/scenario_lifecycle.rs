@@ -34,13 +34,14 @@ fn with_slots(world: World, slots: u16) -> Sim {
 /// that lets the driver exit and release it.
 #[test]
 fn is_inert_until_explicit_start_and_releases_the_single_journal_owner() {
-    let mut worker = Worker::new(testkit::config(), ms(1_000));
+    let start = ql_worker_sim::clock::reading(ms(1_000), 0);
+    let mut worker = Worker::new(testkit::config(), start);
     for _ in 0..3 {
         assert!(matches!(
             worker.poll_output(),
             Output::Idle {
                 wake_at: Some(at)
-            } if at == ms(1_000)
+            } if at == start.mono
         ));
     }
     let mut sim = with_slots(World::new(1, Vec::new()), 1);
@@ -208,10 +209,12 @@ fn coalesces_ticks_and_aborts_a_pending_pull_before_releasing_ownership() {
     sim.answer(Answer::Ok); // list-inbox
     assert!(sim.act().is_some_and(|a| a.kind() == "read-claim"));
     let pending = sim.pending.clone();
-    sim.worker.handle(sim.now, Input::Tick).unwrap();
+    sim.worker.handle(sim.clock(), Input::Tick).unwrap();
     sim.poll();
     assert_eq!(sim.pending, pending, "a tick during a Pull is coalesced");
-    sim.worker.handle(sim.now, Input::DrainRequested).unwrap();
+    sim.worker
+        .handle(sim.clock(), Input::DrainRequested)
+        .unwrap();
     sim.poll();
     sim.settle();
     assert_eq!(sim.status, Status::Stopped(StopReason::Drained));

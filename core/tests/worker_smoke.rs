@@ -304,6 +304,11 @@ fn config() -> WorkerConfig {
 }
 
 /// Runs the worker until it is idle, answering every command.
+/// Both clock readings at `now` (this driver's monotonic clock reads the same numbers).
+fn at(now: UnixMillis) -> ql_worker_core::time::Now {
+    ql_worker_core::time::Now::new(now, ql_worker_core::time::MonoMillis::new(now.get()))
+}
+
 fn drain(worker: &mut Worker, host: &mut Host, now: UnixMillis) -> Option<UnixMillis> {
     for _ in 0..1000 {
         match worker.poll_output() {
@@ -311,7 +316,7 @@ fn drain(worker: &mut Worker, host: &mut Host, now: UnixMillis) -> Option<UnixMi
                 let outcome = host.perform(now, command.action);
                 worker
                     .handle(
-                        now,
+                        at(now),
                         Input::Outcome {
                             id: command.id,
                             outcome,
@@ -319,7 +324,7 @@ fn drain(worker: &mut Worker, host: &mut Host, now: UnixMillis) -> Option<UnixMi
                     )
                     .unwrap();
             }
-            Output::Idle { wake_at } => return wake_at,
+            Output::Idle { wake_at } => return wake_at.map(|w| ms(w.get())),
             other => panic!("unexpected output {other:?}"),
         }
     }
@@ -330,9 +335,9 @@ fn drain(worker: &mut Worker, host: &mut Host, now: UnixMillis) -> Option<UnixMi
 fn one_run_from_pull_to_completion_in_the_required_order() {
     let mut host = Host::default();
     let mut now = ms(1_000);
-    let mut worker = Worker::new(config(), now);
+    let mut worker = Worker::new(config(), at(now));
     for _ in 0..6 {
-        worker.handle(now, Input::Tick).unwrap();
+        worker.handle(at(now), Input::Tick).unwrap();
         let wake = drain(&mut worker, &mut host, now).unwrap();
         now = wake.max(now.saturating_add(1));
     }

@@ -68,7 +68,7 @@ pub enum Note {
         path: String,
         /// How.
         error: TransportError,
-        /// When (Unix ms).
+        /// When (monotonic ms, `os::mono`).
         at_ms: u64,
     },
     /// The credential file could not be used.
@@ -77,7 +77,7 @@ pub enum Note {
         path: String,
         /// The rule it breaks.
         problem: String,
-        /// When (Unix ms).
+        /// When (monotonic ms, `os::mono`).
         at_ms: u64,
     },
     /// The log's spool file could not be read for its upload.
@@ -160,7 +160,7 @@ impl NetCall {
                 notes.push(Note::CredentialUnreadable {
                     path: path.to_owned(),
                     problem,
-                    at_ms: crate::os::now().get(),
+                    at_ms: crate::os::mono().get(),
                 });
                 None
             }
@@ -172,7 +172,7 @@ impl NetCall {
         notes.push(Note::Failed {
             path: path.to_owned(),
             error,
-            at_ms: crate::os::now().get(),
+            at_ms: crate::os::mono().get(),
         });
         Outcome::Http(failure)
     }

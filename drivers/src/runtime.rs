@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ql_worker_core::io::{Input, OpId};
-use ql_worker_core::time::UnixMillis;
+use ql_worker_core::time::{MonoMillis, Now};
 use ql_worker_core::worker::{HaltReason, Output, Phase, StopReason, Worker, WorkerConfig};
 
 use crate::calls::Calls;
@@ -247,7 +247,7 @@ pub struct Runner {
     retention: RetentionPolicy,
     signals: Signals,
     drain_sent: bool,
-    next_retention_at: UnixMillis,
+    next_retention_at: MonoMillis,
     /// The inbox's record and settled counts after the last sweep (see `retention::due`).
     last_swept: Option<(usize, usize)>,
     /// Whether the last "inbox full" event said full.
@@ -261,7 +261,7 @@ pub struct Runner {
     notifier: crate::notify::Notifier,
     /// `[metrics]`.
     metrics: MetricsSettings,
-    next_metrics_at: UnixMillis,
+    next_metrics_at: MonoMillis,
     /// The last metrics-file failure reported (each distinct one once).
     metrics_failure: Option<String>,
     /// The optional listener (kept alive with the run).
@@ -281,19 +281,16 @@ pub struct Runner {
 struct CertificateWatch {
     leaf: Option<Leaf>,
     window_ms: u64,
-    next_check_at: UnixMillis,
+    next_check_at: MonoMillis,
     /// The path, for messages.
     path: PathBuf,
 }
 
 impl CertificateWatch {
     /// Checks the leaf now: a refusal is a message; a warning is an event and a metric.
-    fn check(
-        &mut self,
-        now: UnixMillis,
-        telemetry: &crate::telemetry::Telemetry,
-    ) -> Option<String> {
-        self.next_check_at = now.saturating_add(CERTIFICATE_CHECK_EVERY_MS);
+    fn check(&mut self, now: Now, telemetry: &crate::telemetry::Telemetry) -> Option<String> {
+        self.next_check_at = now.mono.saturating_add(CERTIFICATE_CHECK_EVERY_MS);
+        let now = now.wall;
         let leaf = self.leaf.as_ref()?;
         telemetry.metrics().update(|r| {
             r.certificate_not_after_ms = u64::try_from(leaf.not_after_ms).ok();
@@ -461,7 +458,10 @@ impl Runner {
         host.set_leftovers(leftovers);
         let reported_session = (session.session_id.clone(), false);
         *host.telemetry_mut() = crate::telemetry::Telemetry::new(metrics);
-        let mut worker = Worker::new(worker_config(config, session.session_id)?, now);
+        let mut worker = Worker::new(
+            worker_config(config, session.session_id)?,
+            Now::new(now, crate::os::mono()),
+        );
         worker.report_facts();
         Ok(Self {
             worker,
@@ -476,7 +476,7 @@ impl Runner {
             },
             signals,
             drain_sent: false,
-            next_retention_at: now,
+            next_retention_at: MonoMillis::ZERO,
             last_swept: None,
             reported_full: false,
             reported_session,
@@ -484,14 +484,14 @@ impl Runner {
             retention_failure: None,
             notifier: crate::notify::Notifier::from_env(),
             metrics: config.metrics.clone(),
-            next_metrics_at: now,
+            next_metrics_at: MonoMillis::ZERO,
             metrics_failure: None,
             listener,
             reloads_handled: 0,
             certificate: CertificateWatch {
                 leaf: Some(leaf),
                 window_ms: config.control_plane.certificate_warning_ms,
-                next_check_at: now,
+                next_check_at: MonoMillis::ZERO,
                 path: config.control_plane.client_certificate.clone(),
             },
             give_up_after_ms: config.control_plane.give_up_after_ms,
@@ -546,7 +546,7 @@ impl Runner {
                 .telemetry_mut()
                 .storage_fault("removing the drain request", &text, false);
         }
-        self.refresh_metrics(crate::os::now(), true);
+        self.refresh_metrics(crate::os::clock(), true);
         exit
     }
 
@@ -599,11 +599,12 @@ impl Runner {
     }
 
     /// Writes the metrics file when due (or now, with `force`).
-    fn refresh_metrics(&mut self, now: UnixMillis, force: bool) {
-        if !force && now < self.next_metrics_at {
+    fn refresh_metrics(&mut self, now: Now, force: bool) {
+        if !force && now.mono < self.next_metrics_at {
             return;
         }
-        self.next_metrics_at = now.saturating_add(self.metrics.interval_ms);
+        self.next_metrics_at = now.mono.saturating_add(self.metrics.interval_ms);
+        let now = now.wall;
         let in_flight = self.worker.in_flight() as u64;
         let paused = self.worker.admission_paused();
         let dropped = self.worker.facts_dropped();
@@ -639,7 +640,8 @@ impl Runner {
     /// file (unreadable, malformed, a key that does not match, an expired or not-for-client
     /// certificate) keeps the old material and says why.
     fn reload_tls(&mut self) {
-        let now = crate::os::now();
+        let clock = crate::os::clock();
+        let now = clock.wall;
         let client = self.host.client_mut();
         let loaded = client.material().reload();
         let result = loaded.map_err(|e| e.to_string()).and_then(|material| {
@@ -674,7 +676,7 @@ impl Runner {
                         "SIGHUP: the TLS material and trust anchors are unchanged"
                     });
                 let telemetry = self.host.telemetry_mut();
-                if let Some(refusal) = self.certificate.check(now, telemetry) {
+                if let Some(refusal) = self.certificate.check(clock, telemetry) {
                     // Checked above; the clock cannot have passed notAfter since.
                     Event::error("tls.reload_failed").emit(refusal);
                 }
@@ -745,7 +747,7 @@ impl Runner {
                         // An operator input (a drain) ended the machine: its output says how.
                         continue;
                     }
-                    if self.worker.handle(crate::os::now(), Input::Tick).is_err() {
+                    if self.worker.handle(crate::os::clock(), Input::Tick).is_err() {
                         return RunExit::Fatal(String::from("core refused a tick"));
                     }
                 }
@@ -781,7 +783,7 @@ impl Runner {
     /// core busy, and their exits must not wait for it).
     fn feed(&mut self, id: OpId, outcome: ql_worker_core::io::Outcome) -> Result<(), RunExit> {
         let input = Input::Outcome { id, outcome };
-        if let Err(e) = self.worker.handle(crate::os::now(), input) {
+        if let Err(e) = self.worker.handle(crate::os::clock(), input) {
             return Err(RunExit::Fatal(format!("core refused an outcome: {e}")));
         }
         self.report_notices();
@@ -833,7 +835,7 @@ impl Runner {
             self.drain_sent = true;
             if self
                 .worker
-                .handle(crate::os::now(), Input::DrainRequested)
+                .handle(crate::os::clock(), Input::DrainRequested)
                 .is_err()
             {
                 return Some(RunExit::Fatal(String::from(
@@ -854,7 +856,7 @@ impl Runner {
             let input = Input::ProcessExited {
                 offer_id: offer_id.clone(),
             };
-            if self.worker.handle(crate::os::now(), input).is_err() {
+            if self.worker.handle(crate::os::clock(), input).is_err() {
                 return Err(RunExit::Fatal(String::from(
                     "core refused a supervisor exit",
                 )));
@@ -868,11 +870,12 @@ impl Runner {
     /// room again. Whether a supervisor exited (work is queued).
     fn housekeeping(&mut self) -> Result<bool, RunExit> {
         let exited = self.reap()?;
-        let now = crate::os::now();
+        let clock = crate::os::clock();
+        let now = clock.wall;
         // The certificate first, so the first metrics file already shows it.
-        if now >= self.certificate.next_check_at {
+        if clock.mono >= self.certificate.next_check_at {
             let telemetry = self.host.telemetry_mut();
-            if let Some(refusal) = self.certificate.check(now, telemetry) {
+            if let Some(refusal) = self.certificate.check(clock, telemetry) {
                 // An expired certificate can only fail every handshake: say so clearly; the
                 // bound below ends the run if nothing authenticates any more.
                 Event::error("certificate.invalid")
@@ -883,7 +886,7 @@ impl Runner {
                     ));
             }
         }
-        self.refresh_metrics(now, false);
+        self.refresh_metrics(clock, false);
         self.notifier.watchdog_tick();
         let status = self.status_line();
         if self.ready {
@@ -892,14 +895,14 @@ impl Runner {
         if let Some(message) = self
             .host
             .telemetry_mut()
-            .unreachable_for(now.get(), self.give_up_after_ms)
+            .unreachable_for(clock.mono.get(), self.give_up_after_ms)
         {
             Event::error("control_plane.unreachable")
                 .number("bound_ms", self.give_up_after_ms)
                 .emit(&message);
             return Err(RunExit::Fatal(message));
         }
-        let periodic = now >= self.next_retention_at;
+        let periodic = clock.mono >= self.next_retention_at;
         let inbox = self.worker.inbox_status();
         if ql_worker_core::retention::due(
             inbox.records,
@@ -909,7 +912,7 @@ impl Runner {
             &self.retention,
         ) {
             if periodic {
-                self.next_retention_at = now.saturating_add(RETENTION_EVERY_MS);
+                self.next_retention_at = clock.mono.saturating_add(RETENTION_EVERY_MS);
             }
             let scope = if periodic {
                 Scope::Full
@@ -926,7 +929,7 @@ impl Runner {
                     }
                     for offer_id in report.records_removed {
                         let input = Input::RecordRemoved { offer_id };
-                        if self.worker.handle(crate::os::now(), input).is_err() {
+                        if self.worker.handle(crate::os::clock(), input).is_err() {
                             return Err(RunExit::Fatal(String::from(
                                 "core refused a retention report",
                             )));
@@ -998,9 +1001,9 @@ impl Runner {
         self.host.telemetry_mut().inbox(&inbox, changed);
     }
 
-    fn sleep_until(&mut self, wake_at: Option<UnixMillis>) -> Option<RunExit> {
+    fn sleep_until(&mut self, wake_at: Option<MonoMillis>) -> Option<RunExit> {
         loop {
-            let now = crate::os::now();
+            let now = crate::os::mono();
             if wake_at.is_some_and(|at| now >= at) {
                 return None;
             }

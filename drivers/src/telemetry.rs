@@ -93,7 +93,8 @@ fn fault_text(fault: &CallFault) -> String {
 /// refused credentials): after a bounded time of nothing else, the Worker halts.
 #[derive(Debug, Default)]
 struct Unreachable {
-    /// Since when (Unix ms) every such failure has gone unanswered by a good exchange.
+    /// Since when (monotonic ms, `os::mono`) every such failure has gone unanswered by a good
+    /// exchange.
     since_ms: Option<u64>,
     /// The last such failure.
     last: String,
@@ -471,8 +472,8 @@ impl Telemetry {
             Fact::Session(SessionResult::Renewed(_)) => {}
             // Fences are reported as `Rejoining`; a final refusal ends the run with its message.
             Fact::Session(SessionResult::Fenced(_) | SessionResult::Rejected(_)) => {}
-            Fact::Pull(PullResult::Failed { fault, retry_at }) => {
-                let wait = retry_at.get().saturating_sub(now_ms);
+            Fact::Pull(PullResult::Failed { fault, retry_in_ms }) => {
+                let wait = *retry_in_ms;
                 let text = match fault {
                     PullFault::Call(CallFault::Invalid(e)) => {
                         self.invalid_answer("offers", &e.to_string());

@@ -10,6 +10,7 @@
 //! crate that enables core's `sim-hooks` feature.
 #![forbid(unsafe_code)]
 
+pub mod clock;
 #[cfg(feature = "fault-fs")]
 pub mod fault_fs;
 pub mod fuzzing;

@@ -61,6 +61,7 @@ fn case(seed: u64) -> Case {
         unclean_drain: h.below(4) == 0,
         reoffers: SplitMix(seed ^ 0x1515_1515_1515_1515).below(2) == 0,
         concurrent: SplitMix(seed ^ 0x1616_1616_1616_1616).below(2) == 0,
+        clock_steps: SplitMix(seed ^ 0x1605_1605_1605_1605).below(2) == 0,
     };
     let len = 24 + usize::try_from(g.below(360)).unwrap_or(0);
     // The first bytes are the setup (configuration profile, pages, concurrency, clock and the

@@ -255,19 +255,31 @@ impl Ghost {
     /// A `recovery_required` record only for a cause the seed injected: a licensed reason
     /// ([`Self::recovery_causes`]), or a lease-loss reason once the durable lease has expired at
     /// `now`.
-    pub fn check_recovery(&self, record: &InboxRecord, now: ql_worker_core::time::UnixMillis) {
+    /// `slack`: how long before the control plane's expiry the Worker's local deadline of this
+    /// lease falls (the call that granted it was on its way that long; `Host::lease_slack`).
+    pub fn check_recovery(
+        &self,
+        record: &InboxRecord,
+        now: ql_worker_core::time::UnixMillis,
+        slack: u64,
+    ) {
+        let expired = record.offer.lease.expires_at_ms.get().saturating_sub(slack) <= now.get();
         let Some(reason) = record.recovery_reason else {
             return;
         };
         let offer = &record.offer.offer_id;
         let licensed = match reason {
             RecoveryReason::LeaseLostLocalExecutionUnverified => {
-                record.offer.lease.expires_at_ms <= now
+                expired
+                    || self
+                        .recovery_causes
+                        .get(offer)
+                        .is_some_and(|causes| causes.contains(&reason))
             }
             // Also licensed without expiry once the host said the supervisor and the process
             // are gone with no receipt (issue 16).
             RecoveryReason::LeaseLostLocalExecutionStopped => {
-                record.offer.lease.expires_at_ms <= now
+                expired
                     || self
                         .recovery_causes
                         .get(offer)

@@ -23,7 +23,7 @@ use ql_worker_core::io::{
 use ql_worker_core::listing::{PageLimit, page};
 use ql_worker_core::receipt::{Receipt, ReceiptToken};
 use ql_worker_core::record::{InboxRecord, RecoveryReason, State, check_transition};
-use ql_worker_core::time::UnixMillis;
+use ql_worker_core::time::{Now, UnixMillis};
 use ql_worker_core::wire::artifact::{ArtifactReceipt, ArtifactUpload, UploadStatus};
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::worker::Worker;
@@ -125,8 +125,20 @@ impl Answer {
 /// The fuzz host.
 #[derive(Debug)]
 pub struct Host {
-    /// The host clock (never goes back).
+    /// The true time, the control plane's clock (never goes back).
     pub now: UnixMillis,
+    /// How far this host's wall clock is off the true time (clock-step faults): the Worker's
+    /// wall readings and the supervisors' timestamps are `now + wall_skew` (at least 0); its
+    /// monotonic readings never see it (see [`Host::clock`]).
+    pub wall_skew: i64,
+    /// When the Worker sent the control-plane call being performed (the true time of its
+    /// emission), and, per lease granted (offer and lease version), how long the call that
+    /// granted it had been on its way when the control plane granted it: the Worker times a
+    /// lease from the sending of that call, so its local deadline is the plane's expiry less
+    /// this.
+    pub call_sent_at: Option<UnixMillis>,
+    /// See [`Host::call_sent_at`].
+    pub lease_slack: BTreeMap<(OfferId, u64), u64>,
     /// Inbox records: the envelope as written and the value it decoded to.
     pub records: BTreeMap<OfferId, (Vec<u8>, InboxRecord)>,
     /// The pending claim as an envelope.
@@ -186,11 +198,26 @@ fn read_fault(f: u8) -> StoreFailure {
 }
 
 impl Host {
+    /// This host's wall clock: the true time off by [`Host::wall_skew`].
+    #[must_use]
+    pub fn local_wall(&self) -> UnixMillis {
+        crate::clock::wall(self.now, self.wall_skew)
+    }
+
+    /// The Worker's two readings: the skewed wall clock and the monotonic clock.
+    #[must_use]
+    pub fn clock(&self) -> Now {
+        crate::clock::reading(self.now, self.wall_skew)
+    }
+
     /// A host at `now` with an empty store and `plane`.
     #[must_use]
     pub fn new(now: UnixMillis, plane: Plane) -> Self {
         Self {
             now,
+            wall_skew: 0,
+            call_sent_at: None,
+            lease_slack: BTreeMap::new(),
             records: BTreeMap::new(),
             claim: None,
             session_id: samples::worker().session_id,
@@ -278,7 +305,18 @@ impl Host {
                 if record.state == State::RecoveryRequired
                     && stored != Some(State::RecoveryRequired)
                 {
-                    self.ghost.check_recovery(record, self.now);
+                    // A lease the Worker holds no local deadline for is judged by its wall
+                    // clock (the highest reading it was fed): one that was set ahead of the
+                    // true time sees it expired early (a restart, or a retried claim's offer,
+                    // while the clock is or was ahead; `LeaseClock`).
+                    if !worker.times_lease(offer)
+                        && let Some(reason) = record.recovery_reason
+                        && record.offer.lease.expired_at(worker.clock_reading().wall)
+                    {
+                        self.ghost.cause(offer, reason);
+                    }
+                    let slack = self.slack(record);
+                    self.ghost.check_recovery(record, self.now, slack);
                 }
                 self.check_persist(*expected, record);
                 self.ghost.written.insert(offer.clone(), record.state);
@@ -841,7 +879,11 @@ impl Host {
             Operation::Register | Operation::Heartbeat | Operation::Transition => {
                 Some(self.plane.session(op.as_str(), session, body, now, v))
             }
-            Operation::Offers => Some(self.plane.offers(session, body, now, v)),
+            Operation::Offers => {
+                let answer = self.plane.offers(session, body, now, v);
+                self.granted(body, &answer);
+                Some(answer)
+            }
             Operation::Starting | Operation::Running | Operation::StartFailure => {
                 if let Ok(offer) = OfferId::new(plane::text(body, "offerId")) {
                     self.plane.activation_seen(&offer);
@@ -858,9 +900,46 @@ impl Host {
                 let record = record?;
                 let attempt = &record.offer.candidate.attempt_id;
                 let timed_out = self.plane_timeout && !self.receipts.contains_key(attempt);
-                Plane::lease_control(body, &record, now, if timed_out { 4 } else { v })
+                let answer =
+                    Plane::lease_control(body, &record, now, if timed_out { 4 } else { v });
+                if let Some(bytes) = &answer {
+                    self.granted(body, bytes);
+                }
+                answer
             }
             Operation::Artifacts | Operation::Attestations => None,
+        }
+    }
+
+    /// How long before the control plane's expiry of `record`'s lease the Worker's local
+    /// deadline for it falls (see [`Host::lease_slack`]).
+    #[must_use]
+    pub fn slack(&self, record: &InboxRecord) -> u64 {
+        let lease = (
+            record.offer.offer_id.clone(),
+            record.offer.lease.version.get(),
+        );
+        self.lease_slack.get(&lease).copied().unwrap_or(0)
+    }
+
+    /// A call that may grant the lease of the offer it names was applied now, answered with
+    /// `answer`: if it granted one (its lease version), how long the call was on its way (see
+    /// [`Host::lease_slack`]).
+    fn granted(&mut self, body: &Value, answer: &[u8]) {
+        let answer: Value = serde_json::from_slice(answer).unwrap_or(Value::Null);
+        let version = [
+            &answer["leaseVersion"],
+            &answer["offer"]["lease"]["version"],
+        ]
+        .into_iter()
+        .find_map(Value::as_u64);
+        if let (Ok(offer), Some(sent), Some(version)) = (
+            OfferId::new(plane::text(body, "offerId")),
+            self.call_sent_at,
+            version,
+        ) {
+            let slack = self.now.saturating_since(sent);
+            self.lease_slack.insert((offer, version), slack);
         }
     }
 
@@ -926,7 +1005,8 @@ impl Host {
     /// Process `index` ends: the log is captured and, when `receipt`, the supervisor publishes
     /// the genuine receipt.
     pub fn exit(&mut self, index: usize, code: u8, receipt: bool) {
-        let now = self.now;
+        // The supervisor's timestamps come from this host's wall clock.
+        let now = self.local_wall();
         let Some(process) = self.processes.get_mut(index) else {
             return;
         };

@@ -20,7 +20,7 @@ use ql_worker_core::io::{Command, Input, Outcome};
 use ql_worker_core::listing::PageLimit;
 use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
 use ql_worker_core::revision::Architecture;
-use ql_worker_core::time::UnixMillis;
+use ql_worker_core::time::{MonoMillis, UnixMillis};
 use ql_worker_core::wire::session::Capabilities;
 use ql_worker_core::worker::{HaltReason, Output, StopReason, Worker, WorkerConfig};
 
@@ -72,6 +72,11 @@ pub struct SimOptions {
     /// order the bytes choose, with other commands, ticks and time between. One byte per call
     /// and one per step while calls are in flight.
     pub concurrent: bool,
+    /// This host's wall clock steps while the Worker runs (issue 16, item 5): back an hour,
+    /// forward an hour, or (chosen at setup) it starts near 1970 and jumps to the true time
+    /// when "NTP syncs". The control plane keeps the true time; the Worker's monotonic clock
+    /// never steps. One byte at setup, and idle steps may step the clock.
+    pub clock_steps: bool,
 }
 
 /// Calls in flight at once, at most, with [`SimOptions::concurrent`].
@@ -120,6 +125,8 @@ pub struct Summary {
     pub renewals: u32,
     /// Runs the control plane re-delivered under a new offer id ([`SimOptions::reoffers`]).
     pub redelivered: u32,
+    /// Wall-clock steps injected ([`SimOptions::clock_steps`]), a start near 1970 included.
+    pub clock_steps: u32,
     /// Runs this simulation settled, by how (preloaded settled records are not counted; records
     /// retention removed are).
     pub runs: RunOutcomes,
@@ -212,11 +219,18 @@ pub fn simulate(
     sim.host.plane.new_sessions_draining = lie == Some(super::host::Lie::SessionStaysDraining);
     sim.host.plane.reoffers = faults.reoffers;
     sim.trace = Some(trace);
+    if faults.clock_steps && r.u8().is_multiple_of(4) {
+        // The host booted without a clock: its wall clock starts 5 s after the epoch until a
+        // clock step (NTP) sets it.
+        sim.host.wall_skew = 5_000 - i64::try_from(sim.host.now.get()).unwrap_or(0);
+        sim.worker = Worker::new(sim.config.clone(), sim.host.clock());
+        sim.summary.clock_steps += 1;
+    }
     if faults.small_inbox {
         let places = sim.host.records.len() + 1 + usize::from(r.u8() % 2);
         let capacity = ql_worker_core::listing::Capacity::new(u64::try_from(places).unwrap_or(1));
         sim.config.capacity = capacity.unwrap_or_default();
-        sim.worker = Worker::new(sim.config.clone(), sim.host.now);
+        sim.worker = Worker::new(sim.config.clone(), sim.host.clock());
     }
     sim.note(format_args!(
         "setup: {} records, inbox capacity {}",
@@ -260,6 +274,10 @@ pub struct Sim<'t> {
     removed: Vec<InboxRecord>,
     /// Calls issued and not answered yet ([`SimOptions::concurrent`]), oldest first.
     in_flight: Vec<Command>,
+    /// The highest time the host's wall clock showed before a clock step.
+    wall_high: UnixMillis,
+    /// When each control-plane call was issued (true time), until it is performed.
+    sent_at: std::collections::BTreeMap<ql_worker_core::io::OpId, UnixMillis>,
 }
 
 fn config(r: &mut Bytes<'_>) -> WorkerConfig {
@@ -349,7 +367,7 @@ impl Sim<'_> {
                 preload_claim(&mut host, r);
             }
         }
-        let worker = Worker::new(config.clone(), now);
+        let worker = Worker::new(config.clone(), host.clock());
         Self {
             trace: None,
             faults: SimOptions::default(),
@@ -363,6 +381,8 @@ impl Sim<'_> {
             idle: false,
             removed: Vec::new(),
             in_flight: Vec::new(),
+            sent_at: std::collections::BTreeMap::new(),
+            wall_high: UnixMillis::ZERO,
         }
     }
 
@@ -417,12 +437,11 @@ impl Sim<'_> {
                 if reason == StopReason::Drained {
                     // Settled, or dormant: before the spawn barrier with its lease expired,
                     // so nothing ran and nothing can start (docs/model-check.md, findings).
-                    let now = self.host.now;
                     let settled = self
                         .host
                         .all_records()
                         .iter()
-                        .all(|r| r.state.is_terminal() || r.is_dormant(now));
+                        .all(|r| r.state.is_terminal() || self.dormant_to_worker(r));
                     assert!(
                         settled,
                         "INVARIANT drain: drained with records neither settled nor dormant"
@@ -440,6 +459,18 @@ impl Sim<'_> {
         }
     }
 
+    /// Whether the Worker may rightly take `record` for dormant (before the spawn barrier, its
+    /// lease expired): by the true time; by its local deadline, which falls before the control
+    /// plane's expiry by how long the granting call was on its way (`Host::lease_slack`); or,
+    /// for a lease it holds no local deadline for, by its own wall clock (`LeaseClock`).
+    fn dormant_to_worker(&self, record: &InboxRecord) -> bool {
+        let offer = &record.offer.offer_id;
+        let deadline = samples::ms(self.host.now.get().saturating_add(self.host.slack(record)));
+        record.is_dormant(deadline)
+            || (!self.worker.times_lease(offer)
+                && record.is_dormant(self.worker.clock_reading().wall))
+    }
+
     fn check_halt(&self, reason: &HaltReason) {
         assert!(
             self.license.allows(reason),
@@ -453,6 +484,12 @@ impl Sim<'_> {
     /// unclean drain.
     fn count(&mut self, command: &Command) {
         self.summary.commands += 1;
+        if matches!(
+            command.action,
+            ql_worker_core::io::Action::Post(_) | ql_worker_core::io::Action::UploadLog { .. }
+        ) {
+            self.sent_at.insert(command.id, self.host.now);
+        }
         self.note(format_args!("{} {:?}", command.id, command.action));
         self.host.on_command(&command.action, &self.worker);
         if matches!(
@@ -520,6 +557,7 @@ impl Sim<'_> {
             }
             _ => {
                 // Performed, then the process died before reporting.
+                self.host.call_sent_at = self.sent_at.remove(&command.id);
                 let _ = self.host.perform(command.action, Mode::Valid, r);
                 let _ = self.restart();
                 return;
@@ -541,6 +579,7 @@ impl Sim<'_> {
             self.note(format_args!("  request delayed {lag} ms"));
             self.advance(lag);
         }
+        self.host.call_sent_at = self.sent_at.remove(&command.id);
         let answer = self.host.perform(command.action, mode, r);
         if delay >= 240 {
             self.note(format_args!("  response delayed {lag} ms"));
@@ -556,9 +595,8 @@ impl Sim<'_> {
         }
         self.license = answer.license;
         let id = command.id;
-        let now = self.host.now;
         let result = self.worker.handle(
-            now,
+            self.host.clock(),
             Input::Outcome {
                 id,
                 outcome: answer.outcome,
@@ -577,7 +615,7 @@ impl Sim<'_> {
                 id,
                 outcome: Outcome::Http(ql_worker_core::io::HttpFailure::Unavailable),
             };
-            let result = self.worker.handle(now, again);
+            let result = self.worker.handle(self.host.clock(), again);
             assert!(
                 result.is_err(),
                 "INVARIANT duplicate-refused: a second outcome for {id} was accepted"
@@ -606,7 +644,8 @@ impl Sim<'_> {
         );
     }
 
-    fn idle(&mut self, wake_at: Option<UnixMillis>, r: &mut Bytes<'_>) {
+    fn idle(&mut self, wake_at: Option<MonoMillis>, r: &mut Bytes<'_>) {
+        let wake_at = wake_at.map(crate::clock::true_time);
         self.license = License::default();
         if self.faults.small_inbox {
             self.retain();
@@ -637,8 +676,7 @@ impl Sim<'_> {
             160..=179 => self.advance(u64::from(r.u16()) * 100),
             180..=189 => {
                 self.host.ghost.drain_requested = true;
-                let now = self.host.now;
-                let result = self.worker.handle(now, Input::DrainRequested);
+                let result = self.worker.handle(self.host.clock(), Input::DrainRequested);
                 assert!(
                     result.is_ok(),
                     "INVARIANT input-accepted: drain: {result:?}"
@@ -660,11 +698,11 @@ impl Sim<'_> {
                 }
             }
             220..=239 => self.advance(u64::from(r.u8()) * 10),
+            248..=255 if self.faults.clock_steps => self.step_clock(r),
             240..=255 => {}
         }
-        let now = self.host.now;
         self.host.ghost.latched_at_tick = self.worker.fail_closed().is_some();
-        let result = self.worker.handle(now, Input::Tick);
+        let result = self.worker.handle(self.host.clock(), Input::Tick);
         assert!(result.is_ok(), "INVARIANT input-accepted: tick: {result:?}");
     }
 
@@ -677,6 +715,13 @@ impl Sim<'_> {
     pub fn settle(&mut self, max_steps: u32) -> Result<u32, String> {
         self.live = true;
         let mut healed = Bytes::new(&[]);
+        // The wall clock steps no more: one behind the true time is set right, and one that was
+        // stepped back after running ahead returns to the highest time it showed (receipts the
+        // supervisors wrote meanwhile carry those times, and a receipt is authenticated only
+        // once the Worker's clock has reached its `finishedAtMs`, as in the reference).
+        let high = i64::try_from(self.wall_high.get()).unwrap_or(i64::MAX);
+        let now = i64::try_from(self.host.now.get()).unwrap_or(i64::MAX);
+        self.host.wall_skew = self.host.wall_skew.max(0).max(high - now);
         if self.faults.unclean_drain {
             self.unclean_drain(&mut healed);
         }
@@ -810,8 +855,9 @@ impl Sim<'_> {
             self.removed.push(record);
             self.summary.retained += 1;
             self.note(format_args!("retention removed {offer_id}"));
-            let now = self.host.now;
-            let result = self.worker.handle(now, Input::RecordRemoved { offer_id });
+            let result = self
+                .worker
+                .handle(self.host.clock(), Input::RecordRemoved { offer_id });
             assert!(
                 result.is_ok(),
                 "INVARIANT input-accepted: removal report: {result:?}"
@@ -834,8 +880,7 @@ impl Sim<'_> {
         }
         if self.worker.phase() != ql_worker_core::worker::Phase::Finished {
             self.host.ghost.drain_requested = true;
-            let now = self.host.now;
-            let result = self.worker.handle(now, Input::DrainRequested);
+            let result = self.worker.handle(self.host.clock(), Input::DrainRequested);
             assert!(
                 result.is_ok(),
                 "INVARIANT input-accepted: drain: {result:?}"
@@ -852,6 +897,24 @@ impl Sim<'_> {
         self.pulls_after_unclean = Some(0);
     }
 
+    /// A clock-step fault ([`SimOptions::clock_steps`]): the wall clock goes back an hour,
+    /// forward an hour, or back to the true time (NTP syncs).
+    fn step_clock(&mut self, r: &mut Bytes<'_>) {
+        let skew = match r.u8() % 3 {
+            0 => self.host.wall_skew.saturating_sub(crate::clock::HOUR_MS),
+            1 => self.host.wall_skew.saturating_add(crate::clock::HOUR_MS),
+            _ => 0,
+        };
+        self.note(format_args!(
+            "wall clock steps {:+} ms (now {:+} ms off)",
+            skew - self.host.wall_skew,
+            skew
+        ));
+        self.wall_high = self.wall_high.max(self.host.local_wall());
+        self.host.wall_skew = skew;
+        self.summary.clock_steps += 1;
+    }
+
     fn advance(&mut self, ms: u64) {
         self.host.now = samples::ms(self.host.now.get().saturating_add(ms));
     }
@@ -862,13 +925,14 @@ impl Sim<'_> {
         // The calls in flight die with the process, unperformed (a call that commits and loses
         // its answer is a fault byte of its own).
         self.in_flight.clear();
+        self.sent_at.clear();
         self.host.launch_uncertain();
         self.summary.restarts += 1;
         self.host.ghost.restart();
         self.license = License::default();
         let mut config = self.config.clone();
         config.session_id = self.host.session_id.clone();
-        self.worker = Worker::new(config, self.host.now);
+        self.worker = Worker::new(config, self.host.clock());
         self.summary.restarts <= MAX_RESTARTS
     }
 

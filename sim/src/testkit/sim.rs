@@ -64,8 +64,11 @@ pub struct Sim {
     pub worker: Worker,
     /// The Worker's configuration (kept across crashes).
     pub config: WorkerConfig,
-    /// The driver's clock.
+    /// The true time (the control plane's clock).
     pub now: UnixMillis,
+    /// How far the host's wall clock is off the true time (see [`crate::clock`]): the Worker
+    /// reads `now + wall_skew` on its wall clock; its monotonic clock never sees it.
+    pub wall_skew: i64,
     /// The outstanding command.
     pub pending: Option<(OpId, Act)>,
     /// What the Worker is doing.
@@ -84,10 +87,11 @@ impl Sim {
     #[must_use]
     pub fn new(config: WorkerConfig, world: World, now: UnixMillis) -> Self {
         Self {
-            worker: Worker::new(config.clone(), now),
+            worker: Worker::new(config.clone(), crate::clock::reading(now, 0)),
             world,
             config,
             now,
+            wall_skew: 0,
             pending: None,
             status: Status::Idle(Some(now)),
             restarts: 0,
@@ -149,6 +153,7 @@ impl Sim {
             worker: self.worker.fork(),
             config: self.config.clone(),
             now: self.now,
+            wall_skew: self.wall_skew,
             pending: self.pending.clone(),
             status: self.status.clone(),
             restarts: self.restarts,
@@ -217,7 +222,7 @@ impl Sim {
                 self.pending = Some((command.id, act));
                 Status::Busy
             }
-            Output::Idle { wake_at } => Status::Idle(wake_at),
+            Output::Idle { wake_at } => Status::Idle(wake_at.map(crate::clock::true_time)),
             Output::Stopped(reason) => Status::Stopped(reason),
             Output::Halted(reason) => {
                 if matches!(
@@ -248,7 +253,10 @@ impl Sim {
             }
             answer => {
                 let outcome = self.world.perform(self.now, &act, answer);
-                if let Err(e) = self.worker.handle(self.now, Input::Outcome { id, outcome }) {
+                if let Err(e) = self
+                    .worker
+                    .handle(self.clock(), Input::Outcome { id, outcome })
+                {
                     self.world.violation(
                         "worker-error",
                         format!("the Worker refused an outcome: {e}"),
@@ -267,7 +275,10 @@ impl Sim {
     pub fn deliver(&mut self, outcome: ql_worker_core::io::Outcome) {
         // INVARIANT: callers deliver only to a Busy simulation.
         let (id, _) = self.pending.take().expect("a command is outstanding");
-        if let Err(e) = self.worker.handle(self.now, Input::Outcome { id, outcome }) {
+        if let Err(e) = self
+            .worker
+            .handle(self.clock(), Input::Outcome { id, outcome })
+        {
             self.world.violation(
                 "worker-error",
                 format!("the Worker refused an outcome: {e}"),
@@ -289,10 +300,23 @@ impl Sim {
         if let Some(session_id) = &self.world.session_id {
             config.session_id = session_id.clone();
         }
-        self.worker = Worker::new(config, self.now);
+        self.worker = Worker::new(config, self.clock());
         self.pending = None;
         self.status = Status::Idle(Some(self.now));
         self.restarts += 1;
+    }
+
+    /// The Worker's two clock readings now.
+    #[must_use]
+    pub fn clock(&self) -> ql_worker_core::time::Now {
+        crate::clock::reading(self.now, self.wall_skew)
+    }
+
+    /// Steps the host's wall clock by `ms` (either way); the true time and the monotonic
+    /// clock do not move.
+    pub fn step_wall_clock(&mut self, ms: i64) {
+        self.note(format!("wall clock stepped {ms:+} ms"));
+        self.wall_skew = self.wall_skew.saturating_add(ms);
     }
 
     /// Moves the clock to `at` (never backwards).
@@ -304,7 +328,7 @@ impl Sim {
     pub fn tick(&mut self) {
         if matches!(self.status, Status::Idle(_)) {
             self.note(format!("tick {}", self.now));
-            if self.worker.handle(self.now, Input::Tick).is_ok() {
+            if self.worker.handle(self.clock(), Input::Tick).is_ok() {
                 self.poll();
             }
         }
@@ -314,7 +338,11 @@ impl Sim {
     pub fn request_drain(&mut self) {
         if matches!(self.status, Status::Idle(_)) {
             self.note(String::from("drain requested"));
-            if self.worker.handle(self.now, Input::DrainRequested).is_ok() {
+            if self
+                .worker
+                .handle(self.clock(), Input::DrainRequested)
+                .is_ok()
+            {
                 self.poll();
             }
         }
@@ -325,7 +353,7 @@ impl Sim {
     pub fn notify(&mut self, input: Input) {
         if matches!(self.status, Status::Idle(_)) {
             self.note(format!("{input:?}"));
-            if let Err(e) = self.worker.handle(self.now, input) {
+            if let Err(e) = self.worker.handle(self.clock(), input) {
                 self.world
                     .violation("worker-error", format!("the Worker refused an input: {e}"));
             }
@@ -333,10 +361,12 @@ impl Sim {
         }
     }
 
-    /// Applies a world event (a process exit).
+    /// Applies a world event (a process exit; the supervisor's timestamps come from the
+    /// host's wall clock).
     pub fn event(&mut self, event: Event) {
         self.note(format!("{event:?}"));
-        self.world.apply_event(self.now, event);
+        let wall = crate::clock::wall(self.now, self.wall_skew);
+        self.world.apply_event(wall, event);
     }
 
     /// Scripts the answer for the next command `on` matches (answers are used in order).
