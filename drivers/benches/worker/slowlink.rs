@@ -30,20 +30,24 @@ pub(crate) fn measure(exe: &Path, table: &mut Table) {
     }
     let bound = outcome.heartbeat_bound_ms();
     let sleeper = outcome.sleeper();
+    let logs = params.printers * params.log_bytes;
     let wall = match (outcome.printed_after_ms(), outcome.carried_when_printed) {
         (Some(printed), Some(carried)) => {
             let ideal_ms = carried.saturating_mul(1000) / params.rate;
             format!(
                 "spawn → last printing Run completed {} against {} of uplink for the {carried} B \
-                 carried meanwhile ({} B of logs; ratio {:.2})",
+                 carried until then (ratio {:.2})",
                 secs(printed),
                 secs(ideal_ms),
-                params.printers * params.log_bytes,
                 printed as f64 / ideal_ms.max(1) as f64
             )
         }
-        _ => String::from("spawn → last printing Run completed: n/a (not every one completed)"),
+        _ => String::from("spawn → last printing Run completed: n/a (one did not complete)"),
     };
+    let wall = format!(
+        "{wall}; uplink carried {} B in all for {logs} B of logs",
+        outcome.bytes
+    );
     table.push(
         format!(
             "slow link: max Session heartbeat gap as the plane saw it (node profile defaults, \

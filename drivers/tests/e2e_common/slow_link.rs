@@ -269,15 +269,19 @@ pub fn run(params: Params, binary: &Path) -> Outcome {
     let deadline = Instant::now() + Duration::from_secs(sleep_s + 60);
     let mut exited = None;
     let mut carried_when_printed = None;
+    // Notes the bytes carried when every printing Run is first seen completed.
+    let mut note_printed = || {
+        if carried_when_printed.is_none() && runs[1..].iter().all(|(_, r)| world.completed_at_cp(r))
+        {
+            carried_when_printed = Some(proxy.uplink().carried());
+        }
+    };
     loop {
         if let Some(status) = worker.0.try_wait().unwrap() {
             exited = Some(status);
             break;
         }
-        if carried_when_printed.is_none() && runs[1..].iter().all(|(_, r)| world.completed_at_cp(r))
-        {
-            carried_when_printed = Some(proxy.uplink().carried());
-        }
+        note_printed();
         // Done when every Run completed, or ended here without completing (the Worker gave its
         // lease up: nothing more will happen to it).
         let records = world.records();
@@ -300,6 +304,7 @@ pub fn run(params: Params, binary: &Path) -> Outcome {
             sigterm(&worker);
             let until = Instant::now() + Duration::from_secs(sleep_s + 60);
             loop {
+                note_printed();
                 if let Some(status) = worker.0.try_wait().unwrap() {
                     break Some(status);
                 }
