@@ -16,15 +16,23 @@
 //! same files (`restart`); peak RSS of the Worker and each supervisor with 1 and 256 sleeping
 //! Runs, and steady-state fsyncs per second (`concurrency`); quick-Run throughput on the edge
 //! and node profiles' defaults against the serial floor (`throughput`); release binary size
-//! (`size`).
+//! (`size`); the slow-link scenario of the end-to-end test `e2e_slow_link` (real Worker, a
+//! 64 KiB/s Worker → plane uplink, 4 Runs printing 4 MiB and one sleeping): the largest Session
+//! heartbeat gap against its bound, renewals, Runs lost, fences, and the time to the last
+//! upload against the uplink time of the bytes carried (`slowlink`, knobs `QL_SLOWLINK_*`).
 //!
-//! `QL_BENCH_ONLY=fsync,latency,throughput,upload,reconcile,restart,rss,size` runs a subset
+//! `QL_BENCH_ONLY=fsync,latency,throughput,upload,reconcile,restart,rss,size,slowlink` runs a
+//! subset
 //! (`latency` prints its three rows, `restart` its two); `QL_BENCH_RUNS` sets the timed
 //! lifecycles (default 20); `QL_BENCH_RESTART_ROUNDS` the restarts of each restart row (default
 //! 5); `QL_BENCH_VERBOSE=1` prints each traced lifecycle by file. See `docs/performance.md`
 //! ("Whole-Worker benchmarks") for the method of each row.
 
 mod concurrency;
+// The end-to-end tests' harness, for the slow-link scenario and its throttling proxy (one home,
+// shared with `e2e_slow_link`).
+#[path = "../../tests/e2e_common/mod.rs"]
+mod e2e_common;
 mod fsyncs;
 mod latency;
 mod machine;
@@ -32,6 +40,7 @@ mod procfs;
 mod reconcile;
 mod restart;
 mod size;
+mod slowlink;
 mod table;
 mod throughput;
 mod upload;
@@ -134,6 +143,12 @@ fn main() {
     if selected("rss") {
         eprintln!("peak RSS with 1 and with 256 concurrent sleeping Runs…");
         concurrency::measure(&exe, &mut table);
+    }
+    if selected("slowlink") {
+        eprintln!(
+            "slow link: printing Runs and one sleeping through a throttled uplink (QL_SLOWLINK_*)…"
+        );
+        slowlink::measure(&exe, &mut table);
     }
     if selected("size") {
         eprintln!("release binary size (two cargo builds)…");

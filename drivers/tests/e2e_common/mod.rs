@@ -7,6 +7,7 @@
 pub mod bin_under_test;
 pub mod evidence;
 pub mod proxy;
+pub mod slow_link;
 
 pub use bin_under_test::{hooked_worker_bin, worker_bin};
 
@@ -165,7 +166,9 @@ impl World {
         self.spawn_logged(&worker_bin(), args, env, log)
     }
 
-    fn spawn_logged(
+    /// Starts `<binary> <args> run --config …` with extra environment variables, its stderr
+    /// (the event log) appended to `log`.
+    pub fn spawn_logged(
         &self,
         binary: &Path,
         args: &[&str],
