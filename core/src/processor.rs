@@ -660,7 +660,10 @@ impl ProcessOp {
             &offer.candidate.attempt_id,
             &offer.offer_id,
         );
-        let started_at = ctx.now.max(record.updated_at_ms);
+        // The host's clock as it reads now (reference §4.2 step 6e: `executorStartedAtMs = now`),
+        // not the record's later `updatedAtMs` after the clock was stepped back: the start time
+        // goes to the control plane, which refuses times too far ahead of its own.
+        let started_at = ctx.now;
         let digest = launch.capability.digest();
         let sequence = launch.authority.sequence;
         let proposed = next_record(record, State::Launching, started_at, |r| {
@@ -719,10 +722,10 @@ impl ProcessOp {
     ) -> PStep {
         match spawned {
             SpawnOutcome::Started { handle, started_at } => {
-                // The supervisor must echo the start time persisted in `launching` (the Worker's
-                // own reading, never before the record's last update). It is not compared with
-                // the wall clock again: one set back below the record's times (a host that
-                // booted in 1970) would make a good spawn look like one from the future.
+                // The supervisor must echo the start time persisted in `launching`. It is not
+                // compared with the wall clock again (the reference also requires `≤ now`): a
+                // clock stepped back since the barrier would make a good spawn look like one from
+                // the future, and `recovery_required` would follow.
                 let valid = ExecutorHandle::new(handle)
                     .ok()
                     .filter(|_| Some(started_at) == launching.executor_started_at_ms);

@@ -646,7 +646,7 @@ pub(crate) fn is_active(state: State) -> bool {
 #[derive(Debug)]
 pub struct Worker {
     pub(crate) config: WorkerConfig,
-    /// The last wall-clock reading (never goes back: an older one is clamped).
+    /// The last wall-clock reading, as the driver read it (it may step either way).
     pub(crate) now: UnixMillis,
     /// The last monotonic reading: every interval below runs on it.
     pub(crate) mono: MonoMillis,
@@ -1006,8 +1006,8 @@ impl Worker {
         }
     }
 
-    /// The Worker's clock readings as it holds them (each the highest it was fed). Only with
-    /// the `sim-hooks` feature (not for production).
+    /// The Worker's clock readings as it holds them (the last wall-clock reading, the highest
+    /// monotonic one). Only with the `sim-hooks` feature (not for production).
     #[cfg(feature = "sim-hooks")]
     #[must_use]
     pub fn clock_reading(&self) -> Now {
@@ -1069,11 +1069,12 @@ impl Worker {
         }
     }
 
-    /// Feeds one input. `now` holds the driver's two clock readings, taken together; on
-    /// either clock an older reading than the last one is clamped (time never goes back inside
-    /// the core). A wall clock stepped back therefore stands still here until it has caught up
-    /// (only the timestamps the Worker writes see it); no interval does, since intervals run on
-    /// the monotonic clock.
+    /// Feeds one input. `now` holds the driver's two clock readings, taken together. An older
+    /// monotonic reading than the last one is clamped (intervals never run backwards). The
+    /// wall-clock reading is taken as it is, stepped back or not: it only stamps what the
+    /// Worker writes and sends, and those must follow the host's clock (the supervisor's
+    /// timestamps and the control plane's bounds compare them with it). A record's own times
+    /// never go back (`ops::next_record` keeps `updatedAtMs` monotonic).
     ///
     /// # Errors
     /// [`InputError`] when the input does not answer the outstanding command; nothing changes.
@@ -1081,7 +1082,7 @@ impl Worker {
         if self.finished.is_some() {
             return Err(InputError::Halted);
         }
-        self.now = self.now.max(now.wall);
+        self.now = now.wall;
         self.mono = self.mono.max(now.mono);
         match input {
             Input::Tick => {

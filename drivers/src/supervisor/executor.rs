@@ -25,7 +25,6 @@ use super::frame;
 use super::identity::{DurableHandle, ProcRoot};
 use super::plan::{Capability, EnvVar, Plan, Seams, SecretString};
 use super::report::{MAX_REPORT_BYTES, REPORT_MAGIC, RejectReason, Report, UnknownReason};
-use super::unix_millis_now;
 use crate::containment::ContainmentPlan;
 
 /// Everything needed to start one Attempt (reference §4.3 `launch`). The capability and the
@@ -361,9 +360,6 @@ impl SupervisorExecutor {
     fn plan(&self, launch: Launch) -> Result<Plan, RejectReason> {
         if launch.timeout_ms.is_some() != launch.execution_deadline_at.is_some() {
             return Err(RejectReason::TimeoutWithoutDeadline);
-        }
-        if launch.executor_started_at > unix_millis_now() {
-            return Err(RejectReason::StartTimeInFuture);
         }
         let Some(state_root) = self.state_root.to_str() else {
             return Err(RejectReason::PlanInvalid(super::plan::PlanError::StateRoot));

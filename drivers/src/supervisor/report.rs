@@ -56,7 +56,11 @@ pub enum RejectReason {
     /// The supervisor did not receive one complete plan.
     #[error("launch plan not received by the supervisor")]
     PlanNotReceived,
-    /// `executorStartedAtMs` is later than the launcher's clock.
+    /// `executorStartedAtMs` was later than the launcher's clock. No longer produced (issue 16,
+    /// item 5): a wall clock stepped back between the Worker's reading and the supervisor's
+    /// refused a good launch, and the check protected nothing the barrier match does not (the
+    /// start time is the Worker's own, matched against the durable record). Kept so that the
+    /// report encoding of the variants after it does not change.
     #[error("executorStartedAtMs is in the future")]
     StartTimeInFuture,
     /// `timeoutMs` and `executionDeadlineAtMs` are not both present or both absent.
