@@ -131,7 +131,7 @@ pub enum ReceiptError {
     /// `startedAtMs` differs from the record's `executorStartedAtMs`.
     #[error("receipt startedAtMs differs from executorStartedAtMs")]
     StartTime,
-    /// `finishedAtMs` is after `now`.
+    /// `finishedAtMs` is after both `now` and `startedAtMs`.
     #[error("receipt finishedAtMs is in the future")]
     FinishedInFuture,
     /// The record has no barrier fields to authenticate against.
@@ -154,8 +154,9 @@ pub struct AuthenticatedReceipt {
 
 /// Authenticates `receipt` against the inbox record's barrier fields (ADR-0116 §3; reference
 /// §4.5 step 4): exact run, attempt and callback sequence; `startedAtMs == executorStartedAtMs`;
-/// `finishedAtMs <= now`; the token canonical base64url of exactly 32 bytes whose SHA-256
-/// equals the persisted digest, compared in constant time. The decoded bytes are wiped.
+/// `finishedAtMs <= max(now, startedAtMs)`; the token canonical base64url of exactly 32 bytes
+/// whose SHA-256 equals the persisted digest, compared in constant time. The decoded bytes are
+/// wiped.
 ///
 /// # Errors
 /// The first [`ReceiptError`].
@@ -186,7 +187,11 @@ pub fn authenticate(
     if receipt.started_at_ms != started {
         return Err(ReceiptError::StartTime);
     }
-    if receipt.finished_at_ms > now {
+    // The reference requires `finishedAtMs <= now`. The supervisor writes the later of its
+    // clock and `startedAtMs`, so a Run started before the host's clock was stepped back and
+    // ended after it has `finishedAtMs == startedAtMs`, ahead of the clock: it is accepted, or
+    // its completion would wait until the clock had caught up (issue 16, item 5).
+    if receipt.finished_at_ms > now.max(started) {
         return Err(ReceiptError::FinishedInFuture);
     }
     let bytes = decode_token(receipt.token.expose())?;

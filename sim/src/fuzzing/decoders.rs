@@ -366,7 +366,7 @@ fn check_authentication(
         && receipt.attempt_id == record.offer.candidate.attempt_id
         && Some(receipt.callback_sequence) == record.completion_receipt_callback_sequence
         && Some(receipt.started_at_ms) == record.executor_started_at_ms
-        && receipt.finished_at_ms <= now;
+        && receipt.finished_at_ms <= now.max(receipt.started_at_ms);
     let Ok(accepted) = result else {
         let genuine_digest = record.completion_receipt_token_digest
             == Some(CapabilityDigest::new(Sha256Digest::of(
