@@ -25,12 +25,11 @@ mod e2e_common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use e2e_common::slow_link::{LeaseTrace, max_gap};
+use e2e_common::slow_link::{self, LeaseTrace};
 use e2e_common::{KillOnDrop, World, marker_lines, sigterm, wait_exit, worker_bin};
 use ql_worker_core::record::State;
 use ql_worker_core::wire::activation::AttemptStatus;
 use ql_worker_core::wire::error::ErrorCode;
-use ql_worker_core::wire::route::Operation;
 use ql_worker_tests::control_plane::{ReferenceControlPlane, ReferenceOptions};
 
 const DEBIAN_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
@@ -126,23 +125,9 @@ fn wall_clock_steps_neither_stall_the_session_nor_lose_a_lease() {
     let status = wait_exit(&mut worker.0, Duration::from_secs(60));
 
     let state = world.cp.state();
-    let answers: Vec<(u64, Option<Operation>, u16, Option<ErrorCode>)> = world.cp.with_model(|m| {
-        m.request_log()
-            .map(|e| (e.at.get(), e.operation, e.status, e.code))
-            .collect()
-    });
-    let mut session: Vec<u64> = answers
-        .iter()
-        .filter(|a| a.2 == 200 && matches!(a.1, Some(Operation::Register | Operation::Heartbeat)))
-        .map(|a| a.0)
-        .collect();
-    let first = session.iter().copied().min().unwrap_or(t0);
-    session.extend([first, observed_until.min(steps.last().unwrap().0 + 12_000)]);
-    let heartbeat_gap = max_gap(&mut session);
-    let fences = answers
-        .iter()
-        .filter(|a| a.3 == Some(ErrorCode::WorkerSessionFenced))
-        .count();
+    let answers = slow_link::answers(&world);
+    let heartbeat_gap = slow_link::heartbeat_gap(&answers, t0, observed_until);
+    let fences = slow_link::count_code(&answers, ErrorCode::WorkerSessionFenced);
     let record = state.runs.get(&run).unwrap();
     let trace = LeaseTrace::of(record, observed_until);
     let recovery: Vec<_> = world

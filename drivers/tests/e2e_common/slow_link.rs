@@ -161,6 +161,33 @@ impl RunOutcome {
 /// One answer of the plane: when, to what, status, error code.
 pub type Answer = (u64, Option<Operation>, u16, Option<ErrorCode>);
 
+/// Every answer in the plane's request log, in order.
+pub fn answers(world: &World) -> Vec<Answer> {
+    world.cp.with_model(|m| {
+        m.request_log()
+            .map(|e| (e.at.get(), e.operation, e.status, e.code))
+            .collect()
+    })
+}
+
+/// How many of `answers` carry `code`.
+pub fn count_code(answers: &[Answer], code: ErrorCode) -> usize {
+    answers.iter().filter(|r| r.3 == Some(code)).count()
+}
+
+/// The largest gap between the Session's successful registers and heartbeats as the plane
+/// answered them, from the first register (`t0` when there was none) to `until`.
+pub fn heartbeat_gap(answers: &[Answer], t0: u64, until: u64) -> u64 {
+    let mut renewals: Vec<u64> = answers
+        .iter()
+        .filter(|r| r.2 == 200 && matches!(r.1, Some(Operation::Register | Operation::Heartbeat)))
+        .map(|r| r.0)
+        .collect();
+    let first_register = renewals.iter().copied().min().unwrap_or(t0);
+    renewals.extend([first_register, until]);
+    max_gap(&mut renewals)
+}
+
 /// Everything the scenario measured.
 #[derive(Debug)]
 pub struct Outcome {
@@ -321,23 +348,10 @@ pub fn run(params: Params, binary: &Path) -> Outcome {
 
     // What the plane saw.
     let state = world.cp.state();
-    let answers: Vec<Answer> = world.cp.with_model(|m| {
-        m.request_log()
-            .map(|e| (e.at.get(), e.operation, e.status, e.code))
-            .collect()
-    });
-    let count = |code: ErrorCode| answers.iter().filter(|r| r.3 == Some(code)).count();
-    let session_fences = count(ErrorCode::WorkerSessionFenced);
-    let lease_fences = count(ErrorCode::WorkerLeaseControlFenced);
-    let mut session_renewals: Vec<u64> = answers
-        .iter()
-        .filter(|r| r.2 == 200 && matches!(r.1, Some(Operation::Register | Operation::Heartbeat)))
-        .map(|r| r.0)
-        .collect();
-    let first_register = session_renewals.iter().copied().min().unwrap_or(t0);
-    session_renewals.push(observed_until);
-    session_renewals.push(first_register);
-    let heartbeat_gap = max_gap(&mut session_renewals);
+    let answers = answers(&world);
+    let session_fences = count_code(&answers, ErrorCode::WorkerSessionFenced);
+    let lease_fences = count_code(&answers, ErrorCode::WorkerLeaseControlFenced);
+    let heartbeat_gap = heartbeat_gap(&answers, t0, observed_until);
     let fenced_events = events_named(&log, "session.fenced").len();
     if let Ok(keep) = std::env::var("QL_SLOWLINK_LOG") {
         std::fs::copy(&log, &keep).unwrap();
