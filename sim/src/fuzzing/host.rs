@@ -742,7 +742,12 @@ impl Host {
                     .unwrap_or(receipt.callback_sequence);
             }
             4 => receipt.started_at_ms = samples::ms(receipt.started_at_ms.get() + 1),
-            _ => receipt.finished_at_ms = samples::ms(self.now.get() + 1),
+            // Later than the Worker may accept: its wall clock (this host's, which clock steps
+            // move) and the start time.
+            _ => {
+                let latest = self.local_wall().max(receipt.started_at_ms);
+                receipt.finished_at_ms = samples::ms(latest.get() + 1);
+            }
         }
         if receipt.finished_at_ms < receipt.started_at_ms {
             receipt.finished_at_ms = receipt.started_at_ms;
@@ -832,6 +837,20 @@ impl Host {
             Operation::Register | Operation::Heartbeat | Operation::Transition
         );
         let v = r.u8();
+        if route.operation == Operation::Starting
+            && let Ok(offer) = OfferId::new(plane::text(&body, "offerId"))
+            && self.plane.activation_fenced(&offer, self.now)
+        {
+            // The reference fences every activation ACK by the Run lease (ADR-0013): an offer
+            // whose lease expired, or that was re-offered under another offer id, gets a 409.
+            // The Worker's own expiry judgement stands in front of this, but a lease it holds
+            // no local deadline for is judged by its wall clock, which a clock-step fault may
+            // have set behind (simulation seed 91523 of `clock_steps`).
+            return Answer::new(Outcome::Http(HttpFailure::Status {
+                status: 409,
+                code: Some(String::from("worker_activation_fenced")),
+            }));
+        }
         let valid = self.valid_body(route.operation, &route.session_id, &body, v);
         let mut answer = match (mode, valid) {
             (Mode::Valid, Some(bytes)) => Answer::new(Outcome::Responded(bytes)),

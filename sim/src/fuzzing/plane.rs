@@ -345,6 +345,15 @@ impl Plane {
         }
     }
 
+    /// Whether a `starting` ACK for `offer` is fenced at `now`: the offer was re-offered under
+    /// another offer id, or its lease expired before any activation call reached the plane.
+    #[must_use]
+    pub fn activation_fenced(&self, offer: &OfferId, now: UnixMillis) -> bool {
+        self.offers
+            .get(offer)
+            .is_some_and(|o| o.superseded || (!o.starting_seen && o.expires_at <= now))
+    }
+
     /// `starting`, `running` or `start-failure` for `record`.
     #[must_use]
     pub fn activation(
