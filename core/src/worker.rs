@@ -564,10 +564,7 @@ pub(crate) fn lease_expired(
     now: UnixMillis,
     mono: MonoMillis,
 ) -> bool {
-    match lease_deadline(leases, offer_id, lease) {
-        Some(deadline) => mono >= deadline,
-        None => lease.expired_at(now),
-    }
+    lease_remaining_ms(leases, offer_id, lease, now, mono) == 0
 }
 
 /// What is left of `record`'s lease at `now` / `mono`, in milliseconds.
