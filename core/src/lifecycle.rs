@@ -20,12 +20,16 @@ use alloc::vec::Vec;
 
 use crate::control::ControlResult;
 use crate::facts::Fact;
+use crate::ids::OfferId;
 use crate::ops::CallFault;
 use crate::ops::{Finished, ListResult};
 use crate::pull::PullResult;
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::session::{Exchange, SessionResult};
-use crate::worker::{HaltReason, ListPurpose, Phase, SessionStatus, StopReason, Work, Worker};
+use crate::time::MonoMillis;
+use crate::worker::{
+    HaltReason, ListPurpose, Phase, SessionStatus, StopReason, Timer, Work, Worker,
+};
 
 /// Why the Worker does not Pull now ([`Worker::pull_blocker`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +78,7 @@ impl Worker {
             }
             self.next_tick_at = self.mono;
         }
+        self.plan_timers();
         if self.mono < self.next_tick_at {
             return;
         }
@@ -95,6 +100,56 @@ impl Worker {
             }
             Phase::Active | Phase::Draining => self.plan_active_tick(),
             Phase::Finished => {}
+        }
+    }
+
+    /// A Run that got past its start path: its lease's renewal timer may have come while it was
+    /// starting (and was dropped then); it is set again, from the sending of the call that
+    /// obtained the lease.
+    fn rearm_after_start(&mut self, offer_id: OfferId) {
+        let running = matches!(
+            self.known.get(&offer_id),
+            Some(State::Started | State::RunningAcknowledged)
+        );
+        if let (true, Some(began)) = (running, self.leases.get(&offer_id).map(|c| c.began)) {
+            self.arm_renewal(&offer_id, began);
+        }
+    }
+
+    /// Plans the work of every timer that has come (see [`Timer`]), without waiting for the
+    /// tick: a heartbeat, a running Run's renewal (through its supervision pass, which renews
+    /// beside an upload in progress). Each timer fires once.
+    fn plan_timers(&mut self) {
+        let due: Vec<Timer> = self
+            .timers
+            .iter()
+            .filter(|(_, at)| self.mono >= **at)
+            .map(|(timer, _)| timer.clone())
+            .collect();
+        let active = matches!(self.phase, Phase::Active | Phase::Draining) && !self.rejoin;
+        for timer in due {
+            self.timers.remove(&timer);
+            match timer {
+                Timer::Heartbeat => {
+                    if active && self.session.is_some() && !self.planned(&Work::Heartbeat) {
+                        self.queue.push_front(Work::Heartbeat);
+                    }
+                }
+                Timer::Renewal(offer_id) => {
+                    let running = matches!(
+                        self.known.get(&offer_id),
+                        Some(State::Started | State::RunningAcknowledged)
+                    );
+                    let work = Work::Supervise(offer_id.clone());
+                    if active
+                        && running
+                        && !self.planned(&work)
+                        && !self.planned(&Work::Renew(offer_id))
+                    {
+                        self.queue.push_back(work);
+                    }
+                }
+            }
         }
     }
 
@@ -272,18 +327,18 @@ impl Worker {
     }
 
     /// Applies a finished operation and queues what follows from it.
-    pub(crate) fn on_finished(&mut self, finished: Finished) {
+    pub(crate) fn on_finished(&mut self, finished: Finished, call_sent: MonoMillis) {
         if self.facts.is_some()
             && let Some(fact) = finished.fact()
         {
             self.fact(|| fact);
         }
         match finished {
-            Finished::Session(result) => self.on_session(result),
+            Finished::Session(result) => self.on_session(result, call_sent),
             Finished::Listed(result) => self.on_listed(result),
             Finished::Pull(result) => self.on_pull(result),
             // Recovery evidence an operation wrote was observed with its durable write.
-            Finished::Process { .. } => {}
+            Finished::Process { offer_id, .. } => self.rearm_after_start(offer_id),
             Finished::Supervise { offer_id, result } => {
                 use crate::completion::{Cleanup, CompletionOutcome};
                 let pending = matches!(
@@ -301,7 +356,12 @@ impl Worker {
                         }
                     }
                     ControlResult::Renewed | ControlResult::StopRequested(_) => {
-                        self.last_renewal.insert(offer_id.clone(), self.mono);
+                        // Paced from the renewal's sending: the next one is due
+                        // `lease_control_interval` after it, however long the answer took (a
+                        // slow control plane must not stretch the time between two renewals
+                        // past the lease); the Worker wakes for it (`Timer::Renewal`, set
+                        // when the renewed lease was written).
+                        self.last_renewal.insert(offer_id.clone(), call_sent);
                         self.lease_may_hold.remove(&offer_id);
                     }
                     ControlResult::DrainStopped(_) => {
@@ -323,6 +383,7 @@ impl Worker {
                     | ControlResult::Recovered(..)
                     | ControlResult::SupervisorGone => {
                         self.last_renewal.remove(&offer_id);
+                        self.timers.remove(&Timer::Renewal(offer_id.clone()));
                         self.lease_may_hold.remove(&offer_id);
                     }
                 }
@@ -354,7 +415,7 @@ impl Worker {
         self.maybe_finish_drain();
     }
 
-    fn on_session(&mut self, result: SessionResult) {
+    fn on_session(&mut self, result: SessionResult, call_sent: MonoMillis) {
         let result_kind = match &result {
             SessionResult::Registered(_) => Kind::Registered,
             SessionResult::Heartbeat(_) => Kind::Heartbeat,
@@ -389,7 +450,11 @@ impl Worker {
                         view.status != SessionStatus::Online && self.drain_started_at.is_none();
                 }
                 self.session = Some(view);
-                self.heartbeat_due_at = self.mono.saturating_add(self.config.heartbeat_interval_ms);
+                // Paced from the exchange's sending, as renewals are: with a control plane
+                // that takes long to answer, pacing from the answer would let the Session's
+                // local deadline (the sending plus the lease) pass before the next answer.
+                self.heartbeat_due_at = call_sent.saturating_add(self.config.heartbeat_interval_ms);
+                self.timers.insert(Timer::Heartbeat, self.heartbeat_due_at);
                 if self.phase == Phase::Registering {
                     self.phase = Phase::Reconciling;
                     self.next_tick_at = self.mono;

@@ -511,6 +511,19 @@ impl Ctx<'_> {
     }
 }
 
+/// A deadline the Worker wakes for between ticks (issue 16): the ticks come every cadence, so
+/// work that waits only for a tick can be a whole cadence late. Each timer is set by a good
+/// answer and fires once (a failed exchange is retried at the ticks, as before), so none can
+/// spin.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Timer {
+    /// The next heartbeat: `heartbeat_interval` after the last answered Session exchange.
+    Heartbeat,
+    /// The next renewal of a running Run's lease: `lease_control_interval` after the sending
+    /// of the last renewal the control plane answered.
+    Renewal(OfferId),
+}
+
 /// A lease this process obtained or renewed, on both clocks: the control plane's
 /// `renewedAtMs` and `expiresAtMs`, which name the grant, and its local deadline: the
 /// monotonic time at which the call that obtained it was sent plus the lease's length on the
@@ -524,6 +537,8 @@ impl Ctx<'_> {
 pub(crate) struct LeaseClock {
     renewed_at: UnixMillis,
     expires_at: UnixMillis,
+    /// The sending of the call that obtained this grant.
+    pub(crate) began: MonoMillis,
     deadline: MonoMillis,
 }
 
@@ -532,6 +547,7 @@ impl LeaseClock {
         Self {
             renewed_at: lease.renewed_at_ms,
             expires_at: lease.expires_at_ms,
+            began,
             deadline: began
                 .saturating_add(lease.expires_at_ms.saturating_since(lease.renewed_at_ms)),
         }
@@ -672,8 +688,11 @@ pub struct Worker {
     pub(crate) pre_barrier_expiry: BTreeMap<OfferId, Lease>,
     /// Settled records whose receipt removal failed: retried at the next tick.
     pub(crate) pending_cleanup: alloc::collections::BTreeSet<OfferId>,
-    /// When each live Run's lease was last renewed (monotonic), for pacing.
+    /// When each live Run's lease was last renewed (monotonic: the sending of the renewal
+    /// that the control plane answered), for pacing.
     pub(crate) last_renewal: BTreeMap<OfferId, MonoMillis>,
+    /// Deadlines the Worker wakes for between ticks (see [`Timer`]).
+    pub(crate) timers: BTreeMap<Timer, MonoMillis>,
     /// The local deadline of each lease this process obtained or renewed (see [`LeaseClock`]).
     pub(crate) leases: BTreeMap<OfferId, LeaseClock>,
     /// For each live Run whose renewals got uncertain outcomes since its lease was last made
@@ -808,6 +827,7 @@ impl Worker {
             pre_barrier_expiry: BTreeMap::new(),
             pending_cleanup: alloc::collections::BTreeSet::new(),
             last_renewal: BTreeMap::new(),
+            timers: BTreeMap::new(),
             leases: BTreeMap::new(),
             lease_may_hold: BTreeMap::new(),
             notices: VecDeque::new(),
@@ -982,6 +1002,7 @@ impl Worker {
             pre_barrier_expiry: self.pre_barrier_expiry.clone(),
             pending_cleanup: self.pending_cleanup.clone(),
             last_renewal: self.last_renewal.clone(),
+            timers: self.timers.clone(),
             leases: self.leases.clone(),
             lease_may_hold: self.lease_may_hold.clone(),
             finished: self.finished.clone(),
@@ -1039,6 +1060,7 @@ impl Worker {
         fp.debug(&(self.phase, &self.session, &self.known));
         fp.debug(&(&self.fail_closed, self.drain_started_at, &self.queue));
         fp.debug(&(self.next_tick_at, self.heartbeat_due_at, self.pull_retry_at));
+        fp.debug(&(&self.timers, &self.last_renewal));
         fp.debug(&(self.claim_backoff_served, &self.leases));
         fp.debug(&(&self.supervision_cursor, &self.reconcile_cursor));
         fp.debug(&(self.transition_offline_queued, &self.finished));
@@ -1264,6 +1286,16 @@ impl Worker {
         }
     }
 
+    /// Sets the renewal timer of `offer_id`'s lease, obtained by a call sent at `began`
+    /// (see [`Timer::Renewal`]). An interval of 0 renews at every tick: no timer then.
+    pub(crate) fn arm_renewal(&mut self, offer_id: &OfferId, began: MonoMillis) {
+        let interval = self.config.lease_control_interval_ms;
+        if interval > 0 {
+            let due = began.saturating_add(interval);
+            self.timers.insert(Timer::Renewal(offer_id.clone()), due);
+        }
+    }
+
     /// Whether `work` is queued or in progress (nothing is planned twice).
     pub(crate) fn planned(&self, work: &Work) -> bool {
         self.queue.contains(work) || self.lanes.values().any(|s| &s.work == work)
@@ -1271,6 +1303,9 @@ impl Worker {
 
     fn wake_at(&self) -> Option<MonoMillis> {
         let mut wake = self.next_tick_at;
+        if let Some(timer) = self.timers.values().min() {
+            wake = wake.min(*timer);
+        }
         if let Some(started) = self.drain_started_at
             && !self.drain_overrun
         {
@@ -1301,9 +1336,13 @@ impl Worker {
                 },
             ) => {
                 if slot.op.grants_lease() {
-                    // The lease it writes was granted in answer to its last call.
+                    // The lease it writes was granted in answer to its last call; its renewal
+                    // is due `lease_control_interval` after that call's sending, and the
+                    // Worker wakes for it rather than wait for a supervision visit.
+                    let offer_id = record.offer.offer_id.clone();
+                    self.arm_renewal(&offer_id, slot.call_sent);
                     self.leases.insert(
-                        record.offer.offer_id.clone(),
+                        offer_id,
                         LeaseClock::of(&record.offer.lease, slot.call_sent),
                     );
                 }
@@ -1408,7 +1447,7 @@ impl Worker {
                     },
                 );
             }
-            Step::Done(finished) => self.on_finished(finished),
+            Step::Done(finished) => self.on_finished(finished, call_sent),
             Step::Halt(reason) => self.halt(reason),
         }
     }
@@ -1511,6 +1550,7 @@ impl Worker {
             self.known.remove(offer_id);
             self.pre_barrier_expiry.remove(offer_id);
             self.last_renewal.remove(offer_id);
+            self.timers.remove(&Timer::Renewal(offer_id.clone()));
             self.leases.remove(offer_id);
             self.lease_may_hold.remove(offer_id);
         }

@@ -62,6 +62,10 @@ fn case(seed: u64) -> Case {
         reoffers: SplitMix(seed ^ 0x1515_1515_1515_1515).below(2) == 0,
         concurrent: SplitMix(seed ^ 0x1616_1616_1616_1616).below(2) == 0,
         clock_steps: SplitMix(seed ^ 0x1605_1605_1605_1605).below(2) == 0,
+        link: {
+            let mut l = SplitMix(seed ^ 0x1607_1607_1607_1607);
+            (l.below(2) == 0).then(|| l.next_u64())
+        },
     };
     let len = 24 + usize::try_from(g.below(360)).unwrap_or(0);
     // The first bytes are the setup (configuration profile, pages, concurrency, clock and the
@@ -162,6 +166,101 @@ struct Totals {
     failed: u64,
     runs_start_failed: u64,
     runs_recovery: u64,
+    cadence: CadenceTotals,
+}
+
+/// The cadence phases' figures (`SimOptions::link`).
+#[derive(Debug, Default)]
+struct CadenceTotals {
+    phases: u64,
+    fail_closed: u64,
+    timely: u64,
+    runs: u64,
+    succeeded: u64,
+    /// Timely phases: the longest Session gap, and the largest gap / bound (per mille).
+    heartbeat_gap: u64,
+    heartbeat_ratio: u64,
+    /// Timely phases: the longest renewal gap of a running Run, the largest gap / bound (per
+    /// mille), and the phases whose longest renewal gap was at most a third of the lease.
+    renewal_gap: u64,
+    renewal_ratio: u64,
+    renewal_third: u64,
+    outstanding: u32,
+    timeouts: u64,
+    start_path_lost: u64,
+}
+
+/// A third of the simulated control plane's 30 s lease.
+const LEASE_THIRD_MS: u64 = 10_000;
+
+impl CadenceTotals {
+    fn add(&mut self, c: &machine::CadenceStats) {
+        if c.fail_closed {
+            self.fail_closed += 1;
+            return;
+        }
+        let permille = |gap: u64, bound: u64| gap * 1_000 / bound.max(1);
+        self.phases += 1;
+        self.runs += u64::from(c.runs);
+        self.succeeded += u64::from(c.succeeded);
+        self.outstanding = self.outstanding.max(c.max_outstanding);
+        self.timeouts += u64::from(c.timeouts);
+        self.start_path_lost += u64::from(c.start_path_lost);
+        if c.timely {
+            self.timely += 1;
+            self.heartbeat_gap = self.heartbeat_gap.max(c.max_heartbeat_gap);
+            self.heartbeat_ratio = self
+                .heartbeat_ratio
+                .max(permille(c.max_heartbeat_gap, c.heartbeat_bound));
+            self.renewal_gap = self.renewal_gap.max(c.max_renewal_gap);
+            self.renewal_ratio = self
+                .renewal_ratio
+                .max(permille(c.max_renewal_gap, c.renewal_bound));
+            self.renewal_third += u64::from(c.max_renewal_gap <= LEASE_THIRD_MS);
+        }
+    }
+
+    fn merge(&mut self, o: &Self) {
+        self.phases += o.phases;
+        self.fail_closed += o.fail_closed;
+        self.timely += o.timely;
+        self.runs += o.runs;
+        self.succeeded += o.succeeded;
+        self.heartbeat_gap = self.heartbeat_gap.max(o.heartbeat_gap);
+        self.heartbeat_ratio = self.heartbeat_ratio.max(o.heartbeat_ratio);
+        self.renewal_gap = self.renewal_gap.max(o.renewal_gap);
+        self.renewal_ratio = self.renewal_ratio.max(o.renewal_ratio);
+        self.renewal_third += o.renewal_third;
+        self.outstanding = self.outstanding.max(o.outstanding);
+        self.timeouts += o.timeouts;
+        self.start_path_lost += o.start_path_lost;
+    }
+
+    fn line(&self) -> String {
+        let pct = |permille: u64| format!("{}.{}", permille / 10, permille % 10);
+        format!(
+            "simulation cadence: {} phases ({} timely, {} slow; {} not run, the Worker \
+             fail-closed), {} runs {} succeeded {} lost in their start path (lease spent before the \
+             first renewal); timely: max heartbeat gap {} ms ({} % of its \
+             bound), max renewal gap of a running Run {} ms ({} % of its bound; within lease/3 \
+             in {} of {} phases); up to {} calls outstanding; {} calls timed out",
+            self.phases,
+            self.timely,
+            self.phases - self.timely,
+            self.fail_closed,
+            self.runs,
+            self.succeeded,
+            self.start_path_lost,
+            self.heartbeat_gap,
+            pct(self.heartbeat_ratio),
+            self.renewal_gap,
+            pct(self.renewal_ratio),
+            self.renewal_third,
+            self.timely,
+            self.outstanding,
+            self.timeouts
+        )
+    }
 }
 
 impl Totals {
@@ -183,6 +282,9 @@ impl Totals {
         self.failed += u64::from(s.runs.failed);
         self.runs_start_failed += u64::from(s.runs.start_failed);
         self.runs_recovery += u64::from(s.runs.recovery);
+        if let Some(cadence) = &s.cadence {
+            self.cadence.add(cadence);
+        }
     }
 
     fn merge(&mut self, o: &Self) {
@@ -203,6 +305,7 @@ impl Totals {
         self.failed += o.failed;
         self.runs_start_failed += o.runs_start_failed;
         self.runs_recovery += o.runs_recovery;
+        self.cadence.merge(&o.cadence);
     }
 
     /// The Run outcomes part of the result line.
@@ -297,6 +400,7 @@ fn simulation() {
         violations.len(),
         totals.runs()
     ));
+    report_line(&totals.cadence.line());
     assert!(
         violations.is_empty(),
         "{} of {n} seeds violate an invariant (first: seed {})",
@@ -326,6 +430,8 @@ fn checkers_can_fail() {
             Lie::SessionStaysDraining,
             "no Pull by an online Session since the restart",
         ),
+        // Either cadence check: a renewal or a heartbeat waiting behind a long upload.
+        (Lie::SerialCalls, "-cadence: "),
     ];
     for (lie, invariant) in lies {
         let caught = (0..400).find_map(|seed| {

@@ -51,6 +51,22 @@ impl Log {
             .map(|i| b'a' + u8::try_from(i % 26).unwrap_or(0))
             .collect()
     }
+
+    /// The SHA-256 of [`Log::content`] of `len` bytes, computed once per length (the
+    /// simulation's cadence phase uploads logs of up to 4 MiB, again and again).
+    #[must_use]
+    pub fn digest(len: u64) -> Sha256Digest {
+        thread_local! {
+            static DIGESTS: std::cell::RefCell<BTreeMap<u64, Sha256Digest>> =
+                const { std::cell::RefCell::new(BTreeMap::new()) };
+        }
+        DIGESTS.with(|digests| {
+            *digests
+                .borrow_mut()
+                .entry(len)
+                .or_insert_with(|| Sha256Digest::of(&Self::content(len)))
+        })
+    }
 }
 
 /// A user process started by the supervisor.
@@ -102,6 +118,9 @@ pub enum Lie {
     /// `control_plane_already_running` (or, when that is the true reason,
     /// `control_plane_terminal`) instead of the reason the Worker chose.
     WorkerWrongRecovery,
+    /// In the cadence phase, the link carries one call at a time, each waiting for the one
+    /// before it to be answered, as a Worker with one loop and one call at a time would.
+    SerialCalls,
 }
 
 /// The answer to one command.
@@ -114,6 +133,12 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// `outcome`, licensing no halt.
+    #[must_use]
+    pub fn unlicensed(outcome: Outcome) -> Self {
+        Self::new(outcome)
+    }
+
     fn new(outcome: Outcome) -> Self {
         Self {
             outcome,
@@ -783,7 +808,7 @@ impl Host {
         let upload = ArtifactUpload::parse_preamble(&framed, None)
             .unwrap_or_else(|e| panic!("INVARIANT request-json: upload header: {e}"))
             .0;
-        let sha = Sha256Digest::of(&Log::content(stored.len));
+        let sha = Log::digest(stored.len);
         let receipt = ArtifactReceipt {
             status: UploadStatus::Stored,
             sha256: sha,
@@ -850,6 +875,22 @@ impl Host {
                 status: 409,
                 code: Some(String::from("worker_activation_fenced")),
             }));
+        }
+        if self.plane.fence_replaced_sessions
+            && matches!(
+                route.operation,
+                Operation::Heartbeat | Operation::Transition
+            )
+            && route.session_id != self.plane.session_id
+        {
+            // A Session the control plane no longer holds current (a late register of another
+            // Session id replaced it) is fenced, as the reference fences it.
+            let mut answer = Answer::new(Outcome::Http(HttpFailure::Status {
+                status: 409,
+                code: Some(String::from("worker_session_fenced")),
+            }));
+            answer.license.session = true;
+            return answer;
         }
         let valid = self.valid_body(route.operation, &route.session_id, &body, v);
         let mut answer = match (mode, valid) {
@@ -1024,6 +1065,11 @@ impl Host {
     /// Process `index` ends: the log is captured and, when `receipt`, the supervisor publishes
     /// the genuine receipt.
     pub fn exit(&mut self, index: usize, code: u8, receipt: bool) {
+        self.exit_logged(index, code, receipt, u64::from(code) * 7 + 5);
+    }
+
+    /// [`Host::exit`] with a log of `len` bytes.
+    pub fn exit_logged(&mut self, index: usize, code: u8, receipt: bool, len: u64) {
         // The supervisor's timestamps come from this host's wall clock.
         let now = self.local_wall();
         let Some(process) = self.processes.get_mut(index) else {
@@ -1035,7 +1081,6 @@ impl Host {
         process.alive = false;
         let record = &process.launching;
         if let Some(log) = &record.log_artifact_id {
-            let len = u64::from(code) * 7 + 5;
             self.logs.insert(
                 log.clone(),
                 Log {

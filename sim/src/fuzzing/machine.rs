@@ -30,6 +30,9 @@ use super::host::{Host, Mode, Process};
 use super::plane::{OfferPolicy, Plane};
 use super::samples;
 
+mod cadence;
+pub use cadence::{CadenceStats, REQUEST_TIMEOUT_MS};
+
 /// Steps per run, at most.
 pub const MAX_STEPS: u32 = 4_000;
 /// Healthy steps after the input is used up.
@@ -77,6 +80,11 @@ pub struct SimOptions {
     /// when "NTP syncs". The control plane keeps the true time; the Worker's monotonic clock
     /// never steps. One byte at setup, and idle steps may step the clock.
     pub clock_steps: bool,
+    /// After the liveness phase, the cadence phase (issue 16, item 7) with this seed: new Runs
+    /// whose calls take the time a seeded link and control plane give them, several
+    /// outstanding, checked for the Session's and the leases' cadence (`cadence.rs`). Reads no
+    /// bytes of the input.
+    pub link: Option<u64>,
 }
 
 /// Calls in flight at once, at most, with [`SimOptions::concurrent`].
@@ -130,6 +138,8 @@ pub struct Summary {
     /// Runs this simulation settled, by how (preloaded settled records are not counted; records
     /// retention removed are).
     pub runs: RunOutcomes,
+    /// What the cadence phase did ([`SimOptions::link`]; its Runs count in [`Self::runs`] too).
+    pub cadence: Option<CadenceStats>,
 }
 
 /// How the Runs of one simulation ended, counted from the records the Worker itself moved into
@@ -248,6 +258,12 @@ pub fn simulate(
     match sim.settle(LIVE_STEPS) {
         Ok(steps) => sim.summary.live_steps = steps,
         Err(stuck) => panic!("INVARIANT liveness: not settled after {LIVE_STEPS} steps: {stuck}"),
+    }
+    if let Some(seed) = faults.link
+        && matches!(lie, None | Some(super::host::Lie::SerialCalls))
+        && !faults.small_inbox
+    {
+        sim.cadence(seed);
     }
     sim.finish()
 }

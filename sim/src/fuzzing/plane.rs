@@ -102,6 +102,13 @@ pub struct Plane {
     pub reoffers: bool,
     /// Re-deliveries made.
     pub redelivered: u32,
+    /// The highest sample number handed out ([`MAX_RUNS`]; the simulation's cadence phase
+    /// raises it).
+    pub max_runs: u32,
+    /// A heartbeat or transition of a Session other than the current one is fenced (409
+    /// `worker_session_fenced`). Only the simulation's cadence phase turns it on: there a
+    /// register that timed out may still be applied late, after the Worker moved on.
+    pub fence_replaced_sessions: bool,
 }
 
 /// A string field of a request body.
@@ -142,6 +149,8 @@ impl Plane {
             new_sessions_draining: false,
             reoffers: false,
             redelivered: 0,
+            max_runs: MAX_RUNS,
+            fence_replaced_sessions: false,
         }
     }
 
@@ -275,7 +284,7 @@ impl Plane {
             }
             (None, OfferPolicy::Never) => return idle.to_json(),
             (None, OfferPolicy::Sometimes) if v & 1 == 1 => return idle.to_json(),
-            (None, _) if self.next_run > MAX_RUNS => return idle.to_json(),
+            (None, _) if self.next_run > self.max_runs => return idle.to_json(),
             (None, _) => {
                 let made = Offered {
                     n: self.next_run,
