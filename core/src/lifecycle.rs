@@ -140,10 +140,13 @@ impl Worker {
                         self.known.get(&offer_id),
                         Some(State::Started | State::RunningAcknowledged)
                     );
+                    // Queued even while a pass of this offer is in progress: if that pass
+                    // goes on to upload the log, the renewal starts beside the upload at once
+                    // (`Worker::next_startable`) rather than at the next supervision page.
                     let work = Work::Supervise(offer_id.clone());
                     if active
                         && running
-                        && !self.planned(&work)
+                        && !self.queue.contains(&work)
                         && !self.planned(&Work::Renew(offer_id))
                     {
                         self.queue.push_back(work);

@@ -106,7 +106,8 @@ impl Running {
         match self {
             Self::Pull(op) => op.grants_lease(),
             Self::Supervise(op) => op.grants_lease(),
-            Self::Session(_) | Self::List(_) | Self::Process(_) => false,
+            Self::Process(op) => op.grants_lease(),
+            Self::Session(_) | Self::List(_) => false,
         }
     }
 

@@ -29,6 +29,7 @@ use alloc::vec::Vec;
 use zeroize::Zeroizing;
 
 use crate::capability::Capability;
+use crate::control::{ControlOp, ControlResult};
 #[cfg(feature = "sim-hooks")]
 use crate::fingerprint::Fingerprint;
 use crate::ids::{CallbackSequence, ExecutorHandle, OfferId};
@@ -165,12 +166,29 @@ enum PState {
     FailingStart(Box<InboxRecord>, ActivationRequest),
     PersistingStartFailureAck,
     PersistingRecovery(RecoveryReason, bool),
+    /// A renewal of the offer's lease before the next start-path call (see
+    /// [`ProcessOp::renewal_due`]); then the record is read again and the path goes on.
+    Renewing(Box<ControlOp>, Resume),
+    /// The record read again after a renewal, for the Secrets fetch of this launch.
+    RereadingForSecrets(Box<Launch>),
+}
+
+/// Where the start path goes on after a renewal of its lease.
+#[cfg_attr(feature = "sim-hooks", derive(Clone))]
+enum Resume {
+    /// Read the record and take it from its state (before a starting or running ACK).
+    Reread,
+    /// The Secrets fetch of this launch, with the record read again.
+    Secrets(Box<Launch>),
 }
 
 /// One offer being processed.
 #[cfg_attr(feature = "sim-hooks", derive(Clone))]
 pub(crate) struct ProcessOp {
     offer_id: OfferId,
+    /// The record state at which this pass last renewed the lease: at most one renewal per
+    /// start-path call, whatever the renewal answered.
+    renewed_in: Option<State>,
     state: PState,
 }
 
@@ -285,6 +303,19 @@ impl PState {
                 fp.tag("persisting-recovery");
                 fp.debug(&(reason, must_land));
             }
+            Self::Renewing(op, Resume::Reread) => {
+                fp.tag("renewing-then-reread");
+                op.fingerprint(fp);
+            }
+            Self::Renewing(op, Resume::Secrets(launch)) => {
+                fp.tag("renewing-then-secrets");
+                op.fingerprint(fp);
+                launch.fingerprint(fp);
+            }
+            Self::RereadingForSecrets(launch) => {
+                fp.tag("rereading-for-secrets");
+                launch.fingerprint(fp);
+            }
         }
     }
 }
@@ -311,6 +342,12 @@ impl ProcessOp {
         )
     }
 
+    /// Whether the write awaited stores a lease this pass's renewal obtained (see
+    /// [`ControlOp::grants_lease`]).
+    pub(crate) fn grants_lease(&self) -> bool {
+        matches!(&self.state, PState::Renewing(op, _) if op.grants_lease())
+    }
+
     pub(crate) fn begin(offer_id: OfferId) -> PStep {
         let action = Action::ReadRecord {
             offer_id: offer_id.clone(),
@@ -318,6 +355,7 @@ impl ProcessOp {
         Step::Wait(
             Self {
                 offer_id,
+                renewed_in: None,
                 state: PState::Reading,
             },
             action,
@@ -328,7 +366,7 @@ impl ProcessOp {
     #[cfg(feature = "sim-hooks")]
     pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
         fp.tag("process");
-        fp.debug(&self.offer_id);
+        fp.debug(&(&self.offer_id, self.renewed_in));
         self.state.fingerprint(fp);
     }
 
@@ -415,6 +453,85 @@ impl ProcessOp {
                 Outcome::Persisted => Step::Done(ProcessResult::RecoveryRequired(reason)),
                 other => self.write_failed(other, must_land),
             },
+            PState::Renewing(op, resume) => self.on_renewing(ctx, *op, resume, outcome),
+            PState::RereadingForSecrets(launch) => self.on_reread_for_secrets(ctx, launch, outcome),
+        }
+    }
+
+    /// A step of the renewal inside the start path (see [`ProcessOp::renewal_due`]).
+    fn on_renewing(self, ctx: &Ctx<'_>, op: ControlOp, resume: Resume, outcome: Outcome) -> PStep {
+        match op.resume(ctx, outcome) {
+            Step::Wait(op, action) => self.wait(PState::Renewing(Box::new(op), resume), action),
+            Step::Done(result) => self.after_renewal(&result, resume),
+            Step::Halt(reason) => Step::Halt(reason),
+        }
+    }
+
+    /// The record read again after a renewal, before this launch's Secrets fetch.
+    fn on_reread_for_secrets(
+        self,
+        ctx: &Ctx<'_>,
+        mut launch: Box<Launch>,
+        outcome: Outcome,
+    ) -> PStep {
+        match outcome {
+            Outcome::RecordRead(Some(record)) if record.state == State::StartingAcknowledged => {
+                launch.authority.record = record;
+                self.fetch_secrets(ctx, launch)
+            }
+            // Moved on meanwhile (the renewal's own stop path recorded recovery): taken from
+            // its state, as any pass would.
+            other => self.on_read(ctx, other),
+        }
+    }
+
+    /// Whether to renew `record`'s lease before the start-path call about to be sent: its
+    /// renewal timer has come (`lease_control_interval` after the sending of the call that
+    /// obtained the lease, on the monotonic clock) and this pass has not renewed at this state
+    /// yet. A start path whose calls each take most of the request timeout (four calls of up
+    /// to 15 s against a 30 s lease) would otherwise spend the lease before the first renewal,
+    /// which lease control sends only once the Run is running. A lease this process did not
+    /// obtain (a record found at restart, the offer of a claim replayed from an earlier
+    /// attempt, granted who knows when) is renewed before its first call here. An interval of
+    /// 0 (renew at every supervision tick) renews nothing here.
+    fn renewal_due(&self, ctx: &Ctx<'_>, record: &InboxRecord) -> bool {
+        let interval = ctx.config.lease_control_interval_ms;
+        interval > 0
+            && self.renewed_in != Some(record.state)
+            && ctx
+                .leases
+                .get(&record.offer.offer_id)
+                .is_none_or(|clock| ctx.mono >= clock.began.saturating_add(interval))
+            && !ctx.lease_expired(record)
+    }
+
+    /// Renews the lease through a renewal-only supervision pass on this lane (the record's
+    /// revisions stay one sequence: nothing else of this offer is outstanding), then goes on
+    /// as `resume` says.
+    fn renew_first(mut self, state: State, resume: Resume) -> PStep {
+        self.renewed_in = Some(state);
+        match ControlOp::renew(self.offer_id.clone(), None, None) {
+            Step::Wait(op, action) => self.wait(PState::Renewing(Box::new(op), resume), action),
+            Step::Done(result) => self.after_renewal(&result, resume),
+            Step::Halt(reason) => Step::Halt(reason),
+        }
+    }
+
+    /// After the renewal: the record is read again (the renewal moved its revision and lease
+    /// version, which the next call names). A renewal whose answer was lost may have moved the
+    /// control plane's lease version: the pass ends there, as any uncertain call does, rather
+    /// than send a call fenced by the version it may have left behind (a fenced Secrets fetch
+    /// is a start failure). Any other answer leaves the next call to find out.
+    fn after_renewal(self, result: &ControlResult, resume: Resume) -> PStep {
+        if let ControlResult::Uncertain { why, .. } = result {
+            return Step::Done(ProcessResult::Uncertain(why.clone()));
+        }
+        let action = Action::ReadRecord {
+            offer_id: self.offer_id.clone(),
+        };
+        match resume {
+            Resume::Reread => self.wait(PState::Reading, action),
+            Resume::Secrets(launch) => self.wait(PState::RereadingForSecrets(launch), action),
         }
     }
 
@@ -482,6 +599,9 @@ impl ProcessOp {
             State::Launching => {
                 self.recover(ctx, &record, RecoveryReason::LaunchOutcomeUnknown, true)
             }
+            State::Accepted if ctx.may_launch && self.renewal_due(ctx, &record) => {
+                self.renew_first(record.state, Resume::Reread)
+            }
             State::Accepted if ctx.may_launch => {
                 let request = ActivationRequest::starting(&record.offer);
                 let action = activation_call(ctx, &request);
@@ -499,6 +619,9 @@ impl ProcessOp {
     }
 
     fn replay_starting(self, ctx: &Ctx<'_>, record: Box<InboxRecord>) -> PStep {
+        if self.renewal_due(ctx, &record) {
+            return self.renew_first(record.state, Resume::Reread);
+        }
         let request = ActivationRequest::starting(&record.offer);
         let action = activation_call(ctx, &request);
         self.wait(PState::ReplayingStarting(record, request), action)
@@ -571,6 +694,10 @@ impl ProcessOp {
                     Some(env) => self.allocate_log(launch, env),
                     None => self.start_failed(ctx, &launch.authority.record),
                 }
+            }
+            Ok(Some(_)) if self.renewal_due(ctx, record) => {
+                let state = record.state;
+                self.renew_first(state, Resume::Secrets(launch))
             }
             Ok(Some(request)) => match request.to_body() {
                 Ok(body) => {
@@ -761,6 +888,9 @@ impl ProcessOp {
         ) else {
             unreachable!("a started record carries its handle and callback fields");
         };
+        if self.renewal_due(ctx, &record) {
+            return self.renew_first(record.state, Resume::Reread);
+        }
         let ack = RunningAck {
             executor_handle: handle,
             log_artifact_id: record.log_artifact_id.clone(),

@@ -1340,6 +1340,10 @@ impl Worker {
                     // is due `lease_control_interval` after that call's sending, and the
                     // Worker wakes for it rather than wait for a supervision visit.
                     let offer_id = record.offer.offer_id.clone();
+                    if matches!(slot.op, crate::ops::Running::Process(_)) {
+                        // A renewal inside the start path paces the first supervision pass's.
+                        self.last_renewal.insert(offer_id.clone(), slot.call_sent);
+                    }
                     self.arm_renewal(&offer_id, slot.call_sent);
                     self.leases.insert(
                         offer_id,

@@ -163,3 +163,46 @@ fn a_live_run_behind_settled_records_is_supervised_every_tick() {
     assert_eq!(ticks, 3);
     assert_eq!(calls.len(), ticks, "{trail:#?}");
 }
+
+/// The start path renews its lease between its calls (issue 16, item 7): a Run whose calls
+/// before running take most of the request timeout each would otherwise spend its lease before
+/// its first supervision renewal. A record found at restart carries a lease this process did
+/// not obtain: it is renewed before the starting ACK, and the ACK names the renewed version.
+/// With an interval of 0 (renew at every supervision tick) the start path renews nothing.
+#[test]
+fn the_start_path_renews_a_lease_it_did_not_obtain_before_its_first_call() {
+    let run = |interval: u64| {
+        let mut world = World::new(1, Vec::new());
+        world.seed(1, testkit::record(1, State::Accepted), false);
+        let mut config = testkit::explore::model_config();
+        config.lease_control_interval_ms = interval;
+        let start = UnixMillis::new(1_000).unwrap();
+        let mut sim = Sim::new(config, world, start).recording();
+        sim.run(6);
+        let trail = sim.take_trail();
+        let at = |command: &str| trail.iter().position(|line| line == command);
+        (
+            at("post lease-control o1"),
+            at("post starting o1"),
+            trail
+                .iter()
+                .filter(|l| *l == "post lease-control o1")
+                .count(),
+            trail,
+        )
+    };
+    let (renewal, starting, _, trail) = run(5_000);
+    let (Some(renewal), Some(starting)) = (renewal, starting) else {
+        panic!("no renewal or no starting ACK: {trail:#?}");
+    };
+    assert!(renewal < starting, "{trail:#?}");
+    // The activation answers name the plane's lease version, which the Worker checks against
+    // its record: the path went on with the renewed one.
+    assert!(trail.iter().any(|l| l == "post running o1"), "{trail:#?}");
+    let (renewal, starting, _, trail) = run(0);
+    assert!(starting.is_some(), "{trail:#?}");
+    assert!(
+        renewal.is_none_or(|r| Some(r) > starting),
+        "interval 0 renewed in the start path: {trail:#?}"
+    );
+}

@@ -254,6 +254,10 @@ fn spawn_error_before_exec_is_rejected_without_receipt() {
                 }
             );
             assert!(fx.receipt().is_none());
+            // A Run of its own: the first supervisor holds its Run's log capture until it has
+            // exited (the Worker's sign that a receipt may still come), and a second launch of
+            // the same Run while it exits is refused `LogUnavailable` (seen once under load).
+            let fx = Fixture::new(8);
             let mut launch = fx.launch(argv("/bin/true", &[]), vec![]);
             launch.working_directory = Some(fx.scratch("missing-dir").display().to_string());
             let outcome = fx.executor().start(launch);

@@ -187,7 +187,11 @@ struct CadenceTotals {
     renewal_third: u64,
     outstanding: u32,
     timeouts: u64,
-    start_path_lost: u64,
+    /// Runs of timely phases, of which succeeded (all: `cadence-no-run-lost`).
+    timely_runs: u64,
+    timely_succeeded: u64,
+    /// Runs that lost their lease, in slow phases (none in timely ones).
+    slow_lease_lost: u64,
 }
 
 /// A third of the simulated control plane's 30 s lease.
@@ -205,9 +209,10 @@ impl CadenceTotals {
         self.succeeded += u64::from(c.succeeded);
         self.outstanding = self.outstanding.max(c.max_outstanding);
         self.timeouts += u64::from(c.timeouts);
-        self.start_path_lost += u64::from(c.start_path_lost);
         if c.timely {
             self.timely += 1;
+            self.timely_runs += u64::from(c.runs);
+            self.timely_succeeded += u64::from(c.succeeded);
             self.heartbeat_gap = self.heartbeat_gap.max(c.max_heartbeat_gap);
             self.heartbeat_ratio = self
                 .heartbeat_ratio
@@ -217,6 +222,8 @@ impl CadenceTotals {
                 .renewal_ratio
                 .max(permille(c.max_renewal_gap, c.renewal_bound));
             self.renewal_third += u64::from(c.max_renewal_gap <= LEASE_THIRD_MS);
+        } else {
+            self.slow_lease_lost += u64::from(c.lease_lost);
         }
     }
 
@@ -233,30 +240,34 @@ impl CadenceTotals {
         self.renewal_third += o.renewal_third;
         self.outstanding = self.outstanding.max(o.outstanding);
         self.timeouts += o.timeouts;
-        self.start_path_lost += o.start_path_lost;
+        self.timely_runs += o.timely_runs;
+        self.timely_succeeded += o.timely_succeeded;
+        self.slow_lease_lost += o.slow_lease_lost;
     }
 
     fn line(&self) -> String {
         let pct = |permille: u64| format!("{}.{}", permille / 10, permille % 10);
         format!(
             "simulation cadence: {} phases ({} timely, {} slow; {} not run, the Worker \
-             fail-closed), {} runs {} succeeded {} lost in their start path (lease spent before the \
-             first renewal); timely: max heartbeat gap {} ms ({} % of its \
-             bound), max renewal gap of a running Run {} ms ({} % of its bound; within lease/3 \
-             in {} of {} phases); up to {} calls outstanding; {} calls timed out",
+             fail-closed), {} runs {} succeeded; timely: {} runs {} succeeded, max heartbeat gap \
+             {} ms ({} % of its bound), max renewal gap of a running Run {} ms ({} % of its bound; within lease/3 \
+             in {} of {} phases); slow: {} Runs lost their lease; up to {} calls outstanding; {} \
+             calls timed out",
             self.phases,
             self.timely,
             self.phases - self.timely,
             self.fail_closed,
             self.runs,
             self.succeeded,
-            self.start_path_lost,
+            self.timely_runs,
+            self.timely_succeeded,
             self.heartbeat_gap,
             pct(self.heartbeat_ratio),
             self.renewal_gap,
             pct(self.renewal_ratio),
             self.renewal_third,
             self.timely,
+            self.slow_lease_lost,
             self.outstanding,
             self.timeouts
         )
@@ -432,6 +443,8 @@ fn checkers_can_fail() {
         ),
         // Either cadence check: a renewal or a heartbeat waiting behind a long upload.
         (Lie::SerialCalls, "-cadence: "),
+        // A Run whose calls before running take the whole lease loses it.
+        (Lie::NoStartPathRenewal, "INVARIANT cadence-no-run-lost"),
     ];
     for (lie, invariant) in lies {
         let caught = (0..400).find_map(|seed| {

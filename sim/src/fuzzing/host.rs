@@ -121,6 +121,10 @@ pub enum Lie {
     /// In the cadence phase, the link carries one call at a time, each waiting for the one
     /// before it to be answered, as a Worker with one loop and one call at a time would.
     SerialCalls,
+    /// In the cadence phase, a lease renewal of a Run not yet running never reaches the control
+    /// plane (answered as a refused connection), as for a Worker that renews only running
+    /// Runs.
+    NoStartPathRenewal,
 }
 
 /// The answer to one command.

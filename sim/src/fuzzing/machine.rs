@@ -260,7 +260,10 @@ pub fn simulate(
         Err(stuck) => panic!("INVARIANT liveness: not settled after {LIVE_STEPS} steps: {stuck}"),
     }
     if let Some(seed) = faults.link
-        && matches!(lie, None | Some(super::host::Lie::SerialCalls))
+        && matches!(
+            lie,
+            None | Some(super::host::Lie::SerialCalls | super::host::Lie::NoStartPathRenewal)
+        )
         && !faults.small_inbox
     {
         sim.cadence(seed);

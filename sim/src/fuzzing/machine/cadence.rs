@@ -101,9 +101,9 @@ pub struct CadenceStats {
     pub max_outstanding: u32,
     /// Calls the Worker gave up on at the request timeout (slow seeds).
     pub timeouts: u32,
-    /// Runs whose lease was lost before its first renewal (the start path took the whole
-    /// lease; the Worker renews once the Run is running).
-    pub start_path_lost: u32,
+    /// Runs that lost their lease (`recovery_required(lease_lost_*)`): none in a timely
+    /// phase (`cadence-no-run-lost`); a slow plane may take longer than the lease to answer.
+    pub lease_lost: u32,
     /// Simulated time the phase took.
     pub elapsed_ms: u64,
     /// The restarted Worker was fail-closed (a Run the earlier phases left for an operator),
@@ -150,8 +150,6 @@ struct Phase {
     last_grant: BTreeMap<OfferId, UnixMillis>,
     /// When the plane applied each offer's running ACK: its renewals are checked from then on.
     running_at: BTreeMap<OfferId, UnixMillis>,
-    /// Offers whose lease lease control renewed at least once.
-    renewed: std::collections::BTreeSet<OfferId>,
     /// The first sample number of the phase's Runs.
     first_run: u32,
     /// The self-test's [`Lie::SerialCalls`].
@@ -175,6 +173,19 @@ impl Sim<'_> {
         self.host.plane.policy = OfferPolicy::Always;
         let first_run = self.host.plane.next_run;
         self.host.plane.max_runs = first_run + runs - 1;
+        // A wall clock the earlier phases left ahead of the control plane's (a step back after
+        // running ahead returns only to the highest time it showed: `Sim::settle`) is set right
+        // by letting that much time pass first. Ahead by δ within the Session lease, the Worker
+        // reads a Session lease δ shorter than granted (it trusts the plane's expiry against its
+        // own clock below what it asked, as it must), and this phase measures the cadence of a
+        // slow link, not of a skewed clock: clock steps are the earlier phases' faults and
+        // `e2e_clock_step`'s.
+        if let Ok(ahead) = u64::try_from(self.host.wall_skew)
+            && ahead > 0
+        {
+            self.host.now = samples::ms(self.host.now.get().saturating_add(ahead));
+            self.host.wall_skew = 0;
+        }
         self.archive();
         let _ = self.restart();
         let start = self.host.now;
@@ -195,7 +206,6 @@ impl Sim<'_> {
             last_session: start,
             last_grant: BTreeMap::new(),
             running_at: BTreeMap::new(),
-            renewed: std::collections::BTreeSet::new(),
             first_run,
             serial: self.host.lie == Some(Lie::SerialCalls),
         };
@@ -270,12 +280,7 @@ impl Sim<'_> {
                 .count(),
         )
         .unwrap_or(0);
-        // A lease lost before its first renewal: the start path's calls (Pull, starting,
-        // Secrets, running: up to 14 s each here) took the whole lease, which the Worker renews
-        // only once the Run is running. Counted and printed, not excused silently; a Worker
-        // that never renewed would still fail `renewal-cadence` on every Run whose start path
-        // was quick.
-        phase.stats.start_path_lost = u32::try_from(
+        phase.stats.lease_lost = u32::try_from(
             self.phase_records(&phase)
                 .iter()
                 .filter(|r| {
@@ -285,22 +290,21 @@ impl Sim<'_> {
                             RecoveryReason::LeaseLostLocalExecutionStopped
                                 | RecoveryReason::LeaseLostLocalExecutionUnverified
                         )
-                    ) && !phase.renewed.contains(&r.offer.offer_id)
+                    )
                 })
                 .count(),
         )
         .unwrap_or(0);
-        // Every Run offered succeeded or was lost in its start path; fewer were offered only
-        // when such a loss latched the Worker fail-closed.
+        // With a timely plane every Run is offered and succeeds: none lost to lease expiry in
+        // its start path (renewed between its calls) or while it runs and uploads, none to a
+        // fenced Session, none left behind by a halt.
         let offered = u32::try_from(self.phase_records(&phase).len()).unwrap_or(0);
-        let lost = phase.stats.start_path_lost;
         assert!(
-            !phase.stats.timely
-                || (phase.stats.succeeded + lost == offered && (offered == runs || lost > 0)),
-            "INVARIANT cadence-no-run-lost: {} of {runs} Runs succeeded ({} lost in the start \
-             path) with a timely plane: {:?}",
+            !phase.stats.timely || (phase.stats.succeeded == offered && offered == runs),
+            "INVARIANT cadence-no-run-lost: {} of {runs} Runs succeeded ({offered} offered, {} \
+             lost their lease) with a timely plane: {:?}",
             phase.stats.succeeded,
-            phase.stats.start_path_lost,
+            phase.stats.lease_lost,
             self.phase_records(&phase)
                 .iter()
                 .map(|r| (r.offer.offer_id.to_string(), r.state, r.recovery_reason))
@@ -496,6 +500,15 @@ impl Sim<'_> {
             0
         };
         self.host.call_sent_at = self.sent_at.remove(&command.id);
+        if self.host.lie == Some(Lie::NoStartPathRenewal)
+            && operation == Some(Operation::LeaseControl)
+            && !offer
+                .as_ref()
+                .is_some_and(|offer| phase.running_at.contains_key(offer))
+        {
+            self.note(format_args!("{} refused (the lie)", command.id));
+            return Answer::unlicensed(Outcome::Http(HttpFailure::Unavailable));
+        }
         let answer = self
             .host
             .perform(command.action, Mode::Valid, &mut Bytes::new(&[v]));
@@ -518,9 +531,6 @@ impl Sim<'_> {
                         .into_iter()
                         .any(Value::is_u64);
                     if let (true, Some(offer)) = (granted, offer) {
-                        if operation == Some(Operation::LeaseControl) {
-                            phase.renewed.insert(offer.clone());
-                        }
                         phase.last_grant.insert(offer, now);
                     }
                 }
@@ -561,8 +571,8 @@ impl Sim<'_> {
             if let (Some(last), Some(running)) =
                 (phase.last_grant.get(offer), phase.running_at.get(offer))
             {
-                // From the running ACK on: the start path's calls take the lease's time
-                // before it (see `start_path_lost`).
+                // From the running ACK on (the start path's renewals are checked by their
+                // outcome: `cadence-no-run-lost`).
                 let gap = now.saturating_since((*last).max(*running));
                 stats.max_renewal_gap = stats.max_renewal_gap.max(gap);
                 assert!(
