@@ -49,6 +49,7 @@ pub struct Command {
 
 /// A JSON POST to one Worker-ingress route.
 #[derive(Debug)]
+#[cfg_attr(feature = "sim-hooks", derive(Clone))]
 pub struct HttpCall {
     /// The full route path, e.g. `/api/v3/worker-ingress/workers/edge-1/sessions/…/starting`.
     pub path: String,
@@ -87,6 +88,27 @@ pub struct LaunchPlan {
     pub capability: Capability,
 }
 
+/// Only for `Worker::fork` (`sim-hooks` feature): the model checker branches a Worker whose
+/// launch plan is staged, which duplicates the in-memory capability (never persisted).
+#[cfg(feature = "sim-hooks")]
+impl Clone for LaunchPlan {
+    fn clone(&self) -> Self {
+        Self {
+            offer_id: self.offer_id.clone(),
+            run_id: self.run_id.clone(),
+            attempt_id: self.attempt_id.clone(),
+            executor_started_at: self.executor_started_at,
+            command: self.command.clone(),
+            environment: self.environment.clone(),
+            working_directory: self.working_directory.clone(),
+            timeout: self.timeout,
+            log_artifact_id: self.log_artifact_id.clone(),
+            callback_sequence: self.callback_sequence,
+            capability: Capability::from_bytes(*self.capability.expose()),
+        }
+    }
+}
+
 impl fmt::Debug for LaunchPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let names: Vec<&str> = self.environment.iter().map(|(n, _)| n.as_str()).collect();
@@ -105,6 +127,7 @@ impl fmt::Debug for LaunchPlan {
 
 /// What the driver must do. Each variant says which [`Outcome`] comes back.
 #[derive(Debug)]
+#[cfg_attr(feature = "sim-hooks", derive(Clone))]
 pub enum Action {
     /// Read one page of inbox records (ascending offer id, strictly after `after`).
     /// ⇒ [`Outcome::InboxListed`] or [`Outcome::Store`].

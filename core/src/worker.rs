@@ -414,14 +414,12 @@ impl Slot {
         Some(action)
     }
 
-    /// A copy for the model checker (`sim-hooks`).
-    ///
-    /// # Panics
-    /// When its action is staged: fork a Worker only after polling.
+    /// A copy for the model checker (`sim-hooks`): a staged action too (the explorer's driver
+    /// may stop polling with commands staged, its window of outstanding commands full).
     #[cfg(feature = "sim-hooks")]
     fn fork(&self) -> Self {
         let pending = match &self.pending {
-            Pending::Staged(_) => panic!("fork a Worker only after polling"),
+            Pending::Staged(action) => Pending::Staged(action.clone()),
             Pending::Outstanding {
                 id,
                 write,

@@ -6,7 +6,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use ql_worker_core::record::State;
-use ql_worker_sim::testkit::explore::{Guard, Model, Report, explore, finish_path};
+use ql_worker_sim::testkit::explore::{Guard, Model, Report, concurrency, explore, finish_path};
 use ql_worker_sim::testkit::world::Mutation;
 
 /// Turns a panic of the core (a broken pair assertion, an `unreachable!`) into a violation.
@@ -59,6 +59,40 @@ fn model_check_finish_path() {
         "recovery_required(control_plane_terminal)",
         "recovery_required(lease_lost_local_execution_stopped)",
         "recovery_required(lease_lost_local_execution_unverified)",
+    ] {
+        assert!(
+            report.coverage.contains_key(state),
+            "the model never reached {state}: {:?}",
+            report.coverage
+        );
+    }
+}
+
+/// Issue 16, item 7: the lifecycle with two commands outstanding at once, their outcomes in
+/// either order (`explore::concurrency`).
+#[test]
+fn model_check_concurrency() {
+    let mut model = concurrency();
+    if cfg!(debug_assertions) {
+        model.bounds.crashes = 0;
+    }
+    let report = explore(&model, &CatchPanics);
+    report_line(&report.line(&model));
+    print_found(&report);
+    assert_eq!(
+        report.violations, 0,
+        "concurrent outcomes broke an invariant"
+    );
+    assert!(!report.truncated, "the state cap cut the exploration short");
+    assert!(
+        report.out_of_order >= 1_000,
+        "only {} answers out of issue order: the model explores no concurrency",
+        report.out_of_order
+    );
+    for state in [
+        "running_acknowledged",
+        "completion_acknowledged",
+        "recovery_required(lease_lost_local_execution_stopped)",
     ] {
         assert!(
             report.coverage.contains_key(state),

@@ -237,6 +237,13 @@ impl Act {
         }
     }
 
+    /// Whether this is a control-plane call (a POST or a log upload): the driver sends those
+    /// from its call threads, concurrently; everything else it performs on its loop at once.
+    #[must_use]
+    pub fn is_call(&self) -> bool {
+        matches!(self, Self::Post { .. } | Self::UploadLog { .. })
+    }
+
     /// The kind of command, as one word.
     #[must_use]
     pub fn kind(&self) -> &'static str {

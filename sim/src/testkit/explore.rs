@@ -58,6 +58,9 @@ pub struct Bounds {
     pub jumps: u8,
     /// Drain requests per path.
     pub drains: u8,
+    /// Commands the driver lets be outstanding at once ([`Sim::window`]): with 2 or more, the
+    /// explorer answers them in every order.
+    pub outstanding: u8,
     /// Stop after this many search keys ([`Report::histories`]; the report then says it is
     /// truncated).
     pub max_states: usize,
@@ -69,7 +72,7 @@ impl Bounds {
     pub fn describe(&self) -> String {
         format!(
             "faults<={} crashes<={} recovery-crashes<={} entropy-variations<={} ticks<={} \
-             lease-jumps<={} drains<={} max-states={}",
+             lease-jumps<={} drains<={} outstanding<={} max-states={}",
             self.faults,
             self.crashes,
             self.recovery_crashes,
@@ -77,6 +80,7 @@ impl Bounds {
             self.ticks,
             self.jumps,
             self.drains,
+            self.outstanding,
             self.max_states
         )
     }
@@ -98,8 +102,11 @@ pub struct Model {
 /// One move of the explorer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Move {
-    /// Answer the outstanding command.
+    /// Answer the pending command (the first outstanding).
     Answer(Answer),
+    /// Answer the outstanding command at this index of [`Sim::outstanding`] (1 or more: out of
+    /// the order the Worker issued them).
+    AnswerOther(usize, Answer),
     /// A world event.
     Event(Event),
     /// Tick at this time.
@@ -149,6 +156,9 @@ pub struct Report {
     /// that is registering or reconciling again (the restart rules), i.e. a second crash landing
     /// in the recovery that followed the first. (A restart after a halt is not a crash.)
     pub crashes_during_recovery: usize,
+    /// Moves that answered a command other than the first outstanding one (outcomes in another
+    /// order than the commands were issued: [`Bounds::outstanding`] of 2 or more).
+    pub out_of_order: usize,
 }
 
 impl Report {
@@ -158,7 +168,8 @@ impl Report {
     pub fn line(&self, model: &Model) -> String {
         format!(
             "model-check {}: {} distinct states ({} histories), {} transitions, bounds: {}, \
-             deepest path {} moves, crashes-during-recovery explored: {}, {}, {} violations",
+             deepest path {} moves, crashes-during-recovery explored: {}, answers out of issue \
+             order: {}, {}, {} violations",
             model.name,
             self.states,
             self.histories,
@@ -166,6 +177,7 @@ impl Report {
             model.bounds.describe(),
             self.deepest,
             self.crashes_during_recovery,
+            self.out_of_order,
             if self.truncated {
                 "TRUNCATED by the state cap"
             } else {
@@ -372,12 +384,34 @@ fn moves(node: &Node, menu: &Menu) -> Vec<(Move, Budget)> {
     let recovering = recovering(sim);
     match &sim.status {
         Status::Busy => {
-            if let Some((_, act)) = &sim.pending {
+            // A local command is performed at once (the driver's loop): it alone is answered.
+            let local = sim.outstanding().position(|act| !act.is_call());
+            let answerable = sim
+                .outstanding()
+                .enumerate()
+                .filter(|(index, _)| local.is_none_or(|l| l == *index));
+            for (index, act) in answerable {
                 for answer in sim.world.options(act, menu) {
                     if let Some(next) = b.afford(answer.cost(), recovering) {
-                        out.push((Move::Answer(answer), next));
+                        let mv = match index {
+                            0 => Move::Answer(answer),
+                            other => Move::AnswerOther(other, answer),
+                        };
+                        out.push((mv, next));
                     }
                 }
+            }
+            // Only calls outstanding and the Worker idle otherwise: a tick at its wake-up, as the
+            // driver ticks while calls are in flight (a heartbeat or a renewal comes due).
+            if let (Some(wake), None, true) = (sim.waiting, local, b.ticks > 0) {
+                let at = wake.unwrap_or(sim.now).max(sim.now);
+                out.push((
+                    Move::Tick(at),
+                    Budget {
+                        ticks: b.ticks - 1,
+                        ..b
+                    },
+                ));
             }
         }
         Status::Idle(wake) => {
@@ -422,6 +456,10 @@ fn moves(node: &Node, menu: &Menu) -> Vec<(Move, Budget)> {
 fn apply(sim: &mut Sim, mv: Move) {
     match mv {
         Move::Answer(answer) => sim.answer(answer),
+        Move::AnswerOther(index, answer) => {
+            sim.choose(index);
+            sim.answer(answer);
+        }
         Move::Event(event) => sim.event(event),
         Move::Tick(at) | Move::Jump(at) => {
             sim.advance_to(at);
@@ -437,6 +475,10 @@ fn describe(sim: &Sim, mv: Move) -> String {
         (Move::Answer(answer), Some((_, act))) => {
             format!("{} -> {answer:?}", sim.world.summary(act))
         }
+        (Move::AnswerOther(index, answer), _) => match sim.outstanding().nth(index) {
+            Some(act) => format!("{} (out of order) -> {answer:?}", sim.world.summary(act)),
+            None => format!("{mv:?}"),
+        },
         (Move::Tick(at), _) => format!("tick at {at}"),
         (Move::Jump(at), _) => format!("jump to {at} and tick"),
         (other, _) => format!("{other:?}"),
@@ -520,8 +562,16 @@ impl Search<'_> {
         let recovering = spent && recovering(&node.sim);
         for (mv, budget) in moves(node, &self.model.menu) {
             self.report.transitions += 1;
-            if recovering && matches!(mv, Move::Answer(Answer::CrashBefore | Answer::CrashAfter)) {
+            let crash = matches!(
+                mv,
+                Move::Answer(Answer::CrashBefore | Answer::CrashAfter)
+                    | Move::AnswerOther(_, Answer::CrashBefore | Answer::CrashAfter)
+            );
+            if recovering && crash {
                 self.report.crashes_during_recovery += 1;
+            }
+            if matches!(mv, Move::AnswerOther(..)) {
+                self.report.out_of_order += 1;
             }
             let mut sim = node.sim.fork();
             let outcome = self.guard.run(&mut || apply(&mut sim, mv));
@@ -563,8 +613,10 @@ pub fn explore(model: &Model, guard: &dyn Guard) -> Report {
         report: Report::default(),
     };
     for root in &model.roots {
+        let mut sim = root.fork();
+        sim.window = usize::from(model.bounds.outstanding.max(1));
         let node = Node {
-            sim: root.fork(),
+            sim,
             budget: Budget::new(&model.bounds),
             depth: 0,
         };
@@ -640,6 +692,7 @@ pub fn start_path() -> Model {
             ticks: 7,
             jumps: 0,
             drains: 0,
+            outstanding: 1,
             max_states: 2_000_000,
         },
         roots: roots(
@@ -680,6 +733,7 @@ pub fn redelivery() -> Model {
             ticks: 10,
             jumps: 1,
             drains: 0,
+            outstanding: 1,
             max_states: 2_000_000,
         },
         roots: roots(std::vec![World::one_offer(1).with_reoffers()], 1),
@@ -724,6 +778,51 @@ pub fn finish_path() -> Model {
             ticks: 6,
             jumps: 1,
             drains: 1,
+            outstanding: 1,
+            max_states: 2_000_000,
+        },
+        roots: roots(std::vec![World::one_offer(1)], 2),
+    }
+}
+
+/// Issue 16's model: the whole lifecycle with the driver's calls concurrent. The driver lets
+/// two commands be outstanding at once ([`Bounds::outstanding`]) and the explorer answers them
+/// in either order: a heartbeat beside a starting ACK, a Pull beside a supervision pass, a
+/// renewal beside an upload, a record read beside a call. Two slots, so the Worker keeps
+/// pulling while its Run runs. Every ACK, upload, completion, lease-control and Session answer,
+/// process exits with every receipt, clean and uncertain record write failures, one fault and
+/// one crash (before or after any command, every outstanding command lost with it) per path, a
+/// jump past the lease expiry.
+#[must_use]
+pub fn concurrency() -> Model {
+    let menu = Menu {
+        crashes: true,
+        record_faults: true,
+        claim_faults: true,
+        read_faults: true,
+        ack_answers: true,
+        spawn_answers: true,
+        receipt_answers: true,
+        upload_answers: true,
+        completion_answers: true,
+        lease_answers: true,
+        stop_answers: true,
+        session_answers: true,
+        exits: true,
+        ..Menu::default()
+    };
+    Model {
+        name: "concurrency",
+        menu,
+        bounds: Bounds {
+            faults: 1,
+            crashes: 1,
+            recovery_crashes: 1,
+            entropy: 0,
+            ticks: 6,
+            jumps: 1,
+            drains: 0,
+            outstanding: 2,
             max_states: 2_000_000,
         },
         roots: roots(std::vec![World::one_offer(1)], 2),

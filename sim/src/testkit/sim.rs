@@ -1,12 +1,17 @@
 //! A Worker wired to a simulated [`World`]: the driver loop of `worker.rs`, with crashes,
 //! restarts, forks and fingerprints.
 //!
-//! The driver alternates exactly as the real one: after every input it polls until the Worker
-//! has a command outstanding ([`Status::Busy`], the command kept as [`Sim::pending`]), is idle,
-//! stopped or halted. [`Sim::answer`] performs the pending command in the world as an
-//! [`Answer`] says and feeds the outcome back; a crash drops the Worker (memory lost) and builds
-//! a new one from the same configuration, while the world (disk, processes, control plane)
-//! stays.
+//! The driver alternates as the real one does: after every input it polls until the Worker has
+//! [`Sim::window`] commands outstanding (the first kept as [`Sim::pending`], the others in
+//! [`Sim::held`]; [`Status::Busy`]) or a local command (storage, spawn, stop, entropy, which the
+//! real driver performs on its loop at once, before any other outcome), or is idle, stopped or
+//! halted. Control-plane calls (POSTs, uploads) may be outstanding together. [`Sim::answer`] performs the
+//! pending command in the world as an [`Answer`] says and feeds the outcome back;
+//! [`Sim::choose`] makes another outstanding command the pending one, so that outcomes come back
+//! in any order. A crash drops the Worker (memory lost, every outstanding command with it) and
+//! builds a new one from the same configuration, while the world (disk, processes, control
+//! plane) stays. With a window of 1 (the default) the Worker has one command outstanding at a
+//! time.
 
 use std::hash::Hasher;
 
@@ -69,8 +74,15 @@ pub struct Sim {
     /// How far the host's wall clock is off the true time (see [`crate::clock`]): the Worker
     /// reads `now + wall_skew` on its wall clock; its monotonic clock never sees it.
     pub wall_skew: i64,
-    /// The outstanding command.
+    /// The outstanding command answered next.
     pub pending: Option<(OpId, Act)>,
+    /// The other outstanding commands, in the order they were issued.
+    pub held: Vec<(OpId, Act)>,
+    /// How many commands the driver lets be outstanding at once (at least 1).
+    pub window: usize,
+    /// With calls outstanding, the Worker has nothing else to do until this wake-up (`Some`
+    /// only then): the driver ticks meanwhile, as the real one does while calls are in flight.
+    pub waiting: Option<Option<UnixMillis>>,
     /// What the Worker is doing.
     pub status: Status,
     /// Crashes and restarts so far.
@@ -93,6 +105,9 @@ impl Sim {
             now,
             wall_skew: 0,
             pending: None,
+            held: Vec::new(),
+            window: 1,
+            waiting: None,
             status: Status::Idle(Some(now)),
             restarts: 0,
             trail: None,
@@ -155,6 +170,9 @@ impl Sim {
             now: self.now,
             wall_skew: self.wall_skew,
             pending: self.pending.clone(),
+            held: self.held.clone(),
+            window: self.window,
+            waiting: self.waiting,
             status: self.status.clone(),
             restarts: self.restarts,
             trail: None,
@@ -168,11 +186,8 @@ impl Sim {
     pub fn fingerprint(&self, hasher: &mut dyn Hasher) {
         self.world.fingerprint(hasher);
         self.worker.fingerprint(hasher);
-        match &self.pending {
-            Some((_, act)) => hasher.write(&act.canonical()),
-            None => hasher.write_u8(0),
-        }
-        hash_debug(hasher, &(&self.status, self.now));
+        self.hash_outstanding(hasher);
+        hash_debug(hasher, &(&self.status, self.waiting, self.now));
     }
 
     /// Writes a canonical rendering of the system state only: the world's state
@@ -183,11 +198,46 @@ impl Sim {
     pub fn state_fingerprint(&self, hasher: &mut dyn Hasher) {
         self.world.state_fingerprint(hasher);
         self.worker.state_fingerprint(hasher);
-        match &self.pending {
-            Some((_, act)) => hasher.write(&act.canonical()),
-            None => hasher.write_u8(0),
+        self.hash_outstanding(hasher);
+        hash_debug(hasher, &(&self.status, self.waiting.is_some()));
+    }
+
+    /// Every outstanding command, canonical and in issue order: which one is answered next is
+    /// the explorer's choice, not a state.
+    fn hash_outstanding(&self, hasher: &mut dyn Hasher) {
+        let mut outstanding: Vec<&(OpId, Act)> = self.pending.iter().chain(&self.held).collect();
+        outstanding.sort_by_key(|(id, _)| *id);
+        hasher.write_usize(outstanding.len());
+        for (_, act) in outstanding {
+            hasher.write(&act.canonical());
         }
-        hash_debug(hasher, &self.status);
+    }
+
+    /// The outstanding commands: the pending one first, then the held ones.
+    pub fn outstanding(&self) -> impl Iterator<Item = &Act> {
+        self.pending.iter().chain(&self.held).map(|(_, act)| act)
+    }
+
+    /// Makes the outstanding command at `index` ([`Sim::outstanding`]'s order) the pending one;
+    /// the one it replaces is held again, in issue order.
+    pub fn choose(&mut self, index: usize) {
+        if index == 0 || index > self.held.len() {
+            return;
+        }
+        let chosen = self.held.remove(index - 1);
+        if let Some(previous) = self.pending.replace(chosen) {
+            let at = self.held.partition_point(|(id, _)| *id < previous.0);
+            self.held.insert(at, previous);
+        }
+    }
+
+    /// Takes the pending command; the first held one becomes pending.
+    fn take_pending(&mut self) -> Option<(OpId, Act)> {
+        let taken = self.pending.take();
+        if !self.held.is_empty() {
+            self.pending = Some(self.held.remove(0));
+        }
+        taken
     }
 
     fn note(&mut self, line: String) {
@@ -196,46 +246,82 @@ impl Sim {
         }
     }
 
-    /// Polls until the Worker has a command outstanding, is idle, stopped or halted.
+    /// Polls until the Worker has [`Sim::window`] commands outstanding or a local one, is idle
+    /// (with or without calls outstanding), stopped or halted.
     pub fn poll(&mut self) {
-        if self.pending.is_some() {
+        self.waiting = None;
+        loop {
+            let outstanding = usize::from(self.pending.is_some()) + self.held.len();
+            if outstanding >= self.window.max(1) {
+                self.status = Status::Busy;
+                return;
+            }
+            let output = self.worker.poll_output();
+            self.status = match output {
+                Output::Command(command) => {
+                    let act = Act::from_action(command.action);
+                    let call = act.is_call();
+                    self.issued(command.id, act);
+                    if call {
+                        continue;
+                    }
+                    // The driver performs a local command (storage, spawn, stop, entropy) on its
+                    // loop at once: it is answered before anything else happens.
+                    Status::Busy
+                }
+                Output::Idle { wake_at } if outstanding > 0 => {
+                    self.waiting = Some(wake_at.map(crate::clock::true_time));
+                    Status::Busy
+                }
+                Output::Idle { wake_at } => Status::Idle(wake_at.map(crate::clock::true_time)),
+                Output::Stopped(reason) => {
+                    self.abandon();
+                    Status::Stopped(reason)
+                }
+                Output::Halted(reason) => {
+                    if matches!(
+                        reason,
+                        HaltReason::StoreConflict | HaltReason::UnexpectedOutcome { .. }
+                    ) {
+                        self.world
+                            .violation("worker-error", format!("the Worker halted: {reason}"));
+                    }
+                    self.note(format!("halted: {reason}"));
+                    self.abandon();
+                    Status::Halted(reason)
+                }
+            };
             return;
         }
-        self.status = match self.worker.poll_output() {
-            Output::Command(command) => {
-                let act = Act::from_action(command.action);
-                if act == Act::ReadClaim
-                    && self.worker.phase() == ql_worker_core::worker::Phase::Draining
-                {
-                    self.world.violation(
-                        "drain-no-pull",
-                        String::from("a Pull starts while draining"),
-                    );
-                }
-                let summary = self.trail.is_some().then(|| self.world.summary(&act));
-                if let Some(line) = summary {
-                    self.note(line);
-                }
-                if let Some(stream) = &mut self.stream {
-                    stream.push(act.clone());
-                }
-                self.pending = Some((command.id, act));
-                Status::Busy
-            }
-            Output::Idle { wake_at } => Status::Idle(wake_at.map(crate::clock::true_time)),
-            Output::Stopped(reason) => Status::Stopped(reason),
-            Output::Halted(reason) => {
-                if matches!(
-                    reason,
-                    HaltReason::StoreConflict | HaltReason::UnexpectedOutcome { .. }
-                ) {
-                    self.world
-                        .violation("worker-error", format!("the Worker halted: {reason}"));
-                }
-                self.note(format!("halted: {reason}"));
-                Status::Halted(reason)
-            }
-        };
+    }
+
+    /// A command the Worker issued: checked, recorded, and outstanding.
+    fn issued(&mut self, id: OpId, act: Act) {
+        if act == Act::ReadClaim && self.worker.phase() == ql_worker_core::worker::Phase::Draining {
+            self.world.violation(
+                "drain-no-pull",
+                String::from("a Pull starts while draining"),
+            );
+        }
+        let summary = self.trail.is_some().then(|| self.world.summary(&act));
+        if let Some(line) = summary {
+            self.note(line);
+        }
+        if let Some(stream) = &mut self.stream {
+            stream.push(act.clone());
+        }
+        if self.pending.is_none() {
+            self.pending = Some((id, act));
+        } else {
+            self.held.push((id, act));
+        }
+    }
+
+    /// The Worker stopped or halted: commands still outstanding are abandoned (never performed),
+    /// as a driver abandons calls in flight.
+    fn abandon(&mut self) {
+        self.pending = None;
+        self.held.clear();
     }
 
     /// Answers the outstanding command.
@@ -244,7 +330,7 @@ impl Sim {
     /// When no command is outstanding.
     pub fn answer(&mut self, answer: Answer) {
         // INVARIANT: callers answer only a Busy simulation.
-        let (id, act) = self.pending.take().expect("a command is outstanding");
+        let (id, act) = self.take_pending().expect("a command is outstanding");
         match answer {
             Answer::CrashBefore => self.crash(),
             Answer::CrashAfter => {
@@ -274,7 +360,7 @@ impl Sim {
     /// When no command is outstanding.
     pub fn deliver(&mut self, outcome: ql_worker_core::io::Outcome) {
         // INVARIANT: callers deliver only to a Busy simulation.
-        let (id, _) = self.pending.take().expect("a command is outstanding");
+        let (id, _) = self.take_pending().expect("a command is outstanding");
         if let Err(e) = self
             .worker
             .handle(self.clock(), Input::Outcome { id, outcome })
@@ -301,7 +387,8 @@ impl Sim {
             config.session_id = session_id.clone();
         }
         self.worker = Worker::new(config, self.clock());
-        self.pending = None;
+        self.abandon();
+        self.waiting = None;
         self.status = Status::Idle(Some(self.now));
         self.restarts += 1;
     }
@@ -326,7 +413,7 @@ impl Sim {
 
     /// Feeds a tick at the current time.
     pub fn tick(&mut self) {
-        if matches!(self.status, Status::Idle(_)) {
+        if matches!(self.status, Status::Idle(_)) || self.waiting.is_some() {
             self.note(format!("tick {}", self.now));
             if self.worker.handle(self.clock(), Input::Tick).is_ok() {
                 self.poll();
