@@ -1271,7 +1271,9 @@ impl Worker {
                     && self
                         .lanes
                         .get(&Lane::Offer(id.clone()))
-                        .is_some_and(Slot::uploading)
+                        .is_some_and(|slot| {
+                            slot.uploading() && self.mono >= self.beside_upload_at(id, slot)
+                        })
             }
             Work::Process(_) | Work::Supervise(_) | Work::Renew(_) => {
                 free(work.lane()) && offers < usize::from(self.config.max_concurrent_runs.max(1))
@@ -1281,6 +1283,28 @@ impl Worker {
             | Work::Heartbeat
             | Work::Transition(_)
             | Work::ListPage { .. } => free(work.lane()),
+        }
+    }
+
+    /// When a renewal beside `offer_id`'s upload (in `slot`) may start: once the upload has been
+    /// outstanding for `lease_control_interval`, or once half the lease is spent, whichever
+    /// comes first. The control plane checks an upload's lease fence when its header arrives;
+    /// a renewal sent together with the upload can be applied first and fence it (409), and
+    /// the upload then goes again, whole. With a slow control plane and a short interval every
+    /// retry met the next renewal (`e2e_slow_plane`: up to 7 fenced uploads for one Run). An
+    /// upload long enough to need a renewal beside it outlasts the wait; half the lease left
+    /// leaves the renewal time to come back. A lease without a local clock (obtained before a
+    /// restart) is renewed at once.
+    fn beside_upload_at(&self, offer_id: &OfferId, slot: &Slot) -> MonoMillis {
+        let settled = slot
+            .call_sent
+            .saturating_add(self.config.lease_control_interval_ms);
+        match self.leases.get(offer_id) {
+            Some(clock) => {
+                let half = clock.deadline.saturating_since(clock.began) / 2;
+                settled.min(clock.began.saturating_add(half))
+            }
+            None => slot.call_sent,
         }
     }
 
@@ -1303,6 +1327,20 @@ impl Worker {
         let mut wake = self.next_tick_at;
         if let Some(timer) = self.timers.values().min() {
             wake = wake.min(*timer);
+        }
+        // A renewal queued behind its offer's upload starts at `beside_upload_at` (one whose
+        // time has come waits only for its lease lane, whose answer wakes the Worker).
+        let beside = self.queue.iter().filter_map(|work| match work {
+            Work::Supervise(id) => self
+                .lanes
+                .get(&Lane::Offer(id.clone()))
+                .filter(|slot| slot.uploading())
+                .map(|slot| self.beside_upload_at(id, slot))
+                .filter(|at| *at > self.mono),
+            _ => None,
+        });
+        if let Some(at) = beside.min() {
+            wake = wake.min(at);
         }
         if let Some(started) = self.drain_started_at
             && !self.drain_overrun

@@ -54,8 +54,13 @@ impl World {
     /// configuration's `[limits]` section (the last section `write_config` writes), reloaded
     /// through the normal path.
     pub fn with_limits(cadence_ms: u64, extra_limits: &str) -> Self {
+        Self::with_options(ReferenceOptions::default(), cadence_ms, extra_limits)
+    }
+
+    /// As [`World::with_limits`] with a control plane started with `options`.
+    pub fn with_options(options: ReferenceOptions, cadence_ms: u64, extra_limits: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let cp = ReferenceControlPlane::start(ReferenceOptions::default()).unwrap();
+        let cp = ReferenceControlPlane::start(options).unwrap();
         ql_worker::demo::write_config(&cp, dir.path(), cadence_ms).unwrap();
         let config_path = dir.path().join("ql-worker.toml");
         let mut text = std::fs::read_to_string(&config_path).unwrap();
