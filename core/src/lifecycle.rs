@@ -103,6 +103,18 @@ impl Worker {
         }
     }
 
+    /// A start-path pass ended: a renewal of its whose answer was lost may have moved the
+    /// control plane's lease version (the next pass catches up to it: `lease_may_hold`).
+    fn on_processed(&mut self, offer_id: OfferId, result: &crate::processor::ProcessResult) {
+        if let crate::processor::ProcessResult::RenewalUncertain { attempted, .. } = result
+            && let Ok(next) = attempted.next()
+        {
+            let held = self.lease_may_hold.entry(offer_id.clone()).or_insert(next);
+            *held = (*held).max(next);
+        }
+        self.rearm_after_start(offer_id);
+    }
+
     /// A Run that got past its start path: its lease's renewal timer may have come while it was
     /// starting (and was dropped then); it is set again, from the sending of the call that
     /// obtained the lease.
@@ -341,7 +353,7 @@ impl Worker {
             Finished::Listed(result) => self.on_listed(result),
             Finished::Pull(result) => self.on_pull(result),
             // Recovery evidence an operation wrote was observed with its durable write.
-            Finished::Process { offer_id, .. } => self.rearm_after_start(offer_id),
+            Finished::Process { offer_id, result } => self.on_processed(offer_id, &result),
             Finished::Supervise { offer_id, result } => {
                 use crate::completion::{Cleanup, CompletionOutcome};
                 let pending = matches!(

@@ -32,7 +32,7 @@ use crate::capability::Capability;
 use crate::control::{ControlOp, ControlResult};
 #[cfg(feature = "sim-hooks")]
 use crate::fingerprint::Fingerprint;
-use crate::ids::{CallbackSequence, ExecutorHandle, OfferId};
+use crate::ids::{CallbackSequence, ExecutorHandle, LeaseVersion, OfferId};
 use crate::io::{Action, HttpCall, LaunchPlan, Outcome, SpawnOutcome, StoreFailure};
 use crate::offer::DeliveryKind;
 use crate::ops::{CallFault, Uncertainty, garbled, next_record, persist, response, unexpected};
@@ -80,6 +80,15 @@ pub enum ProcessResult {
     /// unchanged and the call is retried (every call of the start path is replay-safe: the
     /// ACKs answer their replay, the Secret batch is a read).
     Uncertain(Uncertainty),
+    /// The start path's renewal of the lease (at `attempted`) got no usable answer: the
+    /// control plane may hold `attempted + 1`, which the next start-path call would name one
+    /// behind. The record is unchanged; the next pass renews first, catching up to it.
+    RenewalUncertain {
+        /// The `expectedLeaseVersion` of the renewal whose answer was lost.
+        attempted: LeaseVersion,
+        /// Why.
+        why: Uncertainty,
+    },
     /// A call was refused; the record is unchanged.
     Refused(CallFault),
     /// An activation answer breaks the start contract (e.g. deadline without timeout); nothing
@@ -106,6 +115,7 @@ impl ProcessResult {
             | Self::Deferred
             | Self::Unavailable
             | Self::Uncertain(_)
+            | Self::RenewalUncertain { .. }
             | Self::Refused(_)
             | Self::ActivationInvalid(_)
             | Self::StorageUnchanged => None,
@@ -496,21 +506,24 @@ impl ProcessOp {
     /// 0 (renew at every supervision tick) renews nothing here.
     fn renewal_due(&self, ctx: &Ctx<'_>, record: &InboxRecord) -> bool {
         let interval = ctx.config.lease_control_interval_ms;
+        let offer_id = &record.offer.offer_id;
         interval > 0
             && self.renewed_in != Some(record.state)
-            && ctx
-                .leases
-                .get(&record.offer.offer_id)
-                .is_none_or(|clock| ctx.mono >= clock.began.saturating_add(interval))
+            && (ctx.lease_may_hold.contains_key(offer_id)
+                || ctx
+                    .leases
+                    .get(offer_id)
+                    .is_none_or(|clock| ctx.mono >= clock.began.saturating_add(interval)))
             && !ctx.lease_expired(record)
     }
 
     /// Renews the lease through a renewal-only supervision pass on this lane (the record's
     /// revisions stay one sequence: nothing else of this offer is outstanding), then goes on
     /// as `resume` says.
-    fn renew_first(mut self, state: State, resume: Resume) -> PStep {
+    fn renew_first(mut self, ctx: &Ctx<'_>, state: State, resume: Resume) -> PStep {
         self.renewed_in = Some(state);
-        match ControlOp::renew(self.offer_id.clone(), None, None) {
+        let may_hold = ctx.lease_may_hold.get(&self.offer_id).copied();
+        match ControlOp::renew(self.offer_id.clone(), None, may_hold) {
             Step::Wait(op, action) => self.wait(PState::Renewing(Box::new(op), resume), action),
             Step::Done(result) => self.after_renewal(&result, resume),
             Step::Halt(reason) => Step::Halt(reason),
@@ -523,8 +536,11 @@ impl ProcessOp {
     /// than send a call fenced by the version it may have left behind (a fenced Secrets fetch
     /// is a start failure). Any other answer leaves the next call to find out.
     fn after_renewal(self, result: &ControlResult, resume: Resume) -> PStep {
-        if let ControlResult::Uncertain { why, .. } = result {
-            return Step::Done(ProcessResult::Uncertain(why.clone()));
+        if let ControlResult::Uncertain { attempted, why } = result {
+            return Step::Done(ProcessResult::RenewalUncertain {
+                attempted: *attempted,
+                why: why.clone(),
+            });
         }
         let action = Action::ReadRecord {
             offer_id: self.offer_id.clone(),
@@ -600,7 +616,7 @@ impl ProcessOp {
                 self.recover(ctx, &record, RecoveryReason::LaunchOutcomeUnknown, true)
             }
             State::Accepted if ctx.may_launch && self.renewal_due(ctx, &record) => {
-                self.renew_first(record.state, Resume::Reread)
+                self.renew_first(ctx, record.state, Resume::Reread)
             }
             State::Accepted if ctx.may_launch => {
                 let request = ActivationRequest::starting(&record.offer);
@@ -620,7 +636,7 @@ impl ProcessOp {
 
     fn replay_starting(self, ctx: &Ctx<'_>, record: Box<InboxRecord>) -> PStep {
         if self.renewal_due(ctx, &record) {
-            return self.renew_first(record.state, Resume::Reread);
+            return self.renew_first(ctx, record.state, Resume::Reread);
         }
         let request = ActivationRequest::starting(&record.offer);
         let action = activation_call(ctx, &request);
@@ -697,7 +713,7 @@ impl ProcessOp {
             }
             Ok(Some(_)) if self.renewal_due(ctx, record) => {
                 let state = record.state;
-                self.renew_first(state, Resume::Secrets(launch))
+                self.renew_first(ctx, state, Resume::Secrets(launch))
             }
             Ok(Some(request)) => match request.to_body() {
                 Ok(body) => {
@@ -889,7 +905,7 @@ impl ProcessOp {
             unreachable!("a started record carries its handle and callback fields");
         };
         if self.renewal_due(ctx, &record) {
-            return self.renew_first(record.state, Resume::Reread);
+            return self.renew_first(ctx, record.state, Resume::Reread);
         }
         let ack = RunningAck {
             executor_handle: handle,

@@ -432,6 +432,7 @@ mod tests {
             mono: crate::time::MonoMillis::new(7),
             call_sent: crate::time::MonoMillis::new(7),
             leases: &leases,
+            lease_may_hold: &alloc::collections::BTreeMap::new(),
             may_launch: true,
         };
         let op = SessionOp::Registering { rejoin };

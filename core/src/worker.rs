@@ -473,6 +473,9 @@ pub(crate) struct Ctx<'a> {
     pub(crate) call_sent: MonoMillis,
     /// The leases this process obtained or renewed, with their local deadlines.
     pub(crate) leases: &'a BTreeMap<OfferId, LeaseClock>,
+    /// The highest lease version the control plane may hold per offer (renewals whose answers
+    /// were lost; see `Worker::lease_may_hold`).
+    pub(crate) lease_may_hold: &'a BTreeMap<OfferId, crate::ids::LeaseVersion>,
     /// Whether a launch may begin or go on now (not fail-closed, no drain): read at every step,
     /// since another lane's outcome may latch fail-closed while a launch is under way.
     pub(crate) may_launch: bool,
@@ -1377,8 +1380,10 @@ impl Worker {
                     // Worker wakes for it rather than wait for a supervision visit.
                     let offer_id = record.offer.offer_id.clone();
                     if matches!(slot.op, crate::ops::Running::Process(_)) {
-                        // A renewal inside the start path paces the first supervision pass's.
+                        // A renewal inside the start path paces the first supervision pass's,
+                        // and settles what lost renewals may have left at the control plane.
                         self.last_renewal.insert(offer_id.clone(), slot.call_sent);
+                        self.lease_may_hold.remove(&offer_id);
                     }
                     self.arm_renewal(&offer_id, slot.call_sent);
                     self.leases.insert(
@@ -1399,6 +1404,7 @@ impl Worker {
                 mono: self.mono,
                 call_sent: slot.call_sent,
                 leases: &self.leases,
+                lease_may_hold: &self.lease_may_hold,
                 may_launch: self.may_launch(),
             };
             slot.op.resume(&ctx, outcome)
@@ -1426,6 +1432,7 @@ impl Worker {
                 mono: self.mono,
                 call_sent: self.mono,
                 leases: &self.leases,
+                lease_may_hold: &self.lease_may_hold,
                 may_launch: self.may_launch(),
             };
             let offer = match &work {

@@ -512,7 +512,7 @@ impl Telemetry {
                 ProcessResult::ActivationInvalid(why) => {
                     self.invalid_answer("starting", why);
                 }
-                ProcessResult::Uncertain(why) => {
+                ProcessResult::Uncertain(why) | ProcessResult::RenewalUncertain { why, .. } => {
                     if let Uncertainty::Garbled(e) = why {
                         self.invalid_answer("start-path", &e.to_string());
                     }
