@@ -795,21 +795,11 @@ pub fn finish_path() -> Model {
 /// jump past the lease expiry.
 #[must_use]
 pub fn concurrency() -> Model {
+    // The finish path's choices, with every ACK answer and without spool faults.
     let menu = Menu {
-        crashes: true,
-        record_faults: true,
-        claim_faults: true,
-        read_faults: true,
         ack_answers: true,
-        spawn_answers: true,
-        receipt_answers: true,
-        upload_answers: true,
-        completion_answers: true,
-        lease_answers: true,
-        stop_answers: true,
-        session_answers: true,
-        exits: true,
-        ..Menu::default()
+        log_faults: false,
+        ..finish_path().menu
     };
     Model {
         name: "concurrency",
