@@ -736,6 +736,7 @@ impl Runner {
                         Ok(true) => continue,
                         Ok(false) => {}
                     }
+                    self.keep_spare();
                     if let Some(exit) = self.sleep_until(wake_at) {
                         return exit;
                     }
@@ -999,6 +1000,18 @@ impl Runner {
         let changed = inbox.full != self.reported_full;
         self.reported_full = inbox.full;
         self.host.telemetry_mut().inbox(&inbox, changed);
+    }
+
+    /// A supervisor ready for the next launch (`SupervisorExecutor::prepare_spare`), started
+    /// only while nothing waits on this loop (no call in flight, so no answer is held up by
+    /// the start) and the Worker takes work; retired once a drain began.
+    fn keep_spare(&mut self) {
+        let executor = self.host.executor_mut();
+        if self.drain_sent {
+            executor.retire_spare();
+        } else if self.calls.in_flight() == 0 {
+            executor.prepare_spare();
+        }
     }
 
     fn sleep_until(&mut self, wake_at: Option<MonoMillis>) -> Option<RunExit> {

@@ -16,8 +16,8 @@ use ql_worker_core::ids::{AttemptId, CallbackSequence, LogArtifactId, RunId};
 use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
 use supervisor_common::{
-    Fixture, WAIT, alive, argv, authenticate, in_clean_process, now_ms, sh, started_environ,
-    wait_for, worker_bin,
+    Fixture, WAIT, alive, argv, authenticate, exists, in_clean_process, now_ms, sh,
+    started_environ, wait_for, worker_bin,
 };
 
 #[test]
@@ -539,4 +539,64 @@ fn plan_not_fully_delivered_is_rejected() {
             }
         );
     });
+}
+
+#[test]
+fn a_spare_supervisor_takes_the_next_plan_and_a_retired_one_exits_having_done_nothing() {
+    in_clean_process(
+        "a_spare_supervisor_takes_the_next_plan_and_a_retired_one_exits_having_done_nothing",
+        || {
+            let fx = Fixture::new(62);
+            let mut executor = fx.executor();
+            executor.prepare_spare();
+            let spare = executor.spare_pid().expect("a spare supervisor");
+            assert!(alive(spare), "the spare waits for a plan");
+            executor.prepare_spare();
+            assert_eq!(executor.spare_pid(), Some(spare), "one spare, not two");
+            let outcome = executor.start(fx.launch(sh("echo from the spare; sleep 0.3"), vec![]));
+            assert!(
+                matches!(outcome, ExecutorOutcome::Started { .. }),
+                "{outcome:?}"
+            );
+            assert_eq!(executor.spare_pid(), None, "the launch took the spare");
+            assert_eq!(
+                executor.supervisor_pids(),
+                vec![spare],
+                "the Run's supervisor is the spare"
+            );
+            // No new spare while the supervisor just launched still runs.
+            executor.prepare_spare();
+            assert_eq!(executor.spare_pid(), None, "not beside a young supervisor");
+            let receipt = fx.wait_receipt();
+            authenticate(&receipt, &fx.record);
+            assert_eq!(receipt.exit_code, 0);
+            assert_eq!(fx.log(), b"from the spare\n");
+            assert!(wait_for(WAIT, || (executor.reap_exited() == 0).then_some(())).is_some());
+
+            // A spare that never gets a plan ends at end of file: nothing written, reaped.
+            executor.prepare_spare();
+            let idle = executor.spare_pid().expect("a second spare");
+            assert_ne!(idle, spare);
+            let before = fs::read_dir(&fx.root).unwrap().count();
+            executor.retire_spare();
+            assert_eq!(executor.spare_pid(), None);
+            assert!(!exists(idle), "retired and reaped: {idle}");
+            assert_eq!(fs::read_dir(&fx.root).unwrap().count(), before);
+
+            // A spare that died meanwhile is replaced, and the launch does not use it.
+            executor.prepare_spare();
+            let dead = executor.spare_pid().expect("a third spare");
+            rustix::process::kill_process(
+                rustix::process::Pid::from_raw(i32::try_from(dead).unwrap()).unwrap(),
+                rustix::process::Signal::KILL,
+            )
+            .unwrap();
+            assert!(wait_for(WAIT, || (!alive(dead)).then_some(())).is_some());
+            executor.prepare_spare();
+            let fresh = executor.spare_pid().expect("a replacement");
+            assert_ne!(fresh, dead);
+            drop(executor);
+            assert!(!exists(fresh), "dropping the executor retires its spare");
+        },
+    );
 }

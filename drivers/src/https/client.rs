@@ -552,7 +552,50 @@ fn build_agent(
         .timeout_per_read(Some(t))
         .timeout_per_write(Some(t))
         .build();
-    Ok(config.new_agent())
+    Ok(ureq::Agent::with_parts(
+        config,
+        ureq::unversioned::transport::DefaultConnector::new(),
+        LiteralFirst::default(),
+    ))
+}
+
+/// ureq's resolver, except that an IP-literal origin is answered without a lookup.
+///
+/// ureq resolves the origin before every request, pooled connection or not, and with a timeout
+/// configured its default resolver runs each lookup on a thread of its own: a thread spawned
+/// and joined per call, even for `https://127.0.0.1:…`. An IP literal needs no lookup, so it
+/// costs none here; a DNS name still goes through ureq's resolver and its timeout.
+#[derive(Debug, Default)]
+struct LiteralFirst(ureq::unversioned::resolver::DefaultResolver);
+
+impl ureq::unversioned::resolver::Resolver for LiteralFirst {
+    fn resolve(
+        &self,
+        uri: &ureq::http::Uri,
+        config: &ureq::config::Config,
+        timeout: ureq::unversioned::transport::NextTimeout,
+    ) -> Result<ureq::unversioned::resolver::ResolvedSocketAddrs, ureq::Error> {
+        if let Some(address) = literal_address(uri) {
+            let mut addresses = self.empty();
+            addresses.push(address);
+            return Ok(addresses);
+        }
+        self.0.resolve(uri, config, timeout)
+    }
+}
+
+/// The socket address of an `https` URI whose host is an IP literal (IPv6 in brackets).
+fn literal_address(uri: &ureq::http::Uri) -> Option<std::net::SocketAddr> {
+    if uri.scheme_str() != Some("https") {
+        return None;
+    }
+    let host = uri.host()?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let ip: std::net::IpAddr = host.parse().ok()?;
+    Some(std::net::SocketAddr::new(ip, uri.port_u16().unwrap_or(443)))
 }
 
 /// Applies the response acceptance rules and reads the body within `cap`.
@@ -697,6 +740,22 @@ fn check_authorization(value: &str) -> Result<(), TransportError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ip_literal_origins_resolve_without_a_lookup_and_names_are_left_to_ureq() {
+        let uri = |s: &str| s.parse::<ureq::http::Uri>().expect("uri");
+        assert_eq!(
+            literal_address(&uri("https://127.0.0.1:8443/api")),
+            Some("127.0.0.1:8443".parse().expect("addr"))
+        );
+        assert_eq!(
+            literal_address(&uri("https://[::1]/x")),
+            Some("[::1]:443".parse().expect("addr"))
+        );
+        assert_eq!(literal_address(&uri("https://localhost:8443/")), None);
+        assert_eq!(literal_address(&uri("https://plane.example/")), None);
+        assert_eq!(literal_address(&uri("http://127.0.0.1/")), None);
+    }
 
     #[test]
     fn timeout_bounds_are_1_to_60_seconds() {

@@ -220,15 +220,29 @@ pub struct SupervisorExecutor {
     containment: ContainmentPlan,
     worker_policy_check: bool,
     supervisor_stderr: Option<File>,
-    /// Live supervisors: the offer, the child and its pidfd (readable once it exits; `None`
+    /// Live supervisors: the offer, the child, its pidfd and when it was launched (the pidfd is
+    /// readable once it exits; `None`
     /// where the kernel has no `pidfd_open`, before Linux 5.3).
-    supervisors: Vec<(OfferId, Child, Option<std::os::fd::OwnedFd>)>,
+    supervisors: Vec<(OfferId, Child, Option<std::os::fd::OwnedFd>, Instant)>,
     /// Offers whose supervisor was reaped since the last [`SupervisorExecutor::take_exited`].
     exited: Vec<OfferId>,
+    /// A supervisor started ahead of need, waiting for a plan on its stdin
+    /// ([`SupervisorExecutor::prepare_spare`]). Ends at end of file without reporting.
+    spare: Option<Child>,
 }
 
 /// How long the Worker waits for the supervisor's launch report by default.
 pub const DEFAULT_REPORT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long after a launch no spare supervisor is started while that Run's supervisor runs.
+pub const SPARE_AFTER_LAUNCH: Duration = Duration::from_secs(1);
+/// How long a retired spare supervisor may take to exit before it is killed.
+const SPARE_RETIRE_GRACE: Duration = Duration::from_secs(1);
+
+impl Drop for SupervisorExecutor {
+    fn drop(&mut self) {
+        self.retire_spare();
+    }
+}
 
 impl SupervisorExecutor {
     /// An executor for the file authority rooted at `state_root`.
@@ -244,7 +258,71 @@ impl SupervisorExecutor {
             supervisor_stderr: None,
             supervisors: Vec::new(),
             exited: Vec::new(),
+            spare: None,
         }
+    }
+
+    /// Starts a supervisor ahead of need, if none is waiting: the next launch hands it the plan
+    /// instead of starting one, which takes the supervisor's process start (fork, exec, loader;
+    /// about 0.5–1 ms) off the launch's critical path. The runtime calls this when its loop is
+    /// idle with no call in flight. The spare is the same image, arguments and environment a
+    /// launch would start; it knows nothing until it reads a plan, and at end of file on its
+    /// stdin (the Worker exited, or [`SupervisorExecutor::retire_spare`]) it exits with
+    /// [`super::run::NO_SPAWN_EXIT`] having done nothing. A failure to start one is not an
+    /// error here: the launch then starts its own, as without a spare.
+    ///
+    /// Not while a supervisor launched less than [`SPARE_AFTER_LAUNCH`] ago still runs: a short
+    /// Run is then likely to end soon, and the Worker's completion of it (reap, upload,
+    /// completion) would wait behind the start of the spare on a small host.
+    pub fn prepare_spare(&mut self) {
+        if self
+            .supervisors
+            .iter()
+            .any(|(_, _, _, launched)| launched.elapsed() < SPARE_AFTER_LAUNCH)
+        {
+            return;
+        }
+        if let Some(spare) = &mut self.spare {
+            if matches!(spare.try_wait(), Ok(None)) {
+                return;
+            }
+            self.spare = None;
+        }
+        self.spare = self.spawn_supervisor().ok();
+    }
+
+    /// Ends the spare supervisor, if any (a drain; the Worker's exit): closes its stdin, so it
+    /// exits having done nothing, and reaps it (killed after a bounded wait).
+    pub fn retire_spare(&mut self) {
+        let Some(mut spare) = self.spare.take() else {
+            return;
+        };
+        drop(spare.stdin.take());
+        let deadline = Instant::now() + SPARE_RETIRE_GRACE;
+        while matches!(spare.try_wait(), Ok(None)) {
+            if Instant::now() >= deadline {
+                let _ = spare.kill();
+                let _ = spare.wait();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The spare supervisor's pid, if one is waiting.
+    #[must_use]
+    pub fn spare_pid(&self) -> Option<u32> {
+        self.spare.as_ref().map(Child::id)
+    }
+
+    /// The spare supervisor if it is still waiting, else a new one.
+    fn take_or_spawn_supervisor(&mut self) -> io::Result<Child> {
+        if let Some(mut spare) = self.spare.take()
+            && matches!(spare.try_wait(), Ok(None))
+        {
+            return Ok(spare);
+        }
+        self.spawn_supervisor()
     }
 
     /// Test seam: the supervisors' diagnostics go to `file` instead of the Worker's stderr.
@@ -304,7 +382,7 @@ impl SupervisorExecutor {
     /// this from its loop so finished supervisors do not linger as zombies.
     pub fn reap_exited(&mut self) -> usize {
         let exited = &mut self.exited;
-        self.supervisors.retain_mut(|(offer_id, child, _)| {
+        self.supervisors.retain_mut(|(offer_id, child, _, _)| {
             let gone = matches!(child.try_wait(), Ok(Some(_)) | Err(_));
             if gone {
                 exited.push(offer_id.clone());
@@ -323,7 +401,7 @@ impl SupervisorExecutor {
         let mut fds: Vec<PollFd<'_>> = self
             .supervisors
             .iter()
-            .filter_map(|(_, _, pidfd)| pidfd.as_ref())
+            .filter_map(|(_, _, pidfd, _)| pidfd.as_ref())
             .map(|fd| PollFd::new(fd, PollFlags::IN))
             .collect();
         if let Some(fd) = &also {
@@ -353,7 +431,7 @@ impl SupervisorExecutor {
     pub fn supervisor_pids(&self) -> Vec<u32> {
         self.supervisors
             .iter()
-            .map(|(_, child, _)| child.id())
+            .map(|(_, child, _, _)| child.id())
             .collect()
     }
 
@@ -432,7 +510,7 @@ impl Executor for SupervisorExecutor {
             }
         };
         drop(plan);
-        let mut child = match self.spawn_supervisor() {
+        let mut child = match self.take_or_spawn_supervisor() {
             Ok(child) => child,
             Err(e) => {
                 return ExecutorOutcome::Rejected {
@@ -448,7 +526,8 @@ impl Executor for SupervisorExecutor {
             .and_then(|pid| {
                 rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
             });
-        self.supervisors.push((offer_id, child, pidfd));
+        self.supervisors
+            .push((offer_id, child, pidfd, Instant::now()));
         if !delivered {
             // The supervisor acts only on a complete plan frame; an incomplete write proves it
             // never had one.

@@ -1,0 +1,99 @@
+//! The spare supervisor with the real binary: an idle Worker keeps one supervisor started ahead
+//! of need, the next Run's plan goes to it (the Run's shell is its child), a new one is started
+//! once that Run is done, and a drain leaves none behind.
+
+mod e2e_common;
+
+use std::time::Duration;
+
+use e2e_common::{KillOnDrop, World, sigterm, wait_exit};
+use ql_worker_core::record::State;
+use ql_worker_tests::control_plane::{RevisionBuilder, RunSpec};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The Worker's children that run `ql-worker __supervise` and have no child of their own (a
+/// supervisor still waiting for a plan).
+fn idle_supervisors(worker: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    let parent_of = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (_, tail) = stat.rsplit_once(')')?;
+        tail.split_ascii_whitespace().nth(1)?.parse().ok()
+    };
+    let pids: Vec<u32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    for &pid in &pids {
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let supervisor = cmdline
+            .split(|b| *b == 0)
+            .nth(1)
+            .is_some_and(|arg| arg == ql_worker::supervisor::SUPERVISE_ARG.as_bytes());
+        if supervisor
+            && parent_of(pid) == Some(worker)
+            && !pids.iter().any(|&p| parent_of(p) == Some(pid))
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn wait_one_spare(worker: u32, not: Option<u32>) -> u32 {
+    let start = std::time::Instant::now();
+    loop {
+        let idle = idle_supervisors(worker);
+        if let [one] = idle.as_slice()
+            && Some(*one) != not
+        {
+            return *one;
+        }
+        assert!(idle.len() <= 1, "one spare at most: {idle:?}");
+        assert!(start.elapsed() < WAIT, "no spare supervisor appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn the_next_run_goes_to_the_spare_supervisor_and_a_drain_retires_it() {
+    let world = World::new();
+    let mut worker = KillOnDrop(world.spawn_worker(&[]));
+    let pid = worker.id();
+    let spare = wait_one_spare(pid, None);
+
+    let revision = RevisionBuilder::shell("echo \"$PPID\"").build().unwrap();
+    let run = world
+        .cp
+        .enqueue_run(RunSpec::numbered(1, revision))
+        .unwrap();
+    world.wait_for("the Run completed", WAIT, |w| {
+        w.state_of(&run) == Some(State::CompletionAcknowledged)
+    });
+    let artifacts = world.cp.with_model(|m| {
+        m.artifacts_of(&run)
+            .into_iter()
+            .map(|(_, a)| a.clone())
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(artifacts.len(), 1);
+    assert_eq!(
+        artifacts[0].head,
+        format!("{spare}\n").into_bytes(),
+        "the Run's shell is a child of the supervisor started ahead of need"
+    );
+
+    // Once that Run is done, another spare waits; a drain retires it and the Worker exits 0.
+    let next = wait_one_spare(pid, Some(spare));
+    sigterm(&worker);
+    assert_eq!(wait_exit(&mut worker, WAIT).code(), Some(0));
+    assert!(
+        !std::path::Path::new(&format!("/proc/{next}")).exists(),
+        "the spare {next} was retired and reaped"
+    );
+}
