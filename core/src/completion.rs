@@ -109,14 +109,6 @@ pub(crate) struct CompletionOp {
     state: CState,
 }
 
-impl core::fmt::Debug for CompletionOp {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("CompletionOp")
-            .field("offer_id", &self.offer_id)
-            .finish_non_exhaustive()
-    }
-}
-
 type CStep = Step<CompletionOp, CompletionOutcome>;
 
 /// The record a `ReadRecord` returned, or how the pass ends without one.

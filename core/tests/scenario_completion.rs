@@ -235,3 +235,37 @@ fn keeps_durable_evidence_when_upload_fails() {
     sim.run(1);
     assert_eq!(sim.commands(), completed_then_pull("r6"));
 }
+
+/// A `recovery_required(launch_outcome_unknown)` record may lack barrier fields (they are
+/// optional for it). Completion needs all four (start time, log id, callback sequence, token
+/// digest): a record missing only its start time is deferred without reading the receipt, so
+/// nothing is uploaded or completed, and the evidence stays. (Kills the three `&&` → `||`
+/// mutants of the barrier check in `CompletionOp::on_record`; docs/mutation.md.)
+#[test]
+fn a_launch_outcome_unknown_record_missing_its_start_time_is_never_completed() {
+    let mut world = World::new(1, Vec::new());
+    let mut record = testkit::record(1, State::RecoveryRequired);
+    record.recovery_reason = Some(RecoveryReason::LaunchOutcomeUnknown);
+    record.executor_handle = None;
+    record.executor_started_at_ms = None;
+    assert!(record.log_artifact_id.is_some());
+    assert!(record.completion_receipt_callback_sequence.is_some());
+    assert!(record.completion_receipt_token_digest.is_some());
+    world.seed(1, record, true);
+    let mut sim = Sim::scenario(world);
+    sim.run(2);
+    exit(&mut sim, ReceiptKind::Genuine);
+    sim.run(3);
+    let trail = sim.commands();
+    assert!(
+        trail.iter().filter(|l| *l == "read-record o1").count() >= 3,
+        "supervised every tick: {trail:?}"
+    );
+    assert!(
+        !trail.iter().any(|l| l.starts_with("read-receipt")
+            || l.starts_with("upload-log")
+            || l.starts_with("post completion")),
+        "{trail:?}"
+    );
+    assert_eq!(sim.world.disk.receipts.len(), 1, "kept as evidence");
+}
