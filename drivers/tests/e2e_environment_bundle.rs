@@ -122,12 +122,7 @@ fn masking_covers_the_bundles_values_and_leaves_public_values() {
     world.wait_for("the Run settled", SETTLE, |w| {
         w.state_of(&run) == Some(State::CompletionAcknowledged)
     });
-    let heads: Vec<Vec<u8>> = world.cp.with_model(|m| {
-        m.artifacts_of(&run)
-            .into_iter()
-            .map(|(_, a)| a.head.clone())
-            .collect()
-    });
+    let heads = world.artifact_heads(&run);
     assert_eq!(
         heads,
         vec![b"visible ***\n".to_vec()],

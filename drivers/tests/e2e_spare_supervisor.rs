@@ -75,16 +75,9 @@ fn the_next_run_goes_to_the_spare_supervisor_and_a_drain_retires_it() {
     world.wait_for("the Run completed", WAIT, |w| {
         w.state_of(&run) == Some(State::CompletionAcknowledged)
     });
-    let artifacts = world.cp.with_model(|m| {
-        m.artifacts_of(&run)
-            .into_iter()
-            .map(|(_, a)| a.clone())
-            .collect::<Vec<_>>()
-    });
-    assert_eq!(artifacts.len(), 1);
     assert_eq!(
-        artifacts[0].head,
-        format!("{spare}\n").into_bytes(),
+        world.artifact_heads(&run),
+        vec![format!("{spare}\n").into_bytes()],
         "the Run's shell is a child of the supervisor started ahead of need"
     );
 

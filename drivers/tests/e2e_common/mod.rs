@@ -281,6 +281,16 @@ impl World {
         }
     }
 
+    /// The first bytes the control plane stored of each log uploaded for `run`, in key order.
+    pub fn artifact_heads(&self, run: &RunId) -> Vec<Vec<u8>> {
+        self.cp.with_model(|m| {
+            m.artifacts_of(run)
+                .into_iter()
+                .map(|(_, a)| a.head.clone())
+                .collect()
+        })
+    }
+
     /// Whether the control plane applied a completion for `run`.
     pub fn completed_at_cp(&self, run: &RunId) -> bool {
         self.cp.run(run).is_some_and(|r| r.completion.is_some())
