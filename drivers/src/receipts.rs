@@ -219,25 +219,40 @@ pub fn remove_with(
 }
 
 /// Publishes the durable handle of the attempt's user process (the supervisor, before the user
-/// command runs; issue 16): `<root>/receipts/<aa>/<attemptId>.handle`, temp 0600 + fsync +
-/// link no-replace + directory fsync, so the Worker can stop the Run by identity even when a
-/// crash fell between the spawn and `started`. The handle names the process only (boot id,
-/// pid, process group, start time, attempt id): no secret.
+/// command runs; issue 16): `<root>/receipts/<aa>/<attemptId>.handle`, temp 0600 + rename
+/// no-replace, **without fsync**, so the Worker can stop the Run by identity when a crash of
+/// the Worker fell between the spawn and `started`. Within the boot the page cache shows the
+/// renamed file to a restarted Worker; after a reboot the handle names a process of another
+/// boot (void), and a lost, empty or short file reads as no handle (with a warning if garbled) (docs/supervisor.md). The
+/// handle names the process only (boot id, pid, process group, start time, attempt id): no
+/// secret. Creating the shard directory itself (once per shard) is fsynced, as for a receipt.
 ///
 /// # Errors
-/// [`ReceiptStoreError::AlreadyExists`] (left untouched), unsafe storage, or a failed call;
-/// [`ReceiptStoreError::is_fatal`] for an fsync failure.
+/// [`ReceiptStoreError::AlreadyExists`] (left untouched), unsafe storage, or a failed call
+/// (an fsync failure only when the shard had to be created).
 pub fn publish_handle(
     root: &Path,
     attempt_id: &AttemptId,
     handle: &str,
 ) -> Result<PathBuf, ReceiptStoreError> {
-    let fs = &RealFs;
+    publish_handle_with(&RealFs, root, attempt_id, handle)
+}
+
+/// [`publish_handle`] through a given seam.
+///
+/// # Errors
+/// See [`publish_handle`].
+pub fn publish_handle_with(
+    fs: &dyn FileSystem,
+    root: &Path,
+    attempt_id: &AttemptId,
+    handle: &str,
+) -> Result<PathBuf, ReceiptStoreError> {
     let path = layout::Paths::new(root).published_handle(attempt_id);
     let shard = open_shard(fs, root, attempt_id, true)?
         .ok_or_else(|| ReceiptStoreError::NotFound { path: path.clone() })?;
     let name = layout::handle_file_name(attempt_id);
-    fsio::publish_new(fs, &shard, &name, handle.as_bytes()).map_err(|e| match e {
+    fsio::publish_new_unsynced(fs, &shard, &name, handle.as_bytes()).map_err(|e| match e {
         StorageError::AlreadyExists { path } => ReceiptStoreError::AlreadyExists { path },
         other => ReceiptStoreError::Storage(other),
     })?;

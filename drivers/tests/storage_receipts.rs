@@ -78,6 +78,29 @@ fn read_of_a_missing_receipt_is_none_and_creates_nothing() {
     assert_eq!(got, None);
 }
 
+/// The published handle costs no fsync once its shard exists (docs/supervisor.md: it means
+/// nothing after a reboot); creating the shard is fsynced, as for a receipt.
+#[test]
+fn published_handle_is_written_without_fsync_once_the_shard_exists() {
+    let sb = root_dir();
+    let seam = FaultFs::new(RealFs);
+    receipts::publish_handle_with(&seam, &sb.root, &attempt(1), "ql3lp1.a").unwrap();
+    let creating = seam.fsyncs();
+    assert!(
+        creating >= 1,
+        "the new shard is fsynced: {:?}",
+        seam.trace()
+    );
+    let seam = FaultFs::new(RealFs);
+    receipts::publish_handle_with(&seam, &sb.root, &attempt(2), "ql3lp1.b").unwrap();
+    assert_eq!(seam.fsyncs(), 0, "{:?}", seam.trace());
+    assert_eq!(
+        receipts::read_handle(&sb.root, &attempt(2)).unwrap(),
+        Some(b"ql3lp1.b".to_vec())
+    );
+    assert!(temps_in(&sb.root.join("receipts/at")).is_empty());
+}
+
 #[test]
 fn remove_unlinks_and_fsyncs_the_shard_and_reports_absence() {
     let sb = root_dir();

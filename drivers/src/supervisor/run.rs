@@ -74,15 +74,15 @@ const CGROUP_REMOVE_GRACE: Duration = Duration::from_secs(5);
 /// Runs the supervisor and returns its exit code.
 pub(crate) fn supervise() -> i32 {
     let mut reporter = Reporter { sent: false };
-    let plan = match read_plan() {
-        Ok(plan) => plan,
+    let (plan, image) = match read_plan() {
+        Ok(received) => received,
         Err(reason) => {
             reporter.send(&Report::Rejected(reason));
             return NO_SPAWN_EXIT;
         }
     };
     let mut plan = plan;
-    let code = match prepare_and_spawn(&mut plan) {
+    let code = match prepare_and_spawn(&mut plan, image) {
         Err(reason) => {
             reporter.send(&Report::Rejected(reason));
             NO_SPAWN_EXIT
@@ -131,17 +131,21 @@ fn redirect_to_null(dup2: fn(&File) -> rustix::io::Result<()>) -> io::Result<()>
 }
 
 /// Reads exactly one plan frame from stdin into a wiped buffer, directly from the descriptor
-/// (std's buffered `Stdin` would keep an unwiped copy), then points stdin at `/dev/null`.
-fn read_plan() -> Result<Plan, RejectReason> {
+/// (std's buffered `Stdin` would keep an unwiped copy), with the image the Worker sent along
+/// (`SCM_RIGHTS`, close-on-exec), then points stdin at `/dev/null`. No image: the plan was not
+/// delivered as the Worker delivers it.
+fn read_plan() -> Result<(Plan, File), RejectReason> {
     let mut buffer = Zeroizing::new(vec![0u8; MAX_PLAN_BYTES]);
     let mut filled = 0usize;
+    let mut image: Option<OwnedFd> = None;
+    let mut extra = false;
     let complete = loop {
         match frame::announced_len(PLAN_MAGIC, &buffer[..filled], MAX_PLAN_BYTES) {
             Err(_) => break false,
             Ok(Some(total)) if filled >= total => break filled == total,
             Ok(_) => {}
         }
-        match rustix::io::read(rustix::stdio::stdin(), &mut buffer[filled..]) {
+        match receive(&mut buffer[filled..], &mut image, &mut extra) {
             Ok(0) => break false,
             Ok(n) => filled += n,
             Err(rustix::io::Errno::INTR) => {}
@@ -149,15 +153,51 @@ fn read_plan() -> Result<Plan, RejectReason> {
         }
     };
     let _ = redirect_to_null(|null| rustix::stdio::dup2_stdin(null));
-    if !complete {
-        return Err(RejectReason::PlanNotReceived);
-    }
+    let image = match image {
+        Some(image) if complete && !extra => File::from(image),
+        _ => return Err(RejectReason::PlanNotReceived),
+    };
     let plan = Plan::decode(&buffer[..filled]).map_err(|_| RejectReason::PlanNotReceived)?;
     drop(buffer);
     plan.validate().map_err(RejectReason::PlanInvalid)?;
     // `startedAtMs` is not compared with this host's wall clock, which may have been stepped
     // back since the Worker read it (see `RejectReason::StartTimeInFuture`).
-    Ok(plan)
+    Ok((plan, image))
+}
+
+/// One `recvmsg` on stdin into `into`; a descriptor that came with the bytes is kept in
+/// `image` (the first; any other is closed and sets `extra`), close-on-exec.
+fn receive(
+    into: &mut [u8],
+    image: &mut Option<OwnedFd>,
+    extra: &mut bool,
+) -> rustix::io::Result<usize> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let received = recvmsg(
+        rustix::stdio::stdin(),
+        &mut [io::IoSliceMut::new(into)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = message {
+            for fd in fds {
+                // Close-on-exec whatever the emulator made of MSG_CMSG_CLOEXEC.
+                let _ = rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC);
+                if image.is_none() {
+                    *image = Some(fd);
+                } else {
+                    *extra = true;
+                }
+            }
+        }
+    }
+    if received.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
+        *extra = true;
+    }
+    Ok(received.bytes)
 }
 
 /// What exists once the user process is spawned.
@@ -253,7 +293,7 @@ fn masker_for(plan: &Plan, record: &InboxRecord) -> Option<Masker> {
 }
 
 /// Steps 2–6. Every error is proof that no user process exists.
-fn prepare_and_spawn(plan: &mut Plan) -> Result<Spawned, RejectReason> {
+fn prepare_and_spawn(plan: &mut Plan, image: File) -> Result<Spawned, RejectReason> {
     set_child_subreaper(Some(getpid())).map_err(|_| RejectReason::SubreaperUnavailable)?;
     let root = Path::new(&plan.state_root);
     let record = authority::read_record(root, &plan.offer_id)
@@ -280,9 +320,8 @@ fn prepare_and_spawn(plan: &mut Plan) -> Result<Spawned, RejectReason> {
         Err(_) => return Err(RejectReason::InheritedDescriptor(u32::MAX)),
     }
     let (reader, writer) = io::pipe().map_err(|_| RejectReason::PipeUnavailable)?;
-    // The held process runs this image (close-on-exec: only the path reaches the child).
-    let image =
-        File::open("/proc/self/exe").map_err(|e| RejectReason::SpawnFailed { errno: errno(&e) })?;
+    // The held process runs the image the Worker sent with the plan (close-on-exec: only the
+    // path `/proc/self/fd/N` reaches the child, resolved by the kernel in its execve).
     let (release, held) = UnixStream::pair().map_err(|_| RejectReason::PipeUnavailable)?;
     let stderr = writer
         .try_clone()
