@@ -160,6 +160,9 @@ enum LState {
     Confirming(CompletionOp, Box<InboxRecord>),
     /// Recording that the supervisor and the process are gone without a receipt.
     RecordingGone,
+    /// The record has no handle (a crash fell between the spawn and `started`): reading the
+    /// handle the supervisor published before the user command ran, to stop by it.
+    ReadingPublished(Box<InboxRecord>, StopCause),
 }
 
 /// One supervision pass.
@@ -319,6 +322,11 @@ impl ControlOp {
                 fp.record(record);
             }
             LState::RecordingGone => fp.tag("recording-gone"),
+            LState::ReadingPublished(record, cause) => {
+                fp.tag("reading-published");
+                fp.record(record);
+                fp.debug(cause);
+            }
         }
     }
 
@@ -375,6 +383,10 @@ impl ControlOp {
             state @ (LState::Inspecting(..) | LState::Confirming(..) | LState::RecordingGone) => {
                 self.resume_gone(ctx, state, outcome)
             }
+            LState::ReadingPublished(record, cause) => match outcome {
+                Outcome::PublishedHandle(found) => self.stop_by(ctx, &record, cause, found),
+                other => unexpected(&other),
+            },
         }
     }
 
@@ -450,7 +462,8 @@ impl ControlOp {
             | LState::Stopping(..)
             | LState::Recording(..)
             | LState::Recompleting(..)
-            | LState::Restopping(_) => unexpected(&outcome),
+            | LState::Restopping(_)
+            | LState::ReadingPublished(..) => unexpected(&outcome),
         }
     }
 
@@ -662,13 +675,39 @@ impl ControlOp {
     }
 
     /// The stop helper: the exact process group of the durable handle. Without a handle, a
-    /// `launching` record's process is unknown and any other record has none.
+    /// `launching` record's process (or a `launch_outcome_unknown` one's) is found by the handle
+    /// its supervisor published before the user command ran (issue 16); any other record has
+    /// none.
     fn stop(self, ctx: &Ctx<'_>, record: &InboxRecord, cause: StopCause) -> LStep {
-        match &record.executor_handle {
+        if record.executor_handle.is_none()
+            && (record.state == State::Launching
+                || record.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown))
+        {
+            let action = Action::ReadPublishedHandle {
+                attempt_id: record.offer.candidate.attempt_id.clone(),
+            };
+            return self.wait(
+                LState::ReadingPublished(Box::new(record.clone()), cause),
+                action,
+            );
+        }
+        let handle = record.executor_handle.clone();
+        self.stop_by(ctx, record, cause, handle)
+    }
+
+    /// Stops by `handle`, or, without one, records what is known: nothing can be verified for
+    /// a Run that may have a process (`launching`, `launch_outcome_unknown`); any other record
+    /// has none.
+    fn stop_by(
+        self,
+        ctx: &Ctx<'_>,
+        record: &InboxRecord,
+        cause: StopCause,
+        handle: Option<crate::ids::ExecutorHandle>,
+    ) -> LStep {
+        match handle {
             Some(handle) => {
-                let action = Action::Stop {
-                    handle: handle.clone(),
-                };
+                let action = Action::Stop { handle };
                 self.wait(LState::Stopping(Box::new(record.clone()), cause), action)
             }
             None => {

@@ -229,6 +229,14 @@ pub enum Action {
         /// The durable handle of the user process.
         handle: ExecutorHandle,
     },
+    /// Read the durable executor handle the supervisor of `attempt_id` published before its
+    /// user command ran (issue 16): how a Run whose record has no handle (a crash fell between
+    /// the spawn and `started`) is still stopped by identity. The driver validates the handle;
+    /// a missing, unsafe or garbled file is `None`. ⇒ [`Outcome::PublishedHandle`].
+    ReadPublishedHandle {
+        /// The attempt (the published file's name).
+        attempt_id: AttemptId,
+    },
     /// Draw [`crate::capability::ENTROPY_BYTES`] bytes from the OS CSPRNG.
     /// ⇒ [`Outcome::EntropyDrawn`].
     DrawEntropy,
@@ -392,6 +400,9 @@ pub enum Outcome {
         /// The Run's user process.
         process: Liveness,
     },
+    /// What [`Action::ReadPublishedHandle`] found: the validated handle, or `None` (nothing
+    /// published, or the file is unsafe or garbled).
+    PublishedHandle(Option<ExecutorHandle>),
     /// Fresh entropy.
     EntropyDrawn(Entropy),
 }
@@ -431,6 +442,7 @@ impl fmt::Debug for Outcome {
                 supervisor,
                 process,
             } => write!(f, "SupervisionInspected({supervisor:?}, {process:?})"),
+            Self::PublishedHandle(h) => write!(f, "PublishedHandle({})", h.is_some()),
             Self::EntropyDrawn(_) => f.write_str("EntropyDrawn([redacted])"),
         }
     }

@@ -186,6 +186,7 @@ impl Masks {
             Act::ReadClaim
             | Act::ReadReceipt { .. }
             | Act::RemoveReceipt { .. }
+            | Act::ReadPublishedHandle { .. }
             | Act::Stop { .. }
             | Act::DrawEntropy => {}
         }

@@ -133,6 +133,7 @@ impl Host {
                 supervisor: ql_worker_core::io::Liveness::Alive,
                 process: ql_worker_core::io::Liveness::Alive,
             },
+            Action::ReadPublishedHandle { .. } => panic!("every record has its handle"),
             Action::PersistSession { .. } => panic!("the Session is online: no new one expected"),
             Action::UploadLog { header, .. } => {
                 self.log.push("upload".into());

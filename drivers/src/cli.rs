@@ -282,6 +282,10 @@ pub fn binary_main() -> ExitCode {
     if std::env::args_os().nth(1).as_deref() == Some(crate::supervisor::SUPERVISE_ARG.as_ref()) {
         crate::supervisor::main();
     }
+    // The held user process: executes the user command once its supervisor released it.
+    if std::env::args_os().nth(1).as_deref() == Some(crate::supervisor::HOLD_ARG.as_ref()) {
+        crate::supervisor::hold_main();
+    }
     // Descriptors inherited from whoever started us (a shell, cargo's jobserver) must never
     // reach a supervisor or a user process: mark them close-on-exec before anything else runs.
     close_fds::set_fds_cloexec_threadsafe(3, &[]);

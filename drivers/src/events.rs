@@ -251,6 +251,12 @@ pub const EVENTS: &[(&str, Level, &str)] = &[
         "the control plane fenced a lease renewal (409)",
     ),
     (
+        "run.published_handle_invalid",
+        Level::Warn,
+        "the handle a supervisor published before its user command ran is unsafe or garbled: a \
+         Run whose record has no handle cannot be stopped by identity",
+    ),
+    (
         "run.stop_requested",
         Level::Info,
         "the control plane asked to stop a Run; it was stopped",

@@ -44,6 +44,8 @@
 //!   `renameat2(temp, target, RENAME_NOREPLACE)` (fallback where the file system does not
 //!   support the flag: `linkat(temp, target)` + `unlinkat(temp)`) → `fsync(dir)`. An existing
 //!   target is [`StorageError::AlreadyExists`] and leaves it untouched.
+//! * publish within this boot only ([`publish_new_unsynced`]): the same steps without either
+//!   fsync, for a file whose meaning ends with the boot (the published handle: docs/supervisor.md).
 //! * replace ([`replace`]): temp → write → `fsync(temp)` → `renameat(temp, target)` →
 //!   `fsync(dir)`. The caller checks its CAS under the owner lock before calling.
 //! * remove ([`remove`]): `unlinkat(target)` → `fsync(dir)`.
@@ -1037,6 +1039,7 @@ fn write_temp(
     dir: &Dir,
     target: &str,
     bytes: &[u8],
+    sync: Durability,
 ) -> Result<String, StorageError> {
     let mut random = [0u8; layout::TEMP_RANDOM_HEX / 2];
     fs.random(&mut random)
@@ -1049,12 +1052,15 @@ fn write_temp(
         .map_err(|e| StorageError::io("openat", &temp_path, e))?;
     let written = write_all(fs, fd.as_fd(), bytes)
         .map_err(|e| StorageError::io("write", &temp_path, e))
-        .and_then(|()| {
-            fs.fsync(fd.as_fd())
-                .map_err(|errno| StorageError::FsyncFailed {
-                    path: temp_path.clone(),
-                    errno,
-                })
+        .and_then(|()| match sync {
+            Durability::Durable => {
+                fs.fsync(fd.as_fd())
+                    .map_err(|errno| StorageError::FsyncFailed {
+                        path: temp_path.clone(),
+                        errno,
+                    })
+            }
+            Durability::ThisBoot => Ok(()),
         });
     drop(fd);
     match written {
@@ -1091,8 +1097,43 @@ pub fn publish_new(
     target: &str,
     bytes: &[u8],
 ) -> Result<(), StorageError> {
+    publish_new_as(fs, dir, target, bytes, Durability::Durable)
+}
+
+/// [`publish_new`] without either fsync: the target appears at once to every process of this
+/// boot (the page cache), whole or not at all (the rename), but a power loss or kernel crash
+/// may lose it, or leave it empty or short. Only for a file that means nothing after a reboot
+/// and whose reader treats a missing or garbled one as absent.
+///
+/// # Errors
+/// [`StorageError::AlreadyExists`] or the failed call; the target was not created.
+pub fn publish_new_unsynced(
+    fs: &dyn FileSystem,
+    dir: &Dir,
+    target: &str,
+    bytes: &[u8],
+) -> Result<(), StorageError> {
+    publish_new_as(fs, dir, target, bytes, Durability::ThisBoot)
+}
+
+/// Whether a publication is made durable.
+#[derive(Clone, Copy)]
+enum Durability {
+    /// fsync of the temp and of the directory.
+    Durable,
+    /// No fsync: visible within this boot only.
+    ThisBoot,
+}
+
+fn publish_new_as(
+    fs: &dyn FileSystem,
+    dir: &Dir,
+    target: &str,
+    bytes: &[u8],
+    sync: Durability,
+) -> Result<(), StorageError> {
     let target_path = dir.child(target);
-    let temp = write_temp(fs, dir, target, bytes)?;
+    let temp = write_temp(fs, dir, target, bytes, sync)?;
     let linked = match fs.rename_noreplace(dir.fd(), &temp, dir.fd(), target) {
         Ok(()) => Ok(()),
         // The file system does not support RENAME_NOREPLACE: link + unlink, as the reference.
@@ -1110,7 +1151,10 @@ pub fn publish_new(
         let _ = fs.unlink(dir.fd(), &temp);
         return Err(e);
     }
-    fsync_dir(fs, dir.path(), dir.fd())
+    match sync {
+        Durability::Durable => fsync_dir(fs, dir.path(), dir.fd()),
+        Durability::ThisBoot => Ok(()),
+    }
 }
 
 fn link_error(path: &Path, errno: Errno) -> StorageError {
@@ -1135,7 +1179,7 @@ pub fn replace(
     target: &str,
     bytes: &[u8],
 ) -> Result<(), StorageError> {
-    let temp = write_temp(fs, dir, target, bytes)?;
+    let temp = write_temp(fs, dir, target, bytes, Durability::Durable)?;
     if let Err(e) = fs.rename(dir.fd(), &temp, dir.fd(), target) {
         let _ = fs.unlink(dir.fd(), &temp);
         return Err(StorageError::io("renameat", &dir.child(target), e));

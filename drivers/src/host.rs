@@ -451,6 +451,9 @@ impl<E: Executor> Host<E> {
                 supervisor: spool::capture_liveness(&self.root, &log_artifact_id, self.spool),
                 process: self.stopper.liveness(handle.as_str()),
             },
+            Action::ReadPublishedHandle { attempt_id } => {
+                Outcome::PublishedHandle(read_published_handle(&self.root, &attempt_id))
+            }
             Action::DrawEntropy => match crate::os::entropy() {
                 Ok(entropy) => Outcome::EntropyDrawn(entropy),
                 Err(e) => return Err(HostError::Fatal(format!("getrandom: {e}"))),
@@ -755,6 +758,42 @@ pub fn http_failure(error: &TransportError) -> HttpFailure {
 #[must_use]
 pub fn launch(plan: LaunchPlan, spool: SpoolPolicy) -> Launch {
     Launch::from_core(plan, spool.maximum_attempt_bytes)
+}
+
+/// The handle the supervisor of `attempt_id` published before its user command ran (issue 16),
+/// validated as a launch report's is (a canonical `ql3lp1.` handle of this attempt). Missing:
+/// `None`; unsafe, unreadable or garbled: `None` and the event `run.published_handle_invalid`.
+fn read_published_handle(
+    root: &Path,
+    attempt_id: &ql_worker_core::ids::AttemptId,
+) -> Option<ql_worker_core::ids::ExecutorHandle> {
+    let invalid = |why: &dyn fmt::Display| {
+        crate::events::Event::warn("run.published_handle_invalid")
+            .text("attempt", attempt_id)
+            .text("cause", why)
+            .emit(format_args!(
+                "attempt {attempt_id}: the handle its supervisor published cannot be used ({why}); \
+                 the Run cannot be stopped by identity"
+            ));
+        None
+    };
+    let bytes = match receipts::read_handle(root, attempt_id) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return None,
+        Err(e) => return invalid(&e),
+    };
+    let Ok(text) = String::from_utf8(bytes) else {
+        return invalid(&"not UTF-8");
+    };
+    match crate::supervisor::DurableHandle::parse(&text) {
+        Ok(handle) if handle.handle_id == attempt_id.as_str() => {}
+        Ok(_) => return invalid(&"it names another attempt"),
+        Err(e) => return invalid(&e),
+    }
+    match ql_worker_core::ids::ExecutorHandle::new(text) {
+        Ok(handle) => Some(handle),
+        Err(e) => invalid(&e),
+    }
 }
 
 #[cfg(test)]

@@ -580,6 +580,21 @@ impl<F: FileSystem> Journal<F> {
             },
             RemovalRefused::NotSettled(state) => JournalError::NotSettled { path, state },
         })?;
+        // The handle its supervisor published (issue 16) goes first: a crash in between leaves
+        // the record, and the next sweep removes both.
+        let attempt = &stored.offer.candidate.attempt_id;
+        crate::receipts::remove_handle_with(&self.fs, self.root.path(), attempt).map_err(|e| {
+            match e {
+                crate::receipts::ReceiptStoreError::Storage(e) => JournalError::Storage(e),
+                crate::receipts::ReceiptStoreError::AlreadyExists { .. }
+                | crate::receipts::ReceiptStoreError::AttemptMismatch { .. }
+                | crate::receipts::ReceiptStoreError::QuarantineOccupied { .. }
+                | crate::receipts::ReceiptStoreError::NotFound { .. } => JournalError::Refused {
+                    path: layout::Paths::new(self.root.path()).published_handle(attempt),
+                    rule: "the attempt's published handle could not be removed",
+                },
+            }
+        })?;
         fsio::remove(&self.fs, &self.offers, &name)?;
         Ok(())
     }

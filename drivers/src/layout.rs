@@ -15,6 +15,8 @@
 //!   receipts/                                  0700
 //!     <attemptId[0..2]>/                       0700
 //!       <attemptId>.rcpt                       0600, receipt envelope
+//!       <attemptId>.handle                     0600, the user process's durable handle, published
+//!                                              by the supervisor before the user command runs
 //!     .quarantine/<attemptId[0..2]>/<attemptId>.rcpt
 //!   logs/                                      0700
 //!     <logId[5..7]>/                           0700
@@ -56,6 +58,8 @@ pub const RECEIPTS_DIR: &str = "receipts";
 pub const QUARANTINE_DIR: &str = ".quarantine";
 /// Suffix of a receipt file.
 pub const RECEIPT_SUFFIX: &str = ".rcpt";
+/// Suffix of a published handle file (next to the receipt).
+pub const HANDLE_SUFFIX: &str = ".handle";
 /// The log spool directory in the root.
 pub const LOGS_DIR: &str = "logs";
 /// Suffix of a log spool file.
@@ -151,6 +155,13 @@ pub fn parse_record_file_name(name: &str) -> Option<OfferId> {
 pub fn receipt_shard(attempt_id: &AttemptId) -> &str {
     let id = attempt_id.as_str();
     &id[..id.len().min(2)]
+}
+
+/// `<attemptId>.handle`: the durable handle the supervisor publishes before the user command
+/// runs (issue 16).
+#[must_use]
+pub fn handle_file_name(attempt_id: &AttemptId) -> String {
+    format!("{}{HANDLE_SUFFIX}", attempt_id.as_str())
 }
 
 /// `<attemptId>.rcpt`
@@ -265,6 +276,14 @@ impl Paths {
         self.receipts()
             .join(receipt_shard(attempt_id))
             .join(receipt_file_name(attempt_id))
+    }
+
+    /// `<root>/receipts/<aa>/<attemptId>.handle`
+    #[must_use]
+    pub fn published_handle(&self, attempt_id: &AttemptId) -> PathBuf {
+        self.receipts()
+            .join(receipt_shard(attempt_id))
+            .join(handle_file_name(attempt_id))
     }
 
     /// `<root>/receipts/.quarantine/<aa>/<attemptId>.rcpt`

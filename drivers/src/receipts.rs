@@ -207,10 +207,108 @@ pub fn remove_with(
         return Ok(false);
     };
     let name = layout::receipt_file_name(attempt_id);
+    let handle = layout::handle_file_name(attempt_id);
     let removed = fsio::remove(fs, &shard, &name)?;
+    // The published handle goes with the receipt (issue 16): nothing of the attempt is left.
+    fsio::remove(fs, &shard, &handle)?;
     let entries = fsio::scan_dir(fs, &shard, MAX_SHARD_ENTRIES)?;
-    fsio::sweep_temps(fs, &shard, &entries, |target| target == name)?;
+    fsio::sweep_temps(fs, &shard, &entries, |target| {
+        target == name || target == handle
+    })?;
     Ok(removed)
+}
+
+/// Publishes the durable handle of the attempt's user process (the supervisor, before the user
+/// command runs; issue 16): `<root>/receipts/<aa>/<attemptId>.handle`, temp 0600 + rename
+/// no-replace, **without fsync**, so the Worker can stop the Run by identity when a crash of
+/// the Worker fell between the spawn and `started`. Within the boot the page cache shows the
+/// renamed file to a restarted Worker; after a reboot the handle names a process of another
+/// boot (void), and a lost, empty or short file reads as no handle (with a warning if garbled) (docs/supervisor.md). The
+/// handle names the process only (boot id, pid, process group, start time, attempt id): no
+/// secret. Creating the shard directory itself (once per shard) is fsynced, as for a receipt.
+///
+/// # Errors
+/// [`ReceiptStoreError::AlreadyExists`] (left untouched), unsafe storage, or a failed call
+/// (an fsync failure only when the shard had to be created).
+pub fn publish_handle(
+    root: &Path,
+    attempt_id: &AttemptId,
+    handle: &str,
+) -> Result<PathBuf, ReceiptStoreError> {
+    publish_handle_with(&RealFs, root, attempt_id, handle)
+}
+
+/// [`publish_handle`] through a given seam.
+///
+/// # Errors
+/// See [`publish_handle`].
+pub fn publish_handle_with(
+    fs: &dyn FileSystem,
+    root: &Path,
+    attempt_id: &AttemptId,
+    handle: &str,
+) -> Result<PathBuf, ReceiptStoreError> {
+    let path = layout::Paths::new(root).published_handle(attempt_id);
+    let shard = open_shard(fs, root, attempt_id, true)?
+        .ok_or_else(|| ReceiptStoreError::NotFound { path: path.clone() })?;
+    let name = layout::handle_file_name(attempt_id);
+    fsio::publish_new_unsynced(fs, &shard, &name, handle.as_bytes()).map_err(|e| match e {
+        StorageError::AlreadyExists { path } => ReceiptStoreError::AlreadyExists { path },
+        other => ReceiptStoreError::Storage(other),
+    })?;
+    Ok(path)
+}
+
+/// Removes the attempt's published handle only (a supervisor whose user command never ran),
+/// then fsyncs the shard. Returns whether it existed.
+///
+/// # Errors
+/// Unsafe storage, a failed call, or a fatal fsync error.
+pub fn remove_handle(root: &Path, attempt_id: &AttemptId) -> Result<bool, ReceiptStoreError> {
+    remove_handle_with(&RealFs, root, attempt_id)
+}
+
+/// [`remove_handle`] through a given seam.
+///
+/// # Errors
+/// See [`remove_handle`].
+pub fn remove_handle_with(
+    fs: &dyn FileSystem,
+    root: &Path,
+    attempt_id: &AttemptId,
+) -> Result<bool, ReceiptStoreError> {
+    let Some(shard) = open_shard(fs, root, attempt_id, false)? else {
+        return Ok(false);
+    };
+    Ok(fsio::remove(
+        fs,
+        &shard,
+        &layout::handle_file_name(attempt_id),
+    )?)
+}
+
+/// The text of the attempt's published handle (the same checks as a receipt read: no
+/// symlink, regular, owned, one link, no group/other bits, ≤ 512 bytes); `None` when there is
+/// none. Validation is the caller's.
+///
+/// # Errors
+/// Unsafe storage, or a failed call.
+pub fn read_handle(
+    root: &Path,
+    attempt_id: &AttemptId,
+) -> Result<Option<Vec<u8>>, ReceiptStoreError> {
+    let fs = &RealFs;
+    let Some(shard) = open_shard(fs, root, attempt_id, false)? else {
+        return Ok(None);
+    };
+    let name = layout::handle_file_name(attempt_id);
+    let bytes = fsio::read_checked(
+        fs,
+        &shard,
+        &name,
+        crate::supervisor::identity::MAX_HANDLE_BYTES,
+    )?;
+    Ok(bytes.map(|b| b.to_vec()))
 }
 
 /// Moves the receipt of `attempt_id` (whatever the entry is: a symlink moves as a symlink) to

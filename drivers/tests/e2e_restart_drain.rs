@@ -83,7 +83,7 @@ fn unclean_drain(
         );
         assert_eq!(session.status, SessionStatus::Draining);
         // The Run finishes after the Worker stopped (its supervisor outlives the Worker).
-        // The receipt itself (`.rcpt`), not any file of its shard.
+        // The receipt itself: its shard also holds the handle published before the command ran.
         world.wait_for("the slow Run's receipt", SETTLE, |w| {
             let mut found = false;
             e2e_common::each_file(&w.root().join("receipts"), |path, _| {

@@ -361,10 +361,15 @@ fn remove_settled_record_refuses_non_terminal_and_removes_terminal() {
             .unwrap();
     }
     let last = done.last().unwrap();
+    // A handle its supervisor published (issue 16) goes with the settled record.
+    let attempt = &last.offer.candidate.attempt_id;
+    let published =
+        ql_worker::receipts::publish_handle(&sb.root, attempt, "ql3lp1.example").unwrap();
     journal
         .remove_settled_record(&last.offer.offer_id, last.revision)
         .unwrap();
     assert_eq!(journal.read_record(&last.offer.offer_id).unwrap(), None);
+    assert!(!published.exists(), "{published:?} left behind");
 }
 
 #[test]

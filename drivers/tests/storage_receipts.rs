@@ -78,6 +78,29 @@ fn read_of_a_missing_receipt_is_none_and_creates_nothing() {
     assert_eq!(got, None);
 }
 
+/// The published handle costs no fsync once its shard exists (docs/supervisor.md: it means
+/// nothing after a reboot); creating the shard is fsynced, as for a receipt.
+#[test]
+fn published_handle_is_written_without_fsync_once_the_shard_exists() {
+    let sb = root_dir();
+    let seam = FaultFs::new(RealFs);
+    receipts::publish_handle_with(&seam, &sb.root, &attempt(1), "ql3lp1.a").unwrap();
+    let creating = seam.fsyncs();
+    assert!(
+        creating >= 1,
+        "the new shard is fsynced: {:?}",
+        seam.trace()
+    );
+    let seam = FaultFs::new(RealFs);
+    receipts::publish_handle_with(&seam, &sb.root, &attempt(2), "ql3lp1.b").unwrap();
+    assert_eq!(seam.fsyncs(), 0, "{:?}", seam.trace());
+    assert_eq!(
+        receipts::read_handle(&sb.root, &attempt(2)).unwrap(),
+        Some(b"ql3lp1.b".to_vec())
+    );
+    assert!(temps_in(&sb.root.join("receipts/at")).is_empty());
+}
+
 #[test]
 fn remove_unlinks_and_fsyncs_the_shard_and_reports_absence() {
     let sb = root_dir();
@@ -140,4 +163,44 @@ fn a_corrupt_receipt_can_be_quarantined_for_inspection() {
         bytes
     );
     assert_eq!(receipts::read(&sb.root, &attempt(1)).unwrap(), None);
+}
+
+/// Issue 16: the handle a supervisor publishes before its user command runs lives next to the
+/// receipt, 0600 in the 0700 shard, is published once (never replaced), reads back byte for
+/// byte, and goes with the receipt (`remove`) or by itself (`remove_handle`).
+#[test]
+fn published_handle_is_private_published_once_and_removed_with_the_receipt() {
+    let sb = root_dir();
+    let text = "ql3lp1.example-handle";
+    let path = receipts::publish_handle(&sb.root, &attempt(1), text).unwrap();
+    assert_eq!(path, sb.root.join("receipts/at/attempt-1.handle"));
+    let meta = fs::metadata(&path).unwrap();
+    assert_eq!((meta.mode() & 0o7777, meta.nlink()), (0o600, 1));
+    assert_eq!(
+        receipts::read_handle(&sb.root, &attempt(1)).unwrap(),
+        Some(text.as_bytes().to_vec())
+    );
+    let err = receipts::publish_handle(&sb.root, &attempt(1), "ql3lp1.other").unwrap_err();
+    assert!(
+        matches!(err, ReceiptStoreError::AlreadyExists { .. }),
+        "{err:?}"
+    );
+    assert_eq!(receipts::read_handle(&sb.root, &attempt(2)).unwrap(), None);
+
+    // With the receipt.
+    receipts::publish(&sb.root, &receipt(1)).unwrap();
+    assert!(receipts::remove(&sb.root, &attempt(1)).unwrap());
+    assert!(!path.exists());
+    assert_eq!(receipts::read_handle(&sb.root, &attempt(1)).unwrap(), None);
+
+    // By itself (a supervisor whose user command never ran).
+    receipts::publish_handle(&sb.root, &attempt(1), text).unwrap();
+    assert!(receipts::remove_handle(&sb.root, &attempt(1)).unwrap());
+    assert!(!receipts::remove_handle(&sb.root, &attempt(1)).unwrap());
+    assert!(temps_in(&sb.root.join("receipts/at")).is_empty());
+
+    // A group- or world-readable file is refused, never used.
+    receipts::publish_handle(&sb.root, &attempt(1), text).unwrap();
+    fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    assert!(receipts::read_handle(&sb.root, &attempt(1)).is_err());
 }

@@ -20,8 +20,10 @@
 #    the loopback reference control plane: e2e_image (the Worker and its supervisor run under
 #    the emulator, a Run completes), e2e_demo (the demo's five Runs end to end, drain),
 #    e2e_restart (restart in every state; a restart never respawns), e2e_containment ([run_as],
-#    policy, masking through the real Worker), supervisor_launch, supervisor_worker_kill (the
-#    receipt survives a Worker kill), supervisor_reaper.
+#    policy, masking through the real Worker), e2e_handleless_stop (the held spawn: a Run whose
+#    Worker died before `started` is stopped by the handle its supervisor published),
+#    supervisor_launch, supervisor_worker_kill (the receipt survives a Worker kill),
+#    supervisor_reaper.
 # 5. Prints one result line last: "edge smoke TARGET: PASS ..." or "edge smoke TARGET: FAIL ...".
 #
 # Needs root (binfmt_misc). Environment: QL_EDGE_BIN / QL_EDGE_HOOKED_BIN (skip the builds), QL_EDGE_QEMU (an
@@ -31,7 +33,7 @@ cd "$(dirname "$0")/../.."
 here="$(pwd)"
 
 readonly QEMU_MIN_MAJOR=9
-readonly TESTS=(e2e_image e2e_demo e2e_restart e2e_containment supervisor_launch supervisor_worker_kill supervisor_reaper)
+readonly TESTS=(e2e_image e2e_demo e2e_restart e2e_containment e2e_handleless_stop supervisor_launch supervisor_worker_kill supervisor_reaper)
 readonly BFM=/proc/sys/fs/binfmt_misc
 
 target="${1:-}"

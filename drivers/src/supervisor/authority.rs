@@ -39,6 +39,22 @@ pub(crate) fn publish_fact(root: &Path, fact: &TruncationFact) -> Result<(), Spo
     spool::publish_truncation_fact(root, fact)
 }
 
+/// Publishes the user process's durable handle next to where its receipt will be, before the
+/// user command runs (issue 16).
+pub(crate) fn publish_handle(
+    root: &Path,
+    attempt_id: &ql_worker_core::ids::AttemptId,
+    handle: &str,
+) -> Result<(), ReceiptStoreError> {
+    receipts::publish_handle(root, attempt_id, handle).map(|_| ())
+}
+
+/// Removes a published handle whose user command never ran (best effort: the Worker removes it
+/// with the receipt otherwise).
+pub(crate) fn withdraw_handle(root: &Path, attempt_id: &ql_worker_core::ids::AttemptId) {
+    let _ = receipts::remove_handle(root, attempt_id);
+}
+
 /// Publishes the receipt; the encoded bytes are wiped by the store.
 pub(crate) fn publish_receipt(root: &Path, receipt: &Receipt) -> Result<(), ReceiptStoreError> {
     receipts::publish(root, receipt).map(|_| ())

@@ -4,8 +4,9 @@
 use std::fmt;
 use std::fs::File;
 use std::io::{self, Write as _};
-use std::os::fd::{AsFd, AsRawFd as _, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd as _, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -209,8 +210,9 @@ impl SupervisorImage {
 }
 
 /// The real Executor: validates the launch, starts a supervisor process from the verified
-/// image, sends it the plan over its stdin pipe, and maps its one report to an outcome. The
-/// supervisor outlives the Worker; the Worker only reaps it if it is still around.
+/// image, sends it the plan (and the image, `SCM_RIGHTS`) over its stdin socket, and maps its
+/// one report to an outcome. The supervisor outlives the Worker; the Worker only reaps it if it
+/// is still around.
 #[derive(Debug)]
 pub struct SupervisorExecutor {
     image: SupervisorImage,
@@ -221,15 +223,18 @@ pub struct SupervisorExecutor {
     worker_policy_check: bool,
     supervisor_stderr: Option<File>,
     /// Live supervisors: the offer, the child, its pidfd and when it was launched (the pidfd is
-    /// readable once it exits; `None`
-    /// where the kernel has no `pidfd_open`, before Linux 5.3).
-    supervisors: Vec<(OfferId, Child, Option<std::os::fd::OwnedFd>, Instant)>,
+    /// readable once it exits; `None` where the kernel has no `pidfd_open`, before Linux 5.3).
+    supervisors: Vec<(OfferId, Child, Option<OwnedFd>, Instant)>,
     /// Offers whose supervisor was reaped since the last [`SupervisorExecutor::take_exited`].
     exited: Vec<OfferId>,
-    /// A supervisor started ahead of need, waiting for a plan on its stdin
-    /// ([`SupervisorExecutor::prepare_spare`]). Ends at end of file without reporting.
-    spare: Option<Child>,
+    /// A supervisor started ahead of need, waiting for a plan on its stdin socket (the Worker's
+    /// end is kept with it; [`SupervisorExecutor::prepare_spare`]). Ends at end of file without
+    /// reporting.
+    spare: Option<(Child, UnixStream)>,
 }
+
+/// `SO_SNDBUF` asked for the Worker's end of a supervisor's plan socket (the kernel doubles it).
+const PLAN_SEND_BUFFER: usize = 32 * 1024;
 
 /// How long the Worker waits for the supervisor's launch report by default.
 pub const DEFAULT_REPORT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -282,7 +287,7 @@ impl SupervisorExecutor {
         {
             return;
         }
-        if let Some(spare) = &mut self.spare {
+        if let Some((spare, _)) = &mut self.spare {
             if matches!(spare.try_wait(), Ok(None)) {
                 return;
             }
@@ -291,13 +296,13 @@ impl SupervisorExecutor {
         self.spare = self.spawn_supervisor().ok();
     }
 
-    /// Ends the spare supervisor, if any (a drain; the Worker's exit): closes its stdin, so it
-    /// exits having done nothing, and reaps it (killed after a bounded wait).
+    /// Ends the spare supervisor, if any (a drain; the Worker's exit): closes its stdin socket,
+    /// so it exits having done nothing, and reaps it (killed after a bounded wait).
     pub fn retire_spare(&mut self) {
-        let Some(mut spare) = self.spare.take() else {
+        let Some((mut spare, socket)) = self.spare.take() else {
             return;
         };
-        drop(spare.stdin.take());
+        drop(socket);
         let deadline = Instant::now() + SPARE_RETIRE_GRACE;
         while matches!(spare.try_wait(), Ok(None)) {
             if Instant::now() >= deadline {
@@ -312,15 +317,15 @@ impl SupervisorExecutor {
     /// The spare supervisor's pid, if one is waiting.
     #[must_use]
     pub fn spare_pid(&self) -> Option<u32> {
-        self.spare.as_ref().map(Child::id)
+        self.spare.as_ref().map(|(spare, _)| spare.id())
     }
 
     /// The spare supervisor if it is still waiting, else a new one.
-    fn take_or_spawn_supervisor(&mut self) -> io::Result<Child> {
-        if let Some(mut spare) = self.spare.take()
+    fn take_or_spawn_supervisor(&mut self) -> io::Result<(Child, UnixStream)> {
+        if let Some((mut spare, socket)) = self.spare.take()
             && matches!(spare.try_wait(), Ok(None))
         {
-            return Ok(spare);
+            return Ok((spare, socket));
         }
         self.spawn_supervisor()
     }
@@ -468,8 +473,15 @@ impl SupervisorExecutor {
         Ok(plan)
     }
 
-    fn spawn_supervisor(&self) -> io::Result<Child> {
-        Command::new(self.image.exec_path())
+    /// Spawns a supervisor; its stdin is a Unix socket (the Worker's end is returned) over
+    /// which [`deliver`] sends the plan and, with it, the image itself (`SCM_RIGHTS`).
+    fn spawn_supervisor(&self) -> io::Result<(Child, UnixStream)> {
+        let (ours, theirs) = UnixStream::pair()?;
+        // No more in flight than a pipe holds (the kernel doubles the 32 KiB asked): a plan
+        // larger than that reaches only a supervisor that reads it, so a complete write still
+        // tells a reading supervisor from an image that exited without reading.
+        rustix::net::sockopt::set_socket_send_buffer_size(&ours, PLAN_SEND_BUFFER)?;
+        let child = Command::new(self.image.exec_path())
             .arg0("ql-worker")
             .arg(SUPERVISE_ARG)
             .env_clear()
@@ -480,7 +492,7 @@ impl SupervisorExecutor {
             // Its own process group: a terminal or group signal aimed at the Worker does not
             // reach the supervisor, which must outlive the Worker.
             .process_group(0)
-            .stdin(Stdio::piped())
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
             .stdout(Stdio::piped())
             // The supervisor's diagnostics (a cgroup OOM kill, a Run directory it could not
             // remove) go where the Worker's own go: the service's journal.
@@ -488,7 +500,8 @@ impl SupervisorExecutor {
                 Some(file) => Stdio::from(file.try_clone()?),
                 None => Stdio::inherit(),
             })
-            .spawn()
+            .spawn()?;
+        Ok((child, ours))
     }
 }
 
@@ -510,8 +523,8 @@ impl Executor for SupervisorExecutor {
             }
         };
         drop(plan);
-        let mut child = match self.take_or_spawn_supervisor() {
-            Ok(child) => child,
+        let (mut child, plan_socket) = match self.take_or_spawn_supervisor() {
+            Ok(spawned) => spawned,
             Err(e) => {
                 return ExecutorOutcome::Rejected {
                     reason: RejectReason::SupervisorSpawnFailed {
@@ -520,7 +533,7 @@ impl Executor for SupervisorExecutor {
                 };
             }
         };
-        let delivered = deliver(&mut child, frame);
+        let delivered = deliver(plan_socket, frame, self.image.file.as_fd());
         let stdout = child.stdout.take();
         let pidfd = rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap_or(0))
             .and_then(|pid| {
@@ -567,13 +580,32 @@ impl Executor for SupervisorExecutor {
     }
 }
 
-/// Writes the whole plan frame and closes the pipe. The frame is wiped on drop.
-fn deliver(child: &mut Child, frame: Zeroizing<Vec<u8>>) -> bool {
-    let Some(mut stdin) = child.stdin.take() else {
+/// Writes the whole plan frame and closes the socket. The first bytes carry the verified image
+/// (`SCM_RIGHTS`): the supervisor executes its held process from that descriptor, never from a
+/// path it would have to resolve itself (under qemu-user its `/proc/self/exe` is a path the
+/// emulator opens; see docs/supervisor.md). The frame is wiped on drop.
+fn deliver(socket: UnixStream, frame: Zeroizing<Vec<u8>>, image: BorrowedFd<'_>) -> bool {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let images = [image];
+    if !control.push(SendAncillaryMessage::ScmRights(&images)) {
         return false;
+    }
+    let sent = loop {
+        match sendmsg(
+            &socket,
+            &[io::IoSlice::new(&frame)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        ) {
+            Ok(n) => break Some(n),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => break None,
+        }
     };
-    let ok = stdin.write_all(&frame).is_ok();
-    drop(stdin);
+    let ok = sent.is_some_and(|n| n > 0 && (&socket).write_all(&frame[n..]).is_ok());
+    drop(socket);
     drop(frame);
     ok
 }

@@ -38,6 +38,17 @@ pub use stop::{StopController, StopOutcome, StopSignal, StopUnknown};
 /// `argv[1]` that turns the `ql-worker` binary into a supervisor. No plan data is ever on argv.
 pub const SUPERVISE_ARG: &str = "__supervise";
 
+/// `argv[1]` of the held user process: the supervisor spawns this image with the user's
+/// program and arguments after it; it waits until the supervisor has published its durable
+/// handle, then executes them (issue 16).
+pub const HOLD_ARG: &str = "__hold";
+
+/// The held user process's entry point (see [`HOLD_ARG`]): executes the user command once
+/// released, or exits without running it.
+pub fn hold_main() -> ! {
+    std::process::exit(run::hold())
+}
+
 /// The supervisor entry point: runs the supervisor and exits the process with the user's exit
 /// code (or [`NO_SPAWN_EXIT`]). Every buffer that held the plan is wiped before exit.
 pub fn main() -> ! {

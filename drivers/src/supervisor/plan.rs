@@ -1,5 +1,5 @@
 //! The launch plan: everything the supervisor needs, sent by the Worker over the supervisor's
-//! stdin pipe (never argv, never the environment) and wiped from every buffer that held it.
+//! stdin socket (never argv, never the environment) and wiped from every buffer that held it.
 //!
 //! Validation follows the reference launcher (§5.1) and is run twice: by the Worker before it
 //! spawns anything, and by the supervisor on the decoded plan.

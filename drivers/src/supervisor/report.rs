@@ -115,6 +115,10 @@ pub enum RejectReason {
         /// The OS error number, or 0.
         errno: i32,
     },
+    /// The user process's durable handle could not be published before the user command ran:
+    /// the held process was killed before it could run it (issue 16).
+    #[error("the durable handle could not be published before the user command ran")]
+    HandleUnpublished,
 }
 
 /// Why the launch outcome is not known. A user process may exist.

@@ -9,9 +9,16 @@
 //! 5. refuse if any inheritable descriptor beyond 0–2 is open (the user would inherit it);
 //!    create the Run's directory (`[run_as]`) and cgroup; start the capture thread; set no new
 //!    privileges, capabilities and resource limits on itself; enter the Run's cgroup;
-//! 6. spawn the user command in its own process group, stdout+stderr into a pipe (under the
-//!    Run's uid and gid); leave the cgroup, restore its own limits;
-//! 7. capture the user's durable identity (failure: stop the group, report unknown);
+//! 6. spawn the user process in its own process group, stdout+stderr into a pipe (under the
+//!    Run's uid and gid), *held*: it is this image in [`super::HOLD_ARG`] mode, which waits for
+//!    one byte on its stdin (a socket to the supervisor) before it executes the user command;
+//!    leave the cgroup, restore its own limits;
+//! 7. capture the user process's durable identity (failure: stop the group, report unknown);
+//!    publish its handle durably next to the receipt (`receipts/<aa>/<attemptId>.handle`, 0600,
+//!    fsync of file and directory: the Worker stops the Run by it when a crash fell between the
+//!    spawn and `started`; issue 16), and only then release the held process, which executes
+//!    the user command (exec, so the identity stays the same). A failed publication or exec:
+//!    the user command never ran (killed, reaped, handle withdrawn, report rejected);
 //! 8. report once on stdout, then point stdout at `/dev/null`;
 //! 9. pump the log (masking Secret values if asked), wait for the user process, kill and reap
 //!    leftover descendants (`cgroup.kill` too), log the cgroup's OOM and pids counters, remove
@@ -23,7 +30,9 @@
 //! `Started` or `Unknown`, and the supervisor always carries on to the receipt.
 
 use std::fs::File;
-use std::io;
+use std::io::{self, Read as _, Write as _};
+use std::os::fd::{AsRawFd as _, OwnedFd};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -65,20 +74,20 @@ const CGROUP_REMOVE_GRACE: Duration = Duration::from_secs(5);
 /// Runs the supervisor and returns its exit code.
 pub(crate) fn supervise() -> i32 {
     let mut reporter = Reporter { sent: false };
-    let plan = match read_plan() {
-        Ok(plan) => plan,
+    let (plan, image) = match read_plan() {
+        Ok(received) => received,
         Err(reason) => {
             reporter.send(&Report::Rejected(reason));
             return NO_SPAWN_EXIT;
         }
     };
     let mut plan = plan;
-    let code = match prepare_and_spawn(&mut plan) {
+    let code = match prepare_and_spawn(&mut plan, image) {
         Err(reason) => {
             reporter.send(&Report::Rejected(reason));
             NO_SPAWN_EXIT
         }
-        Ok(spawned) => i32::from(finish(&plan, spawned, &mut reporter)),
+        Ok(spawned) => finish(&plan, spawned, &mut reporter).map_or(NO_SPAWN_EXIT, i32::from),
     };
     drop(plan);
     code
@@ -122,17 +131,21 @@ fn redirect_to_null(dup2: fn(&File) -> rustix::io::Result<()>) -> io::Result<()>
 }
 
 /// Reads exactly one plan frame from stdin into a wiped buffer, directly from the descriptor
-/// (std's buffered `Stdin` would keep an unwiped copy), then points stdin at `/dev/null`.
-fn read_plan() -> Result<Plan, RejectReason> {
+/// (std's buffered `Stdin` would keep an unwiped copy), with the image the Worker sent along
+/// (`SCM_RIGHTS`, close-on-exec), then points stdin at `/dev/null`. No image: the plan was not
+/// delivered as the Worker delivers it.
+fn read_plan() -> Result<(Plan, File), RejectReason> {
     let mut buffer = Zeroizing::new(vec![0u8; MAX_PLAN_BYTES]);
     let mut filled = 0usize;
+    let mut image: Option<OwnedFd> = None;
+    let mut extra = false;
     let complete = loop {
         match frame::announced_len(PLAN_MAGIC, &buffer[..filled], MAX_PLAN_BYTES) {
             Err(_) => break false,
             Ok(Some(total)) if filled >= total => break filled == total,
             Ok(_) => {}
         }
-        match rustix::io::read(rustix::stdio::stdin(), &mut buffer[filled..]) {
+        match receive(&mut buffer[filled..], &mut image, &mut extra) {
             Ok(0) => break false,
             Ok(n) => filled += n,
             Err(rustix::io::Errno::INTR) => {}
@@ -140,20 +153,59 @@ fn read_plan() -> Result<Plan, RejectReason> {
         }
     };
     let _ = redirect_to_null(|null| rustix::stdio::dup2_stdin(null));
-    if !complete {
-        return Err(RejectReason::PlanNotReceived);
-    }
+    let image = match image {
+        Some(image) if complete && !extra => File::from(image),
+        _ => return Err(RejectReason::PlanNotReceived),
+    };
     let plan = Plan::decode(&buffer[..filled]).map_err(|_| RejectReason::PlanNotReceived)?;
     drop(buffer);
     plan.validate().map_err(RejectReason::PlanInvalid)?;
     // `startedAtMs` is not compared with this host's wall clock, which may have been stepped
     // back since the Worker read it (see `RejectReason::StartTimeInFuture`).
-    Ok(plan)
+    Ok((plan, image))
+}
+
+/// One `recvmsg` on stdin into `into`; a descriptor that came with the bytes is kept in
+/// `image` (the first; any other is closed and sets `extra`), close-on-exec.
+fn receive(
+    into: &mut [u8],
+    image: &mut Option<OwnedFd>,
+    extra: &mut bool,
+) -> rustix::io::Result<usize> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let received = recvmsg(
+        rustix::stdio::stdin(),
+        &mut [io::IoSliceMut::new(into)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = message {
+            for fd in fds {
+                // Close-on-exec whatever the emulator made of MSG_CMSG_CLOEXEC.
+                let _ = rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC);
+                if image.is_none() {
+                    *image = Some(fd);
+                } else {
+                    *extra = true;
+                }
+            }
+        }
+    }
+    if received.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
+        *extra = true;
+    }
+    Ok(received.bytes)
 }
 
 /// What exists once the user process is spawned.
 struct Spawned {
     user: Pid,
+    /// The supervisor's end of the held process's stdin: one byte releases it to execute the
+    /// user command; an exec failure comes back as its errno, success as end of file.
+    release: UnixStream,
     /// The lock on the log that tells the Worker this supervisor lives; released at exit.
     alive: File,
     capture: mpsc::Receiver<(CaptureTally, Option<File>)>,
@@ -241,7 +293,7 @@ fn masker_for(plan: &Plan, record: &InboxRecord) -> Option<Masker> {
 }
 
 /// Steps 2–6. Every error is proof that no user process exists.
-fn prepare_and_spawn(plan: &mut Plan) -> Result<Spawned, RejectReason> {
+fn prepare_and_spawn(plan: &mut Plan, image: File) -> Result<Spawned, RejectReason> {
     set_child_subreaper(Some(getpid())).map_err(|_| RejectReason::SubreaperUnavailable)?;
     let root = Path::new(&plan.state_root);
     let record = authority::read_record(root, &plan.offer_id)
@@ -268,6 +320,9 @@ fn prepare_and_spawn(plan: &mut Plan) -> Result<Spawned, RejectReason> {
         Err(_) => return Err(RejectReason::InheritedDescriptor(u32::MAX)),
     }
     let (reader, writer) = io::pipe().map_err(|_| RejectReason::PipeUnavailable)?;
+    // The held process runs the image the Worker sent with the plan (close-on-exec: only the
+    // path `/proc/self/fd/N` reaches the child, resolved by the kernel in its execve).
+    let (release, held) = UnixStream::pair().map_err(|_| RejectReason::PipeUnavailable)?;
     let stderr = writer
         .try_clone()
         .map_err(|_| RejectReason::PipeUnavailable)?;
@@ -311,9 +366,9 @@ fn prepare_and_spawn(plan: &mut Plan) -> Result<Spawned, RejectReason> {
         made.remove(plan);
         return Err(RejectReason::PipeUnavailable);
     }
-    let mut command = user_command(plan, made.run_dir.as_ref());
+    let mut command = user_command(plan, made.run_dir.as_ref(), &image);
     command
-        .stdin(Stdio::null())
+        .stdin(Stdio::from(OwnedFd::from(held)))
         .stdout(Stdio::from(writer))
         .stderr(Stdio::from(stderr));
     // Set on ourselves, inherited by the child (no pre_exec): no new privileges, no
@@ -340,6 +395,7 @@ fn prepare_and_spawn(plan: &mut Plan) -> Result<Spawned, RejectReason> {
     // see end of file) and its own copy of the environment. Our copy of the environment (Secret
     // values) is wiped now too: nothing after the spawn needs it.
     drop(command);
+    drop(image);
     plan.environment.clear();
     if let Some(home) = &home
         && let Err(e) = RunCgroup::leave(home)
@@ -365,6 +421,7 @@ fn prepare_and_spawn(plan: &mut Plan) -> Result<Spawned, RejectReason> {
     drop(child); // We reap with waitid/waitpid ourselves; dropping a Child never waits or kills.
     Ok(Spawned {
         user,
+        release,
         alive,
         capture: receiver,
         made,
@@ -382,19 +439,25 @@ fn restrict_self(plan: &Plan) -> io::Result<limits::Saved> {
     limits::apply(&plan.containment.rlimits)
 }
 
-fn user_command(plan: &Plan, run_dir: Option<&RunDir>) -> Command {
-    let mut command = match &plan.command {
+/// The held process: this image in [`super::HOLD_ARG`] mode, with the user's program and
+/// arguments after it (it executes them once released; see [`hold`]).
+fn user_command(plan: &Plan, run_dir: Option<&RunDir>, image: &File) -> Command {
+    let mut command = Command::new(format!("/proc/self/fd/{}", image.as_raw_fd()));
+    command.arg0("ql-worker").arg(super::HOLD_ARG);
+    match &plan.command {
         ExecCommand::Argv { file, args } => {
-            let mut c = Command::new(file);
-            c.args(args);
-            c
+            command.arg(file).args(args);
         }
-        ExecCommand::Shell { command, shell } => {
-            let mut c = Command::new(shell.as_deref().unwrap_or("/bin/sh"));
-            c.arg("-c").arg(command);
-            c
+        ExecCommand::Shell {
+            command: text,
+            shell,
+        } => {
+            command
+                .arg(shell.as_deref().unwrap_or("/bin/sh"))
+                .arg("-c")
+                .arg(text);
         }
-    };
+    }
     command.env_clear();
     for var in &plan.environment {
         command.env(&var.name, var.value.expose());
@@ -417,44 +480,84 @@ fn user_command(plan: &Plan, run_dir: Option<&RunDir>) -> Command {
     command
 }
 
-/// Steps 7–11, after the user process exists. Returns the supervisor's exit code.
-fn finish(plan: &Plan, spawned: Spawned, reporter: &mut Reporter) -> u8 {
-    let Spawned {
-        user,
-        alive,
-        capture,
-        made,
-    } = spawned;
+/// Step 7: the durable identity of the held process, as a `ql3lp1.` handle.
+fn identify(plan: &Plan, user: Pid) -> Result<String, UnknownReason> {
     let proc_root = proc_root(plan);
     let user_pid = user.as_raw_pid().unsigned_abs();
     let identity = identity::capture(&proc_root, user_pid)
         .ok()
-        .filter(|identity| identity.pgid == user_pid);
-    let report = match identity {
-        None => {
-            // The user process may already be running: stop its whole group, and say unknown.
+        .filter(|identity| identity.pgid == user_pid)
+        .ok_or(UnknownReason::IdentityCaptureFailed)?;
+    let handle = DurableHandle {
+        handle_id: plan.attempt_id.as_str().to_owned(),
+        identity,
+    };
+    match handle.encode() {
+        Ok(handle) => Ok(handle.as_str().to_owned()),
+        Err(_) => Err(UnknownReason::HandleUnencodable),
+    }
+}
+
+/// Step 7: publishes `handle` durably, then releases the held process and learns whether the
+/// user command was executed. An error: it never ran.
+fn publish_and_release(
+    plan: &Plan,
+    handle: &str,
+    mut release: UnixStream,
+) -> Result<(), RejectReason> {
+    authority::publish_handle(Path::new(&plan.state_root), &plan.attempt_id, handle)
+        .map_err(|_| RejectReason::HandleUnpublished)?;
+    if let Err(e) = release.write_all(&[1]) {
+        // The held process is gone (or cannot hear): it never executed the user command.
+        return Err(RejectReason::SpawnFailed { errno: errno(&e) });
+    }
+    let mut answer = Vec::with_capacity(4);
+    // End of file: the exec closed the held process's copy (close-on-exec). A read error leaves
+    // the exec unknown: the process exists and carries the published identity either way.
+    let _ = (&release).take(4).read_to_end(&mut answer);
+    match <[u8; 4]>::try_from(answer.as_slice()) {
+        Ok(bytes) => Err(RejectReason::SpawnFailed {
+            errno: i32::from_le_bytes(bytes),
+        }),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Steps 7–11, after the held process exists. Returns the supervisor's exit code, or `None`
+/// when the user command never ran (reported rejected).
+fn finish(plan: &Plan, spawned: Spawned, reporter: &mut Reporter) -> Option<u8> {
+    let Spawned {
+        user,
+        release,
+        alive,
+        capture,
+        made,
+    } = spawned;
+    let report = match identify(plan, user) {
+        Err(reason) => {
+            // The process may be running: stop its whole group, and say unknown.
             let _ = kill_process_group(user, Signal::TERM);
             if !reap::exited_within(user, IDENTITY_FAILURE_GRACE) {
                 let _ = kill_process_group(user, Signal::KILL);
             }
-            Report::Unknown(UnknownReason::IdentityCaptureFailed)
+            Report::Unknown(reason)
         }
-        Some(identity) => {
-            let handle = DurableHandle {
-                handle_id: plan.attempt_id.as_str().to_owned(),
-                identity,
-            };
-            match handle.encode() {
-                Ok(handle) => Report::Started {
-                    handle: handle.as_str().to_owned(),
-                    started_at_ms: plan.started_at_ms.get(),
-                },
-                Err(_) => {
-                    let _ = kill_process_group(user, Signal::KILL);
-                    Report::Unknown(UnknownReason::HandleUnencodable)
-                }
+        Ok(handle) => match publish_and_release(plan, &handle, release) {
+            Ok(()) => Report::Started {
+                handle,
+                started_at_ms: plan.started_at_ms.get(),
+            },
+            Err(reason) => {
+                // The user command never ran: the held process goes, and so does its handle.
+                let _ = kill_process_group(user, Signal::KILL);
+                let _ = reap::wait_for_user(user);
+                authority::withdraw_handle(Path::new(&plan.state_root), &plan.attempt_id);
+                made.remove(plan);
+                reporter.send(&Report::Rejected(reason));
+                drop(alive);
+                return None;
             }
-        }
+        },
     };
     reporter.send(&report);
 
@@ -486,7 +589,39 @@ fn finish(plan: &Plan, spawned: Spawned, reporter: &mut Reporter) -> u8 {
     publish_receipt(plan, code);
     // Only now may the Worker conclude, from a free lock and no receipt, that none will come.
     drop(alive);
-    code
+    Some(code)
+}
+
+/// The held process ([`super::HOLD_ARG`]): already in the Run's process group, cgroup,
+/// directory, identity and environment. Waits for the supervisor's byte on stdin (the handle is
+/// durable then), points stdin at `/dev/null` and executes the user command (argv after the
+/// mode word). An exec failure goes back to the supervisor as its errno.
+pub(crate) fn hold() -> i32 {
+    let stdin = rustix::stdio::stdin();
+    let mut byte = [0u8; 1];
+    loop {
+        match rustix::io::read(stdin, &mut byte) {
+            Ok(1) => break,
+            Err(rustix::io::Errno::INTR) => {}
+            // The supervisor is gone before it released us: nothing runs.
+            Ok(_) | Err(_) => return NO_SPAWN_EXIT,
+        }
+    }
+    // A close-on-exec copy answers an exec failure; a successful exec closes it (end of file).
+    let Ok(answer) = rustix::io::fcntl_dupfd_cloexec(stdin, 3) else {
+        return NO_SPAWN_EXIT;
+    };
+    if redirect_to_null(|null| rustix::stdio::dup2_stdin(null)).is_err() {
+        return NO_SPAWN_EXIT;
+    }
+    let mut argv = std::env::args_os().skip(2);
+    let Some(program) = argv.next() else {
+        return NO_SPAWN_EXIT;
+    };
+    let error = Command::new(program).args(argv).exec();
+    let code = error.raw_os_error().unwrap_or(0);
+    let _ = write_all_fd(rustix::fd::AsFd::as_fd(&answer), &code.to_le_bytes());
+    127
 }
 
 /// Logs what the kernel counted in the Run's cgroup.

@@ -407,6 +407,7 @@ impl Host {
             | Action::AllocateLog { .. }
             | Action::InspectLog { .. }
             | Action::InspectSupervision { .. }
+            | Action::ReadPublishedHandle { .. }
             | Action::DrawEntropy => {}
         }
     }
@@ -668,6 +669,7 @@ impl Host {
             Action::Spawn(plan) => self.spawn(*plan, mode, r),
             Action::Stop { handle } => self.stop(handle.as_str(), mode),
             Action::InspectSupervision { handle, .. } => self.inspect(handle.as_str(), mode),
+            Action::ReadPublishedHandle { attempt_id } => self.published(&attempt_id, mode),
             Action::DrawEntropy => Answer::new(Outcome::EntropyDrawn(self.entropy(r.u8()))),
             Action::PersistSession { session_id } => {
                 self.write(mode, |h| h.session_id = session_id)
@@ -1125,6 +1127,21 @@ impl Host {
             supervisor: liveness,
             process: liveness,
         })
+    }
+
+    /// The handle the supervisor of `attempt_id` published before its user command ran (every
+    /// process this host spawned has one); a fault is a garbled file (`None`).
+    fn published(&self, attempt_id: &AttemptId, mode: Mode) -> Answer {
+        let found = match mode {
+            Mode::Fault(_) => None,
+            Mode::Valid => self
+                .processes
+                .iter()
+                .rev()
+                .find(|p| p.launching.offer.candidate.attempt_id == *attempt_id)
+                .and_then(|p| ql_worker_core::ids::ExecutorHandle::new(p.handle.clone()).ok()),
+        };
+        Answer::new(Outcome::PublishedHandle(found))
     }
 
     fn stop(&mut self, handle: &str, mode: Mode) -> Answer {

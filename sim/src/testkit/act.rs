@@ -159,6 +159,11 @@ pub enum Act {
         /// Durable handle of the user process.
         handle: ExecutorHandle,
     },
+    /// [`Action::ReadPublishedHandle`].
+    ReadPublishedHandle {
+        /// Attempt.
+        attempt_id: AttemptId,
+    },
     /// [`Action::DrawEntropy`].
     DrawEntropy,
     /// [`Action::PersistSession`].
@@ -232,6 +237,7 @@ impl Act {
                 log_artifact_id,
                 handle,
             },
+            Action::ReadPublishedHandle { attempt_id } => Self::ReadPublishedHandle { attempt_id },
             Action::DrawEntropy => Self::DrawEntropy,
             Action::PersistSession { session_id } => Self::PersistSession { session_id },
         }
@@ -263,6 +269,7 @@ impl Act {
             Self::Spawn(_) => "spawn",
             Self::Stop { .. } => "stop",
             Self::InspectSupervision { .. } => "inspect-supervision",
+            Self::ReadPublishedHandle { .. } => "read-published-handle",
             Self::DrawEntropy => "draw-entropy",
             Self::PersistSession { .. } => "persist-session",
         }
@@ -288,7 +295,9 @@ impl Act {
                 format!(" {expected:?}")
             }
             Self::ClearClaim { offer_id, revision } => format!("{offer_id} {revision}"),
-            Self::ReadReceipt { attempt_id } | Self::RemoveReceipt { attempt_id } => {
+            Self::ReadReceipt { attempt_id }
+            | Self::RemoveReceipt { attempt_id }
+            | Self::ReadPublishedHandle { attempt_id } => {
                 format!("{attempt_id}")
             }
             Self::AllocateLog { log_artifact_id } | Self::InspectLog { log_artifact_id } => {

@@ -135,6 +135,7 @@ impl World {
             | Act::AllocateLog { .. }
             | Act::InspectLog { .. }
             | Act::InspectSupervision { .. }
+            | Act::ReadPublishedHandle { .. }
             | Act::DrawEntropy => {}
         }
     }

@@ -42,6 +42,9 @@ pub struct Disk {
     pub receipts: BTreeMap<AttemptId, StoredReceipt>,
     /// The log spool.
     pub logs: BTreeMap<LogArtifactId, Log>,
+    /// The durable handles supervisors published before their user command ran, by attempt
+    /// (removed with the receipt).
+    pub published: BTreeMap<AttemptId, String>,
     /// Inbox capacity.
     pub capacity: usize,
 }
@@ -94,6 +97,7 @@ impl Disk {
             hasher.write(&encode(&r.receipt));
         }
         hash_debug(hasher, &self.logs);
+        hash_debug(hasher, &self.published);
     }
 }
 
@@ -259,9 +263,25 @@ impl World {
         if answer == Answer::Unchanged {
             return Outcome::Store(StoreFailure::Unchanged);
         }
+        // The published handle goes with the receipt.
+        self.disk.published.remove(attempt_id);
         Outcome::ReceiptRemoved {
             existed: self.disk.receipts.remove(attempt_id).is_some(),
         }
+    }
+
+    /// The handle the supervisor of `attempt_id` published, validated as the driver does;
+    /// [`Answer::StopUnknown`]: the file is garbled (`None`).
+    pub(super) fn read_published_handle(&self, attempt_id: &AttemptId, answer: Answer) -> Outcome {
+        if answer == Answer::StopUnknown {
+            return Outcome::PublishedHandle(None);
+        }
+        Outcome::PublishedHandle(
+            self.disk
+                .published
+                .get(attempt_id)
+                .and_then(|h| ql_worker_core::ids::ExecutorHandle::new(h.clone()).ok()),
+        )
     }
 
     pub(super) fn allocate_log(&mut self, log: &LogArtifactId, answer: Answer) -> Outcome {

@@ -323,6 +323,8 @@ impl World {
             Act::Stop { .. } => {}
             Act::InspectSupervision { .. } if menu.stop_answers => out.push(A::StopUnknown),
             Act::InspectSupervision { .. } => {}
+            Act::ReadPublishedHandle { .. } if menu.stop_answers => out.push(A::StopUnknown),
+            Act::ReadPublishedHandle { .. } => {}
             Act::DrawEntropy if menu.entropy_variants => out.push(A::EntropyVariant),
             Act::DrawEntropy => {}
             Act::PersistSession { .. } if menu.record_faults => out.extend(store),
@@ -472,6 +474,9 @@ impl World {
             Act::Spawn(plan) => self.spawn(plan, answer),
             Act::Stop { handle } => self.stop(now, handle, answer),
             Act::InspectSupervision { handle, .. } => self.inspect_supervision(handle, answer),
+            Act::ReadPublishedHandle { attempt_id } => {
+                self.read_published_handle(attempt_id, answer)
+            }
             Act::DrawEntropy => Outcome::EntropyDrawn(self.draw(answer)),
             Act::PersistSession { session_id } => self.persist_session(session_id, answer),
         };
@@ -527,7 +532,9 @@ impl World {
             Act::ReadClaim | Act::DrawEntropy | Act::PersistSession { .. } => String::from(kind),
             Act::PersistClaim { claim, .. } => format!("{kind} r{}", claim.revision),
             Act::ClearClaim { revision, .. } => format!("{kind} r{revision}"),
-            Act::ReadReceipt { attempt_id } | Act::RemoveReceipt { attempt_id } => {
+            Act::ReadReceipt { attempt_id }
+            | Act::RemoveReceipt { attempt_id }
+            | Act::ReadPublishedHandle { attempt_id } => {
                 format!("{kind} {attempt_id}")
             }
             Act::AllocateLog { log_artifact_id }

@@ -146,6 +146,10 @@ impl World {
             self.supervisor.processes.len()
         );
         if exists {
+            // Published durably before the user command runs (issue 16).
+            self.disk
+                .published
+                .insert(plan.attempt_id.clone(), handle.clone());
             self.supervisor.processes.push(Process {
                 offer_id: plan.offer_id.clone(),
                 run_id: plan.run_id.clone(),
