@@ -624,3 +624,65 @@ fn only_verdicts_on_the_pinned_revision_and_candidate_clear_the_claim() {
         assert!(!refused_for_good(&e), "{label}: {e}");
     }
 }
+
+/// The claim's offer id is a version-4, variant-1 UUID made from the first 16 drawn bytes,
+/// whatever they are: all zero and all one bytes give exactly these ids. (Kills the `&`/`|`
+/// mutants of `uuid_v4`; the `|` → `^` ones are equivalent: the masked byte never has the bit
+/// that is set. docs/mutation.md.)
+#[test]
+fn the_claims_offer_id_is_a_version_4_uuid_of_the_drawn_bytes() {
+    for (byte, expected) in [
+        (0x00, "00000000-0000-4000-8000-000000000000"),
+        (0xff, "ffffffff-ffff-4fff-bfff-ffffffffffff"),
+    ] {
+        let mut sim = started(World::one_offer(1));
+        sim.tick();
+        let mut seen = Vec::new();
+        while let Some(act) = sim.act() {
+            seen.push(act.kind());
+            if act.kind() == "draw-entropy" {
+                break;
+            }
+            assert!(seen.len() < 10, "no draw came: {seen:?}");
+            sim.answer(Answer::Ok);
+        }
+        sim.deliver(Outcome::EntropyDrawn(
+            ql_worker_core::capability::Entropy::new([byte; 64]),
+        ));
+        match sim.act() {
+            Some(Act::PersistClaim { claim, .. }) => {
+                assert_eq!(claim.offer_id.as_str(), expected);
+            }
+            other => panic!("expected the claim's publication, got {other:?}"),
+        }
+    }
+}
+
+/// Each retry of a claim counts one more attempt, and its backoff ceiling doubles: the second
+/// failed attempt backs off up to 2 × the 1 s base (here the longest jitter: 1999 ms). (Kills
+/// the `+=` → `*=` mutant of the attempt count and the `<<` → `>>` mutant of the backoff
+/// ceiling; docs/mutation.md.)
+#[test]
+fn a_retried_claim_counts_its_attempts_and_doubles_its_backoff_ceiling() {
+    let mut sim = started(World::one_offer(1));
+    sim.on(On::Post(Operation::Offers), Answer::Unavailable);
+    sim.on(On::Post(Operation::Offers), Answer::Unavailable);
+    sim.on(On::Kind("draw-entropy"), Answer::Ok);
+    sim.on(On::Kind("draw-entropy"), Answer::EntropyVariant);
+    sim.on(On::Kind("draw-entropy"), Answer::EntropyVariant);
+    sim.run(1);
+    let first = claim(&sim).expect("the claim is kept");
+    assert_eq!(first.attempt_count, 1);
+    assert_eq!(first.next_attempt_at_ms, ms(1_000 + 999));
+    sim.advance_to(ms(5_000));
+    sim.run(1);
+    let second = claim(&sim).expect("the claim is kept");
+    assert_eq!(second.offer_id, first.offer_id, "the same claim");
+    assert_eq!(second.attempt_count, 2, "one more attempt");
+    let at = second.updated_at_ms.get();
+    assert_eq!(
+        second.next_attempt_at_ms,
+        ms(at + 1_999),
+        "floor(r · min(60 s, 1000 · 2^(2 - 1)))"
+    );
+}
