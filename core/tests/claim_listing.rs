@@ -74,6 +74,14 @@ fn claim_replace_requires_the_revision_cas_and_the_same_identity() {
         check_replace(&c, &other_token, Revision::FIRST),
         Err(ClaimError::RevisionConflict { .. })
     ));
+    // A caller that expects revision 1 while revision 0 is stored is refused even when its
+    // proposal is the successor of what it expected (each rule holds on its own).
+    let mut after_expected = next.clone();
+    after_expected.revision = Revision::new(2).unwrap();
+    assert!(matches!(
+        check_replace(&c, &after_expected, Revision::new(1).unwrap()),
+        Err(ClaimError::RevisionConflict { .. })
+    ));
 }
 
 #[test]
@@ -90,6 +98,13 @@ fn claim_clear_requires_offer_id_and_revision() {
 #[test]
 fn claim_field_bounds() {
     let mut c = claim();
+    c.attempt_count = 16;
+    c.last_attempt_at_ms = Some(ms(1000));
+    assert_eq!(
+        c.validate(),
+        Ok(()),
+        "16 attempts is the budget, not past it"
+    );
     c.attempt_count = 17;
     assert!(matches!(
         c.validate(),
