@@ -665,7 +665,6 @@ impl Config {
                 capture: file.capture.as_ref(),
             },
             &root,
-            limits.spool.maximum_attempt_bytes,
         )
         .map_err(|(name, rule)| field(path, name, rule))?;
         Ok(Self {

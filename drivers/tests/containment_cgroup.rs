@@ -144,7 +144,6 @@ impl Lab {
 
     fn plan(&self) -> CgroupPlan {
         CgroupPlan {
-            mount: self.mount.to_str().unwrap().to_owned(),
             parent: self.parent.to_str().unwrap().to_owned(),
             memory_max: None,
             pids_max: None,

@@ -12,37 +12,51 @@ use ql_worker_tests::control_plane::{RevisionBuilder, RunSpec};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// The Worker's children that run `ql-worker __supervise` and have no child of their own (a
-/// supervisor still waiting for a plan).
-fn idle_supervisors(worker: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    let parent_of = |pid: u32| -> Option<u32> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let (_, tail) = stat.rsplit_once(')')?;
-        tail.split_ascii_whitespace().nth(1)?.parse().ok()
-    };
-    let pids: Vec<u32> = dir
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    for &pid in &pids {
-        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let supervisor = cmdline
+/// `/proc/<pid>/cmdline`'s second argument is `mode` (`__supervise`, `__hold`).
+fn runs_mode(pid: u32, mode: &str) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+        cmdline
             .split(|b| *b == 0)
             .nth(1)
-            .is_some_and(|arg| arg == ql_worker::supervisor::SUPERVISE_ARG.as_bytes());
-        if supervisor
-            && parent_of(pid) == Some(worker)
-            && !pids.iter().any(|&p| parent_of(p) == Some(pid))
-        {
-            out.push(pid);
-        }
-    }
-    out
+            .is_some_and(|arg| arg == mode.as_bytes())
+    })
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, tail) = stat.rsplit_once(')')?;
+    tail.split_ascii_whitespace().nth(1)?.parse().ok()
+}
+
+fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc").map_or_else(
+        |_| Vec::new(),
+        |dir| {
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        },
+    )
+}
+
+fn children_of(pid: u32) -> Vec<u32> {
+    all_pids()
+        .into_iter()
+        .filter(|&p| parent_of(p) == Some(pid))
+        .collect()
+}
+
+/// The Worker's children that run `ql-worker __supervise` and whose only child is their held
+/// process, still `ql-worker __hold` (a supervisor waiting for a plan; it starts its held
+/// process before it has one).
+fn idle_supervisors(worker: u32) -> Vec<u32> {
+    children_of(worker)
+        .into_iter()
+        .filter(|&pid| runs_mode(pid, ql_worker::supervisor::SUPERVISE_ARG))
+        .filter(|&pid| {
+            matches!(children_of(pid).as_slice(),
+                [held] if runs_mode(*held, ql_worker::supervisor::HOLD_ARG))
+        })
+        .collect()
 }
 
 fn wait_one_spare(worker: u32, not: Option<u32>) -> u32 {
@@ -83,10 +97,17 @@ fn the_next_run_goes_to_the_spare_supervisor_and_a_drain_retires_it() {
 
     // Once that Run is done, another spare waits; a drain retires it and the Worker exits 0.
     let next = wait_one_spare(pid, Some(spare));
+    let held = children_of(next);
+    assert_eq!(held.len(), 1, "the spare's held process: {held:?}");
     sigterm(&worker);
     assert_eq!(wait_exit(&mut worker, WAIT).code(), Some(0));
     assert!(
         !std::path::Path::new(&format!("/proc/{next}")).exists(),
         "the spare {next} was retired and reaped"
+    );
+    assert!(
+        !std::path::Path::new(&format!("/proc/{}", held[0])).exists(),
+        "the spare's held process {} went with it",
+        held[0]
     );
 }

@@ -541,6 +541,89 @@ fn plan_not_fully_delivered_is_rejected() {
     });
 }
 
+/// The only child of `pid`, once there is exactly one.
+fn only_child(pid: u32) -> Option<u32> {
+    let children: Vec<u32> = fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&child: &u32| {
+            fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')')
+                    .and_then(|(_, tail)| tail.split_ascii_whitespace().nth(1))
+                    == Some(&pid.to_string())
+            })
+        })
+        .collect();
+    match children.as_slice() {
+        [one] => Some(*one),
+        _ => None,
+    }
+}
+
+#[test]
+fn the_held_process_is_started_before_the_plan_and_killed_with_a_refused_plan_or_a_retired_spare() {
+    in_clean_process(
+        "the_held_process_is_started_before_the_plan_and_killed_with_a_refused_plan_or_a_retired_spare",
+        || {
+            // Orphans become our zombies: a held process its supervisor left behind would stay
+            // visible here (it also exits by itself at end of file, so without this the test
+            // could not tell a supervisor that reaps it from one that abandons it).
+            rustix::process::set_child_subreaper(Some(rustix::process::getpid())).unwrap();
+            let fx = Fixture::new(63);
+            let mut executor = fx.executor();
+            executor.prepare_spare();
+            let spare = executor.spare_pid().expect("a spare supervisor");
+            // Before any plan, the spare has started its held process: this image, held.
+            let held = wait_for(WAIT, || only_child(spare)).expect("the spare's held process");
+            let cmdline = fs::read(format!("/proc/{held}/cmdline")).unwrap();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            assert_eq!(
+                args.get(1).copied(),
+                Some(ql_worker::supervisor::HOLD_ARG.as_bytes()),
+                "{cmdline:?}"
+            );
+            assert_eq!(
+                fs::read(format!("/proc/{held}/environ")).unwrap(),
+                b"",
+                "no environment before a plan"
+            );
+
+            // A plan the barrier refuses: rejected, and the held process is gone with it.
+            fs::remove_file(fx.paths().record(&fx.record.offer.offer_id)).unwrap();
+            let marker = fx.scratch("spawned");
+            let outcome =
+                executor.start(fx.launch(sh(&format!("touch {}", marker.display())), vec![]));
+            assert_eq!(
+                outcome,
+                ExecutorOutcome::Rejected {
+                    reason: RejectReason::BarrierUnreadable
+                }
+            );
+            assert!(
+                wait_for(WAIT, || (!exists(held)).then_some(())).is_some(),
+                "the refused plan's held process {held} was killed and reaped"
+            );
+            assert!(!marker.exists());
+
+            // A retired spare takes its held process with it.
+            let reaped = wait_for(WAIT, || {
+                executor.reap_exited();
+                executor.supervisor_pids().is_empty().then_some(())
+            });
+            assert!(reaped.is_some(), "the refusing supervisor exited");
+            executor.prepare_spare();
+            let idle = executor.spare_pid().expect("a second spare");
+            let idle_held = wait_for(WAIT, || only_child(idle)).expect("its held process");
+            executor.retire_spare();
+            assert!(!exists(idle), "retired and reaped: {idle}");
+            assert!(
+                wait_for(WAIT, || (!exists(idle_held)).then_some(())).is_some(),
+                "the retired spare's held process {idle_held} is gone"
+            );
+        },
+    );
+}
+
 #[test]
 fn a_spare_supervisor_takes_the_next_plan_and_a_retired_one_exits_having_done_nothing() {
     in_clean_process(

@@ -38,8 +38,6 @@ pub const RUN_PREFIX: &str = "run-";
 /// What the supervisor needs to give a Run its cgroup.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CgroupPlan {
-    /// The `cgroup2` mount point (to find the supervisor's own cgroup again).
-    pub mount: String,
     /// The delegated cgroup `D`.
     pub parent: String,
     /// `memory.max`.
@@ -159,11 +157,10 @@ pub fn detect(proc_self: &Path, settings: &CgroupSettings) -> Result<CgroupPlan,
             needs.join(", ")
         )
     })?;
-    let (Some(mount), Some(parent_text)) = (mount.to_str(), parent.to_str()) else {
+    let Some(parent_text) = parent.to_str() else {
         return Err(String::from("the cgroup path is not UTF-8"));
     };
     Ok(CgroupPlan {
-        mount: mount.to_owned(),
         parent: parent_text.to_owned(),
         memory_max: settings.memory_max,
         pids_max: settings.pids_max,
@@ -183,7 +180,6 @@ fn write(path: &Path, text: &str) -> io::Result<()> {
 #[derive(Debug)]
 pub struct RunCgroup {
     path: PathBuf,
-    mount: PathBuf,
 }
 
 /// What the kernel counted for a Run's cgroup.
@@ -212,10 +208,7 @@ impl RunCgroup {
     pub fn create(plan: &CgroupPlan, name: &str) -> io::Result<Self> {
         let path = Path::new(&plan.parent).join(format!("{RUN_PREFIX}{name}"));
         fs::create_dir(&path)?;
-        let cgroup = Self {
-            path,
-            mount: PathBuf::from(&plan.mount),
-        };
+        let cgroup = Self { path };
         if let Err(e) = cgroup.limit(plan) {
             let _ = fs::remove_dir(&cgroup.path);
             return Err(e);
@@ -248,24 +241,16 @@ impl RunCgroup {
         &self.path
     }
 
-    /// Moves the calling process into the Run's cgroup; returns the cgroup to come back to.
-    ///
-    /// # Errors
-    /// The cgroup the process is in cannot be read, or the move fails.
-    pub fn enter(&self) -> io::Result<PathBuf> {
-        let own = fs::read_to_string("/proc/self/cgroup")?;
-        let own = unified_path(&own).ok_or(io::ErrorKind::NotFound)?;
-        let home = self.mount.join(own.trim_start_matches('/'));
-        write(&self.path.join("cgroup.procs"), &own_pid())?;
-        Ok(home)
-    }
-
-    /// Moves the calling process back to `home`.
+    /// Moves the Run's held process `pid` (the supervisor's child, not yet executing the user
+    /// command) into the Run's cgroup.
     ///
     /// # Errors
     /// The move fails.
-    pub fn leave(home: &Path) -> io::Result<()> {
-        write(&home.join("cgroup.procs"), &own_pid())
+    pub fn admit(&self, pid: rustix::process::Pid) -> io::Result<()> {
+        write(
+            &self.path.join("cgroup.procs"),
+            &pid.as_raw_nonzero().to_string(),
+        )
     }
 
     /// Kills every process in the cgroup (`cgroup.kill`, where the kernel has it). Returns
@@ -304,10 +289,6 @@ impl RunCgroup {
             }
         }
     }
-}
-
-fn own_pid() -> String {
-    rustix::process::getpid().as_raw_nonzero().to_string()
 }
 
 /// Removes the empty Run cgroups under `parent` that `keep` does not claim (left by a killed
@@ -414,7 +395,7 @@ mod tests {
         fs::write(delegated.join("worker/cgroup.procs"), "").unwrap();
         detect(&proc_self, &pids(64)).unwrap();
         let procs = fs::read_to_string(delegated.join("worker/cgroup.procs")).unwrap();
-        assert_eq!(procs, own_pid());
+        assert_eq!(procs, std::process::id().to_string());
     }
 
     #[test]

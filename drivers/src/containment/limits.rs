@@ -1,9 +1,7 @@
-//! What the supervisor sets on itself right before it spawns the user command, so the child
-//! inherits it (no `pre_exec`, no `unsafe`): no new privileges, no inheritable or ambient
-//! capabilities, and the resource limits (soft = hard, so the user cannot raise them).
-//!
-//! After the spawn the supervisor restores its own previous limits where it may (root, or
-//! `CAP_SYS_RESOURCE`); the child keeps what it inherited.
+//! What the held process sets on itself right before it executes the user command (no
+//! `pre_exec`, no `unsafe`: it is still our own image then): no new privileges, no inheritable
+//! or ambient capabilities, and the resource limits (soft = hard, so the user cannot raise them).
+//! The supervisor's own limits are never touched.
 
 use std::io;
 
@@ -22,28 +20,17 @@ fn resource(kind: RlimitKind) -> Resource {
     }
 }
 
-/// The limits in force before [`apply`], to [`restore`] after the spawn.
-#[derive(Debug)]
-pub struct Saved(Vec<(Resource, Rlimit)>);
-
 /// Sets each limit as soft and hard limit, never above the hard limit already in force (a
 /// limit can only be lowered without `CAP_SYS_RESOURCE`).
 ///
 /// # Errors
-/// A failed `setrlimit` (the limits set so far are restored first).
-pub fn apply(limits: &[(RlimitKind, u64)]) -> io::Result<Saved> {
-    let mut saved = Saved(Vec::with_capacity(limits.len()));
+/// A failed `setrlimit` (the process then never executes the user command).
+pub fn apply(limits: &[(RlimitKind, u64)]) -> io::Result<()> {
     for &(kind, value) in limits {
         let resource = resource(kind);
-        let before = getrlimit(resource);
-        let new = lowered(&before, value);
-        if let Err(e) = setrlimit(resource, new) {
-            restore(saved);
-            return Err(e.into());
-        }
-        saved.0.push((resource, before));
+        setrlimit(resource, lowered(&getrlimit(resource), value))?;
     }
-    Ok(saved)
+    Ok(())
 }
 
 /// `value` as soft and hard limit, never above the hard limit in force.
@@ -55,15 +42,7 @@ fn lowered(before: &Rlimit, value: u64) -> Rlimit {
     }
 }
 
-/// Restores the supervisor's own limits, as far as it may (best effort: a supervisor without
-/// `CAP_SYS_RESOURCE` keeps the lowered hard limits, which the configuration's minimums allow).
-pub fn restore(saved: Saved) {
-    for (resource, before) in saved.0.into_iter().rev() {
-        let _ = setrlimit(resource, before);
-    }
-}
-
-/// `PR_SET_NO_NEW_PRIVS`: neither the supervisor nor anything it executes can gain privileges
+/// `PR_SET_NO_NEW_PRIVS`: neither the held process nor anything it executes can gain privileges
 /// through `execve` (setuid/setgid bits and file capabilities are ignored). Irreversible.
 ///
 /// # Errors
@@ -72,7 +51,7 @@ pub fn no_new_privileges() -> io::Result<()> {
     rustix::thread::set_no_new_privs(true).map_err(Into::into)
 }
 
-/// Empties the supervisor's inheritable and ambient capability sets, keeping its effective and
+/// Empties the calling process's inheritable and ambient capability sets, keeping its effective and
 /// permitted ones. A Worker that holds its capabilities as ambient ones (systemd
 /// `AmbientCapabilities=`) would otherwise pass them on through `execve` to a user command
 /// whose uid changed between two non-root uids.

@@ -98,7 +98,7 @@ impl ContainmentPlan {
             return Err("runs_dir");
         }
         if let Some(cg) = &self.cgroup
-            && !(absolute(&cg.mount) && absolute(&cg.parent))
+            && !absolute(&cg.parent)
         {
             return Err("cgroup");
         }

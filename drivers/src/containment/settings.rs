@@ -289,17 +289,11 @@ pub fn default_runs_dir(root: &Path) -> PathBuf {
 }
 
 impl Containment {
-    /// Validates the tables. `root` is the state root (the runs area must be outside it) and
-    /// `log_quota_bytes` the per-Run log quota (`fsize` must leave the supervisor room to write
-    /// the log, whose writes the limit also governs).
+    /// Validates the tables. `root` is the state root (the runs area must be outside it).
     ///
     /// # Errors
     /// The field and the rule.
-    pub fn from_file(
-        file: &ContainmentFile<'_>,
-        root: &Path,
-        log_quota_bytes: u64,
-    ) -> Result<Self, FieldError> {
+    pub fn from_file(file: &ContainmentFile<'_>, root: &Path) -> Result<Self, FieldError> {
         let run_as = file.run_as.map(|r| run_as(r, root)).transpose()?;
         let limits = file.run_limits.cloned().unwrap_or_default();
         let mut rlimits = vec![(RlimitKind::Core, limits.core.unwrap_or(0))];
@@ -316,16 +310,12 @@ impl Containment {
             ));
         }
         if let Some(v) = limits.fsize {
-            if v < log_quota_bytes {
-                return Err((
-                    "run_limits.fsize",
-                    format!(
-                        "must be at least limits.log_quota_bytes ({log_quota_bytes}): the \
-                         supervisor writes the log under the same limit, found {v}"
-                    ),
-                ));
-            }
-            rlimits.push((RlimitKind::Fsize, v));
+            // The log is not written under it: the supervisor, which writes the log, never
+            // changes its own limits; only the held process sets them on itself.
+            rlimits.push((
+                RlimitKind::Fsize,
+                range("run_limits.fsize", v, 0, u64::MAX >> 1)?,
+            ));
         }
         if let Some(v) = limits.address_space {
             rlimits.push((
@@ -341,7 +331,6 @@ impl Containment {
                 .memory_max
                 .map(|v| range("cgroup.memory_max", v, 4 << 20, u64::MAX >> 1))
                 .transpose()?,
-            // The supervisor is counted while it spawns the user process into the cgroup.
             pids_max: cg
                 .pids_max
                 .map(|v| range("cgroup.pids_max", v, 2, 4_194_304))
@@ -484,7 +473,6 @@ mod tests {
                 capture: t.capture.as_ref(),
             },
             Path::new("/var/lib/ql-worker"),
-            4 << 20,
         )
     }
 
@@ -552,7 +540,10 @@ mod tests {
             "run_as.runs_dir"
         );
         assert_eq!(field("[run_limits]\nnofile = 3\n"), "run_limits.nofile");
-        assert_eq!(field("[run_limits]\nfsize = 1024\n"), "run_limits.fsize");
+        assert_eq!(
+            field("[run_limits]\nfsize = 9223372036854775808\n"),
+            "run_limits.fsize"
+        );
         assert_eq!(field("[run_limits]\nas = 1024\n"), "run_limits.as");
         assert_eq!(field("[cgroup]\npids_max = 1\n"), "cgroup.pids_max");
         assert_eq!(field("[cgroup]\nmemory_max = 1\n"), "cgroup.memory_max");

@@ -24,7 +24,7 @@ use zeroize::Zeroizing;
 use super::SUPERVISE_ARG;
 use super::frame;
 use super::identity::{DurableHandle, ProcRoot};
-use super::plan::{Capability, EnvVar, Plan, Seams, SecretString};
+use super::plan::{Capability, EnvVar, IMAGE_MAGIC, Plan, Seams, SecretString};
 use super::report::{MAX_REPORT_BYTES, REPORT_MAGIC, RejectReason, Report, UnknownReason};
 use crate::containment::ContainmentPlan;
 
@@ -321,7 +321,7 @@ impl SupervisorExecutor {
     }
 
     /// The spare supervisor if it is still waiting, else a new one.
-    fn take_or_spawn_supervisor(&mut self) -> io::Result<(Child, UnixStream)> {
+    fn take_or_spawn_supervisor(&mut self) -> Result<(Child, UnixStream), SpawnError> {
         if let Some((mut spare, socket)) = self.spare.take()
             && matches!(spare.try_wait(), Ok(None))
         {
@@ -475,12 +475,13 @@ impl SupervisorExecutor {
 
     /// Spawns a supervisor; its stdin is a Unix socket (the Worker's end is returned) over
     /// which [`deliver`] sends the plan and, with it, the image itself (`SCM_RIGHTS`).
-    fn spawn_supervisor(&self) -> io::Result<(Child, UnixStream)> {
-        let (ours, theirs) = UnixStream::pair()?;
+    fn spawn_supervisor(&self) -> Result<(Child, UnixStream), SpawnError> {
+        let (ours, theirs) = UnixStream::pair().map_err(SpawnError::Spawn)?;
         // No more in flight than a pipe holds (the kernel doubles the 32 KiB asked): a plan
         // larger than that reaches only a supervisor that reads it, so a complete write still
         // tells a reading supervisor from an image that exited without reading.
-        rustix::net::sockopt::set_socket_send_buffer_size(&ours, PLAN_SEND_BUFFER)?;
+        rustix::net::sockopt::set_socket_send_buffer_size(&ours, PLAN_SEND_BUFFER)
+            .map_err(|e| SpawnError::Spawn(e.into()))?;
         let child = Command::new(self.image.exec_path())
             .arg0("ql-worker")
             .arg(SUPERVISE_ARG)
@@ -497,10 +498,24 @@ impl SupervisorExecutor {
             // The supervisor's diagnostics (a cgroup OOM kill, a Run directory it could not
             // remove) go where the Worker's own go: the service's journal.
             .stderr(match &self.supervisor_stderr {
-                Some(file) => Stdio::from(file.try_clone()?),
+                Some(file) => Stdio::from(file.try_clone().map_err(SpawnError::Spawn)?),
                 None => Stdio::inherit(),
             })
-            .spawn()?;
+            .spawn()
+            .map_err(SpawnError::Spawn)?;
+        // The image goes first, before any plan: the supervisor starts its held process from it
+        // at once, so a spare has it ready (its start-up is then off the launch's path).
+        let image = match frame::encode(IMAGE_MAGIC, &(), frame::HEADER_BYTES) {
+            Ok(frame) => send_with(&ours, &frame, self.image.file.as_fd()),
+            Err(_) => false,
+        };
+        if !image {
+            // It did not read it (it exited, or is not a supervisor): it cannot have a plan.
+            let mut child = child;
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(SpawnError::ImageNotSent);
+        }
         Ok((child, ours))
     }
 }
@@ -525,15 +540,20 @@ impl Executor for SupervisorExecutor {
         drop(plan);
         let (mut child, plan_socket) = match self.take_or_spawn_supervisor() {
             Ok(spawned) => spawned,
-            Err(e) => {
+            Err(SpawnError::Spawn(e)) => {
                 return ExecutorOutcome::Rejected {
                     reason: RejectReason::SupervisorSpawnFailed {
                         errno: e.raw_os_error().unwrap_or(0),
                     },
                 };
             }
+            Err(SpawnError::ImageNotSent) => {
+                return ExecutorOutcome::Rejected {
+                    reason: RejectReason::PlanNotReceived,
+                };
+            }
         };
-        let delivered = deliver(plan_socket, frame, self.image.file.as_fd());
+        let delivered = deliver(plan_socket, frame);
         let stdout = child.stdout.take();
         let pidfd = rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap_or(0))
             .and_then(|pid| {
@@ -580,22 +600,39 @@ impl Executor for SupervisorExecutor {
     }
 }
 
-/// Writes the whole plan frame and closes the socket. The first bytes carry the verified image
-/// (`SCM_RIGHTS`): the supervisor executes its held process from that descriptor, never from a
-/// path it would have to resolve itself (under qemu-user its `/proc/self/exe` is a path the
-/// emulator opens; see docs/supervisor.md). The frame is wiped on drop.
-fn deliver(socket: UnixStream, frame: Zeroizing<Vec<u8>>, image: BorrowedFd<'_>) -> bool {
+/// Why no supervisor could be given a plan.
+enum SpawnError {
+    /// The image could not be executed (or its plan socket not made).
+    Spawn(io::Error),
+    /// It was executed but did not take the image frame: it never had, and never will have, a
+    /// plan.
+    ImageNotSent,
+}
+
+/// Writes the whole plan frame and closes the socket. The frame is wiped on drop.
+fn deliver(mut socket: UnixStream, frame: Zeroizing<Vec<u8>>) -> bool {
+    let ok = socket.write_all(&frame).is_ok();
+    drop(socket);
+    drop(frame);
+    ok
+}
+
+/// Writes `bytes` with `fd` attached to the first of them (`SCM_RIGHTS`): the verified image,
+/// from which the supervisor executes its held process, never from a path it would have to
+/// resolve itself (under qemu-user its `/proc/self/exe` is a path the emulator opens; see
+/// docs/supervisor.md).
+fn send_with(socket: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> bool {
     use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
     let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = SendAncillaryBuffer::new(&mut space);
-    let images = [image];
-    if !control.push(SendAncillaryMessage::ScmRights(&images)) {
+    let fds = [fd];
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
         return false;
     }
     let sent = loop {
         match sendmsg(
-            &socket,
-            &[io::IoSlice::new(&frame)],
+            socket,
+            &[io::IoSlice::new(bytes)],
             &mut control,
             SendFlags::NOSIGNAL,
         ) {
@@ -604,10 +641,7 @@ fn deliver(socket: UnixStream, frame: Zeroizing<Vec<u8>>, image: BorrowedFd<'_>)
             Err(_) => break None,
         }
     };
-    let ok = sent.is_some_and(|n| n > 0 && (&socket).write_all(&frame[n..]).is_ok());
-    drop(socket);
-    drop(frame);
-    ok
+    sent.is_some_and(|n| n > 0 && (&mut &*socket).write_all(&bytes[n..]).is_ok())
 }
 
 /// Reads one report frame, waiting at most `timeout` in all.

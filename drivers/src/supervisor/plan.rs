@@ -19,6 +19,9 @@ use crate::containment::ContainmentPlan;
 
 /// Magic of a plan frame.
 pub(crate) const PLAN_MAGIC: [u8; 4] = *b"QLSP";
+/// Magic of the image frame: no body, the Worker's verified image with it (`SCM_RIGHTS`), sent
+/// as soon as the supervisor is started, before any plan.
+pub(crate) const IMAGE_MAGIC: [u8; 4] = *b"QLSI";
 /// Largest plan frame: command and environment are 64 KiB each at most, paths 4 KiB each.
 pub const MAX_PLAN_BYTES: usize = 192 * 1024;
 
@@ -413,7 +416,6 @@ mod tests {
             runs_dir: path('r'),
         });
         plan.containment.cgroup = Some(CgroupPlan {
-            mount: path('m'),
             parent: path('c'),
             memory_max: Some(u64::MAX >> 1),
             pids_max: Some(4_194_304),

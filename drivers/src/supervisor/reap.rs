@@ -90,7 +90,8 @@ pub fn wait_for_user(user: Pid) -> io::Result<Exit> {
     }
 }
 
-fn reap_exact(pid: Pid) -> io::Result<Exit> {
+/// Waits for and reaps exactly `pid`.
+pub(crate) fn reap_exact(pid: Pid) -> io::Result<Exit> {
     loop {
         match waitpid(Some(pid), WaitOptions::empty()) {
             Ok(Some((_, status))) => return Ok(Exit::from_status(status)),

@@ -95,8 +95,10 @@ pub enum RejectReason {
         /// The OS error number, or 0.
         errno: i32,
     },
-    /// The Run's cgroup could not be created, limited or entered.
-    #[error("the Run's cgroup could not be created, limited or entered (os error {errno})")]
+    /// The Run's cgroup could not be created or limited, or the held process moved into it.
+    #[error(
+        "the Run's cgroup could not be created or limited, or the held process moved into it (os error {errno})"
+    )]
     CgroupUnavailable {
         /// The OS error number, or 0.
         errno: i32,

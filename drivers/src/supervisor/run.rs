@@ -1,24 +1,26 @@
 //! The supervisor process body (`ql-worker __supervise`).
 //!
 //! Order:
-//! 1. read the plan frame from stdin (wiped buffer), then point stdin at `/dev/null`;
-//! 2. validate the plan; become a child subreaper;
+//! 1. read the image frame from stdin (the Worker's verified image, `SCM_RIGHTS`);
+//! 2. become a child subreaper; refuse if any inheritable descriptor beyond 0–2 is open (the
+//!    user would inherit it); start the *held* process: this image in [`super::HOLD_ARG`] mode,
+//!    in its own process group, stdout+stderr into the capture pipe, stdin a socket to the
+//!    supervisor; it knows nothing of any Run until released. A spare supervisor waits here, so
+//!    both process starts are off the launch's path. Then read the plan frame (wiped buffer),
+//!    point stdin at `/dev/null` and validate the plan;
 //! 3. re-read the inbox record and cross the spawn barrier (exact match or no spawn); re-decide
 //!    the execution policy;
 //! 4. open the allocated log spool file for capture (verified by the file authority);
-//! 5. refuse if any inheritable descriptor beyond 0–2 is open (the user would inherit it);
-//!    create the Run's directory (`[run_as]`) and cgroup; start the capture thread; set no new
-//!    privileges, capabilities and resource limits on itself; enter the Run's cgroup;
-//! 6. spawn the user process in its own process group, stdout+stderr into a pipe (under the
-//!    Run's uid and gid), *held*: it is this image in [`super::HOLD_ARG`] mode, which waits for
-//!    one byte on its stdin (a socket to the supervisor) before it executes the user command;
-//!    leave the cgroup, restore its own limits;
-//! 7. capture the user process's durable identity (failure: stop the group, report unknown);
-//!    publish its handle durably next to the receipt (`receipts/<aa>/<attemptId>.handle`, 0600,
-//!    fsync of file and directory: the Worker stops the Run by it when a crash fell between the
-//!    spawn and `started`; issue 16), and only then release the held process, which executes
-//!    the user command (exec, so the identity stays the same). A failed publication or exec:
-//!    the user command never ran (killed, reaped, handle withdrawn, report rejected);
+//! 5. create the Run's directory (`[run_as]`) and cgroup, and move the held process into that
+//!    cgroup; start the capture thread;
+//! 7. capture the held process's durable identity (failure: stop the group, report unknown);
+//!    publish its handle next to the receipt (`receipts/<aa>/<attemptId>.handle`, 0600, no
+//!    fsync: the Worker stops the Run by it when a crash fell between the spawn and `started`;
+//!    issue 16), and only then release the held process with the command, environment, identity
+//!    and limits ([`Release`]): it sets no new privileges, capabilities and resource limits on
+//!    itself and executes the user command (exec, so the identity stays the same). A failed
+//!    publication, limit or exec: the user command never ran (killed, reaped, handle withdrawn,
+//!    report rejected);
 //! 8. report once on stdout, then point stdout at `/dev/null`;
 //! 9. pump the log (masking Secret values if asked), wait for the user process, kill and reap
 //!    leftover descendants (`cgroup.kill` too), log the cgroup's OOM and pids counters, remove
@@ -26,8 +28,9 @@
 //! 10. sync the log, publish the truncation fact (only after a complete capture);
 //! 11. publish the receipt; exit with the user's exit code.
 //!
-//! Every step before 6 ends in `Rejected` (no user process exists). After 6, the outcome is
-//! `Started` or `Unknown`, and the supervisor always carries on to the receipt.
+//! Every step before the release ends in `Rejected` (the held process never executed the user
+//! command, and is killed and reaped). After it, the outcome is `Started` or `Unknown`, and the
+//! supervisor always carries on to the receipt.
 
 use std::fs::File;
 use std::io::{self, Read as _, Write as _};
@@ -45,6 +48,7 @@ use ql_worker_core::record::InboxRecord;
 use ql_worker_core::revision::{EnvValue, ExecCommand};
 use ql_worker_core::truncation::{FACT_SCHEMA_VERSION, TruncationFact};
 use rustix::process::{Pid, Signal, getpid, kill_process_group, set_child_subreaper};
+use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
 use super::authority;
@@ -52,13 +56,14 @@ use super::capture::{self, CaptureTally, FailingSink};
 use super::frame;
 use super::identity::{self, DurableHandle, ProcRoot};
 use super::mask::Masker;
-use super::plan::{MAX_PLAN_BYTES, PLAN_MAGIC, Plan};
+use super::plan::{EnvVar, IMAGE_MAGIC, MAX_PLAN_BYTES, PLAN_MAGIC, Plan};
 use super::reap::{self, Exit};
 use super::report::{RejectReason, Report, UnknownReason};
 use super::unix_millis_now;
 use crate::containment::cgroup::{Events, RunCgroup};
 use crate::containment::limits;
 use crate::containment::runs::{self, RunDir};
+use crate::containment::settings::RlimitKind;
 
 /// Exit code of a supervisor that started nothing (the reference wrapper's invalid-input code).
 pub const NO_SPAWN_EXIT: i32 = 125;
@@ -74,20 +79,29 @@ const CGROUP_REMOVE_GRACE: Duration = Duration::from_secs(5);
 /// Runs the supervisor and returns its exit code.
 pub(crate) fn supervise() -> i32 {
     let mut reporter = Reporter { sent: false };
-    let (plan, image) = match read_plan() {
-        Ok(received) => received,
+    // The held process is started before any plan exists (a spare supervisor waits with it):
+    // its start-up, the loader and Rust's set-up of this image, is then off the launch's path.
+    let held = match read_image().and_then(spawn_held) {
+        Ok(held) => held,
         Err(reason) => {
             reporter.send(&Report::Rejected(reason));
             return NO_SPAWN_EXIT;
         }
     };
-    let mut plan = plan;
-    let code = match prepare_and_spawn(&mut plan, image) {
+    let mut plan = match read_plan() {
+        Ok(plan) => plan,
+        Err(reason) => {
+            drop(held);
+            reporter.send(&Report::Rejected(reason));
+            return NO_SPAWN_EXIT;
+        }
+    };
+    let code = match prepare(&mut plan, held) {
         Err(reason) => {
             reporter.send(&Report::Rejected(reason));
             NO_SPAWN_EXIT
         }
-        Ok(spawned) => finish(&plan, spawned, &mut reporter).map_or(NO_SPAWN_EXIT, i32::from),
+        Ok(spawned) => finish(&mut plan, spawned, &mut reporter).map_or(NO_SPAWN_EXIT, i32::from),
     };
     drop(plan);
     code
@@ -130,14 +144,39 @@ fn redirect_to_null(dup2: fn(&File) -> rustix::io::Result<()>) -> io::Result<()>
     Ok(())
 }
 
-/// Reads exactly one plan frame from stdin into a wiped buffer, directly from the descriptor
-/// (std's buffered `Stdin` would keep an unwiped copy), with the image the Worker sent along
-/// (`SCM_RIGHTS`, close-on-exec), then points stdin at `/dev/null`. No image: the plan was not
-/// delivered as the Worker delivers it.
-fn read_plan() -> Result<(Plan, File), RejectReason> {
-    let mut buffer = Zeroizing::new(vec![0u8; MAX_PLAN_BYTES]);
+/// Reads the image frame the Worker sends first: no body, and with it the verified image
+/// (`SCM_RIGHTS`, close-on-exec) from which the held process is executed. Anything else: the
+/// plan channel is not the Worker's.
+fn read_image() -> Result<File, RejectReason> {
+    let mut buffer = [0u8; frame::HEADER_BYTES];
     let mut filled = 0usize;
     let mut image: Option<OwnedFd> = None;
+    let mut extra = false;
+    while filled < buffer.len() {
+        match receive(&mut buffer[filled..], &mut image, &mut extra) {
+            Ok(0) => return Err(RejectReason::PlanNotReceived),
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return Err(RejectReason::PlanNotReceived),
+        }
+    }
+    match image {
+        Some(image)
+            if !extra && frame::decode::<()>(IMAGE_MAGIC, &buffer, buffer.len()).is_ok() =>
+        {
+            Ok(File::from(image))
+        }
+        _ => Err(RejectReason::PlanNotReceived),
+    }
+}
+
+/// Reads exactly one plan frame from stdin into a wiped buffer, directly from the descriptor
+/// (std's buffered `Stdin` would keep an unwiped copy), then points stdin at `/dev/null`. A
+/// descriptor sent with the plan: not delivered as the Worker delivers it.
+fn read_plan() -> Result<Plan, RejectReason> {
+    let mut buffer = Zeroizing::new(vec![0u8; MAX_PLAN_BYTES]);
+    let mut filled = 0usize;
+    let mut stray: Option<OwnedFd> = None;
     let mut extra = false;
     let complete = loop {
         match frame::announced_len(PLAN_MAGIC, &buffer[..filled], MAX_PLAN_BYTES) {
@@ -145,7 +184,7 @@ fn read_plan() -> Result<(Plan, File), RejectReason> {
             Ok(Some(total)) if filled >= total => break filled == total,
             Ok(_) => {}
         }
-        match receive(&mut buffer[filled..], &mut image, &mut extra) {
+        match receive(&mut buffer[filled..], &mut stray, &mut extra) {
             Ok(0) => break false,
             Ok(n) => filled += n,
             Err(rustix::io::Errno::INTR) => {}
@@ -153,16 +192,15 @@ fn read_plan() -> Result<(Plan, File), RejectReason> {
         }
     };
     let _ = redirect_to_null(|null| rustix::stdio::dup2_stdin(null));
-    let image = match image {
-        Some(image) if complete && !extra => File::from(image),
-        _ => return Err(RejectReason::PlanNotReceived),
-    };
+    if !complete || stray.is_some() || extra {
+        return Err(RejectReason::PlanNotReceived);
+    }
     let plan = Plan::decode(&buffer[..filled]).map_err(|_| RejectReason::PlanNotReceived)?;
     drop(buffer);
     plan.validate().map_err(RejectReason::PlanInvalid)?;
     // `startedAtMs` is not compared with this host's wall clock, which may have been stepped
     // back since the Worker read it (see `RejectReason::StartTimeInFuture`).
-    Ok((plan, image))
+    Ok(plan)
 }
 
 /// One `recvmsg` on stdin into `into`; a descriptor that came with the bytes is kept in
@@ -200,12 +238,31 @@ fn receive(
     Ok(received.bytes)
 }
 
-/// What exists once the user process is spawned.
+/// The held process, not yet released: killed (its whole group) and reaped when dropped armed,
+/// which every refusal does. Once [`finish`] takes it over, the receipt path reaps it.
+struct Held {
+    pid: Pid,
+    /// Our end of its stdin: the release frame goes there; an exec failure comes back as an
+    /// answer, success as end of file. Closed, it exits without running anything.
+    release: Option<UnixStream>,
+    /// The read end of its stdout and stderr, until the capture thread takes it.
+    output: Option<io::PipeReader>,
+    armed: bool,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if self.armed {
+            drop(self.release.take());
+            let _ = kill_process_group(self.pid, Signal::KILL);
+            let _ = reap::reap_exact(self.pid);
+        }
+    }
+}
+
+/// What exists once the Run is prepared: the held process, the capture running.
 struct Spawned {
-    user: Pid,
-    /// The supervisor's end of the held process's stdin: one byte releases it to execute the
-    /// user command; an exec failure comes back as its errno, success as end of file.
-    release: UnixStream,
+    held: Held,
     /// The lock on the log that tells the Worker this supervisor lives; released at exit.
     alive: File,
     capture: mpsc::Receiver<(CaptureTally, Option<File>)>,
@@ -292,9 +349,49 @@ fn masker_for(plan: &Plan, record: &InboxRecord) -> Option<Masker> {
     Some(Masker::new(values, capture::CAPTURE_BLOCK_BYTES))
 }
 
-/// Steps 2–6. Every error is proof that no user process exists.
-fn prepare_and_spawn(plan: &mut Plan, image: File) -> Result<Spawned, RejectReason> {
+/// Step 2: the held process, before any plan: this image in [`super::HOLD_ARG`] mode, executed
+/// from the descriptor the Worker sent (close-on-exec: only the path `/proc/self/fd/N` reaches
+/// the child, resolved by the kernel in its execve), in its own process group, with an empty
+/// environment, stdin a socket to us, stdout and stderr the capture pipe. It knows nothing of
+/// the Run until [`publish_and_release`] sends it the command; it runs as we do until then.
+fn spawn_held(image: File) -> Result<Held, RejectReason> {
     set_child_subreaper(Some(getpid())).map_err(|_| RejectReason::SubreaperUnavailable)?;
+    match super::inheritable_descriptors() {
+        Ok(fds) if fds.is_empty() => {}
+        Ok(fds) => return Err(RejectReason::InheritedDescriptor(fds[0])),
+        // Cannot prove the table is clean.
+        Err(_) => return Err(RejectReason::InheritedDescriptor(u32::MAX)),
+    }
+    let (output, writer) = io::pipe().map_err(|_| RejectReason::PipeUnavailable)?;
+    let (release, held) = UnixStream::pair().map_err(|_| RejectReason::PipeUnavailable)?;
+    let stderr = writer
+        .try_clone()
+        .map_err(|_| RejectReason::PipeUnavailable)?;
+    let spawned = Command::new(format!("/proc/self/fd/{}", image.as_raw_fd()))
+        .arg0("ql-worker")
+        .arg(super::HOLD_ARG)
+        .env_clear()
+        .process_group(0)
+        .stdin(Stdio::from(OwnedFd::from(held)))
+        .stdout(Stdio::from(writer))
+        .stderr(Stdio::from(stderr))
+        .spawn();
+    drop(image);
+    let child = spawned.map_err(|e| RejectReason::SpawnFailed { errno: errno(&e) })?;
+    // INVARIANT: a spawned child has a positive pid.
+    let pid = Pid::from_child(&child);
+    drop(child); // We reap with waitid/waitpid ourselves; dropping a Child never waits or kills.
+    Ok(Held {
+        pid,
+        release: Some(release),
+        output: Some(output),
+        armed: true,
+    })
+}
+
+/// Steps 3–6. Every error is proof that the user command never ran (the held process is killed
+/// and reaped with it).
+fn prepare(plan: &mut Plan, mut held: Held) -> Result<Spawned, RejectReason> {
     let root = Path::new(&plan.state_root);
     let record = authority::read_record(root, &plan.offer_id)
         .map_err(|_| RejectReason::BarrierUnreadable)?;
@@ -313,19 +410,6 @@ fn prepare_and_spawn(plan: &mut Plan, image: File) -> Result<Spawned, RejectReas
     // supervisor of this Run lives and a receipt may still come (issue 16).
     let alive = authority::hold_capture(&capture).map_err(|_| RejectReason::LogUnavailable)?;
     let (log, remaining) = (capture.file, capture.remaining_quota_bytes);
-    match super::inheritable_descriptors() {
-        Ok(fds) if fds.is_empty() => {}
-        Ok(fds) => return Err(RejectReason::InheritedDescriptor(fds[0])),
-        // Cannot prove the table is clean.
-        Err(_) => return Err(RejectReason::InheritedDescriptor(u32::MAX)),
-    }
-    let (reader, writer) = io::pipe().map_err(|_| RejectReason::PipeUnavailable)?;
-    // The held process runs the image the Worker sent with the plan (close-on-exec: only the
-    // path `/proc/self/fd/N` reaches the child, resolved by the kernel in its execve).
-    let (release, held) = UnixStream::pair().map_err(|_| RejectReason::PipeUnavailable)?;
-    let stderr = writer
-        .try_clone()
-        .map_err(|_| RejectReason::PipeUnavailable)?;
     let mut made = Made::default();
     if let Some(run_as) = &plan.containment.run_as {
         let dir = runs::create_run_dir(
@@ -339,145 +423,133 @@ fn prepare_and_spawn(plan: &mut Plan, image: File) -> Result<Spawned, RejectReas
         made.run_dir = Some(dir);
     }
     if let Some(cgroup) = &plan.containment.cgroup {
-        match RunCgroup::create(cgroup, plan.offer_id.as_str()) {
-            Ok(cgroup) => made.cgroup = Some(cgroup),
-            Err(e) => {
-                made.remove(plan);
-                return Err(RejectReason::CgroupUnavailable { errno: errno(&e) });
-            }
+        let admitted = RunCgroup::create(cgroup, plan.offer_id.as_str()).and_then(|cgroup| {
+            // A cgroup that exists is removed with the Run, admitted or not.
+            let admitted = cgroup.admit(held.pid);
+            made.cgroup = Some(cgroup);
+            admitted
+        });
+        if let Err(e) = admitted {
+            drop(held);
+            made.remove(plan);
+            return Err(RejectReason::CgroupUnavailable { errno: errno(&e) });
         }
     }
-    // The capture thread exists before the limits are set: a thread counts as a process for
-    // RLIMIT_NPROC, and the user process must not be able to starve the supervisor.
     let (sender, receiver) = mpsc::channel();
     let fail_writes = plan.seams.fail_log_writes;
+    let Some(output) = held.output.take() else {
+        drop(held);
+        made.remove(plan);
+        return Err(RejectReason::PipeUnavailable);
+    };
     let pump = thread::Builder::new().spawn(move || {
         let mut masker = masker;
         let outcome = if fail_writes {
-            (capture::pump(reader, FailingSink, remaining), None)
+            (capture::pump(output, FailingSink, remaining), None)
         } else {
             let mut log = log;
-            let tally = capture::pump_masked(reader, &mut log, remaining, masker.as_mut());
+            let tally = capture::pump_masked(output, &mut log, remaining, masker.as_mut());
             (tally, Some(log))
         };
         let _ = sender.send(outcome);
     });
     if pump.is_err() {
+        drop(held);
         made.remove(plan);
         return Err(RejectReason::PipeUnavailable);
     }
-    let mut command = user_command(plan, made.run_dir.as_ref(), &image);
-    command
-        .stdin(Stdio::from(OwnedFd::from(held)))
-        .stdout(Stdio::from(writer))
-        .stderr(Stdio::from(stderr));
-    // Set on ourselves, inherited by the child (no pre_exec): no new privileges, no
-    // inheritable capabilities, the resource limits; then the Run's cgroup.
-    let limits = match restrict_self(plan) {
-        Ok(limits) => limits,
-        Err(e) => {
-            drop(command);
-            made.remove(plan);
-            return Err(RejectReason::LimitsUnavailable { errno: errno(&e) });
-        }
-    };
-    let home = match made.cgroup.as_ref().map(RunCgroup::enter).transpose() {
-        Ok(home) => home,
-        Err(e) => {
-            limits::restore(limits);
-            drop(command);
-            made.remove(plan);
-            return Err(RejectReason::CgroupUnavailable { errno: errno(&e) });
-        }
-    };
-    let spawned = command.spawn();
-    // Drop the Command now: it holds our copies of the pipe's write end (the capture would never
-    // see end of file) and its own copy of the environment. Our copy of the environment (Secret
-    // values) is wiped now too: nothing after the spawn needs it.
-    drop(command);
-    drop(image);
-    plan.environment.clear();
-    if let Some(home) = &home
-        && let Err(e) = RunCgroup::leave(home)
-    {
-        diag(
-            plan,
-            &format!(
-                "could not move the supervisor back to {} ({e}): it stays in the Run's cgroup",
-                home.display()
-            ),
-        );
-    }
-    limits::restore(limits);
-    let child = match spawned {
-        Ok(child) => child,
-        Err(e) => {
-            made.remove(plan);
-            return Err(RejectReason::SpawnFailed { errno: errno(&e) });
-        }
-    };
-    // INVARIANT: a spawned child has a positive pid.
-    let user = Pid::from_child(&child);
-    drop(child); // We reap with waitid/waitpid ourselves; dropping a Child never waits or kills.
     Ok(Spawned {
-        user,
-        release,
+        held,
         alive,
         capture: receiver,
         made,
     })
 }
 
-/// No new privileges, no inheritable or ambient capabilities, and the
-/// resource limits, on the supervisor itself. Returns the previous limits to restore.
-fn restrict_self(plan: &Plan) -> io::Result<limits::Saved> {
-    if plan.containment.no_new_privileges {
-        limits::no_new_privileges()?;
-    }
-    // Always: a Worker holding ambient capabilities must not pass them to any user command.
-    limits::drop_inheritable_capabilities()?;
-    limits::apply(&plan.containment.rlimits)
+/// What the held process executes once released, and what it sets on itself first: no new
+/// privileges (if asked), no inheritable or ambient capabilities, the resource limits; the Run's
+/// uid and gid (std clears the supplementary groups, as the Worker checked it may), working
+/// directory and exactly the Run's environment. A frame on its stdin socket, wiped after use.
+#[derive(Serialize, Deserialize)]
+struct Release {
+    program: String,
+    args: Vec<String>,
+    environment: Vec<EnvVar>,
+    working_directory: Option<String>,
+    identity: Option<(u32, u32)>,
+    no_new_privileges: bool,
+    rlimits: Vec<(RlimitKind, u64)>,
 }
 
-/// The held process: this image in [`super::HOLD_ARG`] mode, with the user's program and
-/// arguments after it (it executes them once released; see [`hold`]).
-fn user_command(plan: &Plan, run_dir: Option<&RunDir>, image: &File) -> Command {
-    let mut command = Command::new(format!("/proc/self/fd/{}", image.as_raw_fd()));
-    command.arg0("ql-worker").arg(super::HOLD_ARG);
-    match &plan.command {
-        ExecCommand::Argv { file, args } => {
-            command.arg(file).args(args);
+/// Magic of the release frame (supervisor → held process).
+const RELEASE_MAGIC: [u8; 4] = *b"QLSX";
+/// The held process's answer when it could not execute the user command: a stage byte and the
+/// errno (little-endian). End of file instead: the exec closed the answer (close-on-exec).
+const ANSWER_BYTES: usize = 5;
+/// Stage byte of an answer: setting the limits on itself failed.
+const ANSWER_LIMITS: u8 = 1;
+/// Stage byte of an answer: the exec failed.
+const ANSWER_EXEC: u8 = 0;
+
+impl Release {
+    fn of(plan: &Plan, run_dir: Option<&RunDir>) -> Self {
+        let (program, args) = match &plan.command {
+            ExecCommand::Argv { file, args } => (file.clone(), args.clone()),
+            ExecCommand::Shell {
+                command: text,
+                shell,
+            } => (
+                shell.clone().unwrap_or_else(|| String::from("/bin/sh")),
+                vec![String::from("-c"), text.clone()],
+            ),
+        };
+        let mut environment = plan.environment.clone();
+        let mut working_directory = plan.working_directory.clone();
+        if let Some(run) = run_dir {
+            if working_directory.is_none() {
+                working_directory = Some(run.path.to_string_lossy().into_owned());
+            }
+            if !environment.iter().any(|v| v.name == "TMPDIR") {
+                environment.push(EnvVar::new("TMPDIR", run.tmp().to_string_lossy()));
+            }
         }
-        ExecCommand::Shell {
-            command: text,
-            shell,
-        } => {
-            command
-                .arg(shell.as_deref().unwrap_or("/bin/sh"))
-                .arg("-c")
-                .arg(text);
+        Self {
+            program,
+            args,
+            environment,
+            working_directory,
+            identity: run_dir.map(|run| (run.uid, run.gid)),
+            no_new_privileges: plan.containment.no_new_privileges,
+            rlimits: plan.containment.rlimits.clone(),
         }
     }
-    command.env_clear();
-    for var in &plan.environment {
-        command.env(&var.name, var.value.expose());
-    }
-    if let Some(dir) = &plan.working_directory {
-        command.current_dir(dir);
-    }
-    if let Some(run) = run_dir {
-        // std sets the gid, clears the supplementary groups (setgroups(0): the Worker checked
-        // it holds CAP_SETGID) and sets the uid in the child, before exec.
-        command.uid(run.uid).gid(run.gid);
-        if plan.working_directory.is_none() {
-            command.current_dir(&run.path);
+
+    /// Sets the limits on the calling (held) process.
+    fn restrict(&self) -> io::Result<()> {
+        if self.no_new_privileges {
+            limits::no_new_privileges()?;
         }
-        if !plan.environment.iter().any(|v| v.name == "TMPDIR") {
-            command.env("TMPDIR", run.tmp());
-        }
+        // Always: a Worker holding ambient capabilities must not pass them to any user command.
+        limits::drop_inheritable_capabilities()?;
+        limits::apply(&self.rlimits)
     }
-    command.process_group(0);
-    command
+
+    fn command(&self) -> Command {
+        let mut command = Command::new(&self.program);
+        command.args(&self.args).env_clear();
+        for var in &self.environment {
+            command.env(&var.name, var.value.expose());
+        }
+        if let Some(dir) = &self.working_directory {
+            command.current_dir(dir);
+        }
+        if let Some((uid, gid)) = self.identity {
+            // std sets the gid, clears the supplementary groups (setgroups(0): the Worker
+            // checked it holds CAP_SETGID) and sets the uid, before exec.
+            command.uid(uid).gid(gid);
+        }
+        command
+    }
 }
 
 /// Step 7: the durable identity of the held process, as a `ql3lp1.` handle.
@@ -498,43 +570,61 @@ fn identify(plan: &Plan, user: Pid) -> Result<String, UnknownReason> {
     }
 }
 
-/// Step 7: publishes `handle` durably, then releases the held process and learns whether the
-/// user command was executed. An error: it never ran.
+/// Step 7: publishes `handle` durably, then releases the held process with what it executes,
+/// and learns whether the user command was executed. An error: it never ran.
 fn publish_and_release(
-    plan: &Plan,
+    plan: &mut Plan,
     handle: &str,
+    run_dir: Option<&RunDir>,
     mut release: UnixStream,
 ) -> Result<(), RejectReason> {
     authority::publish_handle(Path::new(&plan.state_root), &plan.attempt_id, handle)
         .map_err(|_| RejectReason::HandleUnpublished)?;
-    if let Err(e) = release.write_all(&[1]) {
+    let frame = frame::encode(RELEASE_MAGIC, &Release::of(plan, run_dir), MAX_PLAN_BYTES);
+    // Our copy of the environment (Secret values) goes now: nothing after the release needs it.
+    plan.environment.clear();
+    let Ok(frame) = frame else {
+        return Err(RejectReason::SpawnFailed { errno: 0 });
+    };
+    if let Err(e) = release.write_all(&frame) {
         // The held process is gone (or cannot hear): it never executed the user command.
         return Err(RejectReason::SpawnFailed { errno: errno(&e) });
     }
-    let mut answer = Vec::with_capacity(4);
+    drop(frame);
+    let mut answer = Vec::with_capacity(ANSWER_BYTES);
     // End of file: the exec closed the held process's copy (close-on-exec). A read error leaves
     // the exec unknown: the process exists and carries the published identity either way.
-    let _ = (&release).take(4).read_to_end(&mut answer);
-    match <[u8; 4]>::try_from(answer.as_slice()) {
-        Ok(bytes) => Err(RejectReason::SpawnFailed {
-            errno: i32::from_le_bytes(bytes),
-        }),
-        Err(_) => Ok(()),
+    let _ = (&release)
+        .take(ANSWER_BYTES as u64)
+        .read_to_end(&mut answer);
+    match answer.as_slice() {
+        [stage, a, b, c, d] => {
+            let errno = i32::from_le_bytes([*a, *b, *c, *d]);
+            Err(if *stage == ANSWER_LIMITS {
+                RejectReason::LimitsUnavailable { errno }
+            } else {
+                RejectReason::SpawnFailed { errno }
+            })
+        }
+        _ => Ok(()),
     }
 }
 
-/// Steps 7–11, after the held process exists. Returns the supervisor's exit code, or `None`
-/// when the user command never ran (reported rejected).
-fn finish(plan: &Plan, spawned: Spawned, reporter: &mut Reporter) -> Option<u8> {
+/// Steps 7–11, after the Run is prepared. Returns the supervisor's exit code, or `None` when
+/// the user command never ran (reported rejected).
+fn finish(plan: &mut Plan, spawned: Spawned, reporter: &mut Reporter) -> Option<u8> {
     let Spawned {
-        user,
-        release,
+        mut held,
         alive,
         capture,
         made,
     } = spawned;
-    let report = match identify(plan, user) {
-        Err(reason) => {
+    // From here on every path reaps the held process itself.
+    held.armed = false;
+    let user = held.pid;
+    let release = held.release.take();
+    let report = match (identify(plan, user), release) {
+        (Err(reason), _) => {
             // The process may be running: stop its whole group, and say unknown.
             let _ = kill_process_group(user, Signal::TERM);
             if !reap::exited_within(user, IDENTITY_FAILURE_GRACE) {
@@ -542,23 +632,29 @@ fn finish(plan: &Plan, spawned: Spawned, reporter: &mut Reporter) -> Option<u8> 
             }
             Report::Unknown(reason)
         }
-        Ok(handle) => match publish_and_release(plan, &handle, release) {
-            Ok(()) => Report::Started {
-                handle,
-                started_at_ms: plan.started_at_ms.get(),
-            },
-            Err(reason) => {
-                // The user command never ran: the held process goes, and so does its handle.
-                let _ = kill_process_group(user, Signal::KILL);
-                let _ = reap::wait_for_user(user);
-                authority::withdraw_handle(Path::new(&plan.state_root), &plan.attempt_id);
-                made.remove(plan);
-                reporter.send(&Report::Rejected(reason));
-                drop(alive);
-                return None;
+        (Ok(handle), release) => {
+            let released = release.map_or(Err(RejectReason::PipeUnavailable), |release| {
+                publish_and_release(plan, &handle, made.run_dir.as_ref(), release)
+            });
+            match released {
+                Ok(()) => Report::Started {
+                    handle,
+                    started_at_ms: plan.started_at_ms.get(),
+                },
+                Err(reason) => {
+                    // The user command never ran: the held process goes, and so does its handle.
+                    let _ = kill_process_group(user, Signal::KILL);
+                    let _ = reap::wait_for_user(user);
+                    authority::withdraw_handle(Path::new(&plan.state_root), &plan.attempt_id);
+                    made.remove(plan);
+                    reporter.send(&Report::Rejected(reason));
+                    drop(alive);
+                    return None;
+                }
             }
-        },
+        }
     };
+    plan.environment.clear();
     reporter.send(&report);
 
     let exit = match reap::wait_for_user(user) {
@@ -592,35 +688,49 @@ fn finish(plan: &Plan, spawned: Spawned, reporter: &mut Reporter) -> Option<u8> 
     Some(code)
 }
 
-/// The held process ([`super::HOLD_ARG`]): already in the Run's process group, cgroup,
-/// directory, identity and environment. Waits for the supervisor's byte on stdin (the handle is
-/// durable then), points stdin at `/dev/null` and executes the user command (argv after the
-/// mode word). An exec failure goes back to the supervisor as its errno.
+/// The held process ([`super::HOLD_ARG`]), started before the supervisor has a plan. Waits for
+/// the release frame on stdin (sent once the handle is published), points stdin at `/dev/null`,
+/// sets the Run's limits on itself and executes the user command (exec, so its identity stays
+/// the one published). A failure goes back to the supervisor as a stage and an errno; end of
+/// file before a whole frame (the supervisor refused the plan, or is gone): nothing runs.
 pub(crate) fn hold() -> i32 {
     let stdin = rustix::stdio::stdin();
-    let mut byte = [0u8; 1];
+    let mut buffer = Zeroizing::new(vec![0u8; MAX_PLAN_BYTES]);
+    let mut filled = 0usize;
     loop {
-        match rustix::io::read(stdin, &mut byte) {
-            Ok(1) => break,
+        match frame::announced_len(RELEASE_MAGIC, &buffer[..filled], MAX_PLAN_BYTES) {
+            Err(_) => return NO_SPAWN_EXIT,
+            Ok(Some(total)) if filled >= total => break,
+            Ok(_) => {}
+        }
+        match rustix::io::read(stdin, &mut buffer[filled..]) {
+            Ok(0) => return NO_SPAWN_EXIT,
+            Ok(n) => filled += n,
             Err(rustix::io::Errno::INTR) => {}
-            // The supervisor is gone before it released us: nothing runs.
-            Ok(_) | Err(_) => return NO_SPAWN_EXIT,
+            Err(_) => return NO_SPAWN_EXIT,
         }
     }
-    // A close-on-exec copy answers an exec failure; a successful exec closes it (end of file).
+    let Ok(release) = frame::decode::<Release>(RELEASE_MAGIC, &buffer[..filled], MAX_PLAN_BYTES)
+    else {
+        return NO_SPAWN_EXIT;
+    };
+    drop(buffer);
+    // A close-on-exec copy answers a failure; a successful exec closes it (end of file).
     let Ok(answer) = rustix::io::fcntl_dupfd_cloexec(stdin, 3) else {
         return NO_SPAWN_EXIT;
     };
     if redirect_to_null(|null| rustix::stdio::dup2_stdin(null)).is_err() {
         return NO_SPAWN_EXIT;
     }
-    let mut argv = std::env::args_os().skip(2);
-    let Some(program) = argv.next() else {
-        return NO_SPAWN_EXIT;
+    // Built before the limits are set: as little as possible is allocated under them.
+    let mut command = release.command();
+    let (stage, error) = match release.restrict() {
+        Err(e) => (ANSWER_LIMITS, e),
+        Ok(()) => (ANSWER_EXEC, command.exec()),
     };
-    let error = Command::new(program).args(argv).exec();
-    let code = error.raw_os_error().unwrap_or(0);
-    let _ = write_all_fd(rustix::fd::AsFd::as_fd(&answer), &code.to_le_bytes());
+    let code = error.raw_os_error().unwrap_or(0).to_le_bytes();
+    let bytes = [stage, code[0], code[1], code[2], code[3]];
+    let _ = write_all_fd(rustix::fd::AsFd::as_fd(&answer), &bytes);
     127
 }
 
