@@ -149,17 +149,12 @@ fn redirect_to_null(dup2: fn(&File) -> rustix::io::Result<()>) -> io::Result<()>
 /// plan channel is not the Worker's.
 fn read_image() -> Result<File, RejectReason> {
     let mut buffer = [0u8; frame::HEADER_BYTES];
-    let mut filled = 0usize;
     let mut image: Option<OwnedFd> = None;
     let mut extra = false;
-    while filled < buffer.len() {
-        match receive(&mut buffer[filled..], &mut image, &mut extra) {
-            Ok(0) => return Err(RejectReason::PlanNotReceived),
-            Ok(n) => filled += n,
-            Err(rustix::io::Errno::INTR) => {}
-            Err(_) => return Err(RejectReason::PlanNotReceived),
-        }
-    }
+    fill(&mut buffer, &mut |into| {
+        receive(into, &mut image, &mut extra)
+    })
+    .ok_or(RejectReason::PlanNotReceived)?;
     match image {
         Some(image)
             if !extra && frame::decode::<()>(IMAGE_MAGIC, &buffer, buffer.len()).is_ok() =>
@@ -170,32 +165,56 @@ fn read_image() -> Result<File, RejectReason> {
     }
 }
 
+/// Fills `into` with `read`. `None`: end of file or an error (other than `EINTR`) first.
+fn fill(
+    into: &mut [u8],
+    read: &mut impl FnMut(&mut [u8]) -> rustix::io::Result<usize>,
+) -> Option<()> {
+    let mut filled = 0usize;
+    while filled < into.len() {
+        match read(&mut into[filled..]) {
+            Ok(0) => return None,
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return None,
+        }
+    }
+    Some(())
+}
+
+/// Reads one whole frame of `magic` (at most `max` bytes) with `read` into a wiped buffer of
+/// exactly the announced size: the header first, then the rest. (A buffer of the maximum size
+/// is faulted in page by page when it is wiped: about 0.2 ms of the launch's path, measured.)
+/// `None`: end of file, an error or a bad header before a whole frame.
+fn read_frame(
+    magic: [u8; 4],
+    max: usize,
+    mut read: impl FnMut(&mut [u8]) -> rustix::io::Result<usize>,
+) -> Option<Zeroizing<Vec<u8>>> {
+    let mut header = [0u8; frame::HEADER_BYTES];
+    fill(&mut header, &mut read)?;
+    let total = frame::announced_len(magic, &header, max).ok()??;
+    let mut buffer = Zeroizing::new(vec![0u8; total]);
+    buffer[..frame::HEADER_BYTES].copy_from_slice(&header);
+    fill(&mut buffer[frame::HEADER_BYTES..], &mut read)?;
+    Some(buffer)
+}
+
 /// Reads exactly one plan frame from stdin into a wiped buffer, directly from the descriptor
 /// (std's buffered `Stdin` would keep an unwiped copy), then points stdin at `/dev/null`. A
 /// descriptor sent with the plan: not delivered as the Worker delivers it.
 fn read_plan() -> Result<Plan, RejectReason> {
-    let mut buffer = Zeroizing::new(vec![0u8; MAX_PLAN_BYTES]);
-    let mut filled = 0usize;
     let mut stray: Option<OwnedFd> = None;
     let mut extra = false;
-    let complete = loop {
-        match frame::announced_len(PLAN_MAGIC, &buffer[..filled], MAX_PLAN_BYTES) {
-            Err(_) => break false,
-            Ok(Some(total)) if filled >= total => break filled == total,
-            Ok(_) => {}
-        }
-        match receive(&mut buffer[filled..], &mut stray, &mut extra) {
-            Ok(0) => break false,
-            Ok(n) => filled += n,
-            Err(rustix::io::Errno::INTR) => {}
-            Err(_) => break false,
-        }
-    };
+    let buffer = read_frame(PLAN_MAGIC, MAX_PLAN_BYTES, |into| {
+        receive(into, &mut stray, &mut extra)
+    });
     let _ = redirect_to_null(|null| rustix::stdio::dup2_stdin(null));
-    if !complete || stray.is_some() || extra {
-        return Err(RejectReason::PlanNotReceived);
-    }
-    let plan = Plan::decode(&buffer[..filled]).map_err(|_| RejectReason::PlanNotReceived)?;
+    let buffer = match buffer {
+        Some(buffer) if stray.is_none() && !extra => buffer,
+        _ => return Err(RejectReason::PlanNotReceived),
+    };
+    let plan = Plan::decode(&buffer).map_err(|_| RejectReason::PlanNotReceived)?;
     drop(buffer);
     plan.validate().map_err(RejectReason::PlanInvalid)?;
     // `startedAtMs` is not compared with this host's wall clock, which may have been stepped
@@ -695,23 +714,12 @@ fn finish(plan: &mut Plan, spawned: Spawned, reporter: &mut Reporter) -> Option<
 /// file before a whole frame (the supervisor refused the plan, or is gone): nothing runs.
 pub(crate) fn hold() -> i32 {
     let stdin = rustix::stdio::stdin();
-    let mut buffer = Zeroizing::new(vec![0u8; MAX_PLAN_BYTES]);
-    let mut filled = 0usize;
-    loop {
-        match frame::announced_len(RELEASE_MAGIC, &buffer[..filled], MAX_PLAN_BYTES) {
-            Err(_) => return NO_SPAWN_EXIT,
-            Ok(Some(total)) if filled >= total => break,
-            Ok(_) => {}
-        }
-        match rustix::io::read(stdin, &mut buffer[filled..]) {
-            Ok(0) => return NO_SPAWN_EXIT,
-            Ok(n) => filled += n,
-            Err(rustix::io::Errno::INTR) => {}
-            Err(_) => return NO_SPAWN_EXIT,
-        }
-    }
-    let Ok(release) = frame::decode::<Release>(RELEASE_MAGIC, &buffer[..filled], MAX_PLAN_BYTES)
-    else {
+    let Some(buffer) = read_frame(RELEASE_MAGIC, MAX_PLAN_BYTES, |into| {
+        rustix::io::read(stdin, into)
+    }) else {
+        return NO_SPAWN_EXIT;
+    };
+    let Ok(release) = frame::decode::<Release>(RELEASE_MAGIC, &buffer, MAX_PLAN_BYTES) else {
         return NO_SPAWN_EXIT;
     };
     drop(buffer);
