@@ -101,34 +101,6 @@ pub enum ControlResult {
     SupervisorGone,
 }
 
-impl ControlResult {
-    /// The recovery reason written in this pass, if any.
-    #[must_use]
-    pub fn recovery(&self) -> Option<RecoveryReason> {
-        match self {
-            Self::Recovered(reason, _) => Some(*reason),
-            Self::SupervisorGone => Some(RecoveryReason::LeaseLostLocalExecutionStopped),
-            Self::NotFound
-            | Self::Completed(_)
-            | Self::Settled
-            | Self::CompletionTerminal(_)
-            | Self::LeaseExpired(_)
-            | Self::SessionUnavailable
-            | Self::Renewed
-            | Self::Paced
-            | Self::StopRequested(_)
-            | Self::Terminal(_)
-            | Self::Unavailable
-            | Self::Uncertain { .. }
-            | Self::Refused(_)
-            | Self::LeaseResponseInvalid(_)
-            | Self::StorageUnchanged
-            | Self::DrainStopped(_)
-            | Self::Pending(_) => None,
-        }
-    }
-}
-
 /// Why the process is being stopped, and what to record afterwards.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum StopCause {

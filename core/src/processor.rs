@@ -98,31 +98,6 @@ pub enum ProcessResult {
     StorageUnchanged,
 }
 
-impl ProcessResult {
-    /// The recovery reason, when the result is recovery.
-    #[must_use]
-    pub fn recovery(&self) -> Option<RecoveryReason> {
-        match self {
-            Self::RecoveryRequired(reason) => Some(*reason),
-            Self::Running
-            | Self::AlreadyRunning
-            | Self::StartFailed
-            | Self::AlreadyFailed
-            | Self::AlreadyCompleted
-            | Self::NotFound
-            | Self::TargetFenced
-            | Self::OfferExpired
-            | Self::Deferred
-            | Self::Unavailable
-            | Self::Uncertain(_)
-            | Self::RenewalUncertain { .. }
-            | Self::Refused(_)
-            | Self::ActivationInvalid(_)
-            | Self::StorageUnchanged => None,
-        }
-    }
-}
-
 /// The launch authority learned from the starting ACK.
 #[derive(Clone)]
 struct Authority {
