@@ -761,7 +761,7 @@ pub fn launch(plan: LaunchPlan, spool: SpoolPolicy) -> Launch {
 }
 
 /// The handle the supervisor of `attempt_id` published before its user command ran (issue 16),
-/// validated as a launch report's is (a canonical `ql3lp1.` handle of this attempt). Missing:
+/// validated by the rule a launch report's handle is ([`crate::supervisor::DurableHandle::of_attempt`]). Missing:
 /// `None`; unsafe, unreadable or garbled: `None` and the event `run.published_handle_invalid`.
 fn read_published_handle(
     root: &Path,
@@ -785,12 +785,7 @@ fn read_published_handle(
     let Ok(text) = String::from_utf8(bytes) else {
         return invalid(&"not UTF-8");
     };
-    match crate::supervisor::DurableHandle::parse(&text) {
-        Ok(handle) if handle.handle_id == attempt_id.as_str() => {}
-        Ok(_) => return invalid(&"it names another attempt"),
-        Err(e) => return invalid(&e),
-    }
-    match ql_worker_core::ids::ExecutorHandle::new(text) {
+    match crate::supervisor::DurableHandle::of_attempt(&text, attempt_id) {
         Ok(handle) => Some(handle),
         Err(e) => invalid(&e),
     }

@@ -525,6 +525,7 @@ impl Executor for SupervisorExecutor {
         self.reap_exited();
         let started_at = launch.executor_started_at;
         let offer_id = launch.offer_id.clone();
+        let attempt_id = launch.attempt_id.clone();
         let plan = match self.plan(launch) {
             Ok(plan) => plan,
             Err(reason) => return ExecutorOutcome::Rejected { reason },
@@ -586,12 +587,9 @@ impl Executor for SupervisorExecutor {
                         reason: UnknownReason::StartTimeMismatch,
                     };
                 }
-                match DurableHandle::parse(&handle)
-                    .ok()
-                    .and_then(|_| ExecutorHandle::new(handle).ok())
-                {
-                    Some(handle) => ExecutorOutcome::Started { handle, started_at },
-                    None => ExecutorOutcome::Unknown {
+                match DurableHandle::of_attempt(&handle, &attempt_id) {
+                    Ok(handle) => ExecutorOutcome::Started { handle, started_at },
+                    Err(_) => ExecutorOutcome::Unknown {
                         reason: UnknownReason::HandleInvalid,
                     },
                 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use ql_worker_core::ids::ExecutorHandle;
+use ql_worker_core::ids::{AttemptId, ExecutorHandle};
 use serde::{Deserialize, Serialize};
 
 const ESRCH: i32 = 3;
@@ -268,6 +268,9 @@ pub enum HandleError {
     /// Not `ql3lp1.` + canonical base64url + canonical JSON with valid fields, or too long.
     #[error("executor handle is not a canonical ql3lp1 handle")]
     Malformed,
+    /// A canonical handle, but of another attempt.
+    #[error("executor handle names another attempt")]
+    OtherAttempt,
 }
 
 impl DurableHandle {
@@ -291,6 +294,22 @@ impl DurableHandle {
             return Err(HandleError::Malformed);
         }
         ExecutorHandle::new(text).map_err(|_| HandleError::Malformed)
+    }
+
+    /// The one rule for a handle the Worker takes from a supervisor, whether from its launch
+    /// report or from the file it published next to the receipt: a canonical handle of exactly
+    /// `attempt_id` (the supervisor uses the attempt id as the handle id).
+    ///
+    /// # Errors
+    /// [`HandleError::Malformed`] for anything but a canonical handle;
+    /// [`HandleError::OtherAttempt`] for one of another attempt.
+    pub fn of_attempt(text: &str, attempt_id: &AttemptId) -> Result<ExecutorHandle, HandleError> {
+        let handle = Self::parse(text)?;
+        if handle.handle_id != attempt_id.as_str() {
+            return Err(HandleError::OtherAttempt);
+        }
+        // Canonical: re-encodes to exactly `text`.
+        handle.encode()
     }
 
     /// Parses a handle strictly.
@@ -373,6 +392,26 @@ mod tests {
             r#"{"v":1,"h":"attempt-1","b":"0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0","p":4242,"g":4242,"s":"123456"}"#
         );
         assert_eq!(DurableHandle::parse(handle.as_str()).unwrap(), sample());
+    }
+
+    #[test]
+    fn a_supervisors_handle_is_taken_only_for_its_own_attempt() {
+        let attempt = |id: &str| AttemptId::new(id).unwrap();
+        let mut handle = sample();
+        handle.handle_id = String::from("att_1");
+        let text = handle.encode().unwrap();
+        assert_eq!(
+            DurableHandle::of_attempt(text.as_str(), &attempt("att_1")),
+            Ok(text.clone())
+        );
+        assert_eq!(
+            DurableHandle::of_attempt(text.as_str(), &attempt("att_2")),
+            Err(HandleError::OtherAttempt)
+        );
+        assert_eq!(
+            DurableHandle::of_attempt(&format!("{}=", text.as_str()), &attempt("att_1")),
+            Err(HandleError::Malformed)
+        );
     }
 
     #[test]
