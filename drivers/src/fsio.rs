@@ -1192,13 +1192,24 @@ pub fn replace(
 /// # Errors
 /// [`StorageError::FsyncFailed`] (fatal) or the failed call.
 pub fn remove(fs: &dyn FileSystem, dir: &Dir, target: &str) -> Result<bool, StorageError> {
-    match fs.unlink(dir.fd(), target) {
-        Ok(()) => {}
-        Err(Errno::NOENT) => return Ok(false),
-        Err(e) => return Err(StorageError::io("unlinkat", &dir.child(target), e)),
+    let removed = unlink(fs, dir, target)?;
+    if removed {
+        fsync_dir(fs, dir.path(), dir.fd())?;
     }
-    fsync_dir(fs, dir.path(), dir.fd())?;
-    Ok(true)
+    Ok(removed)
+}
+
+/// Unlinks `target` in `dir` without syncing the directory: for a batch whose caller syncs the
+/// directory once at the end ([`sync_dir`]). `false` when it did not exist.
+///
+/// # Errors
+/// A failed `unlinkat` other than `ENOENT`.
+pub fn unlink(fs: &dyn FileSystem, dir: &Dir, target: &str) -> Result<bool, StorageError> {
+    match fs.unlink(dir.fd(), target) {
+        Ok(()) => Ok(true),
+        Err(Errno::NOENT) => Ok(false),
+        Err(e) => Err(StorageError::io("unlinkat", &dir.child(target), e)),
+    }
 }
 
 /// Fsyncs a directory, mapping failure to [`StorageError::FsyncFailed`].

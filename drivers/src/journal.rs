@@ -568,6 +568,49 @@ impl<F: FileSystem> Journal<F> {
         offer_id: &OfferId,
         expected_revision: Revision,
     ) -> Result<(), JournalError> {
+        let mut removed = Vec::with_capacity(1);
+        self.remove_settled_records(&[(offer_id.clone(), expected_revision)], &mut removed)
+    }
+
+    /// [`Journal::remove_settled_record`] for a batch, with one fsync of `offers/` at the end
+    /// instead of one per record (a first retention sweep may remove hundreds: on a slow disk
+    /// that was seconds before the first Pull). Nothing depends on a removal being durable
+    /// before the next: a removal a crash undoes leaves a settled record, which the next sweep
+    /// removes again. Each removed id is pushed to `removed` as it goes; on an error, what was
+    /// unlinked before it is still synced (and stays removed).
+    ///
+    /// # Errors
+    /// The first error of [`Journal::remove_settled_record`]'s kinds; a failed directory fsync
+    /// (fatal) takes precedence.
+    pub fn remove_settled_records(
+        &mut self,
+        batch: &[(OfferId, Revision)],
+        removed: &mut Vec<OfferId>,
+    ) -> Result<(), JournalError> {
+        let first = removed.len();
+        let mut outcome = Ok(());
+        for (offer_id, expected_revision) in batch {
+            match self.unlink_settled_record(offer_id, *expected_revision) {
+                Ok(()) => removed.push(offer_id.clone()),
+                Err(e) => {
+                    outcome = Err(e);
+                    break;
+                }
+            }
+        }
+        if removed.len() > first {
+            fsio::sync_dir(&self.fs, &self.offers)?;
+        }
+        outcome
+    }
+
+    /// One record of [`Journal::remove_settled_records`]: checked under the lock, its published
+    /// handle removed (synced), the record unlinked (not synced).
+    fn unlink_settled_record(
+        &mut self,
+        offer_id: &OfferId,
+        expected_revision: Revision,
+    ) -> Result<(), JournalError> {
         let name = layout::record_file_name(offer_id);
         let path = self.offers.child(&name);
         let Some(stored) = read_record_in(&self.fs, &self.offers, offer_id)? else {
@@ -580,8 +623,8 @@ impl<F: FileSystem> Journal<F> {
             },
             RemovalRefused::NotSettled(state) => JournalError::NotSettled { path, state },
         })?;
-        // The handle its supervisor published (issue 16) goes first: a crash in between leaves
-        // the record, and the next sweep removes both.
+        // The handle its supervisor published (issue 16) goes first, durably: a crash in
+        // between leaves the record, and the next sweep removes both.
         let attempt = &stored.offer.candidate.attempt_id;
         crate::receipts::remove_handle_with(&self.fs, self.root.path(), attempt).map_err(|e| {
             match e {
@@ -595,7 +638,7 @@ impl<F: FileSystem> Journal<F> {
                 },
             }
         })?;
-        fsio::remove(&self.fs, &self.offers, &name)?;
+        fsio::unlink(&self.fs, &self.offers, &name)?;
         Ok(())
     }
 

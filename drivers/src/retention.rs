@@ -123,10 +123,7 @@ pub fn sweep<F: FileSystem>(
             })?;
         report.logs_removed += usize::from(removed);
     }
-    for (offer_id, revision) in &plan.records {
-        journal.remove_settled_record(offer_id, *revision)?;
-        report.records_removed.push(offer_id.clone());
-    }
+    journal.remove_settled_records(&plan.records, &mut report.records_removed)?;
     if !plan.archived.is_empty() {
         let root = fsio::open_root(journal.fs(), journal.root(), false)?;
         if let Some(archive) = fsio::open_subdir(journal.fs(), &root, ARCHIVE_DIR, false)? {

@@ -442,3 +442,67 @@ fn publish_falls_back_to_link_and_unlink_when_rename_noreplace_is_unsupported() 
 fn record_at_2(root: &Path) -> Option<InboxRecord> {
     decode_file(&root.join("offers/offer-000002.rec"))
 }
+
+/// A retention batch syncs `offers/` once, not once per record (a first sweep may remove
+/// hundreds); a record that may not be removed stops the batch, and what was unlinked before it
+/// is still synced and stays removed.
+#[test]
+fn a_batch_of_settled_records_is_removed_with_one_directory_fsync() {
+    let sb = sandbox();
+    let seam: Seam = Arc::new(FaultFs::new(RealFs));
+    let mut journal = Journal::open_with(Arc::clone(&seam), &sb.root, Capacity::DEFAULT).unwrap();
+    let mut settled = Vec::new();
+    for n in 1..=8 {
+        let chain = to_start_failure(n, 500);
+        journal.publish_record(&chain[0]).unwrap();
+        for pair in chain.windows(2) {
+            journal
+                .replace_record(&pair[0].offer.offer_id, &pair[1], pair[0].revision)
+                .unwrap();
+        }
+        let last = chain.last().unwrap();
+        settled.push((last.offer.offer_id.clone(), last.revision));
+    }
+    let live = to_recovery(9);
+    journal.publish_record(&live[0]).unwrap();
+
+    seam.arm(None);
+    let mut removed = Vec::new();
+    journal
+        .remove_settled_records(&settled[..5], &mut removed)
+        .unwrap();
+    assert_eq!(seam.fsyncs(), 1, "one directory fsync for five removals");
+    assert_eq!(
+        removed,
+        settled[..5]
+            .iter()
+            .map(|(id, _)| id.clone())
+            .collect::<Vec<_>>()
+    );
+    for (id, _) in &settled[..5] {
+        assert_eq!(journal.read_record(id).unwrap(), None);
+    }
+
+    // The live record stops the batch after the two settled ones before it.
+    seam.arm(None);
+    let mut removed = Vec::new();
+    let batch = [
+        settled[5].clone(),
+        settled[6].clone(),
+        (live[0].offer.offer_id.clone(), live[0].revision),
+        settled[7].clone(),
+    ];
+    let err = journal
+        .remove_settled_records(&batch, &mut removed)
+        .unwrap_err();
+    assert!(matches!(err, JournalError::NotSettled { .. }), "{err:?}");
+    assert_eq!(removed, vec![settled[5].0.clone(), settled[6].0.clone()]);
+    assert_eq!(seam.fsyncs(), 1, "what was unlinked is synced");
+    assert!(
+        journal
+            .read_record(&live[0].offer.offer_id)
+            .unwrap()
+            .is_some()
+    );
+    assert!(journal.read_record(&settled[7].0).unwrap().is_some());
+}
