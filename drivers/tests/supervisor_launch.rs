@@ -561,9 +561,10 @@ fn only_child(pid: u32) -> Option<u32> {
 }
 
 #[test]
-fn the_held_process_is_started_before_the_plan_and_killed_with_a_refused_plan_or_a_retired_spare() {
+fn the_held_process_is_started_before_the_plan_replaced_if_it_died_and_killed_with_a_refused_plan_or_a_retired_spare()
+ {
     in_clean_process(
-        "the_held_process_is_started_before_the_plan_and_killed_with_a_refused_plan_or_a_retired_spare",
+        "the_held_process_is_started_before_the_plan_replaced_if_it_died_and_killed_with_a_refused_plan_or_a_retired_spare",
         || {
             // Orphans become our zombies: a held process its supervisor left behind would stay
             // visible here (it also exits by itself at end of file, so without this the test
@@ -604,6 +605,28 @@ fn the_held_process_is_started_before_the_plan_and_killed_with_a_refused_plan_or
                 "the refused plan's held process {held} was killed and reaped"
             );
             assert!(!marker.exists());
+
+            // A spare whose held process died meanwhile starts another for the launch, which
+            // then runs as if nothing had happened (a second root: this one's record is gone).
+            let fx2 = Fixture::new(64);
+            let mut other = fx2.executor();
+            other.prepare_spare();
+            let spare = other.spare_pid().expect("a spare supervisor");
+            let dead = wait_for(WAIT, || only_child(spare)).expect("its held process");
+            rustix::process::kill_process(
+                rustix::process::Pid::from_raw(i32::try_from(dead).unwrap()).unwrap(),
+                rustix::process::Signal::KILL,
+            )
+            .unwrap();
+            assert!(wait_for(WAIT, || (!alive(dead)).then_some(())).is_some());
+            let outcome = other.start(fx2.launch(sh("echo after a dead held process"), vec![]));
+            assert!(
+                matches!(outcome, ExecutorOutcome::Started { .. }),
+                "{outcome:?}"
+            );
+            assert_eq!(fx2.wait_receipt().exit_code, 0);
+            assert_eq!(fx2.log(), b"after a dead held process\n");
+            drop(other);
 
             // A retired spare takes its held process with it.
             let reaped = wait_for(WAIT, || {

@@ -81,8 +81,9 @@ pub(crate) fn supervise() -> i32 {
     let mut reporter = Reporter { sent: false };
     // The held process is started before any plan exists (a spare supervisor waits with it):
     // its start-up, the loader and Rust's set-up of this image, is then off the launch's path.
-    let held = match read_image().and_then(spawn_held) {
-        Ok(held) => held,
+    let (held, image) = match read_image().and_then(|image| spawn_held(&image).map(|h| (h, image)))
+    {
+        Ok(started) => started,
         Err(reason) => {
             reporter.send(&Report::Rejected(reason));
             return NO_SPAWN_EXIT;
@@ -96,6 +97,21 @@ pub(crate) fn supervise() -> i32 {
             return NO_SPAWN_EXIT;
         }
     };
+    // A held process that died while a spare waited (killed, out of memory) would fail this
+    // launch for nothing of the Run's: it is reaped and another started from the same image.
+    let held = if reap::exited_within(held.pid, Duration::ZERO) {
+        drop(held);
+        match spawn_held(&image) {
+            Ok(held) => held,
+            Err(reason) => {
+                reporter.send(&Report::Rejected(reason));
+                return NO_SPAWN_EXIT;
+            }
+        }
+    } else {
+        held
+    };
+    drop(image);
     let code = match prepare(&mut plan, held) {
         Err(reason) => {
             reporter.send(&Report::Rejected(reason));
@@ -373,7 +389,7 @@ fn masker_for(plan: &Plan, record: &InboxRecord) -> Option<Masker> {
 /// the child, resolved by the kernel in its execve), in its own process group, with an empty
 /// environment, stdin a socket to us, stdout and stderr the capture pipe. It knows nothing of
 /// the Run until [`publish_and_release`] sends it the command; it runs as we do until then.
-fn spawn_held(image: File) -> Result<Held, RejectReason> {
+fn spawn_held(image: &File) -> Result<Held, RejectReason> {
     set_child_subreaper(Some(getpid())).map_err(|_| RejectReason::SubreaperUnavailable)?;
     match super::inheritable_descriptors() {
         Ok(fds) if fds.is_empty() => {}
@@ -395,7 +411,6 @@ fn spawn_held(image: File) -> Result<Held, RejectReason> {
         .stdout(Stdio::from(writer))
         .stderr(Stdio::from(stderr))
         .spawn();
-    drop(image);
     let child = spawned.map_err(|e| RejectReason::SpawnFailed { errno: errno(&e) })?;
     // INVARIANT: a spawned child has a positive pid.
     let pid = Pid::from_child(&child);
