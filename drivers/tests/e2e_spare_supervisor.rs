@@ -12,13 +12,16 @@ use ql_worker_tests::control_plane::{RevisionBuilder, RunSpec};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// `/proc/<pid>/cmdline`'s second argument is `mode` (`__supervise`, `__hold`).
+/// `/proc/<pid>/cmdline` ends with `ql-worker <mode>` (`__supervise`, `__hold`): natively the
+/// whole of it; under a binfmt_misc emulator the interpreter and the executed path come first.
 fn runs_mode(pid: u32, mode: &str) -> bool {
     std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
-        cmdline
+        let args: Vec<&[u8]> = cmdline
+            .strip_suffix(b"\0")
+            .unwrap_or(&cmdline)
             .split(|b| *b == 0)
-            .nth(1)
-            .is_some_and(|arg| arg == mode.as_bytes())
+            .collect();
+        args.ends_with(&[b"ql-worker", mode.as_bytes()])
     })
 }
 
