@@ -82,7 +82,7 @@ pub enum CompletionOutcome {
 }
 
 #[derive(Clone)]
-enum CState {
+enum CompletionState {
     Reading,
     Cleaning(bool),
     ReadingReceipt(Box<InboxRecord>),
@@ -97,7 +97,7 @@ enum CState {
         crate::ids::Sha256Digest,
     ),
     /// The completion call in flight; `caught_up`: this is the one retry at the persisted lease
-    /// version + 1 after a fence (see [`crate::control`]).
+    /// version + 1 after a fence (see [`crate::supervision`]).
     Completing(Box<InboxRecord>, CompletionRequest, bool),
     Acknowledging(Box<InboxRecord>),
 }
@@ -106,7 +106,7 @@ enum CState {
 #[derive(Clone)]
 pub(crate) struct CompletionOp {
     offer_id: OfferId,
-    state: CState,
+    state: CompletionState,
 }
 
 type CStep = Step<CompletionOp, CompletionOutcome>;
@@ -148,13 +148,13 @@ impl CompletionOp {
         Step::Wait(
             Self {
                 offer_id,
-                state: CState::Reading,
+                state: CompletionState::Reading,
             },
             action,
         )
     }
 
-    fn wait(self, state: CState, action: Action) -> CStep {
+    fn wait(self, state: CompletionState, action: Action) -> CStep {
         Step::Wait(Self { state, ..self }, action)
     }
 
@@ -164,36 +164,36 @@ impl CompletionOp {
         fp.tag("completion");
         fp.debug(&self.offer_id);
         match &self.state {
-            CState::Reading => fp.tag("reading"),
-            CState::Cleaning(fresh) => {
+            CompletionState::Reading => fp.tag("reading"),
+            CompletionState::Cleaning(fresh) => {
                 fp.tag("cleaning");
                 fp.debug(fresh);
             }
-            CState::ReadingReceipt(record) => {
+            CompletionState::ReadingReceipt(record) => {
                 fp.tag("reading-receipt");
                 fp.record(record);
             }
-            CState::Inspecting(record, receipt) => {
+            CompletionState::Inspecting(record, receipt) => {
                 fp.tag("inspecting");
                 fp.record(record);
                 fp.debug(receipt);
             }
-            CState::Uploading(record, receipt, upload) => {
+            CompletionState::Uploading(record, receipt, upload) => {
                 fp.tag("uploading");
                 fp.record(record);
                 fp.debug(&(receipt, upload));
             }
-            CState::Refreshing(record, receipt, upload, sha256) => {
+            CompletionState::Refreshing(record, receipt, upload, sha256) => {
                 fp.tag("refreshing");
                 fp.record(record);
                 fp.debug(&(receipt, upload, sha256));
             }
-            CState::Completing(record, request, caught_up) => {
+            CompletionState::Completing(record, request, caught_up) => {
                 fp.tag("completing");
                 fp.record(record);
                 fp.debug(&(request, caught_up));
             }
-            CState::Acknowledging(record) => {
+            CompletionState::Acknowledging(record) => {
                 fp.tag("acknowledging");
                 fp.record(record);
             }
@@ -201,9 +201,9 @@ impl CompletionOp {
     }
 
     pub(crate) fn resume(mut self, ctx: &Ctx<'_>, outcome: Outcome) -> CStep {
-        match core::mem::replace(&mut self.state, CState::Reading) {
-            CState::Reading => self.on_record(ctx, outcome),
-            CState::Cleaning(fresh) => {
+        match core::mem::replace(&mut self.state, CompletionState::Reading) {
+            CompletionState::Reading => self.on_record(ctx, outcome),
+            CompletionState::Cleaning(fresh) => {
                 let cleanup = match outcome {
                     Outcome::ReceiptRemoved { existed: true } => Cleanup::Removed,
                     Outcome::ReceiptRemoved { existed: false } => Cleanup::AlreadyAbsent,
@@ -216,18 +216,20 @@ impl CompletionOp {
                     CompletionOutcome::AlreadyCompleted(cleanup)
                 })
             }
-            CState::ReadingReceipt(record) => self.on_receipt(ctx, record, outcome),
-            CState::Inspecting(record, receipt) => self.on_log(ctx, record, receipt, outcome),
-            CState::Uploading(record, receipt, upload) => {
+            CompletionState::ReadingReceipt(record) => self.on_receipt(ctx, record, outcome),
+            CompletionState::Inspecting(record, receipt) => {
+                self.on_log(ctx, record, receipt, outcome)
+            }
+            CompletionState::Uploading(record, receipt, upload) => {
                 self.on_upload(ctx, record, receipt, upload, outcome)
             }
-            CState::Refreshing(record, receipt, upload, sha256) => {
+            CompletionState::Refreshing(record, receipt, upload, sha256) => {
                 self.on_refreshed(ctx, &record, &receipt, &upload, sha256, outcome)
             }
-            CState::Completing(record, request, caught_up) => {
+            CompletionState::Completing(record, request, caught_up) => {
                 self.on_completion(ctx, record, &request, caught_up, outcome)
             }
-            CState::Acknowledging(record) => match outcome {
+            CompletionState::Acknowledging(record) => match outcome {
                 Outcome::Persisted => self.remove_receipt(&record, true),
                 Outcome::Store(failure) => {
                     write_failure(failure, || Step::Done(CompletionOutcome::StorageUnchanged))
@@ -240,7 +242,7 @@ impl CompletionOp {
     fn remove_receipt(self, record: &InboxRecord, fresh: bool) -> CStep {
         let attempt_id = record.offer.candidate.attempt_id.clone();
         self.wait(
-            CState::Cleaning(fresh),
+            CompletionState::Cleaning(fresh),
             Action::RemoveReceipt { attempt_id },
         )
     }
@@ -266,7 +268,7 @@ impl CompletionOp {
         }
         let attempt_id = record.offer.candidate.attempt_id.clone();
         self.wait(
-            CState::ReadingReceipt(record),
+            CompletionState::ReadingReceipt(record),
             Action::ReadReceipt { attempt_id },
         )
     }
@@ -295,7 +297,7 @@ impl CompletionOp {
             return Step::Done(CompletionOutcome::Deferred);
         };
         self.wait(
-            CState::Inspecting(record, authenticated),
+            CompletionState::Inspecting(record, authenticated),
             Action::InspectLog { log_artifact_id },
         )
     }
@@ -355,7 +357,7 @@ impl CompletionOp {
             byte_length: upload.byte_length,
             response_cap: artifact::MAX_RESPONSE_BYTES,
         };
-        self.wait(CState::Uploading(record, receipt, upload), action)
+        self.wait(CompletionState::Uploading(record, receipt, upload), action)
     }
 
     /// Step 6: verify the upload against what was actually sent, then read the record again.
@@ -424,7 +426,7 @@ impl CompletionOp {
             offer_id: self.offer_id.clone(),
         };
         self.wait(
-            CState::Refreshing(record, receipt, upload, stored.sha256),
+            CompletionState::Refreshing(record, receipt, upload, stored.sha256),
             action,
         )
     }
@@ -509,7 +511,10 @@ impl CompletionOp {
             request_cap: completion::MAX_REQUEST_BYTES,
             response_cap: completion::MAX_RESPONSE_BYTES,
         });
-        self.wait(CState::Completing(record, request, caught_up), action)
+        self.wait(
+            CompletionState::Completing(record, request, caught_up),
+            action,
+        )
     }
 
     /// Steps 8–9: terminal elsewhere, or durable acknowledgement.
@@ -565,7 +570,7 @@ impl CompletionOp {
                     r.completion_acknowledged_at_ms = Some(now);
                 });
                 let action = persist(&record, proposed.clone());
-                self.wait(CState::Acknowledging(Box::new(proposed)), action)
+                self.wait(CompletionState::Acknowledging(Box::new(proposed)), action)
             }
         }
     }

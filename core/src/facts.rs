@@ -14,11 +14,11 @@
 use alloc::collections::VecDeque;
 use alloc::string::String;
 
-use crate::control::ControlResult;
 use crate::ids::OfferId;
 use crate::processor::ProcessResult;
 use crate::pull::PullResult;
 use crate::session::SessionResult;
+use crate::supervision::SupervisionResult;
 
 /// Most facts kept between two polls; older ones are dropped (and counted).
 pub(crate) const MAX_QUEUED_FACTS: usize = 1024;
@@ -42,7 +42,7 @@ pub enum Fact {
         /// The offer.
         offer_id: OfferId,
         /// What it concluded.
-        result: ControlResult,
+        result: SupervisionResult,
     },
     /// The control plane refused the credentials (401/403): no Pull and no slots offered until
     /// the next authenticated exchange; the Session, the Runs and their leases are kept.

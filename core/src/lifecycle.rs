@@ -18,7 +18,6 @@
 
 use alloc::vec::Vec;
 
-use crate::control::ControlResult;
 use crate::facts::Fact;
 use crate::ids::OfferId;
 use crate::ops::CallFault;
@@ -26,6 +25,7 @@ use crate::ops::{Finished, ListResult};
 use crate::pull::PullResult;
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::session::{Exchange, SessionResult};
+use crate::supervision::SupervisionResult;
 use crate::time::MonoMillis;
 use crate::worker::{
     HaltReason, ListPurpose, Phase, SessionStatus, StopReason, Timer, Work, Worker,
@@ -358,19 +358,19 @@ impl Worker {
                 use crate::completion::{Cleanup, CompletionOutcome};
                 let pending = matches!(
                     result,
-                    ControlResult::Completed(
+                    SupervisionResult::Completed(
                         CompletionOutcome::Acknowledged(Cleanup::Pending)
                             | CompletionOutcome::AlreadyCompleted(Cleanup::Pending)
                     )
                 );
                 match &result {
-                    ControlResult::Uncertain { attempted, .. } => {
+                    SupervisionResult::Uncertain { attempted, .. } => {
                         if let Ok(next) = attempted.next() {
                             let held = self.lease_may_hold.entry(offer_id.clone()).or_insert(next);
                             *held = (*held).max(next);
                         }
                     }
-                    ControlResult::Renewed | ControlResult::StopRequested(_) => {
+                    SupervisionResult::Renewed | SupervisionResult::StopRequested(_) => {
                         // Paced from the renewal's sending: the next one is due
                         // `lease_control_interval` after it, however long the answer took (a
                         // slow control plane must not stretch the time between two renewals
@@ -379,24 +379,24 @@ impl Worker {
                         self.last_renewal.insert(offer_id.clone(), call_sent);
                         self.lease_may_hold.remove(&offer_id);
                     }
-                    ControlResult::DrainStopped(_) => {
+                    SupervisionResult::DrainStopped(_) => {
                         self.drain_stopped.insert(offer_id.clone());
                     }
-                    ControlResult::Paced
-                    | ControlResult::SessionUnavailable
-                    | ControlResult::Unavailable
-                    | ControlResult::Refused(_)
-                    | ControlResult::LeaseResponseInvalid(_)
-                    | ControlResult::StorageUnchanged
-                    | ControlResult::Pending(_) => {}
-                    ControlResult::NotFound
-                    | ControlResult::Completed(_)
-                    | ControlResult::Settled
-                    | ControlResult::CompletionTerminal(_)
-                    | ControlResult::LeaseExpired(_)
-                    | ControlResult::Terminal(_)
-                    | ControlResult::Recovered(..)
-                    | ControlResult::SupervisorGone => {
+                    SupervisionResult::Paced
+                    | SupervisionResult::SessionUnavailable
+                    | SupervisionResult::Unavailable
+                    | SupervisionResult::Refused(_)
+                    | SupervisionResult::LeaseResponseInvalid(_)
+                    | SupervisionResult::StorageUnchanged
+                    | SupervisionResult::Pending(_) => {}
+                    SupervisionResult::NotFound
+                    | SupervisionResult::Completed(_)
+                    | SupervisionResult::Settled
+                    | SupervisionResult::CompletionTerminal(_)
+                    | SupervisionResult::LeaseExpired(_)
+                    | SupervisionResult::Terminal(_)
+                    | SupervisionResult::Recovered(..)
+                    | SupervisionResult::SupervisorGone => {
                         self.last_renewal.remove(&offer_id);
                         self.timers.remove(&Timer::Renewal(offer_id.clone()));
                         self.lease_may_hold.remove(&offer_id);
@@ -409,7 +409,7 @@ impl Worker {
                     self.pending_cleanup.insert(offer_id);
                 } else if matches!(
                     result,
-                    ControlResult::Completed(_) | ControlResult::NotFound
+                    SupervisionResult::Completed(_) | SupervisionResult::NotFound
                 ) {
                     self.pending_cleanup.remove(&offer_id);
                 }
@@ -417,7 +417,7 @@ impl Worker {
                 // next tick (or, for a retiring Session, its last Run lets the new one in).
                 if matches!(
                     result,
-                    ControlResult::Completed(CompletionOutcome::Acknowledged(_))
+                    SupervisionResult::Completed(CompletionOutcome::Acknowledged(_))
                 ) {
                     if self.renewal_due() {
                         self.queue.push_back(Work::RenewSession);

@@ -9,7 +9,6 @@ use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use crate::control::{ControlOp, ControlResult};
 #[cfg(feature = "sim-hooks")]
 use crate::fingerprint::Fingerprint;
 use crate::ids::OfferId;
@@ -18,6 +17,7 @@ use crate::processor::{ProcessOp, ProcessResult};
 use crate::pull::{PullOp, PullResult};
 use crate::record::{InboxRecord, State, check_transition};
 use crate::session::{SessionOp, SessionResult};
+use crate::supervision::{SupervisionOp, SupervisionResult};
 use crate::time::UnixMillis;
 use crate::wire::WireError;
 use crate::worker::{Ctx, HaltReason, ListPurpose, Step, Work, read_failure};
@@ -31,7 +31,7 @@ pub(crate) enum Running {
     List(ListPurpose),
     Pull(PullOp),
     Process(ProcessOp),
-    Supervise(ControlOp),
+    Supervise(SupervisionOp),
 }
 
 /// A finished operation's result.
@@ -48,7 +48,7 @@ pub(crate) enum Finished {
     },
     Supervise {
         offer_id: OfferId,
-        result: ControlResult,
+        result: SupervisionResult,
     },
 }
 
@@ -161,7 +161,7 @@ impl Running {
             Work::Supervise(offer_id) => {
                 let id = offer_id.clone();
                 let paced = pass.paced.then_some(ctx.config.lease_control_interval_ms);
-                ControlOp::begin(offer_id, paced, pass.drain_stop, pass.may_hold).map(
+                SupervisionOp::begin(offer_id, paced, pass.drain_stop, pass.may_hold).map(
                     Self::Supervise,
                     move |result| Finished::Supervise {
                         offer_id: id,
@@ -172,7 +172,7 @@ impl Running {
             Work::Renew(offer_id) => {
                 let id = offer_id.clone();
                 let paced = pass.paced.then_some(ctx.config.lease_control_interval_ms);
-                ControlOp::renew(offer_id, paced, pass.may_hold).map(
+                SupervisionOp::renew(offer_id, paced, pass.may_hold).map(
                     Self::Supervise,
                     move |result| Finished::Supervise {
                         offer_id: id,

@@ -29,7 +29,6 @@ use alloc::vec::Vec;
 use zeroize::Zeroizing;
 
 use crate::capability::Capability;
-use crate::control::{ControlOp, ControlResult};
 #[cfg(feature = "sim-hooks")]
 use crate::fingerprint::Fingerprint;
 use crate::ids::{CallbackSequence, ExecutorHandle, LeaseVersion, OfferId};
@@ -38,6 +37,7 @@ use crate::offer::DeliveryKind;
 use crate::ops::{CallFault, Uncertainty, garbled, next_record, persist, response, unexpected};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::revision::EnvValue;
+use crate::supervision::{SupervisionOp, SupervisionResult};
 use crate::time::UnixMillis;
 use crate::wire::activation::{
     ActivationRequest, ActivationResponse, ActivationStatus, MAX_RESPONSE_BYTES, RunningAck,
@@ -126,7 +126,7 @@ impl Clone for Launch {
 
 /// The Processor's states; each names the outcome it waits for.
 #[cfg_attr(feature = "sim-hooks", derive(Clone))]
-enum PState {
+enum StartState {
     Reading,
     AckingStarting(Box<InboxRecord>, ActivationRequest),
     PersistingStartingAck(
@@ -153,7 +153,7 @@ enum PState {
     PersistingRecovery(RecoveryReason, bool),
     /// A renewal of the offer's lease before the next start-path call (see
     /// [`ProcessOp::renewal_due`]); then the record is read again and the path goes on.
-    Renewing(Box<ControlOp>, Resume),
+    Renewing(Box<SupervisionOp>, Resume),
     /// The record read again after a renewal, for the Secrets fetch of this launch.
     RereadingForSecrets(Box<Launch>),
 }
@@ -174,7 +174,7 @@ pub(crate) struct ProcessOp {
     /// The record state at which this pass last renewed the lease: at most one renewal per
     /// start-path call, whatever the renewal answered.
     renewed_in: Option<State>,
-    state: PState,
+    state: StartState,
 }
 
 impl core::fmt::Debug for ProcessOp {
@@ -212,7 +212,7 @@ fn env_fingerprint(env: &[(String, Zeroizing<String>)], fp: &mut Fingerprint<'_>
 }
 
 #[cfg(feature = "sim-hooks")]
-impl PState {
+impl StartState {
     fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
         match self {
             Self::Reading => fp.tag("reading"),
@@ -320,17 +320,17 @@ impl ProcessOp {
     pub(crate) fn launching(&self) -> bool {
         matches!(
             self.state,
-            PState::AckingStarting(..)
-                | PState::ReplayingStarting(..)
-                | PState::AllocatingLog(..)
-                | PState::PersistingLaunching(..)
+            StartState::AckingStarting(..)
+                | StartState::ReplayingStarting(..)
+                | StartState::AllocatingLog(..)
+                | StartState::PersistingLaunching(..)
         )
     }
 
     /// Whether the write awaited stores a lease this pass's renewal obtained (see
-    /// [`ControlOp::grants_lease`]).
+    /// [`SupervisionOp::grants_lease`]).
     pub(crate) fn grants_lease(&self) -> bool {
-        matches!(&self.state, PState::Renewing(op, _) if op.grants_lease())
+        matches!(&self.state, StartState::Renewing(op, _) if op.grants_lease())
     }
 
     pub(crate) fn begin(offer_id: OfferId) -> PStep {
@@ -341,7 +341,7 @@ impl ProcessOp {
             Self {
                 offer_id,
                 renewed_in: None,
-                state: PState::Reading,
+                state: StartState::Reading,
             },
             action,
         )
@@ -355,21 +355,21 @@ impl ProcessOp {
         self.state.fingerprint(fp);
     }
 
-    fn wait(self, state: PState, action: Action) -> PStep {
+    fn wait(self, state: StartState, action: Action) -> PStep {
         Step::Wait(Self { state, ..self }, action)
     }
 
     pub(crate) fn resume(mut self, ctx: &Ctx<'_>, outcome: Outcome) -> PStep {
-        let state = core::mem::replace(&mut self.state, PState::Reading);
+        let state = core::mem::replace(&mut self.state, StartState::Reading);
         match state {
-            PState::Reading => self.on_read(ctx, outcome),
-            PState::AckingStarting(record, request) => {
+            StartState::Reading => self.on_read(ctx, outcome),
+            StartState::AckingStarting(record, request) => {
                 self.on_starting(ctx, record, &request, outcome, false)
             }
-            PState::ReplayingStarting(record, request) => {
+            StartState::ReplayingStarting(record, request) => {
                 self.on_starting(ctx, record, &request, outcome, true)
             }
-            PState::PersistingStartingAck(record, known) => match outcome {
+            StartState::PersistingStartingAck(record, known) => match outcome {
                 Outcome::Persisted => match known {
                     Some((sequence, deadline)) => self.draw_capability(Authority {
                         record,
@@ -380,24 +380,24 @@ impl ProcessOp {
                 },
                 other => self.write_failed(other, false),
             },
-            PState::DrawingCapability(authority) => self.on_capability(ctx, authority, outcome),
-            PState::FetchingSecrets(launch, request) => {
+            StartState::DrawingCapability(authority) => self.on_capability(ctx, authority, outcome),
+            StartState::FetchingSecrets(launch, request) => {
                 self.on_secrets(ctx, launch, &request, outcome)
             }
-            PState::AllocatingLog(launch, env) => match outcome {
+            StartState::AllocatingLog(launch, env) => match outcome {
                 Outcome::LogAllocated => self.persist_launching(ctx, launch, env),
                 Outcome::LogUnavailable => self.start_failed(ctx, &launch.authority.record),
                 other => unexpected(&other),
             },
-            PState::PersistingLaunching(launch, env, record) => match outcome {
+            StartState::PersistingLaunching(launch, env, record) => match outcome {
                 Outcome::Persisted => self.spawn(*launch, env, record),
                 other => self.write_failed(other, false),
             },
-            PState::Spawning(launching) => match outcome {
+            StartState::Spawning(launching) => match outcome {
                 Outcome::Spawned(spawned) => self.on_spawned(ctx, launching, spawned),
                 other => unexpected(&other),
             },
-            PState::PersistingStarted(launching, started) => match outcome {
+            StartState::PersistingStarted(launching, started) => match outcome {
                 Outcome::Persisted => self.ack_running(ctx, started),
                 // The process exists but `started` is not durable: record that the outcome is
                 // unknown, or halt if even that cannot be written.
@@ -406,20 +406,20 @@ impl ProcessOp {
                 }
                 other => self.write_failed(other, true),
             },
-            PState::PersistingStartFailed(record, must_land) => match outcome {
+            StartState::PersistingStartFailed(record, must_land) => match outcome {
                 Outcome::Persisted => self.fail_start(ctx, record),
                 other => self.write_failed(other, must_land),
             },
-            PState::StoppingTerminal(record) => match outcome {
+            StartState::StoppingTerminal(record) => match outcome {
                 Outcome::Stopped(_) => {
                     self.recover(ctx, &record, RecoveryReason::ControlPlaneTerminal, false)
                 }
                 other => unexpected(&other),
             },
-            PState::AckingRunning(record, request) => {
+            StartState::AckingRunning(record, request) => {
                 self.on_running(ctx, record, &request, outcome)
             }
-            PState::PersistingRunningAck(already) => match outcome {
+            StartState::PersistingRunningAck(already) => match outcome {
                 Outcome::Persisted => Step::Done(if already {
                     ProcessResult::AlreadyRunning
                 } else {
@@ -427,26 +427,34 @@ impl ProcessOp {
                 }),
                 other => self.write_failed(other, false),
             },
-            PState::FailingStart(record, request) => {
+            StartState::FailingStart(record, request) => {
                 self.on_start_failure(ctx, record, &request, outcome)
             }
-            PState::PersistingStartFailureAck => match outcome {
+            StartState::PersistingStartFailureAck => match outcome {
                 Outcome::Persisted => Step::Done(ProcessResult::StartFailed),
                 other => self.write_failed(other, false),
             },
-            PState::PersistingRecovery(reason, must_land) => match outcome {
+            StartState::PersistingRecovery(reason, must_land) => match outcome {
                 Outcome::Persisted => Step::Done(ProcessResult::RecoveryRequired(reason)),
                 other => self.write_failed(other, must_land),
             },
-            PState::Renewing(op, resume) => self.on_renewing(ctx, *op, resume, outcome),
-            PState::RereadingForSecrets(launch) => self.on_reread_for_secrets(ctx, launch, outcome),
+            StartState::Renewing(op, resume) => self.on_renewing(ctx, *op, resume, outcome),
+            StartState::RereadingForSecrets(launch) => {
+                self.on_reread_for_secrets(ctx, launch, outcome)
+            }
         }
     }
 
     /// A step of the renewal inside the start path (see [`ProcessOp::renewal_due`]).
-    fn on_renewing(self, ctx: &Ctx<'_>, op: ControlOp, resume: Resume, outcome: Outcome) -> PStep {
+    fn on_renewing(
+        self,
+        ctx: &Ctx<'_>,
+        op: SupervisionOp,
+        resume: Resume,
+        outcome: Outcome,
+    ) -> PStep {
         match op.resume(ctx, outcome) {
-            Step::Wait(op, action) => self.wait(PState::Renewing(Box::new(op), resume), action),
+            Step::Wait(op, action) => self.wait(StartState::Renewing(Box::new(op), resume), action),
             Step::Done(result) => self.after_renewal(&result, resume),
             Step::Halt(reason) => Step::Halt(reason),
         }
@@ -498,8 +506,8 @@ impl ProcessOp {
     fn renew_first(mut self, ctx: &Ctx<'_>, state: State, resume: Resume) -> PStep {
         self.renewed_in = Some(state);
         let may_hold = ctx.lease_may_hold.get(&self.offer_id).copied();
-        match ControlOp::renew(self.offer_id.clone(), None, may_hold) {
-            Step::Wait(op, action) => self.wait(PState::Renewing(Box::new(op), resume), action),
+        match SupervisionOp::renew(self.offer_id.clone(), None, may_hold) {
+            Step::Wait(op, action) => self.wait(StartState::Renewing(Box::new(op), resume), action),
             Step::Done(result) => self.after_renewal(&result, resume),
             Step::Halt(reason) => Step::Halt(reason),
         }
@@ -510,8 +518,8 @@ impl ProcessOp {
     /// control plane's lease version: the pass ends there, as any uncertain call does, rather
     /// than send a call fenced by the version it may have left behind (a fenced Secrets fetch
     /// is a start failure). Any other answer leaves the next call to find out.
-    fn after_renewal(self, result: &ControlResult, resume: Resume) -> PStep {
-        if let ControlResult::Uncertain { attempted, why } = result {
+    fn after_renewal(self, result: &SupervisionResult, resume: Resume) -> PStep {
+        if let SupervisionResult::Uncertain { attempted, why } = result {
             return Step::Done(ProcessResult::RenewalUncertain {
                 attempted: *attempted,
                 why: why.clone(),
@@ -521,8 +529,8 @@ impl ProcessOp {
             offer_id: self.offer_id.clone(),
         };
         match resume {
-            Resume::Reread => self.wait(PState::Reading, action),
-            Resume::Secrets(launch) => self.wait(PState::RereadingForSecrets(launch), action),
+            Resume::Reread => self.wait(StartState::Reading, action),
+            Resume::Secrets(launch) => self.wait(StartState::RereadingForSecrets(launch), action),
         }
     }
 
@@ -596,7 +604,7 @@ impl ProcessOp {
             State::Accepted if ctx.may_launch => {
                 let request = ActivationRequest::starting(&record.offer);
                 let action = activation_call(ctx, &request);
-                self.wait(PState::AckingStarting(record, request), action)
+                self.wait(StartState::AckingStarting(record, request), action)
             }
             State::StartingAcknowledged if ctx.may_launch => self.replay_starting(ctx, record),
             State::Accepted | State::StartingAcknowledged => Step::Done(ProcessResult::Deferred),
@@ -615,7 +623,7 @@ impl ProcessOp {
         }
         let request = ActivationRequest::starting(&record.offer);
         let action = activation_call(ctx, &request);
-        self.wait(PState::ReplayingStarting(record, request), action)
+        self.wait(StartState::ReplayingStarting(record, request), action)
     }
 
     /// Steps 4 and 6a: the starting ACK (first or replayed).
@@ -660,7 +668,7 @@ impl ProcessOp {
                         next_record(&record, State::StartingAcknowledged, ctx.now, |_| {});
                     let action = persist(&record, proposed.clone());
                     self.wait(
-                        PState::PersistingStartingAck(Box::new(proposed), Some(authority)),
+                        StartState::PersistingStartingAck(Box::new(proposed), Some(authority)),
                         action,
                     )
                 }
@@ -669,7 +677,10 @@ impl ProcessOp {
     }
 
     fn draw_capability(self, authority: Authority) -> PStep {
-        self.wait(PState::DrawingCapability(authority), Action::DrawEntropy)
+        self.wait(
+            StartState::DrawingCapability(authority),
+            Action::DrawEntropy,
+        )
     }
 
     /// Step 6c: resolve Secrets (in memory only).
@@ -702,7 +713,7 @@ impl ProcessOp {
                         request_cap: secrets::MAX_REQUEST_BYTES,
                         response_cap: secrets::MAX_RESPONSE_BYTES,
                     });
-                    self.wait(PState::FetchingSecrets(launch, request), action)
+                    self.wait(StartState::FetchingSecrets(launch, request), action)
                 }
                 Err(_) => self.start_failed(ctx, &launch.authority.record),
             },
@@ -758,7 +769,7 @@ impl ProcessOp {
             &offer.offer_id,
         );
         self.wait(
-            PState::AllocatingLog(launch, env),
+            StartState::AllocatingLog(launch, env),
             Action::AllocateLog { log_artifact_id },
         )
     }
@@ -792,7 +803,7 @@ impl ProcessOp {
         });
         let action = persist(record, proposed.clone());
         self.wait(
-            PState::PersistingLaunching(launch, env, Box::new(proposed)),
+            StartState::PersistingLaunching(launch, env, Box::new(proposed)),
             action,
         )
     }
@@ -829,7 +840,10 @@ impl ProcessOp {
             callback_sequence: sequence,
             capability,
         };
-        self.wait(PState::Spawning(launching), Action::Spawn(Box::new(plan)))
+        self.wait(
+            StartState::Spawning(launching),
+            Action::Spawn(Box::new(plan)),
+        )
     }
 
     fn on_spawned(
@@ -854,7 +868,7 @@ impl ProcessOp {
                         });
                         let action = persist(&launching, proposed.clone());
                         self.wait(
-                            PState::PersistingStarted(launching, Box::new(proposed)),
+                            StartState::PersistingStarted(launching, Box::new(proposed)),
                             action,
                         )
                     }
@@ -890,7 +904,7 @@ impl ProcessOp {
         };
         let request = ActivationRequest::running(&record.offer, ack);
         let action = activation_call(ctx, &request);
-        self.wait(PState::AckingRunning(record, request), action)
+        self.wait(StartState::AckingRunning(record, request), action)
     }
 
     fn on_running(
@@ -909,9 +923,10 @@ impl ProcessOp {
             // group first (as lease control's `terminal` does), then record the evidence.
             (ActivationStatus::AlreadyTerminal, _) | (_, SnapshotShape::Terminal) => {
                 match record.executor_handle.clone() {
-                    Some(handle) => {
-                        self.wait(PState::StoppingTerminal(record), Action::Stop { handle })
-                    }
+                    Some(handle) => self.wait(
+                        StartState::StoppingTerminal(record),
+                        Action::Stop { handle },
+                    ),
                     None => self.recover(ctx, &record, RecoveryReason::ControlPlaneTerminal, false),
                 }
             }
@@ -922,7 +937,7 @@ impl ProcessOp {
                 let already = answer.status == ActivationStatus::AlreadyRunning;
                 let proposed = next_record(&record, State::RunningAcknowledged, ctx.now, |_| {});
                 let action = persist(&record, proposed);
-                self.wait(PState::PersistingRunningAck(already), action)
+                self.wait(StartState::PersistingRunningAck(already), action)
             }
             (ActivationStatus::AlreadyStarting, SnapshotShape::Running)
             | (
@@ -945,7 +960,7 @@ impl ProcessOp {
         let proposed = next_record(record, State::StartFailed, ctx.now, |_| {});
         let action = persist(record, proposed.clone());
         self.wait(
-            PState::PersistingStartFailed(Box::new(proposed), must_land),
+            StartState::PersistingStartFailed(Box::new(proposed), must_land),
             action,
         )
     }
@@ -954,7 +969,7 @@ impl ProcessOp {
     fn fail_start(self, ctx: &Ctx<'_>, record: Box<InboxRecord>) -> PStep {
         let request = ActivationRequest::start_failure(&record.offer);
         let action = activation_call(ctx, &request);
-        self.wait(PState::FailingStart(record, request), action)
+        self.wait(StartState::FailingStart(record, request), action)
     }
 
     fn on_start_failure(
@@ -986,7 +1001,7 @@ impl ProcessOp {
         }
         let proposed = next_record(&record, State::StartFailureAcknowledged, ctx.now, |_| {});
         let action = persist(&record, proposed);
-        self.wait(PState::PersistingStartFailureAck, action)
+        self.wait(StartState::PersistingStartFailureAck, action)
     }
 
     /// Persists `recovery_required(reason)`. `must_land`: a process may exist, so the write
@@ -1002,7 +1017,7 @@ impl ProcessOp {
             r.recovery_reason = Some(reason);
         });
         let action = persist(record, proposed);
-        self.wait(PState::PersistingRecovery(reason, must_land), action)
+        self.wait(StartState::PersistingRecovery(reason, must_land), action)
     }
 }
 

@@ -1,5 +1,5 @@
 //! The invariants the core states when it `expect`s a request body (`processor.rs`
-//! `activation_call`, `control.rs` lease control): with every id, the lease token and the
+//! `activation_call`, `supervision.rs` lease control): with every id, the lease token and the
 //! executor handle at the longest and most escaped their validating types allow, the bodies stay
 //! below their caps. A panic there would need a type to admit a longer value.
 

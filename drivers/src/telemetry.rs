@@ -404,10 +404,10 @@ impl Telemetry {
     )]
     pub fn fact(&mut self, fact: &Fact, now_ms: u64) {
         use ql_worker_core::completion::CompletionOutcome;
-        use ql_worker_core::control::ControlResult;
         use ql_worker_core::processor::ProcessResult;
         use ql_worker_core::pull::{PullFault, PullResult};
         use ql_worker_core::session::SessionResult;
+        use ql_worker_core::supervision::SupervisionResult;
         match fact {
             Fact::Session(SessionResult::Registered(view)) => {
                 self.metrics.update(|r| {
@@ -528,7 +528,7 @@ impl Telemetry {
             },
             Fact::Supervise { offer_id, result } => {
                 self.supervised(offer_id, result);
-                if let ControlResult::Pending(outcome) = result {
+                if let SupervisionResult::Pending(outcome) = result {
                     let why = match outcome {
                         CompletionOutcome::ReceiptInvalid(e) => Some(format!(
                             "the receipt does not authenticate ({}); kept as evidence",
@@ -663,11 +663,15 @@ impl Telemetry {
             ));
     }
 
-    fn supervised(&self, offer_id: &OfferId, result: &ql_worker_core::control::ControlResult) {
-        use ql_worker_core::control::ControlResult;
+    fn supervised(
+        &self,
+        offer_id: &OfferId,
+        result: &ql_worker_core::supervision::SupervisionResult,
+    ) {
+        use ql_worker_core::supervision::SupervisionResult;
         let renewal = match result {
-            ControlResult::Renewed => Some("renewed"),
-            ControlResult::StopRequested(stopped) => {
+            SupervisionResult::Renewed => Some("renewed"),
+            SupervisionResult::StopRequested(stopped) => {
                 Event::info("run.stop_requested")
                     .text("offer", offer_id)
                     .text("stop", format_args!("{stopped:?}"))
@@ -677,7 +681,7 @@ impl Telemetry {
                     ));
                 Some("stop_requested")
             }
-            ControlResult::Unavailable => {
+            SupervisionResult::Unavailable => {
                 Event::warn("renewal.failed")
                     .text("offer", offer_id)
                     .text("cause", "no usable answer")
@@ -686,7 +690,7 @@ impl Telemetry {
                     ));
                 Some("unavailable")
             }
-            ControlResult::Uncertain { why, .. } => {
+            SupervisionResult::Uncertain { why, .. } => {
                 if let Uncertainty::Garbled(e) = why {
                     self.invalid_answer("lease-control", &e.to_string());
                 }
@@ -699,7 +703,7 @@ impl Telemetry {
                     ));
                 Some("uncertain")
             }
-            ControlResult::Refused(CallFault::Fenced { code }) => {
+            SupervisionResult::Refused(CallFault::Fenced { code }) => {
                 Event::warn("renewal.fenced")
                     .text("offer", offer_id)
                     .maybe("code", code.as_deref())
@@ -710,7 +714,7 @@ impl Telemetry {
                     ));
                 Some("fenced")
             }
-            ControlResult::Refused(fault) => {
+            SupervisionResult::Refused(fault) => {
                 Event::warn("renewal.failed")
                     .text("offer", offer_id)
                     .text("cause", fault_text(fault))
@@ -720,11 +724,11 @@ impl Telemetry {
                     ));
                 Some("refused")
             }
-            ControlResult::LeaseResponseInvalid(why) => {
+            SupervisionResult::LeaseResponseInvalid(why) => {
                 self.invalid_answer("lease-control", why);
                 Some("invalid")
             }
-            ControlResult::SupervisorGone => {
+            SupervisionResult::SupervisorGone => {
                 Event::warn("run.supervisor_gone")
                     .text("offer", offer_id)
                     .emit(format_args!(
@@ -735,7 +739,7 @@ impl Telemetry {
                     ));
                 None
             }
-            ControlResult::DrainStopped(stopped) => {
+            SupervisionResult::DrainStopped(stopped) => {
                 Event::warn("drain.run_stopped")
                     .text("offer", offer_id)
                     .text("stop", format_args!("{stopped:?}"))

@@ -49,7 +49,7 @@ use crate::worker::{Ctx, Step, read_failure, write_failure};
 
 /// What one supervision pass concluded.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ControlResult {
+pub enum SupervisionResult {
     /// No such record.
     NotFound,
     /// Completion is acknowledged (now or before).
@@ -113,7 +113,7 @@ enum StopCause {
 }
 
 #[derive(Clone)]
-enum LState {
+enum SupervisionState {
     Completing(CompletionOp),
     Reading(CompletionOutcome),
     /// The call in flight.
@@ -139,7 +139,7 @@ enum LState {
 
 /// One supervision pass.
 #[derive(Clone)]
-pub(crate) struct ControlOp {
+pub(crate) struct SupervisionOp {
     offer_id: OfferId,
     /// The lease was renewed less than the pacing interval ago (local time): skip the
     /// lease-control call this pass unless the lease is close to expiry.
@@ -150,31 +150,32 @@ pub(crate) struct ControlOp {
     /// The highest lease version the control plane may hold (lost renewals that may have
     /// committed): a fenced renewal is retried at each version up to it.
     may_hold: Option<LeaseVersion>,
-    /// A renewal beside the offer's own pass ([`ControlOp::renew`]): no completion of its own.
+    /// A renewal beside the offer's own pass ([`SupervisionOp::renew`]): no completion of its own.
     renew_only: bool,
-    state: LState,
+    state: SupervisionState,
 }
 
-impl core::fmt::Debug for ControlOp {
+impl core::fmt::Debug for SupervisionOp {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("ControlOp")
+        f.debug_struct("SupervisionOp")
             .field("offer_id", &self.offer_id)
             .finish_non_exhaustive()
     }
 }
 
-type LStep = Step<ControlOp, ControlResult>;
+type LStep = Step<SupervisionOp, SupervisionResult>;
 
-impl ControlOp {
+impl SupervisionOp {
     /// Whether the write awaited stores a lease this operation's lease-control call renewed (the
     /// control plane renews at the moment it answers, after the call was sent).
     pub(crate) fn grants_lease(&self) -> bool {
-        matches!(self.state, LState::PersistingLease(..))
+        matches!(self.state, SupervisionState::PersistingLease(..))
     }
 
     /// A pass for `offer_id`. `paced_ms`: the interval, when the lease was renewed less than it
     /// ago (the call is then skipped while more than three intervals of lease remain).
-    /// `drain_stop`: the drain budget ended; stop the Run (see [`ControlResult::DrainStopped`]).
+    /// `drain_stop`: the drain budget ended; stop the Run
+    /// (see [`SupervisionResult::DrainStopped`]).
     pub(crate) fn begin(
         offer_id: OfferId,
         paced_ms: Option<u64>,
@@ -190,7 +191,7 @@ impl ControlOp {
                     drain_stop,
                     may_hold,
                     renew_only: false,
-                    state: LState::Completing(op),
+                    state: SupervisionState::Completing(op),
                 },
                 action,
             ),
@@ -200,7 +201,7 @@ impl ControlOp {
                 drain_stop,
                 may_hold,
                 renew_only: false,
-                state: LState::Reading(CompletionOutcome::Deferred),
+                state: SupervisionState::Reading(CompletionOutcome::Deferred),
             }
             .after_completion(outcome),
             Step::Halt(reason) => Step::Halt(reason),
@@ -209,7 +210,7 @@ impl ControlOp {
 
     /// A renewal only (no completion): for an offer whose own pass is uploading its log, so
     /// that a transfer longer than the lease does not lose it. The same lease path as
-    /// [`ControlOp::begin`]'s after its completion step.
+    /// [`SupervisionOp::begin`]'s after its completion step.
     pub(crate) fn renew(
         offer_id: OfferId,
         paced_ms: Option<u64>,
@@ -225,7 +226,7 @@ impl ControlOp {
                 drain_stop: false,
                 may_hold,
                 renew_only: true,
-                state: LState::Reading(CompletionOutcome::Deferred),
+                state: SupervisionState::Reading(CompletionOutcome::Deferred),
             },
             action,
         )
@@ -235,7 +236,7 @@ impl ControlOp {
         &self.offer_id
     }
 
-    fn wait(self, state: LState, action: Action) -> LStep {
+    fn wait(self, state: SupervisionState, action: Action) -> LStep {
         Step::Wait(Self { state, ..self }, action)
     }
 
@@ -251,50 +252,50 @@ impl ControlOp {
             self.renew_only,
         ));
         match &self.state {
-            LState::Completing(op) => op.fingerprint(fp),
-            LState::Reading(completion) => {
+            SupervisionState::Completing(op) => op.fingerprint(fp),
+            SupervisionState::Reading(completion) => {
                 fp.tag("reading");
                 fp.debug(completion);
             }
-            LState::Controlling(record, request) => {
+            SupervisionState::Controlling(record, request) => {
                 fp.tag("controlling");
                 fp.record(record);
                 fp.debug(request);
             }
-            LState::PersistingLease(record, stop) => {
+            SupervisionState::PersistingLease(record, stop) => {
                 fp.tag("persisting-lease");
                 fp.record(record);
                 fp.debug(stop);
             }
-            LState::Stopping(record, cause) => {
+            SupervisionState::Stopping(record, cause) => {
                 fp.tag("stopping");
                 fp.record(record);
                 fp.debug(cause);
             }
-            LState::Recording(reason, stopped) => {
+            SupervisionState::Recording(reason, stopped) => {
                 fp.tag("recording");
                 fp.debug(&(reason, stopped));
             }
-            LState::Recompleting(op) => {
+            SupervisionState::Recompleting(op) => {
                 fp.tag("recompleting");
                 op.fingerprint(fp);
             }
-            LState::Restopping(cause) => {
+            SupervisionState::Restopping(cause) => {
                 fp.tag("restopping");
                 fp.debug(cause);
             }
-            LState::Inspecting(record, request) => {
+            SupervisionState::Inspecting(record, request) => {
                 fp.tag("inspecting");
                 fp.record(record);
                 fp.debug(request);
             }
-            LState::Confirming(op, record) => {
+            SupervisionState::Confirming(op, record) => {
                 fp.tag("confirming");
                 op.fingerprint(fp);
                 fp.record(record);
             }
-            LState::RecordingGone => fp.tag("recording-gone"),
-            LState::ReadingPublished(record, cause) => {
+            SupervisionState::RecordingGone => fp.tag("recording-gone"),
+            SupervisionState::ReadingPublished(record, cause) => {
                 fp.tag("reading-published");
                 fp.record(record);
                 fp.debug(cause);
@@ -305,57 +306,59 @@ impl ControlOp {
     pub(crate) fn resume(mut self, ctx: &Ctx<'_>, outcome: Outcome) -> LStep {
         match core::mem::replace(
             &mut self.state,
-            LState::Reading(CompletionOutcome::Deferred),
+            SupervisionState::Reading(CompletionOutcome::Deferred),
         ) {
-            LState::Completing(op) => match op.resume(ctx, outcome) {
-                Step::Wait(op, action) => self.wait(LState::Completing(op), action),
+            SupervisionState::Completing(op) => match op.resume(ctx, outcome) {
+                Step::Wait(op, action) => self.wait(SupervisionState::Completing(op), action),
                 Step::Done(result) => self.after_completion(result),
                 Step::Halt(reason) => Step::Halt(reason),
             },
-            LState::Reading(completion) => self.on_record(ctx, completion, outcome),
-            LState::Restopping(cause) => match outcome {
+            SupervisionState::Reading(completion) => self.on_record(ctx, completion, outcome),
+            SupervisionState::Restopping(cause) => match outcome {
                 Outcome::RecordRead(Some(record)) if record.state.is_terminal() => {
-                    Step::Done(ControlResult::Settled)
+                    Step::Done(SupervisionResult::Settled)
                 }
                 Outcome::RecordRead(Some(record)) => self.stop(ctx, &record, cause),
-                Outcome::RecordRead(None) => Step::Done(ControlResult::NotFound),
+                Outcome::RecordRead(None) => Step::Done(SupervisionResult::NotFound),
                 Outcome::Store(failure) => {
-                    read_failure(failure, || Step::Done(ControlResult::StorageUnchanged))
+                    read_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged))
                 }
                 other => unexpected(&other),
             },
-            LState::Recompleting(op) => match op.resume(ctx, outcome) {
-                Step::Wait(op, action) => self.wait(LState::Recompleting(op), action),
+            SupervisionState::Recompleting(op) => match op.resume(ctx, outcome) {
+                Step::Wait(op, action) => self.wait(SupervisionState::Recompleting(op), action),
                 Step::Done(result) => self.after_recompleting(result),
                 Step::Halt(reason) => Step::Halt(reason),
             },
-            LState::Controlling(record, request) => self.on_control(ctx, record, &request, outcome),
-            LState::PersistingLease(record, stop) => match outcome {
+            SupervisionState::Controlling(record, request) => {
+                self.on_control(ctx, record, &request, outcome)
+            }
+            SupervisionState::PersistingLease(record, stop) => match outcome {
                 Outcome::Persisted if stop => self.stop(ctx, &record, StopCause::Requested),
-                Outcome::Persisted => Step::Done(ControlResult::Renewed),
+                Outcome::Persisted => Step::Done(SupervisionResult::Renewed),
                 Outcome::Store(failure) => {
-                    write_failure(failure, || Step::Done(ControlResult::StorageUnchanged))
+                    write_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged))
                 }
                 other => unexpected(&other),
             },
-            LState::Stopping(record, cause) => match outcome {
+            SupervisionState::Stopping(record, cause) => match outcome {
                 Outcome::Stopped(stopped) => {
                     let reason = recovery_for(cause, stopped);
                     self.record_recovery(ctx, &record, reason, cause, stopped)
                 }
                 other => unexpected(&other),
             },
-            LState::Recording(reason, stopped) => match outcome {
-                Outcome::Persisted => Step::Done(ControlResult::Recovered(reason, stopped)),
+            SupervisionState::Recording(reason, stopped) => match outcome {
+                Outcome::Persisted => Step::Done(SupervisionResult::Recovered(reason, stopped)),
                 Outcome::Store(failure) => {
-                    write_failure(failure, || Step::Done(ControlResult::StorageUnchanged))
+                    write_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged))
                 }
                 other => unexpected(&other),
             },
-            state @ (LState::Inspecting(..) | LState::Confirming(..) | LState::RecordingGone) => {
-                self.resume_gone(ctx, state, outcome)
-            }
-            LState::ReadingPublished(record, cause) => match outcome {
+            state @ (SupervisionState::Inspecting(..)
+            | SupervisionState::Confirming(..)
+            | SupervisionState::RecordingGone) => self.resume_gone(ctx, state, outcome),
+            SupervisionState::ReadingPublished(record, cause) => match outcome {
                 Outcome::PublishedHandle(found) => self.stop_by(ctx, &record, cause, found),
                 other => unexpected(&other),
             },
@@ -366,7 +369,7 @@ impl ControlOp {
     fn after_recompleting(self, result: CompletionOutcome) -> LStep {
         match result {
             CompletionOutcome::AlreadyCompleted(_) | CompletionOutcome::Acknowledged(_) => {
-                Step::Done(ControlResult::Completed(result))
+                Step::Done(SupervisionResult::Completed(result))
             }
             // The replay got no usable answer, a transient read or write failed, or the control
             // plane refused the Worker's credentials (401, 403: an operator fixes them, the
@@ -379,7 +382,7 @@ impl ControlOp {
             | CompletionOutcome::ArtifactUnavailable
             | CompletionOutcome::Refused(CallFault::Rejected {
                 status: 401 | 403, ..
-            }) => Step::Done(ControlResult::Pending(result)),
+            }) => Step::Done(SupervisionResult::Pending(result)),
             CompletionOutcome::NotFound
             | CompletionOutcome::Deferred
             | CompletionOutcome::ReceiptMissing
@@ -392,20 +395,25 @@ impl ControlOp {
                 let action = Action::ReadRecord {
                     offer_id: self.offer_id.clone(),
                 };
-                self.wait(LState::Restopping(StopCause::ControlPlaneTerminal), action)
+                self.wait(
+                    SupervisionState::Restopping(StopCause::ControlPlaneTerminal),
+                    action,
+                )
             }
         }
     }
 
     /// The steps of a Run whose supervisor may be gone (issue 16).
-    fn resume_gone(self, ctx: &Ctx<'_>, state: LState, outcome: Outcome) -> LStep {
+    fn resume_gone(self, ctx: &Ctx<'_>, state: SupervisionState, outcome: Outcome) -> LStep {
         match state {
-            LState::Inspecting(record, request) => match outcome {
+            SupervisionState::Inspecting(record, request) => match outcome {
                 Outcome::SupervisionInspected {
                     supervisor: Liveness::Gone,
                     process: Liveness::Gone,
                 } => match CompletionOp::begin(self.offer_id.clone()) {
-                    Step::Wait(op, action) => self.wait(LState::Confirming(op, record), action),
+                    Step::Wait(op, action) => {
+                        self.wait(SupervisionState::Confirming(op, record), action)
+                    }
                     Step::Done(result) => self.after_confirming(ctx, &record, result),
                     Step::Halt(reason) => Step::Halt(reason),
                 },
@@ -415,27 +423,29 @@ impl ControlOp {
                 Outcome::SupervisionInspected { .. } => self.control(ctx, record, request),
                 other => unexpected(&other),
             },
-            LState::Confirming(op, record) => match op.resume(ctx, outcome) {
-                Step::Wait(op, action) => self.wait(LState::Confirming(op, record), action),
+            SupervisionState::Confirming(op, record) => match op.resume(ctx, outcome) {
+                Step::Wait(op, action) => {
+                    self.wait(SupervisionState::Confirming(op, record), action)
+                }
                 Step::Done(result) => self.after_confirming(ctx, &record, result),
                 Step::Halt(reason) => Step::Halt(reason),
             },
-            LState::RecordingGone => match outcome {
-                Outcome::Persisted => Step::Done(ControlResult::SupervisorGone),
+            SupervisionState::RecordingGone => match outcome {
+                Outcome::Persisted => Step::Done(SupervisionResult::SupervisorGone),
                 Outcome::Store(failure) => {
-                    write_failure(failure, || Step::Done(ControlResult::StorageUnchanged))
+                    write_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged))
                 }
                 other => unexpected(&other),
             },
-            LState::Completing(_)
-            | LState::Reading(_)
-            | LState::Controlling(..)
-            | LState::PersistingLease(..)
-            | LState::Stopping(..)
-            | LState::Recording(..)
-            | LState::Recompleting(..)
-            | LState::Restopping(_)
-            | LState::ReadingPublished(..) => unexpected(&outcome),
+            SupervisionState::Completing(_)
+            | SupervisionState::Reading(_)
+            | SupervisionState::Controlling(..)
+            | SupervisionState::PersistingLease(..)
+            | SupervisionState::Stopping(..)
+            | SupervisionState::Recording(..)
+            | SupervisionState::Recompleting(..)
+            | SupervisionState::Restopping(_)
+            | SupervisionState::ReadingPublished(..) => unexpected(&outcome),
         }
     }
 
@@ -452,7 +462,7 @@ impl ControlOp {
             return Step::Done(done);
         }
         if completion != CompletionOutcome::ReceiptMissing {
-            return Step::Done(ControlResult::Pending(completion));
+            return Step::Done(SupervisionResult::Pending(completion));
         }
         // Nothing wrote this record since it was read in this pass (the confirming completion
         // writes only on success), so the proposal is based on what was read.
@@ -460,7 +470,7 @@ impl ControlOp {
             r.recovery_reason = Some(RecoveryReason::LeaseLostLocalExecutionStopped);
         });
         let action = persist(record, proposed);
-        self.wait(LState::RecordingGone, action)
+        self.wait(SupervisionState::RecordingGone, action)
     }
 
     /// Step 2–3: completion first.
@@ -471,21 +481,21 @@ impl ControlOp {
         let action = Action::ReadRecord {
             offer_id: self.offer_id.clone(),
         };
-        self.wait(LState::Reading(completion), action)
+        self.wait(SupervisionState::Reading(completion), action)
     }
 
     /// Steps 3–6.
     fn on_record(self, ctx: &Ctx<'_>, completion: CompletionOutcome, outcome: Outcome) -> LStep {
         let record = match outcome {
             Outcome::RecordRead(Some(record)) => record,
-            Outcome::RecordRead(None) => return Step::Done(ControlResult::NotFound),
+            Outcome::RecordRead(None) => return Step::Done(SupervisionResult::NotFound),
             Outcome::Store(failure) => {
-                return read_failure(failure, || Step::Done(ControlResult::StorageUnchanged));
+                return read_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged));
             }
             other => return unexpected(&other),
         };
         if record.state.is_terminal() {
-            return Step::Done(ControlResult::Settled);
+            return Step::Done(SupervisionResult::Settled);
         }
         if completion == CompletionOutcome::ControlPlaneTerminal {
             return self.stop(ctx, &record, StopCause::CompletionTerminal);
@@ -500,14 +510,14 @@ impl ControlOp {
             .session
             .is_some_and(|s| s.worker == record.offer.worker && ctx.usable(s));
         if !session_ok {
-            return Step::Done(ControlResult::SessionUnavailable);
+            return Step::Done(SupervisionResult::SessionUnavailable);
         }
         let remaining = ctx.lease_remaining_ms(&record);
         if self
             .paced_ms
             .is_some_and(|interval| remaining > interval.saturating_mul(3))
         {
-            return Step::Done(ControlResult::Paced);
+            return Step::Done(SupervisionResult::Paced);
         }
         let request = LeaseControlRequest::from_offer(&record.offer);
         // No receipt: before renewing, ask whether anything of the Run is left (issue 16).
@@ -522,7 +532,7 @@ impl ControlOp {
                 log_artifact_id,
                 handle,
             };
-            return self.wait(LState::Inspecting(record, request), action);
+            return self.wait(SupervisionState::Inspecting(record, request), action);
         }
         self.control(ctx, record, request)
     }
@@ -548,7 +558,7 @@ impl ControlOp {
             request_cap: crate::wire::lease_control::MAX_REQUEST_BYTES,
             response_cap: MAX_RESPONSE_BYTES,
         });
-        self.wait(LState::Controlling(record, request), action)
+        self.wait(SupervisionState::Controlling(record, request), action)
     }
 
     /// Steps 6–9.
@@ -562,9 +572,9 @@ impl ControlOp {
         let attempted = request.fence.expected_lease_version;
         let body = match response(outcome) {
             Ok(Ok(body)) => body,
-            Ok(Err(CallFault::Unavailable)) => return Step::Done(ControlResult::Unavailable),
+            Ok(Err(CallFault::Unavailable)) => return Step::Done(SupervisionResult::Unavailable),
             Ok(Err(CallFault::Uncertain(why))) => {
-                return Step::Done(ControlResult::Uncertain { attempted, why });
+                return Step::Done(SupervisionResult::Uncertain { attempted, why });
             }
             // Fenced: earlier renewals may have committed without their answers reaching the
             // disk. Ask at the next version, up to the highest one they could have left (the
@@ -579,19 +589,19 @@ impl ControlOp {
                         self.control(ctx, record, next)
                     }
                     Some(_) | None => {
-                        Step::Done(ControlResult::Refused(CallFault::Fenced { code }))
+                        Step::Done(SupervisionResult::Refused(CallFault::Fenced { code }))
                     }
                 };
             }
-            Ok(Err(fault)) => return Step::Done(ControlResult::Refused(fault)),
+            Ok(Err(fault)) => return Step::Done(SupervisionResult::Refused(fault)),
             Err(other) => return unexpected(&other),
         };
         let answer = match LeaseControlResponse::parse(&body, request) {
             Ok(answer) => answer,
             Err(e) => {
                 return Step::Done(match garbled(e) {
-                    Ok(why) => ControlResult::Uncertain { attempted, why },
-                    Err(e) => ControlResult::LeaseResponseInvalid(format!("{e}")),
+                    Ok(why) => SupervisionResult::Uncertain { attempted, why },
+                    Err(e) => SupervisionResult::LeaseResponseInvalid(format!("{e}")),
                 });
             }
         };
@@ -599,14 +609,15 @@ impl ControlOp {
             // A terminal lease may be our own completion whose answer was lost: replay the
             // completion once (an exact replay answers `already_completed`) before concluding
             // the control plane settled the Run otherwise.
-            // A renewal beside the offer's own pass (which is uploading: see `ControlOp::renew`)
-            // leaves a terminal Run to that pass: it is the one completing it.
+            // A renewal beside the offer's own pass (which is uploading: see
+            // `SupervisionOp::renew`) leaves a terminal Run to that pass: it is the one
+            // completing it.
             LeaseControlResponse::Terminal(_) if self.renew_only => Step::Done(
-                ControlResult::Pending(CompletionOutcome::ControlPlaneTerminal),
+                SupervisionResult::Pending(CompletionOutcome::ControlPlaneTerminal),
             ),
             LeaseControlResponse::Terminal(_) if crate::completion::eligible_state(&record) => {
                 match CompletionOp::begin(self.offer_id.clone()) {
-                    Step::Wait(op, action) => self.wait(LState::Recompleting(op), action),
+                    Step::Wait(op, action) => self.wait(SupervisionState::Recompleting(op), action),
                     Step::Done(_) => self.stop(ctx, &record, StopCause::ControlPlaneTerminal),
                     Step::Halt(reason) => Step::Halt(reason),
                 }
@@ -631,7 +642,7 @@ impl ControlOp {
     ) -> LStep {
         let old = &record.offer.lease;
         if lease.renewed_at_ms < old.renewed_at_ms || lease.renewed_at_ms < old.updated_at_ms {
-            return Step::Done(ControlResult::LeaseResponseInvalid(String::from(
+            return Step::Done(SupervisionResult::LeaseResponseInvalid(String::from(
                 "renewedAtMs is before the persisted lease",
             )));
         }
@@ -643,7 +654,10 @@ impl ControlOp {
             r.offer.lease.updated_at_ms = lease.renewed_at_ms.max(r.offer.lease.updated_at_ms);
         });
         let action = persist(&record, proposed.clone());
-        self.wait(LState::PersistingLease(Box::new(proposed), stop), action)
+        self.wait(
+            SupervisionState::PersistingLease(Box::new(proposed), stop),
+            action,
+        )
     }
 
     /// The stop helper: the exact process group of the durable handle. Without a handle, a
@@ -659,7 +673,7 @@ impl ControlOp {
                 attempt_id: record.offer.candidate.attempt_id.clone(),
             };
             return self.wait(
-                LState::ReadingPublished(Box::new(record.clone()), cause),
+                SupervisionState::ReadingPublished(Box::new(record.clone()), cause),
                 action,
             );
         }
@@ -680,7 +694,10 @@ impl ControlOp {
         match handle {
             Some(handle) => {
                 let action = Action::Stop { handle };
-                self.wait(LState::Stopping(Box::new(record.clone()), cause), action)
+                self.wait(
+                    SupervisionState::Stopping(Box::new(record.clone()), cause),
+                    action,
+                )
             }
             None => {
                 let stopped = if record.state == State::Launching
@@ -707,11 +724,11 @@ impl ControlOp {
         stopped: StopOutcome,
     ) -> LStep {
         let done = match cause {
-            StopCause::ControlPlaneTerminal => ControlResult::Terminal(stopped),
-            StopCause::CompletionTerminal => ControlResult::CompletionTerminal(stopped),
-            StopCause::LeaseExpired => ControlResult::LeaseExpired(stopped),
-            StopCause::Requested => ControlResult::StopRequested(stopped),
-            StopCause::Drain => ControlResult::DrainStopped(stopped),
+            StopCause::ControlPlaneTerminal => SupervisionResult::Terminal(stopped),
+            StopCause::CompletionTerminal => SupervisionResult::CompletionTerminal(stopped),
+            StopCause::LeaseExpired => SupervisionResult::LeaseExpired(stopped),
+            StopCause::Requested => SupervisionResult::StopRequested(stopped),
+            StopCause::Drain => SupervisionResult::DrainStopped(stopped),
         };
         let Some(reason) = reason else {
             return Step::Done(done);
@@ -725,7 +742,7 @@ impl ControlOp {
             r.recovery_reason = Some(reason);
         });
         let action = persist(record, proposed);
-        self.wait(LState::Recording(reason, stopped), action)
+        self.wait(SupervisionState::Recording(reason, stopped), action)
     }
 }
 
@@ -740,12 +757,12 @@ pub(crate) fn catch_up(request: &LeaseControlRequest) -> Option<LeaseControlRequ
 
 /// What a completion pass that ends the supervision pass concluded (the Run is completed, or
 /// its record is gone); `None` when the pass goes on.
-fn finished(completion: &CompletionOutcome) -> Option<ControlResult> {
+fn finished(completion: &CompletionOutcome) -> Option<SupervisionResult> {
     match completion {
         CompletionOutcome::AlreadyCompleted(_) | CompletionOutcome::Acknowledged(_) => {
-            Some(ControlResult::Completed(completion.clone()))
+            Some(SupervisionResult::Completed(completion.clone()))
         }
-        CompletionOutcome::NotFound => Some(ControlResult::NotFound),
+        CompletionOutcome::NotFound => Some(SupervisionResult::NotFound),
         CompletionOutcome::Deferred
         | CompletionOutcome::ReceiptMissing
         | CompletionOutcome::ReceiptUnavailable
