@@ -28,7 +28,7 @@ use crate::session::{Exchange, SessionResult};
 use crate::supervision::SupervisionResult;
 use crate::time::MonoMillis;
 use crate::worker::{
-    HaltReason, ListPurpose, Phase, SessionStatus, StopReason, Timer, Work, Worker,
+    HaltReason, ListPurpose, SessionStatus, Stage, StopReason, Timer, Work, Worker,
 };
 
 /// Why the Worker does not Pull now ([`Worker::pull_blocker`]).
@@ -67,12 +67,12 @@ impl Worker {
             self.drain_overrun = true;
             let in_flight = self.in_flight();
             self.fact(|| Fact::DrainBudgetEnded { in_flight });
-            match self.phase {
-                Phase::Draining => {}
+            match self.stage {
+                Stage::Draining => {}
                 // Never registered: nothing of this incarnation runs.
-                Phase::Registering => return self.stop(StopReason::NotRegistered),
+                Stage::Registering => return self.stop(StopReason::NotRegistered),
                 // Reconciliation never finished (reads kept failing).
-                Phase::Reconciling | Phase::Active | Phase::Finished => {
+                Stage::Reconciling | Stage::Active | Stage::Finished(_) => {
                     return self.stop(StopReason::Unsettled);
                 }
             }
@@ -83,14 +83,14 @@ impl Worker {
             return;
         }
         self.next_tick_at = self.mono.saturating_add(self.config.cadence_ms);
-        match self.phase {
-            Phase::Registering if self.register_backing_off() => {}
-            Phase::Registering => {
+        match self.stage {
+            Stage::Registering if self.register_backing_off() => {}
+            Stage::Registering => {
                 if !self.planned(&Work::Register) {
                     self.queue.push_back(Work::Register);
                 }
             }
-            Phase::Reconciling => {
+            Stage::Reconciling => {
                 if !self.listing(ListPurpose::Reconcile) {
                     self.queue.push_back(Work::ListPage {
                         purpose: ListPurpose::Reconcile,
@@ -98,8 +98,8 @@ impl Worker {
                     });
                 }
             }
-            Phase::Active | Phase::Draining => self.plan_active_tick(),
-            Phase::Finished => {}
+            Stage::Active | Stage::Draining => self.plan_active_tick(),
+            Stage::Finished(_) => {}
         }
     }
 
@@ -138,7 +138,7 @@ impl Worker {
             .filter(|(_, at)| self.mono >= **at)
             .map(|(timer, _)| timer.clone())
             .collect();
-        let active = matches!(self.phase, Phase::Active | Phase::Draining) && !self.rejoin;
+        let active = matches!(self.stage, Stage::Active | Stage::Draining) && !self.rejoin;
         for timer in due {
             self.timers.remove(&timer);
             match timer {
@@ -225,7 +225,7 @@ impl Worker {
             .session
             .as_ref()
             .is_some_and(|s| s.usable(self.mono) && s.status == SessionStatus::Online);
-        if self.phase != Phase::Active {
+        if self.stage != Stage::Active {
             Some(PullBlocker::NotActive)
         } else if self.fail_closed.is_some() {
             Some(PullBlocker::FailClosed)
@@ -282,7 +282,7 @@ impl Worker {
             .as_ref()
             .is_some_and(|s| s.status == SessionStatus::Offline);
         self.retiring
-            && self.phase == Phase::Active
+            && self.stage == Stage::Active
             && self.drain_started_at.is_none()
             && (offline || !self.holds_live_runs())
     }
@@ -450,7 +450,7 @@ impl Worker {
                 if matches!(result_kind, Kind::Registered) && self.rejoin {
                     self.rejoin = false;
                     self.fact(|| Fact::Rejoined);
-                    if self.phase == Phase::Draining {
+                    if self.stage == Stage::Draining {
                         // The new registration is online: announce the drain again, and let
                         // the final transition be queued anew.
                         self.transition_offline_queued = false;
@@ -458,7 +458,7 @@ impl Worker {
                             .push_back(Work::Transition(SessionStatus::Draining));
                     }
                 }
-                if self.phase == Phase::Registering {
+                if self.stage == Stage::Registering {
                     // Draining or offline although this start asked for no drain: a previous
                     // incarnation stopped during its drain. See `renewal_due`.
                     self.retiring =
@@ -470,8 +470,8 @@ impl Worker {
                 // local deadline (the sending plus the lease) pass before the next answer.
                 self.heartbeat_due_at = call_sent.saturating_add(self.config.heartbeat_interval_ms);
                 self.timers.insert(Timer::Heartbeat, self.heartbeat_due_at);
-                if self.phase == Phase::Registering {
-                    self.phase = Phase::Reconciling;
+                if self.stage == Stage::Registering {
+                    self.stage = Stage::Reconciling;
                     self.next_tick_at = self.mono;
                 }
             }
@@ -490,7 +490,7 @@ impl Worker {
                 self.session = None;
                 self.reported_slots = None;
                 self.retiring = false;
-                self.phase = Phase::Registering;
+                self.stage = Stage::Registering;
                 self.reconcile_cursor = None;
                 self.queue.clear();
                 self.next_tick_at = self.mono;
@@ -594,11 +594,11 @@ impl Worker {
                 self.reconcile_cursor = result.next_after.clone();
                 if result.next_after.is_none() {
                     if self.drain_started_at.is_some() {
-                        self.phase = Phase::Draining;
+                        self.stage = Stage::Draining;
                         self.queue
                             .push_back(Work::Transition(SessionStatus::Draining));
                     } else {
-                        self.phase = Phase::Active;
+                        self.stage = Stage::Active;
                     }
                 }
                 // The next page (or the first active tick) follows at once.
@@ -685,7 +685,7 @@ impl Worker {
 
     fn maybe_finish_drain(&mut self) {
         let settled = self.in_flight() == 0;
-        if self.phase == Phase::Draining
+        if self.stage == Stage::Draining
             && settled
             && self.queue.is_empty()
             && self.lanes.is_empty()

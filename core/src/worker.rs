@@ -665,7 +665,9 @@ pub struct Worker {
     /// The last monotonic reading: every interval below runs on it.
     pub(crate) mono: MonoMillis,
     pub(crate) next_op: u64,
-    pub(crate) phase: Phase,
+    /// The phase, with how the machine ended once it has (one value: no `finished` flag
+    /// beside a `Finished` phase).
+    pub(crate) stage: Stage,
     pub(crate) session: Option<SessionView>,
     pub(crate) known: BTreeMap<OfferId, State>,
     pub(crate) fail_closed: Option<FailClosed>,
@@ -701,7 +703,6 @@ pub struct Worker {
     /// version `x` may have left it at `x + 1`). A fenced renewal is tried at every version up
     /// to it (issue 17). Lost with a restart: then only the persisted version + 1 is tried.
     pub(crate) lease_may_hold: BTreeMap<OfferId, crate::ids::LeaseVersion>,
-    pub(crate) finished: Option<Finish>,
     /// Whether the last Pull kept its pending claim (a failure or a backoff): it may still bring
     /// one record, so it takes one place of the inbox's room in `availableSlots`. Unknown until
     /// the first Pull reads the claim; taken as absent (the Pull itself stores at most one
@@ -792,6 +793,16 @@ pub struct InboxStatus {
     pub settled: usize,
 }
 
+/// The machine's phase ([`Phase`] is its public, coarse form), with how it ended once it has.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Stage {
+    Registering,
+    Reconciling,
+    Active,
+    Draining,
+    Finished(Finish),
+}
+
 /// How the machine ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Finish {
@@ -810,7 +821,7 @@ impl Worker {
             now: now.wall,
             mono: now.mono,
             next_op: 0,
-            phase: Phase::Registering,
+            stage: Stage::Registering,
             session: None,
             known: BTreeMap::new(),
             fail_closed: None,
@@ -832,7 +843,6 @@ impl Worker {
             leases: BTreeMap::new(),
             lease_may_hold: BTreeMap::new(),
             notices: VecDeque::new(),
-            finished: None,
             claim_pending: false,
             retiring: false,
             reported_slots: None,
@@ -945,7 +955,13 @@ impl Worker {
     /// The coarse phase.
     #[must_use]
     pub fn phase(&self) -> Phase {
-        self.phase
+        match self.stage {
+            Stage::Registering => Phase::Registering,
+            Stage::Reconciling => Phase::Reconciling,
+            Stage::Active => Phase::Active,
+            Stage::Draining => Phase::Draining,
+            Stage::Finished(_) => Phase::Finished,
+        }
     }
 
     /// The Session as last confirmed by the control plane.
@@ -985,7 +1001,7 @@ impl Worker {
             now: self.now,
             mono: self.mono,
             next_op: self.next_op,
-            phase: self.phase,
+            stage: self.stage.clone(),
             session: self.session.clone(),
             known: self.known.clone(),
             fail_closed: self.fail_closed.clone(),
@@ -1006,7 +1022,6 @@ impl Worker {
             timers: self.timers.clone(),
             leases: self.leases.clone(),
             lease_may_hold: self.lease_may_hold.clone(),
-            finished: self.finished.clone(),
             claim_pending: self.claim_pending,
             retiring: self.retiring,
             inbox: self.inbox,
@@ -1058,13 +1073,13 @@ impl Worker {
     #[cfg(feature = "sim-hooks")]
     pub fn state_fingerprint(&self, hasher: &mut dyn core::hash::Hasher) {
         let mut fp = crate::fingerprint::Fingerprint(hasher);
-        fp.debug(&(self.phase, &self.session, &self.known));
+        fp.debug(&(&self.stage, &self.session, &self.known));
         fp.debug(&(&self.fail_closed, self.drain_started_at, &self.queue));
         fp.debug(&(self.next_tick_at, self.heartbeat_due_at, self.pull_retry_at));
         fp.debug(&(&self.timers, &self.last_renewal));
         fp.debug(&(self.claim_backoff_served, &self.leases));
         fp.debug(&(&self.supervision_cursor, &self.reconcile_cursor));
-        fp.debug(&(self.transition_offline_queued, &self.finished));
+        fp.debug(&self.transition_offline_queued);
         fp.debug(&(self.claim_pending, self.retiring, &self.config.session_id));
         fp.debug(&(self.inbox, self.reported_slots, self.reporting_slots));
         fp.debug(&(self.auth_paused, self.rejoin, self.fences));
@@ -1099,7 +1114,7 @@ impl Worker {
     /// # Errors
     /// [`InputError`] when the input does not answer the outstanding command; nothing changes.
     pub fn handle(&mut self, now: Now, input: Input) -> Result<(), InputError> {
-        if self.finished.is_some() {
+        if matches!(self.stage, Stage::Finished(_)) {
             return Err(InputError::Halted);
         }
         self.now = now.wall;
@@ -1140,7 +1155,7 @@ impl Worker {
     /// The next output. See the module documentation.
     pub fn poll_output(&mut self) -> Output {
         loop {
-            if let Some(finish) = &self.finished {
+            if let Stage::Finished(finish) = &self.stage {
                 return match finish {
                     Finish::Stopped(reason) => Output::Stopped(*reason),
                     Finish::Halted(reason) => Output::Halted(reason.clone()),
@@ -1151,7 +1166,7 @@ impl Worker {
             }
             if self.busy_tick_due() {
                 self.on_tick();
-                if self.finished.is_some() {
+                if matches!(self.stage, Stage::Finished(_)) {
                     continue;
                 }
             }
@@ -1174,7 +1189,7 @@ impl Worker {
     fn busy_tick_due(&self) -> bool {
         let overdue = self.next_tick_at.saturating_add(self.config.cadence_ms);
         !self.queue.is_empty()
-            && matches!(self.phase, Phase::Active | Phase::Draining)
+            && matches!(self.stage, Stage::Active | Stage::Draining)
             && self.mono >= overdue
     }
 
@@ -1502,8 +1517,7 @@ impl Worker {
     pub(crate) fn halt(&mut self, reason: HaltReason) {
         self.queue.clear();
         self.lanes.clear();
-        self.phase = Phase::Finished;
-        self.finished = Some(Finish::Halted(reason));
+        self.stage = Stage::Finished(Finish::Halted(reason));
     }
 
     /// Stops the machine. Calls still in flight are abandoned, as a crash would (the lanes
@@ -1511,8 +1525,7 @@ impl Worker {
     pub(crate) fn stop(&mut self, reason: StopReason) {
         self.queue.clear();
         self.lanes.clear();
-        self.phase = Phase::Finished;
-        self.finished = Some(Finish::Stopped(reason));
+        self.stage = Stage::Finished(Finish::Stopped(reason));
     }
 
     /// Records the state of a record the Worker read or wrote. Fail-closed follows the
@@ -1608,19 +1621,19 @@ impl Worker {
             self.drain_started_at = Some(self.mono);
             let in_flight = self.in_flight();
             self.fact(|| Fact::DrainBegun { in_flight });
-            match self.phase {
-                Phase::Active => {
-                    self.phase = Phase::Draining;
+            match self.stage {
+                Stage::Active => {
+                    self.stage = Stage::Draining;
                     self.queue
                         .push_back(Work::Transition(SessionStatus::Draining));
                 }
                 // Never registered: this incarnation started nothing, and what a previous one
                 // left is reconciled at the next start. Stop at once (an unreachable control
                 // plane must not hold a stop for the whole drain budget).
-                Phase::Registering if self.lanes.is_empty() => {
+                Stage::Registering if self.lanes.is_empty() => {
                     self.stop(StopReason::NotRegistered);
                 }
-                Phase::Registering | Phase::Reconciling | Phase::Draining | Phase::Finished => {}
+                Stage::Registering | Stage::Reconciling | Stage::Draining | Stage::Finished(_) => {}
             }
         }
     }
