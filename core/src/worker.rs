@@ -364,13 +364,18 @@ pub(crate) struct Slot {
 #[derive(Debug)]
 pub(crate) enum Pending {
     Staged(Action),
-    Outstanding {
-        id: OpId,
-        /// The record a `PersistRecord` proposes: known durable once `Persisted` answers.
-        write: Option<alloc::boxed::Box<InboxRecord>>,
-        /// The command streams a log (a renewal may run beside it).
-        uploading: bool,
-    },
+    Outstanding { id: OpId, sent: Sent },
+}
+
+/// What an outstanding command is, as far as the Worker itself needs to know.
+#[derive(Clone, Debug)]
+pub(crate) enum Sent {
+    /// A `PersistRecord` of this record: known durable once `Persisted` answers.
+    Write(alloc::boxed::Box<InboxRecord>),
+    /// An `UploadLog`: the lane streams a log, and a renewal may run beside it.
+    Upload,
+    /// Any other command.
+    Other,
 }
 
 impl Slot {
@@ -386,7 +391,7 @@ impl Slot {
         matches!(
             self.pending,
             Pending::Outstanding {
-                uploading: true,
+                sent: Sent::Upload,
                 ..
             }
         )
@@ -396,21 +401,17 @@ impl Slot {
     fn send(&mut self, id: OpId) -> Option<Action> {
         let placeholder = Pending::Outstanding {
             id,
-            write: None,
-            uploading: false,
+            sent: Sent::Other,
         };
         let Pending::Staged(action) = core::mem::replace(&mut self.pending, placeholder) else {
             return None;
         };
-        let write = match &action {
-            Action::PersistRecord { record, .. } => Some(record.clone()),
-            _ => None,
+        let sent = match &action {
+            Action::PersistRecord { record, .. } => Sent::Write(record.clone()),
+            Action::UploadLog { .. } => Sent::Upload,
+            _ => Sent::Other,
         };
-        self.pending = Pending::Outstanding {
-            id,
-            write,
-            uploading: matches!(action, Action::UploadLog { .. }),
-        };
+        self.pending = Pending::Outstanding { id, sent };
         Some(action)
     }
 
@@ -420,14 +421,9 @@ impl Slot {
     fn fork(&self) -> Self {
         let pending = match &self.pending {
             Pending::Staged(action) => Pending::Staged(action.clone()),
-            Pending::Outstanding {
-                id,
-                write,
-                uploading,
-            } => Pending::Outstanding {
+            Pending::Outstanding { id, sent } => Pending::Outstanding {
                 id: *id,
-                write: write.clone(),
-                uploading: *uploading,
+                sent: sent.clone(),
             },
         };
         Self {
@@ -446,9 +442,9 @@ impl Slot {
         self.op.fingerprint(fp);
         match &self.pending {
             Pending::Staged(_) => fp.tag("staged"),
-            Pending::Outstanding { write, .. } => match write {
-                Some(record) => fp.record(record),
-                None => fp.tag("sent"),
+            Pending::Outstanding { sent, .. } => match sent {
+                Sent::Write(record) => fp.record(record),
+                Sent::Upload | Sent::Other => fp.tag("sent"),
             },
         }
     }
@@ -1385,7 +1381,7 @@ impl Worker {
             (
                 Outcome::Persisted,
                 Pending::Outstanding {
-                    write: Some(record),
+                    sent: Sent::Write(record),
                     ..
                 },
             ) => {
