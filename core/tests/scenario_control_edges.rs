@@ -5,10 +5,10 @@
 //! handle, and a record that moves between the listing and the re-read. Driven through the
 //! whole Worker against the simulated host; the exact commands are asserted.
 
-use ql_worker_core::control::ControlResult;
 use ql_worker_core::facts::Fact;
 use ql_worker_core::io::StopOutcome;
 use ql_worker_core::record::{RecoveryReason, State};
+use ql_worker_core::supervision::SupervisionResult;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_sim::testkit::sim::{On, Sim};
@@ -116,7 +116,7 @@ fn a_renewal_dated_before_the_persisted_lease_update_is_not_persisted() {
         matches!(
             fact,
             Fact::Supervise {
-                result: ControlResult::LeaseResponseInvalid(_),
+                result: SupervisionResult::LeaseResponseInvalid(_),
                 ..
             }
         )
@@ -198,7 +198,7 @@ fn a_stop_without_any_handle_for_a_run_that_may_have_a_process_is_unknown() {
             "read-published-handle attempt-1",
         ])
     );
-    let results: Vec<ControlResult> = std::iter::from_fn(|| sim.worker.poll_fact())
+    let results: Vec<SupervisionResult> = std::iter::from_fn(|| sim.worker.poll_fact())
         .filter_map(|fact| match fact {
             Fact::Supervise { result, .. } => Some(result),
             _ => None,
@@ -206,7 +206,7 @@ fn a_stop_without_any_handle_for_a_run_that_may_have_a_process_is_unknown() {
         .collect();
     assert_eq!(
         results,
-        vec![ControlResult::StopRequested(StopOutcome::Unknown)]
+        vec![SupervisionResult::StopRequested(StopOutcome::Unknown)]
     );
 }
 
@@ -311,7 +311,7 @@ fn a_supervision_pass_in_flight_renders_its_offer() {
     answer_until(&mut sim, &["list-inbox", "read-record o1"]);
     let rendered = format!("{:?}", sim.worker);
     assert!(
-        rendered.contains(r#"ControlOp { offer_id: OfferId("offer-000001"), .. }"#),
+        rendered.contains(r#"SupervisionOp { offer_id: OfferId("offer-000001"), .. }"#),
         "{rendered}"
     );
 }

@@ -5,12 +5,12 @@
 //! a lost start-path renewal may have left. Driven through the whole Worker against the
 //! simulated host; the exact commands are asserted.
 
-use ql_worker_core::control::ControlResult;
 use ql_worker_core::facts::Fact;
 use ql_worker_core::io::{Input, StopOutcome};
 use ql_worker_core::listing::Capacity;
 use ql_worker_core::pull::PullResult;
 use ql_worker_core::record::State;
+use ql_worker_core::supervision::SupervisionResult;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::wire::session::SessionStatus;
@@ -79,7 +79,7 @@ fn the_end_of_the_drain_budget_stops_the_run_still_in_flight() {
         matches!(
             &facts[ended + 1..],
             [Fact::Supervise {
-                result: ControlResult::DrainStopped(StopOutcome::Stopped),
+                result: SupervisionResult::DrainStopped(StopOutcome::Stopped),
                 ..
             }]
         ),
