@@ -250,6 +250,83 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// The kind of outcome that answers this action (the `⇒` of each variant).
+    pub(crate) fn answer(&self) -> Answer {
+        match self {
+            Self::ListInbox { .. } => Answer::Listing,
+            Self::ReadRecord { .. } => Answer::Record,
+            Self::ReadClaim => Answer::Claim,
+            Self::PersistRecord { .. }
+            | Self::PersistClaim { .. }
+            | Self::ClearClaim { .. }
+            | Self::PersistSession { .. } => Answer::Durable,
+            Self::ReadReceipt { .. } => Answer::Receipt,
+            Self::RemoveReceipt { .. } => Answer::ReceiptRemoval,
+            Self::AllocateLog { .. } => Answer::LogAllocation,
+            Self::InspectLog { .. } => Answer::LogInspection,
+            Self::Post(_) => Answer::Call,
+            Self::UploadLog { .. } => Answer::Upload,
+            Self::Spawn(_) => Answer::Spawn,
+            Self::Stop { .. } => Answer::Stop,
+            Self::InspectSupervision { .. } => Answer::Supervision,
+            Self::ReadPublishedHandle { .. } => Answer::PublishedHandle,
+            Self::DrawEntropy => Answer::Entropy,
+        }
+    }
+}
+
+/// The kind of [`Outcome`] that answers an [`Action`]. The Worker refuses an outcome of
+/// another kind with [`InputError::OutcomeMismatch`] before any operation sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Answer {
+    Listing,
+    Record,
+    Claim,
+    Durable,
+    Receipt,
+    ReceiptRemoval,
+    LogAllocation,
+    LogInspection,
+    Call,
+    Upload,
+    Spawn,
+    Stop,
+    Supervision,
+    PublishedHandle,
+    Entropy,
+}
+
+impl Answer {
+    /// Whether `outcome` is of this kind.
+    pub(crate) fn accepts(self, outcome: &Outcome) -> bool {
+        use Outcome as O;
+        match self {
+            Self::Listing => matches!(outcome, O::InboxListed { .. } | O::Store(_)),
+            Self::Record => matches!(outcome, O::RecordRead(_) | O::Store(_)),
+            Self::Claim => matches!(outcome, O::ClaimRead(_) | O::Store(_)),
+            Self::Durable => matches!(outcome, O::Persisted | O::Store(_)),
+            Self::Receipt => matches!(outcome, O::ReceiptRead(_)),
+            Self::ReceiptRemoval => matches!(outcome, O::ReceiptRemoved { .. } | O::Store(_)),
+            Self::LogAllocation => matches!(outcome, O::LogAllocated | O::LogUnavailable),
+            Self::LogInspection => matches!(
+                outcome,
+                O::LogInspected { .. } | O::LogMissing | O::LogUnavailable
+            ),
+            Self::Call => matches!(outcome, O::Responded(_) | O::Http(_)),
+            Self::Upload => matches!(
+                outcome,
+                O::Uploaded { .. } | O::Http(_) | O::LogMissing | O::LogUnavailable
+            ),
+            Self::Spawn => matches!(outcome, O::Spawned(_)),
+            Self::Stop => matches!(outcome, O::Stopped(_)),
+            Self::Supervision => matches!(outcome, O::SupervisionInspected { .. }),
+            Self::PublishedHandle => matches!(outcome, O::PublishedHandle(_)),
+            Self::Entropy => matches!(outcome, O::EntropyDrawn(_)),
+        }
+    }
+}
+
 /// What the supervisor reported for a spawn (reference §4.3).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SpawnOutcome {
@@ -484,6 +561,12 @@ pub enum InputError {
         /// The id given.
         id: OpId,
     },
+    /// The outcome is not of a kind that answers the command with this id (a `Persisted` for a
+    /// POST, say: a driver bug). The command stays outstanding.
+    OutcomeMismatch {
+        /// The id given.
+        id: OpId,
+    },
     /// The machine has halted; only a restart helps.
     Halted,
 }
@@ -497,6 +580,11 @@ impl fmt::Display for InputError {
                     "outcome for {id} but no command with that id is outstanding"
                 )
             }
+            Self::OutcomeMismatch { id } => write!(
+                f,
+                "outcome for {id} is not of a kind that answers that command (it stays \
+                 outstanding)"
+            ),
             Self::Halted => f.write_str("the worker has halted"),
         }
     }

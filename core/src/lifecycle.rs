@@ -28,7 +28,7 @@ use crate::session::{Exchange, SessionResult};
 use crate::supervision::SupervisionResult;
 use crate::time::MonoMillis;
 use crate::worker::{
-    HaltReason, ListPurpose, SessionStatus, Stage, StopReason, Timer, Work, Worker,
+    Drain, HaltReason, ListPurpose, SessionStatus, Stage, StopReason, Timer, Work, Worker,
 };
 
 /// Why the Worker does not Pull now ([`Worker::pull_blocker`]).
@@ -57,14 +57,12 @@ impl Worker {
     /// supervision page and a Pull) joins the queue unless the same work is already queued or
     /// in progress, and each starts as soon as its lane is free (see `worker::Lane`).
     pub(crate) fn on_tick(&mut self) {
-        if let Some(started) = self.drain_started_at
-            && !self.drain_overrun
-            && self.mono >= started.saturating_add(self.config.drain_budget_ms)
-        {
+        if self.due(&Timer::DrainBudget) {
+            self.timers.remove(&Timer::DrainBudget);
             // ADR-0121: ownership is kept until every record is settled. The Runs still in
             // flight are stopped by identity and completed through the normal path; records
             // that cannot settle any more no longer hold the drain (`holds_drain`).
-            self.drain_overrun = true;
+            self.drain = Drain::BudgetEnded;
             let in_flight = self.in_flight();
             self.fact(|| Fact::DrainBudgetEnded { in_flight });
             match self.stage {
@@ -76,13 +74,14 @@ impl Worker {
                     return self.stop(StopReason::Unsettled);
                 }
             }
-            self.next_tick_at = self.mono;
+            self.tick_now();
         }
         self.plan_timers();
-        if self.mono < self.next_tick_at {
+        if !self.due(&Timer::Tick) {
             return;
         }
-        self.next_tick_at = self.mono.saturating_add(self.config.cadence_ms);
+        let next = self.mono.saturating_add(self.config.cadence_ms);
+        self.timers.insert(Timer::Tick, next);
         match self.stage {
             Stage::Registering if self.register_backing_off() => {}
             Stage::Registering => {
@@ -130,20 +129,26 @@ impl Worker {
 
     /// Plans the work of every timer that has come (see [`Timer`]), without waiting for the
     /// tick: a heartbeat, a running Run's renewal (through its supervision pass, which renews
-    /// beside an upload in progress). Each timer fires once.
+    /// beside an upload in progress). Each fires once; a heartbeat that cannot go out yet
+    /// (registering, reconciling, registering again after a fence) is set again a cadence
+    /// later. The drain budget and the tick are `on_tick`'s; a backoff is a gate.
     fn plan_timers(&mut self) {
         let due: Vec<Timer> = self
             .timers
             .iter()
-            .filter(|(_, at)| self.mono >= **at)
+            .filter(|(timer, at)| self.mono >= **at && timer.plans_work())
             .map(|(timer, _)| timer.clone())
             .collect();
         let active = matches!(self.stage, Stage::Active | Stage::Draining) && !self.rejoin;
         for timer in due {
             self.timers.remove(&timer);
             match timer {
+                Timer::Heartbeat if !active => {
+                    let again = self.mono.saturating_add(self.config.cadence_ms);
+                    self.timers.insert(Timer::Heartbeat, again);
+                }
                 Timer::Heartbeat => {
-                    if active && self.session.is_some() && !self.planned(&Work::Heartbeat) {
+                    if self.session.is_some() && !self.planned(&Work::Heartbeat) {
                         self.queue.push_front(Work::Heartbeat);
                     }
                 }
@@ -164,25 +169,20 @@ impl Worker {
                         self.queue.push_back(work);
                     }
                 }
+                Timer::Tick | Timer::DrainBudget | Timer::RegisterBackoff | Timer::PullBackoff => {}
             }
         }
     }
 
-    /// The active tick: heartbeat when due (first, ahead of anything still queued), the
-    /// receipts whose removal failed, one supervision page, then a Pull or the Session renewal.
-    /// Nothing already queued is queued twice.
+    /// The active tick: after a fence, the register again (first, ahead of anything still
+    /// queued; the heartbeat is [`Timer::Heartbeat`]'s), the receipts whose removal failed, one
+    /// supervision page, then a Pull or the Session renewal. Nothing already queued is queued
+    /// twice.
     fn plan_active_tick(&mut self) {
-        if self.rejoin {
-            // Fenced: register again before anything else talks to the control plane (after
-            // the backoff of a register that got no usable answer).
-            if !self.register_backing_off() && !self.planned(&Work::Rejoin) {
-                self.queue.push_front(Work::Rejoin);
-            }
-        } else if self.session.is_some()
-            && self.mono >= self.heartbeat_due_at
-            && !self.planned(&Work::Heartbeat)
-        {
-            self.queue.push_front(Work::Heartbeat);
+        // Fenced: register again before anything else talks to the control plane (after the
+        // backoff of a register that got no usable answer).
+        if self.rejoin && !self.register_backing_off() && !self.planned(&Work::Rejoin) {
+            self.queue.push_front(Work::Rejoin);
         }
         // A receipt whose removal failed holds the capability: retry every tick until it is gone.
         let cleanup: Vec<Work> = self
@@ -213,7 +213,7 @@ impl Worker {
 
     /// A register got no usable answer and its backoff has not passed.
     fn register_backing_off(&self) -> bool {
-        self.register_retry_at.is_some_and(|at| self.mono < at)
+        self.pending(&Timer::RegisterBackoff)
     }
 
     /// Why the Worker does not Pull now, if it does not: not active, fail-closed, admission
@@ -237,7 +237,7 @@ impl Worker {
             Some(PullBlocker::InboxFull)
         } else if self.active_count() >= usize::from(self.config.max_concurrent_runs) {
             Some(PullBlocker::Slots)
-        } else if self.pull_retry_at.is_some_and(|at| self.mono < at) {
+        } else if self.pending(&Timer::PullBackoff) {
             Some(PullBlocker::Backoff)
         } else {
             None
@@ -283,7 +283,7 @@ impl Worker {
             .is_some_and(|s| s.status == SessionStatus::Offline);
         self.retiring
             && self.stage == Stage::Active
-            && self.drain_started_at.is_none()
+            && self.drain == Drain::NotRequested
             && (offline || !self.holds_live_runs())
     }
 
@@ -303,13 +303,15 @@ impl Worker {
 
     /// Whether a launch (starting ACK and spawn) may begin now.
     pub(crate) fn may_launch(&self) -> bool {
-        self.fail_closed.is_none() && self.drain_started_at.is_none()
+        self.fail_closed.is_none() && self.drain == Drain::NotRequested
     }
 
     /// Slots offered to the control plane: the free Run slots, but never more than the inbox
     /// can still store (less one place for a pending claim, which may still bring a record).
     pub(crate) fn available_slots(&self) -> u64 {
-        if self.drain_started_at.is_some() || self.fail_closed.is_some() || self.admission_paused()
+        if self.drain != Drain::NotRequested
+            || self.fail_closed.is_some()
+            || self.admission_paused()
         {
             return 0;
         }
@@ -442,7 +444,7 @@ impl Worker {
                 self.session_uncertain = false;
                 if matches!(result_kind, Kind::Registered) {
                     self.register_failures = 0;
-                    self.register_retry_at = None;
+                    self.timers.remove(&Timer::RegisterBackoff);
                 }
                 if matches!(result_kind, Kind::Heartbeat) {
                     self.fences = 0;
@@ -462,17 +464,17 @@ impl Worker {
                     // Draining or offline although this start asked for no drain: a previous
                     // incarnation stopped during its drain. See `renewal_due`.
                     self.retiring =
-                        view.status != SessionStatus::Online && self.drain_started_at.is_none();
+                        view.status != SessionStatus::Online && self.drain == Drain::NotRequested;
                 }
                 self.session = Some(view);
                 // Paced from the exchange's sending, as renewals are: with a control plane
                 // that takes long to answer, pacing from the answer would let the Session's
                 // local deadline (the sending plus the lease) pass before the next answer.
-                self.heartbeat_due_at = call_sent.saturating_add(self.config.heartbeat_interval_ms);
-                self.timers.insert(Timer::Heartbeat, self.heartbeat_due_at);
+                let heartbeat = call_sent.saturating_add(self.config.heartbeat_interval_ms);
+                self.timers.insert(Timer::Heartbeat, heartbeat);
                 if self.stage == Stage::Registering {
                     self.stage = Stage::Reconciling;
-                    self.next_tick_at = self.mono;
+                    self.tick_now();
                 }
             }
             SessionResult::Transitioned(view) => {
@@ -493,8 +495,8 @@ impl Worker {
                 self.stage = Stage::Registering;
                 self.reconcile_cursor = None;
                 self.queue.clear();
-                self.next_tick_at = self.mono;
-                self.heartbeat_due_at = self.mono;
+                self.tick_now();
+                self.timers.remove(&Timer::Heartbeat);
             }
             SessionResult::Unanswered { exchange, fault } => self.on_unanswered(exchange, fault),
             SessionResult::Fenced(detail) => self.on_fenced(detail),
@@ -507,8 +509,11 @@ impl Worker {
     fn on_unanswered(&mut self, exchange: Exchange, fault: CallFault) {
         // An uncertain heartbeat or transition may have moved the Session's version at the
         // control plane: the fence that then answers the next exchange is expected (see
-        // `on_fenced`).
-        self.heartbeat_due_at = self.mono;
+        // `on_fenced`). The next tick tries again.
+        if !matches!(exchange, Exchange::Register) {
+            let next_tick = self.tick_at();
+            self.timers.insert(Timer::Heartbeat, next_tick);
+        }
         if matches!(fault, CallFault::Uncertain(_))
             && matches!(exchange, Exchange::Heartbeat | Exchange::Transition(_))
         {
@@ -518,7 +523,8 @@ impl Worker {
             Exchange::Register => {
                 self.register_failures = self.register_failures.saturating_add(1);
                 let delay = register_backoff(self.config.backoff_base_ms, self.register_failures);
-                self.register_retry_at = Some(self.mono.saturating_add(delay));
+                let retry_at = self.mono.saturating_add(delay);
+                self.timers.insert(Timer::RegisterBackoff, retry_at);
                 let attempt = self.register_failures;
                 self.fact(|| Fact::RegisterRetry {
                     attempt,
@@ -556,7 +562,7 @@ impl Worker {
             }
             let attempt = self.fences.max(1);
             self.rejoin = true;
-            self.next_tick_at = self.mono;
+            self.tick_now();
             self.fact(|| Fact::Rejoining {
                 detail,
                 attempt,
@@ -593,7 +599,7 @@ impl Worker {
                 }
                 self.reconcile_cursor = result.next_after.clone();
                 if result.next_after.is_none() {
-                    if self.drain_started_at.is_some() {
+                    if self.drain != Drain::NotRequested {
                         self.stage = Stage::Draining;
                         self.queue
                             .push_back(Work::Transition(SessionStatus::Draining));
@@ -602,7 +608,7 @@ impl Worker {
                     }
                 }
                 // The next page (or the first active tick) follows at once.
-                self.next_tick_at = self.mono;
+                self.tick_now();
             }
             ListPurpose::Supervise => {
                 let active = result
@@ -638,7 +644,7 @@ impl Worker {
     fn on_pull(&mut self, result: PullResult) {
         match result {
             PullResult::Admitted { offer_id, .. } => {
-                self.pull_retry_at = None;
+                self.timers.remove(&Timer::PullBackoff);
                 self.claim_pending = false;
                 self.claim_backoff_served = false;
                 // The offer is processed first, then the next Pull goes out at once while slots
@@ -647,13 +653,13 @@ impl Worker {
                 self.queue.push_front(Work::Process(offer_id));
             }
             PullResult::Idle => {
-                self.pull_retry_at = None;
+                self.timers.remove(&Timer::PullBackoff);
                 self.claim_pending = false;
                 self.claim_backoff_served = false;
             }
             // The claim is gone: the next tick pulls afresh, with no backoff.
             PullResult::Refused { offer_id, reason } => {
-                self.pull_retry_at = None;
+                self.timers.remove(&Timer::PullBackoff);
                 self.claim_pending = false;
                 self.claim_backoff_served = false;
                 self.notify(crate::worker::Notice::OfferRefused { offer_id, reason });
@@ -661,12 +667,14 @@ impl Worker {
             // The claim's backoff is waited out here, on the monotonic clock; the next Pull
             // does not compare its persisted wall-clock time again (`Pass::backoff_served`).
             PullResult::Backoff { retry_in_ms } => {
-                self.pull_retry_at = Some(self.mono.saturating_add(retry_in_ms));
+                let retry_at = self.mono.saturating_add(retry_in_ms);
+                self.timers.insert(Timer::PullBackoff, retry_at);
                 self.claim_pending = true;
                 self.claim_backoff_served = true;
             }
             PullResult::Failed { retry_in_ms, fault } => {
-                self.pull_retry_at = Some(self.mono.saturating_add(retry_in_ms));
+                let retry_at = self.mono.saturating_add(retry_in_ms);
+                self.timers.insert(Timer::PullBackoff, retry_at);
                 self.claim_pending = fault != crate::pull::PullFault::BudgetExhausted;
                 self.claim_backoff_served = self.claim_pending;
             }

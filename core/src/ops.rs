@@ -252,8 +252,9 @@ fn list_resume(purpose: ListPurpose, outcome: Outcome) -> Step<Running, Finished
     }
 }
 
-/// An outcome that does not answer the action (the Worker checks kinds first, so this is a
-/// driver bug that slipped through): halt rather than guess.
+/// An outcome of the action's kind that this state does not expect. The Worker refuses an
+/// outcome of another kind before any operation sees it
+/// ([`crate::io::InputError::OutcomeMismatch`]), so this is a core bug: halt rather than guess.
 pub(crate) fn unexpected<S, R>(outcome: &Outcome) -> Step<S, R> {
     Step::Halt(HaltReason::UnexpectedOutcome {
         detail: alloc::format!("{outcome:?}"),

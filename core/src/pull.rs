@@ -40,7 +40,7 @@ use crate::record::InboxRecord;
 use crate::wire::WireError;
 use crate::wire::offer::{MAX_RESPONSE_BYTES, OfferRequest, OfferResponse, admit_offer};
 use crate::wire::route::{Operation, path};
-use crate::worker::{Ctx, HaltReason, Step, read_failure, write_failure};
+use crate::worker::{Ctx, Step, read_failure, write_failure};
 
 /// Full-jitter ceiling (`MAX_WORKER_REMOTE_OFFER_BACKOFF_MS`).
 pub(crate) const MAX_BACKOFF_MS: u64 = 60_000;
@@ -369,14 +369,9 @@ fn fresh_claim(ctx: &Ctx<'_>, entropy: &Entropy) -> Step<PullOp, PullResult> {
     };
     let bytes = entropy.bytes();
     let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&bytes[16..48]);
-    let (Ok(offer_id), Ok(lease_token)) =
-        (OfferId::new(uuid_v4(&bytes[..16])), LeaseToken::new(token))
-    else {
-        // INVARIANT: a UUID and 43 base64url characters always satisfy the id rules.
-        return Step::Halt(HaltReason::UnexpectedOutcome {
-            detail: String::from("claim identity"),
-        });
-    };
+    let offer_id = OfferId::new(uuid_v4(&bytes[..16])).expect("invariant: a UUIDv4 is an offer id");
+    let lease_token =
+        LeaseToken::new(token).expect("invariant: 43 base64url characters are a lease token");
     let mut claim = PendingClaim::new(&session.worker, offer_id, lease_token, ctx.now);
     claim.attempt_count = 1;
     claim.last_attempt_at_ms = Some(ctx.now);

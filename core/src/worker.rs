@@ -12,7 +12,9 @@
 //!    starts every command (it may perform one at once, or hand a network call off to be
 //!    performed concurrently);
 //! 2. feeds each command's outcome as [`Input::Outcome`] with the command's [`OpId`], in any
-//!    order, as outcomes arrive, and polls again after each;
+//!    order, as outcomes arrive, and polls again after each (an outcome for no outstanding
+//!    command, or of another kind than its command's, is refused with an [`InputError`] and
+//!    changes nothing);
 //! 3. on [`Output::Idle`], waits until `wake_at` (on the monotonic clock), an outcome, a
 //!    supervisor's exit or a signal, then feeds what came (`handle(now, Input::Tick)` for the
 //!    deadline);
@@ -60,7 +62,7 @@ use alloc::string::String;
 use core::fmt;
 
 use crate::ids::{OfferId, SessionId, WorkerGeneration, WorkerId};
-use crate::io::{Action, Command, Input, InputError, OpId, Outcome, StoreFailure};
+use crate::io::{Action, Answer, Command, Input, InputError, OpId, Outcome, StoreFailure};
 use crate::listing::{Capacity, PageLimit};
 use crate::offer::{Lease, OfferWorker};
 use crate::record::{InboxRecord, RecoveryReason, State};
@@ -364,18 +366,13 @@ pub(crate) struct Slot {
 #[derive(Debug)]
 pub(crate) enum Pending {
     Staged(Action),
-    Outstanding { id: OpId, sent: Sent },
-}
-
-/// What an outstanding command is, as far as the Worker itself needs to know.
-#[derive(Clone, Debug)]
-pub(crate) enum Sent {
-    /// A `PersistRecord` of this record: known durable once `Persisted` answers.
-    Write(alloc::boxed::Box<InboxRecord>),
-    /// An `UploadLog`: the lane streams a log, and a renewal may run beside it.
-    Upload,
-    /// Any other command.
-    Other,
+    Outstanding {
+        id: OpId,
+        /// The kind of outcome that answers it.
+        answer: Answer,
+        /// The record a `PersistRecord` writes: known durable once `Persisted` answers.
+        write: Option<alloc::boxed::Box<InboxRecord>>,
+    },
 }
 
 impl Slot {
@@ -391,7 +388,7 @@ impl Slot {
         matches!(
             self.pending,
             Pending::Outstanding {
-                sent: Sent::Upload,
+                answer: Answer::Upload,
                 ..
             }
         )
@@ -401,17 +398,18 @@ impl Slot {
     fn send(&mut self, id: OpId) -> Option<Action> {
         let placeholder = Pending::Outstanding {
             id,
-            sent: Sent::Other,
+            answer: Answer::Durable,
+            write: None,
         };
         let Pending::Staged(action) = core::mem::replace(&mut self.pending, placeholder) else {
             return None;
         };
-        let sent = match &action {
-            Action::PersistRecord { record, .. } => Sent::Write(record.clone()),
-            Action::UploadLog { .. } => Sent::Upload,
-            _ => Sent::Other,
+        let write = match &action {
+            Action::PersistRecord { record, .. } => Some(record.clone()),
+            _ => None,
         };
-        self.pending = Pending::Outstanding { id, sent };
+        let answer = action.answer();
+        self.pending = Pending::Outstanding { id, answer, write };
         Some(action)
     }
 
@@ -421,9 +419,10 @@ impl Slot {
     fn fork(&self) -> Self {
         let pending = match &self.pending {
             Pending::Staged(action) => Pending::Staged(action.clone()),
-            Pending::Outstanding { id, sent } => Pending::Outstanding {
+            Pending::Outstanding { id, answer, write } => Pending::Outstanding {
                 id: *id,
-                sent: sent.clone(),
+                answer: *answer,
+                write: write.clone(),
             },
         };
         Self {
@@ -442,9 +441,9 @@ impl Slot {
         self.op.fingerprint(fp);
         match &self.pending {
             Pending::Staged(_) => fp.tag("staged"),
-            Pending::Outstanding { sent, .. } => match sent {
-                Sent::Write(record) => fp.record(record),
-                Sent::Upload | Sent::Other => fp.tag("sent"),
+            Pending::Outstanding { write, .. } => match write {
+                Some(record) => fp.record(record),
+                None => fp.tag("sent"),
             },
         }
     }
@@ -508,17 +507,52 @@ impl Ctx<'_> {
     }
 }
 
-/// A deadline the Worker wakes for between ticks (issue 16): the ticks come every cadence, so
-/// work that waits only for a tick can be a whole cadence late. Each timer is set by a good
-/// answer and fires once (a failed exchange is retried at the ticks, as before), so none can
-/// spin.
+/// The Worker's deadlines, one entry per kind (issue 16), all on the monotonic clock. Each is
+/// set by the fact that starts its interval (an answer, a failure, a drain request). Those that
+/// plan work ([`Timer::wakes`]) fire once: `wake_at` is the earliest of them, and
+/// [`Worker::on_tick`] removes each that has come and plans its work (a heartbeat that cannot go
+/// out yet is set again a cadence later), so none can spin. A backoff is a gate instead: the work
+/// it holds back is retried at the first tick after it (the retry's time then follows the
+/// cadence, not the jitter drawn from entropy), and it stays until a good answer clears it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Timer {
-    /// The next heartbeat: `heartbeat_interval` after the last answered Session exchange.
+    /// The next tick: every cadence, or at once after a phase change (a Session registered, a
+    /// reconciliation page listed, a fence). Always present until the machine ends.
+    Tick,
+    /// The next heartbeat: `heartbeat_interval` after the sending of the last answered Session
+    /// exchange; the next tick after one that got no usable answer.
     Heartbeat,
+    /// The end of the backoff after registers that got no usable answer (a gate).
+    RegisterBackoff,
+    /// The end of the Pull's backoff: a failed Pull, a claim's backoff (a gate).
+    PullBackoff,
+    /// The end of the drain budget.
+    DrainBudget,
     /// The next renewal of a running Run's lease: `lease_control_interval` after the sending
     /// of the last renewal the control plane answered.
     Renewal(OfferId),
+}
+
+impl Timer {
+    /// Whether the Worker wakes for this deadline (every kind but the backoff gates).
+    pub(crate) fn wakes(&self) -> bool {
+        !matches!(self, Self::RegisterBackoff | Self::PullBackoff)
+    }
+
+    /// Whether `plan_timers` fires it (the tick and the drain budget are `on_tick`'s own).
+    pub(crate) fn plans_work(&self) -> bool {
+        matches!(self, Self::Heartbeat | Self::Renewal(_))
+    }
+}
+
+/// Whether a drain was asked for, and whether its budget has ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Drain {
+    NotRequested,
+    /// Asked for; its budget runs ([`Timer::DrainBudget`]).
+    Requested,
+    /// The budget ended: the Runs still in flight are stopped, then completed.
+    BudgetEnded,
 }
 
 /// A lease this process obtained or renewed, on both clocks: the control plane's
@@ -667,13 +701,10 @@ pub struct Worker {
     pub(crate) session: Option<SessionView>,
     pub(crate) known: BTreeMap<OfferId, State>,
     pub(crate) fail_closed: Option<FailClosed>,
-    pub(crate) drain_started_at: Option<MonoMillis>,
+    pub(crate) drain: Drain,
     pub(crate) queue: VecDeque<Work>,
     /// The operations in progress, one per lane (see [`Lane`]).
     pub(crate) lanes: BTreeMap<Lane, Slot>,
-    pub(crate) next_tick_at: MonoMillis,
-    pub(crate) heartbeat_due_at: MonoMillis,
-    pub(crate) pull_retry_at: Option<MonoMillis>,
     /// The pending claim's backoff was waited out in this process (on the monotonic clock):
     /// the next Pull retries it without comparing its persisted wall-clock time again.
     pub(crate) claim_backoff_served: bool,
@@ -690,7 +721,7 @@ pub struct Worker {
     /// When each live Run's lease was last renewed (monotonic: the sending of the renewal
     /// that the control plane answered), for pacing.
     pub(crate) last_renewal: BTreeMap<OfferId, MonoMillis>,
-    /// Deadlines the Worker wakes for between ticks (see [`Timer`]).
+    /// Every deadline, one per kind (see [`Timer`]).
     pub(crate) timers: BTreeMap<Timer, MonoMillis>,
     /// The local deadline of each lease this process obtained or renewed (see [`LeaseClock`]).
     pub(crate) leases: BTreeMap<OfferId, LeaseClock>,
@@ -730,11 +761,9 @@ pub struct Worker {
     /// The last heartbeat or transition had an uncertain outcome (it may have committed): the
     /// fence that follows is expected (issue 17).
     pub(crate) session_uncertain: bool,
-    /// Registers in a row that got no usable answer, and when the next may go out.
+    /// Registers in a row that got no usable answer (the next waits for
+    /// [`Timer::RegisterBackoff`]).
     pub(crate) register_failures: u32,
-    pub(crate) register_retry_at: Option<MonoMillis>,
-    /// The drain budget ended: the Runs still in flight are stopped, then completed.
-    pub(crate) drain_overrun: bool,
     /// Records whose Run the drain-budget stop has already stopped.
     pub(crate) drain_stopped: alloc::collections::BTreeSet<OfferId>,
     /// What the driver should log, oldest first (at most [`MAX_NOTICES`]).
@@ -821,12 +850,9 @@ impl Worker {
             session: None,
             known: BTreeMap::new(),
             fail_closed: None,
-            drain_started_at: None,
+            drain: Drain::NotRequested,
             queue: VecDeque::new(),
             lanes: BTreeMap::new(),
-            next_tick_at: now.mono,
-            heartbeat_due_at: now.mono,
-            pull_retry_at: None,
             claim_backoff_served: false,
             supervision_cursor: None,
             reconcile_cursor: None,
@@ -835,7 +861,7 @@ impl Worker {
             pre_barrier_expiry: BTreeMap::new(),
             pending_cleanup: alloc::collections::BTreeSet::new(),
             last_renewal: BTreeMap::new(),
-            timers: BTreeMap::new(),
+            timers: BTreeMap::from([(Timer::Tick, now.mono)]),
             leases: BTreeMap::new(),
             lease_may_hold: BTreeMap::new(),
             notices: VecDeque::new(),
@@ -853,8 +879,6 @@ impl Worker {
             fences: 0,
             session_uncertain: false,
             register_failures: 0,
-            register_retry_at: None,
-            drain_overrun: false,
             drain_stopped: alloc::collections::BTreeSet::new(),
         }
     }
@@ -913,11 +937,11 @@ impl Worker {
         match state {
             State::Launching | State::Started | State::RunningAcknowledged => true,
             State::RecoveryRequired => {
-                !self.drain_overrun
+                self.drain != Drain::BudgetEnded
                     && self.evidence.get(id) == Some(&RecoveryReason::LaunchOutcomeUnknown)
             }
             State::Accepted | State::StartingAcknowledged | State::StartFailed => {
-                !self.drain_overrun
+                self.drain != Drain::BudgetEnded
             }
             State::StartFailureAcknowledged | State::CompletionAcknowledged => false,
         }
@@ -1001,12 +1025,9 @@ impl Worker {
             session: self.session.clone(),
             known: self.known.clone(),
             fail_closed: self.fail_closed.clone(),
-            drain_started_at: self.drain_started_at,
+            drain: self.drain,
             queue: self.queue.clone(),
             lanes,
-            next_tick_at: self.next_tick_at,
-            heartbeat_due_at: self.heartbeat_due_at,
-            pull_retry_at: self.pull_retry_at,
             claim_backoff_served: self.claim_backoff_served,
             supervision_cursor: self.supervision_cursor.clone(),
             reconcile_cursor: self.reconcile_cursor.clone(),
@@ -1029,8 +1050,6 @@ impl Worker {
             fences: self.fences,
             session_uncertain: self.session_uncertain,
             register_failures: self.register_failures,
-            register_retry_at: self.register_retry_at,
-            drain_overrun: self.drain_overrun,
             drain_stopped: self.drain_stopped.clone(),
             notices: self.notices.clone(),
         }
@@ -1070,8 +1089,7 @@ impl Worker {
     pub fn state_fingerprint(&self, hasher: &mut dyn core::hash::Hasher) {
         let mut fp = crate::fingerprint::Fingerprint(hasher);
         fp.debug(&(&self.stage, &self.session, &self.known));
-        fp.debug(&(&self.fail_closed, self.drain_started_at, &self.queue));
-        fp.debug(&(self.next_tick_at, self.heartbeat_due_at, self.pull_retry_at));
+        fp.debug(&(&self.fail_closed, self.drain, &self.queue));
         fp.debug(&(&self.timers, &self.last_renewal));
         fp.debug(&(self.claim_backoff_served, &self.leases));
         fp.debug(&(&self.supervision_cursor, &self.reconcile_cursor));
@@ -1079,12 +1097,8 @@ impl Worker {
         fp.debug(&(self.claim_pending, self.retiring, &self.config.session_id));
         fp.debug(&(self.inbox, self.reported_slots, self.reporting_slots));
         fp.debug(&(self.auth_paused, self.rejoin, self.fences));
-        fp.debug(&(
-            self.session_uncertain,
-            self.register_failures,
-            self.register_retry_at,
-        ));
-        fp.debug(&(self.drain_overrun, &self.drain_stopped));
+        fp.debug(&(self.session_uncertain, self.register_failures));
+        fp.debug(&self.drain_stopped);
         fp.debug(&(
             &self.evidence,
             &self.pre_barrier_expiry,
@@ -1183,7 +1197,7 @@ impl Worker {
     /// long Run's lease control. Otherwise ticks come from the driver ([`Input::Tick`]), which
     /// plans them whatever is in flight.
     fn busy_tick_due(&self) -> bool {
-        let overdue = self.next_tick_at.saturating_add(self.config.cadence_ms);
+        let overdue = self.tick_at().saturating_add(self.config.cadence_ms);
         !self.queue.is_empty()
             && matches!(self.stage, Stage::Active | Stage::Draining)
             && self.mono >= overdue
@@ -1337,11 +1351,9 @@ impl Worker {
         self.queue.contains(work) || self.lanes.values().any(|s| &s.work == work)
     }
 
+    /// The earliest deadline: the timer table's (see [`Timer`]), or a renewal's that waits
+    /// beside its offer's upload.
     fn wake_at(&self) -> Option<MonoMillis> {
-        let mut wake = self.next_tick_at;
-        if let Some(timer) = self.timers.values().min() {
-            wake = wake.min(*timer);
-        }
         // A renewal queued behind its offer's upload starts at `beside_upload_at` (one whose
         // time has come waits only for its lease lane, whose answer wakes the Worker).
         let beside = self.queue.iter().filter_map(|work| match work {
@@ -1353,15 +1365,32 @@ impl Worker {
                 .filter(|at| *at > self.mono),
             _ => None,
         });
-        if let Some(at) = beside.min() {
-            wake = wake.min(at);
-        }
-        if let Some(started) = self.drain_started_at
-            && !self.drain_overrun
-        {
-            wake = wake.min(started.saturating_add(self.config.drain_budget_ms));
-        }
-        Some(wake)
+        let timers = self
+            .timers
+            .iter()
+            .filter(|(timer, _)| timer.wakes())
+            .map(|(_, at)| *at);
+        timers.chain(beside).min()
+    }
+
+    /// When the next tick is due.
+    pub(crate) fn tick_at(&self) -> MonoMillis {
+        self.timers.get(&Timer::Tick).copied().unwrap_or(self.mono)
+    }
+
+    /// Whether `timer` is set and has come.
+    pub(crate) fn due(&self, timer: &Timer) -> bool {
+        self.timers.get(timer).is_some_and(|at| self.mono >= *at)
+    }
+
+    /// Whether `timer` is set and has not come yet.
+    pub(crate) fn pending(&self, timer: &Timer) -> bool {
+        self.timers.get(timer).is_some_and(|at| self.mono < *at)
+    }
+
+    /// Ticks at once (the next poll plans a tick).
+    pub(crate) fn tick_now(&mut self) {
+        self.timers.insert(Timer::Tick, self.mono);
     }
 
     fn on_outcome(&mut self, id: OpId, outcome: Outcome) -> Result<(), InputError> {
@@ -1373,6 +1402,13 @@ impl Worker {
         else {
             return Err(InputError::UnexpectedOutcome { id });
         };
+        let answers = match self.lanes.get(&lane).map(|slot| &slot.pending) {
+            Some(Pending::Outstanding { answer, .. }) => answer.accepts(&outcome),
+            Some(Pending::Staged(_)) | None => false,
+        };
+        if !answers {
+            return Err(InputError::OutcomeMismatch { id });
+        }
         let Some(slot) = self.lanes.remove(&lane) else {
             return Err(InputError::UnexpectedOutcome { id });
         };
@@ -1381,7 +1417,7 @@ impl Worker {
             (
                 Outcome::Persisted,
                 Pending::Outstanding {
-                    sent: Sent::Write(record),
+                    write: Some(record),
                     ..
                 },
             ) => {
@@ -1470,7 +1506,7 @@ impl Worker {
             };
             let may_hold = offer.and_then(|offer_id| self.lease_may_hold.get(offer_id).copied());
             let drain_stop = matches!(&work, Work::Supervise(offer_id)
-                if self.drain_overrun && !self.drain_stopped.contains(offer_id));
+                if self.drain == Drain::BudgetEnded && !self.drain_stopped.contains(offer_id));
             crate::ops::Running::begin(
                 &ctx,
                 work.clone(),
@@ -1613,8 +1649,10 @@ impl Worker {
     }
 
     fn begin_drain(&mut self) {
-        if self.drain_started_at.is_none() {
-            self.drain_started_at = Some(self.mono);
+        if self.drain == Drain::NotRequested {
+            self.drain = Drain::Requested;
+            let budget_end = self.mono.saturating_add(self.config.drain_budget_ms);
+            self.timers.insert(Timer::DrainBudget, budget_end);
             let in_flight = self.in_flight();
             self.fact(|| Fact::DrainBegun { in_flight });
             match self.stage {

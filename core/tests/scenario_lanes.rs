@@ -5,7 +5,7 @@
 //! authorizes an upload from its header, and its outcome is fed later) and asserts what goes out
 //! meanwhile.
 
-use ql_worker_core::io::{Input, OpId, Outcome};
+use ql_worker_core::io::{Input, InputError, OpId, Outcome, StopOutcome};
 use ql_worker_core::record::State;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_sim::testkit::act::Act;
@@ -221,14 +221,52 @@ fn an_outcome_for_no_outstanding_command_is_refused() {
             outcome: Outcome::Persisted,
         },
     );
-    assert_eq!(
-        refused,
-        Err(ql_worker_core::io::InputError::UnexpectedOutcome { id: stranger })
-    );
+    assert_eq!(refused, Err(InputError::UnexpectedOutcome { id: stranger }));
     sim.settle();
     assert!(
         sim.world.violations.is_empty(),
         "{:?}",
         sim.world.violations
     );
+}
+
+/// An outcome of another kind than its command's (a driver bug: a stop result for a record
+/// write, say) is refused with a typed error before any operation sees it, and changes nothing:
+/// the command stays outstanding, its real outcome is taken afterwards, and the same inputs give
+/// the same commands as a run without the stray outcome.
+#[test]
+fn an_outcome_of_another_kind_is_refused_and_the_command_stays_outstanding() {
+    let run = |stray: bool| {
+        let mut sim = Sim::holding(State::RunningAcknowledged);
+        let at = sim.now.saturating_add(2_000);
+        sim.advance_to(at);
+        sim.tick();
+        let (id, act) = sim.pending.clone().expect("a command");
+        if stray {
+            let wrong = if matches!(act, Act::Stop { .. }) {
+                Outcome::Persisted
+            } else {
+                Outcome::Stopped(StopOutcome::Stopped)
+            };
+            let refused = sim
+                .worker
+                .handle(sim.clock(), Input::Outcome { id, outcome: wrong });
+            assert_eq!(refused, Err(InputError::OutcomeMismatch { id }));
+            assert_eq!(sim.worker.phase(), ql_worker_core::worker::Phase::Active);
+        }
+        sim.settle();
+        tick_after(&mut sim, 10_000);
+        assert!(
+            sim.world.violations.is_empty(),
+            "{:?}",
+            sim.world.violations
+        );
+        sim.commands()
+    };
+    let clean = run(false);
+    assert!(
+        clean.iter().any(|c| c.contains("lease")),
+        "the Run's lease is controlled: {clean:#?}"
+    );
+    assert_eq!(run(true), clean);
 }
