@@ -22,7 +22,6 @@ use alloc::string::String;
 use crate::fingerprint::Fingerprint;
 use crate::ids::OfferId;
 use crate::io::{Action, HttpCall, Outcome, ReceiptRead};
-use crate::ops::{CallFault, garbled, http_fault, next_record, persist, response, unexpected};
 use crate::receipt::{AuthenticatedReceipt, ReceiptError, authenticate};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::Fence;
@@ -32,6 +31,7 @@ use crate::wire::completion::{
     CompletionStatus,
 };
 use crate::wire::route::{Operation, path};
+use crate::worker::{CallFault, garbled, http_fault, next_record, persist, response, unexpected};
 use crate::worker::{Ctx, Step, read_failure, write_failure};
 
 /// How the receipt cleanup after a durable acknowledgement went.

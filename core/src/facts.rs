@@ -71,7 +71,7 @@ pub enum Fact {
         /// Registers in a row that got no usable answer (1 for the first).
         attempt: u32,
         /// Why.
-        fault: crate::ops::CallFault,
+        fault: crate::worker::CallFault,
         /// The backoff before the next register.
         retry_in_ms: u64,
     },

@@ -34,7 +34,6 @@ use crate::fingerprint::Fingerprint;
 use crate::ids::{CallbackSequence, ExecutorHandle, LeaseVersion, OfferId};
 use crate::io::{Action, HttpCall, LaunchPlan, Outcome, SpawnOutcome, StoreFailure};
 use crate::offer::DeliveryKind;
-use crate::ops::{CallFault, Uncertainty, garbled, next_record, persist, response, unexpected};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::revision::EnvValue;
 use crate::supervision::{SupervisionOp, SupervisionResult};
@@ -47,6 +46,7 @@ use crate::wire::artifact::derive_log_artifact_id;
 use crate::wire::route::path;
 use crate::wire::secrets::{self, EnvironmentBundle, SecretsRequest, SecretsResponse};
 use crate::wire::session::SessionStatus;
+use crate::worker::{CallFault, Uncertainty, garbled, next_record, persist, response, unexpected};
 use crate::worker::{Ctx, HaltReason, Step, read_failure, write_failure};
 
 /// What processing one offer concluded.

@@ -35,11 +35,11 @@ use crate::fingerprint::Fingerprint;
 use crate::ids::{LeaseToken, OfferId, Revision};
 use crate::io::{Action, HttpCall, Outcome, StoreFailure};
 use crate::offer::Offer;
-use crate::ops::{CallFault, next_record, persist, response, unexpected};
 use crate::record::InboxRecord;
 use crate::wire::WireError;
 use crate::wire::offer::{MAX_RESPONSE_BYTES, OfferRequest, OfferResponse, admit_offer};
 use crate::wire::route::{Operation, path};
+use crate::worker::{CallFault, next_record, persist, response, unexpected};
 use crate::worker::{Ctx, Step, read_failure, write_failure};
 
 /// Full-jitter ceiling (`MAX_WORKER_REMOTE_OFFER_BACKOFF_MS`).
@@ -103,7 +103,7 @@ pub enum PullResult {
 #[derive(Clone, Debug)]
 pub(crate) enum PullOp {
     ReadingClaim {
-        /// See [`crate::ops::Pass::backoff_served`].
+        /// See [`crate::worker::Pass::backoff_served`].
         backoff_served: bool,
     },
     ClearingForeign,

@@ -21,13 +21,13 @@ use zeroize::Zeroizing;
 use crate::ids::SessionId;
 use crate::io::{Action, HttpCall, Outcome};
 use crate::offer::OfferWorker;
-use crate::ops::{CallFault, garbled, response, unexpected};
 use crate::time::UnixMillis;
 use crate::wire::route::{Operation, path};
 use crate::wire::session::{
     HeartbeatRequest, MAX_REGISTER_REQUEST_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES,
     RegisterRequest, SessionResponse, SessionStatus, TransitionRequest,
 };
+use crate::worker::{CallFault, garbled, response, unexpected};
 use crate::worker::{Ctx, SessionView, Step};
 
 /// A Session exchange in flight.

@@ -39,12 +39,12 @@ use crate::completion::{CompletionOp, CompletionOutcome};
 use crate::fingerprint::Fingerprint;
 use crate::ids::{LeaseVersion, OfferId};
 use crate::io::{Action, HttpCall, Liveness, Outcome, StopOutcome};
-use crate::ops::{CallFault, Uncertainty, garbled, next_record, persist, response, unexpected};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::lease_control::{
     LeaseControlRequest, LeaseControlResponse, MAX_RESPONSE_BYTES, RenewedLease,
 };
 use crate::wire::route::{Operation, path};
+use crate::worker::{CallFault, Uncertainty, garbled, next_record, persist, response, unexpected};
 use crate::worker::{Ctx, Step, read_failure, write_failure};
 
 /// What one supervision pass concluded.

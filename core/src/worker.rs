@@ -56,21 +56,58 @@
 //! }
 //! # }
 //! ```
+//!
+//! # One tick
+//!
+//! What one tick plans (reference §4.7), and how finished operations feed the next. Every
+//! decision is a pure function of the Worker's memory and `now`.
+//!
+//! One tick, in order:
+//! 1. `Registering`: register the Session (retried every tick until it answers).
+//! 2. `Reconciling`: one page of the inbox per tick, before any Pull: recovery evidence latches
+//!    fail-closed; `accepted`, `starting_acknowledged`, `launching`, `started` and `start_failed`
+//!    records go to the Processor (restart rules of reference §4.8).
+//! 3. `Active` / `Draining`: heartbeat when due; supervise one page (cursor kept across ticks) —
+//!    completion first, then lease control; then, only when active, not fail-closed, the
+//!    Session usable, a slot free and no backoff pending: one Pull, whose admitted offer is
+//!    processed at once. Draining stops once every known record is settled, or when the drain
+//!    budget ends.
+//!
+//! Fail-closed (recovery evidence seen): no Pull and no new launch (`accepted` and
+//! `starting_acknowledged` records wait); supervision, receipt-first completion, running-ACK
+//! replays and start-failure replays continue, because none of them can start a process.
+//!
+//! # Operations
+//!
+//! An operation consumes one [`Outcome`] at a time and answers with the next [`Action`]
+//! (`Step::Wait`), its result (`Step::Done`) or a halt. The Worker runs one operation per lane
+//! at a time (see `Lane`); each operation module owns its states and transitions; the helpers
+//! they share (`next_record`, `persist`, the classification of a call's outcome) are here.
 
+use alloc::boxed::Box;
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::string::String;
+use alloc::vec::Vec;
 use core::fmt;
 
+#[cfg(feature = "sim-hooks")]
+use crate::fingerprint::Fingerprint;
 use crate::ids::{OfferId, SessionId, WorkerGeneration, WorkerId};
-use crate::io::{Action, Answer, Command, Input, InputError, OpId, Outcome, StoreFailure};
+use crate::io::{
+    Action, Answer, Command, HttpFailure, Input, InputError, OpId, Outcome, StoreFailure,
+};
 use crate::listing::{Capacity, PageLimit};
 use crate::offer::{Lease, OfferWorker};
-use crate::record::{InboxRecord, RecoveryReason, State};
+use crate::processor::{ProcessOp, ProcessResult};
+use crate::pull::{PullOp, PullResult};
+use crate::record::{InboxRecord, RecoveryReason, State, check_transition};
+use crate::session::{Exchange, SessionOp, SessionResult};
+use crate::supervision::{SupervisionOp, SupervisionResult};
 use crate::time::{MonoMillis, Now, UnixMillis};
+use crate::wire::WireError;
 use crate::wire::session::Capabilities;
 
 pub use crate::facts::Fact;
-pub use crate::ops::{CallFault, Uncertainty};
 
 /// Tunables of one Worker (reference §7 production defaults; see [`WorkerConfig::edge`] and
 /// [`WorkerConfig::node`]).
@@ -358,7 +395,7 @@ pub(crate) struct Slot {
     /// When its last control-plane call was sent, or when it began before its first one
     /// (monotonic): what that call obtained, the control plane granted after this.
     pub(crate) call_sent: MonoMillis,
-    pub(crate) op: crate::ops::Running,
+    pub(crate) op: Running,
     pub(crate) pending: Pending,
 }
 
@@ -371,7 +408,7 @@ pub(crate) enum Pending {
         /// The kind of outcome that answers it.
         answer: Answer,
         /// The record a `PersistRecord` writes: known durable once `Persisted` answers.
-        write: Option<alloc::boxed::Box<InboxRecord>>,
+        write: Option<Box<InboxRecord>>,
     },
 }
 
@@ -436,7 +473,7 @@ impl Slot {
     /// A canonical rendering (model checking): the operation and whether its action is sent,
     /// without the command's id.
     #[cfg(feature = "sim-hooks")]
-    fn fingerprint(&self, fp: &mut crate::fingerprint::Fingerprint<'_>) {
+    fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
         fp.debug(&self.call_sent);
         self.op.fingerprint(fp);
         match &self.pending {
@@ -784,7 +821,7 @@ pub enum Notice {
         /// The cleared claim's offer id.
         offer_id: OfferId,
         /// Why.
-        reason: crate::wire::WireError,
+        reason: WireError,
     },
 }
 
@@ -1076,7 +1113,7 @@ impl Worker {
     /// [`Worker::state_fingerprint`]. Only with the `sim-hooks` feature (not for production).
     #[cfg(feature = "sim-hooks")]
     pub fn fingerprint(&self, hasher: &mut dyn core::hash::Hasher) {
-        crate::fingerprint::Fingerprint(&mut *hasher).debug(&(self.now, self.mono));
+        Fingerprint(&mut *hasher).debug(&(self.now, self.mono));
         self.state_fingerprint(hasher);
     }
 
@@ -1087,7 +1124,7 @@ impl Worker {
     /// `sim-hooks` feature (not for production).
     #[cfg(feature = "sim-hooks")]
     pub fn state_fingerprint(&self, hasher: &mut dyn core::hash::Hasher) {
-        let mut fp = crate::fingerprint::Fingerprint(hasher);
+        let mut fp = Fingerprint(hasher);
         fp.debug(&(&self.stage, &self.session, &self.known));
         fp.debug(&(&self.fail_closed, self.drain, &self.queue));
         fp.debug(&(&self.timers, &self.last_renewal));
@@ -1119,7 +1156,7 @@ impl Worker {
     /// wall-clock reading is taken as it is, stepped back or not: it only stamps what the
     /// Worker writes and sends, and those must follow the host's clock (the supervisor's
     /// timestamps and the control plane's bounds compare them with it). A record's own times
-    /// never go back (`ops::next_record` keeps `updatedAtMs` monotonic).
+    /// never go back (`next_record` keeps `updatedAtMs` monotonic).
     ///
     /// # Errors
     /// [`InputError`] when the input does not answer the outstanding command; nothing changes.
@@ -1228,7 +1265,7 @@ impl Worker {
     /// barrier ([`crate::processor::ProcessOp::launching`]): fail-closed latched or a drain
     /// began after it was staged. Its operation ends `Deferred`.
     fn withdraw_launches(&mut self) {
-        let withdrawn: alloc::vec::Vec<(Lane, OfferId)> = self
+        let withdrawn: Vec<(Lane, OfferId)> = self
             .lanes
             .iter()
             .filter(|(_, slot)| slot.is_staged())
@@ -1236,9 +1273,9 @@ impl Worker {
             .collect();
         for (lane, offer_id) in withdrawn {
             if let Some(slot) = self.lanes.remove(&lane) {
-                let finished = crate::ops::Finished::Process {
+                let finished = Finished::Process {
                     offer_id,
-                    result: crate::processor::ProcessResult::Deferred,
+                    result: ProcessResult::Deferred,
                 };
                 self.apply(lane, slot.work, slot.call_sent, Step::Done(finished));
             }
@@ -1426,7 +1463,7 @@ impl Worker {
                     // is due `lease_control_interval` after that call's sending, and the
                     // Worker wakes for it rather than wait for a supervision visit.
                     let offer_id = record.offer.offer_id.clone();
-                    if matches!(slot.op, crate::ops::Running::Process(_)) {
+                    if matches!(slot.op, Running::Process(_)) {
                         // A renewal inside the start path paces the first supervision pass's,
                         // and settles what lost renewals may have left at the control plane.
                         self.last_renewal.insert(offer_id.clone(), slot.call_sent);
@@ -1507,11 +1544,11 @@ impl Worker {
             let may_hold = offer.and_then(|offer_id| self.lease_may_hold.get(offer_id).copied());
             let drain_stop = matches!(&work, Work::Supervise(offer_id)
                 if self.drain == Drain::BudgetEnded && !self.drain_stopped.contains(offer_id));
-            crate::ops::Running::begin(
+            Running::begin(
                 &ctx,
                 work.clone(),
                 slots,
-                crate::ops::Pass {
+                Pass {
                     paced,
                     drain_stop,
                     may_hold,
@@ -1527,7 +1564,7 @@ impl Worker {
         lane: Lane,
         work: Work,
         call_sent: MonoMillis,
-        step: Step<crate::ops::Running, crate::ops::Finished>,
+        step: Step<Running, Finished>,
     ) {
         match step {
             Step::Wait(op, action) => {
@@ -1675,7 +1712,7 @@ impl Worker {
     /// Credentials refused (401/403 on any call) pause admission; any answered call (the
     /// control plane authenticated the Worker) lifts the pause.
     fn observe_authentication(&mut self, outcome: &Outcome) {
-        if let Outcome::Http(crate::io::HttpFailure::Status {
+        if let Outcome::Http(HttpFailure::Status {
             status: status @ (401 | 403),
             code,
         }) = outcome
@@ -1690,5 +1727,1114 @@ impl Worker {
         {
             self.fact(|| Fact::AdmissionResumed);
         }
+    }
+}
+
+// The lifecycle tick.
+
+/// Why the Worker does not Pull now ([`Worker::pull_blocker`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PullBlocker {
+    /// Not in the active phase (registering, reconciling, draining, finished).
+    NotActive,
+    /// Recovery evidence is present.
+    FailClosed,
+    /// Admission is paused: the credentials were refused, or the Session is being registered
+    /// again after a fence.
+    AdmissionPaused,
+    /// No usable, online Session.
+    Session,
+    /// The inbox has no room for one more record.
+    InboxFull,
+    /// Every Run slot is taken.
+    Slots,
+    /// A Pull backoff is pending.
+    Backoff,
+}
+
+impl Worker {
+    /// Plans a tick when its time has come. A spurious early wake-up is a no-op. Operations
+    /// still in flight do not hold a tick back: its periodic work (the heartbeat first, then a
+    /// supervision page and a Pull) joins the queue unless the same work is already queued or
+    /// in progress, and each starts as soon as its lane is free (see `worker::Lane`).
+    pub(crate) fn on_tick(&mut self) {
+        if self.due(&Timer::DrainBudget) {
+            self.timers.remove(&Timer::DrainBudget);
+            // ADR-0121: ownership is kept until every record is settled. The Runs still in
+            // flight are stopped by identity and completed through the normal path; records
+            // that cannot settle any more no longer hold the drain (`holds_drain`).
+            self.drain = Drain::BudgetEnded;
+            let in_flight = self.in_flight();
+            self.fact(|| Fact::DrainBudgetEnded { in_flight });
+            match self.stage {
+                Stage::Draining => {}
+                // Never registered: nothing of this incarnation runs.
+                Stage::Registering => return self.stop(StopReason::NotRegistered),
+                // Reconciliation never finished (reads kept failing).
+                Stage::Reconciling | Stage::Active | Stage::Finished(_) => {
+                    return self.stop(StopReason::Unsettled);
+                }
+            }
+            self.tick_now();
+        }
+        self.plan_timers();
+        if !self.due(&Timer::Tick) {
+            return;
+        }
+        let next = self.mono.saturating_add(self.config.cadence_ms);
+        self.timers.insert(Timer::Tick, next);
+        match self.stage {
+            Stage::Registering if self.register_backing_off() => {}
+            Stage::Registering => {
+                if !self.planned(&Work::Register) {
+                    self.queue.push_back(Work::Register);
+                }
+            }
+            Stage::Reconciling => {
+                if !self.listing(ListPurpose::Reconcile) {
+                    self.queue.push_back(Work::ListPage {
+                        purpose: ListPurpose::Reconcile,
+                        after: self.reconcile_cursor.clone(),
+                    });
+                }
+            }
+            Stage::Active | Stage::Draining => self.plan_active_tick(),
+            Stage::Finished(_) => {}
+        }
+    }
+
+    /// A start-path pass ended: a renewal of its whose answer was lost may have moved the
+    /// control plane's lease version (the next pass catches up to it: `lease_may_hold`).
+    fn on_processed(&mut self, offer_id: OfferId, result: &ProcessResult) {
+        if let ProcessResult::RenewalUncertain { attempted, .. } = result
+            && let Ok(next) = attempted.next()
+        {
+            let held = self.lease_may_hold.entry(offer_id.clone()).or_insert(next);
+            *held = (*held).max(next);
+        }
+        self.rearm_after_start(offer_id);
+    }
+
+    /// A Run that got past its start path: its lease's renewal timer may have come while it was
+    /// starting (and was dropped then); it is set again, from the sending of the call that
+    /// obtained the lease.
+    fn rearm_after_start(&mut self, offer_id: OfferId) {
+        let running = matches!(
+            self.known.get(&offer_id),
+            Some(State::Started | State::RunningAcknowledged)
+        );
+        if let (true, Some(began)) = (running, self.leases.get(&offer_id).map(|c| c.began)) {
+            self.arm_renewal(&offer_id, began);
+        }
+    }
+
+    /// Plans the work of every timer that has come (see [`Timer`]), without waiting for the
+    /// tick: a heartbeat, a running Run's renewal (through its supervision pass, which renews
+    /// beside an upload in progress). Each fires once; a heartbeat that cannot go out yet
+    /// (registering, reconciling, registering again after a fence) is set again a cadence
+    /// later. The drain budget and the tick are `on_tick`'s; a backoff is a gate.
+    fn plan_timers(&mut self) {
+        let due: Vec<Timer> = self
+            .timers
+            .iter()
+            .filter(|(timer, at)| self.mono >= **at && timer.plans_work())
+            .map(|(timer, _)| timer.clone())
+            .collect();
+        let active = matches!(self.stage, Stage::Active | Stage::Draining) && !self.rejoin;
+        for timer in due {
+            self.timers.remove(&timer);
+            match timer {
+                Timer::Heartbeat if !active => {
+                    let again = self.mono.saturating_add(self.config.cadence_ms);
+                    self.timers.insert(Timer::Heartbeat, again);
+                }
+                Timer::Heartbeat => {
+                    if self.session.is_some() && !self.planned(&Work::Heartbeat) {
+                        self.queue.push_front(Work::Heartbeat);
+                    }
+                }
+                Timer::Renewal(offer_id) => {
+                    let running = matches!(
+                        self.known.get(&offer_id),
+                        Some(State::Started | State::RunningAcknowledged)
+                    );
+                    // Queued even while a pass of this offer is in progress: if that pass
+                    // goes on to upload the log, the renewal starts beside the upload at once
+                    // (`Worker::next_startable`) rather than at the next supervision page.
+                    let work = Work::Supervise(offer_id.clone());
+                    if active
+                        && running
+                        && !self.queue.contains(&work)
+                        && !self.planned(&Work::Renew(offer_id))
+                    {
+                        self.queue.push_back(work);
+                    }
+                }
+                Timer::Tick | Timer::DrainBudget | Timer::RegisterBackoff | Timer::PullBackoff => {}
+            }
+        }
+    }
+
+    /// The active tick: after a fence, the register again (first, ahead of anything still
+    /// queued; the heartbeat is [`Timer::Heartbeat`]'s), the receipts whose removal failed, one
+    /// supervision page, then a Pull or the Session renewal. Nothing already queued is queued
+    /// twice.
+    fn plan_active_tick(&mut self) {
+        // Fenced: register again before anything else talks to the control plane (after the
+        // backoff of a register that got no usable answer).
+        if self.rejoin && !self.register_backing_off() && !self.planned(&Work::Rejoin) {
+            self.queue.push_front(Work::Rejoin);
+        }
+        // A receipt whose removal failed holds the capability: retry every tick until it is gone.
+        let cleanup: Vec<Work> = self
+            .pending_cleanup
+            .iter()
+            .map(|offer_id| Work::Supervise(offer_id.clone()))
+            .filter(|work| !self.planned(work))
+            .collect();
+        self.queue.extend(cleanup);
+        if !self.listing(ListPurpose::Supervise) {
+            self.queue.push_back(Work::ListPage {
+                purpose: ListPurpose::Supervise,
+                after: self.supervision_cursor.clone(),
+            });
+        }
+        if self.renewal_due() {
+            self.queue.push_back(Work::RenewSession);
+        } else {
+            self.pull_again(false);
+        }
+    }
+
+    /// Whether a page is queued or being listed for `purpose`.
+    fn listing(&self, purpose: ListPurpose) -> bool {
+        let listing = |w: &Work| matches!(w, Work::ListPage { purpose: p, .. } if *p == purpose);
+        self.queue.iter().any(listing) || self.lanes.values().any(|s| listing(&s.work))
+    }
+
+    /// A register got no usable answer and its backoff has not passed.
+    fn register_backing_off(&self) -> bool {
+        self.pending(&Timer::RegisterBackoff)
+    }
+
+    /// Why the Worker does not Pull now, if it does not: not active, fail-closed, admission
+    /// paused, no usable online Session, no room in the inbox, no free slot, or a backoff
+    /// pending. The order is the order of the checks; [`PullBlocker::InboxFull`] comes before
+    /// the slots so that a full inbox is reported whatever the Runs do.
+    pub(crate) fn pull_blocker(&self) -> Option<PullBlocker> {
+        let online = self
+            .session
+            .as_ref()
+            .is_some_and(|s| s.usable(self.mono) && s.status == SessionStatus::Online);
+        if self.stage != Stage::Active {
+            Some(PullBlocker::NotActive)
+        } else if self.fail_closed.is_some() {
+            Some(PullBlocker::FailClosed)
+        } else if self.admission_paused() {
+            Some(PullBlocker::AdmissionPaused)
+        } else if !online {
+            Some(PullBlocker::Session)
+        } else if self.inbox_room() == 0 {
+            Some(PullBlocker::InboxFull)
+        } else if self.active_count() >= usize::from(self.config.max_concurrent_runs) {
+            Some(PullBlocker::Slots)
+        } else if self.pending(&Timer::PullBackoff) {
+            Some(PullBlocker::Backoff)
+        } else {
+            None
+        }
+    }
+
+    /// Whether a Pull may go out now: active, not fail-closed, admission not paused, the Session
+    /// usable and online, a
+    /// place free in the inbox, a slot free and no backoff. Records what the decision saw of
+    /// the inbox: whether it was full, and one more deferral when that held the Pull back.
+    pub(crate) fn decide_pull(&mut self) -> bool {
+        let blocker = self.pull_blocker();
+        if blocker != Some(PullBlocker::NotActive) {
+            self.inbox.full = blocker == Some(PullBlocker::InboxFull);
+            if self.inbox.full {
+                self.inbox.full_deferrals = self.inbox.full_deferrals.saturating_add(1);
+            }
+        }
+        blocker.is_none()
+    }
+
+    /// Places left in the inbox: the capacity less every record the Worker knows of, settled
+    /// ones included (they leave only when retention reports them removed).
+    pub(crate) fn inbox_room(&self) -> usize {
+        self.config.capacity.get().saturating_sub(self.known.len())
+    }
+
+    /// Whether a start that found its Session draining or offline (a previous incarnation's
+    /// unfinished drain) may now replace it: active, no drain of its own, and no Run of that
+    /// Session live any more (an offline Session serves none). Until then its Runs finish under
+    /// it: a new Session fences every lease of the old one at the control plane.
+    fn renewal_due(&self) -> bool {
+        self.renewal_ready() && !self.planned(&Work::RenewSession)
+    }
+
+    /// [`Self::renewal_due`] without the queue: checked again when the renewal starts (work
+    /// queued before it, such as a launch of a `lease_recovery` record, may have started a Run
+    /// of the old Session meanwhile).
+    pub(crate) fn renewal_ready(&self) -> bool {
+        let offline = self
+            .session
+            .as_ref()
+            .is_some_and(|s| s.status == SessionStatus::Offline);
+        self.retiring
+            && self.stage == Stage::Active
+            && self.drain == Drain::NotRequested
+            && (offline || !self.holds_live_runs())
+    }
+
+    /// Records that may hold a process, or be completed from a receipt: past the spawn barrier
+    /// and not settled.
+    fn holds_live_runs(&self) -> bool {
+        self.known.values().any(|s| {
+            matches!(
+                s,
+                State::Launching | State::Started | State::RunningAcknowledged
+            )
+        }) || self
+            .evidence
+            .values()
+            .any(|r| *r == RecoveryReason::LaunchOutcomeUnknown)
+    }
+
+    /// Whether a launch (starting ACK and spawn) may begin now.
+    pub(crate) fn may_launch(&self) -> bool {
+        self.fail_closed.is_none() && self.drain == Drain::NotRequested
+    }
+
+    /// Slots offered to the control plane: the free Run slots, but never more than the inbox
+    /// can still store (less one place for a pending claim, which may still bring a record).
+    pub(crate) fn available_slots(&self) -> u64 {
+        if self.drain != Drain::NotRequested
+            || self.fail_closed.is_some()
+            || self.admission_paused()
+        {
+            return 0;
+        }
+        let max = usize::from(self.config.max_concurrent_runs);
+        let room = self
+            .inbox_room()
+            .saturating_sub(usize::from(self.claim_pending));
+        u64::try_from(max.saturating_sub(self.active_count()).min(room)).unwrap_or(0)
+    }
+
+    /// Queues a Pull right away (a burst, or a slot freed between ticks) when one may go out and
+    /// none is queued. The control plane offers nothing to a Session whose last heartbeat (or
+    /// register) reported no free slot: then a heartbeat that reports the slots goes first.
+    fn pull_again(&mut self, at_front: bool) {
+        if self.planned(&Work::Pull) || !self.decide_pull() {
+            return;
+        }
+        let stale = self.reported_slots == Some(0) && !self.planned(&Work::Heartbeat);
+        if at_front {
+            self.queue.push_front(Work::Pull);
+            if stale {
+                self.queue.push_front(Work::Heartbeat);
+            }
+        } else {
+            if stale {
+                self.queue.push_back(Work::Heartbeat);
+            }
+            self.queue.push_back(Work::Pull);
+        }
+    }
+
+    /// Applies a finished operation and queues what follows from it.
+    pub(crate) fn on_finished(&mut self, finished: Finished, call_sent: MonoMillis) {
+        if self.facts.is_some()
+            && let Some(fact) = finished.fact()
+        {
+            self.fact(|| fact);
+        }
+        match finished {
+            Finished::Session(result) => self.on_session(result, call_sent),
+            Finished::Listed(result) => self.on_listed(result),
+            Finished::Pull(result) => self.on_pull(result),
+            // Recovery evidence an operation wrote was observed with its durable write.
+            Finished::Process { offer_id, result } => self.on_processed(offer_id, &result),
+            Finished::Supervise { offer_id, result } => {
+                use crate::completion::{Cleanup, CompletionOutcome};
+                let pending = matches!(
+                    result,
+                    SupervisionResult::Completed(
+                        CompletionOutcome::Acknowledged(Cleanup::Pending)
+                            | CompletionOutcome::AlreadyCompleted(Cleanup::Pending)
+                    )
+                );
+                match &result {
+                    SupervisionResult::Uncertain { attempted, .. } => {
+                        if let Ok(next) = attempted.next() {
+                            let held = self.lease_may_hold.entry(offer_id.clone()).or_insert(next);
+                            *held = (*held).max(next);
+                        }
+                    }
+                    SupervisionResult::Renewed | SupervisionResult::StopRequested(_) => {
+                        // Paced from the renewal's sending: the next one is due
+                        // `lease_control_interval` after it, however long the answer took (a
+                        // slow control plane must not stretch the time between two renewals
+                        // past the lease); the Worker wakes for it (`Timer::Renewal`, set
+                        // when the renewed lease was written).
+                        self.last_renewal.insert(offer_id.clone(), call_sent);
+                        self.lease_may_hold.remove(&offer_id);
+                    }
+                    SupervisionResult::DrainStopped(_) => {
+                        self.drain_stopped.insert(offer_id.clone());
+                    }
+                    SupervisionResult::Paced
+                    | SupervisionResult::SessionUnavailable
+                    | SupervisionResult::Unavailable
+                    | SupervisionResult::Refused(_)
+                    | SupervisionResult::LeaseResponseInvalid(_)
+                    | SupervisionResult::StorageUnchanged
+                    | SupervisionResult::Pending(_) => {}
+                    SupervisionResult::NotFound
+                    | SupervisionResult::Completed(_)
+                    | SupervisionResult::Settled
+                    | SupervisionResult::CompletionTerminal(_)
+                    | SupervisionResult::LeaseExpired(_)
+                    | SupervisionResult::Terminal(_)
+                    | SupervisionResult::Recovered(..)
+                    | SupervisionResult::SupervisorGone => {
+                        self.last_renewal.remove(&offer_id);
+                        self.timers.remove(&Timer::Renewal(offer_id.clone()));
+                        self.lease_may_hold.remove(&offer_id);
+                    }
+                }
+                // A pending cleanup ends only with a pass that reached it (completed) or a
+                // record that is gone; a pass that ended before (a failed read, then `Settled`)
+                // keeps it pending (whole-Worker simulation, seed 1913).
+                if pending {
+                    self.pending_cleanup.insert(offer_id);
+                } else if matches!(
+                    result,
+                    SupervisionResult::Completed(_) | SupervisionResult::NotFound
+                ) {
+                    self.pending_cleanup.remove(&offer_id);
+                }
+                // A completion frees a slot: offered to the next Pull at once rather than at the
+                // next tick (or, for a retiring Session, its last Run lets the new one in).
+                if matches!(
+                    result,
+                    SupervisionResult::Completed(CompletionOutcome::Acknowledged(_))
+                ) {
+                    if self.renewal_due() {
+                        self.queue.push_back(Work::RenewSession);
+                    } else {
+                        self.pull_again(false);
+                    }
+                }
+            }
+        }
+        self.maybe_finish_drain();
+    }
+
+    fn on_session(&mut self, result: SessionResult, call_sent: MonoMillis) {
+        let result_kind = match &result {
+            SessionResult::Registered(_) => Kind::Registered,
+            SessionResult::Heartbeat(_) => Kind::Heartbeat,
+            _ => Kind::Other,
+        };
+        match result {
+            SessionResult::Registered(view) | SessionResult::Heartbeat(view) => {
+                self.reported_slots = self.reporting_slots.take();
+                self.session_uncertain = false;
+                if matches!(result_kind, Kind::Registered) {
+                    self.register_failures = 0;
+                    self.timers.remove(&Timer::RegisterBackoff);
+                }
+                if matches!(result_kind, Kind::Heartbeat) {
+                    self.fences = 0;
+                }
+                if matches!(result_kind, Kind::Registered) && self.rejoin {
+                    self.rejoin = false;
+                    self.fact(|| Fact::Rejoined);
+                    if self.stage == Stage::Draining {
+                        // The new registration is online: announce the drain again, and let
+                        // the final transition be queued anew.
+                        self.transition_offline_queued = false;
+                        self.queue
+                            .push_back(Work::Transition(SessionStatus::Draining));
+                    }
+                }
+                if self.stage == Stage::Registering {
+                    // Draining or offline although this start asked for no drain: a previous
+                    // incarnation stopped during its drain. See `renewal_due`.
+                    self.retiring =
+                        view.status != SessionStatus::Online && self.drain == Drain::NotRequested;
+                }
+                self.session = Some(view);
+                // Paced from the exchange's sending, as renewals are: with a control plane
+                // that takes long to answer, pacing from the answer would let the Session's
+                // local deadline (the sending plus the lease) pass before the next answer.
+                let heartbeat = call_sent.saturating_add(self.config.heartbeat_interval_ms);
+                self.timers.insert(Timer::Heartbeat, heartbeat);
+                if self.stage == Stage::Registering {
+                    self.stage = Stage::Reconciling;
+                    self.tick_now();
+                }
+            }
+            SessionResult::Transitioned(view) => {
+                self.session_uncertain = false;
+                let offline = view.status == SessionStatus::Offline;
+                self.session = Some(view);
+                if offline {
+                    self.stop(self.drain_end());
+                }
+            }
+            SessionResult::Renewed(session_id) => {
+                // The new id is durable: register it (then reconcile, then work). Everything
+                // queued was planned for the old Session.
+                self.config.session_id = session_id;
+                self.session = None;
+                self.reported_slots = None;
+                self.retiring = false;
+                self.stage = Stage::Registering;
+                self.reconcile_cursor = None;
+                self.queue.clear();
+                self.tick_now();
+                self.timers.remove(&Timer::Heartbeat);
+            }
+            SessionResult::Unanswered { exchange, fault } => self.on_unanswered(exchange, fault),
+            SessionResult::Fenced(detail) => self.on_fenced(detail),
+            SessionResult::Rejected(detail) => self.halt(HaltReason::RegisterRejected { detail }),
+        }
+    }
+
+    /// A Session exchange got no usable answer: retried; the Session lease decides what stays
+    /// usable.
+    fn on_unanswered(&mut self, exchange: Exchange, fault: CallFault) {
+        // An uncertain heartbeat or transition may have moved the Session's version at the
+        // control plane: the fence that then answers the next exchange is expected (see
+        // `on_fenced`). The next tick tries again.
+        if !matches!(exchange, Exchange::Register) {
+            let next_tick = self.tick_at();
+            self.timers.insert(Timer::Heartbeat, next_tick);
+        }
+        if matches!(fault, CallFault::Uncertain(_))
+            && matches!(exchange, Exchange::Heartbeat | Exchange::Transition(_))
+        {
+            self.session_uncertain = true;
+        }
+        match exchange {
+            Exchange::Register => {
+                self.register_failures = self.register_failures.saturating_add(1);
+                let delay = register_backoff(self.config.backoff_base_ms, self.register_failures);
+                let retry_at = self.mono.saturating_add(delay);
+                self.timers.insert(Timer::RegisterBackoff, retry_at);
+                let attempt = self.register_failures;
+                self.fact(|| Fact::RegisterRetry {
+                    attempt,
+                    fault,
+                    retry_in_ms: delay,
+                });
+            }
+            Exchange::Heartbeat | Exchange::Transition(SessionStatus::Draining) => {}
+            // Nothing is in flight (the final transition is queued only then): the
+            // drain is done; the Session's lease expires at the control plane.
+            Exchange::Transition(SessionStatus::Offline | SessionStatus::Online) => {
+                self.stop(self.drain_end());
+            }
+        }
+    }
+
+    /// The Session was fenced: register it again (the reference's resume).
+    fn on_fenced(&mut self, detail: String) {
+        if !self.rejoin {
+            // A fence right after an uncertain exchange is what a committed, unanswered
+            // exchange leaves (the control plane holds version + 1): register again
+            // (the reference's resume) without counting it against the Worker.
+            let expected = core::mem::take(&mut self.session_uncertain);
+            if !expected {
+                self.fences = self.fences.saturating_add(1);
+            }
+            if self.fences > MAX_FENCES_IN_A_ROW {
+                self.halt(HaltReason::SessionFenced {
+                    detail: alloc::format!(
+                        "{detail} ({} fences in a row, each after registering again)",
+                        self.fences
+                    ),
+                });
+                return;
+            }
+            let attempt = self.fences.max(1);
+            self.rejoin = true;
+            self.tick_now();
+            self.fact(|| Fact::Rejoining {
+                detail,
+                attempt,
+                after_uncertain: expected,
+            });
+        }
+    }
+
+    fn on_listed(&mut self, result: ListResult) {
+        if result.failed {
+            // Nothing was learned: keep the phase and the cursor; the next tick lists the same
+            // page again (startup reconciliation never completes on a failed read).
+            return;
+        }
+        for record in &result.records {
+            self.observe(record);
+        }
+        match result.purpose {
+            ListPurpose::Reconcile => {
+                let work = reconcile_work(&result.records);
+                // A settled completion's receipt may still be on disk (a crash before its
+                // removal): its cleanup pass is retried every tick until one reaches the
+                // receipt, like a failed removal's (a pass cut short by a failed read would
+                // otherwise leave the capability on disk for good; simulation seed 5581).
+                for r in &result.records {
+                    if r.state == State::CompletionAcknowledged {
+                        self.pending_cleanup.insert(r.offer.offer_id.clone());
+                    }
+                }
+                for item in work {
+                    if !self.queue.contains(&item) {
+                        self.queue.push_back(item);
+                    }
+                }
+                self.reconcile_cursor = result.next_after.clone();
+                if result.next_after.is_none() {
+                    if self.drain != Drain::NotRequested {
+                        self.stage = Stage::Draining;
+                        self.queue
+                            .push_back(Work::Transition(SessionStatus::Draining));
+                    } else {
+                        self.stage = Stage::Active;
+                    }
+                }
+                // The next page (or the first active tick) follows at once.
+                self.tick_now();
+            }
+            ListPurpose::Supervise => {
+                let active = result
+                    .records
+                    .iter()
+                    .filter(|r| !r.state.is_terminal())
+                    .count();
+                let mut work = supervision_work(&result.records);
+                // Settled records fill pages without needing supervision: when a page held fewer
+                // active records than a page's worth, the next page follows in the same tick, so
+                // the time between two visits of a live Run does not grow with settled records
+                // (found by the crash campaign). Bounded: the cursor ends at the inbox's end.
+                if active < self.config.supervision_page.get()
+                    && let Some(after) = result.next_after.clone()
+                {
+                    work.push(Work::ListPage {
+                        purpose: ListPurpose::Supervise,
+                        after: Some(after),
+                    });
+                }
+                // Supervision runs before the Pull queued behind it in this tick; what is queued
+                // already is not queued twice (an offer's pass may outlast a tick).
+                for item in work.into_iter().rev() {
+                    if !self.queue.contains(&item) {
+                        self.queue.push_front(item);
+                    }
+                }
+                self.supervision_cursor = result.next_after;
+            }
+        }
+    }
+
+    fn on_pull(&mut self, result: PullResult) {
+        match result {
+            PullResult::Admitted { offer_id, .. } => {
+                self.timers.remove(&Timer::PullBackoff);
+                self.claim_pending = false;
+                self.claim_backoff_served = false;
+                // The offer is processed first, then the next Pull goes out at once while slots
+                // and room remain (re-checked when it starts); an idle answer ends the burst.
+                self.pull_again(true);
+                self.queue.push_front(Work::Process(offer_id));
+            }
+            PullResult::Idle => {
+                self.timers.remove(&Timer::PullBackoff);
+                self.claim_pending = false;
+                self.claim_backoff_served = false;
+            }
+            // The claim is gone: the next tick pulls afresh, with no backoff.
+            PullResult::Refused { offer_id, reason } => {
+                self.timers.remove(&Timer::PullBackoff);
+                self.claim_pending = false;
+                self.claim_backoff_served = false;
+                self.notify(Notice::OfferRefused { offer_id, reason });
+            }
+            // The claim's backoff is waited out here, on the monotonic clock; the next Pull
+            // does not compare its persisted wall-clock time again (`Pass::backoff_served`).
+            PullResult::Backoff { retry_in_ms } => {
+                let retry_at = self.mono.saturating_add(retry_in_ms);
+                self.timers.insert(Timer::PullBackoff, retry_at);
+                self.claim_pending = true;
+                self.claim_backoff_served = true;
+            }
+            PullResult::Failed { retry_in_ms, fault } => {
+                let retry_at = self.mono.saturating_add(retry_in_ms);
+                self.timers.insert(Timer::PullBackoff, retry_at);
+                self.claim_pending = fault != crate::pull::PullFault::BudgetExhausted;
+                self.claim_backoff_served = self.claim_pending;
+            }
+            PullResult::SessionUnavailable => {}
+        }
+    }
+
+    /// How a finished drain ends: every record settled, or some left for the next start.
+    fn drain_end(&self) -> StopReason {
+        if self.active_count() == 0 {
+            StopReason::Drained
+        } else {
+            StopReason::Unsettled
+        }
+    }
+
+    fn maybe_finish_drain(&mut self) {
+        let settled = self.in_flight() == 0;
+        if self.stage == Stage::Draining
+            && settled
+            && self.queue.is_empty()
+            && self.lanes.is_empty()
+            && !self.transition_offline_queued
+        {
+            self.transition_offline_queued = true;
+            self.queue
+                .push_back(Work::Transition(SessionStatus::Offline));
+        }
+    }
+}
+
+/// Fences of the Session in a row (each followed by registering again without a good heartbeat
+/// in between) before the Worker halts.
+const MAX_FENCES_IN_A_ROW: u8 = 3;
+
+/// The wait before registering again after `failures` registers in a row got no usable answer:
+/// `min(60 s, base · 2^(failures − 1))`, the Pull backoff's ceiling without its jitter (a
+/// register is one per Worker, not one per claim, and the core draws no entropy for it).
+pub(crate) fn register_backoff(base_ms: u64, failures: u32) -> u64 {
+    let exponent = failures.saturating_sub(1).min(20);
+    base_ms
+        .saturating_mul(1u64 << exponent)
+        .min(crate::pull::MAX_BACKOFF_MS)
+}
+
+/// Which Session result `on_session` handles.
+#[derive(Clone, Copy)]
+enum Kind {
+    Registered,
+    Heartbeat,
+    Other,
+}
+
+/// Startup reconciliation (reference §4.7 step 2, §4.8): which records go to the Processor.
+///
+/// A `completion_acknowledged` record also gets one completion pass, which only removes its
+/// receipt: a crash between the durable acknowledgement and the removal would otherwise leave
+/// the receipt, and the capability it holds, on disk for good (settled records are never
+/// supervised again).
+fn reconcile_work(records: &[InboxRecord]) -> Vec<Work> {
+    let mut work = Vec::new();
+    for r in records {
+        let id = r.offer.offer_id.clone();
+        match r.state {
+            State::Accepted
+            | State::StartingAcknowledged
+            | State::Launching
+            | State::Started
+            | State::StartFailed => work.push(Work::Process(id)),
+            State::CompletionAcknowledged => work.push(Work::Supervise(id)),
+            State::RunningAcknowledged
+            | State::StartFailureAcknowledged
+            | State::RecoveryRequired => {}
+        }
+    }
+    work
+}
+
+/// Supervision of one page: completion first, then lease control, for every record that may
+/// have a live process; running-ACK and start-failure replays; retries of unfinished starts.
+fn supervision_work(records: &[InboxRecord]) -> Vec<Work> {
+    let mut work = Vec::new();
+    for r in records {
+        let id = r.offer.offer_id.clone();
+        match r.state {
+            State::Accepted | State::StartingAcknowledged | State::StartFailed => {
+                work.push(Work::Process(id));
+            }
+            State::Started => {
+                work.push(Work::Process(id.clone()));
+                work.push(Work::Supervise(id));
+            }
+            State::Launching | State::RunningAcknowledged => work.push(Work::Supervise(id)),
+            State::RecoveryRequired => {
+                if r.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown) {
+                    work.push(Work::Supervise(id));
+                }
+            }
+            State::StartFailureAcknowledged | State::CompletionAcknowledged => {}
+        }
+    }
+    work
+}
+
+// Dispatch of the operations, and the helpers they share.
+
+/// The operation in progress. `Clone` exists only for `Worker::fork` (the model checker branches
+/// a Worker between two commands; `sim-hooks` feature).
+#[cfg_attr(feature = "sim-hooks", derive(Clone))]
+#[derive(Debug)]
+pub(crate) enum Running {
+    Session(SessionOp),
+    List(ListPurpose),
+    Pull(PullOp),
+    Process(ProcessOp),
+    Supervise(SupervisionOp),
+}
+
+/// A finished operation's result.
+#[derive(Debug)]
+pub(crate) enum Finished {
+    Session(SessionResult),
+    Listed(ListResult),
+    Pull(PullResult),
+    /// The Worker's decisions come from the records it observed; the result itself is kept for
+    /// `Debug` traces (the model checker's and the simulation's).
+    Process {
+        offer_id: OfferId,
+        result: ProcessResult,
+    },
+    Supervise {
+        offer_id: OfferId,
+        result: SupervisionResult,
+    },
+}
+
+impl Finished {
+    /// The fact this result reports to the driver (none for a listed page: the driver saw it).
+    pub(crate) fn fact(&self) -> Option<Fact> {
+        use crate::facts::Fact;
+        match self {
+            Self::Session(result) => Some(Fact::Session(result.clone())),
+            Self::Listed(_) => None,
+            Self::Pull(result) => Some(Fact::Pull(result.clone())),
+            Self::Process { offer_id, result } => Some(Fact::Process {
+                offer_id: offer_id.clone(),
+                result: result.clone(),
+            }),
+            Self::Supervise { offer_id, result } => Some(Fact::Supervise {
+                offer_id: offer_id.clone(),
+                result: result.clone(),
+            }),
+        }
+    }
+}
+
+/// How one supervision pass runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Pass {
+    /// The lease was renewed less than the pacing interval ago.
+    pub(crate) paced: bool,
+    /// The drain budget ended: stop the Run by identity (once), then complete it as usual.
+    pub(crate) drain_stop: bool,
+    /// The highest lease version the control plane may hold for this Run because renewals
+    /// whose answers were lost may have committed (issue 17; `Worker::lease_may_hold`).
+    pub(crate) may_hold: Option<crate::ids::LeaseVersion>,
+    /// The Pull's pending claim had a backoff, and this process waited it out on the
+    /// monotonic clock: its persisted wall-clock time is not compared again.
+    pub(crate) backoff_served: bool,
+}
+
+/// One listed page.
+#[derive(Debug)]
+pub(crate) struct ListResult {
+    pub(crate) purpose: ListPurpose,
+    pub(crate) records: Vec<InboxRecord>,
+    pub(crate) next_after: Option<OfferId>,
+    /// The page could not be read (a transient storage failure): nothing was learned, and the
+    /// same page must be listed again — never mistaken for an empty last page.
+    pub(crate) failed: bool,
+}
+
+impl Running {
+    /// Whether the record write this operation awaits stores a lease the control plane granted
+    /// in answer to one of its own calls (the Worker then times that lease from when the
+    /// operation began; see `worker::LeaseClock`).
+    pub(crate) fn grants_lease(&self) -> bool {
+        match self {
+            Self::Pull(op) => op.grants_lease(),
+            Self::Supervise(op) => op.grants_lease(),
+            Self::Process(op) => op.grants_lease(),
+            Self::Session(_) | Self::List(_) => false,
+        }
+    }
+
+    /// The offer whose launch this operation's next command begins or continues before the
+    /// spawn barrier ([`ProcessOp::launching`]), if any.
+    pub(crate) fn launching(&self) -> Option<&OfferId> {
+        match self {
+            Self::Process(op) if op.launching() => Some(op.offer_id()),
+            Self::Session(_)
+            | Self::List(_)
+            | Self::Pull(_)
+            | Self::Process(_)
+            | Self::Supervise(_) => None,
+        }
+    }
+
+    /// Starts the operation for one unit of work.
+    pub(crate) fn begin(
+        ctx: &Ctx<'_>,
+        work: Work,
+        available_slots: u64,
+        pass: Pass,
+    ) -> Step<Self, Finished> {
+        match work {
+            Work::Register => SessionOp::register(ctx, available_slots, false)
+                .map(Self::Session, Finished::Session),
+            Work::Rejoin => SessionOp::register(ctx, available_slots, true)
+                .map(Self::Session, Finished::Session),
+            Work::Heartbeat => {
+                SessionOp::heartbeat(ctx, available_slots).map(Self::Session, Finished::Session)
+            }
+            Work::Transition(status) => {
+                SessionOp::transition(ctx, status).map(Self::Session, Finished::Session)
+            }
+            Work::RenewSession => SessionOp::renew().map(Self::Session, Finished::Session),
+            Work::ListPage { purpose, after } => {
+                let limit = match purpose {
+                    ListPurpose::Reconcile => ctx.config.startup_page,
+                    ListPurpose::Supervise => ctx.config.supervision_page,
+                };
+                Step::Wait(Self::List(purpose), Action::ListInbox { after, limit })
+            }
+            Work::Pull => PullOp::begin(ctx, pass.backoff_served).map(Self::Pull, Finished::Pull),
+            Work::Process(offer_id) => {
+                let id = offer_id.clone();
+                ProcessOp::begin(offer_id).map(Self::Process, move |result| Finished::Process {
+                    offer_id: id,
+                    result,
+                })
+            }
+            Work::Supervise(offer_id) => {
+                let id = offer_id.clone();
+                let paced = pass.paced.then_some(ctx.config.lease_control_interval_ms);
+                SupervisionOp::begin(offer_id, paced, pass.drain_stop, pass.may_hold).map(
+                    Self::Supervise,
+                    move |result| Finished::Supervise {
+                        offer_id: id,
+                        result,
+                    },
+                )
+            }
+            Work::Renew(offer_id) => {
+                let id = offer_id.clone();
+                let paced = pass.paced.then_some(ctx.config.lease_control_interval_ms);
+                SupervisionOp::renew(offer_id, paced, pass.may_hold).map(
+                    Self::Supervise,
+                    move |result| Finished::Supervise {
+                        offer_id: id,
+                        result,
+                    },
+                )
+            }
+        }
+    }
+
+    /// Writes a canonical rendering of this operation's state (model checking).
+    #[cfg(feature = "sim-hooks")]
+    pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
+        match self {
+            Self::Session(op) => {
+                fp.tag("session");
+                fp.debug(op);
+            }
+            Self::List(purpose) => {
+                fp.tag("list");
+                fp.debug(purpose);
+            }
+            Self::Pull(op) => op.fingerprint(fp),
+            Self::Process(op) => op.fingerprint(fp),
+            Self::Supervise(op) => op.fingerprint(fp),
+        }
+    }
+
+    /// Feeds the outcome of this operation's outstanding action.
+    pub(crate) fn resume(self, ctx: &Ctx<'_>, outcome: Outcome) -> Step<Self, Finished> {
+        match self {
+            Self::Session(op) => op
+                .resume(ctx, outcome)
+                .map(Self::Session, Finished::Session),
+            Self::List(purpose) => list_resume(purpose, outcome),
+            Self::Pull(op) => op.resume(ctx, outcome).map(Self::Pull, Finished::Pull),
+            Self::Process(op) => {
+                let id = op.offer_id().clone();
+                op.resume(ctx, outcome)
+                    .map(Self::Process, move |result| Finished::Process {
+                        offer_id: id,
+                        result,
+                    })
+            }
+            Self::Supervise(op) => {
+                let id = op.offer_id().clone();
+                op.resume(ctx, outcome)
+                    .map(Self::Supervise, move |result| Finished::Supervise {
+                        offer_id: id,
+                        result,
+                    })
+            }
+        }
+    }
+}
+
+fn list_resume(purpose: ListPurpose, outcome: Outcome) -> Step<Running, Finished> {
+    match outcome {
+        Outcome::InboxListed {
+            records,
+            next_after,
+        } => Step::Done(Finished::Listed(ListResult {
+            purpose,
+            records,
+            next_after,
+            failed: false,
+        })),
+        Outcome::Store(failure) => read_failure(failure, || {
+            Step::Done(Finished::Listed(ListResult {
+                purpose,
+                records: Vec::new(),
+                next_after: None,
+                failed: true,
+            }))
+        }),
+        other => unexpected(&other),
+    }
+}
+
+/// An outcome of the action's kind that this state does not expect. The Worker refuses an
+/// outcome of another kind before any operation sees it
+/// ([`crate::io::InputError::OutcomeMismatch`]), so this is a core bug: halt rather than guess.
+pub(crate) fn unexpected<S, R>(outcome: &Outcome) -> Step<S, R> {
+    Step::Halt(HaltReason::UnexpectedOutcome {
+        detail: alloc::format!("{outcome:?}"),
+    })
+}
+
+/// The next revision of `stored` in `state`, `updatedAtMs = max(now, stored.updatedAtMs)`, with
+/// `edit` applied (reference §4.2: every replace is a revision CAS).
+pub(crate) fn next_record(
+    stored: &InboxRecord,
+    state: State,
+    now: UnixMillis,
+    edit: impl FnOnce(&mut InboxRecord),
+) -> InboxRecord {
+    let mut next = stored.clone();
+    // INVARIANT: revisions stay far below 2^53 (one per durable step of a bounded lifecycle).
+    next.revision = stored.revision.next().unwrap_or(stored.revision);
+    next.state = state;
+    next.updated_at_ms = now.max(stored.updated_at_ms);
+    edit(&mut next);
+    next
+}
+
+/// The replace action for `proposed`, after checking the transition here too (pair assertion:
+/// the core never proposes a write the journal would refuse).
+pub(crate) fn persist(stored: &InboxRecord, proposed: InboxRecord) -> Action {
+    let check = check_transition(stored, &proposed, stored.revision);
+    assert!(
+        check.is_ok(),
+        "core proposed an invalid transition: {check:?}"
+    );
+    Action::PersistRecord {
+        expected: Some(stored.revision),
+        record: Box::new(proposed),
+    }
+}
+
+/// How a control-plane call failed, from the core's point of view.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CallFault {
+    /// No answer, and the request cannot have taken effect (no connection, 5xx, 408, 429):
+    /// retry later.
+    Unavailable,
+    /// The request may have taken effect, but no usable answer came back (issue 17): the
+    /// connection was lost after sending, the answer was not the contract's JSON, or its status
+    /// was neither 200 nor an error. Retried like [`CallFault::Unavailable`]; an operation whose
+    /// retry is fenced by a version the lost call advanced reasons about it (lease control,
+    /// completion, the Session).
+    Uncertain(Uncertainty),
+    /// 409: the control plane fenced the request (stale Session, lease or version).
+    Fenced {
+        /// The error code.
+        code: Option<String>,
+    },
+    /// Another 4xx status (400, 401, 403, 404, 413, 415): a configuration or contract problem on
+    /// one side, or refused credentials.
+    Rejected {
+        /// HTTP status.
+        status: u16,
+        /// The error code.
+        code: Option<String>,
+    },
+    /// A 200 response of the contract's JSON shape that breaks a rule or drifts from its
+    /// request: the control plane said something definite, and it is wrong.
+    Invalid(WireError),
+}
+
+/// Why a call's outcome is uncertain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Uncertainty {
+    /// The connection closed, reset or timed out after the request may have been sent, or the
+    /// response broke the transport rules.
+    Transport,
+    /// A status that is neither 200 nor an error status (a 201, a redirect).
+    Status(u16),
+    /// A 200 whose body is not the contract's JSON (not JSON, a key added or missing, outside
+    /// its size bounds).
+    Garbled(WireError),
+}
+
+impl fmt::Display for Uncertainty {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Transport => f.write_str("the answer was lost (connection or transport)"),
+            Self::Status(status) => write!(f, "the answer had status {status}, not 200"),
+            Self::Garbled(e) => write!(f, "the answer is not the contract's JSON: {e}"),
+        }
+    }
+}
+
+/// Classifies a JSON call's outcome: the 200 body, or the fault.
+pub(crate) fn response(outcome: Outcome) -> Result<Result<Vec<u8>, CallFault>, Outcome> {
+    match outcome {
+        Outcome::Responded(body) => Ok(Ok(body)),
+        Outcome::Http(failure) => Ok(Err(http_fault(failure))),
+        other => Err(other),
+    }
+}
+
+/// Classifies an HTTP failure.
+pub(crate) fn http_fault(failure: HttpFailure) -> CallFault {
+    match failure {
+        HttpFailure::Unavailable => CallFault::Unavailable,
+        HttpFailure::Uncertain => CallFault::Uncertain(Uncertainty::Transport),
+        HttpFailure::Status { status: 409, code } => CallFault::Fenced { code },
+        HttpFailure::Status { status, code } => match status {
+            408 | 429 | 500.. => CallFault::Unavailable,
+            400..=499 => CallFault::Rejected { status, code },
+            _ => CallFault::Uncertain(Uncertainty::Status(status)),
+        },
+    }
+}
+
+/// Classifies a 200 body that failed to parse: a body that is not the contract's JSON at all
+/// (not JSON, a key added or missing, outside its size bounds) is an uncertain outcome
+/// (`Ok`); a body of the right shape whose values break a rule or drift from the request is the
+/// control plane's definite, wrong answer (`Err`, unchanged).
+pub(crate) fn garbled(error: WireError) -> Result<Uncertainty, WireError> {
+    match error {
+        WireError::Size { .. } | WireError::Json { .. } => Ok(Uncertainty::Garbled(error)),
+        other => Err(other),
     }
 }

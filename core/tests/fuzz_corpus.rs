@@ -499,7 +499,7 @@ fn reproducer(target: &str, file: &str) {
     println!("{summary:?}");
 }
 
-/// Known bug `pull-after-midtick-latch` (`core/src/lifecycle.rs`): the Pull queued when the
+/// Known bug `pull-after-midtick-latch` (then `core/src/lifecycle.rs`): the Pull queued when the
 /// tick was planned still runs after supervision in the same tick recorded lease loss and
 /// latched fail-closed (reference lifecycle test 6.7 #4: "fails closed before Pull when active
 /// supervision records lease loss"). Fixed in `0f4c600`.
@@ -508,7 +508,7 @@ fn regression_pull_after_midtick_latch() {
     reproducer("machine_start_path", "bug-pull-after-midtick-latch.bin");
 }
 
-/// Known bug `pull-before-reconciled` (`core/src/ops.rs` `list_resume`, `core/src/lifecycle.rs`
+/// Known bug `pull-before-reconciled` (then `core/src/ops.rs` `list_resume`, `lifecycle.rs`
 /// `on_listed`): a storage failure on a startup reconciliation page is reported as an empty
 /// last page, so reconciliation "completes" without listing the inbox; the Worker goes active,
 /// never applies the restart rules (a `launching` record is not marked recovery), and pulls.

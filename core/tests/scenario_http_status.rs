@@ -3,7 +3,7 @@
 //! 4xx (except 401, 403 and 409, which have their own rules) is the control plane's definite
 //! refusal. The Session's register shows both: a refused register halts the Worker, an
 //! unanswered one is tried again. (Kills the two `http_fault` arm deletions of
-//! `core/src/ops.rs`; docs/mutation.md.)
+//! `core/src/ops.rs`, now in `core/src/worker.rs`; docs/mutation.md.)
 
 use ql_worker_core::io::{HttpFailure, Outcome};
 use ql_worker_sim::testkit::sim::Sim;

@@ -1,4 +1,4 @@
-//! The lifecycle tick's timers and budgets (`core/src/lifecycle.rs`) that the other scenarios
+//! The lifecycle tick's timers and budgets (`core/src/worker.rs`) that the other scenarios
 //! do not reach, found by mutation testing (`docs/mutation.md`): the drain budget's end, a
 //! renewal or heartbeat that falls between two cadence ticks, a renewal timer that comes while
 //! the Run is still starting, no heartbeat before reconciliation finishes, and the lease version
