@@ -554,40 +554,22 @@ pub enum Input {
 }
 
 /// An input the core refused. Nothing changed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InputError {
     /// No command with this id is outstanding (a driver bug: answered twice, or never sent).
+    #[error("outcome for {id} but no command with that id is outstanding")]
     UnexpectedOutcome {
         /// The id given.
         id: OpId,
     },
     /// The outcome is not of a kind that answers the command with this id (a `Persisted` for a
     /// POST, say: a driver bug). The command stays outstanding.
+    #[error("outcome for {id} is not of a kind that answers that command (it stays outstanding)")]
     OutcomeMismatch {
         /// The id given.
         id: OpId,
     },
     /// The machine has halted; only a restart helps.
+    #[error("the worker has halted")]
     Halted,
 }
-
-impl fmt::Display for InputError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::UnexpectedOutcome { id } => {
-                write!(
-                    f,
-                    "outcome for {id} but no command with that id is outstanding"
-                )
-            }
-            Self::OutcomeMismatch { id } => write!(
-                f,
-                "outcome for {id} is not of a kind that answers that command (it stays \
-                 outstanding)"
-            ),
-            Self::Halted => f.write_str("the worker has halted"),
-        }
-    }
-}
-
-impl core::error::Error for InputError {}

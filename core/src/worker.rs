@@ -231,20 +231,28 @@ pub enum StopReason {
 
 /// Why the machine halted: a fact it cannot safely continue from. The next start reconciles
 /// from disk.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum HaltReason {
     /// A write may or may not be durable.
+    #[error("a durable write may or may not have happened (fsync failed)")]
     StoreUncertain,
     /// The store refused a write the core proposed (concurrent writer or core bug).
+    #[error("the store refused a proposed write (CAS conflict)")]
     StoreConflict,
     /// A read found an unsafe or corrupt file.
+    #[error("unsafe or corrupt storage")]
     UnsafeStorage,
     /// A write that records what became of a launch (`start_failed` after a proven rejection,
     /// `recovery_required(launch_outcome_unknown)`) failed cleanly. Nothing was written; going
     /// on would act on a fact that is not durable, so the Worker stops and the next start
     /// reconciles from disk.
+    #[error(
+        "the write recording a launch outcome failed (nothing written); the next start \
+         reconciles from disk"
+    )]
     LaunchOutcomeUnrecorded,
     /// The control plane fenced or replaced this Session.
+    #[error("the Worker Session was fenced: {detail}")]
     SessionFenced {
         /// The response that fenced it.
         detail: String,
@@ -252,41 +260,18 @@ pub enum HaltReason {
     /// A Session exchange was refused for good: a register (400, 404, 409, 413, 415, or a
     /// register again after a fence answered that another Session replaced this one), a
     /// heartbeat or a transition (400, 404, 413, 415), or its request could not be built.
+    #[error("a Session exchange was refused for good: {detail}")]
     RegisterRejected {
         /// Why.
         detail: String,
     },
-    /// The driver answered a command with an outcome of another kind (a driver bug).
+    /// An operation got an outcome of its command's kind that its state does not expect (a
+    /// core bug; an outcome of another kind is refused at the input).
+    #[error("an operation got an outcome its state does not expect (a core bug): {detail}")]
     UnexpectedOutcome {
         /// The outcome, as `Debug` prints it (values redacted).
         detail: String,
     },
-}
-
-impl fmt::Display for HaltReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::StoreUncertain => {
-                f.write_str("a durable write may or may not have happened (fsync failed)")
-            }
-            Self::StoreConflict => f.write_str("the store refused a proposed write (CAS conflict)"),
-            Self::UnsafeStorage => f.write_str("unsafe or corrupt storage"),
-            Self::LaunchOutcomeUnrecorded => f.write_str(
-                "the write recording a launch outcome failed (nothing written); \
-                 the next start reconciles from disk",
-            ),
-            Self::SessionFenced { detail } => write!(f, "the Worker Session was fenced: {detail}"),
-            Self::RegisterRejected { detail } => {
-                write!(f, "a Session exchange was refused for good: {detail}")
-            }
-            Self::UnexpectedOutcome { detail } => {
-                write!(
-                    f,
-                    "the driver answered with an unexpected outcome: {detail}"
-                )
-            }
-        }
-    }
 }
 
 /// What [`Worker::poll_output`] returns.
@@ -2783,26 +2768,19 @@ pub enum CallFault {
 }
 
 /// Why a call's outcome is uncertain.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Uncertainty {
     /// The connection closed, reset or timed out after the request may have been sent, or the
     /// response broke the transport rules.
+    #[error("the answer was lost (connection or transport)")]
     Transport,
     /// A status that is neither 200 nor an error status (a 201, a redirect).
+    #[error("the answer had status {0}, not 200")]
     Status(u16),
     /// A 200 whose body is not the contract's JSON (not JSON, a key added or missing, outside
     /// its size bounds).
+    #[error("the answer is not the contract's JSON: {0}")]
     Garbled(WireError),
-}
-
-impl fmt::Display for Uncertainty {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Transport => f.write_str("the answer was lost (connection or transport)"),
-            Self::Status(status) => write!(f, "the answer had status {status}, not 200"),
-            Self::Garbled(e) => write!(f, "the answer is not the contract's JSON: {e}"),
-        }
-    }
 }
 
 /// Classifies a JSON call's outcome: the 200 body, or the fault.
