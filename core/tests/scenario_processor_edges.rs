@@ -210,7 +210,7 @@ fn filler(c: char, len: usize) -> String {
 }
 
 /// The bindings' names and values, Secrets resolved, may take 64 KiB (65 536 bytes) and no
-/// more (reference materializer `4abf125`; SPEC §5): the revision's own 64 KiB budget counts a
+/// more (the reference's materializer `4abf125`): the revision's own 64 KiB budget counts a
 /// Secret's reference, not its value, so only the materialized size can tell. `A` (1 + 49 150
 /// bytes) and `S` (1 + 16 384, the largest Secret value) make exactly 65 536: launched.
 #[test]
@@ -269,8 +269,8 @@ fn bundle_entries_follow_the_bindings_in_name_order() {
     );
 }
 
-/// A bundle entry named as one of the revision's bindings refuses the start (the reference
-/// never lets a bundle override a binding): `start_failed` before the barrier.
+/// A bundle entry named as one of the revision's bindings refuses the start (a bundle never
+/// overrides a binding): `start_failed` before the barrier.
 #[test]
 fn a_bundle_entry_named_as_a_binding_fails_the_start() {
     let revision = bundle_revision(vec![("PUBLIC_VALUE", public("visible".into()))]);
@@ -329,7 +329,7 @@ fn at_most_256_variables_reach_the_child() {
 }
 
 /// A `start_failed` record found at restart (lease version 0), its start-failure answered
-/// `applied` with a terminal snapshot of lease version `version`; returns the simulation
+/// `applied` with a snapshot of `shape` at lease version `version`; returns the simulation
 /// settled and the results the Worker reported.
 fn start_failure_answered(version: u64, shape: SnapshotShape) -> (Sim, Vec<ProcessResult>) {
     let mut world = World::new(1, Vec::new());
@@ -374,9 +374,8 @@ fn start_failure_answered(version: u64, shape: SnapshotShape) -> (Sim, Vec<Proce
     (sim, results)
 }
 
-/// The start-failure answer may carry the lease one version ahead of the record (reference
-/// §4.2 step 8: the control plane's start-failure bumps it): at exactly the record's version
-/// + 1 the failure is acknowledged and persisted.
+/// The start-failure answer's snapshot may carry a lease version at most one above the
+/// record's: at exactly the record's version + 1 the failure is acknowledged and persisted.
 #[test]
 fn a_start_failure_snapshot_one_lease_version_ahead_is_acknowledged() {
     let (sim, results) = start_failure_answered(1, SnapshotShape::Terminal);
@@ -455,9 +454,9 @@ fn a_replayed_running_ack_reports_already_running() {
 
 /// A drain requested while the starting ACK is in flight: the ACK's answer is persisted and
 /// the capability drawn, but the launch does not go on past that (the log allocation, the
-/// first command of the launch staged after the drain began, is withdrawn; SPEC §8: a drain
-/// starts nothing new): the record stays `starting_acknowledged`, nothing is spawned, and the
-/// pass ends `Deferred`.
+/// first command of the launch staged after the drain began, is withdrawn: a drain begins no
+/// launch): the record stays `starting_acknowledged`, nothing is spawned, and the pass ends
+/// `Deferred`.
 #[test]
 fn a_drain_begun_during_the_starting_ack_stops_the_launch_before_the_log() {
     let mut sim = Sim::scenario(World::one_offer(1));
