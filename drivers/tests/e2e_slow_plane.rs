@@ -1,10 +1,10 @@
 //! Issue 16, item 7, with the real binary: a control plane whose every answer takes longer than
 //! a third of the Run's lease. The plane answers at once; a proxy on loopback holds each of its
 //! answers for [`DELAY`] before the Worker sees it (the requests pass at once, so the plane
-//! applies each call when it is sent). Run lease 6 s, request timeout 5 s, answers after 2.4 s:
-//! the start path's three calls (`offers`, `starting`, `running`) take 7.2 s, more than the
-//! lease, so a Worker that renews only running Runs finds the lease expired locally once its
-//! Run is running, stops it and records `recovery_required`. This Worker renews between the
+//! applies each call when it is sent). Run lease 6 s, request timeout 15 s (the default), answers
+//! after 2.4 s: the start path's three calls (`offers`, `starting`, `running`) take 7.2 s, more
+//! than the lease, so a Worker that renews only running Runs finds the lease expired locally
+//! once its Run is running, stops it and records `recovery_required`. This Worker renews between the
 //! start path's calls: the Run must succeed, once, and the plane must have seen a renewal before
 //! the running ACK. (Checked the other way once: with the start path's renewal switched off, the
 //! Run ended `recovery_required`.)
