@@ -390,3 +390,63 @@ fn one_run_from_pull_to_completion_in_the_required_order() {
     assert!(worker.fail_closed().is_none());
     println!("{log}");
 }
+
+/// The two profiles are the reference's production defaults (reference §7: cadence edge 2 000 /
+/// node 500 ms, startup page 4 / 16, supervision page 4 / 32, journal entries 64 / 256, drain
+/// 60 / 300 s) and this Worker's own (2 / 16 concurrent Runs, Session lease 30 s, heartbeat
+/// 10 s, backoff base 1 s, lease control every 5 s); the node profile differs from the edge
+/// profile in exactly the reference's five fields and the concurrency.
+#[test]
+fn the_profiles_are_the_production_defaults() {
+    let worker = testkit::worker();
+    let caps = Capabilities::for_architecture(Architecture::Amd64);
+    let edge = WorkerConfig::edge(
+        worker.worker_id.clone(),
+        worker.session_id.clone(),
+        caps.clone(),
+    );
+    let node = WorkerConfig::node(worker.worker_id, worker.session_id, caps);
+    let fields = |c: &WorkerConfig| {
+        (
+            c.cadence_ms,
+            c.startup_page.get(),
+            c.supervision_page.get(),
+            c.capacity.get(),
+            c.max_concurrent_runs,
+            c.drain_budget_ms,
+            (
+                c.session_lease_ms,
+                c.heartbeat_interval_ms,
+                c.backoff_base_ms,
+                c.lease_control_interval_ms,
+            ),
+        )
+    };
+    let shared = (30_000, 10_000, 1_000, 5_000);
+    assert_eq!(fields(&edge), (2_000, 4, 4, 64, 2, 60_000, shared));
+    assert_eq!(fields(&node), (500, 16, 32, 256, 16, 300_000, shared));
+    assert_eq!(node.capabilities, edge.capabilities);
+}
+
+/// A Session is usable strictly before its local lease deadline, not at it: at the deadline
+/// the control plane may already have expired it (the deadline counts from the sending of the
+/// exchange that granted it).
+#[test]
+fn a_session_is_unusable_from_its_lease_deadline_on() {
+    use ql_worker_core::time::MonoMillis;
+    use ql_worker_core::worker::SessionView;
+    let view = SessionView {
+        worker: testkit::worker(),
+        version: 1,
+        status: SessionStatus::Online,
+        lease_expires_at: ms(40_000),
+        lease_deadline: MonoMillis::new(30_000),
+    };
+    assert!(view.usable(MonoMillis::new(29_999)));
+    assert!(!view.usable(MonoMillis::new(30_000)));
+    let offline = SessionView {
+        status: SessionStatus::Offline,
+        ..view
+    };
+    assert!(!offline.usable(MonoMillis::new(0)));
+}
