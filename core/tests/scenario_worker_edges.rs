@@ -1,0 +1,165 @@
+//! Edges of the Worker machine itself (`core/src/worker.rs` outside its tick) that the other
+//! scenarios do not reach, found by mutation testing (`docs/mutation.md`): refused credentials
+//! pausing admission, which records hold a drain, and the bounded queue of facts. Driven
+//! through the whole Worker against the simulated host.
+
+use ql_worker_core::io::{HttpFailure, Input, Outcome};
+use ql_worker_core::record::State;
+use ql_worker_core::time::UnixMillis;
+use ql_worker_core::wire::route::Operation;
+use ql_worker_core::worker::StopReason;
+use ql_worker_sim::testkit;
+use ql_worker_sim::testkit::act::Act;
+use ql_worker_sim::testkit::sim::{Sim, Status};
+use ql_worker_sim::testkit::world::{Answer, World};
+
+fn ms(v: u64) -> UnixMillis {
+    UnixMillis::new(v).unwrap()
+}
+
+/// Answers commands healthily (ticking at each wake-up when idle) until `matches` is
+/// outstanding.
+fn until(sim: &mut Sim, matches: impl Fn(&Act) -> bool) {
+    for _ in 0..500 {
+        match sim.act() {
+            Some(act) if matches(act) => return,
+            Some(_) => sim.answer(Answer::Ok),
+            None => {
+                if let Status::Idle(Some(wake)) = sim.status {
+                    sim.advance_to(wake);
+                }
+                sim.tick();
+            }
+        }
+    }
+    panic!("never outstanding: {:#?}", sim.commands());
+}
+
+fn is_post(op: Operation) -> impl Fn(&Act) -> bool {
+    move |act| matches!(act, Act::Post { operation, .. } if *operation == op)
+}
+
+fn pulls(sim: &Sim) -> usize {
+    sim.commands()
+        .iter()
+        .filter(|c| c.starts_with("post offers"))
+        .count()
+}
+
+/// Credentials refused (401 on a Pull) pause admission: until a call is answered again, no
+/// Pull goes out, however many ticks pass; the next answered call (the heartbeat) lifts the
+/// pause and the Pulls resume (SPEC: refused credentials stop new work, never running work).
+#[test]
+fn refused_credentials_pause_the_pulls_until_a_call_is_answered() {
+    let mut sim = Sim::scenario(World::new(1, Vec::new()));
+    until(&mut sim, is_post(Operation::Offers));
+    sim.deliver(Outcome::Http(HttpFailure::Status {
+        status: 401,
+        code: Some("worker_credential_invalid".into()),
+    }));
+    assert!(sim.worker.admission_paused());
+    let before = pulls(&sim);
+    // Ticks until the heartbeat is outstanding: no Pull meanwhile.
+    until(&mut sim, is_post(Operation::Heartbeat));
+    assert!(sim.worker.admission_paused());
+    assert_eq!(pulls(&sim), before, "{:#?}", sim.commands());
+    sim.answer(Answer::Ok);
+    assert!(!sim.worker.admission_paused());
+    until(&mut sim, is_post(Operation::Offers));
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
+
+/// A record that never crossed the spawn barrier and whose lease has expired (dormant) holds
+/// no process and can never progress: it does not hold a drain, which ends at once (not at the
+/// end of the 60 s budget), `Drained`.
+#[test]
+fn a_dormant_record_does_not_hold_a_drain() {
+    let mut world = World::new(1, Vec::new());
+    world.seed(1, testkit::record(1, State::Accepted), false);
+    // The sample lease expires at 30 020 ms: dormant from the start.
+    let mut sim = Sim::new(testkit::explore::model_config(), world, ms(40_000)).recording();
+    sim.run(3);
+    assert_eq!(sim.worker.in_flight(), 0);
+    sim.request_drain();
+    let asked = sim.now;
+    for _ in 0..20 {
+        if matches!(sim.status, Status::Stopped(_)) {
+            break;
+        }
+        sim.run(1);
+    }
+    assert_eq!(sim.status, Status::Stopped(StopReason::Drained));
+    assert!(
+        sim.now.get() < asked.get() + 10_000,
+        "stopped at {} ms, asked at {} ms",
+        sim.now.get(),
+        asked.get()
+    );
+}
+
+/// Before the drain budget ends, a record that may still be launched (`accepted`, lease
+/// valid) and a `launch_outcome_unknown` record (a receipt may still complete it) hold the
+/// drain. The `accepted` one holds it until its lease expires (30 020 ms; dormant then), and
+/// the drain ends `Drained`; the `launch_outcome_unknown` one until the budget ends (60 s),
+/// after which this Worker can no longer settle it, and the drain ends `Unsettled`.
+#[test]
+fn launchable_and_launch_unknown_records_hold_a_drain() {
+    for (state, reason) in [
+        (State::Accepted, StopReason::Drained),
+        (State::RecoveryRequired, StopReason::Unsettled),
+    ] {
+        let mut world = World::new(1, Vec::new());
+        world.seed(1, testkit::record(1, state), false);
+        let mut sim = Sim::scenario(world);
+        // Asked while the register is in flight: no launch ever begins, so the `accepted`
+        // record stays as it is.
+        until(&mut sim, is_post(Operation::Register));
+        let asked = sim.now.get();
+        sim.worker
+            .handle(sim.clock(), Input::DrainRequested)
+            .unwrap();
+        sim.answer(Answer::Ok);
+        sim.run(2);
+        assert_eq!(sim.worker.in_flight(), 1, "{state:?}");
+        let budget_end = asked + sim.config.drain_budget_ms;
+        for _ in 0..100 {
+            if matches!(sim.status, Status::Stopped(_)) {
+                break;
+            }
+            sim.run(1);
+        }
+        assert_eq!(sim.status, Status::Stopped(reason), "{state:?}");
+        let stopped = sim.now.get();
+        match state {
+            State::Accepted => assert!(
+                (30_020..budget_end).contains(&stopped),
+                "stopped at {stopped} ms"
+            ),
+            _ => assert!(stopped >= budget_end, "stopped at {stopped} ms"),
+        }
+        assert_eq!(sim.worker.in_flight(), 0, "{state:?}");
+    }
+}
+
+/// Facts the driver does not take are bounded: past 1,024 queued the oldest are dropped and
+/// counted, exactly; taking the queue leaves the count as it is.
+#[test]
+fn facts_not_taken_are_dropped_oldest_first_and_counted() {
+    let mut sim = Sim::scenario(World::new(1, Vec::new()));
+    sim.worker.report_facts();
+    for _ in 0..5_000 {
+        if sim.worker.facts_dropped() >= 3 {
+            break;
+        }
+        sim.run(1);
+    }
+    let dropped = sim.worker.facts_dropped();
+    assert!(dropped >= 3, "only {dropped} dropped");
+    let queued = std::iter::from_fn(|| sim.worker.poll_fact()).count();
+    assert_eq!(queued, 1_024);
+    assert_eq!(sim.worker.facts_dropped(), dropped);
+}
