@@ -686,3 +686,39 @@ fn a_retried_claim_counts_its_attempts_and_doubles_its_backoff_ceiling() {
         "floor(r · min(60 s, 1000 · 2^(2 - 1)))"
     );
 }
+
+/// The notices the driver has not taken are bounded: past 64 the oldest is dropped, so a
+/// driver that never takes them keeps the 64 newest, in order (`worker::MAX_NOTICES`).
+#[test]
+fn notices_not_taken_keep_the_newest_sixty_four() {
+    let mut sim = started(World::new(1, Vec::new()));
+    let mut refused = Vec::new();
+    for _ in 0..66 {
+        for _ in 0..50 {
+            match sim.act() {
+                Some(Act::Post { operation, .. }) if *operation == Operation::Offers => break,
+                Some(_) => sim.answer(Answer::Ok),
+                None => {
+                    if let testkit::sim::Status::Idle(Some(wake)) = sim.status {
+                        sim.advance_to(wake);
+                    }
+                    sim.tick();
+                }
+            }
+        }
+        let bad = claim(&sim).expect("a Pull is outstanding");
+        refused.push(bad.offer_id.clone());
+        sim.deliver(offered_edited(bad.offer_id, |v| {
+            v["offer"]["executionRevision"]["retryPolicy"] = serde_json::json!({"attempts": 3});
+        }));
+        sim.settle();
+    }
+    let kept: Vec<OfferId> = sim
+        .worker
+        .drain_notices()
+        .map(|notice| match notice {
+            ql_worker_core::worker::Notice::OfferRefused { offer_id, .. } => offer_id,
+        })
+        .collect();
+    assert_eq!(kept, refused[2..]);
+}

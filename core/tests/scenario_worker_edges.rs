@@ -163,3 +163,35 @@ fn facts_not_taken_are_dropped_oldest_first_and_counted() {
     assert_eq!(queued, 1_024);
     assert_eq!(sim.worker.facts_dropped(), dropped);
 }
+
+/// What the driver reads of the Worker for its status and metrics: the Session as the control
+/// plane last confirmed it (none before the register is answered), and every record it knows
+/// with its last known state.
+#[test]
+fn the_session_and_the_known_records_are_what_the_worker_last_saw() {
+    let mut world = World::new(1, Vec::new());
+    world.seed(1, testkit::record(1, State::RunningAcknowledged), true);
+    let mut sim = Sim::scenario(world);
+    assert!(sim.worker.session().is_none());
+    assert!(sim.worker.known_records().is_empty());
+    sim.run(2);
+    let session = sim.worker.session().expect("registered");
+    assert_eq!(session.worker.worker_id, testkit::worker().worker_id);
+    assert_eq!(
+        session.status,
+        ql_worker_core::wire::session::SessionStatus::Online
+    );
+    let known: Vec<(String, State)> = sim
+        .worker
+        .known_records()
+        .iter()
+        .map(|(id, state)| (id.as_str().to_owned(), *state))
+        .collect();
+    assert_eq!(
+        known,
+        vec![(
+            testkit::offer_id(1).as_str().to_owned(),
+            State::RunningAcknowledged
+        )]
+    );
+}
