@@ -195,3 +195,38 @@ fn the_session_and_the_known_records_are_what_the_worker_last_saw() {
         )]
     );
 }
+
+/// A tick overdue by a whole cadence while work is still queued is planned between two
+/// commands: here one Run's lease control is held 12 s (past two cadences and the heartbeat's
+/// due time) while the other Run's pass waits for the only slot; the heartbeat goes out before
+/// that pass, not after the queue has drained (no stream of queued work starves the Session).
+#[test]
+fn an_overdue_tick_is_planned_between_commands_while_work_is_queued() {
+    let mut world = World::new(1, Vec::new());
+    world.seed(1, testkit::record(1, State::RunningAcknowledged), true);
+    world.seed(2, testkit::record(2, State::RunningAcknowledged), true);
+    let mut sim = Sim::scenario(world);
+    assert_eq!(sim.config.max_concurrent_runs, 1);
+    sim.run(2);
+    until(&mut sim, is_post(Operation::LeaseControl));
+    let (id, act) = sim.pending.take().expect("lease control outstanding");
+    let outcome = sim.world.perform(sim.now, &act, Answer::Ok);
+    let from = sim.commands().len();
+    let later = sim.now.saturating_add(12_000);
+    sim.advance_to(later);
+    sim.worker
+        .handle(sim.clock(), Input::Outcome { id, outcome })
+        .unwrap();
+    sim.status = Status::Idle(None);
+    sim.poll();
+    sim.settle();
+    let after: Vec<String> = sim.commands()[from..].to_vec();
+    let heartbeat = after.iter().position(|c| c == "post heartbeat");
+    let second_pass = after
+        .iter()
+        .position(|c| c.starts_with("post lease-control o2"));
+    assert!(
+        heartbeat.is_some() && second_pass.is_some() && heartbeat < second_pass,
+        "{after:#?}"
+    );
+}
