@@ -270,3 +270,74 @@ fn an_outcome_of_another_kind_is_refused_and_the_command_stays_outstanding() {
     );
     assert_eq!(run(true), clean);
 }
+
+/// While a renewal runs beside an offer's upload, the offer's own next step waits for it: both
+/// write the record, whose revisions are one sequence. The upload's answer comes first; nothing
+/// of the offer's lane goes out until the renewal is answered, then completion follows.
+#[test]
+fn an_offer_waits_for_the_renewal_beside_its_upload() {
+    let mut sim = Sim::holding(State::RunningAcknowledged);
+    sim.event(Event::Exit {
+        index: 0,
+        code: 0,
+        receipt: ReceiptKind::Genuine,
+    });
+    let at = sim.now.saturating_add(2_000);
+    sim.advance_to(at);
+    sim.tick();
+    assert!(until(&mut sim, |a| matches!(a, Act::UploadLog { .. })));
+    let (upload, _, uploaded) = hold(&mut sim);
+    let is_renewal = |a: &Act| {
+        matches!(
+            a,
+            Act::Post {
+                operation: Operation::LeaseControl,
+                ..
+            }
+        )
+    };
+    let mut beside = false;
+    for _ in 0..10 {
+        let at = sim.now.saturating_add(2_000);
+        sim.advance_to(at);
+        sim.tick();
+        if until(&mut sim, is_renewal) {
+            beside = true;
+            break;
+        }
+    }
+    assert!(beside, "{:#?}", sim.commands());
+    let (renewal, _, renewed) = hold(&mut sim);
+    sim.worker
+        .handle(
+            sim.clock(),
+            Input::Outcome {
+                id: upload,
+                outcome: uploaded,
+            },
+        )
+        .expect("the upload's outcome is expected");
+    sim.poll();
+    assert!(
+        sim.pending.is_none(),
+        "the offer's next step waits for the renewal: {:?}",
+        sim.pending
+    );
+    sim.worker
+        .handle(
+            sim.clock(),
+            Input::Outcome {
+                id: renewal,
+                outcome: renewed,
+            },
+        )
+        .expect("the renewal's outcome is expected");
+    sim.poll();
+    sim.settle();
+    assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
