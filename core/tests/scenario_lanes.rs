@@ -341,3 +341,198 @@ fn an_offer_waits_for_the_renewal_beside_its_upload() {
         sim.world.violations
     );
 }
+
+/// A Sim holding o1 `running_acknowledged`, registered and reconciled, with `edit` applied to
+/// the scenario configuration.
+fn holding_with(edit: impl FnOnce(&mut ql_worker_core::worker::WorkerConfig)) -> Sim {
+    let mut world = ql_worker_sim::testkit::world::World::new(1, Vec::new());
+    world.seed(
+        1,
+        ql_worker_sim::testkit::record(1, State::RunningAcknowledged),
+        true,
+    );
+    let mut config = ql_worker_sim::testkit::explore::model_config();
+    edit(&mut config);
+    let start = sim_ms(1_000);
+    let mut sim = Sim::new(config, world, start).recording();
+    sim.run(2);
+    sim.take_trail();
+    sim
+}
+
+fn sim_ms(v: u64) -> ql_worker_core::time::UnixMillis {
+    ql_worker_core::time::UnixMillis::new(v).unwrap()
+}
+
+/// Advances to each wake-up and ticks (answering every other command) until `matches` is
+/// outstanding; returns the time it went out.
+fn when(sim: &mut Sim, matches: impl Fn(&Act) -> bool) -> u64 {
+    for _ in 0..50 {
+        if until(sim, &matches) {
+            return sim.now.get();
+        }
+        if let Status::Idle(Some(wake)) = sim.status {
+            sim.advance_to(wake);
+        }
+        sim.tick();
+    }
+    panic!("never outstanding: {:#?}", sim.commands());
+}
+
+fn is_renewal(act: &Act) -> bool {
+    matches!(
+        act,
+        Act::Post {
+            operation: Operation::LeaseControl,
+            ..
+        }
+    )
+}
+
+/// With lease control paced (every 5 s) and a long cadence (10 s), the renewal beside an
+/// upload goes out `lease_control_interval` after the upload was sent, not at once (a renewal
+/// sent with the upload can fence it), and not at the next tick either: the Worker wakes for
+/// that moment (`beside_upload_at`, `wake_at`).
+#[test]
+fn the_renewal_beside_an_upload_goes_out_one_interval_after_it() {
+    let mut sim = holding_with(|c| {
+        c.cadence_ms = 10_000;
+        c.lease_control_interval_ms = 5_000;
+    });
+    // A renewal obtained here: the lease has a local clock (30 s lease, renewed at `granted`).
+    let granted = when(&mut sim, is_renewal);
+    sim.answer(Answer::Ok);
+    sim.settle();
+    // The Run exits 3 s later: its upload is in flight when the renewal timer comes (at
+    // `granted` + 5 s), and that renewal waits for the upload's own interval.
+    sim.advance_to(sim_ms(granted + 3_000));
+    sim.event(Event::Exit {
+        index: 0,
+        code: 0,
+        receipt: ReceiptKind::Genuine,
+    });
+    sim.notify(Input::ProcessExited {
+        offer_id: ql_worker_sim::testkit::offer_id(1),
+    });
+    let uploaded_at = when(&mut sim, |a| matches!(a, Act::UploadLog { .. }));
+    let (upload, _, uploaded) = hold(&mut sim);
+    assert_eq!(uploaded_at, granted + 3_000, "{:#?}", sim.commands());
+    let renewed_at = when(&mut sim, is_renewal);
+    // One interval after the upload, or half the lease after the grant, whichever is first.
+    let expected = (uploaded_at + 5_000).min(granted + 15_000);
+    assert!(renewed_at - granted < 30_000, "within the lease");
+    assert_eq!(
+        renewed_at,
+        expected,
+        "granted at {granted} ms, upload at {uploaded_at} ms: {:#?}",
+        sim.commands()
+    );
+    sim.answer(Answer::Ok);
+    sim.settle();
+    sim.worker
+        .handle(
+            sim.clock(),
+            Input::Outcome {
+                id: upload,
+                outcome: uploaded,
+            },
+        )
+        .expect("the upload's outcome is expected");
+    sim.poll();
+    sim.settle();
+    assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
+
+/// Nothing is planned twice: a register that gets no answer for three ticks is not sent
+/// again meanwhile; once answered, one register went out in all.
+#[test]
+fn a_register_in_flight_is_not_planned_again() {
+    let mut sim = Sim::scenario(ql_worker_sim::testkit::world::World::new(1, Vec::new()));
+    when(&mut sim, |a| {
+        matches!(
+            a,
+            Act::Post {
+                operation: Operation::Register,
+                ..
+            }
+        )
+    });
+    let (register, _, registered) = hold(&mut sim);
+    for _ in 0..3 {
+        let at = sim.now.saturating_add(2_000);
+        sim.advance_to(at);
+        sim.tick();
+        assert!(sim.pending.is_none(), "{:#?}", sim.commands());
+    }
+    sim.worker
+        .handle(
+            sim.clock(),
+            Input::Outcome {
+                id: register,
+                outcome: registered,
+            },
+        )
+        .expect("the register's outcome is expected");
+    sim.poll();
+    sim.settle();
+    sim.run(2);
+    let registers = sim
+        .commands()
+        .iter()
+        .filter(|l| *l == "post register")
+        .count();
+    assert_eq!(registers, 1, "{:#?}", sim.commands());
+}
+
+/// A Pull waits for a Session exchange in flight (a heartbeat that reports the slots goes
+/// first): with the heartbeat held, ticks plan no Pull; once it is answered, the Pull goes out.
+#[test]
+fn a_pull_waits_for_the_session_exchange_in_flight() {
+    let mut sim = Sim::scenario(ql_worker_sim::testkit::world::World::new(1, Vec::new()));
+    sim.run(2);
+    let heartbeat = |a: &Act| {
+        matches!(
+            a,
+            Act::Post {
+                operation: Operation::Heartbeat,
+                ..
+            }
+        )
+    };
+    when(&mut sim, heartbeat);
+    let (id, _, answered) = hold(&mut sim);
+    let before = sim.commands().len();
+    for _ in 0..3 {
+        let at = sim.now.saturating_add(2_000);
+        sim.advance_to(at);
+        sim.tick();
+        sim.settle();
+    }
+    let meanwhile = sim.commands()[before..].to_vec();
+    assert!(
+        !meanwhile.iter().any(|l| l == "post offers"),
+        "{meanwhile:#?}"
+    );
+    sim.worker
+        .handle(
+            sim.clock(),
+            Input::Outcome {
+                id,
+                outcome: answered,
+            },
+        )
+        .expect("the heartbeat's outcome is expected");
+    sim.poll();
+    sim.settle();
+    sim.run(1);
+    assert!(
+        sim.commands()[before..].iter().any(|l| l == "post offers"),
+        "{:#?}",
+        sim.commands()
+    );
+}
