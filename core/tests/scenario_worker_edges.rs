@@ -230,3 +230,71 @@ fn an_overdue_tick_is_planned_between_commands_while_work_is_queued() {
         "{after:#?}"
     );
 }
+
+/// The `availableSlots` of each heartbeat body.
+fn heartbeat_slots(sim: &Sim) -> Vec<u64> {
+    sim.stream
+        .iter()
+        .flatten()
+        .filter_map(|a| match a {
+            Act::Post {
+                operation: Operation::Heartbeat,
+                body,
+                ..
+            } => {
+                let v: serde_json::Value = serde_json::from_slice(body).expect("JSON body");
+                v["availableSlots"].as_u64()
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// An online Session's heartbeat offers the free slots (one here: one slot, nothing running),
+/// and the Worker takes them as reported: the Pulls that follow go out at the cadence without
+/// a heartbeat before each (one is needed only after a report of no slot).
+#[test]
+fn an_online_heartbeat_offers_the_free_slots() {
+    let mut sim = Sim::scenario(World::new(1, Vec::new()));
+    until(&mut sim, is_post(Operation::Heartbeat));
+    sim.answer(Answer::Ok);
+    let slots = heartbeat_slots(&sim);
+    assert_eq!(slots.last(), Some(&1), "{slots:?}");
+    sim.settle();
+    let from = sim.commands().len();
+    for _ in 0..3 {
+        let at = sim.now.saturating_add(2_000);
+        sim.advance_to(at);
+        sim.tick();
+        sim.settle();
+    }
+    let after: Vec<String> = sim.commands()[from..].to_vec();
+    assert_eq!(
+        after.iter().filter(|c| *c == "post offers").count(),
+        3,
+        "{after:#?}"
+    );
+    assert!(!after.iter().any(|c| c == "post heartbeat"), "{after:#?}");
+}
+
+/// A register again after a fence offers no slot (admission is paused while it runs): the
+/// control plane then offers nothing to the Session, so the first Pull after it is preceded by
+/// a heartbeat that reports the free slot.
+#[test]
+fn after_registering_again_a_heartbeat_reports_the_slots_before_the_next_pull() {
+    let mut sim = Sim::scenario(World::new(1, Vec::new()));
+    until(&mut sim, is_post(Operation::Heartbeat));
+    sim.answer(Answer::Fenced);
+    until(&mut sim, is_post(Operation::Register));
+    let from = sim.commands().len() - 1;
+    sim.answer(Answer::Ok);
+    until(&mut sim, is_post(Operation::Offers));
+    let after: Vec<String> = sim.commands()[from..].to_vec();
+    let heartbeat = after.iter().position(|c| c == "post heartbeat");
+    let pull = after.iter().position(|c| c == "post offers");
+    assert!(
+        heartbeat.is_some() && heartbeat < pull,
+        "a heartbeat before the Pull: {after:#?}"
+    );
+    assert_eq!(heartbeat_slots(&sim).last(), Some(&1));
+}
