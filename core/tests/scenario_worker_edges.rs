@@ -298,3 +298,33 @@ fn after_registering_again_a_heartbeat_reports_the_slots_before_the_next_pull() 
     );
     assert_eq!(heartbeat_slots(&sim).last(), Some(&1));
 }
+
+/// Driver notifications about records are checked against what the Worker knows: a
+/// supervisor's exit for a settled record plans no pass (nothing is read), and a removal
+/// report for a live record is ignored (only settled records are ever removed).
+#[test]
+fn notifications_about_the_wrong_records_change_nothing() {
+    let mut world = World::new(1, Vec::new());
+    world.seed(1, testkit::record(1, State::CompletionAcknowledged), false);
+    world.seed(2, testkit::record(2, State::RunningAcknowledged), true);
+    let mut sim = Sim::scenario(world);
+    sim.run(3);
+    let from = sim.commands().len();
+    sim.notify(Input::ProcessExited {
+        offer_id: testkit::offer_id(1),
+    });
+    sim.settle();
+    let commands: Vec<String> = sim.commands()[from..]
+        .iter()
+        .filter(|c| !c.starts_with("ProcessExited"))
+        .cloned()
+        .collect();
+    assert!(commands.is_empty(), "{commands:#?}");
+    sim.notify(Input::RecordRemoved {
+        offer_id: testkit::offer_id(2),
+    });
+    assert_eq!(
+        sim.worker.known_records().get(&testkit::offer_id(2)),
+        Some(&State::RunningAcknowledged)
+    );
+}
