@@ -328,3 +328,14 @@ fn notifications_about_the_wrong_records_change_nothing() {
         Some(&State::RunningAcknowledged)
     );
 }
+
+/// A drain asked before the Session was ever registered (nothing in flight) stops the Worker
+/// at once, `NotRegistered`: an unreachable control plane must not hold a stop for the whole
+/// drain budget.
+#[test]
+fn a_drain_before_any_register_stops_at_once() {
+    let mut sim = Sim::scenario(World::new(1, Vec::new()));
+    sim.request_drain();
+    assert_eq!(sim.status, Status::Stopped(StopReason::NotRegistered));
+    assert_eq!(sim.commands(), vec!["drain requested".to_owned()]);
+}
