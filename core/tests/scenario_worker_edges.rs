@@ -339,3 +339,84 @@ fn a_drain_before_any_register_stops_at_once() {
     assert_eq!(sim.status, Status::Stopped(StopReason::NotRegistered));
     assert_eq!(sim.commands(), vec!["drain requested".to_owned()]);
 }
+
+/// At most `max_concurrent_runs` offers have an operation in progress at once (one here): while
+/// one Run's pass waits for its lease-control answer, the other Run's pass does not begin.
+#[test]
+fn one_slot_runs_one_offer_operation_at_a_time() {
+    let mut world = World::new(1, Vec::new());
+    world.seed(1, testkit::record(1, State::RunningAcknowledged), true);
+    world.seed(2, testkit::record(2, State::RunningAcknowledged), true);
+    let mut sim = Sim::scenario(world);
+    assert_eq!(sim.config.max_concurrent_runs, 1);
+    sim.run(2);
+    until(&mut sim, is_post(Operation::LeaseControl));
+    let (id, act) = sim.pending.take().expect("lease control outstanding");
+    let outcome = sim.world.perform(sim.now, &act, Answer::Ok);
+    sim.status = Status::Idle(None);
+    let from = sim.commands().len();
+    sim.poll();
+    sim.settle();
+    let meanwhile: Vec<String> = sim.commands()[from..].to_vec();
+    assert!(
+        !meanwhile.iter().any(|c| c.contains("o2")),
+        "{meanwhile:#?}"
+    );
+    sim.worker
+        .handle(sim.clock(), Input::Outcome { id, outcome })
+        .unwrap();
+    sim.poll();
+    sim.settle();
+    assert!(
+        sim.commands()[from..]
+            .iter()
+            .any(|c| c == "post lease-control o2"),
+        "{:#?}",
+        sim.commands()
+    );
+}
+
+/// An offer whose lane is busy waits, whatever the free slots: with two slots, a supervision
+/// pass of a `started` Run in flight (its supervisor exited), the start-path work the next
+/// page plans for the same Run does not begin beside it (one operation per record).
+#[test]
+fn work_for_an_offer_whose_lane_is_busy_waits_for_it() {
+    let mut world = World::new(1, Vec::new());
+    world.seed(1, testkit::record(1, State::Started), true);
+    let mut config = testkit::explore::model_config();
+    config.max_concurrent_runs = 2;
+    let mut sim = Sim::new(config, world, ms(1_000)).recording();
+    // The running ACK never gets an answer: the record stays `started`.
+    for _ in 0..20 {
+        sim.on(
+            ql_worker_sim::testkit::sim::On::Post(Operation::Running),
+            Answer::Unavailable,
+        );
+    }
+    sim.run(3);
+    sim.notify(Input::ProcessExited {
+        offer_id: testkit::offer_id(1),
+    });
+    let (id, act) = sim.pending.take().expect("the exit's pass began");
+    let outcome = sim.world.perform(sim.now, &act, Answer::Ok);
+    sim.status = Status::Idle(None);
+    let at = sim.now.saturating_add(2_000);
+    sim.advance_to(at);
+    sim.tick();
+    sim.settle();
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+    sim.worker
+        .handle(sim.clock(), Input::Outcome { id, outcome })
+        .expect("the pass's outcome is still expected");
+    sim.poll();
+    sim.settle();
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
