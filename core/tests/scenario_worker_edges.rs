@@ -389,7 +389,7 @@ fn work_for_an_offer_whose_lane_is_busy_waits_for_it() {
     // The running ACK never gets an answer: the record stays `started`.
     for _ in 0..20 {
         sim.on(
-            ql_worker_sim::testkit::sim::On::Post(Operation::Running),
+            testkit::sim::On::Post(Operation::Running),
             Answer::Unavailable,
         );
     }
