@@ -64,12 +64,9 @@ fn position(sim: &Sim, line: &str) -> Option<usize> {
     sim.commands().iter().position(|l| l.starts_with(line))
 }
 
-/// A log upload that outlasts several supervision passes: the Run's lease is renewed beside it
-/// (a renewal-only pass in the offer's lease lane), the heartbeat goes out, and the completion
-/// that follows the upload names the lease as it is then.
-#[test]
-fn a_long_upload_keeps_its_lease_and_the_session_alive() {
-    let mut sim = Sim::holding(State::RunningAcknowledged);
+/// o1's process exits; its completion pass (at the next tick, 2 s on) runs until its log
+/// upload is outstanding.
+fn exit_until_upload(sim: &mut Sim) {
     sim.event(Event::Exit {
         index: 0,
         code: 0,
@@ -79,10 +76,19 @@ fn a_long_upload_keeps_its_lease_and_the_session_alive() {
     sim.advance_to(at);
     sim.tick();
     assert!(
-        until(&mut sim, |a| matches!(a, Act::UploadLog { .. })),
+        until(sim, |a| matches!(a, Act::UploadLog { .. })),
         "{:#?}",
         sim.commands()
     );
+}
+
+/// A log upload that outlasts several supervision passes: the Run's lease is renewed beside it
+/// (a renewal-only pass in the offer's lease lane), the heartbeat goes out, and the completion
+/// that follows the upload names the lease as it is then.
+#[test]
+fn a_long_upload_keeps_its_lease_and_the_session_alive() {
+    let mut sim = Sim::holding(State::RunningAcknowledged);
+    exit_until_upload(&mut sim);
     let version_at_upload = sim.first_record().offer.lease.version.get();
     let (upload, _, uploaded) = hold(&mut sim);
     // Three passes and a heartbeat while the upload is in flight.
@@ -277,25 +283,8 @@ fn an_outcome_of_another_kind_is_refused_and_the_command_stays_outstanding() {
 #[test]
 fn an_offer_waits_for_the_renewal_beside_its_upload() {
     let mut sim = Sim::holding(State::RunningAcknowledged);
-    sim.event(Event::Exit {
-        index: 0,
-        code: 0,
-        receipt: ReceiptKind::Genuine,
-    });
-    let at = sim.now.saturating_add(2_000);
-    sim.advance_to(at);
-    sim.tick();
-    assert!(until(&mut sim, |a| matches!(a, Act::UploadLog { .. })));
+    exit_until_upload(&mut sim);
     let (upload, _, uploaded) = hold(&mut sim);
-    let is_renewal = |a: &Act| {
-        matches!(
-            a,
-            Act::Post {
-                operation: Operation::LeaseControl,
-                ..
-            }
-        )
-    };
     let mut beside = false;
     for _ in 0..10 {
         let at = sim.now.saturating_add(2_000);

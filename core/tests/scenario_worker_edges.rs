@@ -3,7 +3,7 @@
 //! pausing admission, which records hold a drain, and the bounded queue of facts. Driven
 //! through the whole Worker against the simulated host.
 
-use ql_worker_core::io::{HttpFailure, Input, Outcome};
+use ql_worker_core::io::{HttpFailure, Input, OpId, Outcome};
 use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
@@ -196,12 +196,10 @@ fn the_session_and_the_known_records_are_what_the_worker_last_saw() {
     );
 }
 
-/// A tick overdue by a whole cadence while work is still queued is planned between two
-/// commands: here one Run's lease control is held 12 s (past two cadences and the heartbeat's
-/// due time) while the other Run's pass waits for the only slot; the heartbeat goes out before
-/// that pass, not after the queue has drained (no stream of queued work starves the Session).
-#[test]
-fn an_overdue_tick_is_planned_between_commands_while_work_is_queued() {
+/// Two running Runs and one slot: o1's lease-control call is taken out of the simulation (the
+/// world has performed it; its id and outcome are returned, to be fed later) while o2's pass
+/// waits in the queue.
+fn two_runs_one_held() -> (Sim, OpId, Outcome) {
     let mut world = World::new(1, Vec::new());
     world.seed(1, testkit::record(1, State::RunningAcknowledged), true);
     world.seed(2, testkit::record(2, State::RunningAcknowledged), true);
@@ -211,6 +209,16 @@ fn an_overdue_tick_is_planned_between_commands_while_work_is_queued() {
     until(&mut sim, is_post(Operation::LeaseControl));
     let (id, act) = sim.pending.take().expect("lease control outstanding");
     let outcome = sim.world.perform(sim.now, &act, Answer::Ok);
+    (sim, id, outcome)
+}
+
+/// A tick overdue by a whole cadence while work is still queued is planned between two
+/// commands: here one Run's lease control is held 12 s (past two cadences and the heartbeat's
+/// due time) while the other Run's pass waits for the only slot; the heartbeat goes out before
+/// that pass, not after the queue has drained (no stream of queued work starves the Session).
+#[test]
+fn an_overdue_tick_is_planned_between_commands_while_work_is_queued() {
+    let (mut sim, id, outcome) = two_runs_one_held();
     let from = sim.commands().len();
     let later = sim.now.saturating_add(12_000);
     sim.advance_to(later);
@@ -344,15 +352,7 @@ fn a_drain_before_any_register_stops_at_once() {
 /// one Run's pass waits for its lease-control answer, the other Run's pass does not begin.
 #[test]
 fn one_slot_runs_one_offer_operation_at_a_time() {
-    let mut world = World::new(1, Vec::new());
-    world.seed(1, testkit::record(1, State::RunningAcknowledged), true);
-    world.seed(2, testkit::record(2, State::RunningAcknowledged), true);
-    let mut sim = Sim::scenario(world);
-    assert_eq!(sim.config.max_concurrent_runs, 1);
-    sim.run(2);
-    until(&mut sim, is_post(Operation::LeaseControl));
-    let (id, act) = sim.pending.take().expect("lease control outstanding");
-    let outcome = sim.world.perform(sim.now, &act, Answer::Ok);
+    let (mut sim, id, outcome) = two_runs_one_held();
     sim.status = Status::Idle(None);
     let from = sim.commands().len();
     sim.poll();

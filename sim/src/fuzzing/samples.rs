@@ -1,7 +1,7 @@
-//! Deterministic sample values for the fuzz targets, derived from small integers. Copied from
-//! (and independent of) `crate::testkit`, with the variations the targets need: revisions with
-//! and without a Secret binding and a timeout, records in every state with their barrier
-//! fields, genuine receipts, truncation facts and claims.
+//! Deterministic sample values, derived from small integers: the Worker Session, offer ids and
+//! revisions that `crate::testkit` uses too, and the variations the fuzz targets need:
+//! revisions with and without a Secret binding and a timeout, records in every state with their
+//! barrier fields, genuine receipts, truncation facts and claims.
 
 use base64::Engine as _;
 

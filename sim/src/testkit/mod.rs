@@ -19,15 +19,12 @@ pub mod world;
 
 use ql_worker_core::ids::{
     AttemptId, CallbackSequence, CapabilityDigest, ExecutorHandle, LeaseGeneration, LeaseToken,
-    LeaseVersion, OfferId, ProjectId, Revision, RunId, SessionId, Sha256Digest, TaskId,
-    TaskRevision, WorkerGeneration, WorkerId,
+    LeaseVersion, OfferId, Revision, RunId, Sha256Digest,
 };
-use ql_worker_core::offer::{
-    Candidate, DeliveryKind, ExecutorType, Lease, LeaseStatus, Offer, OfferWorker,
-};
+use ql_worker_core::offer::{Candidate, DeliveryKind, ExecutorType, Lease, LeaseStatus, Offer};
 use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
 use ql_worker_core::revision::{
-    Architecture, EnvBinding, EnvName, EnvValue, ExecCommand, ExecutionRevision, SecretRef,
+    Architecture, EnvBinding, EnvName, EnvValue, ExecutionRevision, SecretRef,
 };
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::session::Capabilities;
@@ -38,15 +35,8 @@ fn ms(value: u64) -> UnixMillis {
     UnixMillis::new(value).expect("sample time")
 }
 
-/// The sample Worker Session.
-#[must_use]
-pub fn worker() -> OfferWorker {
-    OfferWorker {
-        worker_id: WorkerId::new("edge-1").expect("sample worker id"),
-        session_id: SessionId::new("018f0000-0000-7000-8000-000000000001").expect("sample session"),
-        generation: WorkerGeneration::new(2).expect("sample generation"),
-    }
-}
+/// The sample Worker Session (the fuzz targets' own sample, at generation 2).
+pub use crate::fuzzing::samples::{offer_id, worker};
 
 /// A sample lease token derived from `n`.
 #[must_use]
@@ -54,40 +44,11 @@ pub fn lease_token(n: u32) -> LeaseToken {
     LeaseToken::new(format!("worker_generated_lease_capability_{n:016}")).expect("sample token")
 }
 
-/// A sample offer id derived from `n`.
-#[must_use]
-pub fn offer_id(n: u32) -> OfferId {
-    OfferId::new(format!("offer-{n:06}")).expect("sample offer id")
-}
-
-/// A sample execution revision (argv `/bin/true`, one public and one secret binding, a timeout).
+/// A sample execution revision (argv `/bin/true`, one public binding, a 5 s timeout): the fuzz
+/// targets' sample revision with a timeout and no Secret.
 #[must_use]
 pub fn revision() -> ExecutionRevision {
-    let source_digest = "a".repeat(64);
-    let revision = ExecutionRevision {
-        project_id: ProjectId::new("project-1").expect("sample project"),
-        task_id: TaskId::new("task-1").expect("sample task"),
-        task_revision: TaskRevision::new(format!("qltd:v1:1:{source_digest}"))
-            .expect("sample task revision"),
-        source_revision: 1,
-        source_content_digest: Sha256Digest::from_hex(&source_digest).expect("sample digest"),
-        command: ExecCommand::Argv {
-            file: String::from("/bin/true"),
-            args: vec![],
-        },
-        environment: vec![EnvBinding {
-            name: EnvName::new("PUBLIC_VALUE").expect("sample env name"),
-            value: EnvValue::Public("visible".into()),
-        }],
-        environment_bundle_ref: None,
-        working_directory: None,
-        timeout_ms: Some(5000),
-        placement: None,
-        created_at_ms: ms(1),
-        content_digest: Sha256Digest::from_bytes([0; 32]),
-    };
-    // INVARIANT: the sample revision satisfies every normalization rule.
-    revision.seal().expect("sample revision")
+    crate::fuzzing::samples::revision(false, true)
 }
 
 /// The sample revision with one more binding, `SECRET_VALUE`, resolved through the Secrets
