@@ -542,6 +542,19 @@ fn plan_not_fully_delivered_is_rejected() {
 }
 
 /// The only child of `pid`, once there is exactly one.
+/// The only child of `pid` once it runs the held image: between the fork and the exec the
+/// child still shows its parent's command line (for long under a binfmt_misc emulator).
+fn held_child(pid: u32) -> Option<u32> {
+    let child = only_child(pid)?;
+    let cmdline = fs::read(format!("/proc/{child}/cmdline")).ok()?;
+    let hold = ql_worker::supervisor::HOLD_ARG.as_bytes();
+    cmdline
+        .strip_suffix(b"\0")
+        .unwrap_or(&cmdline)
+        .ends_with(hold)
+        .then_some(child)
+}
+
 fn only_child(pid: u32) -> Option<u32> {
     let children: Vec<u32> = fs::read_dir("/proc")
         .unwrap()
@@ -575,7 +588,7 @@ fn the_held_process_is_started_before_the_plan_replaced_if_it_died_and_killed_wi
             executor.prepare_spare();
             let spare = executor.spare_pid().expect("a spare supervisor");
             // Before any plan, the spare has started its held process: this image, held.
-            let held = wait_for(WAIT, || only_child(spare)).expect("the spare's held process");
+            let held = wait_for(WAIT, || held_child(spare)).expect("the spare's held process");
             // Natively `ql-worker __hold`; under a binfmt_misc emulator the interpreter and the
             // executed path come first (see `bin_under_test::assert_supervisor_cmdline`).
             let cmdline = fs::read(format!("/proc/{held}/cmdline")).unwrap();
@@ -618,7 +631,7 @@ fn the_held_process_is_started_before_the_plan_replaced_if_it_died_and_killed_wi
             let mut other = fx2.executor();
             other.prepare_spare();
             let spare = other.spare_pid().expect("a spare supervisor");
-            let dead = wait_for(WAIT, || only_child(spare)).expect("its held process");
+            let dead = wait_for(WAIT, || held_child(spare)).expect("its held process");
             rustix::process::kill_process(
                 rustix::process::Pid::from_raw(i32::try_from(dead).unwrap()).unwrap(),
                 rustix::process::Signal::KILL,
@@ -642,7 +655,7 @@ fn the_held_process_is_started_before_the_plan_replaced_if_it_died_and_killed_wi
             assert!(reaped.is_some(), "the refusing supervisor exited");
             executor.prepare_spare();
             let idle = executor.spare_pid().expect("a second spare");
-            let idle_held = wait_for(WAIT, || only_child(idle)).expect("its held process");
+            let idle_held = wait_for(WAIT, || held_child(idle)).expect("its held process");
             executor.retire_spare();
             assert!(!exists(idle), "retired and reaped: {idle}");
             assert!(
