@@ -13,6 +13,10 @@
 //! Any failure leaves receipt, record and spool as they were so the whole sequence can be
 //! replayed; the control plane deduplicates by id, digest and fence. This coordinator never
 //! asks to delete a log.
+//!
+//! Each state takes the one kind of reply its action is answered with (`io::Reply`) and matches
+//! every value of that kind: no wildcard arm (CONVENTIONS C7).
+#![deny(clippy::wildcard_enum_match_arm)]
 
 use alloc::boxed::Box;
 use alloc::format;
@@ -21,7 +25,7 @@ use alloc::string::String;
 #[cfg(feature = "sim-hooks")]
 use crate::fingerprint::Fingerprint;
 use crate::ids::OfferId;
-use crate::io::{Action, HttpCall, Outcome, ReceiptRead};
+use crate::io::{Action, HttpCall, ReceiptRead, Reply, Spool, StoreFailure, Upload};
 use crate::receipt::{AuthenticatedReceipt, ReceiptError, authenticate};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::Fence;
@@ -31,7 +35,7 @@ use crate::wire::completion::{
     CompletionStatus,
 };
 use crate::wire::route::{Operation, path};
-use crate::worker::{CallFault, garbled, http_fault, next_record, persist, response, unexpected};
+use crate::worker::{CallFault, garbled, http_fault, next_record, persist, response};
 use crate::worker::{Ctx, Step, read_failure, write_failure};
 
 /// How the receipt cleanup after a durable acknowledgement went.
@@ -114,14 +118,15 @@ type CStep = Step<CompletionOp, CompletionOutcome>;
 /// The record a `ReadRecord` returned, or how the pass ends without one.
 // The step is returned at once by both callers; boxing it would only add an allocation.
 #[allow(clippy::result_large_err)]
-fn read_record(outcome: Outcome) -> Result<Box<InboxRecord>, CStep> {
-    match outcome {
-        Outcome::RecordRead(Some(record)) => Ok(record),
-        Outcome::RecordRead(None) => Err(Step::Done(CompletionOutcome::NotFound)),
-        Outcome::Store(failure) => Err(read_failure(failure, || {
+fn read_record(
+    read: Result<Option<Box<InboxRecord>>, StoreFailure>,
+) -> Result<Box<InboxRecord>, CStep> {
+    match read {
+        Ok(Some(record)) => Ok(record),
+        Ok(None) => Err(Step::Done(CompletionOutcome::NotFound)),
+        Err(failure) => Err(read_failure(failure, || {
             Step::Done(CompletionOutcome::StorageUnchanged)
         })),
-        other => Err(unexpected(&other)),
     }
 }
 
@@ -200,15 +205,14 @@ impl CompletionOp {
         }
     }
 
-    pub(crate) fn resume(mut self, ctx: &Ctx<'_>, outcome: Outcome) -> CStep {
+    pub(crate) fn resume(mut self, ctx: &Ctx<'_>, reply: Reply) -> CStep {
         match core::mem::replace(&mut self.state, CompletionState::Reading) {
-            CompletionState::Reading => self.on_record(ctx, outcome),
+            CompletionState::Reading => self.on_record(ctx, reply.record()),
             CompletionState::Cleaning(fresh) => {
-                let cleanup = match outcome {
-                    Outcome::ReceiptRemoved { existed: true } => Cleanup::Removed,
-                    Outcome::ReceiptRemoved { existed: false } => Cleanup::AlreadyAbsent,
-                    Outcome::Store(_) => Cleanup::Pending,
-                    other => return unexpected(&other),
+                let cleanup = match reply.receipt_removal() {
+                    Ok(true) => Cleanup::Removed,
+                    Ok(false) => Cleanup::AlreadyAbsent,
+                    Err(_) => Cleanup::Pending,
                 };
                 Step::Done(if fresh {
                     CompletionOutcome::Acknowledged(cleanup)
@@ -216,25 +220,26 @@ impl CompletionOp {
                     CompletionOutcome::AlreadyCompleted(cleanup)
                 })
             }
-            CompletionState::ReadingReceipt(record) => self.on_receipt(ctx, record, outcome),
+            CompletionState::ReadingReceipt(record) => {
+                self.on_receipt(ctx, record, reply.receipt())
+            }
             CompletionState::Inspecting(record, receipt) => {
-                self.on_log(ctx, record, receipt, outcome)
+                self.on_log(ctx, record, receipt, reply.log_inspection())
             }
             CompletionState::Uploading(record, receipt, upload) => {
-                self.on_upload(ctx, record, receipt, upload, outcome)
+                self.on_upload(ctx, record, receipt, upload, reply.upload())
             }
             CompletionState::Refreshing(record, receipt, upload, sha256) => {
-                self.on_refreshed(ctx, &record, &receipt, &upload, sha256, outcome)
+                self.on_refreshed(ctx, &record, &receipt, &upload, sha256, reply.record())
             }
             CompletionState::Completing(record, request, caught_up) => {
-                self.on_completion(ctx, record, &request, caught_up, outcome)
+                self.on_completion(ctx, record, &request, caught_up, reply)
             }
-            CompletionState::Acknowledging(record) => match outcome {
-                Outcome::Persisted => self.remove_receipt(&record, true),
-                Outcome::Store(failure) => {
+            CompletionState::Acknowledging(record) => match reply.durable() {
+                Ok(()) => self.remove_receipt(&record, true),
+                Err(failure) => {
                     write_failure(failure, || Step::Done(CompletionOutcome::StorageUnchanged))
                 }
-                other => unexpected(&other),
             },
         }
     }
@@ -248,8 +253,12 @@ impl CompletionOp {
     }
 
     /// Steps 1–2: read, shortcut, eligibility.
-    fn on_record(self, ctx: &Ctx<'_>, outcome: Outcome) -> CStep {
-        let record = match read_record(outcome) {
+    fn on_record(
+        self,
+        ctx: &Ctx<'_>,
+        read: Result<Option<Box<InboxRecord>>, StoreFailure>,
+    ) -> CStep {
+        let record = match read_record(read) {
             Ok(record) => record,
             Err(step) => return step,
         };
@@ -274,19 +283,12 @@ impl CompletionOp {
     }
 
     /// Steps 3–4: read and authenticate the receipt.
-    fn on_receipt(self, ctx: &Ctx<'_>, record: Box<InboxRecord>, outcome: Outcome) -> CStep {
-        let receipt = match outcome {
-            Outcome::ReceiptRead(ReceiptRead::Present(receipt)) => receipt,
-            Outcome::ReceiptRead(ReceiptRead::Absent) => {
-                return Step::Done(CompletionOutcome::ReceiptMissing);
-            }
-            Outcome::ReceiptRead(ReceiptRead::Invalid) => {
-                return Step::Done(CompletionOutcome::ReceiptInvalid(None));
-            }
-            Outcome::ReceiptRead(ReceiptRead::Unavailable) => {
-                return Step::Done(CompletionOutcome::ReceiptUnavailable);
-            }
-            other => return unexpected(&other),
+    fn on_receipt(self, ctx: &Ctx<'_>, record: Box<InboxRecord>, read: ReceiptRead) -> CStep {
+        let receipt = match read {
+            ReceiptRead::Present(receipt) => receipt,
+            ReceiptRead::Absent => return Step::Done(CompletionOutcome::ReceiptMissing),
+            ReceiptRead::Invalid => return Step::Done(CompletionOutcome::ReceiptInvalid(None)),
+            ReceiptRead::Unavailable => return Step::Done(CompletionOutcome::ReceiptUnavailable),
         };
         let authenticated = match authenticate(&receipt, &record, ctx.now) {
             Ok(authenticated) => authenticated,
@@ -308,16 +310,15 @@ impl CompletionOp {
         ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
         receipt: AuthenticatedReceipt,
-        outcome: Outcome,
+        spool: Spool,
     ) -> CStep {
-        let (byte_length, truncated) = match outcome {
-            Outcome::LogInspected {
+        let (byte_length, truncated) = match spool {
+            Spool::Inspected {
                 byte_length,
                 truncated,
             } => (byte_length, truncated),
-            Outcome::LogMissing => return Step::Done(CompletionOutcome::ArtifactMissing),
-            Outcome::LogUnavailable => return Step::Done(CompletionOutcome::ArtifactUnavailable),
-            other => return unexpected(&other),
+            Spool::Missing => return Step::Done(CompletionOutcome::ArtifactMissing),
+            Spool::Unavailable => return Step::Done(CompletionOutcome::ArtifactUnavailable),
         };
         let Some(log_artifact_id) = record.log_artifact_id.clone() else {
             return Step::Done(CompletionOutcome::Deferred);
@@ -367,15 +368,15 @@ impl CompletionOp {
         record: Box<InboxRecord>,
         receipt: AuthenticatedReceipt,
         upload: ArtifactUpload,
-        outcome: Outcome,
+        sent: Upload,
     ) -> CStep {
-        let (body, sent_bytes, sent_sha256) = match outcome {
-            Outcome::Uploaded {
+        let (body, sent_bytes, sent_sha256) = match sent {
+            Upload::Sent {
                 body,
                 sent_bytes,
                 sent_sha256,
             } => (body, sent_bytes, sent_sha256),
-            Outcome::Http(failure) => {
+            Upload::Http(failure) => {
                 return match http_fault(failure) {
                     CallFault::Unavailable | CallFault::Uncertain(_) => {
                         Step::Done(CompletionOutcome::Unavailable)
@@ -402,9 +403,8 @@ impl CompletionOp {
                     | CallFault::Invalid(_)) => Step::Done(CompletionOutcome::Refused(fault)),
                 };
             }
-            Outcome::LogMissing => return Step::Done(CompletionOutcome::ArtifactMissing),
-            Outcome::LogUnavailable => return Step::Done(CompletionOutcome::ArtifactUnavailable),
-            other => return unexpected(&other),
+            Upload::LogMissing => return Step::Done(CompletionOutcome::ArtifactMissing),
+            Upload::LogUnavailable => return Step::Done(CompletionOutcome::ArtifactUnavailable),
         };
         if sent_bytes != upload.byte_length {
             return Step::Done(CompletionOutcome::ArtifactResponseInvalid(format!(
@@ -441,9 +441,9 @@ impl CompletionOp {
         receipt: &AuthenticatedReceipt,
         upload: &ArtifactUpload,
         sha256: crate::ids::Sha256Digest,
-        outcome: Outcome,
+        read: Result<Option<Box<InboxRecord>>, StoreFailure>,
     ) -> CStep {
-        let record = match read_record(outcome) {
+        let record = match read_record(read) {
             Ok(record) => record,
             Err(step) => return step,
         };
@@ -524,18 +524,18 @@ impl CompletionOp {
         record: Box<InboxRecord>,
         request: &CompletionRequest,
         caught_up: bool,
-        outcome: Outcome,
+        reply: Reply,
     ) -> CStep {
-        let body = match response(outcome) {
-            Ok(Ok(body)) => body,
-            Ok(Err(CallFault::Unavailable | CallFault::Uncertain(_))) => {
+        let body = match response(reply) {
+            Ok(body) => body,
+            Err(CallFault::Unavailable | CallFault::Uncertain(_)) => {
                 return Step::Done(CompletionOutcome::Unavailable);
             }
             // Fenced at the persisted lease version: a renewal may have committed without its
             // answer reaching the disk (issue 17). Once more at the version it would have left;
             // an exact replay of a completion that did commit answers `already_completed` there
             // too (the control plane's lease is then at that version + 1).
-            Ok(Err(CallFault::Fenced { code })) if !caught_up => {
+            Err(CallFault::Fenced { code }) if !caught_up => {
                 return match request.fence.one_version_on() {
                     Some(fence) => {
                         let next = CompletionRequest {
@@ -547,8 +547,7 @@ impl CompletionOp {
                     None => Step::Done(CompletionOutcome::Refused(CallFault::Fenced { code })),
                 };
             }
-            Ok(Err(fault)) => return Step::Done(CompletionOutcome::Refused(fault)),
-            Err(other) => return unexpected(&other),
+            Err(fault) => return Step::Done(CompletionOutcome::Refused(fault)),
         };
         let answer = match CompletionResponse::parse(&body, request) {
             Ok(answer) => answer,

@@ -298,33 +298,178 @@ pub(crate) enum Answer {
 }
 
 impl Answer {
-    /// Whether `outcome` is of this kind.
-    pub(crate) fn accepts(self, outcome: &Outcome) -> bool {
+    /// `outcome` taken apart as this kind, or given back when it is of another kind (the one
+    /// table of which outcomes answer which kind of action).
+    pub(crate) fn reply(self, outcome: Outcome) -> Result<Reply, Outcome> {
         use Outcome as O;
-        match self {
-            Self::Listing => matches!(outcome, O::InboxListed { .. } | O::Store(_)),
-            Self::Record => matches!(outcome, O::RecordRead(_) | O::Store(_)),
-            Self::Claim => matches!(outcome, O::ClaimRead(_) | O::Store(_)),
-            Self::Durable => matches!(outcome, O::Persisted | O::Store(_)),
-            Self::Receipt => matches!(outcome, O::ReceiptRead(_)),
-            Self::ReceiptRemoval => matches!(outcome, O::ReceiptRemoved { .. } | O::Store(_)),
-            Self::LogAllocation => matches!(outcome, O::LogAllocated | O::LogUnavailable),
-            Self::LogInspection => matches!(
-                outcome,
-                O::LogInspected { .. } | O::LogMissing | O::LogUnavailable
-            ),
-            Self::Call => matches!(outcome, O::Responded(_) | O::Http(_)),
-            Self::Upload => matches!(
-                outcome,
-                O::Uploaded { .. } | O::Http(_) | O::LogMissing | O::LogUnavailable
-            ),
-            Self::Spawn => matches!(outcome, O::Spawned(_)),
-            Self::Stop => matches!(outcome, O::Stopped(_)),
-            Self::Supervision => matches!(outcome, O::SupervisionInspected { .. }),
-            Self::PublishedHandle => matches!(outcome, O::PublishedHandle(_)),
-            Self::Entropy => matches!(outcome, O::EntropyDrawn(_)),
-        }
+        Ok(match (self, outcome) {
+            (
+                Self::Listing,
+                O::InboxListed {
+                    records,
+                    next_after,
+                },
+            ) => Reply::Listing(Ok((records, next_after))),
+            (Self::Record, O::RecordRead(record)) => Reply::Record(Ok(record)),
+            (Self::Claim, O::ClaimRead(claim)) => Reply::Claim(Ok(claim)),
+            (Self::Durable, O::Persisted) => Reply::Durable(Ok(())),
+            (Self::Listing, O::Store(f)) => Reply::Listing(Err(f)),
+            (Self::Record, O::Store(f)) => Reply::Record(Err(f)),
+            (Self::Claim, O::Store(f)) => Reply::Claim(Err(f)),
+            (Self::Durable, O::Store(f)) => Reply::Durable(Err(f)),
+            (Self::ReceiptRemoval, O::Store(f)) => Reply::ReceiptRemoval(Err(f)),
+            (Self::Receipt, O::ReceiptRead(read)) => Reply::Receipt(read),
+            (Self::ReceiptRemoval, O::ReceiptRemoved { existed }) => {
+                Reply::ReceiptRemoval(Ok(existed))
+            }
+            (Self::LogAllocation, O::LogAllocated) => Reply::LogAllocation(true),
+            (Self::LogAllocation, O::LogUnavailable) => Reply::LogAllocation(false),
+            (
+                Self::LogInspection,
+                O::LogInspected {
+                    byte_length,
+                    truncated,
+                },
+            ) => Reply::LogInspection(Spool::Inspected {
+                byte_length,
+                truncated,
+            }),
+            (Self::LogInspection, O::LogMissing) => Reply::LogInspection(Spool::Missing),
+            (Self::LogInspection, O::LogUnavailable) => Reply::LogInspection(Spool::Unavailable),
+            (Self::Call, O::Responded(body)) => Reply::Call(Ok(body)),
+            (Self::Call, O::Http(failure)) => Reply::Call(Err(failure)),
+            (
+                Self::Upload,
+                O::Uploaded {
+                    body,
+                    sent_bytes,
+                    sent_sha256,
+                },
+            ) => Reply::Upload(Upload::Sent {
+                body,
+                sent_bytes,
+                sent_sha256,
+            }),
+            (Self::Upload, O::Http(failure)) => Reply::Upload(Upload::Http(failure)),
+            (Self::Upload, O::LogMissing) => Reply::Upload(Upload::LogMissing),
+            (Self::Upload, O::LogUnavailable) => Reply::Upload(Upload::LogUnavailable),
+            (Self::Spawn, O::Spawned(spawned)) => Reply::Spawn(spawned),
+            (Self::Stop, O::Stopped(stopped)) => Reply::Stop(stopped),
+            (
+                Self::Supervision,
+                O::SupervisionInspected {
+                    supervisor,
+                    process,
+                },
+            ) => Reply::Supervision {
+                supervisor,
+                process,
+            },
+            (Self::PublishedHandle, O::PublishedHandle(found)) => Reply::PublishedHandle(found),
+            (Self::Entropy, O::EntropyDrawn(entropy)) => Reply::Entropy(entropy),
+            (_, other) => return Err(other),
+        })
     }
+}
+
+/// An outcome taken apart by the kind of its action ([`Answer::reply`]): what an operation's
+/// state receives. Each state takes the one kind its action is answered with
+/// ([`Reply::durable`] and its siblings), and matches every value of that kind.
+pub(crate) enum Reply {
+    Listing(Result<(Vec<InboxRecord>, Option<OfferId>), StoreFailure>),
+    Record(Result<Option<Box<InboxRecord>>, StoreFailure>),
+    Claim(Result<Option<Box<PendingClaim>>, StoreFailure>),
+    Durable(Result<(), StoreFailure>),
+    Receipt(ReceiptRead),
+    /// Whether a file was removed.
+    ReceiptRemoval(Result<bool, StoreFailure>),
+    /// Whether the spool file is ready.
+    LogAllocation(bool),
+    LogInspection(Spool),
+    Call(Result<Vec<u8>, HttpFailure>),
+    Upload(Upload),
+    Spawn(SpawnOutcome),
+    Stop(StopOutcome),
+    Supervision {
+        supervisor: Liveness,
+        process: Liveness,
+    },
+    PublishedHandle(Option<ExecutorHandle>),
+    Entropy(Entropy),
+}
+
+/// What the spool said of a log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Spool {
+    Inspected {
+        byte_length: u64,
+        truncated: Option<bool>,
+    },
+    Missing,
+    Unavailable,
+}
+
+/// How a log upload went.
+pub(crate) enum Upload {
+    Sent {
+        body: Vec<u8>,
+        sent_bytes: u64,
+        sent_sha256: Sha256Digest,
+    },
+    Http(HttpFailure),
+    LogMissing,
+    LogUnavailable,
+}
+
+/// The projections of a [`Reply`] onto one kind, one per kind. An operation takes the kind its
+/// own action is answered with ([`Action::answer`]), and the Worker hands it only a reply of
+/// that kind, so another kind here is a core bug.
+macro_rules! projections {
+    ($($name:ident: $variant:ident -> $ty:ty;)*) => {
+        impl Reply {
+            $(
+                pub(crate) fn $name(self) -> $ty {
+                    match self {
+                        Self::$variant(value) => value,
+                        _ => mismatched(),
+                    }
+                }
+            )*
+
+            /// Whether a file of the pair (supervisor, process) is alive.
+            pub(crate) fn supervision(self) -> (Liveness, Liveness) {
+                match self {
+                    Self::Supervision {
+                        supervisor,
+                        process,
+                    } => (supervisor, process),
+                    _ => mismatched(),
+                }
+            }
+
+        }
+    };
+}
+
+fn mismatched() -> ! {
+    panic!("invariant: an operation state takes the kind of reply its own action is answered with")
+}
+
+projections! {
+    listing: Listing -> Result<(Vec<InboxRecord>, Option<OfferId>), StoreFailure>;
+    record: Record -> Result<Option<Box<InboxRecord>>, StoreFailure>;
+    claim: Claim -> Result<Option<Box<PendingClaim>>, StoreFailure>;
+    durable: Durable -> Result<(), StoreFailure>;
+    receipt: Receipt -> ReceiptRead;
+    receipt_removal: ReceiptRemoval -> Result<bool, StoreFailure>;
+    log_allocation: LogAllocation -> bool;
+    log_inspection: LogInspection -> Spool;
+    call: Call -> Result<Vec<u8>, HttpFailure>;
+    upload: Upload -> Upload;
+    spawn: Spawn -> SpawnOutcome;
+    stop: Stop -> StopOutcome;
+    published_handle: PublishedHandle -> Option<ExecutorHandle>;
+    entropy: Entropy -> Entropy;
 }
 
 /// What the supervisor reported for a spawn (reference §4.3).
@@ -572,4 +717,146 @@ pub enum InputError {
     /// The machine has halted; only a restart helps.
     #[error("the worker has halted")]
     Halted,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec;
+
+    /// One outcome of every variant, named.
+    fn outcomes() -> Vec<(&'static str, Outcome)> {
+        vec![
+            (
+                "listed",
+                Outcome::InboxListed {
+                    records: Vec::new(),
+                    next_after: None,
+                },
+            ),
+            ("record", Outcome::RecordRead(None)),
+            ("claim", Outcome::ClaimRead(None)),
+            ("persisted", Outcome::Persisted),
+            ("store", Outcome::Store(StoreFailure::Unchanged)),
+            ("receipt", Outcome::ReceiptRead(ReceiptRead::Absent)),
+            ("removed", Outcome::ReceiptRemoved { existed: true }),
+            ("allocated", Outcome::LogAllocated),
+            (
+                "inspected",
+                Outcome::LogInspected {
+                    byte_length: 3,
+                    truncated: Some(false),
+                },
+            ),
+            ("log-missing", Outcome::LogMissing),
+            ("log-unavailable", Outcome::LogUnavailable),
+            ("responded", Outcome::Responded(b"{}".to_vec())),
+            ("http", Outcome::Http(HttpFailure::Unavailable)),
+            (
+                "uploaded",
+                Outcome::Uploaded {
+                    body: Vec::new(),
+                    sent_bytes: 0,
+                    sent_sha256: Sha256Digest::from_bytes([0; 32]),
+                },
+            ),
+            ("spawned", Outcome::Spawned(SpawnOutcome::Rejected)),
+            ("stopped", Outcome::Stopped(StopOutcome::Stopped)),
+            (
+                "inspected-supervision",
+                Outcome::SupervisionInspected {
+                    supervisor: Liveness::Gone,
+                    process: Liveness::Alive,
+                },
+            ),
+            ("published", Outcome::PublishedHandle(None)),
+            (
+                "entropy",
+                Outcome::EntropyDrawn(Entropy::new([7; crate::capability::ENTROPY_BYTES])),
+            ),
+        ]
+    }
+
+    /// The `⇒` of each action's documentation, written out: which outcomes answer which kind.
+    const TABLE: [(Answer, &[&str]); 15] = [
+        (Answer::Listing, &["listed", "store"]),
+        (Answer::Record, &["record", "store"]),
+        (Answer::Claim, &["claim", "store"]),
+        (Answer::Durable, &["persisted", "store"]),
+        (Answer::Receipt, &["receipt"]),
+        (Answer::ReceiptRemoval, &["removed", "store"]),
+        (Answer::LogAllocation, &["allocated", "log-unavailable"]),
+        (
+            Answer::LogInspection,
+            &["inspected", "log-missing", "log-unavailable"],
+        ),
+        (Answer::Call, &["responded", "http"]),
+        (
+            Answer::Upload,
+            &["uploaded", "http", "log-missing", "log-unavailable"],
+        ),
+        (Answer::Spawn, &["spawned"]),
+        (Answer::Stop, &["stopped"]),
+        (Answer::Supervision, &["inspected-supervision"]),
+        (Answer::PublishedHandle, &["published"]),
+        (Answer::Entropy, &["entropy"]),
+    ];
+
+    #[test]
+    fn each_kind_takes_exactly_the_outcomes_its_actions_document() {
+        for (answer, accepted) in TABLE {
+            for (name, outcome) in outcomes() {
+                let taken = answer.reply(outcome).is_ok();
+                assert_eq!(taken, accepted.contains(&name), "{answer:?} and {name}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_reply_keeps_the_values_of_its_outcome() {
+        let reply = |answer: Answer, outcome| answer.reply(outcome).ok().unwrap();
+        let store = Outcome::Store(StoreFailure::Conflict);
+        assert_eq!(
+            reply(Answer::Durable, store).durable(),
+            Err(StoreFailure::Conflict)
+        );
+        assert_eq!(reply(Answer::Durable, Outcome::Persisted).durable(), Ok(()));
+        let removed = Outcome::ReceiptRemoved { existed: false };
+        assert_eq!(
+            reply(Answer::ReceiptRemoval, removed).receipt_removal(),
+            Ok(false)
+        );
+        assert!(!reply(Answer::LogAllocation, Outcome::LogUnavailable).log_allocation());
+        assert!(reply(Answer::LogAllocation, Outcome::LogAllocated).log_allocation());
+        let inspected = Outcome::LogInspected {
+            byte_length: 9,
+            truncated: None,
+        };
+        assert_eq!(
+            reply(Answer::LogInspection, inspected).log_inspection(),
+            Spool::Inspected {
+                byte_length: 9,
+                truncated: None
+            }
+        );
+        let body = Outcome::Responded(b"{\"a\":1}".to_vec());
+        assert_eq!(reply(Answer::Call, body).call(), Ok(b"{\"a\":1}".to_vec()));
+        let missing = reply(Answer::Upload, Outcome::LogMissing).upload();
+        assert!(matches!(missing, Upload::LogMissing));
+        let inspected = Outcome::SupervisionInspected {
+            supervisor: Liveness::Unknown,
+            process: Liveness::Gone,
+        };
+        assert_eq!(
+            reply(Answer::Supervision, inspected).supervision(),
+            (Liveness::Unknown, Liveness::Gone)
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "invariant")]
+    fn a_state_that_takes_another_kind_than_its_action_is_a_core_bug() {
+        let reply = Answer::Call.reply(Outcome::Http(HttpFailure::Uncertain));
+        let _ = reply.ok().unwrap().durable();
+    }
 }

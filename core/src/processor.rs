@@ -20,6 +20,10 @@
 //! sequence are persisted, in `launching`. Any failure before `launching` is durable leaves no
 //! process behind: materialization failures become `start_failed`; transport failures leave
 //! the record as it was, to be retried.
+//!
+//! Each state takes the one kind of reply its action is answered with (`io::Reply`) and matches
+//! every value of that kind: no wildcard arm (CONVENTIONS C7).
+#![deny(clippy::wildcard_enum_match_arm)]
 
 use alloc::boxed::Box;
 use alloc::format;
@@ -32,7 +36,7 @@ use crate::capability::Capability;
 #[cfg(feature = "sim-hooks")]
 use crate::fingerprint::Fingerprint;
 use crate::ids::{CallbackSequence, ExecutorHandle, LeaseVersion, OfferId};
-use crate::io::{Action, HttpCall, LaunchPlan, Outcome, SpawnOutcome, StoreFailure};
+use crate::io::{Action, HttpCall, LaunchPlan, Reply, SpawnOutcome, StopOutcome, StoreFailure};
 use crate::offer::DeliveryKind;
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::revision::EnvValue;
@@ -46,7 +50,7 @@ use crate::wire::artifact::derive_log_artifact_id;
 use crate::wire::route::path;
 use crate::wire::secrets::{self, EnvironmentBundle, SecretsRequest, SecretsResponse};
 use crate::wire::session::SessionStatus;
-use crate::worker::{CallFault, Uncertainty, garbled, next_record, persist, response, unexpected};
+use crate::worker::{CallFault, Uncertainty, garbled, next_record, persist, response};
 use crate::worker::{Ctx, HaltReason, Step, read_failure, write_failure};
 
 /// What processing one offer concluded.
@@ -359,18 +363,18 @@ impl ProcessOp {
         Step::Wait(Self { state, ..self }, action)
     }
 
-    pub(crate) fn resume(mut self, ctx: &Ctx<'_>, outcome: Outcome) -> PStep {
+    pub(crate) fn resume(mut self, ctx: &Ctx<'_>, reply: Reply) -> PStep {
         let state = core::mem::replace(&mut self.state, StartState::Reading);
         match state {
-            StartState::Reading => self.on_read(ctx, outcome),
+            StartState::Reading => self.on_read(ctx, reply.record()),
             StartState::AckingStarting(record, request) => {
-                self.on_starting(ctx, record, &request, outcome, false)
+                self.on_starting(ctx, record, &request, reply, false)
             }
             StartState::ReplayingStarting(record, request) => {
-                self.on_starting(ctx, record, &request, outcome, true)
+                self.on_starting(ctx, record, &request, reply, true)
             }
-            StartState::PersistingStartingAck(record, known) => match outcome {
-                Outcome::Persisted => match known {
+            StartState::PersistingStartingAck(record, known) => match reply.durable() {
+                Ok(()) => match known {
                     Some((sequence, deadline)) => self.draw_capability(Authority {
                         record,
                         sequence,
@@ -378,82 +382,82 @@ impl ProcessOp {
                     }),
                     None => self.replay_starting(ctx, record),
                 },
-                other => self.write_failed(other, false),
+                Err(failure) => self.write_failed(failure, false),
             },
-            StartState::DrawingCapability(authority) => self.on_capability(ctx, authority, outcome),
-            StartState::FetchingSecrets(launch, request) => {
-                self.on_secrets(ctx, launch, &request, outcome)
+            StartState::DrawingCapability(authority) => {
+                let capability = Capability::from_entropy(&reply.entropy());
+                let launch = Box::new(Launch {
+                    authority,
+                    capability,
+                });
+                self.fetch_secrets(ctx, launch)
             }
-            StartState::AllocatingLog(launch, env) => match outcome {
-                Outcome::LogAllocated => self.persist_launching(ctx, launch, env),
-                Outcome::LogUnavailable => self.start_failed(ctx, &launch.authority.record),
-                other => unexpected(&other),
+            StartState::FetchingSecrets(launch, request) => {
+                self.on_secrets(ctx, launch, &request, reply)
+            }
+            StartState::AllocatingLog(launch, env) => {
+                if reply.log_allocation() {
+                    self.persist_launching(ctx, launch, env)
+                } else {
+                    self.start_failed(ctx, &launch.authority.record)
+                }
+            }
+            StartState::PersistingLaunching(launch, env, record) => match reply.durable() {
+                Ok(()) => self.spawn(*launch, env, record),
+                Err(failure) => self.write_failed(failure, false),
             },
-            StartState::PersistingLaunching(launch, env, record) => match outcome {
-                Outcome::Persisted => self.spawn(*launch, env, record),
-                other => self.write_failed(other, false),
-            },
-            StartState::Spawning(launching) => match outcome {
-                Outcome::Spawned(spawned) => self.on_spawned(ctx, launching, spawned),
-                other => unexpected(&other),
-            },
-            StartState::PersistingStarted(launching, started) => match outcome {
-                Outcome::Persisted => self.ack_running(ctx, started),
+            StartState::Spawning(launching) => self.on_spawned(ctx, launching, reply.spawn()),
+            StartState::PersistingStarted(launching, started) => match reply.durable() {
+                Ok(()) => self.ack_running(ctx, started),
                 // The process exists but `started` is not durable: record that the outcome is
                 // unknown, or halt if even that cannot be written.
-                Outcome::Store(StoreFailure::Unchanged) => {
+                Err(StoreFailure::Unchanged) => {
                     self.recover(ctx, &launching, RecoveryReason::LaunchOutcomeUnknown, true)
                 }
-                other => self.write_failed(other, true),
+                Err(failure) => self.write_failed(failure, true),
             },
-            StartState::PersistingStartFailed(record, must_land) => match outcome {
-                Outcome::Persisted => self.fail_start(ctx, record),
-                other => self.write_failed(other, must_land),
+            StartState::PersistingStartFailed(record, must_land) => match reply.durable() {
+                Ok(()) => self.fail_start(ctx, record),
+                Err(failure) => self.write_failed(failure, must_land),
             },
-            StartState::StoppingTerminal(record) => match outcome {
-                Outcome::Stopped(_) => {
+            // Whatever the stop found, the control plane holds the Run terminal.
+            StartState::StoppingTerminal(record) => match reply.stop() {
+                StopOutcome::Stopped | StopOutcome::AlreadyExited | StopOutcome::Unknown => {
                     self.recover(ctx, &record, RecoveryReason::ControlPlaneTerminal, false)
                 }
-                other => unexpected(&other),
             },
             StartState::AckingRunning(record, request) => {
-                self.on_running(ctx, record, &request, outcome)
+                self.on_running(ctx, record, &request, reply)
             }
-            StartState::PersistingRunningAck(already) => match outcome {
-                Outcome::Persisted => Step::Done(if already {
+            StartState::PersistingRunningAck(already) => match reply.durable() {
+                Ok(()) => Step::Done(if already {
                     ProcessResult::AlreadyRunning
                 } else {
                     ProcessResult::Running
                 }),
-                other => self.write_failed(other, false),
+                Err(failure) => self.write_failed(failure, false),
             },
             StartState::FailingStart(record, request) => {
-                self.on_start_failure(ctx, record, &request, outcome)
+                self.on_start_failure(ctx, record, &request, reply)
             }
-            StartState::PersistingStartFailureAck => match outcome {
-                Outcome::Persisted => Step::Done(ProcessResult::StartFailed),
-                other => self.write_failed(other, false),
+            StartState::PersistingStartFailureAck => match reply.durable() {
+                Ok(()) => Step::Done(ProcessResult::StartFailed),
+                Err(failure) => self.write_failed(failure, false),
             },
-            StartState::PersistingRecovery(reason, must_land) => match outcome {
-                Outcome::Persisted => Step::Done(ProcessResult::RecoveryRequired(reason)),
-                other => self.write_failed(other, must_land),
+            StartState::PersistingRecovery(reason, must_land) => match reply.durable() {
+                Ok(()) => Step::Done(ProcessResult::RecoveryRequired(reason)),
+                Err(failure) => self.write_failed(failure, must_land),
             },
-            StartState::Renewing(op, resume) => self.on_renewing(ctx, *op, resume, outcome),
+            StartState::Renewing(op, resume) => self.on_renewing(ctx, *op, resume, reply),
             StartState::RereadingForSecrets(launch) => {
-                self.on_reread_for_secrets(ctx, launch, outcome)
+                self.on_reread_for_secrets(ctx, launch, reply.record())
             }
         }
     }
 
     /// A step of the renewal inside the start path (see [`ProcessOp::renewal_due`]).
-    fn on_renewing(
-        self,
-        ctx: &Ctx<'_>,
-        op: SupervisionOp,
-        resume: Resume,
-        outcome: Outcome,
-    ) -> PStep {
-        match op.resume(ctx, outcome) {
+    fn on_renewing(self, ctx: &Ctx<'_>, op: SupervisionOp, resume: Resume, reply: Reply) -> PStep {
+        match op.resume(ctx, reply) {
             Step::Wait(op, action) => self.wait(StartState::Renewing(Box::new(op), resume), action),
             Step::Done(result) => self.after_renewal(&result, resume),
             Step::Halt(reason) => Step::Halt(reason),
@@ -465,16 +469,16 @@ impl ProcessOp {
         self,
         ctx: &Ctx<'_>,
         mut launch: Box<Launch>,
-        outcome: Outcome,
+        read: Result<Option<Box<InboxRecord>>, StoreFailure>,
     ) -> PStep {
-        match outcome {
-            Outcome::RecordRead(Some(record)) if record.state == State::StartingAcknowledged => {
+        match read {
+            Ok(Some(record)) if record.state == State::StartingAcknowledged => {
                 launch.authority.record = record;
                 self.fetch_secrets(ctx, launch)
             }
             // Moved on meanwhile (the renewal's own stop path recorded recovery): taken from
             // its state, as any pass would.
-            other => self.on_read(ctx, other),
+            read => self.on_read(ctx, read),
         }
     }
 
@@ -534,43 +538,22 @@ impl ProcessOp {
         }
     }
 
-    /// Step 6b: the capability comes from fresh entropy.
-    fn on_capability(self, ctx: &Ctx<'_>, authority: Authority, outcome: Outcome) -> PStep {
-        match outcome {
-            Outcome::EntropyDrawn(entropy) => {
-                let capability = Capability::from_entropy(&entropy);
-                let launch = Box::new(Launch {
-                    authority,
-                    capability,
-                });
-                self.fetch_secrets(ctx, launch)
-            }
-            other => unexpected(&other),
-        }
-    }
-
     /// A write did not land. `must_land`: the write records that a process may exist, so a
     /// clean failure still halts (the next start reconciles from disk).
-    fn write_failed(self, outcome: Outcome, must_land: bool) -> PStep {
-        match outcome {
-            Outcome::Store(StoreFailure::Unchanged) if must_land => {
-                Step::Halt(HaltReason::LaunchOutcomeUnrecorded)
-            }
-            Outcome::Store(failure) => {
-                write_failure(failure, || Step::Done(ProcessResult::StorageUnchanged))
-            }
-            other => unexpected(&other),
+    fn write_failed(self, failure: StoreFailure, must_land: bool) -> PStep {
+        if must_land && failure == StoreFailure::Unchanged {
+            return Step::Halt(HaltReason::LaunchOutcomeUnrecorded);
         }
+        write_failure(failure, || Step::Done(ProcessResult::StorageUnchanged))
     }
 
-    fn on_read(self, ctx: &Ctx<'_>, outcome: Outcome) -> PStep {
-        let record = match outcome {
-            Outcome::RecordRead(Some(record)) => record,
-            Outcome::RecordRead(None) => return Step::Done(ProcessResult::NotFound),
-            Outcome::Store(failure) => {
+    fn on_read(self, ctx: &Ctx<'_>, read: Result<Option<Box<InboxRecord>>, StoreFailure>) -> PStep {
+        let record = match read {
+            Ok(Some(record)) => record,
+            Ok(None) => return Step::Done(ProcessResult::NotFound),
+            Err(failure) => {
                 return read_failure(failure, || Step::Done(ProcessResult::StorageUnchanged));
             }
-            other => return unexpected(&other),
         };
         // Step 1: terminal shortcuts.
         match record.state {
@@ -632,10 +615,10 @@ impl ProcessOp {
         ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
         request: &ActivationRequest,
-        outcome: Outcome,
+        reply: Reply,
         replay: bool,
     ) -> PStep {
-        let answer = match activation_answer(outcome, request) {
+        let answer = match activation_answer(reply, request) {
             Ok(answer) => answer,
             Err(step) => return *step,
         };
@@ -726,25 +709,24 @@ impl ProcessOp {
         ctx: &Ctx<'_>,
         launch: Box<Launch>,
         request: &SecretsRequest,
-        outcome: Outcome,
+        reply: Reply,
     ) -> PStep {
         // The Secret batch is a read: every answer that is not final is retried at the next
         // pass, within the offer's lease (`target_refusal`), before any start failure. Final:
         // a fence (a ref that does not exist, a drifted digest, a stale lease), a request the
         // control plane refused as malformed, an answer of the contract's shape that drifts.
-        let body = match response(outcome) {
-            Ok(Ok(body)) => Zeroizing::new(body),
-            Ok(Err(CallFault::Unavailable)) => return Step::Done(ProcessResult::Unavailable),
-            Ok(Err(CallFault::Uncertain(why))) => return Step::Done(ProcessResult::Uncertain(why)),
-            Ok(Err(
+        let body = match response(reply) {
+            Ok(body) => Zeroizing::new(body),
+            Err(CallFault::Unavailable) => return Step::Done(ProcessResult::Unavailable),
+            Err(CallFault::Uncertain(why)) => return Step::Done(ProcessResult::Uncertain(why)),
+            Err(
                 fault @ CallFault::Rejected {
                     status: 401 | 403, ..
                 },
-            )) => return Step::Done(ProcessResult::Refused(fault)),
-            Ok(Err(
-                CallFault::Fenced { .. } | CallFault::Rejected { .. } | CallFault::Invalid(_),
-            )) => return self.start_failed(ctx, &launch.authority.record),
-            Err(other) => return unexpected(&other),
+            ) => return Step::Done(ProcessResult::Refused(fault)),
+            Err(CallFault::Fenced { .. } | CallFault::Rejected { .. } | CallFault::Invalid(_)) => {
+                return self.start_failed(ctx, &launch.authority.record);
+            }
         };
         let resolved = match SecretsResponse::parse(&body, request) {
             Ok(resolved) => resolved,
@@ -912,9 +894,9 @@ impl ProcessOp {
         ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
         request: &ActivationRequest,
-        outcome: Outcome,
+        reply: Reply,
     ) -> PStep {
-        let answer = match activation_answer(outcome, request) {
+        let answer = match activation_answer(reply, request) {
             Ok(answer) => answer,
             Err(step) => return *step,
         };
@@ -977,9 +959,9 @@ impl ProcessOp {
         ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
         request: &ActivationRequest,
-        outcome: Outcome,
+        reply: Reply,
     ) -> PStep {
-        let answer = match activation_answer(outcome, request) {
+        let answer = match activation_answer(reply, request) {
             Ok(answer) => answer,
             Err(step) => return *step,
         };
@@ -1059,19 +1041,18 @@ fn activation_call(ctx: &Ctx<'_>, request: &ActivationRequest) -> Action {
 
 /// The parsed activation answer, or the step that ends the operation without a change.
 fn activation_answer(
-    outcome: Outcome,
+    reply: Reply,
     request: &ActivationRequest,
 ) -> Result<ActivationResponse, Box<PStep>> {
-    let body = match response(outcome) {
-        Ok(Ok(body)) => body,
-        Ok(Err(CallFault::Unavailable)) => {
+    let body = match response(reply) {
+        Ok(body) => body,
+        Err(CallFault::Unavailable) => {
             return Err(Box::new(Step::Done(ProcessResult::Unavailable)));
         }
-        Ok(Err(CallFault::Uncertain(why))) => {
+        Err(CallFault::Uncertain(why)) => {
             return Err(Box::new(Step::Done(ProcessResult::Uncertain(why))));
         }
-        Ok(Err(fault)) => return Err(Box::new(Step::Done(ProcessResult::Refused(fault)))),
-        Err(other) => return Err(Box::new(unexpected(&other))),
+        Err(fault) => return Err(Box::new(Step::Done(ProcessResult::Refused(fault)))),
     };
     ActivationResponse::parse(&body, request).map_err(|e| {
         Box::new(Step::Done(match garbled(e) {

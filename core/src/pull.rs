@@ -21,6 +21,10 @@
 //!    refused for good ([`refused_for_good`]): its claim is cleared at once, the Pull ends with
 //!    [`PullResult::Refused`], and the next Pull makes a fresh claim (the reference retries such
 //!    an offer 16 times with backoff, pulling nothing else meanwhile).
+//!
+//! Each state takes the one kind of reply its action is answered with (`io::Reply`) and matches
+//! every value of that kind: no wildcard arm (CONVENTIONS C7).
+#![deny(clippy::wildcard_enum_match_arm)]
 
 use alloc::boxed::Box;
 use alloc::format;
@@ -33,13 +37,13 @@ use crate::claim::{MAX_CLAIM_ATTEMPTS, PendingClaim};
 #[cfg(feature = "sim-hooks")]
 use crate::fingerprint::Fingerprint;
 use crate::ids::{LeaseToken, OfferId, Revision};
-use crate::io::{Action, HttpCall, Outcome, StoreFailure};
+use crate::io::{Action, HttpCall, Reply, StoreFailure};
 use crate::offer::Offer;
 use crate::record::InboxRecord;
 use crate::wire::WireError;
 use crate::wire::offer::{MAX_RESPONSE_BYTES, OfferRequest, OfferResponse, admit_offer};
 use crate::wire::route::{Operation, path};
-use crate::worker::{CallFault, next_record, persist, response, unexpected};
+use crate::worker::{CallFault, next_record, persist, response};
 use crate::worker::{Ctx, Step, read_failure, write_failure};
 
 /// Full-jitter ceiling (`MAX_WORKER_REMOTE_OFFER_BACKOFF_MS`).
@@ -191,50 +195,45 @@ impl PullOp {
         }
     }
 
-    pub(crate) fn resume(self, ctx: &Ctx<'_>, outcome: Outcome) -> Step<Self, PullResult> {
+    pub(crate) fn resume(self, ctx: &Ctx<'_>, reply: Reply) -> Step<Self, PullResult> {
         match self {
-            Self::ReadingClaim { backoff_served } => on_claim(ctx, backoff_served, outcome),
-            Self::ClearingForeign => after_write(outcome, draw_identity),
-            Self::DrawingIdentity => match outcome {
-                Outcome::EntropyDrawn(entropy) => fresh_claim(ctx, &entropy),
-                other => unexpected(&other),
-            },
+            Self::ReadingClaim { backoff_served } => on_claim(ctx, backoff_served, reply.claim()),
+            Self::ClearingForeign => after_write(reply, draw_identity),
+            Self::DrawingIdentity => fresh_claim(ctx, &reply.entropy()),
             Self::PersistingAttempt(claim) => {
                 let request = request(ctx, claim);
-                after_write(outcome, move || request)
+                after_write(reply, move || request)
             }
-            Self::Requesting(claim) => on_response(ctx, claim, outcome),
-            Self::ReadingRecord(claim, offer) => on_stored(ctx, claim, *offer, outcome),
-            Self::StoringOffer { claim, replayed } => match outcome {
-                Outcome::Persisted => clear_claim(&claim, replayed),
-                Outcome::Store(StoreFailure::CapacityExhausted) => {
+            Self::Requesting(claim) => on_response(ctx, claim, reply),
+            Self::ReadingRecord(claim, offer) => on_stored(ctx, claim, *offer, reply.record()),
+            Self::StoringOffer { claim, replayed } => match reply.durable() {
+                Ok(()) => clear_claim(&claim, replayed),
+                Err(StoreFailure::CapacityExhausted) => {
                     backoff(claim, PullFault::CapacityExhausted)
                 }
-                Outcome::Store(failure) => {
+                Err(failure) => {
                     write_failure(failure, || backoff(claim, PullFault::StorageUnchanged))
                 }
-                other => unexpected(&other),
             },
-            Self::ClearingClaim { offer_id, replayed } => after_write(outcome, move || {
+            Self::ClearingClaim { offer_id, replayed } => after_write(reply, move || {
                 Step::Done(PullResult::Admitted { offer_id, replayed })
             }),
-            Self::ClearingIdle => after_write(outcome, || Step::Done(PullResult::Idle)),
-            Self::ClearingRefused { offer_id, reason } => after_write(outcome, move || {
+            Self::ClearingIdle => after_write(reply, || Step::Done(PullResult::Idle)),
+            Self::ClearingRefused { offer_id, reason } => after_write(reply, move || {
                 Step::Done(PullResult::Refused { offer_id, reason })
             }),
-            Self::ClearingExhausted => after_write(outcome, || {
+            Self::ClearingExhausted => after_write(reply, || {
                 Step::Done(PullResult::Failed {
                     fault: PullFault::BudgetExhausted,
                     retry_in_ms: 0,
                 })
             }),
-            Self::CheckingStored(claim) => on_stored_check(ctx, &claim, outcome),
-            Self::ClearingStale => after_write(outcome, draw_identity),
-            Self::DrawingJitter(claim, fault) => match outcome {
-                Outcome::EntropyDrawn(entropy) => persist_backoff(ctx, &claim, &entropy, fault),
-                other => unexpected(&other),
-            },
-            Self::PersistingBackoff { retry_in_ms, fault } => after_write(outcome, move || {
+            Self::CheckingStored(claim) => on_stored_check(ctx, &claim, reply.record()),
+            Self::ClearingStale => after_write(reply, draw_identity),
+            Self::DrawingJitter(claim, fault) => {
+                persist_backoff(ctx, &claim, &reply.entropy(), fault)
+            }
+            Self::PersistingBackoff { retry_in_ms, fault } => after_write(reply, move || {
                 Step::Done(PullResult::Failed { fault, retry_in_ms })
             }),
         }
@@ -243,20 +242,19 @@ impl PullOp {
 
 /// Continues after a write that must be durable; halts on anything but a clean write.
 fn after_write(
-    outcome: Outcome,
+    reply: Reply,
     next: impl FnOnce() -> Step<PullOp, PullResult>,
 ) -> Step<PullOp, PullResult> {
-    match outcome {
-        Outcome::Persisted => next(),
+    match reply.durable() {
+        Ok(()) => next(),
         // A claim write that failed cleanly leaves the previous claim (or none) in place: the
         // Pull ends and the next tick starts over from what is stored.
-        Outcome::Store(failure) => write_failure(failure, || {
+        Err(failure) => write_failure(failure, || {
             Step::Done(PullResult::Failed {
                 fault: PullFault::StorageUnchanged,
                 retry_in_ms: 0,
             })
         }),
-        other => unexpected(&other),
     }
 }
 
@@ -264,10 +262,14 @@ fn draw_identity() -> Step<PullOp, PullResult> {
     Step::Wait(PullOp::DrawingIdentity, Action::DrawEntropy)
 }
 
-fn on_claim(ctx: &Ctx<'_>, backoff_served: bool, outcome: Outcome) -> Step<PullOp, PullResult> {
-    let claim = match outcome {
-        Outcome::ClaimRead(claim) => claim,
-        Outcome::Store(failure) => {
+fn on_claim(
+    ctx: &Ctx<'_>,
+    backoff_served: bool,
+    read: Result<Option<Box<PendingClaim>>, StoreFailure>,
+) -> Step<PullOp, PullResult> {
+    let claim = match read {
+        Ok(claim) => claim,
+        Err(failure) => {
             return read_failure(failure, || {
                 Step::Done(PullResult::Failed {
                     fault: PullFault::StorageUnchanged,
@@ -275,7 +277,6 @@ fn on_claim(ctx: &Ctx<'_>, backoff_served: bool, outcome: Outcome) -> Step<PullO
                 })
             });
         }
-        other => return unexpected(&other),
     };
     let Some(session) = ctx.session else {
         return Step::Done(PullResult::SessionUnavailable);
@@ -315,18 +316,18 @@ fn on_claim(ctx: &Ctx<'_>, backoff_served: bool, outcome: Outcome) -> Step<PullO
 fn on_stored_check(
     ctx: &Ctx<'_>,
     claim: &PendingClaim,
-    outcome: Outcome,
+    read: Result<Option<Box<InboxRecord>>, StoreFailure>,
 ) -> Step<PullOp, PullResult> {
-    match outcome {
-        Outcome::RecordRead(None) => {}
-        Outcome::RecordRead(Some(_)) => {
+    match read {
+        Ok(None) => {}
+        Ok(Some(_)) => {
             let action = Action::ClearClaim {
                 offer_id: claim.offer_id.clone(),
                 revision: claim.revision,
             };
             return Step::Wait(PullOp::ClearingStale, action);
         }
-        Outcome::Store(failure) => {
+        Err(failure) => {
             return read_failure(failure, || {
                 Step::Done(PullResult::Failed {
                     fault: PullFault::StorageUnchanged,
@@ -334,7 +335,6 @@ fn on_stored_check(
                 })
             });
         }
-        other => return unexpected(&other),
     }
     if claim.attempt_count >= MAX_CLAIM_ATTEMPTS {
         let action = Action::ClearClaim {
@@ -429,15 +429,10 @@ fn request(ctx: &Ctx<'_>, claim: Box<PendingClaim>) -> Step<PullOp, PullResult> 
     }
 }
 
-fn on_response(
-    ctx: &Ctx<'_>,
-    claim: Box<PendingClaim>,
-    outcome: Outcome,
-) -> Step<PullOp, PullResult> {
-    let body = match response(outcome) {
-        Ok(Ok(body)) => body,
-        Ok(Err(fault)) => return backoff(claim, PullFault::Call(fault)),
-        Err(other) => return unexpected(&other),
+fn on_response(ctx: &Ctx<'_>, claim: Box<PendingClaim>, reply: Reply) -> Step<PullOp, PullResult> {
+    let body = match response(reply) {
+        Ok(body) => body,
+        Err(fault) => return backoff(claim, PullFault::Call(fault)),
     };
     match OfferResponse::parse(&body) {
         Err(e) if refused_for_good(&e) => {
@@ -510,14 +505,13 @@ fn on_stored(
     ctx: &Ctx<'_>,
     claim: Box<PendingClaim>,
     offer: Offer,
-    outcome: Outcome,
+    read: Result<Option<Box<InboxRecord>>, StoreFailure>,
 ) -> Step<PullOp, PullResult> {
-    let stored = match outcome {
-        Outcome::RecordRead(stored) => stored,
-        Outcome::Store(failure) => {
+    let stored = match read {
+        Ok(stored) => stored,
+        Err(failure) => {
             return read_failure(failure, || backoff(claim, PullFault::StorageUnchanged));
         }
-        other => return unexpected(&other),
     };
     let Some(stored) = stored else {
         let record = InboxRecord::accepted(offer, ctx.now);

@@ -13,13 +13,17 @@
 //! Session had replaced it meanwhile (two Workers with one worker id), or if the fences repeat
 //! without an uncertain outcome to explain them. A register refused with 400, 404, 409, 413 or
 //! 415 is final: the Worker halts.
+//!
+//! Each state takes the one kind of reply its action is answered with (`io::Reply`) and matches
+//! every value of that kind: no wildcard arm (CONVENTIONS C7).
+#![deny(clippy::wildcard_enum_match_arm)]
 
 use alloc::format;
 use alloc::string::String;
 use zeroize::Zeroizing;
 
 use crate::ids::SessionId;
-use crate::io::{Action, HttpCall, Outcome};
+use crate::io::{Action, HttpCall, Reply};
 use crate::offer::OfferWorker;
 use crate::time::UnixMillis;
 use crate::wire::route::{Operation, path};
@@ -27,21 +31,28 @@ use crate::wire::session::{
     HeartbeatRequest, MAX_REGISTER_REQUEST_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES,
     RegisterRequest, SessionResponse, SessionStatus, TransitionRequest,
 };
-use crate::worker::{CallFault, garbled, response, unexpected};
+use crate::worker::{CallFault, garbled, response};
 use crate::worker::{Ctx, SessionView, Step};
 
 /// A Session exchange in flight.
 #[derive(Clone, Debug)]
 pub(crate) enum SessionOp {
+    /// A call to the control plane.
+    Calling(SessionCall),
+    /// A new Session id: entropy drawn for it, then the id persisted before it is registered.
+    DrawingSessionId,
+    PersistingSessionId(SessionId),
+}
+
+/// A Session call awaiting its answer.
+#[derive(Clone, Debug)]
+pub(crate) enum SessionCall {
     /// `rejoin`: registering again after a fence.
     Registering {
         rejoin: bool,
     },
     Heartbeating(HeartbeatRequest),
     Transitioning(TransitionRequest),
-    /// A new Session id: entropy drawn for it, then the id persisted before it is registered.
-    DrawingSessionId,
-    PersistingSessionId(SessionId),
 }
 
 /// What a Session exchange concluded.
@@ -160,7 +171,7 @@ impl SessionOp {
         .and_then(|r| r.to_body());
         match request {
             Ok(body) => Step::Wait(
-                Self::Registering { rejoin },
+                Self::Calling(SessionCall::Registering { rejoin }),
                 call(ctx, Operation::Register, body),
             ),
             Err(e) => Step::Done(SessionResult::Rejected(format!("register request: {e}"))),
@@ -188,7 +199,7 @@ impl SessionOp {
         };
         match request.to_body() {
             Ok(body) => Step::Wait(
-                Self::Heartbeating(request),
+                Self::Calling(SessionCall::Heartbeating(request)),
                 call(ctx, Operation::Heartbeat, body),
             ),
             Err(e) => Step::Done(SessionResult::Rejected(format!("heartbeat request: {e}"))),
@@ -213,7 +224,7 @@ impl SessionOp {
         };
         match request.to_body() {
             Ok(body) => Step::Wait(
-                Self::Transitioning(request),
+                Self::Calling(SessionCall::Transitioning(request)),
                 call(ctx, Operation::Transition, body),
             ),
             Err(e) => Step::Done(SessionResult::Rejected(format!("transition request: {e}"))),
@@ -225,43 +236,36 @@ impl SessionOp {
         Step::Wait(Self::DrawingSessionId, Action::DrawEntropy)
     }
 
-    pub(crate) fn resume(self, ctx: &Ctx<'_>, outcome: Outcome) -> Step<Self, SessionResult> {
-        match (&self, outcome) {
-            (Self::DrawingSessionId, Outcome::EntropyDrawn(entropy)) => {
-                let Some(session_id) = session_id_v7(ctx.now, &entropy.bytes()[..10]) else {
-                    // INVARIANT: the template below is always a valid lowercase UUIDv7.
-                    return unexpected(&Outcome::EntropyDrawn(entropy));
-                };
+    pub(crate) fn resume(self, ctx: &Ctx<'_>, reply: Reply) -> Step<Self, SessionResult> {
+        match self {
+            Self::DrawingSessionId => {
+                let session_id = session_id_v7(ctx.now, &reply.entropy().bytes()[..10])
+                    .expect("invariant: the rendering is always a valid lowercase UUIDv7");
                 let action = Action::PersistSession {
                     session_id: session_id.clone(),
                 };
                 Step::Wait(Self::PersistingSessionId(session_id), action)
             }
-            (Self::PersistingSessionId(id), Outcome::Persisted) => {
-                Step::Done(SessionResult::Renewed(id.clone()))
-            }
-            // Nothing durable changed: the stored Session stays; retried at the next tick.
-            (Self::PersistingSessionId(_), Outcome::Store(failure)) => {
-                crate::worker::write_failure(failure, || {
+            Self::PersistingSessionId(id) => match reply.durable() {
+                Ok(()) => Step::Done(SessionResult::Renewed(id)),
+                // Nothing durable changed: the stored Session stays; retried at the next tick.
+                Err(failure) => crate::worker::write_failure(failure, || {
                     Step::Done(SessionResult::Unanswered {
                         exchange: Exchange::Register,
                         fault: CallFault::Unavailable,
                     })
-                })
-            }
-            (Self::DrawingSessionId | Self::PersistingSessionId(_), other) => unexpected(&other),
-            (
-                Self::Registering { .. } | Self::Heartbeating(_) | Self::Transitioning(_),
-                outcome,
-            ) => self.exchanged(ctx, outcome),
+                }),
+            },
+            Self::Calling(call) => Step::Done(call.answered(ctx, reply)),
         }
     }
+}
 
-    fn exchanged(self, ctx: &Ctx<'_>, outcome: Outcome) -> Step<Self, SessionResult> {
-        let body = match response(outcome) {
-            Ok(Ok(body)) => body,
-            Ok(Err(fault)) => return Step::Done(self.fault_result(fault)),
-            Err(other) => return unexpected(&other),
+impl SessionCall {
+    fn answered(self, ctx: &Ctx<'_>, reply: Reply) -> SessionResult {
+        let body = match response(reply) {
+            Ok(body) => body,
+            Err(fault) => return self.fault_result(fault),
         };
         let (worker_id, session_id) = (&ctx.config.worker_id, &ctx.config.session_id);
         let parsed = match &self {
@@ -274,9 +278,6 @@ impl SessionOp {
             Self::Transitioning(r) => {
                 SessionResponse::parse_transition(&body, worker_id, session_id, r)
             }
-            Self::DrawingSessionId | Self::PersistingSessionId(_) => {
-                return unexpected(&Outcome::Responded(body));
-            }
         };
         let parsed = match parsed {
             Ok(parsed) => parsed,
@@ -285,38 +286,34 @@ impl SessionOp {
             // a heartbeat or transition answer that breaks the CAS means the Session moved under
             // us.
             Err(e) => {
-                return Step::Done(match garbled(e) {
+                return match garbled(e) {
                     Ok(why) => self.fault_result(CallFault::Uncertain(why)),
                     Err(e) => match self {
                         Self::Heartbeating(_) | Self::Transitioning(_) => {
                             SessionResult::Fenced(format!("invalid Session response: {e}"))
                         }
-                        Self::Registering { .. }
-                        | Self::DrawingSessionId
-                        | Self::PersistingSessionId(_) => SessionResult::Unanswered {
+                        Self::Registering { .. } => SessionResult::Unanswered {
                             exchange: Exchange::Register,
                             fault: CallFault::Invalid(e),
                         },
                     },
-                });
+                };
             }
         };
         if matches!(self, Self::Registering { rejoin: true })
             && parsed.replaced_session == Some(true)
         {
-            return Step::Done(SessionResult::Rejected(String::from(
+            return SessionResult::Rejected(String::from(
                 "registering again after a fence found that another Session of this worker id \
                  had replaced this one: another Worker uses it",
-            )));
+            ));
         }
         let view = view(ctx, &parsed, matches!(self, Self::Transitioning(_)));
-        Step::Done(match self {
+        match self {
             Self::Heartbeating(_) => SessionResult::Heartbeat(view),
             Self::Transitioning(_) => SessionResult::Transitioned(view),
-            Self::Registering { .. } | Self::DrawingSessionId | Self::PersistingSessionId(_) => {
-                SessionResult::Registered(view)
-            }
-        })
+            Self::Registering { .. } => SessionResult::Registered(view),
+        }
     }
 
     /// A failed exchange. Credentials refused (401/403) are not final: the Worker pauses
@@ -328,9 +325,7 @@ impl SessionOp {
         let exchange = match self {
             Self::Heartbeating(_) => Exchange::Heartbeat,
             Self::Transitioning(request) => Exchange::Transition(request.status),
-            Self::Registering { .. } | Self::DrawingSessionId | Self::PersistingSessionId(_) => {
-                Exchange::Register
-            }
+            Self::Registering { .. } => Exchange::Register,
         };
         match (self, fault) {
             (
@@ -341,13 +336,9 @@ impl SessionOp {
                     status: 401 | 403, ..
                 }),
             ) => SessionResult::Unanswered { exchange, fault },
-            (
-                Self::Registering { .. } | Self::DrawingSessionId | Self::PersistingSessionId(_),
-                CallFault::Fenced { code },
-            ) => SessionResult::Rejected(format!(
-                "{exchange} answered {}",
-                described(409, code.as_deref())
-            )),
+            (Self::Registering { .. }, CallFault::Fenced { code }) => SessionResult::Rejected(
+                format!("{exchange} answered {}", described(409, code.as_deref())),
+            ),
             (Self::Heartbeating(_) | Self::Transitioning(_), CallFault::Fenced { code }) => {
                 SessionResult::Fenced(described(409, code.as_deref()))
             }
@@ -404,16 +395,14 @@ mod tests {
     }
 
     /// A register answer for the edge Worker, written out (reference §2.10).
-    fn register_answer(replaced: bool) -> Outcome {
-        Outcome::Responded(
-            format!(
-                "{{\"schema\":\"qinglong/worker-session-register@v1\",\"workerId\":\"edge-1\",\
+    fn register_answer(replaced: bool) -> Reply {
+        Reply::Call(Ok(format!(
+            "{{\"schema\":\"qinglong/worker-session-register@v1\",\"workerId\":\"edge-1\",\
                  \"sessionId\":\"018f0000-0000-7000-8000-000000000001\",\"generation\":2,\
                  \"version\":0,\"status\":\"online\",\"leaseExpiresAtMs\":50000,\
                  \"replacedSession\":{replaced}}}"
-            )
-            .into_bytes(),
         )
+        .into_bytes()))
     }
 
     fn registered(rejoin: bool, replaced: bool) -> SessionResult {
@@ -435,11 +424,7 @@ mod tests {
             lease_may_hold: &alloc::collections::BTreeMap::new(),
             may_launch: true,
         };
-        let op = SessionOp::Registering { rejoin };
-        match op.resume(&ctx, register_answer(replaced)) {
-            Step::Done(result) => result,
-            Step::Wait(..) | Step::Halt(_) => panic!("a register answer concludes the exchange"),
-        }
+        SessionCall::Registering { rejoin }.answered(&ctx, register_answer(replaced))
     }
 
     #[test]

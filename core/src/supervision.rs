@@ -29,6 +29,10 @@
 //! A stop is only ever sent after the new lease is durable. Local lease expiry never contacts the
 //! control plane: the Worker records whether its own stop was conclusive
 //! (`lease_lost_local_execution_stopped`) or not (`…_unverified`) and never reports the Run lost.
+//!
+//! Each state takes the one kind of reply its action is answered with (`io::Reply`) and matches
+//! every value of that kind: no wildcard arm (CONVENTIONS C7).
+#![deny(clippy::wildcard_enum_match_arm)]
 
 use alloc::boxed::Box;
 use alloc::format;
@@ -38,13 +42,13 @@ use crate::completion::{CompletionOp, CompletionOutcome};
 #[cfg(feature = "sim-hooks")]
 use crate::fingerprint::Fingerprint;
 use crate::ids::{LeaseVersion, OfferId};
-use crate::io::{Action, HttpCall, Liveness, Outcome, StopOutcome};
+use crate::io::{Action, HttpCall, Liveness, Reply, StopOutcome, StoreFailure};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::lease_control::{
     LeaseControlRequest, LeaseControlResponse, MAX_RESPONSE_BYTES, RenewedLease,
 };
 use crate::wire::route::{Operation, path};
-use crate::worker::{CallFault, Uncertainty, garbled, next_record, persist, response, unexpected};
+use crate::worker::{CallFault, Uncertainty, garbled, next_record, persist, response};
 use crate::worker::{Ctx, Step, read_failure, write_failure};
 
 /// What one supervision pass concluded.
@@ -303,65 +307,90 @@ impl SupervisionOp {
         }
     }
 
-    pub(crate) fn resume(mut self, ctx: &Ctx<'_>, outcome: Outcome) -> LStep {
+    pub(crate) fn resume(mut self, ctx: &Ctx<'_>, reply: Reply) -> LStep {
         match core::mem::replace(
             &mut self.state,
             SupervisionState::Reading(CompletionOutcome::Deferred),
         ) {
-            SupervisionState::Completing(op) => match op.resume(ctx, outcome) {
+            SupervisionState::Completing(op) => match op.resume(ctx, reply) {
                 Step::Wait(op, action) => self.wait(SupervisionState::Completing(op), action),
                 Step::Done(result) => self.after_completion(result),
                 Step::Halt(reason) => Step::Halt(reason),
             },
-            SupervisionState::Reading(completion) => self.on_record(ctx, completion, outcome),
-            SupervisionState::Restopping(cause) => match outcome {
-                Outcome::RecordRead(Some(record)) if record.state.is_terminal() => {
+            SupervisionState::Reading(completion) => {
+                self.on_record(ctx, completion, reply.record())
+            }
+            SupervisionState::Restopping(cause) => match reply.record() {
+                Ok(Some(record)) if record.state.is_terminal() => {
                     Step::Done(SupervisionResult::Settled)
                 }
-                Outcome::RecordRead(Some(record)) => self.stop(ctx, &record, cause),
-                Outcome::RecordRead(None) => Step::Done(SupervisionResult::NotFound),
-                Outcome::Store(failure) => {
+                Ok(Some(record)) => self.stop(ctx, &record, cause),
+                Ok(None) => Step::Done(SupervisionResult::NotFound),
+                Err(failure) => {
                     read_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged))
                 }
-                other => unexpected(&other),
             },
-            SupervisionState::Recompleting(op) => match op.resume(ctx, outcome) {
+            SupervisionState::Recompleting(op) => match op.resume(ctx, reply) {
                 Step::Wait(op, action) => self.wait(SupervisionState::Recompleting(op), action),
                 Step::Done(result) => self.after_recompleting(result),
                 Step::Halt(reason) => Step::Halt(reason),
             },
             SupervisionState::Controlling(record, request) => {
-                self.on_control(ctx, record, &request, outcome)
+                self.on_control(ctx, record, &request, reply)
             }
-            SupervisionState::PersistingLease(record, stop) => match outcome {
-                Outcome::Persisted if stop => self.stop(ctx, &record, StopCause::Requested),
-                Outcome::Persisted => Step::Done(SupervisionResult::Renewed),
-                Outcome::Store(failure) => {
+            SupervisionState::PersistingLease(record, stop) => match reply.durable() {
+                Ok(()) if stop => self.stop(ctx, &record, StopCause::Requested),
+                Ok(()) => Step::Done(SupervisionResult::Renewed),
+                Err(failure) => {
                     write_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged))
                 }
-                other => unexpected(&other),
             },
-            SupervisionState::Stopping(record, cause) => match outcome {
-                Outcome::Stopped(stopped) => {
-                    let reason = recovery_for(cause, stopped);
-                    self.record_recovery(ctx, &record, reason, cause, stopped)
-                }
-                other => unexpected(&other),
-            },
-            SupervisionState::Recording(reason, stopped) => match outcome {
-                Outcome::Persisted => Step::Done(SupervisionResult::Recovered(reason, stopped)),
-                Outcome::Store(failure) => {
+            SupervisionState::Stopping(record, cause) => {
+                let stopped = reply.stop();
+                let reason = recovery_for(cause, stopped);
+                self.record_recovery(ctx, &record, reason, cause, stopped)
+            }
+            SupervisionState::Recording(reason, stopped) => match reply.durable() {
+                Ok(()) => Step::Done(SupervisionResult::Recovered(reason, stopped)),
+                Err(failure) => {
                     write_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged))
                 }
-                other => unexpected(&other),
             },
-            state @ (SupervisionState::Inspecting(..)
-            | SupervisionState::Confirming(..)
-            | SupervisionState::RecordingGone) => self.resume_gone(ctx, state, outcome),
-            SupervisionState::ReadingPublished(record, cause) => match outcome {
-                Outcome::PublishedHandle(found) => self.stop_by(ctx, &record, cause, found),
-                other => unexpected(&other),
+            // The steps of a Run whose supervisor may be gone (issue 16).
+            SupervisionState::Inspecting(record, request) => match reply.supervision() {
+                (Liveness::Gone, Liveness::Gone) => {
+                    match CompletionOp::begin(self.offer_id.clone()) {
+                        Step::Wait(op, action) => {
+                            self.wait(SupervisionState::Confirming(op, record), action)
+                        }
+                        Step::Done(result) => self.after_confirming(ctx, &record, result),
+                        Step::Halt(reason) => Step::Halt(reason),
+                    }
+                }
+                // Either may still exist, or nothing can be concluded: renew as before (a
+                // supervisor that lives publishes its receipt; a process that lives is stopped
+                // by identity when the control plane asks).
+                (Liveness::Alive | Liveness::Unknown, _)
+                | (Liveness::Gone, Liveness::Alive | Liveness::Unknown) => {
+                    self.control(ctx, record, request)
+                }
             },
+            SupervisionState::Confirming(op, record) => match op.resume(ctx, reply) {
+                Step::Wait(op, action) => {
+                    self.wait(SupervisionState::Confirming(op, record), action)
+                }
+                Step::Done(result) => self.after_confirming(ctx, &record, result),
+                Step::Halt(reason) => Step::Halt(reason),
+            },
+            SupervisionState::RecordingGone => match reply.durable() {
+                Ok(()) => Step::Done(SupervisionResult::SupervisorGone),
+                Err(failure) => {
+                    write_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged))
+                }
+            },
+            SupervisionState::ReadingPublished(record, cause) => {
+                self.stop_by(ctx, &record, cause, reply.published_handle())
+            }
         }
     }
 
@@ -403,52 +432,6 @@ impl SupervisionOp {
         }
     }
 
-    /// The steps of a Run whose supervisor may be gone (issue 16).
-    fn resume_gone(self, ctx: &Ctx<'_>, state: SupervisionState, outcome: Outcome) -> LStep {
-        match state {
-            SupervisionState::Inspecting(record, request) => match outcome {
-                Outcome::SupervisionInspected {
-                    supervisor: Liveness::Gone,
-                    process: Liveness::Gone,
-                } => match CompletionOp::begin(self.offer_id.clone()) {
-                    Step::Wait(op, action) => {
-                        self.wait(SupervisionState::Confirming(op, record), action)
-                    }
-                    Step::Done(result) => self.after_confirming(ctx, &record, result),
-                    Step::Halt(reason) => Step::Halt(reason),
-                },
-                // Either may still exist, or nothing can be concluded: renew as before (a
-                // supervisor that lives publishes its receipt; a process that lives is stopped
-                // by identity when the control plane asks).
-                Outcome::SupervisionInspected { .. } => self.control(ctx, record, request),
-                other => unexpected(&other),
-            },
-            SupervisionState::Confirming(op, record) => match op.resume(ctx, outcome) {
-                Step::Wait(op, action) => {
-                    self.wait(SupervisionState::Confirming(op, record), action)
-                }
-                Step::Done(result) => self.after_confirming(ctx, &record, result),
-                Step::Halt(reason) => Step::Halt(reason),
-            },
-            SupervisionState::RecordingGone => match outcome {
-                Outcome::Persisted => Step::Done(SupervisionResult::SupervisorGone),
-                Outcome::Store(failure) => {
-                    write_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged))
-                }
-                other => unexpected(&other),
-            },
-            SupervisionState::Completing(_)
-            | SupervisionState::Reading(_)
-            | SupervisionState::Controlling(..)
-            | SupervisionState::PersistingLease(..)
-            | SupervisionState::Stopping(..)
-            | SupervisionState::Recording(..)
-            | SupervisionState::Recompleting(..)
-            | SupervisionState::Restopping(_)
-            | SupervisionState::ReadingPublished(..) => unexpected(&outcome),
-        }
-    }
-
     /// After the confirming completion pass: still no receipt ⇒ record that the supervisor and
     /// the process are gone (no renewal); a completion ⇒ done; anything else ⇒ the next pass
     /// decides again.
@@ -485,14 +468,18 @@ impl SupervisionOp {
     }
 
     /// Steps 3–6.
-    fn on_record(self, ctx: &Ctx<'_>, completion: CompletionOutcome, outcome: Outcome) -> LStep {
-        let record = match outcome {
-            Outcome::RecordRead(Some(record)) => record,
-            Outcome::RecordRead(None) => return Step::Done(SupervisionResult::NotFound),
-            Outcome::Store(failure) => {
+    fn on_record(
+        self,
+        ctx: &Ctx<'_>,
+        completion: CompletionOutcome,
+        read: Result<Option<Box<InboxRecord>>, StoreFailure>,
+    ) -> LStep {
+        let record = match read {
+            Ok(Some(record)) => record,
+            Ok(None) => return Step::Done(SupervisionResult::NotFound),
+            Err(failure) => {
                 return read_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged));
             }
-            other => return unexpected(&other),
         };
         if record.state.is_terminal() {
             return Step::Done(SupervisionResult::Settled);
@@ -567,19 +554,19 @@ impl SupervisionOp {
         ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
         request: &LeaseControlRequest,
-        outcome: Outcome,
+        reply: Reply,
     ) -> LStep {
         let attempted = request.fence.expected_lease_version;
-        let body = match response(outcome) {
-            Ok(Ok(body)) => body,
-            Ok(Err(CallFault::Unavailable)) => return Step::Done(SupervisionResult::Unavailable),
-            Ok(Err(CallFault::Uncertain(why))) => {
+        let body = match response(reply) {
+            Ok(body) => body,
+            Err(CallFault::Unavailable) => return Step::Done(SupervisionResult::Unavailable),
+            Err(CallFault::Uncertain(why)) => {
                 return Step::Done(SupervisionResult::Uncertain { attempted, why });
             }
             // Fenced: earlier renewals may have committed without their answers reaching the
             // disk. Ask at the next version, up to the highest one they could have left (the
             // persisted version + 1 at least: a renewal lost to a crash leaves no memory).
-            Ok(Err(CallFault::Fenced { code })) => {
+            Err(CallFault::Fenced { code }) => {
                 let persisted = record.offer.lease.version;
                 let ceiling = persisted.next().ok().max(self.may_hold);
                 return match catch_up(request) {
@@ -593,8 +580,7 @@ impl SupervisionOp {
                     }
                 };
             }
-            Ok(Err(fault)) => return Step::Done(SupervisionResult::Refused(fault)),
-            Err(other) => return unexpected(&other),
+            Err(fault) => return Step::Done(SupervisionResult::Refused(fault)),
         };
         let answer = match LeaseControlResponse::parse(&body, request) {
             Ok(answer) => answer,

@@ -94,7 +94,8 @@ use core::fmt;
 use crate::fingerprint::Fingerprint;
 use crate::ids::{OfferId, SessionId, WorkerGeneration, WorkerId};
 use crate::io::{
-    Action, Answer, Command, HttpFailure, Input, InputError, OpId, Outcome, StoreFailure,
+    Action, Answer, Command, HttpFailure, Input, InputError, OpId, Outcome, Reply, StoreFailure,
+    Upload,
 };
 use crate::listing::{Capacity, PageLimit};
 use crate::offer::{Lease, OfferWorker};
@@ -263,13 +264,6 @@ pub enum HaltReason {
     #[error("a Session exchange was refused for good: {detail}")]
     RegisterRejected {
         /// Why.
-        detail: String,
-    },
-    /// An operation got an outcome of its command's kind that its state does not expect (a
-    /// core bug; an outcome of another kind is refused at the input).
-    #[error("an operation got an outcome its state does not expect (a core bug): {detail}")]
-    UnexpectedOutcome {
-        /// The outcome, as `Debug` prints it (values redacted).
         detail: String,
     },
 }
@@ -1424,20 +1418,20 @@ impl Worker {
         else {
             return Err(InputError::UnexpectedOutcome { id });
         };
-        let answers = match self.lanes.get(&lane).map(|slot| &slot.pending) {
-            Some(Pending::Outstanding { answer, .. }) => answer.accepts(&outcome),
-            Some(Pending::Staged(_)) | None => false,
+        let answer = match self.lanes.get(&lane).map(|slot| &slot.pending) {
+            Some(Pending::Outstanding { answer, .. }) => *answer,
+            Some(Pending::Staged(_)) | None => return Err(InputError::UnexpectedOutcome { id }),
         };
-        if !answers {
+        let Ok(reply) = answer.reply(outcome) else {
             return Err(InputError::OutcomeMismatch { id });
-        }
+        };
         let Some(slot) = self.lanes.remove(&lane) else {
             return Err(InputError::UnexpectedOutcome { id });
         };
-        self.observe_authentication(&outcome);
-        match (&outcome, slot.pending) {
+        self.observe_authentication(&reply);
+        match (&reply, slot.pending) {
             (
-                Outcome::Persisted,
+                Reply::Durable(Ok(())),
                 Pending::Outstanding {
                     write: Some(record),
                     ..
@@ -1462,7 +1456,7 @@ impl Worker {
                 }
                 self.observe(&record);
             }
-            (Outcome::RecordRead(Some(record)), _) => self.observe(record),
+            (Reply::Record(Ok(Some(record))), _) => self.observe(record),
             _ => {}
         }
         let step = {
@@ -1476,7 +1470,7 @@ impl Worker {
                 lease_may_hold: &self.lease_may_hold,
                 may_launch: self.may_launch(),
             };
-            slot.op.resume(&ctx, outcome)
+            slot.op.resume(&ctx, reply)
         };
         self.apply(lane, slot.work, slot.call_sent, step);
         Ok(())
@@ -1696,21 +1690,27 @@ impl Worker {
 
     /// Credentials refused (401/403 on any call) pause admission; any answered call (the
     /// control plane authenticated the Worker) lifts the pause.
-    fn observe_authentication(&mut self, outcome: &Outcome) {
-        if let Outcome::Http(HttpFailure::Status {
-            status: status @ (401 | 403),
-            code,
-        }) = outcome
-        {
-            if self.auth_paused.is_none() {
+    fn observe_authentication(&mut self, reply: &Reply) {
+        match reply {
+            Reply::Call(Err(HttpFailure::Status {
+                status: status @ (401 | 403),
+                code,
+            }))
+            | Reply::Upload(Upload::Http(HttpFailure::Status {
+                status: status @ (401 | 403),
+                code,
+            })) if self.auth_paused.is_none() => {
                 let (status, code) = (*status, code.clone());
                 self.auth_paused = Some(status);
                 self.fact(|| Fact::AdmissionPaused { status, code });
             }
-        } else if matches!(outcome, Outcome::Responded(_) | Outcome::Uploaded { .. })
-            && self.auth_paused.take().is_some()
-        {
-            self.fact(|| Fact::AdmissionResumed);
+            Reply::Call(Ok(_)) | Reply::Upload(Upload::Sent { .. })
+                if self.auth_paused.is_some() =>
+            {
+                self.auth_paused = None;
+                self.fact(|| Fact::AdmissionResumed);
+            }
+            _ => {}
         }
     }
 }
@@ -2647,16 +2647,14 @@ impl Running {
     }
 
     /// Feeds the outcome of this operation's outstanding action.
-    pub(crate) fn resume(self, ctx: &Ctx<'_>, outcome: Outcome) -> Step<Self, Finished> {
+    pub(crate) fn resume(self, ctx: &Ctx<'_>, reply: Reply) -> Step<Self, Finished> {
         match self {
-            Self::Session(op) => op
-                .resume(ctx, outcome)
-                .map(Self::Session, Finished::Session),
-            Self::List(purpose) => list_resume(purpose, outcome),
-            Self::Pull(op) => op.resume(ctx, outcome).map(Self::Pull, Finished::Pull),
+            Self::Session(op) => op.resume(ctx, reply).map(Self::Session, Finished::Session),
+            Self::List(purpose) => list_resume(purpose, reply),
+            Self::Pull(op) => op.resume(ctx, reply).map(Self::Pull, Finished::Pull),
             Self::Process(op) => {
                 let id = op.offer_id().clone();
-                op.resume(ctx, outcome)
+                op.resume(ctx, reply)
                     .map(Self::Process, move |result| Finished::Process {
                         offer_id: id,
                         result,
@@ -2664,7 +2662,7 @@ impl Running {
             }
             Self::Supervise(op) => {
                 let id = op.offer_id().clone();
-                op.resume(ctx, outcome)
+                op.resume(ctx, reply)
                     .map(Self::Supervise, move |result| Finished::Supervise {
                         offer_id: id,
                         result,
@@ -2674,18 +2672,15 @@ impl Running {
     }
 }
 
-fn list_resume(purpose: ListPurpose, outcome: Outcome) -> Step<Running, Finished> {
-    match outcome {
-        Outcome::InboxListed {
-            records,
-            next_after,
-        } => Step::Done(Finished::Listed(ListResult {
+fn list_resume(purpose: ListPurpose, reply: Reply) -> Step<Running, Finished> {
+    match reply.listing() {
+        Ok((records, next_after)) => Step::Done(Finished::Listed(ListResult {
             purpose,
             records,
             next_after,
             failed: false,
         })),
-        Outcome::Store(failure) => read_failure(failure, || {
+        Err(failure) => read_failure(failure, || {
             Step::Done(Finished::Listed(ListResult {
                 purpose,
                 records: Vec::new(),
@@ -2693,17 +2688,7 @@ fn list_resume(purpose: ListPurpose, outcome: Outcome) -> Step<Running, Finished
                 failed: true,
             }))
         }),
-        other => unexpected(&other),
     }
-}
-
-/// An outcome of the action's kind that this state does not expect. The Worker refuses an
-/// outcome of another kind before any operation sees it
-/// ([`crate::io::InputError::OutcomeMismatch`]), so this is a core bug: halt rather than guess.
-pub(crate) fn unexpected<S, R>(outcome: &Outcome) -> Step<S, R> {
-    Step::Halt(HaltReason::UnexpectedOutcome {
-        detail: alloc::format!("{outcome:?}"),
-    })
 }
 
 /// The next revision of `stored` in `state`, `updatedAtMs = max(now, stored.updatedAtMs)`, with
@@ -2783,13 +2768,9 @@ pub enum Uncertainty {
     Garbled(WireError),
 }
 
-/// Classifies a JSON call's outcome: the 200 body, or the fault.
-pub(crate) fn response(outcome: Outcome) -> Result<Result<Vec<u8>, CallFault>, Outcome> {
-    match outcome {
-        Outcome::Responded(body) => Ok(Ok(body)),
-        Outcome::Http(failure) => Ok(Err(http_fault(failure))),
-        other => Err(other),
-    }
+/// Classifies a JSON call's reply: the 200 body, or the fault.
+pub(crate) fn response(reply: Reply) -> Result<Vec<u8>, CallFault> {
+    reply.call().map_err(http_fault)
 }
 
 /// Classifies an HTTP failure.

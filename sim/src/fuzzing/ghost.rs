@@ -48,7 +48,6 @@ impl License {
             HaltReason::StoreConflict => self.conflict,
             HaltReason::UnsafeStorage => self.unsafe_storage,
             HaltReason::SessionFenced { .. } | HaltReason::RegisterRejected { .. } => self.session,
-            HaltReason::UnexpectedOutcome { .. } => false,
         }
     }
 }

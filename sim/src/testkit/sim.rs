@@ -279,10 +279,7 @@ impl Sim {
                     Status::Stopped(reason)
                 }
                 Output::Halted(reason) => {
-                    if matches!(
-                        reason,
-                        HaltReason::StoreConflict | HaltReason::UnexpectedOutcome { .. }
-                    ) {
+                    if matches!(reason, HaltReason::StoreConflict) {
                         self.world
                             .violation("worker-error", format!("the Worker halted: {reason}"));
                     }

@@ -33,9 +33,9 @@
 //! * `fail-closed-no-pull`: no Pull starts (its first command, reading the claim) while any
 //!   durable record is `recovery_required` (reference §4.7: fail closed, never pull again).
 //!
-//! The driver adds `worker-error` (the Worker refused an outcome or halted on a conflict or an
-//! unexpected outcome) and `drain-no-pull` (no Pull starts once the Worker is draining), and the
-//! explorer `panic` (a core assertion fired).
+//! The driver adds `worker-error` (the Worker refused an outcome or halted on a conflict) and
+//! `drain-no-pull` (no Pull starts once the Worker is draining), and the explorer `panic` (a
+//! core assertion fired).
 
 use base64::Engine as _;
 use serde_json::Value;
