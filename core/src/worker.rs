@@ -367,6 +367,7 @@ pub(crate) enum Lane {
 }
 
 /// One operation in progress.
+#[cfg_attr(feature = "sim-hooks", derive(Clone))]
 #[derive(Debug)]
 pub(crate) struct Slot {
     /// What it was started for.
@@ -379,6 +380,7 @@ pub(crate) struct Slot {
 }
 
 /// The operation's next action: not yet polled, or sent and awaiting its outcome.
+#[cfg_attr(feature = "sim-hooks", derive(Clone))]
 #[derive(Debug)]
 pub(crate) enum Pending {
     Staged(Action),
@@ -427,26 +429,6 @@ impl Slot {
         let answer = action.answer();
         self.pending = Pending::Outstanding { id, answer, write };
         Some(action)
-    }
-
-    /// A copy for the model checker (`sim-hooks`): a staged action too (the explorer's driver
-    /// may stop polling with commands staged, its window of outstanding commands full).
-    #[cfg(feature = "sim-hooks")]
-    fn fork(&self) -> Self {
-        let pending = match &self.pending {
-            Pending::Staged(action) => Pending::Staged(action.clone()),
-            Pending::Outstanding { id, answer, write } => Pending::Outstanding {
-                id: *id,
-                answer: *answer,
-                write: write.clone(),
-            },
-        };
-        Self {
-            work: self.work.clone(),
-            call_sent: self.call_sent,
-            op: self.op.clone(),
-            pending,
-        }
     }
 
     /// A canonical rendering (model checking): the operation and whether its action is sent,
@@ -702,7 +684,9 @@ pub(crate) fn is_active(state: State) -> bool {
     !state.is_terminal()
 }
 
-/// The in-memory Worker. See the module documentation for the driving contract.
+/// The in-memory Worker. See the module documentation for the driving contract. `Clone` exists
+/// only for [`Worker::fork`] (`sim-hooks` feature).
+#[cfg_attr(feature = "sim-hooks", derive(Clone))]
 #[derive(Debug)]
 pub struct Worker {
     pub(crate) config: WorkerConfig,
@@ -1020,55 +1004,13 @@ impl Worker {
 
     /// A copy of this Worker, for the model checker, which branches one Worker into every
     /// possible outcome of its outstanding command. Only with the `sim-hooks` feature (not for
-    /// production): a fork duplicates the in-memory completion capability of a launch in flight.
-    ///
-    /// # Panics
-    /// When an action is staged, i.e. between `handle` and `poll_output` (fork after polling).
+    /// production): a fork duplicates the in-memory completion capability of a launch in flight,
+    /// and a staged action too (the explorer's driver may stop polling with commands staged, its
+    /// window of outstanding commands full).
     #[cfg(feature = "sim-hooks")]
     #[must_use]
     pub fn fork(&self) -> Self {
-        let lanes = self
-            .lanes
-            .iter()
-            .map(|(lane, slot)| (lane.clone(), slot.fork()))
-            .collect();
-        Self {
-            config: self.config.clone(),
-            now: self.now,
-            mono: self.mono,
-            next_op: self.next_op,
-            stage: self.stage.clone(),
-            session: self.session.clone(),
-            known: self.known.clone(),
-            fail_closed: self.fail_closed.clone(),
-            drain: self.drain,
-            queue: self.queue.clone(),
-            lanes,
-            claim_backoff_served: self.claim_backoff_served,
-            supervision_cursor: self.supervision_cursor.clone(),
-            reconcile_cursor: self.reconcile_cursor.clone(),
-            transition_offline_queued: self.transition_offline_queued,
-            evidence: self.evidence.clone(),
-            pre_barrier_expiry: self.pre_barrier_expiry.clone(),
-            pending_cleanup: self.pending_cleanup.clone(),
-            last_renewal: self.last_renewal.clone(),
-            timers: self.timers.clone(),
-            leases: self.leases.clone(),
-            lease_may_hold: self.lease_may_hold.clone(),
-            claim_pending: self.claim_pending,
-            retiring: self.retiring,
-            inbox: self.inbox,
-            reported_slots: self.reported_slots,
-            reporting_slots: self.reporting_slots,
-            facts: self.facts.clone(),
-            auth_paused: self.auth_paused,
-            rejoin: self.rejoin,
-            fences: self.fences,
-            session_uncertain: self.session_uncertain,
-            register_failures: self.register_failures,
-            drain_stopped: self.drain_stopped.clone(),
-            notices: self.notices.clone(),
-        }
+        self.clone()
     }
 
     /// The Worker's clock readings as it holds them (the last wall-clock reading, the highest
