@@ -432,6 +432,7 @@ fn checkers_can_fail() {
             "INVARIANT at-most-once-attempt",
         ),
         (Lie::WorkerSpawnsRunTwice, "INVARIANT at-most-once-run"),
+        (Lie::WorkerSpawnsDriftedPlan, "INVARIANT spawn-barrier"),
         (Lie::WorkerWrongRecovery, "INVARIANT recovery-licensed"),
         (Lie::SpawnedButRejected, "INVARIANT start-failure-proof"),
         (Lie::UploadNotStored, "INVARIANT upload-first"),

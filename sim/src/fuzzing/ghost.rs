@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use ql_worker_core::barrier::Barrier;
 use ql_worker_core::ids::{AttemptId, OfferId, RunId, Sha256Digest};
 use ql_worker_core::io::LaunchPlan;
 use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
@@ -160,23 +161,11 @@ impl Ghost {
         let Some(record) = stored else {
             panic!("INVARIANT spawn-barrier: spawn for {offer} without a durable record");
         };
-        assert_eq!(
-            record.state,
-            State::Launching,
-            "INVARIANT spawn-barrier: spawn for {offer} while the durable record is {}",
-            record.state
-        );
-        let digest = plan.capability.digest();
-        let barrier_matches = record.executor_started_at_ms == Some(plan.executor_started_at)
-            && record.log_artifact_id.as_ref() == Some(&plan.log_artifact_id)
-            && record.completion_receipt_callback_sequence == Some(plan.callback_sequence)
-            && record.completion_receipt_token_digest == Some(digest)
-            && record.offer.candidate.run_id == plan.run_id
-            && record.offer.candidate.attempt_id == plan.attempt_id;
-        assert!(
-            barrier_matches,
-            "INVARIANT spawn-barrier: the plan for {offer} differs from the durable barrier"
-        );
+        if let Err(field) = Barrier::of(plan).check(record) {
+            panic!(
+                "INVARIANT spawn-barrier: spawn for {offer} against a durable record that differs: {field}"
+            );
+        }
         assert!(
             !self.drain_requested,
             "INVARIANT drain: a spawn after the drain was requested"

@@ -114,6 +114,9 @@ pub enum Lie {
     /// The Worker's side lies: next to every spawn, a forged spawn of the same Run with another
     /// Attempt id the control plane never made.
     WorkerSpawnsRunTwice,
+    /// The Worker's side lies: every spawn plan's start time is one millisecond off the durable
+    /// barrier's.
+    WorkerSpawnsDriftedPlan,
     /// The Worker's side lies: every `recovery_required` record is written with
     /// `control_plane_already_running` (or, when that is the true reason,
     /// `control_plane_terminal`) instead of the reason the Worker chose.

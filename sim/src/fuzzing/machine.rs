@@ -537,6 +537,11 @@ impl Sim<'_> {
                 RecoveryReason::ControlPlaneAlreadyRunning
             };
         }
+        if self.host.lie == Some(super::host::Lie::WorkerSpawnsDriftedPlan)
+            && let ql_worker_core::io::Action::Spawn(plan) = &mut command.action
+        {
+            plan.executor_started_at = plan.executor_started_at.saturating_add(1);
+        }
         self.count(&command);
         if let ql_worker_core::io::Action::Spawn(plan) = &command.action {
             self.forge_spawn(plan);

@@ -8,11 +8,12 @@
 
 use std::fmt;
 
+use ql_worker_core::barrier::Barrier;
 use ql_worker_core::claim::PendingClaim;
 use ql_worker_core::envelope;
 use ql_worker_core::ids::{
-    AttemptId, CallbackSequence, ExecutorHandle, LogArtifactId, OfferId, Revision, RunId,
-    SessionId, Sha256Digest,
+    AttemptId, CallbackSequence, CapabilityDigest, ExecutorHandle, LogArtifactId, OfferId,
+    Revision, RunId, SessionId, Sha256Digest,
 };
 use ql_worker_core::io::Action;
 use ql_worker_core::record::InboxRecord;
@@ -64,6 +65,21 @@ impl SpawnPlan {
     #[must_use]
     pub fn digest(&self) -> Sha256Digest {
         Sha256Digest::of(&self.capability)
+    }
+
+    /// What the durable `launching` record must hold for this plan to spawn (core's one rule,
+    /// [`Barrier::check`], which the real supervisor runs too).
+    #[must_use]
+    pub fn barrier(&self) -> Barrier<'_> {
+        Barrier {
+            offer_id: &self.offer_id,
+            run_id: &self.run_id,
+            attempt_id: &self.attempt_id,
+            callback_sequence: self.callback_sequence,
+            token_digest: CapabilityDigest::new(self.digest()),
+            log_artifact_id: &self.log_artifact_id,
+            executor_started_at: self.executor_started_at,
+        }
     }
 }
 

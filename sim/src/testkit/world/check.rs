@@ -6,7 +6,8 @@
 //!   after it declared every earlier spawned Attempt of the Run lost (its decision, not a
 //!   Worker double execution), and never of an Attempt it already declared lost.
 //! * `spawn-barrier`: a spawn only while the durable record is `launching` with exactly the
-//!   plan's offer, Run, Attempt, start time, log id, callback sequence and capability digest.
+//!   plan's offer, Run, Attempt, start time, log id, callback sequence and capability digest
+//!   (core's `Barrier::check`, the rule the real supervisor runs).
 //! * `fail-start-proof`: `start-failure` only when no spawn was issued for the offer, or the
 //!   spawn was answered `Rejected` (and no process of the offer exists).
 //! * `running-ack-after-started`: the running ACK only while `started` (with the same handle)
@@ -203,24 +204,15 @@ impl World {
             self.violation("single-spawn", format!("spawn #{} of {name}", earlier + 1));
         }
         self.check_once_per_run(plan, &name);
-        let matches = self.disk.record(&plan.offer_id).map(|r| {
-            (
-                r.state,
-                r.state == State::Launching
-                    && r.offer.candidate.run_id == plan.run_id
-                    && r.offer.candidate.attempt_id == plan.attempt_id
-                    && r.executor_started_at_ms == Some(plan.executor_started_at)
-                    && r.log_artifact_id.as_ref() == Some(&plan.log_artifact_id)
-                    && r.completion_receipt_callback_sequence == Some(plan.callback_sequence)
-                    && r.completion_receipt_token_digest.map(|d| *d.expose())
-                        == Some(plan.digest()),
-            )
-        });
-        match matches {
-            Some((_, true)) => {}
-            Some((state, false)) => self.violation(
+        match self
+            .disk
+            .record(&plan.offer_id)
+            .map(|r| plan.barrier().check(r))
+        {
+            Some(Ok(())) => {}
+            Some(Err(field)) => self.violation(
                 "spawn-barrier",
-                format!("spawn of {name} while the durable record is {state} or differs"),
+                format!("spawn of {name} against a durable record that differs: {field}"),
             ),
             None => self.violation("spawn-barrier", format!("spawn of {name} without a record")),
         }

@@ -13,7 +13,6 @@ use ql_worker_core::ids::{
 };
 use ql_worker_core::io::{Liveness, Outcome, SpawnOutcome, StopOutcome};
 use ql_worker_core::receipt::{RECEIPT_SCHEMA_VERSION, Receipt, ReceiptToken};
-use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
 
 /// What a process leaves behind when it exits.
@@ -111,15 +110,9 @@ impl World {
     /// The barrier check the real supervisor runs before spawning: the durable record is
     /// `launching` and matches the plan exactly.
     fn barrier_holds(&self, plan: &SpawnPlan) -> bool {
-        self.disk.record(&plan.offer_id).is_some_and(|r| {
-            r.state == State::Launching
-                && r.offer.candidate.run_id == plan.run_id
-                && r.offer.candidate.attempt_id == plan.attempt_id
-                && r.executor_started_at_ms == Some(plan.executor_started_at)
-                && r.log_artifact_id.as_ref() == Some(&plan.log_artifact_id)
-                && r.completion_receipt_callback_sequence == Some(plan.callback_sequence)
-                && r.completion_receipt_token_digest.map(|d| *d.expose()) == Some(plan.digest())
-        })
+        self.disk
+            .record(&plan.offer_id)
+            .is_some_and(|r| plan.barrier().check(r).is_ok())
     }
 
     pub(super) fn spawn(&mut self, plan: &SpawnPlan, answer: Answer) -> Outcome {
