@@ -3,34 +3,11 @@
 //!
 //! Run: `cargo test -p ql-worker-core --release --test model_check_finish_path -- --nocapture`.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-
 use ql_worker_core::record::State;
-use ql_worker_sim::testkit::explore::{Guard, Model, Report, concurrency, explore, finish_path};
+use ql_worker_sim::testkit::explore::{
+    CatchPanics, Model, Report, concurrency, explore, finish_path,
+};
 use ql_worker_sim::testkit::world::Mutation;
-
-/// Turns a panic of the core (a broken pair assertion, an `unreachable!`) into a violation.
-struct CatchPanics;
-
-impl Guard for CatchPanics {
-    fn run(&self, f: &mut dyn FnMut()) -> Result<(), String> {
-        catch_unwind(AssertUnwindSafe(f)).map_err(|e| {
-            e.downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_string()))
-                .unwrap_or_default()
-        })
-    }
-}
-
-fn print_found(report: &Report) {
-    for found in &report.found {
-        println!("violation {}: {}", found.invariant, found.detail);
-        for step in &found.trace {
-            println!("    {step}");
-        }
-    }
-}
 
 #[test]
 fn model_check_finish_path() {
@@ -42,7 +19,7 @@ fn model_check_finish_path() {
     }
     let report = explore(&model, &CatchPanics);
     report_line(&report.line(&model));
-    print_found(&report);
+    report.print_found();
     assert_eq!(report.violations, 0, "the finish path broke an invariant");
     assert!(!report.truncated, "the state cap cut the exploration short");
     assert!(
@@ -78,7 +55,7 @@ fn model_check_concurrency() {
     }
     let report = explore(&model, &CatchPanics);
     report_line(&report.line(&model));
-    print_found(&report);
+    report.print_found();
     assert_eq!(
         report.violations, 0,
         "concurrent outcomes broke an invariant"
@@ -117,7 +94,7 @@ fn mutated(mutation: Mutation) -> Report {
 #[test]
 fn model_check_finish_path_catches_a_host_that_drops_the_acknowledgement() {
     let report = mutated(Mutation::DropWrites(State::CompletionAcknowledged));
-    print_found(&report);
+    report.print_found();
     let found = report
         .found
         .iter()
@@ -136,7 +113,7 @@ fn model_check_finish_path_catches_a_host_that_drops_the_acknowledgement() {
 #[test]
 fn model_check_finish_path_catches_a_host_that_drops_the_new_lease() {
     let report = mutated(Mutation::DropLeaseWrites);
-    print_found(&report);
+    report.print_found();
     assert!(
         report
             .found

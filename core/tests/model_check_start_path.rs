@@ -4,34 +4,11 @@
 //!
 //! Run: `cargo test -p ql-worker-core --release --test model_check_start_path -- --nocapture`.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-
 use ql_worker_core::record::State;
-use ql_worker_sim::testkit::explore::{Guard, Model, Report, explore, redelivery, start_path};
+use ql_worker_sim::testkit::explore::{
+    CatchPanics, Model, Report, explore, redelivery, start_path,
+};
 use ql_worker_sim::testkit::world::Mutation;
-
-/// Turns a panic of the core (a broken pair assertion, an `unreachable!`) into a violation.
-struct CatchPanics;
-
-impl Guard for CatchPanics {
-    fn run(&self, f: &mut dyn FnMut()) -> Result<(), String> {
-        catch_unwind(AssertUnwindSafe(f)).map_err(|e| {
-            e.downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_string()))
-                .unwrap_or_default()
-        })
-    }
-}
-
-fn print_found(report: &Report) {
-    for found in &report.found {
-        println!("violation {}: {}", found.invariant, found.detail);
-        for step in &found.trace {
-            println!("    {step}");
-        }
-    }
-}
 
 #[test]
 fn model_check_start_path() {
@@ -43,7 +20,7 @@ fn model_check_start_path() {
     }
     let report = explore(&model, &CatchPanics);
     report_line(&report.line(&model));
-    print_found(&report);
+    report.print_found();
     assert_eq!(report.violations, 0, "the start path broke an invariant");
     assert!(!report.truncated, "the state cap cut the exploration short");
     assert!(
@@ -84,7 +61,7 @@ fn model_check_redelivery() {
     }
     let report = explore(&model, &CatchPanics);
     report_line(&report.line(&model));
-    print_found(&report);
+    report.print_found();
     assert_eq!(report.violations, 0, "re-delivery broke an invariant");
     assert!(!report.truncated, "the state cap cut the exploration short");
     for key in [
@@ -116,7 +93,7 @@ fn mutated(mutation: Mutation) -> Report {
 #[test]
 fn model_check_start_path_catches_a_host_that_drops_the_launching_barrier() {
     let report = mutated(Mutation::DropWrites(State::Launching));
-    print_found(&report);
+    report.print_found();
     assert!(report.violations > 0);
     let found = report
         .found
@@ -129,7 +106,7 @@ fn model_check_start_path_catches_a_host_that_drops_the_launching_barrier() {
 #[test]
 fn model_check_start_path_catches_a_host_that_drops_the_started_record() {
     let report = mutated(Mutation::DropWrites(State::Started));
-    print_found(&report);
+    report.print_found();
     assert!(
         report
             .found

@@ -162,6 +162,16 @@ pub struct Report {
 }
 
 impl Report {
+    /// Prints every violation found, with its trace.
+    pub fn print_found(&self) {
+        for found in &self.found {
+            println!("violation {}: {}", found.invariant, found.detail);
+            for step in &found.trace {
+                println!("    {step}");
+            }
+        }
+    }
+
     /// The one result line of a model check: distinct states, histories, transitions, the
     /// bounds explored, whether the exploration completed within them, and the violations.
     #[must_use]
@@ -206,6 +216,22 @@ impl Guard for Unguarded {
     fn run(&self, f: &mut dyn FnMut()) -> Result<(), String> {
         f();
         Ok(())
+    }
+}
+
+/// A guard that turns a panic of the core (a broken pair assertion, an `unreachable!`, an
+/// `invariant:` expect) into a violation.
+#[derive(Clone, Copy, Debug)]
+pub struct CatchPanics;
+
+impl Guard for CatchPanics {
+    fn run(&self, f: &mut dyn FnMut()) -> Result<(), String> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|e| {
+            e.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_string()))
+                .unwrap_or_default()
+        })
     }
 }
 
