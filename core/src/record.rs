@@ -479,9 +479,10 @@ pub const fn edge_allowed(from: State, to: State) -> bool {
 }
 
 /// A rejected update. Blame: the caller (stale or illegal proposal) — nothing was written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TransitionError {
     /// The stored revision is not the one the caller expected (a concurrent or stale writer).
+    #[error("stale revision: expected {expected}, stored {found}")]
     StaleRevision {
         /// What the caller expected.
         expected: Revision,
@@ -489,6 +490,7 @@ pub enum TransitionError {
         found: Revision,
     },
     /// The proposed revision is not `expected + 1`.
+    #[error(fmt = revision_not_next)]
     RevisionNotNext {
         /// `expected + 1` (or `None` when `expected` is the maximum).
         required: Option<Revision>,
@@ -496,17 +498,22 @@ pub enum TransitionError {
         proposed: Revision,
     },
     /// The proposed record is invalid by itself.
+    #[error("proposed record is invalid: {0}")]
     InvalidProposed(RecordError),
     /// The stored record is invalid by itself (a corrupt authority; fail closed).
+    #[error("stored record is invalid: {0}")]
     InvalidStored(RecordError),
     /// An offer authority field changed.
+    #[error("offer authority must not change: {field} differs")]
     AuthorityChanged {
         /// The first field that differs, by wire name.
         field: &'static str,
     },
     /// `acceptedAtMs` changed.
+    #[error("acceptedAtMs must never change")]
     AcceptedAtChanged,
     /// `updatedAtMs` went backwards.
+    #[error("updatedAtMs must not decrease: stored {stored}, proposed {proposed}")]
     UpdatedAtRegressed {
         /// Stored value.
         stored: UnixMillis,
@@ -514,6 +521,7 @@ pub enum TransitionError {
         proposed: UnixMillis,
     },
     /// The lease version went backwards.
+    #[error("lease version must not decrease: stored {stored}, proposed {proposed}")]
     LeaseVersionRegressed {
         /// Stored version.
         stored: u64,
@@ -521,8 +529,10 @@ pub enum TransitionError {
         proposed: u64,
     },
     /// The lease changed without a version change.
+    #[error("the lease must be identical while its version is unchanged")]
     LeaseChangedAtSameVersion,
     /// `from → to` is not an edge of the table.
+    #[error("illegal transition {from} -> {to}")]
     IllegalEdge {
         /// Stored state.
         from: State,
@@ -530,63 +540,28 @@ pub enum TransitionError {
         to: State,
     },
     /// A write-once field changed or disappeared.
+    #[error("write-once field {} must keep its value", .field.as_str())]
     WriteOnceChanged {
         /// The field.
         field: OptionalField,
     },
 }
 
-impl fmt::Display for TransitionError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::StaleRevision { expected, found } => {
-                write!(f, "stale revision: expected {expected}, stored {found}")
-            }
-            Self::RevisionNotNext {
-                required: Some(r),
-                proposed,
-            } => {
-                write!(f, "proposed revision {proposed} must be {r}")
-            }
-            Self::RevisionNotNext {
-                required: None,
-                proposed,
-            } => {
-                write!(
-                    f,
-                    "proposed revision {proposed}: the revision space is exhausted"
-                )
-            }
-            Self::InvalidProposed(e) => write!(f, "proposed record is invalid: {e}"),
-            Self::InvalidStored(e) => write!(f, "stored record is invalid: {e}"),
-            Self::AuthorityChanged { field } => {
-                write!(f, "offer authority must not change: {field} differs")
-            }
-            Self::AcceptedAtChanged => f.write_str("acceptedAtMs must never change"),
-            Self::UpdatedAtRegressed { stored, proposed } => {
-                write!(
-                    f,
-                    "updatedAtMs must not decrease: stored {stored}, proposed {proposed}"
-                )
-            }
-            Self::LeaseVersionRegressed { stored, proposed } => {
-                write!(
-                    f,
-                    "lease version must not decrease: stored {stored}, proposed {proposed}"
-                )
-            }
-            Self::LeaseChangedAtSameVersion => {
-                f.write_str("the lease must be identical while its version is unchanged")
-            }
-            Self::IllegalEdge { from, to } => write!(f, "illegal transition {from} -> {to}"),
-            Self::WriteOnceChanged { field } => {
-                write!(f, "write-once field {} must keep its value", field.as_str())
-            }
-        }
+/// The message of [`TransitionError::RevisionNotNext`], whose `required` is `None` once the
+/// revision space is exhausted.
+fn revision_not_next(
+    required: &Option<Revision>,
+    proposed: &Revision,
+    f: &mut fmt::Formatter<'_>,
+) -> fmt::Result {
+    match required {
+        Some(r) => write!(f, "proposed revision {proposed} must be {r}"),
+        None => write!(
+            f,
+            "proposed revision {proposed}: the revision space is exhausted"
+        ),
     }
 }
-
-impl core::error::Error for TransitionError {}
 
 /// Checks one durable update of an inbox record (reference §3.6, SPEC §4):
 /// 1. CAS: `stored.revision == expected` and `proposed.revision == expected + 1`;

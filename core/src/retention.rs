@@ -135,9 +135,10 @@ pub const fn may_remove_in(state: State) -> bool {
 
 /// Why the journal must not carry out one removal of a [`Plan`], checked on the record it reads
 /// under the owner lock just before removing it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RemovalRefused {
     /// The record changed since the plan was made (a revision CAS, as for every update).
+    #[error("stale revision: expected {expected}, stored {found}")]
     StaleRevision {
         /// The revision the plan saw.
         expected: Revision,
@@ -145,21 +146,9 @@ pub enum RemovalRefused {
         found: Revision,
     },
     /// The record is not settled: retention never removes a live record.
+    #[error("state {0} is not settled")]
     NotSettled(State),
 }
-
-impl core::fmt::Display for RemovalRefused {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            Self::StaleRevision { expected, found } => {
-                write!(f, "stale revision: expected {expected}, stored {found}")
-            }
-            Self::NotSettled(state) => write!(f, "state {state} is not settled"),
-        }
-    }
-}
-
-impl core::error::Error for RemovalRefused {}
 
 /// The re-check of one planned removal against the record stored now (`stored`), at the
 /// revision the plan saw (`expected`).
@@ -303,10 +292,11 @@ pub fn due(
 }
 
 /// Why a record may not be archived.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ArchiveRefusal {
     /// Only `recovery_required` records, or dormant ones (before the spawn barrier with the
     /// lease expired: nothing ran and nothing can start), may be archived.
+    #[error("the record is {0}: {rule}", rule = Self::RULE)]
     NotReviewable(State),
 }
 
@@ -315,14 +305,6 @@ impl ArchiveRefusal {
     pub const RULE: &'static str = "only a recovery_required record or a dormant one (accepted, \
         starting_acknowledged or start_failed with its lease expired) can be archived; settled \
         records are removed by retention";
-}
-
-impl core::fmt::Display for ArchiveRefusal {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            Self::NotReviewable(state) => write!(f, "the record is {state}: {}", Self::RULE),
-        }
-    }
 }
 
 /// The operator's archive rule (`ql-worker recover --archive`): a `recovery_required` record,

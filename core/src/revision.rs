@@ -57,9 +57,10 @@ pub const MAX_SECRET_REF_BYTES: usize = 512;
 
 /// A revision that breaks a normalization rule, or whose digest does not match its content.
 /// Blame: the control plane (or a corrupted record). Never carries values.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RevisionError {
     /// A field breaks its rule.
+    #[error("execution revision field {field} must be {rule}")]
     Field {
         /// The field path, as named on the wire.
         field: &'static str,
@@ -67,6 +68,7 @@ pub enum RevisionError {
         rule: &'static str,
     },
     /// A name or key cannot be ordered like JavaScript `localeCompare` (unsupported character).
+    #[error("execution revision field {field}: {error}")]
     Collation {
         /// The field path.
         field: &'static str,
@@ -74,40 +76,18 @@ pub enum RevisionError {
         error: CollationError,
     },
     /// A stored (already normalized) revision is not in normalized form.
+    #[error("execution revision field {field} is not in normalized form")]
     NotNormalized {
         /// The first field that differs from its normalized form.
         field: &'static str,
     },
     /// `contentDigest` does not match the digest of the normalized content.
+    #[error("execution revision contentDigest does not match its content")]
     DigestMismatch,
     /// The JSON text is malformed or has the wrong shape.
+    #[error("execution revision JSON rejected: {0}")]
     Json(JsonError),
 }
-
-impl fmt::Display for RevisionError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Field { field, rule } => {
-                write!(f, "execution revision field {field} must be {rule}")
-            }
-            Self::Collation { field, error } => {
-                write!(f, "execution revision field {field}: {error}")
-            }
-            Self::NotNormalized { field } => {
-                write!(
-                    f,
-                    "execution revision field {field} is not in normalized form"
-                )
-            }
-            Self::DigestMismatch => {
-                f.write_str("execution revision contentDigest does not match its content")
-            }
-            Self::Json(error) => write!(f, "execution revision JSON rejected: {error}"),
-        }
-    }
-}
-
-impl core::error::Error for RevisionError {}
 
 fn field(field: &'static str, rule: &'static str) -> RevisionError {
     RevisionError::Field { field, rule }

@@ -1,7 +1,8 @@
 //! Every message of the core's derived (`thiserror`) error types, pinned word for word: operators
 //! read them in logs and `ql-worker` output, so a change of wording is a change of interface.
 //! The expected texts are what the hand-written `Display` impls printed before the derive
-//! replaced them (commit e5c0bc8).
+//! replaced them (commit e5c0bc8; for `RevisionError`, `TransitionError`, `RemovalRefused`,
+//! `ArchiveRefusal` and `JsonError`, commit 307ad23).
 
 use ql_worker_core::claim::ClaimError;
 use ql_worker_core::envelope::{ContentError, EnvelopeError, Kind};
@@ -11,8 +12,10 @@ use ql_worker_core::js::{CollationError, NotWtf8};
 use ql_worker_core::listing::LimitError;
 use ql_worker_core::offer::OfferError;
 use ql_worker_core::receipt::{ReceiptError, ReceiptShapeError};
-use ql_worker_core::record::{OptionalField, Presence, RecordError, State};
+use ql_worker_core::record::{OptionalField, Presence, RecordError, State, TransitionError};
+use ql_worker_core::retention::{ArchiveRefusal, RemovalRefused};
 use ql_worker_core::revision::RevisionError;
+use ql_worker_core::time::UnixMillis;
 use ql_worker_core::truncation::FactError;
 use ql_worker_core::wire::auth::AuthError;
 use ql_worker_core::wire::offer::{AdmissionError, AdmitOrWireError};
@@ -363,6 +366,162 @@ fn every_derived_error_message_is_unchanged() {
             }
             .to_string(),
             "completion request exceeds its 16384 byte cap",
+        ),
+        (
+            RevisionError::Field {
+                field: "env[0].name",
+                rule: "an environment name",
+            }
+            .to_string(),
+            "execution revision field env[0].name must be an environment name",
+        ),
+        (
+            RevisionError::Collation {
+                field: "labels",
+                error: CollationError { character: 'é' },
+            }
+            .to_string(),
+            "execution revision field labels: cannot order 'é' like JavaScript localeCompare: \
+             only [A-Za-z0-9._/+-] is supported",
+        ),
+        (
+            RevisionError::NotNormalized { field: "env" }.to_string(),
+            "execution revision field env is not in normalized form",
+        ),
+        (
+            RevisionError::DigestMismatch.to_string(),
+            "execution revision contentDigest does not match its content",
+        ),
+        (
+            RevisionError::Json(json_error()).to_string(),
+            "execution revision JSON rejected: shape error at line 1 column 7: missing field",
+        ),
+        (
+            TransitionError::StaleRevision {
+                expected: Revision::new(3).unwrap(),
+                found: Revision::new(4).unwrap(),
+            }
+            .to_string(),
+            "stale revision: expected 3, stored 4",
+        ),
+        (
+            TransitionError::RevisionNotNext {
+                required: Some(Revision::new(4).unwrap()),
+                proposed: Revision::new(6).unwrap(),
+            }
+            .to_string(),
+            "proposed revision 6 must be 4",
+        ),
+        (
+            TransitionError::RevisionNotNext {
+                required: None,
+                proposed: Revision::new(7).unwrap(),
+            }
+            .to_string(),
+            "proposed revision 7: the revision space is exhausted",
+        ),
+        (
+            TransitionError::InvalidProposed(RecordError::UpdatedBeforeAccepted).to_string(),
+            "proposed record is invalid: record updatedAtMs is before acceptedAtMs",
+        ),
+        (
+            TransitionError::InvalidStored(RecordError::SchemaVersion { found: 2 }).to_string(),
+            "stored record is invalid: record schemaVersion must be 1, found 2",
+        ),
+        (
+            TransitionError::AuthorityChanged { field: "runId" }.to_string(),
+            "offer authority must not change: runId differs",
+        ),
+        (
+            TransitionError::AcceptedAtChanged.to_string(),
+            "acceptedAtMs must never change",
+        ),
+        (
+            TransitionError::UpdatedAtRegressed {
+                stored: UnixMillis::new(20).unwrap(),
+                proposed: UnixMillis::new(10).unwrap(),
+            }
+            .to_string(),
+            "updatedAtMs must not decrease: stored 20, proposed 10",
+        ),
+        (
+            TransitionError::LeaseVersionRegressed {
+                stored: 5,
+                proposed: 4,
+            }
+            .to_string(),
+            "lease version must not decrease: stored 5, proposed 4",
+        ),
+        (
+            TransitionError::LeaseChangedAtSameVersion.to_string(),
+            "the lease must be identical while its version is unchanged",
+        ),
+        (
+            TransitionError::IllegalEdge {
+                from: State::CompletionAcknowledged,
+                to: State::Started,
+            }
+            .to_string(),
+            "illegal transition completion_acknowledged -> started",
+        ),
+        (
+            TransitionError::WriteOnceChanged {
+                field: OptionalField::CompletionReceipt,
+            }
+            .to_string(),
+            "write-once field completionReceiptCallbackSequence/TokenDigest must keep its value",
+        ),
+        (
+            RemovalRefused::StaleRevision {
+                expected: Revision::new(3).unwrap(),
+                found: Revision::new(4).unwrap(),
+            }
+            .to_string(),
+            "stale revision: expected 3, stored 4",
+        ),
+        (
+            RemovalRefused::NotSettled(State::Started).to_string(),
+            "state started is not settled",
+        ),
+        (
+            ArchiveRefusal::NotReviewable(State::Launching).to_string(),
+            "the record is launching: only a recovery_required record or a dormant one \
+             (accepted, starting_acknowledged or start_failed with its lease expired) can be \
+             archived; settled records are removed by retention",
+        ),
+        (
+            JsonError {
+                line: 2,
+                column: 1,
+                category: JsonCategory::Syntax,
+                detail: "expected value".into(),
+            }
+            .to_string(),
+            "syntax error at line 2 column 1: expected value",
+        ),
+        (
+            json_error().to_string(),
+            "shape error at line 1 column 7: missing field",
+        ),
+        (
+            JsonError {
+                line: 1,
+                column: 3,
+                category: JsonCategory::Eof,
+                detail: "EOF while parsing an object".into(),
+            }
+            .to_string(),
+            "truncated error at line 1 column 3: EOF while parsing an object",
+        ),
+        (
+            JsonError {
+                line: 1,
+                column: 1,
+                category: JsonCategory::Io,
+                detail: String::new(),
+            }
+            .to_string(),
+            "io error at line 1 column 1: ",
         ),
     ];
     let differences: Vec<String> = cases

@@ -20,7 +20,6 @@
 
 use alloc::string::String;
 use alloc::vec::Vec;
-use core::fmt;
 
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
@@ -53,7 +52,13 @@ pub(crate) const MIN_RESPONSE_BYTES: usize = 2;
 /// A JSON text the serde layer refused (syntax, type, unknown/missing/duplicate key), with the
 /// position. `detail` is serde's message cut before the first quoted string literal (and reduced
 /// to "unknown variant" for enum values), so a value is never echoed; key names may appear.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{} error at line {line} column {column}: {detail}", match .category {
+    JsonCategory::Syntax => "syntax",
+    JsonCategory::Data => "shape",
+    JsonCategory::Eof => "truncated",
+    JsonCategory::Io => "io",
+})]
 pub struct JsonError {
     /// 1-based line.
     pub line: usize,
@@ -128,22 +133,6 @@ impl JsonError {
             category: JsonCategory::Syntax,
             detail: String::from("invalid UTF-8"),
         })
-    }
-}
-
-impl fmt::Display for JsonError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let category = match self.category {
-            JsonCategory::Syntax => "syntax",
-            JsonCategory::Data => "shape",
-            JsonCategory::Eof => "truncated",
-            JsonCategory::Io => "io",
-        };
-        write!(
-            f,
-            "{category} error at line {} column {}: {}",
-            self.line, self.column, self.detail
-        )
     }
 }
 
