@@ -1,7 +1,7 @@
 //! CONVENTIONS C5: the core is deterministic.
 //!
 //! 1. The same inputs twice give byte-identical command streams: every command's canonical
-//!    rendering ([`Act::canonical`]: records and claims as their exact envelope bytes, request
+//!    rendering ([`act::canonical`]: records and claims as their exact envelope bytes, request
 //!    bodies verbatim, the launch plan field by field) is compared byte for byte — for one rich
 //!    scripted Run and for random drives (proptest).
 //! 2. Different entropy changes only the entropy-derived fields: the offer id (and the log id
@@ -15,9 +15,10 @@ use proptest::prelude::*;
 use ql_worker_core::capability::Capability;
 use ql_worker_core::envelope;
 use ql_worker_core::ids::{CapabilityDigest, LeaseToken, LogArtifactId, OfferId, Sha256Digest};
+use ql_worker_core::io::Action;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
-use ql_worker_sim::testkit::act::Act;
+use ql_worker_sim::testkit::act;
 use ql_worker_sim::testkit::explore::model_config;
 use ql_worker_sim::testkit::sim::{On, Sim, Status};
 use ql_worker_sim::testkit::world::{Answer, Event, Menu, OfferTemplate, ReceiptKind, World};
@@ -50,7 +51,7 @@ fn rich_run(seed: u64) -> Sim {
 }
 
 fn stream(sim: &Sim) -> Vec<Vec<u8>> {
-    sim.stream.iter().flatten().map(Act::canonical).collect()
+    sim.stream.iter().flatten().map(act::canonical).collect()
 }
 
 #[test]
@@ -130,14 +131,14 @@ impl Masks {
         text.into_bytes()
     }
 
-    fn act(&mut self, act: &Act) -> Vec<u8> {
-        let mut act = act.clone();
-        match &mut act {
-            Act::ListInbox { after, .. } => *after = after.as_ref().map(|a| self.offer(a)),
-            Act::ReadRecord { offer_id } | Act::ClearClaim { offer_id, .. } => {
+    fn action(&mut self, action: &Action) -> Vec<u8> {
+        let mut action = action.clone();
+        match &mut action {
+            Action::ListInbox { after, .. } => *after = after.as_ref().map(|a| self.offer(a)),
+            Action::ReadRecord { offer_id } | Action::ClearClaim { offer_id, .. } => {
                 *offer_id = self.offer(offer_id);
             }
-            Act::PersistRecord { record, .. } => {
+            Action::PersistRecord { record, .. } => {
                 let offer = &mut record.offer;
                 offer.offer_id = self.offer(&offer.offer_id);
                 offer.lease_token = self.token(&offer.lease_token);
@@ -148,68 +149,72 @@ impl Masks {
                     .as_ref()
                     .map(|d| self.digest(d));
             }
-            Act::PersistClaim { claim, .. } => {
+            Action::PersistClaim { claim, .. } => {
                 claim.offer_id = self.offer(&claim.offer_id);
                 claim.lease_token = self.token(&claim.lease_token);
                 // The backoff time is drawn from entropy (full jitter).
                 claim.next_attempt_at_ms = claim.updated_at_ms;
             }
-            Act::AllocateLog { log_artifact_id }
-            | Act::InspectLog { log_artifact_id }
-            | Act::InspectSupervision {
+            Action::AllocateLog { log_artifact_id }
+            | Action::InspectLog { log_artifact_id }
+            | Action::InspectSupervision {
                 log_artifact_id, ..
             } => {
                 *log_artifact_id = self.log(log_artifact_id);
             }
-            Act::Post { body, .. } => *body = self.text(body),
-            Act::UploadLog {
+            Action::Post(call) => *call.body = self.text(&call.body),
+            Action::UploadLog {
                 header,
                 log_artifact_id,
                 ..
             } => {
                 *log_artifact_id = self.log(log_artifact_id);
-                *header = self.text(header);
+                **header = self.text(header);
             }
-            Act::Spawn(plan) => {
+            Action::Spawn(plan) => {
                 plan.offer_id = self.offer(&plan.offer_id);
                 plan.log_artifact_id = self.log(&plan.log_artifact_id);
-                let digest = Capability::from_bytes(plan.capability).digest();
+                let digest = plan.capability.digest();
                 let n = number(&mut self.digests, &digest.expose().to_hex());
-                plan.capability = [u8::try_from(n).unwrap(); 32];
+                plan.capability = Capability::from_bytes([u8::try_from(n).unwrap(); 32]);
             }
             // A new Session id is drawn from entropy (UUIDv7 random bits).
-            Act::PersistSession { session_id } => {
+            Action::PersistSession { session_id } => {
                 *session_id =
                     ql_worker_core::ids::SessionId::new("00000000-0000-7000-8000-000000000000")
                         .unwrap();
             }
-            Act::ReadClaim
-            | Act::ReadReceipt { .. }
-            | Act::RemoveReceipt { .. }
-            | Act::ReadPublishedHandle { .. }
-            | Act::Stop { .. }
-            | Act::DrawEntropy => {}
+            Action::ReadClaim
+            | Action::ReadReceipt { .. }
+            | Action::RemoveReceipt { .. }
+            | Action::ReadPublishedHandle { .. }
+            | Action::Stop { .. }
+            | Action::DrawEntropy => {}
         }
-        act.canonical()
+        act::canonical(&action)
     }
 }
 
-fn acts(seed: u64) -> Vec<Act> {
+fn actions(seed: u64) -> Vec<Action> {
     rich_run(seed).stream.take().unwrap()
 }
 
 #[test]
 fn different_entropy_changes_only_the_entropy_derived_fields() {
-    let (a, b) = (acts(7), acts(8));
+    let (a, b) = (actions(7), actions(8));
     assert_eq!(a.len(), b.len(), "the same commands, in the same order");
-    let differing = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+    let differing = a
+        .iter()
+        .zip(&b)
+        .filter(|(x, y)| act::canonical(x) != act::canonical(y))
+        .count();
     assert!(
         differing > 10,
         "entropy must reach the stream ({differing} differ)"
     );
     let (mut ma, mut mb) = (Masks::default(), Masks::default());
     for (index, (x, y)) in a.iter().zip(&b).enumerate() {
-        let (x, y) = (ma.act(x), mb.act(y));
+        let (x, y) = (ma.action(x), mb.action(y));
         assert!(
             x == y,
             "command {index} differs beyond the entropy-derived fields:\n{}\n{}",
@@ -221,11 +226,10 @@ fn different_entropy_changes_only_the_entropy_derived_fields() {
     assert_eq!(ma.offers.len(), mb.offers.len());
     assert!(!ma.offers.is_empty() && !ma.tokens.is_empty() && !ma.digests.is_empty());
     // And the envelope bytes of records really are compared (not only the summaries).
-    assert!(
-        a.iter()
-            .any(|act| matches!(act, Act::PersistRecord { record, .. }
-        if envelope::encode(&**record).is_ok()))
-    );
+    assert!(a.iter().any(
+        |action| matches!(action, Action::PersistRecord { record, .. }
+        if envelope::encode(&**record).is_ok())
+    ));
 }
 
 fn menu() -> Menu {

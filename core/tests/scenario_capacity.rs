@@ -9,7 +9,7 @@ use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::wire::session::SessionStatus;
-use ql_worker_sim::testkit::act::Act;
+use ql_worker_sim::testkit::act;
 use ql_worker_sim::testkit::sim::Sim;
 use ql_worker_sim::testkit::world::{Event, OfferTemplate, ReceiptKind, World};
 use ql_worker_sim::testkit::{self};
@@ -49,14 +49,12 @@ fn heartbeat_slots(sim: &Sim) -> Vec<u64> {
     sim.stream
         .iter()
         .flatten()
-        .filter_map(|act| match act {
-            Act::Post {
-                operation: Operation::Heartbeat,
-                body,
-                ..
-            } => serde_json::from_slice::<serde_json::Value>(body)
-                .ok()
-                .and_then(|v| v["availableSlots"].as_u64()),
+        .filter_map(|action| match act::post(action) {
+            Some((Operation::Heartbeat, call)) => {
+                serde_json::from_slice::<serde_json::Value>(&call.body)
+                    .ok()
+                    .and_then(|v| v["availableSlots"].as_u64())
+            }
             _ => None,
         })
         .collect()

@@ -3,8 +3,8 @@
 //! the simulated host. Each test is named after the reference scenario and asserts the exact
 //! commands.
 
+use ql_worker_core::io::Action;
 use ql_worker_core::record::{RecoveryReason, State};
-use ql_worker_sim::testkit::act::Act;
 use ql_worker_sim::testkit::sim::{On, Sim};
 use ql_worker_sim::testkit::world::{Answer, Event, ReceiptKind, World};
 use ql_worker_sim::testkit::{self};
@@ -138,7 +138,7 @@ fn recovers_a_receipt_from_the_durable_launching_crash_window() {
     assert_eq!(record.executor_handle, None);
     assert_eq!(record.recovery_reason, None);
     assert!(sim.stream.iter().flatten().any(|a| matches!(a,
-        Act::PersistRecord { record, .. } if record.recovery_reason
+        Action::PersistRecord { record, .. } if record.recovery_reason
             == Some(RecoveryReason::LaunchOutcomeUnknown))));
 }
 

@@ -4,11 +4,10 @@
 //! Run no longer holds a drain, and the control plane's lease lapses. Driven through the whole
 //! Worker against the simulated host; the exact commands are asserted.
 
-use ql_worker_core::io::{Liveness, Outcome};
+use ql_worker_core::io::{Action, Liveness, Outcome};
 use ql_worker_core::record::{RecoveryReason, State};
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::worker::StopReason;
-use ql_worker_sim::testkit::act::Act;
 use ql_worker_sim::testkit::sim::{On, Sim, Status};
 use ql_worker_sim::testkit::world::{Answer, Event, ReceiptKind};
 
@@ -121,7 +120,7 @@ fn inspect_as(sim: &mut Sim, supervisor: Liveness, process: Liveness) {
     sim.tick();
     for _ in 0..100 {
         match sim.act() {
-            Some(Act::InspectSupervision { .. }) => {
+            Some(Action::InspectSupervision { .. }) => {
                 sim.deliver(Outcome::SupervisionInspected {
                     supervisor,
                     process,
@@ -165,7 +164,7 @@ fn a_receipt_published_just_before_the_supervisor_exited_is_completed() {
     sim.tick();
     for _ in 0..100 {
         match sim.act() {
-            Some(Act::InspectSupervision { .. }) => break,
+            Some(Action::InspectSupervision { .. }) => break,
             Some(_) => sim.answer(Answer::Ok),
             None => panic!("no inspection: {:#?}", sim.commands()),
         }

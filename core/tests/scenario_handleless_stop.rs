@@ -6,10 +6,11 @@
 //! behaviour, the stop is unknown. Driven through the whole Worker against the simulated host;
 //! the exact commands are asserted.
 
+use ql_worker_core::io::Action;
 use ql_worker_core::record::{RecoveryReason, State};
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
-use ql_worker_sim::testkit::act::Act;
+use ql_worker_sim::testkit::act;
 use ql_worker_sim::testkit::sim::{On, Sim};
 use ql_worker_sim::testkit::world::{Answer, ProcessState, World};
 use ql_worker_sim::testkit::{self};
@@ -50,7 +51,7 @@ fn stops(sim: &Sim) -> Vec<String> {
         .iter()
         .flatten()
         .filter_map(|a| match a {
-            Act::Stop { handle } => Some(String::from(handle.as_str())),
+            Action::Stop { handle } => Some(String::from(handle.as_str())),
             _ => None,
         })
         .collect()
@@ -86,14 +87,16 @@ fn a_stop_request_for_a_run_without_handle_stops_it_by_the_published_handle() {
     sim.run(2);
     let record = sim.first_record();
     assert_eq!(record.state, State::CompletionAcknowledged, "{record:?}");
-    let completion = sim.stream.iter().flatten().find_map(|a| match a {
-        Act::Post {
-            operation: Operation::Completion,
-            body,
-            ..
-        } => Some(serde_json::from_slice::<serde_json::Value>(body).unwrap()),
-        _ => None,
-    });
+    let completion = sim
+        .stream
+        .iter()
+        .flatten()
+        .find_map(|a| match act::post(a) {
+            Some((Operation::Completion, call)) => {
+                Some(serde_json::from_slice::<serde_json::Value>(&call.body).unwrap())
+            }
+            _ => None,
+        });
     assert_eq!(completion.unwrap()["result"]["exitCode"], 143);
     // The published handle went with the receipt.
     assert!(sim.world.disk.published.is_empty());

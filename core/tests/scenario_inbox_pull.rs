@@ -4,13 +4,13 @@
 
 use ql_worker_core::claim::PendingClaim;
 use ql_worker_core::ids::{OfferId, Revision, WorkerGeneration};
-use ql_worker_core::io::{Outcome, StoreFailure};
+use ql_worker_core::io::{Action, Outcome, StoreFailure};
 use ql_worker_core::listing::PageLimit;
 use ql_worker_core::record::{InboxRecord, State};
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::offer::{OfferResponse, OfferStats, OfferedLease, OfferedOffer};
 use ql_worker_core::wire::route::Operation;
-use ql_worker_sim::testkit::act::Act;
+use ql_worker_sim::testkit::act;
 use ql_worker_sim::testkit::sim::{On, Sim};
 use ql_worker_sim::testkit::world::{Answer, World};
 use ql_worker_sim::testkit::{self};
@@ -74,9 +74,9 @@ fn first_write(sim: &Sim) -> (Option<Revision>, InboxRecord) {
     let stream = sim.stream.as_ref().unwrap();
     match stream
         .iter()
-        .find(|a| matches!(a, Act::PersistRecord { .. }))
+        .find(|a| matches!(a, Action::PersistRecord { .. }))
     {
-        Some(Act::PersistRecord { expected, record }) => (*expected, (**record).clone()),
+        Some(Action::PersistRecord { expected, record }) => (*expected, (**record).clone()),
         _ => panic!("no record written"),
     }
 }
@@ -110,9 +110,9 @@ fn persists_the_claim_intent_and_accepted_capability_in_private_atomic_files() {
         .as_slice()
     );
     let stream = sim.stream.clone().unwrap();
-    let Some(Act::PersistClaim { expected, claim }) = stream
+    let Some(Action::PersistClaim { expected, claim }) = stream
         .iter()
-        .find(|a| matches!(a, Act::PersistClaim { .. }))
+        .find(|a| matches!(a, Action::PersistClaim { .. }))
     else {
         panic!("no claim written");
     };
@@ -178,7 +178,7 @@ fn uses_one_revision_fenced_inbox_record_through_ack_and_spawn_barriers() {
         .unwrap()
         .iter()
         .filter_map(|a| match a {
-            Act::PersistRecord { expected, record } => {
+            Action::PersistRecord { expected, record } => {
                 Some((*expected, record.revision, record.state))
             }
             _ => None,
@@ -202,11 +202,11 @@ fn uses_one_revision_fenced_inbox_record_through_ack_and_spawn_barriers() {
     let mut regression = stored.clone();
     regression.revision = rev(5);
     regression.state = State::Started;
-    let act = Act::PersistRecord {
+    let action = Action::PersistRecord {
         expected: Some(rev(4)),
         record: Box::new(regression),
     };
-    let outcome = sim.world.perform(sim.now, &act, Answer::Ok);
+    let outcome = sim.world.perform(sim.now, &action, Answer::Ok);
     assert!(matches!(outcome, Outcome::Store(StoreFailure::Conflict)));
     assert!(
         sim.world.violations[0]
@@ -219,11 +219,11 @@ fn uses_one_revision_fenced_inbox_record_through_ack_and_spawn_barriers() {
     // Revision skip 4 → 6: refused (revision conflict).
     let mut skip = stored.clone();
     skip.revision = rev(6);
-    let act = Act::PersistRecord {
+    let action = Action::PersistRecord {
         expected: Some(rev(4)),
         record: Box::new(skip),
     };
-    let outcome = sim.world.perform(sim.now, &act, Answer::Ok);
+    let outcome = sim.world.perform(sim.now, &action, Answer::Ok);
     assert!(matches!(outcome, Outcome::Store(StoreFailure::Conflict)));
     assert!(sim.world.violations[1].detail.contains("must be 5"));
     assert_eq!(
@@ -266,9 +266,9 @@ fn lists_the_single_execution_inbox_authority_with_a_stable_bounded_cursor() {
     );
     let page = sim.world.perform(
         sim.now,
-        &Act::ListInbox {
+        &Action::ListInbox {
             after: None,
-            limit: 2,
+            limit: PageLimit::new(2).unwrap(),
         },
         Answer::Ok,
     );
@@ -407,7 +407,7 @@ fn writes_the_inbox_before_clearing_the_pending_claim_and_rejects_target_drift()
 
     let mut drift = started(World::one_offer(1));
     drift.tick();
-    while drift.act().is_some_and(|a| a.kind() != "post") {
+    while drift.act().is_some_and(|a| act::kind(a) != "post") {
         drift.answer(Answer::Ok);
     }
     let generation = testkit::worker().generation;
@@ -438,7 +438,7 @@ fn writes_the_inbox_before_clearing_the_pending_claim_and_rejects_target_drift()
 fn retains_the_old_claim_without_accepting_when_the_current_session_changes() {
     let mut sim = started(World::one_offer(1));
     sim.tick();
-    while sim.act().is_some_and(|a| a.kind() != "post") {
+    while sim.act().is_some_and(|a| act::kind(a) != "post") {
         sim.answer(Answer::Ok);
     }
     let kept = claim(&sim).unwrap();
@@ -503,7 +503,7 @@ fn offered_edited(offer_id: OfferId, edit: impl FnOnce(&mut serde_json::Value)) 
 fn refuses_a_deterministically_bad_offer_at_once_and_admits_the_next_good_one_at_the_next_pull() {
     let mut sim = started(World::one_offer(1));
     sim.tick();
-    while sim.act().is_some_and(|a| a.kind() != "post") {
+    while sim.act().is_some_and(|a| act::kind(a) != "post") {
         sim.answer(Answer::Ok);
     }
     let bad = claim(&sim).unwrap();
@@ -638,9 +638,9 @@ fn the_claims_offer_id_is_a_version_4_uuid_of_the_drawn_bytes() {
         let mut sim = started(World::one_offer(1));
         sim.tick();
         let mut seen = Vec::new();
-        while let Some(act) = sim.act() {
-            seen.push(act.kind());
-            if act.kind() == "draw-entropy" {
+        while let Some(action) = sim.act() {
+            seen.push(act::kind(action));
+            if act::kind(action) == "draw-entropy" {
                 break;
             }
             assert!(seen.len() < 10, "no draw came: {seen:?}");
@@ -650,7 +650,7 @@ fn the_claims_offer_id_is_a_version_4_uuid_of_the_drawn_bytes() {
             ql_worker_core::capability::Entropy::new([byte; 64]),
         ));
         match sim.act() {
-            Some(Act::PersistClaim { claim, .. }) => {
+            Some(Action::PersistClaim { claim, .. }) => {
                 assert_eq!(claim.offer_id.as_str(), expected);
             }
             other => panic!("expected the claim's publication, got {other:?}"),
@@ -696,7 +696,7 @@ fn notices_not_taken_keep_the_newest_sixty_four() {
     for _ in 0..66 {
         for _ in 0..50 {
             match sim.act() {
-                Some(Act::Post { operation, .. }) if *operation == Operation::Offers => break,
+                Some(action) if act::is_post(action, Operation::Offers) => break,
                 Some(_) => sim.answer(Answer::Ok),
                 None => {
                     if let testkit::sim::Status::Idle(Some(wake)) = sim.status {

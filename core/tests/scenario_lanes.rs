@@ -5,16 +5,16 @@
 //! authorizes an upload from its header, and its outcome is fed later) and asserts what goes out
 //! meanwhile.
 
-use ql_worker_core::io::{Input, InputError, OpId, Outcome, StopOutcome};
+use ql_worker_core::io::{Action, Input, InputError, OpId, Outcome, StopOutcome};
 use ql_worker_core::record::State;
 use ql_worker_core::wire::route::Operation;
-use ql_worker_sim::testkit::act::Act;
+use ql_worker_sim::testkit::act;
 use ql_worker_sim::testkit::sim::{Sim, Status};
 use ql_worker_sim::testkit::world::{Answer, Event, ReceiptKind};
 
 /// Takes the outstanding command out of the simulation: the world performs it now; its outcome
 /// is returned to be fed later. The simulation is left idle, with the command in flight.
-fn hold(sim: &mut Sim) -> (OpId, Act, Outcome) {
+fn hold(sim: &mut Sim) -> (OpId, Action, Outcome) {
     let (id, act) = sim.pending.take().expect("a command is outstanding");
     let outcome = sim.world.perform(sim.now, &act, Answer::Ok);
     sim.status = Status::Idle(None);
@@ -23,7 +23,7 @@ fn hold(sim: &mut Sim) -> (OpId, Act, Outcome) {
 }
 
 /// Answers commands until `matches` is outstanding; returns whether it came.
-fn until(sim: &mut Sim, matches: impl Fn(&Act) -> bool) -> bool {
+fn until(sim: &mut Sim, matches: impl Fn(&Action) -> bool) -> bool {
     for _ in 0..200 {
         match sim.act() {
             Some(act) if matches(act) => return true,
@@ -46,13 +46,9 @@ fn posts(sim: &Sim, operation: Operation) -> Vec<u64> {
     sim.stream
         .iter()
         .flatten()
-        .filter_map(|a| match a {
-            Act::Post {
-                operation: op,
-                body,
-                ..
-            } if *op == operation => {
-                let v: serde_json::Value = serde_json::from_slice(body).expect("JSON body");
+        .filter_map(|a| match act::post(a) {
+            Some((op, call)) if op == operation => {
+                let v: serde_json::Value = serde_json::from_slice(&call.body).expect("JSON body");
                 Some(v["expectedLeaseVersion"].as_u64().unwrap_or(u64::MAX))
             }
             _ => None,
@@ -76,7 +72,7 @@ fn exit_until_upload(sim: &mut Sim) {
     sim.advance_to(at);
     sim.tick();
     assert!(
-        until(sim, |a| matches!(a, Act::UploadLog { .. })),
+        until(sim, |a| matches!(a, Action::UploadLog { .. })),
         "{:#?}",
         sim.commands()
     );
@@ -165,12 +161,9 @@ fn a_slow_renewal_does_not_hold_the_heartbeat() {
     let at = sim.now.saturating_add(2_000);
     sim.advance_to(at);
     sim.tick();
-    assert!(until(&mut sim, |a| matches!(
+    assert!(until(&mut sim, |a| act::is_post(
         a,
-        Act::Post {
-            operation: Operation::LeaseControl,
-            ..
-        }
+        Operation::LeaseControl
     )));
     let (renewal, _, renewed) = hold(&mut sim);
     let before = sim.commands().len();
@@ -249,7 +242,7 @@ fn an_outcome_of_another_kind_is_refused_and_the_command_stays_outstanding() {
         sim.tick();
         let (id, act) = sim.pending.clone().expect("a command");
         if stray {
-            let wrong = if matches!(act, Act::Stop { .. }) {
+            let wrong = if matches!(act, Action::Stop { .. }) {
                 Outcome::Persisted
             } else {
                 Outcome::Stopped(StopOutcome::Stopped)
@@ -355,7 +348,7 @@ fn sim_ms(v: u64) -> ql_worker_core::time::UnixMillis {
 
 /// Advances to each wake-up and ticks (answering every other command) until `matches` is
 /// outstanding; returns the time it went out.
-fn when(sim: &mut Sim, matches: impl Fn(&Act) -> bool) -> u64 {
+fn when(sim: &mut Sim, matches: impl Fn(&Action) -> bool) -> u64 {
     for _ in 0..50 {
         if until(sim, &matches) {
             return sim.now.get();
@@ -368,14 +361,8 @@ fn when(sim: &mut Sim, matches: impl Fn(&Act) -> bool) -> u64 {
     panic!("never outstanding: {:#?}", sim.commands());
 }
 
-fn is_renewal(act: &Act) -> bool {
-    matches!(
-        act,
-        Act::Post {
-            operation: Operation::LeaseControl,
-            ..
-        }
-    )
+fn is_renewal(action: &Action) -> bool {
+    act::is_post(action, Operation::LeaseControl)
 }
 
 /// With lease control paced (every 5 s) and a long cadence (10 s), the renewal beside an
@@ -403,7 +390,7 @@ fn the_renewal_beside_an_upload_goes_out_one_interval_after_it() {
     sim.notify(Input::ProcessExited {
         offer_id: ql_worker_sim::testkit::offer_id(1),
     });
-    let uploaded_at = when(&mut sim, |a| matches!(a, Act::UploadLog { .. }));
+    let uploaded_at = when(&mut sim, |a| matches!(a, Action::UploadLog { .. }));
     let (upload, _, uploaded) = hold(&mut sim);
     assert_eq!(uploaded_at, granted + 3_000, "{:#?}", sim.commands());
     let renewed_at = when(&mut sim, is_renewal);
@@ -442,15 +429,7 @@ fn the_renewal_beside_an_upload_goes_out_one_interval_after_it() {
 #[test]
 fn a_register_in_flight_is_not_planned_again() {
     let mut sim = Sim::scenario(ql_worker_sim::testkit::world::World::new(1, Vec::new()));
-    when(&mut sim, |a| {
-        matches!(
-            a,
-            Act::Post {
-                operation: Operation::Register,
-                ..
-            }
-        )
-    });
+    when(&mut sim, |a| act::is_post(a, Operation::Register));
     let (register, _, registered) = hold(&mut sim);
     for _ in 0..3 {
         let at = sim.now.saturating_add(2_000);
@@ -484,15 +463,7 @@ fn a_register_in_flight_is_not_planned_again() {
 fn a_pull_waits_for_the_session_exchange_in_flight() {
     let mut sim = Sim::scenario(ql_worker_sim::testkit::world::World::new(1, Vec::new()));
     sim.run(2);
-    let heartbeat = |a: &Act| {
-        matches!(
-            a,
-            Act::Post {
-                operation: Operation::Heartbeat,
-                ..
-            }
-        )
-    };
+    let heartbeat = |a: &Action| act::is_post(a, Operation::Heartbeat);
     when(&mut sim, heartbeat);
     let (id, _, answered) = hold(&mut sim);
     let before = sim.commands().len();

@@ -3,11 +3,11 @@
 //! simulated host. Each test is named after the reference scenario and asserts the exact
 //! commands.
 
-use ql_worker_core::io::Input;
+use ql_worker_core::io::{Action, Input};
 use ql_worker_core::record::{RecoveryReason, State};
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
-use ql_worker_sim::testkit::act::Act;
+use ql_worker_sim::testkit::act;
 use ql_worker_sim::testkit::sim::{On, Sim, Status};
 use ql_worker_sim::testkit::world::{Answer, Event, ReceiptKind, World};
 use ql_worker_sim::testkit::{self};
@@ -80,18 +80,20 @@ fn persists_stop_request_lease_authority_before_stopping_the_exact_process() {
         ])
     );
     let stop = sim.stream.iter().flatten().find_map(|a| match a {
-        Act::Stop { handle } => Some(handle.clone()),
+        Action::Stop { handle } => Some(handle.clone()),
         _ => None,
     });
     assert_eq!(stop, Some(testkit::seeded_handle(1)));
-    let completion = sim.stream.iter().flatten().find_map(|a| match a {
-        Act::Post {
-            operation: Operation::Completion,
-            body,
-            ..
-        } => Some(serde_json::from_slice::<serde_json::Value>(body).unwrap()),
-        _ => None,
-    });
+    let completion = sim
+        .stream
+        .iter()
+        .flatten()
+        .find_map(|a| match act::post(a) {
+            Some((Operation::Completion, call)) => {
+                Some(serde_json::from_slice::<serde_json::Value>(&call.body).unwrap())
+            }
+            _ => None,
+        });
     assert_eq!(completion.unwrap()["result"]["exitCode"], 143);
 }
 
@@ -252,12 +254,12 @@ fn coalesces_concurrent_supervision_for_the_same_offer() {
     sim.answer(Answer::Ok); // the reconcile page
     sim.take_trail();
     // Concurrent ticks while the Processor's read is outstanding change nothing.
-    let pending = sim.pending.clone();
+    let pending = sim.pending_canonical();
     for _ in 0..3 {
         sim.worker.handle(sim.clock(), Input::Tick).unwrap();
         sim.poll();
     }
-    assert_eq!(sim.pending, pending);
+    assert_eq!(sim.pending_canonical(), pending);
     assert_eq!(sim.status, Status::Busy);
     sim.settle();
     sim.run(2);

@@ -15,7 +15,7 @@ use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::wire::session::SessionStatus;
 use ql_worker_core::worker::WorkerConfig;
-use ql_worker_sim::testkit::act::Act;
+use ql_worker_sim::testkit::act;
 use ql_worker_sim::testkit::sim::{On, Sim, Status};
 use ql_worker_sim::testkit::world::{Answer, Event, OfferTemplate, ReceiptKind, World};
 use ql_worker_sim::testkit::{self};
@@ -291,7 +291,7 @@ fn a_page_still_being_listed_is_not_listed_again() {
     let mut sim = Sim::holding(State::RunningAcknowledged);
     sim.advance_to(ms(3_000));
     sim.tick();
-    assert_eq!(sim.act().map(Act::kind), Some("list-inbox"));
+    assert_eq!(sim.act().map(act::kind), Some("list-inbox"));
     sim.advance_to(ms(5_000));
     sim.worker.handle(sim.clock(), Input::Tick).unwrap();
     sim.settle();
@@ -353,14 +353,12 @@ fn a_fail_closed_worker_launches_nothing_and_offers_no_slot() {
         .stream
         .iter()
         .flatten()
-        .filter_map(|act| match act {
-            Act::Post {
-                operation: Operation::Heartbeat,
-                body,
-                ..
-            } => serde_json::from_slice::<serde_json::Value>(body)
-                .ok()
-                .and_then(|v| v["availableSlots"].as_u64()),
+        .filter_map(|action| match act::post(action) {
+            Some((Operation::Heartbeat, call)) => {
+                serde_json::from_slice::<serde_json::Value>(&call.body)
+                    .ok()
+                    .and_then(|v| v["availableSlots"].as_u64())
+            }
             _ => None,
         })
         .collect();
@@ -501,14 +499,12 @@ fn a_pending_claim_takes_a_place_from_the_slots_offered() {
         .stream
         .iter()
         .flatten()
-        .filter_map(|act| match act {
-            Act::Post {
-                operation: Operation::Heartbeat,
-                body,
-                ..
-            } => serde_json::from_slice::<serde_json::Value>(body)
-                .ok()
-                .and_then(|v| v["availableSlots"].as_u64()),
+        .filter_map(|action| match act::post(action) {
+            Some((Operation::Heartbeat, call)) => {
+                serde_json::from_slice::<serde_json::Value>(&call.body)
+                    .ok()
+                    .and_then(|v| v["availableSlots"].as_u64())
+            }
             _ => None,
         })
         .collect();

@@ -4,7 +4,7 @@
 
 use ql_worker_core::capability::Capability;
 use ql_worker_core::ids::{LogArtifactId, Sha256Digest};
-use ql_worker_core::io::{Outcome, SpawnOutcome};
+use ql_worker_core::io::{Action, LaunchPlan, Outcome, SpawnOutcome};
 use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::activation::{
@@ -12,9 +12,9 @@ use ql_worker_core::wire::activation::{
     SnapshotShape,
 };
 use ql_worker_core::wire::route::Operation;
-use ql_worker_sim::testkit::act::{Act, SpawnPlan};
+use ql_worker_sim::testkit::act;
 use ql_worker_sim::testkit::sim::{On, Sim};
-use ql_worker_sim::testkit::world::{Answer, OfferTemplate, World};
+use ql_worker_sim::testkit::world::{Answer, OfferTemplate, SpawnPlan, World};
 use ql_worker_sim::testkit::{self};
 use ql_worker_tests::server_wire::ToJson as _;
 
@@ -46,15 +46,21 @@ fn processed(world: World, script: &[(On, Answer)]) -> Sim {
     sim
 }
 
-fn spawn_plans(sim: &Sim) -> Vec<SpawnPlan> {
+/// The launch plans the Worker issued, in order.
+fn launch_plans(sim: &Sim) -> Vec<LaunchPlan> {
     sim.stream
         .iter()
         .flatten()
         .filter_map(|a| match a {
-            Act::Spawn(plan) => Some((**plan).clone()),
+            Action::Spawn(plan) => Some((**plan).clone()),
             _ => None,
         })
         .collect()
+}
+
+/// The same plans as the simulated supervisor receives them.
+fn spawn_plans(sim: &Sim) -> Vec<SpawnPlan> {
+    launch_plans(sim).iter().map(SpawnPlan::of).collect()
 }
 
 fn written(sim: &Sim, state: State) -> InboxRecord {
@@ -62,7 +68,9 @@ fn written(sim: &Sim, state: State) -> InboxRecord {
         .iter()
         .flatten()
         .find_map(|a| match a {
-            Act::PersistRecord { record, .. } if record.state == state => Some((**record).clone()),
+            Action::PersistRecord { record, .. } if record.state == state => {
+                Some((**record).clone())
+            }
             _ => None,
         })
         .unwrap_or_else(|| panic!("no {state} write"))
@@ -72,12 +80,10 @@ fn body(sim: &Sim, operation: Operation) -> serde_json::Value {
     sim.stream
         .iter()
         .flatten()
-        .find_map(|a| match a {
-            Act::Post {
-                operation: op,
-                body,
-                ..
-            } if *op == operation => Some(serde_json::from_slice(body).unwrap()),
+        .find_map(|a| match act::post(a) {
+            Some((op, call)) if op == operation => {
+                Some(serde_json::from_slice(&call.body).unwrap())
+            }
             _ => None,
         })
         .unwrap_or_else(|| panic!("no {operation:?} request"))
@@ -202,10 +208,10 @@ fn fails_closed_before_spawn_when_timeout_revision_lacks_durable_deadline_author
     let mut sim = Sim::scenario(World::one_offer(1));
     sim.run(2);
     sim.tick();
-    while sim.act().is_some_and(|a| {
-        !matches!(a, Act::Post { operation, .. }
-        if *operation == Operation::Starting)
-    }) {
+    while sim
+        .act()
+        .is_some_and(|a| !act::is_post(a, Operation::Starting))
+    {
         sim.answer(Answer::Ok);
     }
     let outcome = starting_without_deadline(&sim);
@@ -356,7 +362,8 @@ fn revalidates_the_exact_durable_log_and_callback_barrier_before_posix_spawn() {
         World::one_offer(1),
         &[(On::Kind("spawn"), Answer::CrashBefore)],
     );
-    let plan = spawn_plans(&sim)[0].clone();
+    let launch = launch_plans(&sim).remove(0);
+    let plan = SpawnPlan::of(&launch);
     let launching = written(&sim, State::Launching);
     assert_eq!(
         Some(plan.executor_started_at),
@@ -376,14 +383,15 @@ fn revalidates_the_exact_durable_log_and_callback_barrier_before_posix_spawn() {
             .completion_receipt_token_digest
             .map(|d| *d.expose())
     );
-    let mut drifted_log = plan.clone();
+    let mut drifted_log = launch.clone();
     drifted_log.log_artifact_id = LogArtifactId::new(format!("wlog-{}", "0".repeat(30))).unwrap();
-    let mut drifted_digest = plan.clone();
-    drifted_digest.capability = *Sha256Digest::of(b"another capability").as_bytes();
+    let mut drifted_digest = launch.clone();
+    drifted_digest.capability =
+        Capability::from_bytes(*Sha256Digest::of(b"another capability").as_bytes());
     for drifted in [drifted_log, drifted_digest] {
         let outcome = sim
             .world
-            .perform(sim.now, &Act::Spawn(Box::new(drifted)), Answer::Ok);
+            .perform(sim.now, &Action::Spawn(Box::new(drifted)), Answer::Ok);
         assert!(matches!(outcome, Outcome::Spawned(SpawnOutcome::Rejected)));
         assert_eq!(
             sim.world.violations.pop().unwrap().invariant,

@@ -10,7 +10,7 @@
 
 use ql_worker_core::facts::Fact;
 use ql_worker_core::ids::{ExecutorHandle, LeaseVersion, SessionId};
-use ql_worker_core::io::{Input, Outcome};
+use ql_worker_core::io::{Action, Input, Outcome};
 use ql_worker_core::js::JsString;
 use ql_worker_core::offer::DeliveryKind;
 use ql_worker_core::processor::ProcessResult;
@@ -25,9 +25,8 @@ use ql_worker_core::wire::route::Operation;
 use ql_worker_core::wire::secrets::{
     BUNDLE_SCHEMA, ResolvedSecret, SecretValue, SecretsRequest, SecretsResponse,
 };
-use ql_worker_sim::testkit::act::{Act, SpawnPlan};
 use ql_worker_sim::testkit::sim::{On, Sim, Status};
-use ql_worker_sim::testkit::world::{Answer, OfferTemplate, World};
+use ql_worker_sim::testkit::world::{Answer, OfferTemplate, SpawnPlan, World};
 use ql_worker_sim::testkit::{self};
 use ql_worker_tests::server_wire::{ToJson as _, ToJsonFor as _};
 
@@ -56,7 +55,7 @@ fn step_until(sim: &mut Sim, suffix: &[&str]) {
 }
 
 /// [`step_until`], answering each command as `answer` says.
-fn step_until_with(sim: &mut Sim, suffix: &[&str], answer: impl Fn(&Act) -> Answer) {
+fn step_until_with(sim: &mut Sim, suffix: &[&str], answer: impl Fn(&Action) -> Answer) {
     for _ in 0..200 {
         let trail = sim.commands();
         let outstanding = sim.act().is_some();
@@ -93,7 +92,7 @@ fn spawn_plans(sim: &Sim) -> Vec<SpawnPlan> {
         .iter()
         .flatten()
         .filter_map(|a| match a {
-            Act::Spawn(plan) => Some((**plan).clone()),
+            Action::Spawn(plan) => Some(SpawnPlan::of(plan)),
             _ => None,
         })
         .collect()

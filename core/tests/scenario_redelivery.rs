@@ -5,10 +5,10 @@
 //! spawns an Attempt or a Run twice.
 
 use ql_worker_core::ids::{AttemptId, OfferId, RunId};
+use ql_worker_core::io::{Action, LaunchPlan};
 use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
-use ql_worker_sim::testkit::act::{Act, SpawnPlan};
 use ql_worker_sim::testkit::sim::{On, Sim};
 use ql_worker_sim::testkit::world::{Answer, CpStatus, World};
 
@@ -30,12 +30,12 @@ fn run_until(sim: &mut Sim, rounds: usize, done: impl Fn(&Sim) -> bool) {
 }
 
 /// The spawn plans the Worker issued, in order.
-fn spawns(sim: &Sim) -> Vec<SpawnPlan> {
+fn spawns(sim: &Sim) -> Vec<LaunchPlan> {
     sim.stream
         .iter()
         .flatten()
         .filter_map(|act| match act {
-            Act::Spawn(plan) => Some((**plan).clone()),
+            Action::Spawn(plan) => Some((**plan).clone()),
             _ => None,
         })
         .collect()
@@ -122,7 +122,7 @@ fn the_checker_catches_a_worker_side_that_spawns_an_attempt_or_a_run_twice() {
     let mut world = sim.world.clone();
     let mut forged = plan.clone();
     forged.offer_id = OfferId::new("forged-offer").unwrap();
-    let _ = world.perform(sim.now, &Act::Spawn(Box::new(forged)), Answer::Ok);
+    let _ = world.perform(sim.now, &Action::Spawn(Box::new(forged)), Answer::Ok);
     assert!(
         world
             .violations
@@ -137,7 +137,7 @@ fn the_checker_catches_a_worker_side_that_spawns_an_attempt_or_a_run_twice() {
     let mut world = sim.world.clone();
     let mut forged = plan;
     forged.attempt_id = AttemptId::new("attempt-1").unwrap();
-    let _ = world.perform(sim.now, &Act::Spawn(Box::new(forged)), Answer::Ok);
+    let _ = world.perform(sim.now, &Action::Spawn(Box::new(forged)), Answer::Ok);
     assert!(
         world
             .violations

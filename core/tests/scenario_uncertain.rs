@@ -4,11 +4,11 @@
 //! simulated host whose control plane fences stale lease and Session versions as the
 //! reference's does, and asserts the exact commands and what the Worker concluded.
 
-use ql_worker_core::io::{HttpFailure, Outcome};
+use ql_worker_core::io::{Action, HttpFailure, Outcome};
 use ql_worker_core::record::State;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::worker::StopReason;
-use ql_worker_sim::testkit::act::Act;
+use ql_worker_sim::testkit::act;
 use ql_worker_sim::testkit::sim::{On, Sim, Status};
 use ql_worker_sim::testkit::world::{
     Answer, Event, OfferTemplate, ProcessState, ReceiptKind, World,
@@ -21,15 +21,11 @@ fn expected_versions(sim: &Sim, operation: Operation) -> Vec<u64> {
         .iter()
         .flatten()
         .filter_map(|a| match a {
-            Act::Post {
-                operation: op,
-                body,
-                ..
-            } if *op == operation => {
-                let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+            Action::Post(call) if act::operation(call) == operation => {
+                let v: serde_json::Value = serde_json::from_slice(&call.body).unwrap();
                 v["expectedLeaseVersion"].as_u64()
             }
-            Act::UploadLog { header, .. } if operation == Operation::Artifacts => {
+            Action::UploadLog { header, .. } if operation == Operation::Artifacts => {
                 let v: serde_json::Value = serde_json::from_slice(header).unwrap();
                 v["expectedLeaseVersion"].as_u64()
             }
@@ -118,15 +114,11 @@ fn a_garbled_or_odd_status_renewal_answer_is_uncertain_and_caught_up() {
         // Answer until the lease-control call, commit it at the control plane, then hand the
         // Worker the odd outcome instead of the answer.
         loop {
-            let Some((_, act)) = sim.pending.clone() else {
+            let Some((_, action)) = sim.pending.clone() else {
                 panic!("no lease-control call: {:#?}", sim.commands());
             };
-            if let Act::Post {
-                operation: Operation::LeaseControl,
-                ..
-            } = act
-            {
-                let _ = sim.world.perform(sim.now, &act, Answer::Ok);
+            if act::is_post(&action, Operation::LeaseControl) {
+                let _ = sim.world.perform(sim.now, &action, Answer::Ok);
                 sim.deliver(odd());
                 break;
             }
@@ -343,16 +335,10 @@ fn a_register_without_a_usable_answer_backs_off_and_never_halts() {
             }
             sim.tick();
         }
-        let Some((
-            _,
-            Act::Post {
-                operation: Operation::Register,
-                ..
-            },
-        )) = sim.pending.clone()
-        else {
-            panic!("a register is outstanding: {:?}", sim.pending);
-        };
+        let registering = sim
+            .act()
+            .is_some_and(|a| act::is_post(a, Operation::Register));
+        assert!(registering, "a register is outstanding: {:?}", sim.pending);
         sent_at.push(sim.now.get());
         sim.deliver(outcome());
         assert_running(&sim);
@@ -425,14 +411,10 @@ fn an_unusable_secrets_answer_is_retried_never_a_start_failure() {
         sim.advance_to(sim.now.saturating_add(1));
         sim.tick();
         loop {
-            let Some((_, act)) = sim.pending.clone() else {
+            let Some((_, action)) = sim.pending.clone() else {
                 panic!("no Secrets call: {:#?}", sim.commands());
             };
-            if let Act::Post {
-                operation: Operation::Secrets,
-                ..
-            } = act
-            {
+            if act::is_post(&action, Operation::Secrets) {
                 sim.deliver(Outcome::Http(HttpFailure::Status { status, code: None }));
                 break;
             }
@@ -572,14 +554,8 @@ fn a_completion_replay_refused_for_credentials_is_asked_again() {
     sim.tick();
     let mut completions = 0;
     for _ in 0..100 {
-        let Some(act) = sim.act() else { break };
-        let completion = matches!(
-            act,
-            Act::Post {
-                operation: Operation::Completion,
-                ..
-            }
-        );
+        let Some(action) = sim.act() else { break };
+        let completion = act::is_post(action, Operation::Completion);
         match (completion, completions) {
             (true, 0) => sim.answer(Answer::LostAfterCommit),
             (true, _) => sim.deliver(Outcome::Http(HttpFailure::Status {

@@ -3,13 +3,13 @@
 //! pausing admission, which records hold a drain, and the bounded queue of facts. Driven
 //! through the whole Worker against the simulated host.
 
-use ql_worker_core::io::{HttpFailure, Input, OpId, Outcome};
+use ql_worker_core::io::{Action, HttpFailure, Input, OpId, Outcome};
 use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::worker::StopReason;
 use ql_worker_sim::testkit;
-use ql_worker_sim::testkit::act::Act;
+use ql_worker_sim::testkit::act;
 use ql_worker_sim::testkit::sim::{Sim, Status};
 use ql_worker_sim::testkit::world::{Answer, World};
 
@@ -19,7 +19,7 @@ fn ms(v: u64) -> UnixMillis {
 
 /// Answers commands healthily (ticking at each wake-up when idle) until `matches` is
 /// outstanding.
-fn until(sim: &mut Sim, matches: impl Fn(&Act) -> bool) {
+fn until(sim: &mut Sim, matches: impl Fn(&Action) -> bool) {
     for _ in 0..500 {
         match sim.act() {
             Some(act) if matches(act) => return,
@@ -35,8 +35,8 @@ fn until(sim: &mut Sim, matches: impl Fn(&Act) -> bool) {
     panic!("never outstanding: {:#?}", sim.commands());
 }
 
-fn is_post(op: Operation) -> impl Fn(&Act) -> bool {
-    move |act| matches!(act, Act::Post { operation, .. } if *operation == op)
+fn is_post(op: Operation) -> impl Fn(&Action) -> bool {
+    move |action| act::is_post(action, op)
 }
 
 fn pulls(sim: &Sim) -> usize {
@@ -244,13 +244,9 @@ fn heartbeat_slots(sim: &Sim) -> Vec<u64> {
     sim.stream
         .iter()
         .flatten()
-        .filter_map(|a| match a {
-            Act::Post {
-                operation: Operation::Heartbeat,
-                body,
-                ..
-            } => {
-                let v: serde_json::Value = serde_json::from_slice(body).expect("JSON body");
+        .filter_map(|a| match act::post(a) {
+            Some((Operation::Heartbeat, call)) => {
+                let v: serde_json::Value = serde_json::from_slice(&call.body).expect("JSON body");
                 v["availableSlots"].as_u64()
             }
             _ => None,

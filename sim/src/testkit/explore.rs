@@ -33,6 +33,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher;
 
+use crate::testkit::act;
 use crate::testkit::sim::{Sim, Status};
 use crate::testkit::world::{
     Answer, Cost, Event, Menu, OfferTemplate, Violation, World, hash_debug,
@@ -411,7 +412,7 @@ fn moves(node: &Node, menu: &Menu) -> Vec<(Move, Budget)> {
     match &sim.status {
         Status::Busy => {
             // A local command is performed at once (the driver's loop): it alone is answered.
-            let local = sim.outstanding().position(|act| !act.is_call());
+            let local = sim.outstanding().position(|action| !act::is_call(action));
             let answerable = sim
                 .outstanding()
                 .enumerate()

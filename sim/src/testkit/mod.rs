@@ -3,7 +3,8 @@
 //!
 //! * Sample values (this module): pure data derived from a small integer, so tests in every
 //!   crate build the same offers and records.
-//! * [`act`]: a clonable, canonical description of one driver command ([`act::Act`]).
+//! * [`act`]: what the testkit reads off a driver command ([`ql_worker_core::io::Action`]): its
+//!   kind, the operation of a POST, its canonical bytes.
 //! * [`world`]: the simulated host — disk (inbox with the journal's CAS and transition checks,
 //!   pending claim, receipts, log spool), supervisor (process table), control plane and
 //!   entropy — which answers every command as the chosen [`world::Answer`] says, and checks the

@@ -15,9 +15,9 @@
 
 use std::hash::Hasher;
 
-use crate::testkit::act::Act;
+use crate::testkit::act;
 use crate::testkit::world::{Answer, Event, World, hash_debug};
-use ql_worker_core::io::{Input, OpId};
+use ql_worker_core::io::{Action, Input, OpId};
 use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
@@ -43,18 +43,18 @@ pub enum On {
     Post(Operation),
     /// A record write proposing this state.
     Persist(State),
-    /// Any command of this kind ([`Act::kind`]).
+    /// Any command of this kind ([`act::kind`]).
     Kind(&'static str),
 }
 
 impl On {
-    /// Whether `act` is such a command.
+    /// Whether `action` is such a command.
     #[must_use]
-    pub fn matches(&self, act: &Act) -> bool {
-        match (self, act) {
-            (Self::Post(op), Act::Post { operation, .. }) => op == operation,
-            (Self::Persist(state), Act::PersistRecord { record, .. }) => record.state == *state,
-            (Self::Kind(kind), act) => act.kind() == *kind,
+    pub fn matches(&self, action: &Action) -> bool {
+        match (self, action) {
+            (Self::Post(op), Action::Post(call)) => act::operation(call) == *op,
+            (Self::Persist(state), Action::PersistRecord { record, .. }) => record.state == *state,
+            (Self::Kind(kind), action) => act::kind(action) == *kind,
             (Self::Post(_) | Self::Persist(_), _) => false,
         }
     }
@@ -75,9 +75,9 @@ pub struct Sim {
     /// reads `now + wall_skew` on its wall clock; its monotonic clock never sees it.
     pub wall_skew: i64,
     /// The outstanding command answered next.
-    pub pending: Option<(OpId, Act)>,
+    pub pending: Option<(OpId, Action)>,
     /// The other outstanding commands, in the order they were issued.
-    pub held: Vec<(OpId, Act)>,
+    pub held: Vec<(OpId, Action)>,
     /// How many commands the driver lets be outstanding at once (at least 1).
     pub window: usize,
     /// With calls outstanding, the Worker has nothing else to do until this wake-up (`Some`
@@ -89,8 +89,8 @@ pub struct Sim {
     pub restarts: u32,
     /// When recording: one line per command (its summary) and per driver event.
     pub trail: Option<Vec<String>>,
-    /// When recording: every command, in order (see [`Act::canonical`]).
-    pub stream: Option<Vec<Act>>,
+    /// When recording: every command, in order (see [`act::canonical`]).
+    pub stream: Option<Vec<Action>>,
     script: Vec<(On, Answer)>,
 }
 
@@ -205,17 +205,20 @@ impl Sim {
     /// Every outstanding command, canonical and in issue order: which one is answered next is
     /// the explorer's choice, not a state.
     fn hash_outstanding(&self, hasher: &mut dyn Hasher) {
-        let mut outstanding: Vec<&(OpId, Act)> = self.pending.iter().chain(&self.held).collect();
+        let mut outstanding: Vec<&(OpId, Action)> = self.pending.iter().chain(&self.held).collect();
         outstanding.sort_by_key(|(id, _)| *id);
         hasher.write_usize(outstanding.len());
-        for (_, act) in outstanding {
-            hasher.write(&act.canonical());
+        for (_, action) in outstanding {
+            hasher.write(&act::canonical(action));
         }
     }
 
     /// The outstanding commands: the pending one first, then the held ones.
-    pub fn outstanding(&self) -> impl Iterator<Item = &Act> {
-        self.pending.iter().chain(&self.held).map(|(_, act)| act)
+    pub fn outstanding(&self) -> impl Iterator<Item = &Action> {
+        self.pending
+            .iter()
+            .chain(&self.held)
+            .map(|(_, action)| action)
     }
 
     /// Makes the outstanding command at `index` ([`Sim::outstanding`]'s order) the pending one;
@@ -232,7 +235,7 @@ impl Sim {
     }
 
     /// Takes the pending command; the first held one becomes pending.
-    fn take_pending(&mut self) -> Option<(OpId, Act)> {
+    fn take_pending(&mut self) -> Option<(OpId, Action)> {
         let taken = self.pending.take();
         if !self.held.is_empty() {
             self.pending = Some(self.held.remove(0));
@@ -259,9 +262,8 @@ impl Sim {
             let output = self.worker.poll_output();
             self.status = match output {
                 Output::Command(command) => {
-                    let act = Act::from_action(command.action);
-                    let call = act.is_call();
-                    self.issued(command.id, act);
+                    let call = act::is_call(&command.action);
+                    self.issued(command.id, command.action);
                     if call {
                         continue;
                     }
@@ -293,24 +295,26 @@ impl Sim {
     }
 
     /// A command the Worker issued: checked, recorded, and outstanding.
-    fn issued(&mut self, id: OpId, act: Act) {
-        if act == Act::ReadClaim && self.worker.phase() == ql_worker_core::worker::Phase::Draining {
+    fn issued(&mut self, id: OpId, action: Action) {
+        if matches!(action, Action::ReadClaim)
+            && self.worker.phase() == ql_worker_core::worker::Phase::Draining
+        {
             self.world.violation(
                 "drain-no-pull",
                 String::from("a Pull starts while draining"),
             );
         }
-        let summary = self.trail.is_some().then(|| self.world.summary(&act));
+        let summary = self.trail.is_some().then(|| self.world.summary(&action));
         if let Some(line) = summary {
             self.note(line);
         }
         if let Some(stream) = &mut self.stream {
-            stream.push(act.clone());
+            stream.push(action.clone());
         }
         if self.pending.is_none() {
-            self.pending = Some((id, act));
+            self.pending = Some((id, action));
         } else {
-            self.held.push((id, act));
+            self.held.push((id, action));
         }
     }
 
@@ -327,15 +331,15 @@ impl Sim {
     /// When no command is outstanding.
     pub fn answer(&mut self, answer: Answer) {
         // INVARIANT: callers answer only a Busy simulation.
-        let (id, act) = self.take_pending().expect("a command is outstanding");
+        let (id, action) = self.take_pending().expect("a command is outstanding");
         match answer {
             Answer::CrashBefore => self.crash(),
             Answer::CrashAfter => {
-                let _ = self.world.perform(self.now, &act, Answer::Ok);
+                let _ = self.world.perform(self.now, &action, Answer::Ok);
                 self.crash();
             }
             answer => {
-                let outcome = self.world.perform(self.now, &act, answer);
+                let outcome = self.world.perform(self.now, &action, answer);
                 if let Err(e) = self
                     .worker
                     .handle(self.clock(), Input::Outcome { id, outcome })
@@ -372,8 +376,16 @@ impl Sim {
 
     /// The outstanding command, if any.
     #[must_use]
-    pub fn act(&self) -> Option<&Act> {
-        self.pending.as_ref().map(|(_, act)| act)
+    pub fn act(&self) -> Option<&Action> {
+        self.pending.as_ref().map(|(_, action)| action)
+    }
+
+    /// The pending command's id and canonical bytes ([`act::canonical`]), to compare the
+    /// pending command across steps.
+    #[must_use]
+    pub fn pending_canonical(&self) -> Option<(OpId, Vec<u8>)> {
+        let pending = self.pending.as_ref();
+        pending.map(|(id, action)| (*id, act::canonical(action)))
     }
 
     /// Drops the Worker (memory lost) and starts a new one at `now` from the durable world.
@@ -458,8 +470,8 @@ impl Sim {
         self.script.push((on, answer));
     }
 
-    fn scripted(&mut self, act: &Act) -> Answer {
-        match self.script.iter().position(|(on, _)| on.matches(act)) {
+    fn scripted(&mut self, action: &Action) -> Answer {
+        match self.script.iter().position(|(on, _)| on.matches(action)) {
             Some(index) => self.script.remove(index).1,
             None => Answer::Ok,
         }
@@ -472,11 +484,11 @@ impl Sim {
     /// After 10 000 commands without settling (a livelock).
     pub fn settle(&mut self) {
         for _ in 0..10_000 {
-            let Some((_, act)) = &self.pending else {
+            let Some((_, action)) = &self.pending else {
                 return;
             };
-            let act = act.clone();
-            let answer = self.scripted(&act);
+            let action = action.clone();
+            let answer = self.scripted(&action);
             self.answer(answer);
         }
         panic!("the Worker did not settle within 10 000 commands");

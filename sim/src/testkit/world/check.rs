@@ -41,9 +41,10 @@
 use base64::Engine as _;
 use serde_json::Value;
 
-use super::World;
-use crate::testkit::act::{Act, SpawnPlan};
+use super::{SpawnPlan, World};
+use crate::testkit::act;
 use ql_worker_core::ids::{AttemptId, LogArtifactId, OfferId, Sha256Digest};
+use ql_worker_core::io::Action;
 use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
@@ -54,11 +55,11 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 }
 
 impl World {
-    /// Checks `act` against every invariant that concerns it, before it takes effect.
-    pub(super) fn check_act(&mut self, now: UnixMillis, act: &Act) {
-        match act {
-            Act::Spawn(plan) => self.check_spawn(plan),
-            Act::PersistRecord { record, .. } => {
+    /// Checks `action` against every invariant that concerns it, before it takes effect.
+    pub(super) fn check_act(&mut self, now: UnixMillis, action: &Action) {
+        match action {
+            Action::Spawn(plan) => self.check_spawn(&SpawnPlan::of(plan)),
+            Action::PersistRecord { record, .. } => {
                 if let Ok(bytes) = ql_worker_core::envelope::encode(&**record) {
                     self.check_capability_free(&bytes, "record");
                 }
@@ -83,12 +84,12 @@ impl World {
                     }
                 }
             }
-            Act::PersistClaim { claim, .. } => {
+            Action::PersistClaim { claim, .. } => {
                 if let Ok(bytes) = ql_worker_core::envelope::encode(&**claim) {
                     self.check_capability_free(&bytes, "claim");
                 }
             }
-            Act::ClearClaim { offer_id, .. } => {
+            Action::ClearClaim { offer_id, .. } => {
                 let delivered = self.evidence.delivered.get(offer_id) == Some(&true);
                 if delivered && self.disk.record(offer_id).is_none() {
                     self.violation(
@@ -97,7 +98,7 @@ impl World {
                     );
                 }
             }
-            Act::RemoveReceipt { attempt_id } => {
+            Action::RemoveReceipt { attempt_id } => {
                 let state = self.disk.record_of_attempt(attempt_id).map(|r| r.state);
                 if state != Some(State::CompletionAcknowledged) {
                     self.violation(
@@ -106,16 +107,14 @@ impl World {
                     );
                 }
             }
-            Act::Post {
-                operation, body, ..
-            } => self.check_post(*operation, body),
-            Act::UploadLog { header, .. } => {
+            Action::Post(call) => self.check_post(act::operation(call), &call.body),
+            Action::UploadLog { header, .. } => {
                 let v: Value = serde_json::from_slice(header).unwrap_or(Value::Null);
                 let attempt = v.get("attemptId").and_then(Value::as_str).unwrap_or("");
                 self.check_receipt_genuine(attempt, "upload");
             }
-            Act::Stop { handle } => self.check_stop(now, handle.as_str()),
-            Act::ReadClaim => {
+            Action::Stop { handle } => self.check_stop(now, handle.as_str()),
+            Action::ReadClaim => {
                 let evidence = self
                     .disk
                     .records
@@ -129,15 +128,15 @@ impl World {
                     );
                 }
             }
-            Act::PersistSession { .. } => self.check_renewal(),
-            Act::ListInbox { .. }
-            | Act::ReadRecord { .. }
-            | Act::ReadReceipt { .. }
-            | Act::AllocateLog { .. }
-            | Act::InspectLog { .. }
-            | Act::InspectSupervision { .. }
-            | Act::ReadPublishedHandle { .. }
-            | Act::DrawEntropy => {}
+            Action::PersistSession { .. } => self.check_renewal(),
+            Action::ListInbox { .. }
+            | Action::ReadRecord { .. }
+            | Action::ReadReceipt { .. }
+            | Action::AllocateLog { .. }
+            | Action::InspectLog { .. }
+            | Action::InspectSupervision { .. }
+            | Action::ReadPublishedHandle { .. }
+            | Action::DrawEntropy => {}
         }
     }
 

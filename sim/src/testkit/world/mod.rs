@@ -32,11 +32,11 @@ use sha2::{Digest as _, Sha256};
 
 pub use self::disk::{Disk, Log, StoredReceipt};
 pub use self::plane::{ControlPlane, CpRun, CpStatus, OfferTemplate};
-pub use self::supervisor::{Process, ProcessState, ReceiptKind, Supervisor};
-use crate::testkit::act::Act;
+pub use self::supervisor::{Process, ProcessState, ReceiptKind, SpawnPlan, Supervisor};
+use crate::testkit::act;
 use ql_worker_core::capability::{ENTROPY_BYTES, Entropy};
 use ql_worker_core::ids::{AttemptId, OfferId, RunId, SessionId};
-use ql_worker_core::io::Outcome;
+use ql_worker_core::io::{Action, Outcome};
 use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
@@ -275,60 +275,62 @@ impl World {
         self.violations.push(Violation { invariant, detail });
     }
 
-    /// The answers `act` allows under `menu`: [`Answer::Ok`] first.
+    /// The answers `action` allows under `menu`: [`Answer::Ok`] first.
     #[must_use]
-    pub fn options(&self, act: &Act, menu: &Menu) -> Vec<Answer> {
+    pub fn options(&self, action: &Action, menu: &Menu) -> Vec<Answer> {
         use Answer as A;
         let mut out = std::vec![A::Ok];
         if menu.crashes {
             out.extend([A::CrashBefore, A::CrashAfter]);
         }
         let store = [A::Unchanged, A::UncertainLanded, A::UncertainLost];
-        match act {
-            Act::ListInbox { .. } | Act::ReadRecord { .. } | Act::ReadClaim => {
+        match action {
+            Action::ListInbox { .. } | Action::ReadRecord { .. } | Action::ReadClaim => {
                 if menu.read_faults {
                     out.push(A::Unchanged);
                 }
             }
-            Act::PersistRecord { .. } if menu.record_faults => out.extend(store),
-            Act::PersistClaim { .. } | Act::ClearClaim { .. } if menu.claim_faults => {
+            Action::PersistRecord { .. } if menu.record_faults => out.extend(store),
+            Action::PersistClaim { .. } | Action::ClearClaim { .. } if menu.claim_faults => {
                 out.extend(store);
             }
-            Act::PersistRecord { .. } | Act::PersistClaim { .. } | Act::ClearClaim { .. } => {}
-            Act::ReadReceipt { .. } | Act::RemoveReceipt { .. } if menu.receipt_answers => {
+            Action::PersistRecord { .. }
+            | Action::PersistClaim { .. }
+            | Action::ClearClaim { .. } => {}
+            Action::ReadReceipt { .. } | Action::RemoveReceipt { .. } if menu.receipt_answers => {
                 out.push(A::Unchanged);
             }
-            Act::ReadReceipt { .. } | Act::RemoveReceipt { .. } => {}
-            Act::AllocateLog { .. } | Act::InspectLog { .. } if menu.log_faults => {
+            Action::ReadReceipt { .. } | Action::RemoveReceipt { .. } => {}
+            Action::AllocateLog { .. } | Action::InspectLog { .. } if menu.log_faults => {
                 out.push(A::Unavailable);
             }
-            Act::AllocateLog { .. } | Act::InspectLog { .. } => {}
-            Act::Post { operation, .. } => out.extend(self.post_options(*operation, menu)),
-            Act::UploadLog { .. } if menu.upload_answers => out.extend([
+            Action::AllocateLog { .. } | Action::InspectLog { .. } => {}
+            Action::Post(call) => out.extend(self.post_options(act::operation(call), menu)),
+            Action::UploadLog { .. } if menu.upload_answers => out.extend([
                 A::AlreadyDone,
                 A::Unavailable,
                 A::LostAfterCommit,
                 A::Fenced,
                 A::Invalid,
             ]),
-            Act::UploadLog { .. } => {}
-            Act::Spawn(_) if menu.spawn_answers => out.extend([
+            Action::UploadLog { .. } => {}
+            Action::Spawn(_) if menu.spawn_answers => out.extend([
                 A::Rejected,
                 A::BadHandle,
                 A::UnknownSpawned,
                 A::UnknownNotSpawned,
             ]),
-            Act::Spawn(_) => {}
-            Act::Stop { .. } if menu.stop_answers => out.push(A::StopUnknown),
-            Act::Stop { .. } => {}
-            Act::InspectSupervision { .. } if menu.stop_answers => out.push(A::StopUnknown),
-            Act::InspectSupervision { .. } => {}
-            Act::ReadPublishedHandle { .. } if menu.stop_answers => out.push(A::StopUnknown),
-            Act::ReadPublishedHandle { .. } => {}
-            Act::DrawEntropy if menu.entropy_variants => out.push(A::EntropyVariant),
-            Act::DrawEntropy => {}
-            Act::PersistSession { .. } if menu.record_faults => out.extend(store),
-            Act::PersistSession { .. } => {}
+            Action::Spawn(_) => {}
+            Action::Stop { .. } if menu.stop_answers => out.push(A::StopUnknown),
+            Action::Stop { .. } => {}
+            Action::InspectSupervision { .. } if menu.stop_answers => out.push(A::StopUnknown),
+            Action::InspectSupervision { .. } => {}
+            Action::ReadPublishedHandle { .. } if menu.stop_answers => out.push(A::StopUnknown),
+            Action::ReadPublishedHandle { .. } => {}
+            Action::DrawEntropy if menu.entropy_variants => out.push(A::EntropyVariant),
+            Action::DrawEntropy => {}
+            Action::PersistSession { .. } if menu.record_faults => out.extend(store),
+            Action::PersistSession { .. } => {}
         }
         out
     }
@@ -442,43 +444,45 @@ impl World {
         }
     }
 
-    /// Performs `act` as `answer` says and returns the outcome the Worker hears. Invariants
+    /// Performs `action` as `answer` says and returns the outcome the Worker hears. Invariants
     /// are checked first; violations are pushed to [`World::violations`].
     ///
     /// # Panics
     /// On [`Answer::CrashBefore`] / [`Answer::CrashAfter`] (the driver handles crashes).
-    pub fn perform(&mut self, now: UnixMillis, act: &Act, answer: Answer) -> Outcome {
+    pub fn perform(&mut self, now: UnixMillis, action: &Action, answer: Answer) -> Outcome {
         assert!(
             !matches!(answer, Answer::CrashBefore | Answer::CrashAfter),
             "crashes are the driver's"
         );
-        self.check_act(now, act);
+        self.check_act(now, action);
         let before = self.log_lengths();
-        let outcome = match act {
-            Act::ListInbox { after, limit } => self.list(after.as_ref(), *limit, answer),
-            Act::ReadRecord { offer_id } => self.read_record(offer_id, answer),
-            Act::PersistRecord { expected, record } => {
+        let outcome = match action {
+            Action::ListInbox { after, limit } => self.list(after.as_ref(), limit.get(), answer),
+            Action::ReadRecord { offer_id } => self.read_record(offer_id, answer),
+            Action::PersistRecord { expected, record } => {
                 self.persist_record(*expected, record, answer)
             }
-            Act::ReadClaim => self.read_claim(answer),
-            Act::PersistClaim { expected, claim } => self.persist_claim(*expected, claim, answer),
-            Act::ClearClaim { offer_id, revision } => self.clear_claim(offer_id, *revision, answer),
-            Act::ReadReceipt { attempt_id } => self.read_receipt(attempt_id, answer),
-            Act::RemoveReceipt { attempt_id } => self.remove_receipt(attempt_id, answer),
-            Act::AllocateLog { log_artifact_id } => self.allocate_log(log_artifact_id, answer),
-            Act::InspectLog { log_artifact_id } => self.inspect_log(log_artifact_id, answer),
-            Act::Post {
-                operation, body, ..
-            } => self.post(now, *operation, body, answer),
-            Act::UploadLog { header, .. } => self.upload(header, answer),
-            Act::Spawn(plan) => self.spawn(plan, answer),
-            Act::Stop { handle } => self.stop(now, handle, answer),
-            Act::InspectSupervision { handle, .. } => self.inspect_supervision(handle, answer),
-            Act::ReadPublishedHandle { attempt_id } => {
+            Action::ReadClaim => self.read_claim(answer),
+            Action::PersistClaim { expected, claim } => {
+                self.persist_claim(*expected, claim, answer)
+            }
+            Action::ClearClaim { offer_id, revision } => {
+                self.clear_claim(offer_id, *revision, answer)
+            }
+            Action::ReadReceipt { attempt_id } => self.read_receipt(attempt_id, answer),
+            Action::RemoveReceipt { attempt_id } => self.remove_receipt(attempt_id, answer),
+            Action::AllocateLog { log_artifact_id } => self.allocate_log(log_artifact_id, answer),
+            Action::InspectLog { log_artifact_id } => self.inspect_log(log_artifact_id, answer),
+            Action::Post(call) => self.post(now, act::operation(call), &call.body, answer),
+            Action::UploadLog { header, .. } => self.upload(header, answer),
+            Action::Spawn(plan) => self.spawn(plan, answer),
+            Action::Stop { handle } => self.stop(now, handle, answer),
+            Action::InspectSupervision { handle, .. } => self.inspect_supervision(handle, answer),
+            Action::ReadPublishedHandle { attempt_id } => {
                 self.read_published_handle(attempt_id, answer)
             }
-            Act::DrawEntropy => Outcome::EntropyDrawn(self.draw(answer)),
-            Act::PersistSession { session_id } => self.persist_session(session_id, answer),
+            Action::DrawEntropy => Outcome::EntropyDrawn(self.draw(answer)),
+            Action::PersistSession { session_id } => self.persist_session(session_id, answer),
         };
         self.check_logs_kept(&before);
         outcome
@@ -513,46 +517,46 @@ impl World {
             .unwrap_or_else(|| String::from(offer_id.as_str()))
     }
 
-    /// A one-line summary of `act`, as the scenario tests assert it.
+    /// A one-line summary of `action`, as the scenario tests assert it.
     #[must_use]
-    pub fn summary(&self, act: &Act) -> String {
-        let kind = act.kind();
-        match act {
-            Act::ListInbox { after, .. } => match after {
+    pub fn summary(&self, action: &Action) -> String {
+        let kind = act::kind(action);
+        match action {
+            Action::ListInbox { after, .. } => match after {
                 Some(after) => format!("{kind} after {}", self.alias(after)),
                 None => String::from(kind),
             },
-            Act::ReadRecord { offer_id } => format!("{kind} {}", self.alias(offer_id)),
-            Act::PersistRecord { record, .. } => format!(
+            Action::ReadRecord { offer_id } => format!("{kind} {}", self.alias(offer_id)),
+            Action::PersistRecord { record, .. } => format!(
                 "{kind} {} r{} {}",
                 self.alias(&record.offer.offer_id),
                 record.revision,
                 record.state
             ),
-            Act::ReadClaim | Act::DrawEntropy | Act::PersistSession { .. } => String::from(kind),
-            Act::PersistClaim { claim, .. } => format!("{kind} r{}", claim.revision),
-            Act::ClearClaim { revision, .. } => format!("{kind} r{revision}"),
-            Act::ReadReceipt { attempt_id }
-            | Act::RemoveReceipt { attempt_id }
-            | Act::ReadPublishedHandle { attempt_id } => {
+            Action::ReadClaim | Action::DrawEntropy | Action::PersistSession { .. } => {
+                String::from(kind)
+            }
+            Action::PersistClaim { claim, .. } => format!("{kind} r{}", claim.revision),
+            Action::ClearClaim { revision, .. } => format!("{kind} r{revision}"),
+            Action::ReadReceipt { attempt_id }
+            | Action::RemoveReceipt { attempt_id }
+            | Action::ReadPublishedHandle { attempt_id } => {
                 format!("{kind} {attempt_id}")
             }
-            Act::AllocateLog { log_artifact_id }
-            | Act::InspectLog { log_artifact_id }
-            | Act::UploadLog {
+            Action::AllocateLog { log_artifact_id }
+            | Action::InspectLog { log_artifact_id }
+            | Action::UploadLog {
                 log_artifact_id, ..
             } => format!("{kind} {}", self.log_alias(log_artifact_id)),
-            Act::Post {
-                operation, body, ..
-            } if *operation == Operation::Offers => format!("{kind} offers"),
-            Act::Post {
-                operation, body, ..
-            } => match plane::body_offer(body) {
-                Some(id) => format!("{kind} {} {}", operation.as_str(), self.alias(&id)),
-                None => format!("{kind} {}", operation.as_str()),
+            Action::Post(call) => match act::operation(call) {
+                Operation::Offers => format!("{kind} offers"),
+                operation => match plane::body_offer(&call.body) {
+                    Some(id) => format!("{kind} {} {}", operation.as_str(), self.alias(&id)),
+                    None => format!("{kind} {}", operation.as_str()),
+                },
             },
-            Act::Spawn(plan) => format!("{kind} {}", self.alias(&plan.offer_id)),
-            Act::Stop { handle } | Act::InspectSupervision { handle, .. } => {
+            Action::Spawn(plan) => format!("{kind} {}", self.alias(&plan.offer_id)),
+            Action::Stop { handle } | Action::InspectSupervision { handle, .. } => {
                 match self.supervisor.by_handle(handle.as_str()) {
                     Some(p) => format!("{kind} {}", self.alias(&p.offer_id)),
                     None => format!("{kind} {handle}"),

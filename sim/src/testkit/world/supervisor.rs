@@ -7,13 +7,100 @@ use base64::Engine as _;
 
 use super::disk::{Log, StoredReceipt};
 use super::{Answer, World, hash_debug};
-use crate::testkit::act::SpawnPlan;
+use ql_worker_core::barrier::Barrier;
 use ql_worker_core::ids::{
-    AttemptId, CallbackSequence, ExecutorHandle, LogArtifactId, OfferId, RunId, Sha256Digest,
+    AttemptId, CallbackSequence, CapabilityDigest, ExecutorHandle, LogArtifactId, OfferId, RunId,
+    Sha256Digest,
 };
-use ql_worker_core::io::{Liveness, Outcome, SpawnOutcome, StopOutcome};
+use ql_worker_core::io::{LaunchPlan, Liveness, Outcome, SpawnOutcome, StopOutcome};
 use ql_worker_core::receipt::{RECEIPT_SCHEMA_VERSION, Receipt, ReceiptToken};
+use ql_worker_core::revision::ExecCommand;
 use ql_worker_core::time::UnixMillis;
+
+/// A launch plan as the simulated supervisor receives it: built from the [`LaunchPlan`] of a
+/// spawn command ([`SpawnPlan::of`]), with the raw capability (the real supervisor holds it in
+/// memory too, and writes it only into the receipt) and the environment's values in plain text.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SpawnPlan {
+    /// Offer.
+    pub offer_id: OfferId,
+    /// Run.
+    pub run_id: RunId,
+    /// Attempt.
+    pub attempt_id: AttemptId,
+    /// Durable pre-spawn time.
+    pub executor_started_at: UnixMillis,
+    /// What to run.
+    pub command: ExecCommand,
+    /// The exact environment (Secret values included).
+    pub environment: Vec<(String, String)>,
+    /// Working directory.
+    pub working_directory: Option<String>,
+    /// Timeout and deadline.
+    pub timeout: Option<(u64, UnixMillis)>,
+    /// Log artifact.
+    pub log_artifact_id: LogArtifactId,
+    /// Callback sequence.
+    pub callback_sequence: CallbackSequence,
+    /// The raw 32-byte completion capability.
+    pub capability: [u8; 32],
+}
+
+impl std::fmt::Debug for SpawnPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpawnPlan")
+            .field("offer_id", &self.offer_id)
+            .field("attempt_id", &self.attempt_id)
+            .field("executor_started_at", &self.executor_started_at)
+            .field("capability", &"[redacted]")
+            .finish_non_exhaustive()
+    }
+}
+
+impl SpawnPlan {
+    /// What the supervisor receives for `plan`.
+    #[must_use]
+    pub fn of(plan: &LaunchPlan) -> Self {
+        Self {
+            offer_id: plan.offer_id.clone(),
+            run_id: plan.run_id.clone(),
+            attempt_id: plan.attempt_id.clone(),
+            executor_started_at: plan.executor_started_at,
+            command: plan.command.clone(),
+            environment: plan
+                .environment
+                .iter()
+                .map(|(n, v)| (n.clone(), String::from(v.as_str())))
+                .collect(),
+            working_directory: plan.working_directory.clone(),
+            timeout: plan.timeout,
+            log_artifact_id: plan.log_artifact_id.clone(),
+            callback_sequence: plan.callback_sequence,
+            capability: *plan.capability.expose(),
+        }
+    }
+
+    /// SHA-256 of the raw capability (what the `launching` record must carry).
+    #[must_use]
+    pub fn digest(&self) -> Sha256Digest {
+        Sha256Digest::of(&self.capability)
+    }
+
+    /// What the durable `launching` record must hold for this plan to spawn (core's one rule,
+    /// [`Barrier::check`], which the real supervisor runs too).
+    #[must_use]
+    pub fn barrier(&self) -> Barrier<'_> {
+        Barrier {
+            offer_id: &self.offer_id,
+            run_id: &self.run_id,
+            attempt_id: &self.attempt_id,
+            callback_sequence: self.callback_sequence,
+            token_digest: CapabilityDigest::new(self.digest()),
+            log_artifact_id: &self.log_artifact_id,
+            executor_started_at: self.executor_started_at,
+        }
+    }
+}
 
 /// What a process leaves behind when it exits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -115,7 +202,8 @@ impl World {
             .is_some_and(|r| plan.barrier().check(r).is_ok())
     }
 
-    pub(super) fn spawn(&mut self, plan: &SpawnPlan, answer: Answer) -> Outcome {
+    pub(super) fn spawn(&mut self, plan: &LaunchPlan, answer: Answer) -> Outcome {
+        let plan = &SpawnPlan::of(plan);
         // The real supervisor re-reads the inbox and refuses a drifted barrier: zero spawns.
         let barrier = self.barrier_holds(plan);
         let answer = if barrier { answer } else { Answer::Rejected };
