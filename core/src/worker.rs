@@ -79,10 +79,14 @@
 //!
 //! # Operations
 //!
-//! An operation consumes one [`Outcome`] at a time and answers with the next [`Action`]
-//! (`Step::Wait`), its result (`Step::Done`) or a halt. The Worker runs one operation per lane
-//! at a time (see `Lane`); each operation module owns its states and transitions; the helpers
-//! they share (`next_record`, `persist`, the classification of a call's outcome) are here.
+//! An operation consumes one reply at a time (the [`Outcome`] of its action, taken apart by
+//! that action's kind: `io::Reply`) and answers with the next [`Action`] (`Step::Wait`), its
+//! result (`Step::Done`) or a halt. The Worker runs one operation per lane at a time (see
+//! `Lane`); each operation module owns its states and transitions; the helpers they share
+//! (`next_record`, `persist`, the classification of a call's outcome) are here.
+//!
+//! No wildcard arm (CONVENTIONS C7): every match names the variants it covers.
+#![deny(clippy::wildcard_enum_match_arm)]
 
 use alloc::boxed::Box;
 use alloc::collections::{BTreeMap, VecDeque};
@@ -422,9 +426,10 @@ impl Slot {
         let Pending::Staged(action) = core::mem::replace(&mut self.pending, placeholder) else {
             return None;
         };
-        let write = match &action {
-            Action::PersistRecord { record, .. } => Some(record.clone()),
-            _ => None,
+        let write = if let Action::PersistRecord { record, .. } = &action {
+            Some(record.clone())
+        } else {
+            None
         };
         let answer = action.answer();
         self.pending = Pending::Outstanding { id, answer, write };
@@ -1222,13 +1227,13 @@ impl Worker {
             .count();
         let index = (0..self.queue.len()).find(|&i| self.startable(i, offers))?;
         let work = self.queue.remove(index)?;
-        Some(match work {
-            // The pass's completion is in progress (uploading): renew the lease beside it.
-            Work::Supervise(id) if self.lanes.contains_key(&Lane::Offer(id.clone())) => {
-                Work::Renew(id)
-            }
-            other => other,
-        })
+        // The pass's completion is in progress (uploading): renew the lease beside it.
+        if let Work::Supervise(id) = &work
+            && self.lanes.contains_key(&Lane::Offer(id.clone()))
+        {
+            return Some(Work::Renew(id.clone()));
+        }
+        Some(work)
     }
 
     /// Whether the queued work at `index` may start now.
@@ -1314,14 +1319,15 @@ impl Worker {
     fn wake_at(&self) -> Option<MonoMillis> {
         // A renewal queued behind its offer's upload starts at `beside_upload_at` (one whose
         // time has come waits only for its lease lane, whose answer wakes the Worker).
-        let beside = self.queue.iter().filter_map(|work| match work {
-            Work::Supervise(id) => self
-                .lanes
+        let beside = self.queue.iter().filter_map(|work| {
+            let Work::Supervise(id) = work else {
+                return None;
+            };
+            self.lanes
                 .get(&Lane::Offer(id.clone()))
                 .filter(|slot| slot.uploading())
                 .map(|slot| self.beside_upload_at(id, slot))
-                .filter(|at| *at > self.mono),
-            _ => None,
+                .filter(|at| *at > self.mono)
         });
         let timers = self
             .timers
@@ -1442,7 +1448,14 @@ impl Worker {
             };
             let offer = match &work {
                 Work::Supervise(offer_id) | Work::Renew(offer_id) => Some(offer_id),
-                _ => None,
+                Work::Register
+                | Work::Rejoin
+                | Work::Heartbeat
+                | Work::Transition(_)
+                | Work::RenewSession
+                | Work::ListPage { .. }
+                | Work::Pull
+                | Work::Process(_) => None,
             };
             let paced = offer.is_some_and(|offer_id| {
                 self.last_renewal.get(offer_id).is_some_and(|at| {
@@ -1460,7 +1473,13 @@ impl Worker {
                         .filter(|s| s.status == SessionStatus::Online)
                         .map_or(0, |_| slots),
                 ),
-                _ => self.reporting_slots,
+                Work::Transition(_)
+                | Work::RenewSession
+                | Work::ListPage { .. }
+                | Work::Pull
+                | Work::Process(_)
+                | Work::Supervise(_)
+                | Work::Renew(_) => self.reporting_slots,
             };
             let may_hold = offer.and_then(|offer_id| self.lease_may_hold.get(offer_id).copied());
             let drain_stop = matches!(&work, Work::Supervise(offer_id)
@@ -1652,7 +1671,22 @@ impl Worker {
                 self.auth_paused = None;
                 self.fact(|| Fact::AdmissionResumed);
             }
-            _ => {}
+            // Refused again while paused, answered while not paused, or no call at all.
+            Reply::Call(_)
+            | Reply::Upload(_)
+            | Reply::Listing(_)
+            | Reply::Record(_)
+            | Reply::Claim(_)
+            | Reply::Durable(_)
+            | Reply::Receipt(_)
+            | Reply::ReceiptRemoval(_)
+            | Reply::LogAllocation(_)
+            | Reply::LogInspection(_)
+            | Reply::Spawn(_)
+            | Reply::Stop(_)
+            | Reply::Supervision { .. }
+            | Reply::PublishedHandle(_)
+            | Reply::Entropy(_) => {}
         }
     }
 }
@@ -2061,23 +2095,19 @@ impl Worker {
     }
 
     fn on_session(&mut self, result: SessionResult, call_sent: MonoMillis) {
-        let result_kind = match &result {
-            SessionResult::Registered(_) => Kind::Registered,
-            SessionResult::Heartbeat(_) => Kind::Heartbeat,
-            _ => Kind::Other,
-        };
+        let registered = matches!(result, SessionResult::Registered(_));
         match result {
             SessionResult::Registered(view) | SessionResult::Heartbeat(view) => {
                 self.reported_slots = self.reporting_slots.take();
                 self.session_uncertain = false;
-                if matches!(result_kind, Kind::Registered) {
+                if registered {
                     self.register_failures = 0;
                     self.timers.remove(&Timer::RegisterBackoff);
                 }
-                if matches!(result_kind, Kind::Heartbeat) {
+                if !registered {
                     self.fences = 0;
                 }
-                if matches!(result_kind, Kind::Registered) && self.rejoin {
+                if registered && self.rejoin {
                     self.rejoin = false;
                     self.fact(|| Fact::Rejoined);
                     if self.stage == Stage::Draining {
@@ -2346,14 +2376,6 @@ pub(crate) fn register_backoff(base_ms: u64, failures: u32) -> u64 {
     base_ms
         .saturating_mul(1u64 << exponent)
         .min(crate::pull::MAX_BACKOFF_MS)
-}
-
-/// Which Session result `on_session` handles.
-#[derive(Clone, Copy)]
-enum Kind {
-    Registered,
-    Heartbeat,
-    Other,
 }
 
 /// Startup reconciliation (reference §4.7 step 2, §4.8): which records go to the Processor.
@@ -2736,6 +2758,10 @@ pub(crate) fn http_fault(failure: HttpFailure) -> CallFault {
 pub(crate) fn garbled(error: WireError) -> Result<Uncertainty, WireError> {
     match error {
         WireError::Size { .. } | WireError::Json { .. } => Ok(Uncertainty::Garbled(error)),
-        other => Err(other),
+        other @ (WireError::Field { .. }
+        | WireError::Mismatch { .. }
+        | WireError::Revision(_)
+        | WireError::Request { .. }
+        | WireError::RequestTooLarge { .. }) => Err(other),
     }
 }
