@@ -444,4 +444,82 @@ mod tests {
             );
         }
     }
+
+    /// Answers `call` with `reply`, for `config` and the Session the Worker holds.
+    fn answer(
+        config: &crate::worker::WorkerConfig,
+        session: Option<&SessionView>,
+        call: SessionCall,
+        reply: Reply,
+    ) -> SessionResult {
+        let leases = alloc::collections::BTreeMap::new();
+        let may_hold = alloc::collections::BTreeMap::new();
+        let ctx = Ctx {
+            config,
+            session,
+            now: UnixMillis::new(1_000).unwrap(),
+            mono: crate::time::MonoMillis::new(7),
+            call_sent: crate::time::MonoMillis::new(7),
+            leases: &leases,
+            lease_may_hold: &may_hold,
+            may_launch: true,
+        };
+        call.answered(&ctx, reply)
+    }
+
+    fn edge_config() -> crate::worker::WorkerConfig {
+        crate::worker::WorkerConfig::edge(
+            crate::ids::WorkerId::new("edge-1").unwrap(),
+            SessionId::new("018f0000-0000-7000-8000-000000000001").unwrap(),
+            crate::wire::session::Capabilities::for_architecture(
+                crate::revision::Architecture::Amd64,
+            ),
+        )
+    }
+
+    #[test]
+    fn a_refused_exchange_is_named_in_its_rejection() {
+        let refused = Reply::Call(Err(crate::io::HttpFailure::Status {
+            status: 400,
+            code: Some(String::from("bad_request")),
+        }));
+        let call = SessionCall::Registering { rejoin: false };
+        let result = answer(&edge_config(), None, call, refused);
+        let expected = String::from("register answered 400 bad_request");
+        assert_eq!(result, SessionResult::Rejected(expected));
+    }
+
+    #[test]
+    fn a_transition_keeps_the_deadline_of_the_lease_already_held() {
+        let config = edge_config();
+        let known = SessionView {
+            worker: OfferWorker {
+                worker_id: config.worker_id.clone(),
+                session_id: config.session_id.clone(),
+                generation: crate::ids::WorkerGeneration::new(2).unwrap(),
+            },
+            version: 0,
+            status: SessionStatus::Online,
+            lease_expires_at: UnixMillis::new(50_000).unwrap(),
+            lease_deadline: crate::time::MonoMillis::new(12_345),
+        };
+        let request = TransitionRequest {
+            generation: known.generation(),
+            expected_version: 0,
+            status: SessionStatus::Draining,
+        };
+        let body = "{\"schema\":\"qinglong/worker-session-transition@v1\",\"workerId\":\"edge-1\",\
+            \"sessionId\":\"018f0000-0000-7000-8000-000000000001\",\"generation\":2,\"version\":1,\
+            \"status\":\"draining\",\"leaseExpiresAtMs\":50000}";
+        let reply = Reply::Call(Ok(body.as_bytes().to_vec()));
+        let call = SessionCall::Transitioning(request);
+        let result = answer(&config, Some(&known), call, reply);
+        let SessionResult::Transitioned(view) = result else {
+            panic!("a valid transition answer is applied: {result:?}");
+        };
+        // A transition asks for no lease: the deadline already known stays, whatever the
+        // answer's expiry reads on this host's clock.
+        assert_eq!(view.lease_deadline, known.lease_deadline);
+        assert_eq!((view.version, view.status), (1, SessionStatus::Draining));
+    }
 }
