@@ -249,13 +249,17 @@ fn after_write(
         Ok(()) => next(),
         // A claim write that failed cleanly leaves the previous claim (or none) in place: the
         // Pull ends and the next tick starts over from what is stored.
-        Err(failure) => write_failure(failure, || {
-            Step::Done(PullResult::Failed {
-                fault: PullFault::StorageUnchanged,
-                retry_in_ms: 0,
-            })
-        }),
+        Err(failure) => write_failure(failure, storage_unchanged),
     }
+}
+
+/// A storage operation failed cleanly: the Pull ends and the next tick starts over from what is
+/// stored.
+fn storage_unchanged() -> Step<PullOp, PullResult> {
+    Step::Done(PullResult::Failed {
+        fault: PullFault::StorageUnchanged,
+        retry_in_ms: 0,
+    })
 }
 
 fn draw_identity() -> Step<PullOp, PullResult> {
@@ -270,12 +274,7 @@ fn on_claim(
     let claim = match read {
         Ok(claim) => claim,
         Err(failure) => {
-            return read_failure(failure, || {
-                Step::Done(PullResult::Failed {
-                    fault: PullFault::StorageUnchanged,
-                    retry_in_ms: 0,
-                })
-            });
+            return read_failure(failure, storage_unchanged);
         }
     };
     let Some(session) = ctx.session else {
@@ -328,12 +327,7 @@ fn on_stored_check(
             return Step::Wait(PullOp::ClearingStale, action);
         }
         Err(failure) => {
-            return read_failure(failure, || {
-                Step::Done(PullResult::Failed {
-                    fault: PullFault::StorageUnchanged,
-                    retry_in_ms: 0,
-                })
-            });
+            return read_failure(failure, storage_unchanged);
         }
     }
     if claim.attempt_count >= MAX_CLAIM_ATTEMPTS {
