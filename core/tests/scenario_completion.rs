@@ -269,3 +269,33 @@ fn a_launch_outcome_unknown_record_missing_its_start_time_is_never_completed() {
     );
     assert_eq!(sim.world.disk.receipts.len(), 1, "kept as evidence");
 }
+
+/// A `started` record is both replayed (its running ACK) and supervised in the same pass. The
+/// replay learns that the control plane ended the Run (`already_terminal`), stops the process
+/// and records `recovery_required(control_plane_terminal)`; the supervision queued behind it
+/// for the same offer does not begin: no receipt is read, nothing is uploaded or completed for
+/// a Run the control plane has settled.
+#[test]
+fn a_record_settled_by_its_running_replay_is_not_completed_in_the_same_pass() {
+    let mut world = World::new(1, Vec::new());
+    world.seed(1, testkit::record(1, State::Started), true);
+    let mut sim = Sim::scenario(world);
+    sim.on(
+        On::Post(ql_worker_core::wire::route::Operation::Running),
+        Answer::AlreadyTerminal,
+    );
+    sim.run(2);
+    let commands = sim.commands();
+    let record = sim.first_record();
+    assert_eq!(record.state, State::RecoveryRequired, "{commands:#?}");
+    assert_eq!(
+        record.recovery_reason,
+        Some(RecoveryReason::ControlPlaneTerminal)
+    );
+    assert!(
+        !commands
+            .iter()
+            .any(|l| l.starts_with("read-receipt") || l.starts_with("upload-log")),
+        "{commands:#?}"
+    );
+}

@@ -496,3 +496,43 @@ fn a_pull_waits_for_the_session_exchange_in_flight() {
         sim.commands()
     );
 }
+
+/// An upload that outlasted the Run's local lease deadline, with no renewal beside it and the
+/// record unchanged when it is read again (completion step 7): the completion still goes out
+/// under that lease, and the control plane judges it. Deferring would leave the next pass a
+/// lease it can no longer complete under.
+#[test]
+fn an_upload_that_outlasted_the_local_lease_still_reports_its_completion() {
+    let mut sim = Sim::holding(State::RunningAcknowledged);
+    exit_until_upload(&mut sim);
+    let before = sim.first_record();
+    let (upload, _, uploaded) = hold(&mut sim);
+    let lease_ms = before
+        .offer
+        .lease
+        .expires_at_ms
+        .get()
+        .saturating_sub(before.offer.lease.renewed_at_ms.get());
+    let at = sim.now.saturating_add(lease_ms + 1_000);
+    sim.advance_to(at);
+    let read_at = sim.commands().len();
+    sim.worker
+        .handle(
+            sim.clock(),
+            Input::Outcome {
+                id: upload,
+                outcome: uploaded,
+            },
+        )
+        .expect("the upload's outcome is expected");
+    sim.poll();
+    assert_eq!(sim.first_record(), before, "nothing moved the record");
+    sim.answer(Answer::Ok);
+    let after: Vec<String> = sim.commands()[read_at..].to_vec();
+    assert_eq!(
+        after,
+        ["read-record o1", "post completion o1"],
+        "{:#?}",
+        sim.commands()
+    );
+}

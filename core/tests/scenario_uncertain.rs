@@ -574,3 +574,92 @@ fn a_completion_replay_refused_for_credentials_is_asked_again() {
     assert_eq!(count(&sim, "stop o1"), 0);
     assert_running(&sim);
 }
+
+/// A completion fenced at the persisted lease version (a renewal may have committed without its
+/// answer reaching the disk) is sent once more, one version on, in the same pass, and only
+/// once: fenced there too, the pass ends; the lease is renewed (to version 1 on the record), and
+/// the next pass completes under it.
+#[test]
+fn a_fenced_completion_is_retried_once_one_version_on() {
+    let mut sim = Sim::holding(State::RunningAcknowledged);
+    sim.event(Event::Exit {
+        index: 0,
+        code: 0,
+        receipt: ReceiptKind::Genuine,
+    });
+    sim.on(On::Post(Operation::Completion), Answer::Fenced);
+    sim.on(On::Post(Operation::Completion), Answer::Fenced);
+    sim.run(1);
+    assert_eq!(expected_versions(&sim, Operation::Artifacts), vec![0]);
+    assert_eq!(
+        expected_versions(&sim, Operation::Completion),
+        vec![0, 1],
+        "{:#?}",
+        sim.commands()
+    );
+    assert_eq!(sim.first_record().state, State::RunningAcknowledged);
+    sim.run(1);
+    assert_eq!(
+        expected_versions(&sim, Operation::Completion),
+        vec![0, 1, 1],
+        "{:#?}",
+        sim.commands()
+    );
+    assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
+    assert_eq!(sim.first_record().offer.lease.version.get(), 1);
+    assert_running(&sim);
+}
+
+/// After a lost renewal the upload is caught up one version on, and the completion names that
+/// version. Fenced there, it is not sent a third time at yet another version: the catch-up is
+/// spent for this pass.
+#[test]
+fn a_completion_fenced_after_its_upload_caught_up_is_not_retried_again() {
+    let mut sim = exited_after_a_lost_renewal();
+    sim.on(On::Post(Operation::Completion), Answer::Fenced);
+    sim.run(1);
+    assert_eq!(expected_versions(&sim, Operation::Artifacts), vec![0, 1]);
+    assert_eq!(
+        expected_versions(&sim, Operation::Completion),
+        vec![1],
+        "{:#?}",
+        sim.commands()
+    );
+    assert_eq!(sim.first_record().state, State::RunningAcknowledged);
+    assert_eq!(count(&sim, "stop o1"), 0);
+    assert_running(&sim);
+}
+
+/// An upload fenced at the persisted version is sent once more one version on; fenced there
+/// too, it is not sent again in that pass, and no completion goes out without a stored log; the
+/// lease is renewed (version 1 on the record), and the next pass uploads and completes under it.
+#[test]
+fn an_upload_fenced_after_its_catch_up_ends_the_pass() {
+    let mut sim = Sim::holding(State::RunningAcknowledged);
+    sim.event(Event::Exit {
+        index: 0,
+        code: 0,
+        receipt: ReceiptKind::Genuine,
+    });
+    sim.on(On::Kind("upload-log"), Answer::Fenced);
+    sim.on(On::Kind("upload-log"), Answer::Fenced);
+    sim.run(1);
+    assert_eq!(
+        expected_versions(&sim, Operation::Artifacts),
+        vec![0, 1],
+        "{:#?}",
+        sim.commands()
+    );
+    assert!(expected_versions(&sim, Operation::Completion).is_empty());
+    assert_eq!(sim.first_record().state, State::RunningAcknowledged);
+    sim.run(1);
+    assert_eq!(
+        expected_versions(&sim, Operation::Artifacts),
+        vec![0, 1, 1],
+        "{:#?}",
+        sim.commands()
+    );
+    assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
+    assert_eq!(sim.first_record().offer.lease.version.get(), 1);
+    assert_running(&sim);
+}
