@@ -424,6 +424,60 @@ fn the_renewal_beside_an_upload_goes_out_one_interval_after_it() {
     );
 }
 
+/// As above (with a 2 s cadence), but the renewals after the grant get no answer (the lease's
+/// local clock stays at the grant) and the Run exits 12 s after it: one interval after the
+/// upload would be 17 s into a 30 s lease, so the renewal beside the upload goes out at half the
+/// lease (15 s), leaving it time to come back.
+#[test]
+fn the_renewal_beside_a_late_upload_goes_out_at_half_the_lease() {
+    let mut sim = holding_with(|c| {
+        c.cadence_ms = 2_000;
+        c.lease_control_interval_ms = 5_000;
+    });
+    let granted = when(&mut sim, is_renewal);
+    sim.answer(Answer::Ok);
+    sim.settle();
+    let exit_at = granted + 12_000;
+    for _ in 0..200 {
+        match sim.act() {
+            Some(a) if is_renewal(a) => sim.answer(Answer::Unavailable),
+            Some(_) => sim.answer(Answer::Ok),
+            None => match sim.status {
+                Status::Idle(Some(wake)) if wake.get() <= exit_at => {
+                    sim.advance_to(wake);
+                    sim.tick();
+                }
+                _ => break,
+            },
+        }
+    }
+    let unanswered = sim
+        .commands()
+        .iter()
+        .filter(|l| *l == "post lease-control o1")
+        .count();
+    assert!(unanswered >= 2, "{:#?}", sim.commands());
+    sim.advance_to(sim_ms(exit_at));
+    sim.event(Event::Exit {
+        index: 0,
+        code: 0,
+        receipt: ReceiptKind::Genuine,
+    });
+    sim.notify(Input::ProcessExited {
+        offer_id: ql_worker_sim::testkit::offer_id(1),
+    });
+    let uploaded_at = when(&mut sim, |a| matches!(a, Action::UploadLog { .. }));
+    assert_eq!(uploaded_at, exit_at, "{:#?}", sim.commands());
+    let _in_flight = hold(&mut sim);
+    let renewed_at = when(&mut sim, is_renewal);
+    assert_eq!(
+        renewed_at,
+        granted + 15_000,
+        "granted at {granted} ms, upload at {uploaded_at} ms: {:#?}",
+        sim.commands()
+    );
+}
+
 /// Nothing is planned twice: a register that gets no answer for three ticks is not sent
 /// again meanwhile; once answered, one register went out in all.
 #[test]
