@@ -663,3 +663,48 @@ fn an_upload_fenced_after_its_catch_up_ends_the_pass() {
     assert_eq!(sim.first_record().offer.lease.version.get(), 1);
     assert_running(&sim);
 }
+
+/// A garbled `offers` answer (a 200 that is not the contract's JSON) may hide an offer the
+/// control plane made under this claim: the claim is kept for its retry, never cleared as
+/// refused for good, and the retry (after its backoff) gets the offer, which runs.
+#[test]
+fn a_garbled_offers_answer_keeps_its_claim_for_the_retry() {
+    let mut sim = Sim::scenario(World::one_offer(1));
+    sim.on(On::Post(Operation::Offers), Answer::Invalid);
+    for _ in 0..6 {
+        if !sim.commands().iter().any(|l| l == "post offers") {
+            sim.run(1);
+        }
+    }
+    let commands = sim.commands();
+    let posted = commands
+        .iter()
+        .position(|l| l == "post offers")
+        .unwrap_or_else(|| panic!("no Pull: {commands:#?}"));
+    assert!(
+        !commands[posted..]
+            .iter()
+            .any(|l| l.starts_with("clear-claim")),
+        "{commands:#?}"
+    );
+    let (claim, _) = sim.world.disk.claim.clone().expect("the claim is kept");
+    assert_eq!(claim.attempt_count, 1);
+    for _ in 0..10 {
+        if sim.world.disk.records.is_empty() {
+            let at = sim.now.saturating_add(5_000);
+            sim.advance_to(at);
+            sim.run(1);
+        }
+    }
+    assert_eq!(
+        sim.world.disk.records.keys().next(),
+        Some(&claim.offer_id),
+        "the retry of the same claim got the offer: {:#?}",
+        sim.commands()
+    );
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
