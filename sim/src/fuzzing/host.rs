@@ -29,9 +29,9 @@ use ql_worker_core::wire::route::Operation;
 use ql_worker_core::worker::Worker;
 
 use super::bytes::Bytes;
-use super::ghost::{Ghost, License, SpawnFate};
 use super::plane::{self, Plane};
 use super::samples;
+use crate::testkit::world::check::{Ghost, License, SpawnFate};
 use ql_worker_tests::server_wire::{ToJsonFor as _, parse_route};
 
 /// A spool file.
@@ -572,7 +572,13 @@ impl Host {
                     "INVARIANT claim-first: offers POST without its durable claim"
                 );
             }
-            (Operation::StartFailure, Some(offer)) => self.ghost.check_start_failure(&offer),
+            (Operation::StartFailure, Some(offer)) => {
+                let alive = self
+                    .processes
+                    .iter()
+                    .any(|p| p.alive && p.launching.offer.offer_id == offer);
+                self.ghost.check_start_failure(&offer, alive);
+            }
             (Operation::Starting, Some(_)) => {
                 assert!(
                     worker.fail_closed().is_none() && !self.ghost.drain_requested,

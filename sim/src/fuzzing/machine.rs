@@ -25,10 +25,10 @@ use ql_worker_core::wire::session::Capabilities;
 use ql_worker_core::worker::{HaltReason, Output, StopReason, Worker, WorkerConfig};
 
 use super::bytes::Bytes;
-use super::ghost::{License, SpawnFate};
 use super::host::{Host, Mode, Process};
 use super::plane::{OfferPolicy, Plane};
 use super::samples;
+use crate::testkit::world::check::{License, SpawnFate};
 
 mod cadence;
 pub use cadence::{CadenceStats, REQUEST_TIMEOUT_MS};
@@ -1038,11 +1038,7 @@ fn preload(
     };
     let candidate = &record.offer.candidate;
     host.ghost
-        .attempt_spawns
-        .insert(candidate.attempt_id.clone(), offer.clone());
-    host.ghost
-        .run_spawns
-        .insert(candidate.run_id.clone(), offer.clone());
+        .preloaded_spawn(&offer, &candidate.attempt_id, &candidate.run_id);
     host.ghost.spawns.insert(offer, fate);
     if let Some(handle) = &record.executor_handle {
         host.ghost.handles.insert(String::from(handle.as_str()));
