@@ -14,6 +14,20 @@
 //!   exists.
 //! * `no-capability-at-rest` ([`CapabilityForms`]): no persisted record or claim (and, for the
 //!   fuzz host, no request body or upload header) contains a capability, raw, base64url or hex.
+//! * `persist-valid` ([`record_write`]): every record write is a first publication of a valid
+//!   `accepted` record at revision 0 over no stored record, or a replace at exactly
+//!   `expected + 1` that the journal's `check_transition` accepts.
+//! * `claim-cas` ([`claim_write`], [`claim_clear`]): every claim write and clear obeys the
+//!   claim rules of `ql_worker_core::claim` ([`World`] also refuses a second, identical create:
+//!   its Worker model never needs one).
+//! * `claim-before-pull` ([`claim_durable`]): the `offers` request only with its claim (offer
+//!   id, token) durable.
+//! * `receipt-removed-after-acknowledged` ([`receipt_removable`]): a receipt is removed only
+//!   while its record is durably `completion_acknowledged`.
+//! * `renewal-only-retired`, `renewal-after-runs` ([`renewal`]): a new Session replaces the
+//!   stored one only while the control plane holds the stored one draining or offline, and,
+//!   draining, only once no Run of the stored Session may still be live.
+//! * `request-cap` ([`request_within_cap`]): no request body above the cap its call carries.
 //! * `spawn-barrier`: a spawn only while the durable record is `launching` with exactly the
 //!   plan's offer, Run, Attempt, start time, log id, callback sequence and capability digest
 //!   (core's `Barrier::check`, the rule the real supervisor runs).
@@ -22,10 +36,6 @@
 //!
 //! * `running-ack-after-started`: the running ACK only while `started` (with the same handle)
 //!   is durable.
-//! * `revision-plus-one`: every record write is a first publication at revision 0 or a replace
-//!   at exactly `expected + 1` that the journal's `check_transition` accepts; every claim write
-//!   obeys the claim rules of `ql_worker_core::claim`.
-//! * `claim-before-pull`: the `offers` request only with its claim (offer id, token) durable.
 //! * `stored-before-clear`: a claim whose offer was delivered is cleared only once the offer is
 //!   in the inbox.
 //! * `upload-before-completion`: completion only names an artifact whose upload the Worker heard
@@ -34,8 +44,6 @@
 //!   supervisor's genuine one (never after a forged or malformed receipt).
 //! * `completion-before-acknowledged`: `completion_acknowledged` is persisted only after the
 //!   control plane applied the completion.
-//! * `receipt-removed-after-acknowledged`: a receipt is removed only while its record is durably
-//!   `completion_acknowledged`.
 //! * `logs-kept`: no command deletes or shortens a log.
 //! * `stop-after-durable-lease`: a stop only when the durable lease has expired locally, the
 //!   control plane said the Run is terminal, or the `stop_requested` lease version is durable.
@@ -58,9 +66,12 @@ use serde_json::Value;
 use super::{Answer, SpawnPlan, Violation, World};
 use crate::testkit::act;
 use ql_worker_core::barrier::Barrier;
-use ql_worker_core::ids::{AttemptId, LogArtifactId, OfferId, RunId, Sha256Digest};
-use ql_worker_core::io::{Action, LaunchPlan};
-use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
+use ql_worker_core::claim::{ClaimCreate, PendingClaim, check_clear, check_create, check_replace};
+use ql_worker_core::ids::{
+    AttemptId, LogArtifactId, OfferId, Revision, RunId, SessionId, Sha256Digest,
+};
+use ql_worker_core::io::{Action, HttpCall, LaunchPlan};
+use ql_worker_core::record::{InboxRecord, RecoveryReason, State, check_transition};
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::wire::session::SessionStatus;
@@ -112,14 +123,27 @@ impl World {
             }
             Action::RemoveReceipt { attempt_id } => {
                 let state = self.disk.record_of_attempt(attempt_id).map(|r| r.state);
-                if state != Some(State::CompletionAcknowledged) {
+                if !receipt_removable(state) {
                     self.violation(
                         "receipt-removed-after-acknowledged",
                         format!("receipt of {attempt_id} removed while the record is {state:?}"),
                     );
                 }
             }
-            Action::Post(call) => self.check_post(act::operation(call), &call.body),
+            Action::Post(call) => {
+                if !request_within_cap(call) {
+                    self.violation(
+                        "request-cap",
+                        format!(
+                            "a {} body of {} bytes above its cap of {}",
+                            act::operation(call).as_str(),
+                            call.body.len(),
+                            call.request_cap
+                        ),
+                    );
+                }
+                self.check_post(act::operation(call), &call.body);
+            }
             Action::UploadLog { header, .. } => {
                 let v: Value = serde_json::from_slice(header).unwrap_or(Value::Null);
                 let attempt = v.get("attemptId").and_then(Value::as_str).unwrap_or("");
@@ -152,35 +176,16 @@ impl World {
         }
     }
 
-    /// A new Session replaces the stored one only while the control plane holds it draining or
-    /// offline, and (draining) only once none of its Runs may still be live: a new Session
-    /// fences every lease of the old one.
+    /// A new Session replaces the stored one only under [`renewal`]'s rules.
     fn check_renewal(&mut self) {
-        let status = self.plane.session_status;
-        if status == SessionStatus::Online {
-            self.violation(
-                "renewal-only-retired",
-                String::from("a new Session while the stored one is online"),
-            );
-            return;
-        }
-        let live = self.disk.records.values().find(|(r, _)| {
-            matches!(
-                r.state,
-                State::Launching | State::Started | State::RunningAcknowledged
-            ) || r.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown)
-        });
-        if let Some((record, _)) = live
-            && status == SessionStatus::Draining
-        {
-            let name = alias(self, &record.offer.offer_id);
-            self.violation(
-                "renewal-after-runs",
-                format!(
-                    "a new Session while {name} ({}) may still run",
-                    record.state
-                ),
-            );
+        let stored = self
+            .session_id
+            .clone()
+            .unwrap_or_else(|| crate::testkit::worker().session_id);
+        let holds = self.plane.session_id == self.session_id;
+        let records = self.disk.records.values().map(|(r, _)| r);
+        if let Some(broken) = renewal(self.plane.session_status, holds, &stored, records) {
+            self.violations.push(broken);
         }
     }
 
@@ -265,10 +270,8 @@ impl World {
         let name = alias(self, &offer_id);
         match operation {
             Operation::Offers => {
-                let durable = self.disk.claim.as_ref().is_some_and(|(c, _)| {
-                    c.offer_id == offer_id && c.lease_token.expose() == text("leaseToken")
-                });
-                if !durable {
+                let stored = self.disk.claim.as_ref().map(|(c, _)| c);
+                if !claim_durable(stored, &offer_id, &text("leaseToken")) {
                     self.violation(
                         "claim-before-pull",
                         format!("offers request for {offer_id} without its durable claim"),
@@ -776,4 +779,127 @@ impl Ghost {
             | State::RecoveryRequired => {}
         }
     }
+}
+
+/// `persist-valid`: a record write is a first publication of a valid `accepted` record at
+/// revision 0 over no stored record, or a replace of the stored record at exactly
+/// `expected + 1` that the journal's `check_transition` accepts.
+///
+/// # Errors
+/// What the write breaks.
+pub fn record_write(
+    expected: Option<Revision>,
+    stored: Option<&InboxRecord>,
+    record: &InboxRecord,
+) -> Result<(), String> {
+    let id = &record.offer.offer_id;
+    match (expected, stored) {
+        (None, None) if record.revision != Revision::FIRST => Err(format!(
+            "first publication of {id} at revision {}",
+            record.revision
+        )),
+        (None, None) if record.state != State::Accepted || record.validate().is_err() => Err(
+            format!("first publication of {id} is not a valid accepted record"),
+        ),
+        (None, None) => Ok(()),
+        (None, Some(_)) => Err(format!("publication over the stored record of {id}")),
+        (Some(_), None) => Err(format!("replace of the absent record of {id}")),
+        (Some(revision), Some(stored)) => check_transition(stored, record, revision)
+            .map_err(|e| format!("{id} {} -> {}: {e}", stored.state, record.state)),
+    }
+}
+
+/// `claim-cas`: a claim write obeys the claim rules of `ql_worker_core::claim` (a create over
+/// no claim, or over the identical one, which writes nothing; a replace at `expected + 1`).
+///
+/// # Errors
+/// What the write breaks.
+pub fn claim_write(
+    expected: Option<Revision>,
+    stored: Option<&PendingClaim>,
+    proposed: &PendingClaim,
+) -> Result<ClaimCreate, String> {
+    match (expected, stored) {
+        (None, stored) => check_create(stored, proposed).map_err(|e| format!("create: {e}")),
+        (Some(revision), Some(stored)) => check_replace(stored, proposed, revision)
+            .map(|()| ClaimCreate::Publish)
+            .map_err(|e| format!("replace: {e}")),
+        (Some(_), None) => Err(String::from("replace of an absent claim")),
+    }
+}
+
+/// `claim-cas`: a claim clear names the stored claim and its revision.
+///
+/// # Errors
+/// What the clear breaks.
+pub fn claim_clear(
+    stored: Option<&PendingClaim>,
+    offer_id: &OfferId,
+    revision: Revision,
+) -> Result<(), String> {
+    match stored {
+        Some(stored) => check_clear(stored, offer_id, revision).map_err(|e| format!("clear: {e}")),
+        None => Err(String::from("clear of an absent claim")),
+    }
+}
+
+/// `claim-before-pull`: the `offers` request for `offer_id` with `token` only while that claim
+/// is durable.
+#[must_use]
+pub fn claim_durable(stored: Option<&PendingClaim>, offer_id: &OfferId, token: &str) -> bool {
+    stored.is_some_and(|c| c.offer_id == *offer_id && c.lease_token.expose() == token)
+}
+
+/// `receipt-removed-after-acknowledged`: a receipt is removed only while the record of its
+/// Attempt (durably in `state`) is `completion_acknowledged`.
+#[must_use]
+pub fn receipt_removable(state: Option<State>) -> bool {
+    state == Some(State::CompletionAcknowledged)
+}
+
+/// `renewal-only-retired` and `renewal-after-runs`: a new Session replaces the `stored` one only
+/// while the control plane holds the stored one (`plane_holds_stored`) draining or offline,
+/// and, draining, only once no Run of the stored Session may still be live (`launching`,
+/// `started`, `running_acknowledged`, or `recovery_required(launch_outcome_unknown)`): a new
+/// Session fences every lease of the old one. `records`: the durable inbox.
+pub fn renewal<'r>(
+    status: SessionStatus,
+    plane_holds_stored: bool,
+    stored: &SessionId,
+    records: impl IntoIterator<Item = &'r InboxRecord>,
+) -> Option<Violation> {
+    if !plane_holds_stored || status == SessionStatus::Online {
+        return Some(Violation {
+            invariant: "renewal-only-retired",
+            detail: format!(
+                "a new Session while the stored one is {status:?} at the control plane (it holds \
+                 the stored one: {plane_holds_stored})"
+            ),
+        });
+    }
+    if status == SessionStatus::Offline {
+        return None;
+    }
+    records
+        .into_iter()
+        .find(|r| {
+            let live = matches!(
+                r.state,
+                State::Launching | State::Started | State::RunningAcknowledged
+            ) || r.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown);
+            live && r.offer.worker.session_id == *stored
+        })
+        .map(|r| Violation {
+            invariant: "renewal-after-runs",
+            detail: format!(
+                "a new Session while {} ({}) of the old one may still run",
+                r.offer.offer_id, r.state
+            ),
+        })
+}
+
+/// `request-cap`: a request body within the cap its call carries.
+#[must_use]
+pub fn request_within_cap(call: &HttpCall) -> bool {
+    call.body.len() <= call.request_cap
 }
