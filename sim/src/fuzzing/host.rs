@@ -508,14 +508,10 @@ impl Host {
     }
 
     fn check_completion(&self, offer: &OfferId, body: &Value) {
-        let artifact = body.get("artifact").cloned().unwrap_or(Value::Null);
-        let reported = (
-            plane::number(&artifact, "byteLength"),
-            plane::text(&artifact, "sha256"),
-        );
         let uploaded = self.ghost.uploaded.get(offer);
+        let heard = uploaded.map(|(length, sha)| (None, *length, sha));
         assert!(
-            uploaded.is_some_and(|(len, sha)| *len == reported.0 && sha.to_hex() == reported.1),
+            check::upload_heard(body, heard),
             "INVARIANT upload-first: completion for {offer} without a matching valid upload"
         );
         let attempt = plane::text(body, "attemptId");

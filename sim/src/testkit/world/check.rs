@@ -27,6 +27,9 @@
 //! * `renewal-only-retired`, `renewal-after-runs` ([`renewal`]): a new Session replaces the
 //!   stored one only while the control plane holds the stored one draining or offline, and,
 //!   draining, only once no Run of the stored Session may still be live.
+//! * `upload-first` ([`upload_heard`]): completion only names an artifact whose upload the
+//!   Worker heard succeed (same length and SHA-256, and the same log id where the host keeps
+//!   it).
 //! * `request-cap` ([`request_within_cap`]): no request body above the cap its call carries.
 //! * `spawn-barrier`: a spawn only while the durable record is `launching` with exactly the
 //!   plan's offer, Run, Attempt, start time, log id, callback sequence and capability digest
@@ -38,8 +41,6 @@
 //!   is durable.
 //! * `stored-before-clear`: a claim whose offer was delivered is cleared only once the offer is
 //!   in the inbox.
-//! * `upload-before-completion`: completion only names an artifact whose upload the Worker heard
-//!   succeed (same log id, length and SHA-256).
 //! * `genuine-receipt-only`: upload and completion only while the attempt's receipt is the
 //!   supervisor's genuine one (never after a forged or malformed receipt).
 //! * `completion-before-acknowledged`: `completion_acknowledged` is persisted only after the
@@ -317,24 +318,15 @@ impl World {
 
     fn check_completion(&mut self, offer_id: &OfferId, v: &Value) {
         let name = alias(self, offer_id);
-        let artifact = v.get("artifact").cloned().unwrap_or(Value::Null);
-        let log = artifact
-            .get("logArtifactId")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        let length = artifact
-            .get("byteLength")
-            .and_then(Value::as_u64)
-            .unwrap_or(u64::MAX);
-        let sha = artifact.get("sha256").and_then(Value::as_str).unwrap_or("");
-        let uploaded = self.plane.runs.get(offer_id).is_some_and(|run| {
-            run.uploads.iter().any(|(l, n, s, heard)| {
-                *heard && l.as_str() == log && *n == length && s.to_hex() == sha
-            })
+        let heard = self.plane.runs.get(offer_id).into_iter().flat_map(|run| {
+            run.uploads
+                .iter()
+                .filter(|(_, _, _, heard)| *heard)
+                .map(|(log, length, sha, _)| (Some(log), *length, sha))
         });
-        if !uploaded {
+        if !upload_heard(v, heard) {
             self.violation(
-                "upload-before-completion",
+                "upload-first",
                 format!("completion of {name} names an artifact whose upload was not acknowledged"),
             );
         }
@@ -902,4 +894,23 @@ pub fn renewal<'r>(
 #[must_use]
 pub fn request_within_cap(call: &HttpCall) -> bool {
     call.body.len() <= call.request_cap
+}
+
+/// `upload-first`: the artifact a completion `body` names (log id, byte length, SHA-256) is one
+/// whose upload the Worker heard succeed: one of `heard` (the log id where the host keeps it,
+/// the byte length, the SHA-256).
+pub fn upload_heard<'u>(
+    body: &Value,
+    heard: impl IntoIterator<Item = (Option<&'u LogArtifactId>, u64, &'u Sha256Digest)>,
+) -> bool {
+    let artifact = body.get("artifact").unwrap_or(&Value::Null);
+    let text = |key: &str| artifact.get(key).and_then(Value::as_str).unwrap_or("");
+    let length = artifact
+        .get("byteLength")
+        .and_then(Value::as_u64)
+        .unwrap_or(u64::MAX);
+    let (log, sha) = (text("logArtifactId"), text("sha256"));
+    heard
+        .into_iter()
+        .any(|(l, n, s)| l.is_none_or(|l| l.as_str() == log) && n == length && s.to_hex() == sha)
 }
