@@ -30,6 +30,12 @@
 //! * `upload-first` ([`upload_heard`]): completion only names an artifact whose upload the
 //!   Worker heard succeed (same length and SHA-256, and the same log id where the host keeps
 //!   it).
+//! * `receipt-authenticated` ([`receipt_authenticated`]): upload and completion only while
+//!   the host knows the Attempt's receipt is the supervisor's genuine one (never after a forged
+//!   or malformed receipt): World by the receipt on disk, the fuzz host by the last receipt it
+//!   served in this incarnation.
+//! * `no-secret-at-rest` ([`secret_free`]): no Secret value the control plane handed out in a
+//!   persisted record or claim, a request body or an upload header.
 //! * `request-cap` ([`request_within_cap`]): no request body above the cap its call carries.
 //! * `spawn-barrier`: a spawn only while the durable record is `launching` with exactly the
 //!   plan's offer, Run, Attempt, start time, log id, callback sequence and capability digest
@@ -41,8 +47,6 @@
 //!   is durable.
 //! * `stored-before-clear`: a claim whose offer was delivered is cleared only once the offer is
 //!   in the inbox.
-//! * `genuine-receipt-only`: upload and completion only while the attempt's receipt is the
-//!   supervisor's genuine one (never after a forged or malformed receipt).
 //! * `completion-before-acknowledged`: `completion_acknowledged` is persisted only after the
 //!   control plane applied the completion.
 //! * `logs-kept`: no command deletes or shortens a log.
@@ -86,6 +90,7 @@ impl World {
             Action::PersistRecord { record, .. } => {
                 if let Ok(bytes) = ql_worker_core::envelope::encode(&**record) {
                     self.check_capability_free(&bytes, "record");
+                    self.check_secret_free(&bytes, "persisted record");
                 }
                 let fresh = self
                     .disk
@@ -111,6 +116,7 @@ impl World {
             Action::PersistClaim { claim, .. } => {
                 if let Ok(bytes) = ql_worker_core::envelope::encode(&**claim) {
                     self.check_capability_free(&bytes, "claim");
+                    self.check_secret_free(&bytes, "persisted claim");
                 }
             }
             Action::ClearClaim { offer_id, .. } => {
@@ -143,9 +149,11 @@ impl World {
                         ),
                     );
                 }
+                self.check_secret_free(&call.body, "request body");
                 self.check_post(act::operation(call), &call.body);
             }
             Action::UploadLog { header, .. } => {
+                self.check_secret_free(header, "upload header");
                 let v: Value = serde_json::from_slice(header).unwrap_or(Value::Null);
                 let attempt = v.get("attemptId").and_then(Value::as_str).unwrap_or("");
                 self.check_receipt_genuine(attempt, "upload");
@@ -262,6 +270,15 @@ impl World {
         }
     }
 
+    fn check_secret_free(&mut self, bytes: &[u8], what: &str) {
+        if !secret_free(bytes, &[super::plane::SECRET_VALUE]) {
+            self.violation(
+                "no-secret-at-rest",
+                format!("a {what} holds a Secret value"),
+            );
+        }
+    }
+
     fn check_post(&mut self, operation: Operation, body: &[u8]) {
         let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
         let text = |key: &str| String::from(v.get(key).and_then(Value::as_str).unwrap_or(""));
@@ -338,10 +355,10 @@ impl World {
         let genuine = AttemptId::new(attempt)
             .ok()
             .and_then(|a| self.disk.receipts.get(&a))
-            .is_some_and(|r| r.genuine && !r.malformed);
-        if !genuine {
+            .map(|r| r.genuine && !r.malformed);
+        if !receipt_authenticated(genuine) {
             self.violation(
-                "genuine-receipt-only",
+                "receipt-authenticated",
                 format!("{what} for {attempt} without a genuine receipt"),
             );
         }
@@ -699,12 +716,10 @@ impl Ghost {
                 "INVARIANT no-capability-at-rest: {what} holds a capability"
             );
         }
-        for value in &self.secret_values {
-            assert!(
-                !contains(bytes, value.as_bytes()),
-                "INVARIANT no-secret-at-rest: {what} holds a Secret value"
-            );
-        }
+        assert!(
+            secret_free(bytes, &self.secret_values),
+            "INVARIANT no-secret-at-rest: {what} holds a Secret value"
+        );
     }
 
     /// Licenses `reason` for `offer` (a fault or answer that leads there happened).
@@ -913,4 +928,21 @@ pub fn upload_heard<'u>(
     heard
         .into_iter()
         .any(|(l, n, s)| l.is_none_or(|l| l.as_str() == log) && n == length && s.to_hex() == sha)
+}
+
+/// `no-secret-at-rest`: none of the Secret `values` the control plane handed out occurs in
+/// `bytes`.
+#[must_use]
+pub fn secret_free<S: AsRef<str>>(bytes: &[u8], values: &[S]) -> bool {
+    !values
+        .iter()
+        .any(|value| contains(bytes, value.as_ref().as_bytes()))
+}
+
+/// `receipt-authenticated`: an upload or a completion for an Attempt only while what the host
+/// knows of its receipt (`genuine`; `None`: no receipt known) says it is the supervisor's
+/// genuine one.
+#[must_use]
+pub fn receipt_authenticated(genuine: Option<bool>) -> bool {
+    genuine == Some(true)
 }
