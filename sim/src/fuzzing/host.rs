@@ -499,7 +499,17 @@ impl Host {
             (Operation::Completion, Some(offer)) => self.check_completion(&offer, &body),
             (Operation::Register | Operation::Heartbeat | Operation::Transition, _) => {}
             (op, None) => panic!("INVARIANT request-json: {} without an offerId", op.as_str()),
-            (Operation::Running | Operation::Secrets | Operation::LeaseControl, Some(_)) => {}
+            (Operation::Running, Some(offer)) => {
+                let stored = self.record(&offer);
+                let handle = plane::text(&body, "executorHandle");
+                assert!(
+                    check::running_ack_allowed(stored.as_ref(), handle),
+                    "INVARIANT running-ack-after-started: running ACK of {offer} while the \
+                     durable record is {:?}",
+                    stored.as_ref().map(|r| r.state)
+                );
+            }
+            (Operation::Secrets | Operation::LeaseControl, Some(_)) => {}
             (op @ (Operation::Artifacts | Operation::Attestations), _) => {
                 panic!("INVARIANT route: {} is not a JSON call", op.as_str())
             }

@@ -36,6 +36,8 @@
 //!   served in this incarnation.
 //! * `no-secret-at-rest` ([`secret_free`]): no Secret value the control plane handed out in a
 //!   persisted record or claim, a request body or an upload header.
+//! * `running-ack-after-started` ([`running_ack_allowed`]): the running ACK only while
+//!   `started` (with the same handle) is durable.
 //! * `request-cap` ([`request_within_cap`]): no request body above the cap its call carries.
 //! * `spawn-barrier`: a spawn only while the durable record is `launching` with exactly the
 //!   plan's offer, Run, Attempt, start time, log id, callback sequence and capability digest
@@ -43,8 +45,6 @@
 //!
 //! [`World`] also checks, on every command before it takes effect:
 //!
-//! * `running-ack-after-started`: the running ACK only while `started` (with the same handle)
-//!   is durable.
 //! * `stored-before-clear`: a claim whose offer was delivered is cleared only once the offer is
 //!   in the inbox.
 //! * `completion-before-acknowledged`: `completion_acknowledged` is persisted only after the
@@ -309,11 +309,7 @@ impl World {
             }
             Operation::Running => {
                 let handle = text("executorHandle");
-                let ok = self.disk.record(&offer_id).is_some_and(|r| {
-                    r.state == State::Started
-                        && r.executor_handle.as_ref().map(|h| h.as_str()) == Some(handle.as_str())
-                });
-                if !ok {
+                if !running_ack_allowed(self.disk.record(&offer_id), &handle) {
                     let state = self.disk.record(&offer_id).map(|r| r.state);
                     self.violation(
                         "running-ack-after-started",
@@ -945,4 +941,13 @@ pub fn secret_free<S: AsRef<str>>(bytes: &[u8], values: &[S]) -> bool {
 #[must_use]
 pub fn receipt_authenticated(genuine: Option<bool>) -> bool {
     genuine == Some(true)
+}
+
+/// `running-ack-after-started`: the running ACK naming `handle` only while the durable record
+/// (`stored`) is `started` with that handle.
+#[must_use]
+pub fn running_ack_allowed(stored: Option<&InboxRecord>, handle: &str) -> bool {
+    stored.is_some_and(|r| {
+        r.state == State::Started && r.executor_handle.as_ref().map(|h| h.as_str()) == Some(handle)
+    })
 }
