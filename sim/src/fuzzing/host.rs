@@ -540,8 +540,21 @@ impl Host {
         }
     }
 
-    /// Performs `action` in `mode`.
+    /// Performs `action` in `mode`, checking `logs-kept` across it ([`check::logs_kept`]).
     pub fn perform(&mut self, action: Action, mode: Mode, r: &mut Bytes<'_>) -> Answer {
+        let before: Vec<(LogArtifactId, u64)> = self
+            .logs
+            .iter()
+            .map(|(id, l)| (id.clone(), l.len))
+            .collect();
+        let answer = self.perform_unchecked(action, mode, r);
+        if let Some(v) = check::logs_kept(&before, |id| self.logs.get(id).map(|l| l.len)).first() {
+            panic!("INVARIANT {}: {}", v.invariant, v.detail);
+        }
+        answer
+    }
+
+    fn perform_unchecked(&mut self, action: Action, mode: Mode, r: &mut Bytes<'_>) -> Answer {
         match action {
             Action::ListInbox { after, limit } => self.list(after, limit, mode),
             Action::ReadRecord { offer_id } => match mode {

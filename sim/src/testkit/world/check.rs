@@ -38,6 +38,7 @@
 //!   persisted record or claim, a request body or an upload header.
 //! * `running-ack-after-started` ([`running_ack_allowed`]): the running ACK only while
 //!   `started` (with the same handle) is durable.
+//! * `logs-kept` ([`logs_kept`]): no command deletes or shortens a log.
 //! * `request-cap` ([`request_within_cap`]): no request body above the cap its call carries.
 //! * `spawn-barrier`: a spawn only while the durable record is `launching` with exactly the
 //!   plan's offer, Run, Attempt, start time, log id, callback sequence and capability digest
@@ -49,7 +50,6 @@
 //!   in the inbox.
 //! * `completion-before-acknowledged`: `completion_acknowledged` is persisted only after the
 //!   control plane applied the completion.
-//! * `logs-kept`: no command deletes or shortens a log.
 //! * `stop-after-durable-lease`: a stop only when the durable lease has expired locally, the
 //!   control plane said the Run is terminal, or the `stop_requested` lease version is durable.
 //! * `fail-closed-no-pull`: no Pull starts (its first command, reading the claim) while any
@@ -199,25 +199,29 @@ impl World {
     }
 
     /// Checks that no command shortened or deleted a log (`before`: lengths before it ran).
-    pub(crate) fn check_logs_kept(&mut self, before: &[(LogArtifactId, usize)]) {
-        for (id, length) in before {
-            let now = self.disk.logs.get(id).map(|l| l.content.len());
-            if now.is_none_or(|n| n < *length) {
-                self.violation(
-                    "logs-kept",
-                    format!("log {id} went from {length} to {now:?}"),
-                );
-            }
-        }
+    pub(crate) fn check_logs_kept(&mut self, before: &[(LogArtifactId, u64)]) {
+        let now = |id: &LogArtifactId| {
+            self.disk
+                .logs
+                .get(id)
+                .map(|l| u64::try_from(l.content.len()).unwrap_or(u64::MAX))
+        };
+        let broken = logs_kept(before, now);
+        self.violations.extend(broken);
     }
 
     /// Log lengths, for [`World::check_logs_kept`].
     #[must_use]
-    pub fn log_lengths(&self) -> Vec<(LogArtifactId, usize)> {
+    pub fn log_lengths(&self) -> Vec<(LogArtifactId, u64)> {
         self.disk
             .logs
             .iter()
-            .map(|(id, l)| (id.clone(), l.content.len()))
+            .map(|(id, l)| {
+                (
+                    id.clone(),
+                    u64::try_from(l.content.len()).unwrap_or(u64::MAX),
+                )
+            })
             .collect()
     }
 
@@ -950,4 +954,22 @@ pub fn running_ack_allowed(stored: Option<&InboxRecord>, handle: &str) -> bool {
     stored.is_some_and(|r| {
         r.state == State::Started && r.executor_handle.as_ref().map(|h| h.as_str()) == Some(handle)
     })
+}
+
+/// `logs-kept`: no command deleted or shortened a log. `before`: every log's length before the
+/// command; `now`: a log's length after it (`None`: gone). Returns the logs it broke.
+pub fn logs_kept(
+    before: &[(LogArtifactId, u64)],
+    now: impl Fn(&LogArtifactId) -> Option<u64>,
+) -> Vec<Violation> {
+    before
+        .iter()
+        .filter_map(|(id, length)| {
+            let after = now(id);
+            after.is_none_or(|n| n < *length).then(|| Violation {
+                invariant: "logs-kept",
+                detail: format!("log {id} went from {length} to {after:?}"),
+            })
+        })
+        .collect()
 }
