@@ -87,7 +87,7 @@ fn uploads_before_completion_and_deletes_the_receipt_only_after_durable_ack() {
         sim.world.disk.record(&id).unwrap().state,
         State::CompletionAcknowledged
     );
-    // The completion named the uploaded artifact (the `upload-before-completion` check).
+    // The completion named the uploaded artifact (the `upload-first` check).
     assert!(
         sim.world.violations.is_empty(),
         "{:?}",

@@ -106,7 +106,7 @@ const START: [&str; 11] = [
 /// Every ACK and the spawn barrier land in the one inbox record: starting_acknowledged,
 /// launching, started, running_acknowledged. The running ACK carries callback sequence 1 and
 /// the lowercase hex SHA-256 of the capability handed to the supervisor; no record holds the
-/// capability itself (the `no-raw-capability` check of every write). One straight start calls
+/// capability itself (the `no-capability-at-rest` check of every write). One straight start calls
 /// `starting` once (its answer already carries the launch authority); a restart from
 /// `starting_acknowledged` replays it, as the reference's second call does. Wiping the
 /// capability buffer is a type property (`Capability` and `LaunchPlan` zeroize on drop).

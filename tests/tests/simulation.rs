@@ -21,8 +21,8 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::Once;
 use std::time::Instant;
 
-use ql_worker_sim::fuzzing::host::Lie;
 use ql_worker_sim::fuzzing::machine::{self, Scenario, SimOptions, Summary};
+use ql_worker_sim::testkit::world::Lie;
 
 const REPLAY: &str = "cargo test --release -p ql-worker-tests --test simulation -- --nocapture";
 

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use ql_worker_core::capability::{ENTROPY_BYTES, Entropy};
-use ql_worker_core::claim::{self, PendingClaim};
+use ql_worker_core::claim::PendingClaim;
 use ql_worker_core::envelope;
 use ql_worker_core::ids::{AttemptId, LogArtifactId, OfferId, Revision, Sha256Digest};
 use ql_worker_core::io::{
@@ -22,16 +22,17 @@ use ql_worker_core::io::{
 };
 use ql_worker_core::listing::{PageLimit, page};
 use ql_worker_core::receipt::{Receipt, ReceiptToken};
-use ql_worker_core::record::{InboxRecord, RecoveryReason, State, check_transition};
+use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
 use ql_worker_core::time::{Now, UnixMillis};
 use ql_worker_core::wire::artifact::{ArtifactReceipt, ArtifactUpload, UploadStatus};
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::worker::Worker;
 
 use super::bytes::Bytes;
-use super::ghost::{Ghost, License, SpawnFate};
 use super::plane::{self, Plane};
 use super::samples;
+use crate::testkit::world::Lie;
+use crate::testkit::world::check::{self, Ghost, License, SpawnFate};
 use ql_worker_tests::server_wire::{ToJsonFor as _, parse_route};
 
 /// A spool file.
@@ -89,45 +90,6 @@ pub enum Mode {
     Valid,
     /// Answer a fault (the number picks which one for this kind of action).
     Fault(u8),
-}
-
-/// A deliberately lying host, for the simulation's self-test (`tests/tests/simulation.rs`): each
-/// lie must make a checker report a violation. Never set by the fuzz targets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lie {
-    /// The supervisor starts the process of a valid spawn but answers `Rejected`.
-    SpawnedButRejected,
-    /// A valid upload is answered `stored` but nothing reaches the control plane.
-    UploadNotStored,
-    /// In the liveness phase, user processes never end (an unfair environment).
-    HungProcesses,
-    /// Retention reports a removal but leaves the record in the inbox.
-    RemovalNotDone,
-    /// The control plane registers a new Session `draining` (so it never takes work).
-    SessionStaysDraining,
-    /// The Worker's side lies: every spawn command reaches the supervisor twice (a forged
-    /// double spawn, as a driver that retried a spawn would make).
-    WorkerDoubleSpawn,
-    /// The Worker's side lies: next to every spawn, a forged spawn of the same Attempt under
-    /// another offer id.
-    WorkerSpawnsAttemptTwice,
-    /// The Worker's side lies: next to every spawn, a forged spawn of the same Run with another
-    /// Attempt id the control plane never made.
-    WorkerSpawnsRunTwice,
-    /// The Worker's side lies: every spawn plan's start time is one millisecond off the durable
-    /// barrier's.
-    WorkerSpawnsDriftedPlan,
-    /// The Worker's side lies: every `recovery_required` record is written with
-    /// `control_plane_already_running` (or, when that is the true reason,
-    /// `control_plane_terminal`) instead of the reason the Worker chose.
-    WorkerWrongRecovery,
-    /// In the cadence phase, the link carries one call at a time, each waiting for the one
-    /// before it to be answered, as a Worker with one loop and one call at a time would.
-    SerialCalls,
-    /// In the cadence phase, a lease renewal of a Run not yet running never reaches the control
-    /// plane (answered as a refused connection), as for a Worker that renews only running
-    /// Runs.
-    NoStartPathRenewal,
 }
 
 /// The answer to one command.
@@ -356,13 +318,9 @@ impl Host {
             Action::PersistClaim { expected, claim } => self.check_claim(*expected, claim),
             Action::ClearClaim { offer_id, revision } => {
                 let stored = self.stored_claim();
-                let stored = stored
-                    .unwrap_or_else(|| panic!("INVARIANT claim-cas: clearing an absent claim"));
-                let check = claim::check_clear(&stored, offer_id, *revision);
-                assert!(
-                    check.is_ok(),
-                    "INVARIANT claim-cas: clear refused: {check:?}"
-                );
+                if let Err(detail) = check::claim_clear(stored.as_ref(), offer_id, *revision) {
+                    panic!("INVARIANT claim-cas: {detail}");
+                }
             }
             Action::ReadClaim => {
                 self.ghost.check_pull(worker.fail_closed().is_some());
@@ -375,11 +333,10 @@ impl Host {
             }
             Action::RemoveReceipt { attempt_id } => {
                 let state = self.record_of_attempt(attempt_id).map(|r| r.state);
-                assert_eq!(
-                    state,
-                    Some(State::CompletionAcknowledged),
-                    "INVARIANT receipt-kept: receipt of {attempt_id} removed while the record \
-                     is {state:?}"
+                assert!(
+                    check::receipt_removable(state),
+                    "INVARIANT receipt-removed-after-acknowledged: receipt of {attempt_id} \
+                     removed while the record is {state:?}"
                 );
             }
             Action::UploadLog {
@@ -467,69 +424,27 @@ impl Host {
         }
     }
 
-    /// A new Session replaces the stored one only when the control plane holds the stored one
-    /// draining or offline, and no Run of it may still be live (its leases would be fenced).
+    /// A new Session replaces the stored one only under [`check::renewal`]'s rules.
     fn check_renewal(&self) {
-        assert!(
-            self.plane.session_id == self.session_id
-                && self.plane.status != ql_worker_core::wire::session::SessionStatus::Online,
-            "INVARIANT renewal-only-retired: a new Session while the stored one is {:?} at the \
-             control plane",
-            self.plane.status
-        );
-        for (_, record) in self.records.values() {
-            let live = matches!(
-                record.state,
-                State::Launching | State::Started | State::RunningAcknowledged
-            ) || record.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown);
-            assert!(
-                !(live && record.offer.worker.session_id == self.session_id)
-                    || self.plane.status == ql_worker_core::wire::session::SessionStatus::Offline,
-                "INVARIANT renewal-after-runs: a new Session while {} ({}) of the old one may \
-                 still run",
-                record.offer.offer_id,
-                record.state
-            );
+        let holds = self.plane.session_id == self.session_id;
+        let records = self.records.values().map(|(_, r)| r);
+        if let Some(v) = check::renewal(self.plane.status, holds, &self.session_id, records) {
+            panic!("INVARIANT {}: {}", v.invariant, v.detail);
         }
     }
 
     fn check_persist(&self, expected: Option<Revision>, record: &InboxRecord) {
-        let offer = &record.offer.offer_id;
-        match (expected, self.record(offer)) {
-            (None, None) => {
-                assert!(
-                    record.validate().is_ok()
-                        && record.revision == Revision::FIRST
-                        && record.state == State::Accepted,
-                    "INVARIANT persist-valid: first publication of {offer} is not a valid \
-                     accepted record at revision 0"
-                );
-            }
-            (Some(revision), Some(stored)) => {
-                let check = check_transition(&stored, record, revision);
-                assert!(
-                    check.is_ok(),
-                    "INVARIANT persist-valid: {offer} {} -> {}: {check:?}",
-                    stored.state,
-                    record.state
-                );
-            }
-            (expected, stored) => panic!(
-                "INVARIANT persist-valid: {offer} written with expected {expected:?} while \
-                 stored is {:?}",
-                stored.map(|s| s.revision)
-            ),
+        let stored = self.record(&record.offer.offer_id);
+        if let Err(detail) = check::record_write(expected, stored.as_ref(), record) {
+            panic!("INVARIANT persist-valid: {detail}");
         }
     }
 
     fn check_claim(&self, expected: Option<Revision>, proposed: &PendingClaim) {
         let stored = self.stored_claim();
-        let check = match (expected, &stored) {
-            (None, existing) => claim::check_create(existing.as_ref(), proposed).map(|_| ()),
-            (Some(revision), Some(stored)) => claim::check_replace(stored, proposed, revision),
-            (Some(_), None) => panic!("INVARIANT claim-cas: replacing an absent claim"),
-        };
-        assert!(check.is_ok(), "INVARIANT claim-cas: {check:?}");
+        if let Err(detail) = check::claim_write(expected, stored.as_ref(), proposed) {
+            panic!("INVARIANT claim-cas: {detail}");
+        }
     }
 
     fn check_upload(&self, log: &LogArtifactId, header: &[u8]) {
@@ -542,16 +457,15 @@ impl Host {
             panic!("INVARIANT upload-known-log: upload of a log no record names");
         };
         let attempt = &record.offer.candidate.attempt_id;
-        assert_eq!(
-            self.ghost.genuine.get(attempt),
-            Some(&true),
+        assert!(
+            check::receipt_authenticated(self.ghost.genuine.get(attempt).copied()),
             "INVARIANT receipt-authenticated: upload for {attempt} without a genuine receipt"
         );
     }
 
     fn check_post(&self, call: &HttpCall, worker: &Worker) {
         assert!(
-            call.body.len() <= call.request_cap,
+            check::request_within_cap(call),
             "INVARIANT request-cap: body above its cap"
         );
         self.ghost.check_no_secret("a request body", &call.body);
@@ -563,16 +477,19 @@ impl Host {
         match (route.operation, offer) {
             (Operation::Offers, Some(offer)) => {
                 let claim = self.stored_claim();
-                let durable = claim.is_some_and(|c| {
-                    c.offer_id == offer
-                        && c.lease_token.expose() == plane::text(&body, "leaseToken")
-                });
+                let token = plane::text(&body, "leaseToken");
                 assert!(
-                    durable,
-                    "INVARIANT claim-first: offers POST without its durable claim"
+                    check::claim_durable(claim.as_ref(), &offer, token),
+                    "INVARIANT claim-before-pull: offers POST without its durable claim"
                 );
             }
-            (Operation::StartFailure, Some(offer)) => self.ghost.check_start_failure(&offer),
+            (Operation::StartFailure, Some(offer)) => {
+                let alive = self
+                    .processes
+                    .iter()
+                    .any(|p| p.alive && p.launching.offer.offer_id == offer);
+                self.ghost.check_start_failure(&offer, alive);
+            }
             (Operation::Starting, Some(_)) => {
                 assert!(
                     worker.fail_closed().is_none() && !self.ghost.drain_requested,
@@ -582,7 +499,17 @@ impl Host {
             (Operation::Completion, Some(offer)) => self.check_completion(&offer, &body),
             (Operation::Register | Operation::Heartbeat | Operation::Transition, _) => {}
             (op, None) => panic!("INVARIANT request-json: {} without an offerId", op.as_str()),
-            (Operation::Running | Operation::Secrets | Operation::LeaseControl, Some(_)) => {}
+            (Operation::Running, Some(offer)) => {
+                let stored = self.record(&offer);
+                let handle = plane::text(&body, "executorHandle");
+                assert!(
+                    check::running_ack_allowed(stored.as_ref(), handle),
+                    "INVARIANT running-ack-after-started: running ACK of {offer} while the \
+                     durable record is {:?}",
+                    stored.as_ref().map(|r| r.state)
+                );
+            }
+            (Operation::Secrets | Operation::LeaseControl, Some(_)) => {}
             (op @ (Operation::Artifacts | Operation::Attestations), _) => {
                 panic!("INVARIANT route: {} is not a JSON call", op.as_str())
             }
@@ -590,24 +517,18 @@ impl Host {
     }
 
     fn check_completion(&self, offer: &OfferId, body: &Value) {
-        let artifact = body.get("artifact").cloned().unwrap_or(Value::Null);
-        let reported = (
-            plane::number(&artifact, "byteLength"),
-            plane::text(&artifact, "sha256"),
-        );
         let uploaded = self.ghost.uploaded.get(offer);
+        let heard = uploaded.map(|(length, sha)| (None, *length, sha));
         assert!(
-            uploaded.is_some_and(|(len, sha)| *len == reported.0 && sha.to_hex() == reported.1),
+            check::upload_heard(body, heard),
             "INVARIANT upload-first: completion for {offer} without a matching valid upload"
         );
         let attempt = plane::text(body, "attemptId");
-        let genuine = self
-            .ghost
-            .genuine
-            .iter()
-            .any(|(a, g)| a.as_str() == attempt && *g);
+        let genuine = AttemptId::new(attempt)
+            .ok()
+            .and_then(|a| self.ghost.genuine.get(&a).copied());
         assert!(
-            genuine,
+            check::receipt_authenticated(genuine),
             "INVARIANT receipt-authenticated: completion without a genuine receipt"
         );
     }
@@ -619,8 +540,21 @@ impl Host {
         }
     }
 
-    /// Performs `action` in `mode`.
+    /// Performs `action` in `mode`, checking `logs-kept` across it ([`check::logs_kept`]).
     pub fn perform(&mut self, action: Action, mode: Mode, r: &mut Bytes<'_>) -> Answer {
+        let before: Vec<(LogArtifactId, u64)> = self
+            .logs
+            .iter()
+            .map(|(id, l)| (id.clone(), l.len))
+            .collect();
+        let answer = self.perform_unchecked(action, mode, r);
+        if let Some(v) = check::logs_kept(&before, |id| self.logs.get(id).map(|l| l.len)).first() {
+            panic!("INVARIANT {}: {}", v.invariant, v.detail);
+        }
+        answer
+    }
+
+    fn perform_unchecked(&mut self, action: Action, mode: Mode, r: &mut Bytes<'_>) -> Answer {
         match action {
             Action::ListInbox { after, limit } => self.list(after, limit, mode),
             Action::ReadRecord { offer_id } => match mode {

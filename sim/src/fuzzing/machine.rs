@@ -25,10 +25,10 @@ use ql_worker_core::wire::session::Capabilities;
 use ql_worker_core::worker::{HaltReason, Output, StopReason, Worker, WorkerConfig};
 
 use super::bytes::Bytes;
-use super::ghost::{License, SpawnFate};
 use super::host::{Host, Mode, Process};
 use super::plane::{OfferPolicy, Plane};
 use super::samples;
+use crate::testkit::world::check::{License, SpawnFate};
 
 mod cadence;
 pub use cadence::{CadenceStats, REQUEST_TIMEOUT_MS};
@@ -219,14 +219,15 @@ pub fn simulate(
     scenario: Scenario,
     data: &[u8],
     faults: SimOptions,
-    lie: Option<super::host::Lie>,
+    lie: Option<crate::testkit::world::Lie>,
     trace: &mut dyn FnMut(&str),
 ) -> Summary {
     let mut r = Bytes::new(data);
     let mut sim = Sim::new(scenario, &mut r);
     sim.faults = faults;
     sim.host.lie = lie;
-    sim.host.plane.new_sessions_draining = lie == Some(super::host::Lie::SessionStaysDraining);
+    sim.host.plane.new_sessions_draining =
+        lie == Some(crate::testkit::world::Lie::SessionStaysDraining);
     sim.host.plane.reoffers = faults.reoffers;
     sim.trace = Some(trace);
     if faults.clock_steps && r.u8().is_multiple_of(4) {
@@ -262,7 +263,10 @@ pub fn simulate(
     if let Some(seed) = faults.link
         && matches!(
             lie,
-            None | Some(super::host::Lie::SerialCalls | super::host::Lie::NoStartPathRenewal)
+            None | Some(
+                crate::testkit::world::Lie::SerialCalls
+                    | crate::testkit::world::Lie::NoStartPathRenewal
+            )
         )
         && !faults.small_inbox
     {
@@ -527,7 +531,7 @@ impl Sim<'_> {
     }
 
     fn command(&mut self, mut command: Command, r: &mut Bytes<'_>) {
-        if self.host.lie == Some(super::host::Lie::WorkerWrongRecovery)
+        if self.host.lie == Some(crate::testkit::world::Lie::WorkerWrongRecovery)
             && let ql_worker_core::io::Action::PersistRecord { record, .. } = &mut command.action
             && let Some(reason) = &mut record.recovery_reason
         {
@@ -537,7 +541,7 @@ impl Sim<'_> {
                 RecoveryReason::ControlPlaneAlreadyRunning
             };
         }
-        if self.host.lie == Some(super::host::Lie::WorkerSpawnsDriftedPlan)
+        if self.host.lie == Some(crate::testkit::world::Lie::WorkerSpawnsDriftedPlan)
             && let ql_worker_core::io::Action::Spawn(plan) = &mut command.action
         {
             plan.executor_started_at = plan.executor_started_at.saturating_add(1);
@@ -650,7 +654,7 @@ impl Sim<'_> {
     /// The Worker-side lies of the self-test: a spawn issued twice, or a forged spawn of the
     /// same Attempt (another offer id) or of the same Run (another Attempt id).
     fn forge_spawn(&mut self, plan: &ql_worker_core::io::LaunchPlan) {
-        use super::host::Lie;
+        use crate::testkit::world::Lie;
         let (offer, attempt) = match self.host.lie {
             Some(Lie::WorkerDoubleSpawn) => {
                 let again = ql_worker_core::io::Action::Spawn(Box::new(forged(plan, None, None)));
@@ -677,7 +681,7 @@ impl Sim<'_> {
         if self.live {
             // Healed: a process ends (slowly: one per idle step) with its receipt, and time
             // moves even when the Worker has no wake-up.
-            let hung = self.host.lie == Some(super::host::Lie::HungProcesses);
+            let hung = self.host.lie == Some(crate::testkit::world::Lie::HungProcesses);
             let alive = self.host.processes.iter().position(|p| p.alive);
             if let Some(index) = alive.filter(|_| !hung) {
                 self.host.exit(index, 0, true);
@@ -873,7 +877,7 @@ impl Sim<'_> {
                 "INVARIANT retention-removes-only-unneeded: {offer_id} ({}) removed",
                 record.state
             );
-            if self.host.lie != Some(super::host::Lie::RemovalNotDone) {
+            if self.host.lie != Some(crate::testkit::world::Lie::RemovalNotDone) {
                 self.host.records.remove(&offer_id);
             }
             self.removed.push(record);
@@ -1038,11 +1042,7 @@ fn preload(
     };
     let candidate = &record.offer.candidate;
     host.ghost
-        .attempt_spawns
-        .insert(candidate.attempt_id.clone(), offer.clone());
-    host.ghost
-        .run_spawns
-        .insert(candidate.run_id.clone(), offer.clone());
+        .preloaded_spawn(&offer, &candidate.attempt_id, &candidate.run_id);
     host.ghost.spawns.insert(offer, fate);
     if let Some(handle) = &record.executor_handle {
         host.ghost.handles.insert(String::from(handle.as_str()));

@@ -14,7 +14,6 @@
 
 pub mod bytes;
 pub mod decoders;
-pub mod ghost;
 pub mod host;
 pub mod machine;
 pub mod plane;

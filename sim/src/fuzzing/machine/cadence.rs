@@ -43,10 +43,11 @@ use ql_worker_tests::server_wire::parse_route;
 use ql_worker_tests::splitmix::SplitMix64;
 
 use super::super::bytes::Bytes;
-use super::super::host::{Answer, Lie, Mode};
+use super::super::host::{Answer, Mode};
 use super::super::plane::{self, OfferPolicy};
 use super::super::samples;
 use super::Sim;
+use crate::testkit::world::Lie;
 
 /// The driver's request timeout (`request_timeout_ms`, default 15 s): how long the Worker waits
 /// for an answer once its request is across.

@@ -1,58 +1,86 @@
-//! The safety invariants, checked on every command before it takes effect.
+//! The one checker set: the safety invariants of the simulated host, their rules shared by both
+//! drivers that still keep host state of their own (the scenario tests and model checks over
+//! [`World`], and the fuzz machine over `fuzzing::host::Host` with its [`Ghost`]).
 //!
-//! * `single-spawn`: at most one spawn per offer, across every crash and restart.
-//! * `at-most-once-attempt`: at most one spawn per Attempt id, whatever offer carries it.
-//! * `at-most-once-run`: a second spawn of a Run only for an Attempt the control plane created
-//!   after it declared every earlier spawned Attempt of the Run lost (its decision, not a
-//!   Worker double execution), and never of an Attempt it already declared lost.
+//! Rules both drivers apply through the same functions of this module:
+//!
+//! * `at-most-one-spawn`, `at-most-once-attempt`, `at-most-once-run` ([`spawn_once`]): at most
+//!   one spawn per offer, across every crash and restart; at most one spawn per Attempt id,
+//!   whatever offer carries it; a second spawn of a Run only for an Attempt the control plane
+//!   created after it declared every earlier spawned Attempt of the Run lost (its decision, not
+//!   a Worker double execution), and never of an Attempt it already declared lost.
+//! * `start-failure-proof` ([`start_failure_proven`]): `start-failure` only when no spawn was
+//!   issued for the offer, or the spawn was answered `Rejected`, and no process of the offer
+//!   exists.
+//! * `no-capability-at-rest` ([`CapabilityForms`]): no persisted record or claim (and, for the
+//!   fuzz host, no request body or upload header) contains a capability, raw, base64url or hex.
+//! * `persist-valid` ([`record_write`]): every record write is a first publication of a valid
+//!   `accepted` record at revision 0 over no stored record, or a replace at exactly
+//!   `expected + 1` that the journal's `check_transition` accepts.
+//! * `claim-cas` ([`claim_write`], [`claim_clear`]): every claim write and clear obeys the
+//!   claim rules of `ql_worker_core::claim` ([`World`] also refuses a second, identical create:
+//!   its Worker model never needs one).
+//! * `claim-before-pull` ([`claim_durable`]): the `offers` request only with its claim (offer
+//!   id, token) durable.
+//! * `receipt-removed-after-acknowledged` ([`receipt_removable`]): a receipt is removed only
+//!   while its record is durably `completion_acknowledged`.
+//! * `renewal-only-retired`, `renewal-after-runs` ([`renewal`]): a new Session replaces the
+//!   stored one only while the control plane holds the stored one draining or offline, and,
+//!   draining, only once no Run of the stored Session may still be live.
+//! * `upload-first` ([`upload_heard`]): completion only names an artifact whose upload the
+//!   Worker heard succeed (same length and SHA-256, and the same log id where the host keeps
+//!   it).
+//! * `receipt-authenticated` ([`receipt_authenticated`]): upload and completion only while
+//!   the host knows the Attempt's receipt is the supervisor's genuine one (never after a forged
+//!   or malformed receipt): World by the receipt on disk, the fuzz host by the last receipt it
+//!   served in this incarnation.
+//! * `no-secret-at-rest` ([`secret_free`]): no Secret value the control plane handed out in a
+//!   persisted record or claim, a request body or an upload header.
+//! * `running-ack-after-started` ([`running_ack_allowed`]): the running ACK only while
+//!   `started` (with the same handle) is durable.
+//! * `logs-kept` ([`logs_kept`]): no command deletes or shortens a log.
+//! * `request-cap` ([`request_within_cap`]): no request body above the cap its call carries.
 //! * `spawn-barrier`: a spawn only while the durable record is `launching` with exactly the
 //!   plan's offer, Run, Attempt, start time, log id, callback sequence and capability digest
 //!   (core's `Barrier::check`, the rule the real supervisor runs).
-//! * `fail-start-proof`: `start-failure` only when no spawn was issued for the offer, or the
-//!   spawn was answered `Rejected` (and no process of the offer exists).
-//! * `running-ack-after-started`: the running ACK only while `started` (with the same handle)
-//!   is durable.
-//! * `revision-plus-one`: every record write is a first publication at revision 0 or a replace
-//!   at exactly `expected + 1` that the journal's `check_transition` accepts; every claim write
-//!   obeys the claim rules of `ql_worker_core::claim`.
-//! * `no-raw-capability`: no persisted record or claim contains drawn capability bytes (raw,
-//!   base64url or hex).
-//! * `claim-before-pull`: the `offers` request only with its claim (offer id, token) durable.
+//!
+//! [`World`] also checks, on every command before it takes effect:
+//!
 //! * `stored-before-clear`: a claim whose offer was delivered is cleared only once the offer is
 //!   in the inbox.
-//! * `upload-before-completion`: completion only names an artifact whose upload the Worker heard
-//!   succeed (same log id, length and SHA-256).
-//! * `genuine-receipt-only`: upload and completion only while the attempt's receipt is the
-//!   supervisor's genuine one (never after a forged or malformed receipt).
 //! * `completion-before-acknowledged`: `completion_acknowledged` is persisted only after the
 //!   control plane applied the completion.
-//! * `receipt-removed-after-acknowledged`: a receipt is removed only while its record is durably
-//!   `completion_acknowledged`.
-//! * `logs-kept`: no command deletes or shortens a log.
 //! * `stop-after-durable-lease`: a stop only when the durable lease has expired locally, the
 //!   control plane said the Run is terminal, or the `stop_requested` lease version is durable.
 //! * `fail-closed-no-pull`: no Pull starts (its first command, reading the claim) while any
 //!   durable record is `recovery_required` (reference §4.7: fail closed, never pull again).
 //!
-//! The driver adds `worker-error` (the Worker refused an outcome or halted on a conflict) and
-//! `drain-no-pull` (no Pull starts once the Worker is draining), and the explorer `panic` (a
-//! core assertion fired).
+//! The scenario driver adds `worker-error` (the Worker refused an outcome or halted on a
+//! conflict) and `drain-no-pull` (no Pull starts once the Worker is draining), and the explorer
+//! `panic` (a core assertion fired).
+//!
+//! [`Ghost`] holds what the fuzz host knows and the Worker must not (or cannot) see, and checks
+//! the rules only the fuzz machine applies so far (Pull latch, recovery licensed by an injected
+//! cause, record states against spawn fates, no Secret value at rest; `docs/fuzzing.md`).
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use base64::Engine as _;
 use serde_json::Value;
 
-use super::{SpawnPlan, World};
+use super::{Answer, SpawnPlan, Violation, World};
 use crate::testkit::act;
-use ql_worker_core::ids::{AttemptId, LogArtifactId, OfferId, Sha256Digest};
-use ql_worker_core::io::Action;
-use ql_worker_core::record::State;
+use ql_worker_core::barrier::Barrier;
+use ql_worker_core::claim::{ClaimCreate, PendingClaim, check_clear, check_create, check_replace};
+use ql_worker_core::ids::{
+    AttemptId, LogArtifactId, OfferId, Revision, RunId, SessionId, Sha256Digest,
+};
+use ql_worker_core::io::{Action, HttpCall, LaunchPlan};
+use ql_worker_core::record::{InboxRecord, RecoveryReason, State, check_transition};
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::wire::session::SessionStatus;
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
-}
+use ql_worker_core::worker::HaltReason;
 
 impl World {
     /// Checks `action` against every invariant that concerns it, before it takes effect.
@@ -62,6 +90,7 @@ impl World {
             Action::PersistRecord { record, .. } => {
                 if let Ok(bytes) = ql_worker_core::envelope::encode(&**record) {
                     self.check_capability_free(&bytes, "record");
+                    self.check_secret_free(&bytes, "persisted record");
                 }
                 let fresh = self
                     .disk
@@ -87,6 +116,7 @@ impl World {
             Action::PersistClaim { claim, .. } => {
                 if let Ok(bytes) = ql_worker_core::envelope::encode(&**claim) {
                     self.check_capability_free(&bytes, "claim");
+                    self.check_secret_free(&bytes, "persisted claim");
                 }
             }
             Action::ClearClaim { offer_id, .. } => {
@@ -100,15 +130,30 @@ impl World {
             }
             Action::RemoveReceipt { attempt_id } => {
                 let state = self.disk.record_of_attempt(attempt_id).map(|r| r.state);
-                if state != Some(State::CompletionAcknowledged) {
+                if !receipt_removable(state) {
                     self.violation(
                         "receipt-removed-after-acknowledged",
                         format!("receipt of {attempt_id} removed while the record is {state:?}"),
                     );
                 }
             }
-            Action::Post(call) => self.check_post(act::operation(call), &call.body),
+            Action::Post(call) => {
+                if !request_within_cap(call) {
+                    self.violation(
+                        "request-cap",
+                        format!(
+                            "a {} body of {} bytes above its cap of {}",
+                            act::operation(call).as_str(),
+                            call.body.len(),
+                            call.request_cap
+                        ),
+                    );
+                }
+                self.check_secret_free(&call.body, "request body");
+                self.check_post(act::operation(call), &call.body);
+            }
             Action::UploadLog { header, .. } => {
+                self.check_secret_free(header, "upload header");
                 let v: Value = serde_json::from_slice(header).unwrap_or(Value::Null);
                 let attempt = v.get("attemptId").and_then(Value::as_str).unwrap_or("");
                 self.check_receipt_genuine(attempt, "upload");
@@ -140,69 +185,67 @@ impl World {
         }
     }
 
-    /// A new Session replaces the stored one only while the control plane holds it draining or
-    /// offline, and (draining) only once none of its Runs may still be live: a new Session
-    /// fences every lease of the old one.
+    /// A new Session replaces the stored one only under [`renewal`]'s rules.
     fn check_renewal(&mut self) {
-        let status = self.plane.session_status;
-        if status == SessionStatus::Online {
-            self.violation(
-                "renewal-only-retired",
-                String::from("a new Session while the stored one is online"),
-            );
-            return;
-        }
-        let live = self.disk.records.values().find(|(r, _)| {
-            matches!(
-                r.state,
-                State::Launching | State::Started | State::RunningAcknowledged
-            ) || r.recovery_reason
-                == Some(ql_worker_core::record::RecoveryReason::LaunchOutcomeUnknown)
-        });
-        if let Some((record, _)) = live
-            && status == SessionStatus::Draining
-        {
-            let name = alias(self, &record.offer.offer_id);
-            self.violation(
-                "renewal-after-runs",
-                format!(
-                    "a new Session while {name} ({}) may still run",
-                    record.state
-                ),
-            );
+        let stored = self
+            .session_id
+            .clone()
+            .unwrap_or_else(|| crate::testkit::worker().session_id);
+        let holds = self.plane.session_id == self.session_id;
+        let records = self.disk.records.values().map(|(r, _)| r);
+        if let Some(broken) = renewal(self.plane.session_status, holds, &stored, records) {
+            self.violations.push(broken);
         }
     }
 
     /// Checks that no command shortened or deleted a log (`before`: lengths before it ran).
-    pub(crate) fn check_logs_kept(&mut self, before: &[(LogArtifactId, usize)]) {
-        for (id, length) in before {
-            let now = self.disk.logs.get(id).map(|l| l.content.len());
-            if now.is_none_or(|n| n < *length) {
-                self.violation(
-                    "logs-kept",
-                    format!("log {id} went from {length} to {now:?}"),
-                );
-            }
-        }
+    pub(crate) fn check_logs_kept(&mut self, before: &[(LogArtifactId, u64)]) {
+        let now = |id: &LogArtifactId| {
+            self.disk
+                .logs
+                .get(id)
+                .map(|l| u64::try_from(l.content.len()).unwrap_or(u64::MAX))
+        };
+        let broken = logs_kept(before, now);
+        self.violations.extend(broken);
     }
 
     /// Log lengths, for [`World::check_logs_kept`].
     #[must_use]
-    pub fn log_lengths(&self) -> Vec<(LogArtifactId, usize)> {
+    pub fn log_lengths(&self) -> Vec<(LogArtifactId, u64)> {
         self.disk
             .logs
             .iter()
-            .map(|(id, l)| (id.clone(), l.content.len()))
+            .map(|(id, l)| {
+                (
+                    id.clone(),
+                    u64::try_from(l.content.len()).unwrap_or(u64::MAX),
+                )
+            })
             .collect()
     }
 
     fn check_spawn(&mut self, plan: &SpawnPlan) {
         let name = alias(self, &plan.offer_id);
         let earlier = self.evidence.spawns.get(&plan.offer_id).map_or(0, |s| s.0);
-        if earlier > 0 {
-            self.violation("single-spawn", format!("spawn #{} of {name}", earlier + 1));
-        }
-        self.check_once_per_run(plan, &name);
+        let of_run = self
+            .evidence
+            .run_spawns
+            .entry(plan.run_id.clone())
+            .or_default();
+        let broken = spawn_once(
+            earlier,
+            of_run,
+            (&plan.offer_id, &plan.attempt_id, &plan.run_id),
+            &self.plane.lost_attempts,
+            &|offer| {
+                self.aliases
+                    .get(offer)
+                    .cloned()
+                    .unwrap_or_else(|| String::from(offer.as_str()))
+            },
+        );
+        self.violations.extend(broken);
         match self
             .disk
             .record(&plan.offer_id)
@@ -217,60 +260,25 @@ impl World {
         }
     }
 
-    fn check_once_per_run(&mut self, plan: &SpawnPlan, name: &str) {
-        let earlier = self
-            .evidence
-            .run_spawns
-            .get(&plan.run_id)
-            .cloned()
-            .unwrap_or_default();
-        if let Some((_, offer)) = earlier.iter().find(|(a, _)| *a == plan.attempt_id) {
-            let first = alias(self, offer);
-            self.violation(
-                "at-most-once-attempt",
-                format!("second spawn of {} ({first}, then {name})", plan.attempt_id),
-            );
-        }
-        let lost = &self.plane.lost_attempts;
-        let detail = if lost.contains(&plan.attempt_id) {
-            Some(format!(
-                "spawn of {name}: the control plane declared {} lost",
-                plan.attempt_id
-            ))
-        } else {
-            earlier
-                .iter()
-                .find(|(a, _)| *a != plan.attempt_id && !lost.contains(a))
-                .map(|(attempt, offer)| {
-                    format!(
-                        "second spawn of Run {} ({name}) while Attempt {attempt} ({}) was not \
-                         declared lost",
-                        plan.run_id,
-                        alias(self, offer)
-                    )
-                })
-        };
-        if let Some(detail) = detail {
-            self.violation("at-most-once-run", detail);
-        }
-        self.evidence
-            .run_spawns
-            .entry(plan.run_id.clone())
-            .or_default()
-            .push((plan.attempt_id.clone(), plan.offer_id.clone()));
-    }
-
     fn check_capability_free(&mut self, bytes: &[u8], what: &str) {
-        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-        let leaked = self.evidence.windows.iter().any(|w| {
-            contains(bytes, w)
-                || contains(bytes, b64.encode(w).as_bytes())
-                || contains(bytes, Sha256Digest::from_bytes(*w).to_hex().as_bytes())
-        });
+        let leaked = self
+            .evidence
+            .windows
+            .iter()
+            .any(|w| CapabilityForms::of(*w).found_in(bytes));
         if leaked {
             self.violation(
-                "no-raw-capability",
+                "no-capability-at-rest",
                 format!("a persisted {what} contains drawn capability bytes"),
+            );
+        }
+    }
+
+    fn check_secret_free(&mut self, bytes: &[u8], what: &str) {
+        if !secret_free(bytes, &[super::plane::SECRET_VALUE]) {
+            self.violation(
+                "no-secret-at-rest",
+                format!("a {what} holds a Secret value"),
             );
         }
     }
@@ -284,10 +292,8 @@ impl World {
         let name = alias(self, &offer_id);
         match operation {
             Operation::Offers => {
-                let durable = self.disk.claim.as_ref().is_some_and(|(c, _)| {
-                    c.offer_id == offer_id && c.lease_token.expose() == text("leaseToken")
-                });
-                if !durable {
+                let stored = self.disk.claim.as_ref().map(|(c, _)| c);
+                if !claim_durable(stored, &offer_id, &text("leaseToken")) {
                     self.violation(
                         "claim-before-pull",
                         format!("offers request for {offer_id} without its durable claim"),
@@ -297,24 +303,17 @@ impl World {
             Operation::StartFailure => {
                 let spawned = self.evidence.spawns.get(&offer_id).copied();
                 let alive = self.supervisor.of_offer(&offer_id).next().is_some();
-                let proven = match spawned {
-                    None => !alive,
-                    Some((_, answer)) => answer == super::Answer::Rejected && !alive,
-                };
-                if !proven {
+                let fate = spawned.map(|(_, answer)| SpawnFate::of(answer));
+                if !start_failure_proven(fate, alive) {
                     self.violation(
-                        "fail-start-proof",
+                        "start-failure-proof",
                         format!("start-failure of {name} after spawn {spawned:?}"),
                     );
                 }
             }
             Operation::Running => {
                 let handle = text("executorHandle");
-                let ok = self.disk.record(&offer_id).is_some_and(|r| {
-                    r.state == State::Started
-                        && r.executor_handle.as_ref().map(|h| h.as_str()) == Some(handle.as_str())
-                });
-                if !ok {
+                if !running_ack_allowed(self.disk.record(&offer_id), &handle) {
                     let state = self.disk.record(&offer_id).map(|r| r.state);
                     self.violation(
                         "running-ack-after-started",
@@ -336,24 +335,15 @@ impl World {
 
     fn check_completion(&mut self, offer_id: &OfferId, v: &Value) {
         let name = alias(self, offer_id);
-        let artifact = v.get("artifact").cloned().unwrap_or(Value::Null);
-        let log = artifact
-            .get("logArtifactId")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        let length = artifact
-            .get("byteLength")
-            .and_then(Value::as_u64)
-            .unwrap_or(u64::MAX);
-        let sha = artifact.get("sha256").and_then(Value::as_str).unwrap_or("");
-        let uploaded = self.plane.runs.get(offer_id).is_some_and(|run| {
-            run.uploads.iter().any(|(l, n, s, heard)| {
-                *heard && l.as_str() == log && *n == length && s.to_hex() == sha
-            })
+        let heard = self.plane.runs.get(offer_id).into_iter().flat_map(|run| {
+            run.uploads
+                .iter()
+                .filter(|(_, _, _, heard)| *heard)
+                .map(|(log, length, sha, _)| (Some(log), *length, sha))
         });
-        if !uploaded {
+        if !upload_heard(v, heard) {
             self.violation(
-                "upload-before-completion",
+                "upload-first",
                 format!("completion of {name} names an artifact whose upload was not acknowledged"),
             );
         }
@@ -365,10 +355,10 @@ impl World {
         let genuine = AttemptId::new(attempt)
             .ok()
             .and_then(|a| self.disk.receipts.get(&a))
-            .is_some_and(|r| r.genuine && !r.malformed);
-        if !genuine {
+            .map(|r| r.genuine && !r.malformed);
+        if !receipt_authenticated(genuine) {
             self.violation(
-                "genuine-receipt-only",
+                "receipt-authenticated",
                 format!("{what} for {attempt} without a genuine receipt"),
             );
         }
@@ -402,4 +392,584 @@ impl World {
 
 fn alias(world: &World, offer_id: &OfferId) -> String {
     world.alias(offer_id)
+}
+
+/// Whether `needle` occurs in `haystack` (first-byte filter before each comparison).
+#[must_use]
+pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    let Some(first) = needle.first() else {
+        return false;
+    };
+    haystack
+        .windows(needle.len())
+        .any(|w| w[0] == *first && w == needle)
+}
+
+/// A capability in its three forms at rest: raw, base64url (no padding) and the lowercase hex of
+/// its bytes (`no-capability-at-rest`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CapabilityForms {
+    /// The raw bytes.
+    pub raw: [u8; 32],
+    /// Base64url without padding.
+    pub base64url: String,
+    /// Lowercase hex.
+    pub hex: String,
+}
+
+impl CapabilityForms {
+    /// The three forms of `raw`.
+    #[must_use]
+    pub fn of(raw: [u8; 32]) -> Self {
+        Self {
+            raw,
+            base64url: base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw),
+            hex: Sha256Digest::from_bytes(raw).to_hex(),
+        }
+    }
+
+    /// Whether any form occurs in `bytes`.
+    #[must_use]
+    pub fn found_in(&self, bytes: &[u8]) -> bool {
+        contains(bytes, &self.raw)
+            || contains(bytes, self.base64url.as_bytes())
+            || contains(bytes, self.hex.as_bytes())
+    }
+}
+
+/// What became of the one spawn an offer may get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpawnFate {
+    /// The command was emitted but never answered (crash): a process may exist.
+    Emitted,
+    /// The supervisor reported a process.
+    Started,
+    /// The supervisor proved that no process was started.
+    Rejected,
+    /// The outcome is unknown to the Worker (a process may exist).
+    Unknown,
+}
+
+impl SpawnFate {
+    /// The fate of a spawn the [`World`] answered with `answer`.
+    #[must_use]
+    pub fn of(answer: Answer) -> Self {
+        match answer {
+            Answer::Ok => Self::Started,
+            Answer::Rejected => Self::Rejected,
+            Answer::CrashBefore | Answer::CrashAfter => Self::Emitted,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+/// `start-failure-proof`: a start failure is proven only when the offer got no spawn, or its
+/// spawn was answered `Rejected`, and no process of the offer is alive.
+#[must_use]
+pub fn start_failure_proven(fate: Option<SpawnFate>, alive: bool) -> bool {
+    matches!(fate, None | Some(SpawnFate::Rejected)) && !alive
+}
+
+/// The spawn rules `at-most-one-spawn`, `at-most-once-attempt` and `at-most-once-run`, for a
+/// spawn of `(offer, attempt, run)`: `earlier` spawns of the same offer came before it, `of_run`
+/// holds the Attempt and offer of every earlier spawn of the Run (this spawn is appended), and
+/// `lost` the Attempts the control plane declared lost (a later Attempt of the Run may then
+/// run; a lost one never again). `alias` names an offer. Returns the rules broken.
+pub fn spawn_once(
+    earlier: u32,
+    of_run: &mut Vec<(AttemptId, OfferId)>,
+    (offer, attempt, run): (&OfferId, &AttemptId, &RunId),
+    lost: &BTreeSet<AttemptId>,
+    alias: &dyn Fn(&OfferId) -> String,
+) -> Vec<Violation> {
+    let name = alias(offer);
+    let mut broken = Vec::new();
+    if earlier > 0 {
+        broken.push(Violation {
+            invariant: "at-most-one-spawn",
+            detail: format!("spawn #{} of {name}", earlier + 1),
+        });
+    }
+    if let Some((_, first)) = of_run.iter().find(|(a, _)| a == attempt) {
+        broken.push(Violation {
+            invariant: "at-most-once-attempt",
+            detail: format!("second spawn of {attempt} ({}, then {name})", alias(first)),
+        });
+    }
+    let detail = if lost.contains(attempt) {
+        Some(format!(
+            "spawn of {name}: the control plane declared {attempt} lost"
+        ))
+    } else {
+        of_run
+            .iter()
+            .find(|(a, _)| a != attempt && !lost.contains(a))
+            .map(|(other, first)| {
+                format!(
+                    "second spawn of Run {run} ({name}) while Attempt {other} ({}) was not \
+                     declared lost",
+                    alias(first)
+                )
+            })
+    };
+    if let Some(detail) = detail {
+        broken.push(Violation {
+            invariant: "at-most-once-run",
+            detail,
+        });
+    }
+    of_run.push((attempt.clone(), offer.clone()));
+    broken
+}
+
+/// Which halts the last answer licenses: the Worker may halt only for a fact the host caused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct License {
+    /// A write that may or may not have landed.
+    pub uncertain: bool,
+    /// A must-land write (a launch outcome) that failed cleanly.
+    pub unrecorded: bool,
+    /// The store refused a write.
+    pub conflict: bool,
+    /// Unsafe storage.
+    pub unsafe_storage: bool,
+    /// A Session exchange answered with anything but a valid answer.
+    pub session: bool,
+}
+
+impl License {
+    /// Whether `reason` is licensed.
+    #[must_use]
+    pub fn allows(self, reason: &HaltReason) -> bool {
+        match reason {
+            HaltReason::StoreUncertain => self.uncertain,
+            HaltReason::LaunchOutcomeUnrecorded => self.unrecorded,
+            HaltReason::StoreConflict => self.conflict,
+            HaltReason::UnsafeStorage => self.unsafe_storage,
+            HaltReason::SessionFenced { .. } | HaltReason::RegisterRejected { .. } => self.session,
+        }
+    }
+}
+
+/// What the fuzz host knows and the Worker must not (or cannot) see. Every check panics with
+/// `INVARIANT <name>` on violation; the rules shared with [`World`] go through the same
+/// functions ([`spawn_once`], [`start_failure_proven`], [`CapabilityForms`]).
+#[derive(Debug, Default)]
+pub struct Ghost {
+    /// The spawn of each offer (at most one, ever).
+    pub spawns: BTreeMap<OfferId, SpawnFate>,
+    /// The Attempt and offer of every spawn, per Run. The fuzz plane never declares an Attempt
+    /// lost, so at most one spawn per Run, ever.
+    pub run_spawns: BTreeMap<RunId, Vec<(AttemptId, OfferId)>>,
+    /// Every capability candidate: the first 32 bytes of every entropy draw (and the preloaded
+    /// capabilities), with their SHA-256.
+    pub candidates: Vec<([u8; 32], Sha256Digest)>,
+    /// The capabilities in use, in their forms at rest: a candidate whose digest a record
+    /// carries, or one a spawn plan carried.
+    pub capabilities: Vec<CapabilityForms>,
+    /// Secret values handed out by the control plane.
+    pub secret_values: Vec<String>,
+    /// Log uploads answered valid in this incarnation: byte length and SHA-256 per offer.
+    pub uploaded: BTreeMap<OfferId, (u64, Sha256Digest)>,
+    /// Whether the last receipt served for an attempt (in this incarnation) was genuine.
+    pub genuine: BTreeMap<AttemptId, bool>,
+    /// Executor handles the supervisor issued.
+    pub handles: BTreeSet<String>,
+    /// A drain was requested in this incarnation.
+    pub drain_requested: bool,
+    /// The Worker was fail-closed when the current tick began and has not lifted it since (a
+    /// `launch_outcome_unknown` Run completed from its receipt lifts it at once; a Pull may be
+    /// planned from then on, e.g. for the slot that completion freed).
+    pub latched_at_tick: bool,
+    /// Startup reconciliation listed every page (a reconciliation page answered validly with
+    /// no next cursor) in this incarnation.
+    pub reconciled: bool,
+    /// Per offer, the recovery reasons something the seed injected leads to (SPEC §5, §8;
+    /// reference §4.2, §4.6): `launch_outcome_unknown` after a crash, halt, stop or fault while
+    /// the record was durably `launching` (or a preloaded `launching` record);
+    /// `control_plane_already_running` after the control plane answered `already_running`;
+    /// `control_plane_terminal` after it said the Run is terminal; `lease_lost_local_execution_stopped`
+    /// after the host said a Run's supervisor and process are gone without a receipt.
+    /// `lease_lost_*` is also licensed by its own trigger, checked when written: the durable
+    /// lease has expired locally.
+    pub recovery_causes: BTreeMap<OfferId, BTreeSet<RecoveryReason>>,
+    /// The state the Worker last proposed for each offer's record, in this simulation.
+    pub written: BTreeMap<OfferId, State>,
+    /// The exit code of the last completion the Worker reported per offer.
+    pub completion_exit: BTreeMap<OfferId, u64>,
+}
+
+impl Ghost {
+    /// Forgets what an incarnation knew (a crash or restart).
+    pub fn restart(&mut self) {
+        self.uploaded.clear();
+        self.genuine.clear();
+        self.drain_requested = false;
+        self.latched_at_tick = false;
+        self.reconciled = false;
+    }
+
+    /// Pull rules: never after a drain request, never while fail-closed, never before startup
+    /// reconciliation has seen the whole inbox.
+    pub fn check_pull(&self, latched: bool) {
+        assert!(
+            !self.drain_requested,
+            "INVARIANT drain: a Pull began after the drain was requested"
+        );
+        assert!(
+            !self.latched_at_tick,
+            "INVARIANT fail-closed: a Pull planned while the Worker is fail-closed"
+        );
+        assert!(
+            !latched,
+            "INVARIANT fail-closed: a Pull began after supervision latched fail-closed in the \
+             same tick (reference lifecycle test 6.7 #4)"
+        );
+        assert!(
+            self.reconciled,
+            "INVARIANT reconcile-first: a Pull before startup reconciliation listed the whole \
+             inbox"
+        );
+    }
+
+    /// Records a spawn a previous incarnation made (a preloaded record past the barrier).
+    pub fn preloaded_spawn(&mut self, offer: &OfferId, attempt: &AttemptId, run: &RunId) {
+        self.run_spawns
+            .entry(run.clone())
+            .or_default()
+            .push((attempt.clone(), offer.clone()));
+    }
+
+    /// Spawn rules: at most one spawn per offer, per Attempt and per Run across crashes
+    /// ([`spawn_once`]), only from a durable `launching` record whose barrier fields are the
+    /// plan's, never after a drain request.
+    pub fn check_spawn(&mut self, plan: &LaunchPlan, stored: Option<&InboxRecord>) {
+        let offer = &plan.offer_id;
+        let earlier = u32::from(self.spawns.contains_key(offer));
+        let of_run = self.run_spawns.entry(plan.run_id.clone()).or_default();
+        let broken = spawn_once(
+            earlier,
+            of_run,
+            (offer, &plan.attempt_id, &plan.run_id),
+            &BTreeSet::new(),
+            &|o| String::from(o.as_str()),
+        );
+        if let Some(v) = broken.first() {
+            panic!("INVARIANT {}: {}", v.invariant, v.detail);
+        }
+        let Some(record) = stored else {
+            panic!("INVARIANT spawn-barrier: spawn for {offer} without a durable record");
+        };
+        if let Err(field) = Barrier::of(plan).check(record) {
+            panic!(
+                "INVARIANT spawn-barrier: spawn for {offer} against a durable record that differs: {field}"
+            );
+        }
+        assert!(
+            !self.drain_requested,
+            "INVARIANT drain: a spawn after the drain was requested"
+        );
+        self.spawns.insert(offer.clone(), SpawnFate::Emitted);
+        self.capability(*plan.capability.expose());
+    }
+
+    /// `start-failure` only with proof that no process was started ([`start_failure_proven`]).
+    pub fn check_start_failure(&self, offer: &OfferId, alive: bool) {
+        let fate = self.spawns.get(offer).copied();
+        assert!(
+            start_failure_proven(fate, alive),
+            "INVARIANT start-failure-proof: start-failure for {offer} after spawn fate {fate:?} \
+             (a process alive: {alive})"
+        );
+    }
+
+    /// Remembers a candidate capability (an entropy draw).
+    pub fn candidate(&mut self, bytes: [u8; 32]) {
+        self.candidates.push((bytes, Sha256Digest::of(&bytes)));
+    }
+
+    /// Marks `bytes` as a capability in use.
+    pub fn capability(&mut self, bytes: [u8; 32]) {
+        if !self.capabilities.iter().any(|c| c.raw == bytes) {
+            self.capabilities.push(CapabilityForms::of(bytes));
+        }
+    }
+
+    /// Marks the candidate whose SHA-256 is `digest` as a capability in use.
+    pub fn capability_of(&mut self, digest: &Sha256Digest) {
+        let found = self
+            .candidates
+            .iter()
+            .find(|(_, d)| d == digest)
+            .map(|(b, _)| *b);
+        if let Some(bytes) = found {
+            self.capability(bytes);
+        }
+    }
+
+    /// No capability in use (raw, base64url or hex) and no Secret value in `bytes` (an
+    /// envelope or a request body).
+    pub fn check_no_secret(&self, what: &str, bytes: &[u8]) {
+        for capability in &self.capabilities {
+            assert!(
+                !capability.found_in(bytes),
+                "INVARIANT no-capability-at-rest: {what} holds a capability"
+            );
+        }
+        assert!(
+            secret_free(bytes, &self.secret_values),
+            "INVARIANT no-secret-at-rest: {what} holds a Secret value"
+        );
+    }
+
+    /// Licenses `reason` for `offer` (a fault or answer that leads there happened).
+    pub fn cause(&mut self, offer: &OfferId, reason: RecoveryReason) {
+        self.recovery_causes
+            .entry(offer.clone())
+            .or_default()
+            .insert(reason);
+    }
+
+    /// A `recovery_required` record only for a cause the seed injected: a licensed reason
+    /// ([`Self::recovery_causes`]), or a lease-loss reason once the durable lease has expired at
+    /// `now`.
+    /// `slack`: how long before the control plane's expiry the Worker's local deadline of this
+    /// lease falls (the call that granted it was on its way that long; `Host::lease_slack`).
+    pub fn check_recovery(&self, record: &InboxRecord, now: UnixMillis, slack: u64) {
+        let expired = record.offer.lease.expires_at_ms.get().saturating_sub(slack) <= now.get();
+        let Some(reason) = record.recovery_reason else {
+            return;
+        };
+        let offer = &record.offer.offer_id;
+        let caused = self
+            .recovery_causes
+            .get(offer)
+            .is_some_and(|causes| causes.contains(&reason));
+        let licensed = match reason {
+            // Also licensed without expiry once the host said the supervisor and the process
+            // are gone with no receipt (issue 16).
+            RecoveryReason::LeaseLostLocalExecutionUnverified
+            | RecoveryReason::LeaseLostLocalExecutionStopped => expired || caused,
+            RecoveryReason::LaunchOutcomeUnknown
+            | RecoveryReason::ControlPlaneAlreadyRunning
+            | RecoveryReason::ControlPlaneTerminal => caused,
+        };
+        assert!(
+            licensed,
+            "INVARIANT recovery-licensed: {offer} recovery_required({reason}) without an injected \
+             fault that leads there (causes seen: {:?}; lease expires {}, now {now})",
+            self.recovery_causes.get(offer),
+            record.offer.lease.expires_at_ms
+        );
+    }
+
+    /// State rules of one durable record against the spawn fates.
+    pub fn check_record(&self, record: &InboxRecord) {
+        let offer = &record.offer.offer_id;
+        let fate = self.spawns.get(offer).copied();
+        match record.state {
+            State::StartFailed | State::StartFailureAcknowledged => assert!(
+                matches!(fate, None | Some(SpawnFate::Rejected)),
+                "INVARIANT start-failure-proof: {offer} is {} after spawn fate {fate:?}",
+                record.state
+            ),
+            State::Started | State::RunningAcknowledged => assert_eq!(
+                fate,
+                Some(SpawnFate::Started),
+                "INVARIANT started-needs-spawn: {offer} is {} after spawn fate {fate:?}",
+                record.state
+            ),
+            State::Accepted
+            | State::StartingAcknowledged
+            | State::Launching
+            | State::CompletionAcknowledged
+            | State::RecoveryRequired => {}
+        }
+    }
+}
+
+/// `persist-valid`: a record write is a first publication of a valid `accepted` record at
+/// revision 0 over no stored record, or a replace of the stored record at exactly
+/// `expected + 1` that the journal's `check_transition` accepts.
+///
+/// # Errors
+/// What the write breaks.
+pub fn record_write(
+    expected: Option<Revision>,
+    stored: Option<&InboxRecord>,
+    record: &InboxRecord,
+) -> Result<(), String> {
+    let id = &record.offer.offer_id;
+    match (expected, stored) {
+        (None, None) if record.revision != Revision::FIRST => Err(format!(
+            "first publication of {id} at revision {}",
+            record.revision
+        )),
+        (None, None) if record.state != State::Accepted || record.validate().is_err() => Err(
+            format!("first publication of {id} is not a valid accepted record"),
+        ),
+        (None, None) => Ok(()),
+        (None, Some(_)) => Err(format!("publication over the stored record of {id}")),
+        (Some(_), None) => Err(format!("replace of the absent record of {id}")),
+        (Some(revision), Some(stored)) => check_transition(stored, record, revision)
+            .map_err(|e| format!("{id} {} -> {}: {e}", stored.state, record.state)),
+    }
+}
+
+/// `claim-cas`: a claim write obeys the claim rules of `ql_worker_core::claim` (a create over
+/// no claim, or over the identical one, which writes nothing; a replace at `expected + 1`).
+///
+/// # Errors
+/// What the write breaks.
+pub fn claim_write(
+    expected: Option<Revision>,
+    stored: Option<&PendingClaim>,
+    proposed: &PendingClaim,
+) -> Result<ClaimCreate, String> {
+    match (expected, stored) {
+        (None, stored) => check_create(stored, proposed).map_err(|e| format!("create: {e}")),
+        (Some(revision), Some(stored)) => check_replace(stored, proposed, revision)
+            .map(|()| ClaimCreate::Publish)
+            .map_err(|e| format!("replace: {e}")),
+        (Some(_), None) => Err(String::from("replace of an absent claim")),
+    }
+}
+
+/// `claim-cas`: a claim clear names the stored claim and its revision.
+///
+/// # Errors
+/// What the clear breaks.
+pub fn claim_clear(
+    stored: Option<&PendingClaim>,
+    offer_id: &OfferId,
+    revision: Revision,
+) -> Result<(), String> {
+    match stored {
+        Some(stored) => check_clear(stored, offer_id, revision).map_err(|e| format!("clear: {e}")),
+        None => Err(String::from("clear of an absent claim")),
+    }
+}
+
+/// `claim-before-pull`: the `offers` request for `offer_id` with `token` only while that claim
+/// is durable.
+#[must_use]
+pub fn claim_durable(stored: Option<&PendingClaim>, offer_id: &OfferId, token: &str) -> bool {
+    stored.is_some_and(|c| c.offer_id == *offer_id && c.lease_token.expose() == token)
+}
+
+/// `receipt-removed-after-acknowledged`: a receipt is removed only while the record of its
+/// Attempt (durably in `state`) is `completion_acknowledged`.
+#[must_use]
+pub fn receipt_removable(state: Option<State>) -> bool {
+    state == Some(State::CompletionAcknowledged)
+}
+
+/// `renewal-only-retired` and `renewal-after-runs`: a new Session replaces the `stored` one only
+/// while the control plane holds the stored one (`plane_holds_stored`) draining or offline,
+/// and, draining, only once no Run of the stored Session may still be live (`launching`,
+/// `started`, `running_acknowledged`, or `recovery_required(launch_outcome_unknown)`): a new
+/// Session fences every lease of the old one. `records`: the durable inbox.
+pub fn renewal<'r>(
+    status: SessionStatus,
+    plane_holds_stored: bool,
+    stored: &SessionId,
+    records: impl IntoIterator<Item = &'r InboxRecord>,
+) -> Option<Violation> {
+    if !plane_holds_stored || status == SessionStatus::Online {
+        return Some(Violation {
+            invariant: "renewal-only-retired",
+            detail: format!(
+                "a new Session while the stored one is {status:?} at the control plane (it holds \
+                 the stored one: {plane_holds_stored})"
+            ),
+        });
+    }
+    if status == SessionStatus::Offline {
+        return None;
+    }
+    records
+        .into_iter()
+        .find(|r| {
+            let live = matches!(
+                r.state,
+                State::Launching | State::Started | State::RunningAcknowledged
+            ) || r.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown);
+            live && r.offer.worker.session_id == *stored
+        })
+        .map(|r| Violation {
+            invariant: "renewal-after-runs",
+            detail: format!(
+                "a new Session while {} ({}) of the old one may still run",
+                r.offer.offer_id, r.state
+            ),
+        })
+}
+
+/// `request-cap`: a request body within the cap its call carries.
+#[must_use]
+pub fn request_within_cap(call: &HttpCall) -> bool {
+    call.body.len() <= call.request_cap
+}
+
+/// `upload-first`: the artifact a completion `body` names (log id, byte length, SHA-256) is one
+/// whose upload the Worker heard succeed: one of `heard` (the log id where the host keeps it,
+/// the byte length, the SHA-256).
+pub fn upload_heard<'u>(
+    body: &Value,
+    heard: impl IntoIterator<Item = (Option<&'u LogArtifactId>, u64, &'u Sha256Digest)>,
+) -> bool {
+    let artifact = body.get("artifact").unwrap_or(&Value::Null);
+    let text = |key: &str| artifact.get(key).and_then(Value::as_str).unwrap_or("");
+    let length = artifact
+        .get("byteLength")
+        .and_then(Value::as_u64)
+        .unwrap_or(u64::MAX);
+    let (log, sha) = (text("logArtifactId"), text("sha256"));
+    heard
+        .into_iter()
+        .any(|(l, n, s)| l.is_none_or(|l| l.as_str() == log) && n == length && s.to_hex() == sha)
+}
+
+/// `no-secret-at-rest`: none of the Secret `values` the control plane handed out occurs in
+/// `bytes`.
+#[must_use]
+pub fn secret_free<S: AsRef<str>>(bytes: &[u8], values: &[S]) -> bool {
+    !values
+        .iter()
+        .any(|value| contains(bytes, value.as_ref().as_bytes()))
+}
+
+/// `receipt-authenticated`: an upload or a completion for an Attempt only while what the host
+/// knows of its receipt (`genuine`; `None`: no receipt known) says it is the supervisor's
+/// genuine one.
+#[must_use]
+pub fn receipt_authenticated(genuine: Option<bool>) -> bool {
+    genuine == Some(true)
+}
+
+/// `running-ack-after-started`: the running ACK naming `handle` only while the durable record
+/// (`stored`) is `started` with that handle.
+#[must_use]
+pub fn running_ack_allowed(stored: Option<&InboxRecord>, handle: &str) -> bool {
+    stored.is_some_and(|r| {
+        r.state == State::Started && r.executor_handle.as_ref().map(|h| h.as_str()) == Some(handle)
+    })
+}
+
+/// `logs-kept`: no command deleted or shortened a log. `before`: every log's length before the
+/// command; `now`: a log's length after it (`None`: gone). Returns the logs it broke.
+pub fn logs_kept(
+    before: &[(LogArtifactId, u64)],
+    now: impl Fn(&LogArtifactId) -> Option<u64>,
+) -> Vec<Violation> {
+    before
+        .iter()
+        .filter_map(|(id, length)| {
+            let after = now(id);
+            after.is_none_or(|n| n < *length).then(|| Violation {
+                invariant: "logs-kept",
+                detail: format!("log {id} went from {length} to {after:?}"),
+            })
+        })
+        .collect()
 }

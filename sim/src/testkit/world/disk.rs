@@ -3,13 +3,13 @@
 use std::collections::BTreeMap;
 use std::hash::Hasher;
 
-use super::{Answer, Mutation, World, hash_debug};
-use ql_worker_core::claim::{ClaimCreate, PendingClaim, check_clear, check_create, check_replace};
+use super::{Answer, Mutation, World, check, hash_debug};
+use ql_worker_core::claim::{ClaimCreate, PendingClaim};
 use ql_worker_core::envelope;
 use ql_worker_core::ids::{AttemptId, LogArtifactId, OfferId, Revision, SessionId};
 use ql_worker_core::io::{Outcome, ReceiptRead, StoreFailure};
 use ql_worker_core::receipt::Receipt;
-use ql_worker_core::record::{InboxRecord, check_transition};
+use ql_worker_core::record::InboxRecord;
 
 /// A receipt file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -150,20 +150,16 @@ impl World {
         answer: Answer,
     ) -> Outcome {
         let id = &record.offer.offer_id;
-        let verdict = match (expected, self.disk.record(id)) {
-            (None, None) if self.disk.records.len() >= self.disk.capacity.max(1) => {
-                return Outcome::Store(StoreFailure::CapacityExhausted);
-            }
-            (None, None) => (record.revision == Revision::FIRST)
-                .then_some(())
-                .ok_or_else(|| format!("first publication at revision {}", record.revision)),
-            (None, Some(_)) => Err(format!("publication over the stored record of {id}")),
-            (Some(_), None) => Err(format!("replace of the absent record of {id}")),
-            (Some(rev), Some(stored)) => check_transition(stored, record, rev)
-                .map_err(|e| format!("{} -> {}: {e}", stored.state, record.state)),
-        };
+        let stored = self.disk.record(id);
+        if expected.is_none()
+            && stored.is_none()
+            && self.disk.records.len() >= self.disk.capacity.max(1)
+        {
+            return Outcome::Store(StoreFailure::CapacityExhausted);
+        }
+        let verdict = check::record_write(expected, stored, record);
         if let Err(detail) = verdict {
-            self.violation("revision-plus-one", detail);
+            self.violation("persist-valid", detail);
             return Outcome::Store(StoreFailure::Conflict);
         }
         let (lands, outcome) = write_outcome(answer);
@@ -194,19 +190,15 @@ impl World {
         answer: Answer,
     ) -> Outcome {
         let stored = self.disk.claim.as_ref().map(|(c, _)| c);
-        let verdict = match (expected, stored) {
-            (None, stored) => match check_create(stored, claim) {
-                Ok(ClaimCreate::Publish) => Ok(()),
-                Ok(ClaimCreate::AlreadyExists) => Err(String::from("claim created twice")),
-                Err(e) => Err(format!("{e}")),
-            },
-            (Some(rev), Some(stored)) => {
-                check_replace(stored, claim, rev).map_err(|e| format!("{e}"))
-            }
-            (Some(_), None) => Err(String::from("replace of an absent claim")),
+        // The Worker never creates a claim twice (World's stricter rule: an identical create is
+        // idempotent for the journal, but the model's Worker has no reason to send one).
+        let verdict = match check::claim_write(expected, stored, claim) {
+            Ok(ClaimCreate::AlreadyExists) => Err(String::from("claim created twice")),
+            Ok(ClaimCreate::Publish) => Ok(()),
+            Err(e) => Err(e),
         };
         if let Err(detail) = verdict {
-            self.violation("revision-plus-one", format!("claim: {detail}"));
+            self.violation("claim-cas", format!("claim: {detail}"));
             return Outcome::Store(StoreFailure::Conflict);
         }
         let (lands, outcome) = write_outcome(answer);
@@ -231,14 +223,10 @@ impl World {
         revision: Revision,
         answer: Answer,
     ) -> Outcome {
-        let verdict = match self.disk.claim.as_ref() {
-            Some((stored, _)) => {
-                check_clear(stored, offer_id, revision).map_err(|e| format!("{e}"))
-            }
-            None => Err(String::from("clear of an absent claim")),
-        };
+        let verdict =
+            check::claim_clear(self.disk.claim.as_ref().map(|(c, _)| c), offer_id, revision);
         if let Err(detail) = verdict {
-            self.violation("revision-plus-one", format!("claim clear: {detail}"));
+            self.violation("claim-cas", format!("claim {detail}"));
             return Outcome::Store(StoreFailure::Conflict);
         }
         let (lands, outcome) = write_outcome(answer);

@@ -191,6 +191,47 @@ pub struct Violation {
     pub detail: String,
 }
 
+/// A deliberately lying host or Worker, for the simulation's self-test
+/// (`tests/tests/simulation.rs`, `checkers_can_fail`): each lie must make a checker report a
+/// violation. Never set by the fuzz targets; the fuzz machine's host applies it (until the
+/// machine drives [`World`], issue 15).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lie {
+    /// The supervisor starts the process of a valid spawn but answers `Rejected`.
+    SpawnedButRejected,
+    /// A valid upload is answered `stored` but nothing reaches the control plane.
+    UploadNotStored,
+    /// In the liveness phase, user processes never end (an unfair environment).
+    HungProcesses,
+    /// Retention reports a removal but leaves the record in the inbox.
+    RemovalNotDone,
+    /// The control plane registers a new Session `draining` (so it never takes work).
+    SessionStaysDraining,
+    /// The Worker's side lies: every spawn command reaches the supervisor twice (a forged
+    /// double spawn, as a driver that retried a spawn would make).
+    WorkerDoubleSpawn,
+    /// The Worker's side lies: next to every spawn, a forged spawn of the same Attempt under
+    /// another offer id.
+    WorkerSpawnsAttemptTwice,
+    /// The Worker's side lies: next to every spawn, a forged spawn of the same Run with another
+    /// Attempt id the control plane never made.
+    WorkerSpawnsRunTwice,
+    /// The Worker's side lies: every spawn plan's start time is one millisecond off the durable
+    /// barrier's.
+    WorkerSpawnsDriftedPlan,
+    /// The Worker's side lies: every `recovery_required` record is written with
+    /// `control_plane_already_running` (or, when that is the true reason,
+    /// `control_plane_terminal`) instead of the reason the Worker chose.
+    WorkerWrongRecovery,
+    /// In the cadence phase, the link carries one call at a time, each waiting for the one
+    /// before it to be answered, as a Worker with one loop and one call at a time would.
+    SerialCalls,
+    /// In the cadence phase, a lease renewal of a Run not yet running never reaches the control
+    /// plane (answered as a refused connection), as for a Worker that renews only running
+    /// Runs.
+    NoStartPathRenewal,
+}
+
 /// A deliberately broken host, for the explorer's self-test: the checker must catch what the
 /// Worker does on top of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -665,6 +665,9 @@ fn snapshot(run: &CpRun, v: &Value, shape: SnapshotShape, now: UnixMillis) -> Ac
     }
 }
 
+/// The value of every Secret the control plane resolves (`no-secret-at-rest` looks for it).
+pub(super) const SECRET_VALUE: &str = "sim-secret-value";
+
 impl World {
     fn secrets(&mut self, v: &Value, answer: Answer) -> Outcome {
         let Some(run) = OfferId::new(text(v, "offerId"))
@@ -681,7 +684,7 @@ impl World {
             .iter()
             .map(|r| ResolvedSecret {
                 secret_ref: r.clone(),
-                value: SecretValue::new(String::from("sim-secret-value")),
+                value: SecretValue::new(String::from(SECRET_VALUE)),
             })
             .collect();
         let response = SecretsResponse {
