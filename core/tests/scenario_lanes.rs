@@ -590,3 +590,67 @@ fn an_upload_that_outlasted_the_local_lease_still_reports_its_completion() {
         sim.commands()
     );
 }
+
+/// The Session changes while a Pull's request is in flight: a heartbeat is fenced and the
+/// register that follows is answered under a new generation (as a control plane does that
+/// replaced the Session meanwhile). The offer the Pull's answer carries was bound to the
+/// Session of the claim, not to the Worker's Session now: it is not admitted, nothing is
+/// stored, and the claim is kept for its retry.
+#[test]
+fn an_offer_answered_after_the_session_changed_is_not_admitted() {
+    let mut sim = Sim::scenario(ql_worker_sim::testkit::world::World::one_offer(1));
+    sim.run(2);
+    when(&mut sim, |a| act::is_post(a, Operation::Offers));
+    let (id, _, answered) = hold(&mut sim);
+    let claimed = sim.world.disk.claim.clone().expect("a claim").0;
+    let session = sim.worker.session().expect("a Session").clone();
+    assert_eq!(claimed.worker(), session.worker);
+    let action = (0..200)
+        .find_map(|_| {
+            match sim.act() {
+                Some(a) if act::is_post(a, Operation::Register) => return Some(a.clone()),
+                Some(a) if act::is_post(a, Operation::Heartbeat) => sim.answer(Answer::Fenced),
+                Some(_) => sim.answer(Answer::Ok),
+                None => {
+                    if let Status::Idle(Some(wake)) = sim.status {
+                        sim.advance_to(wake);
+                    }
+                    sim.tick();
+                }
+            }
+            None
+        })
+        .unwrap_or_else(|| panic!("no register: {:#?}", sim.commands()));
+    let Outcome::Responded(body) = sim.world.perform(sim.now, &action, Answer::Ok) else {
+        panic!("the register is answered");
+    };
+    let mut v: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+    v["generation"] = serde_json::json!(session.worker.generation.get() + 1);
+    sim.deliver(Outcome::Responded(serde_json::to_vec(&v).expect("JSON")));
+    sim.settle();
+    let now = sim.worker.session().expect("a Session again").clone();
+    assert_ne!(now.worker, session.worker, "{:#?}", sim.commands());
+    let before = sim.commands().len();
+    sim.worker
+        .handle(
+            sim.clock(),
+            Input::Outcome {
+                id,
+                outcome: answered,
+            },
+        )
+        .expect("the Pull's outcome is expected");
+    sim.poll();
+    sim.settle();
+    let after = sim.commands()[before..].to_vec();
+    assert!(
+        !after.iter().any(|l| l.starts_with("persist-record")),
+        "{after:#?}"
+    );
+    assert!(sim.world.disk.records.is_empty(), "{after:#?}");
+    assert_eq!(
+        sim.world.disk.claim.as_ref().map(|(c, _)| &c.offer_id),
+        Some(&claimed.offer_id),
+        "the claim is kept"
+    );
+}
