@@ -232,28 +232,6 @@ fn different_entropy_changes_only_the_entropy_derived_fields() {
     ));
 }
 
-fn menu() -> Menu {
-    Menu {
-        crashes: true,
-        record_faults: true,
-        claim_faults: true,
-        read_faults: true,
-        ack_answers: true,
-        offer_answers: true,
-        secret_answers: true,
-        spawn_answers: true,
-        log_faults: true,
-        receipt_answers: true,
-        upload_answers: true,
-        completion_answers: true,
-        lease_answers: true,
-        stop_answers: true,
-        session_answers: true,
-        entropy_variants: true,
-        exits: true,
-    }
-}
-
 /// Drives a Worker with `choices` (an index into the options at every step) and returns the
 /// canonical command stream.
 fn drive(seed: u64, choices: &[u8]) -> Vec<Vec<u8>> {
@@ -265,7 +243,7 @@ fn drive(seed: u64, choices: &[u8]) -> Vec<Vec<u8>> {
         ],
     );
     let mut sim = Sim::new(model_config(), world, ms(1_000)).recording();
-    let menu = menu();
+    let menu = Menu::everything();
     for choice in choices {
         let choice = usize::from(*choice);
         let events = sim.world.events(&menu);

@@ -35,28 +35,6 @@ impl Rng {
     }
 }
 
-fn menu() -> Menu {
-    Menu {
-        crashes: true,
-        record_faults: true,
-        claim_faults: true,
-        read_faults: true,
-        ack_answers: true,
-        offer_answers: true,
-        secret_answers: true,
-        spawn_answers: true,
-        log_faults: true,
-        receipt_answers: true,
-        upload_answers: true,
-        completion_answers: true,
-        lease_answers: true,
-        stop_answers: true,
-        session_answers: true,
-        entropy_variants: true,
-        exits: true,
-    }
-}
-
 fn fingerprint(sim: &Sim) -> u64 {
     let mut hasher = DefaultHasher::new();
     sim.worker.state_fingerprint(&mut hasher);
@@ -79,7 +57,7 @@ fn walk(seed: u64, seen: &mut BTreeMap<u64, (Vec<String>, String)>) -> u32 {
     let templates = (1..=3).map(OfferTemplate::sample).collect();
     let mut sim = Sim::scenario(World::new(seed, templates));
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-    let menu = menu();
+    let menu = Menu::everything();
     let mut checked = 0;
     for step in 0..STEPS {
         if matches!(sim.status, Status::Stopped(_) | Status::Halted(_)) {

@@ -22,6 +22,14 @@ fn hold(sim: &mut Sim) -> (OpId, Action, Outcome) {
     (id, act, outcome)
 }
 
+/// Feeds the outcome of a command [`hold`] took out, as its answer arriving late.
+fn release(sim: &mut Sim, id: OpId, outcome: Outcome) {
+    sim.worker
+        .handle(sim.clock(), Input::Outcome { id, outcome })
+        .expect("the held command's outcome is expected");
+    sim.poll();
+}
+
 /// Answers commands until `matches` is outstanding; returns whether it came.
 fn until(sim: &mut Sim, matches: impl Fn(&Action) -> bool) -> bool {
     for _ in 0..200 {
@@ -112,16 +120,7 @@ fn a_long_upload_keeps_its_lease_and_the_session_alive() {
     );
     // The upload's answer arrives: the record is read again and completion names the lease
     // the renewals left.
-    sim.worker
-        .handle(
-            sim.clock(),
-            Input::Outcome {
-                id: upload,
-                outcome: uploaded,
-            },
-        )
-        .expect("the upload's outcome is expected");
-    sim.poll();
+    release(&mut sim, upload, uploaded);
     sim.settle();
     let record = sim.first_record();
     assert_eq!(
@@ -177,16 +176,7 @@ fn a_slow_renewal_does_not_hold_the_heartbeat() {
         !meanwhile.iter().any(|l| l == "post lease-control o1"),
         "one operation per offer: no second renewal while one is in flight: {meanwhile:#?}"
     );
-    sim.worker
-        .handle(
-            sim.clock(),
-            Input::Outcome {
-                id: renewal,
-                outcome: renewed,
-            },
-        )
-        .expect("the renewal's outcome is expected");
-    sim.poll();
+    release(&mut sim, renewal, renewed);
     sim.settle();
     // The held renewal (v0 -> v1), then the pass that waited in the queue behind it.
     assert_eq!(
@@ -290,31 +280,13 @@ fn an_offer_waits_for_the_renewal_beside_its_upload() {
     }
     assert!(beside, "{:#?}", sim.commands());
     let (renewal, _, renewed) = hold(&mut sim);
-    sim.worker
-        .handle(
-            sim.clock(),
-            Input::Outcome {
-                id: upload,
-                outcome: uploaded,
-            },
-        )
-        .expect("the upload's outcome is expected");
-    sim.poll();
+    release(&mut sim, upload, uploaded);
     assert!(
         sim.pending.is_none(),
         "the offer's next step waits for the renewal: {:?}",
         sim.pending
     );
-    sim.worker
-        .handle(
-            sim.clock(),
-            Input::Outcome {
-                id: renewal,
-                outcome: renewed,
-            },
-        )
-        .expect("the renewal's outcome is expected");
-    sim.poll();
+    release(&mut sim, renewal, renewed);
     sim.settle();
     assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
     assert!(
@@ -365,23 +337,23 @@ fn is_renewal(action: &Action) -> bool {
     act::is_post(action, Operation::LeaseControl)
 }
 
-/// With lease control paced (every 5 s) and a long cadence (10 s), the renewal beside an
-/// upload goes out `lease_control_interval` after the upload was sent, not at once (a renewal
-/// sent with the upload can fence it), and not at the next tick either: the Worker wakes for
-/// that moment (`beside_upload_at`, `wake_at`).
-#[test]
-fn the_renewal_beside_an_upload_goes_out_one_interval_after_it() {
+/// A Sim holding o1 with lease control every 5 s and a cadence of `cadence_ms`, after a renewal
+/// it obtained: the lease (30 s) has a local clock from then. Returns the Sim and the time that
+/// renewal went out.
+fn renewed_with_cadence(cadence_ms: u64) -> (Sim, u64) {
     let mut sim = holding_with(|c| {
-        c.cadence_ms = 10_000;
+        c.cadence_ms = cadence_ms;
         c.lease_control_interval_ms = 5_000;
     });
-    // A renewal obtained here: the lease has a local clock (30 s lease, renewed at `granted`).
     let granted = when(&mut sim, is_renewal);
     sim.answer(Answer::Ok);
     sim.settle();
-    // The Run exits 3 s later: its upload is in flight when the renewal timer comes (at
-    // `granted` + 5 s), and that renewal waits for the upload's own interval.
-    sim.advance_to(sim_ms(granted + 3_000));
+    (sim, granted)
+}
+
+/// o1's process exits at `at` and the driver says so; returns when its log upload went out.
+fn exit_until_upload_at(sim: &mut Sim, at: u64) -> u64 {
+    sim.advance_to(sim_ms(at));
     sim.event(Event::Exit {
         index: 0,
         code: 0,
@@ -390,7 +362,19 @@ fn the_renewal_beside_an_upload_goes_out_one_interval_after_it() {
     sim.notify(Input::ProcessExited {
         offer_id: ql_worker_sim::testkit::offer_id(1),
     });
-    let uploaded_at = when(&mut sim, |a| matches!(a, Action::UploadLog { .. }));
+    when(sim, |a| matches!(a, Action::UploadLog { .. }))
+}
+
+/// With lease control paced (every 5 s) and a long cadence (10 s), the renewal beside an
+/// upload goes out `lease_control_interval` after the upload was sent, not at once (a renewal
+/// sent with the upload can fence it), and not at the next tick either: the Worker wakes for
+/// that moment (`beside_upload_at`, `wake_at`).
+#[test]
+fn the_renewal_beside_an_upload_goes_out_one_interval_after_it() {
+    let (mut sim, granted) = renewed_with_cadence(10_000);
+    // The Run exits 3 s later: its upload is in flight when the renewal timer comes (at
+    // `granted` + 5 s), and that renewal waits for the upload's own interval.
+    let uploaded_at = exit_until_upload_at(&mut sim, granted + 3_000);
     let (upload, _, uploaded) = hold(&mut sim);
     assert_eq!(uploaded_at, granted + 3_000, "{:#?}", sim.commands());
     let renewed_at = when(&mut sim, is_renewal);
@@ -405,16 +389,7 @@ fn the_renewal_beside_an_upload_goes_out_one_interval_after_it() {
     );
     sim.answer(Answer::Ok);
     sim.settle();
-    sim.worker
-        .handle(
-            sim.clock(),
-            Input::Outcome {
-                id: upload,
-                outcome: uploaded,
-            },
-        )
-        .expect("the upload's outcome is expected");
-    sim.poll();
+    release(&mut sim, upload, uploaded);
     sim.settle();
     assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
     assert!(
@@ -430,13 +405,7 @@ fn the_renewal_beside_an_upload_goes_out_one_interval_after_it() {
 /// lease (15 s), leaving it time to come back.
 #[test]
 fn the_renewal_beside_a_late_upload_goes_out_at_half_the_lease() {
-    let mut sim = holding_with(|c| {
-        c.cadence_ms = 2_000;
-        c.lease_control_interval_ms = 5_000;
-    });
-    let granted = when(&mut sim, is_renewal);
-    sim.answer(Answer::Ok);
-    sim.settle();
+    let (mut sim, granted) = renewed_with_cadence(2_000);
     let exit_at = granted + 12_000;
     for _ in 0..200 {
         match sim.act() {
@@ -457,16 +426,7 @@ fn the_renewal_beside_a_late_upload_goes_out_at_half_the_lease() {
         .filter(|l| *l == "post lease-control o1")
         .count();
     assert!(unanswered >= 2, "{:#?}", sim.commands());
-    sim.advance_to(sim_ms(exit_at));
-    sim.event(Event::Exit {
-        index: 0,
-        code: 0,
-        receipt: ReceiptKind::Genuine,
-    });
-    sim.notify(Input::ProcessExited {
-        offer_id: ql_worker_sim::testkit::offer_id(1),
-    });
-    let uploaded_at = when(&mut sim, |a| matches!(a, Action::UploadLog { .. }));
+    let uploaded_at = exit_until_upload_at(&mut sim, exit_at);
     assert_eq!(uploaded_at, exit_at, "{:#?}", sim.commands());
     let _in_flight = hold(&mut sim);
     let renewed_at = when(&mut sim, is_renewal);
@@ -491,16 +451,7 @@ fn a_register_in_flight_is_not_planned_again() {
         sim.tick();
         assert!(sim.pending.is_none(), "{:#?}", sim.commands());
     }
-    sim.worker
-        .handle(
-            sim.clock(),
-            Input::Outcome {
-                id: register,
-                outcome: registered,
-            },
-        )
-        .expect("the register's outcome is expected");
-    sim.poll();
+    release(&mut sim, register, registered);
     sim.settle();
     sim.run(2);
     let registers = sim
@@ -532,16 +483,7 @@ fn a_pull_waits_for_the_session_exchange_in_flight() {
         !meanwhile.iter().any(|l| l == "post offers"),
         "{meanwhile:#?}"
     );
-    sim.worker
-        .handle(
-            sim.clock(),
-            Input::Outcome {
-                id,
-                outcome: answered,
-            },
-        )
-        .expect("the heartbeat's outcome is expected");
-    sim.poll();
+    release(&mut sim, id, answered);
     sim.settle();
     sim.run(1);
     assert!(
@@ -570,16 +512,7 @@ fn an_upload_that_outlasted_the_local_lease_still_reports_its_completion() {
     let at = sim.now.saturating_add(lease_ms + 1_000);
     sim.advance_to(at);
     let read_at = sim.commands().len();
-    sim.worker
-        .handle(
-            sim.clock(),
-            Input::Outcome {
-                id: upload,
-                outcome: uploaded,
-            },
-        )
-        .expect("the upload's outcome is expected");
-    sim.poll();
+    release(&mut sim, upload, uploaded);
     assert_eq!(sim.first_record(), before, "nothing moved the record");
     sim.answer(Answer::Ok);
     let after: Vec<String> = sim.commands()[read_at..].to_vec();
@@ -631,16 +564,7 @@ fn an_offer_answered_after_the_session_changed_is_not_admitted() {
     let now = sim.worker.session().expect("a Session again").clone();
     assert_ne!(now.worker, session.worker, "{:#?}", sim.commands());
     let before = sim.commands().len();
-    sim.worker
-        .handle(
-            sim.clock(),
-            Input::Outcome {
-                id,
-                outcome: answered,
-            },
-        )
-        .expect("the Pull's outcome is expected");
-    sim.poll();
+    release(&mut sim, id, answered);
     sim.settle();
     let after = sim.commands()[before..].to_vec();
     assert!(

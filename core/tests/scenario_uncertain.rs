@@ -575,32 +575,34 @@ fn a_completion_replay_refused_for_credentials_is_asked_again() {
     assert_running(&sim);
 }
 
-/// A completion fenced at the persisted lease version (a renewal may have committed without its
-/// answer reaching the disk) is sent once more, one version on, in the same pass, and only
-/// once: fenced there too, the pass ends; the lease is renewed (to version 1 on the record), and
-/// the next pass completes under it.
-#[test]
-fn a_fenced_completion_is_retried_once_one_version_on() {
+/// o1 exits; `on` (its completion or its upload) is fenced twice. The first pass sends it at the
+/// persisted version and once more one version on, and no more: the `(artifacts, completion)`
+/// versions it sent are `first`. The lease is then renewed (version 1 on the record), and the
+/// next pass completes under it, its `on` at version 1.
+fn fenced_twice(on: On, operation: Operation, first: (&[u64], &[u64])) {
     let mut sim = Sim::holding(State::RunningAcknowledged);
     sim.event(Event::Exit {
         index: 0,
         code: 0,
         receipt: ReceiptKind::Genuine,
     });
-    sim.on(On::Post(Operation::Completion), Answer::Fenced);
-    sim.on(On::Post(Operation::Completion), Answer::Fenced);
+    sim.on(on, Answer::Fenced);
+    sim.on(on, Answer::Fenced);
     sim.run(1);
-    assert_eq!(expected_versions(&sim, Operation::Artifacts), vec![0]);
-    assert_eq!(
+    let sent = (
+        expected_versions(&sim, Operation::Artifacts),
         expected_versions(&sim, Operation::Completion),
-        vec![0, 1],
+    );
+    assert_eq!(
+        (sent.0.as_slice(), sent.1.as_slice()),
+        first,
         "{:#?}",
         sim.commands()
     );
     assert_eq!(sim.first_record().state, State::RunningAcknowledged);
     sim.run(1);
     assert_eq!(
-        expected_versions(&sim, Operation::Completion),
+        expected_versions(&sim, operation),
         vec![0, 1, 1],
         "{:#?}",
         sim.commands()
@@ -608,6 +610,26 @@ fn a_fenced_completion_is_retried_once_one_version_on() {
     assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
     assert_eq!(sim.first_record().offer.lease.version.get(), 1);
     assert_running(&sim);
+}
+
+/// A completion fenced at the persisted lease version (a renewal may have committed without its
+/// answer reaching the disk) is sent once more, one version on, in the same pass, and only
+/// once: fenced there too, the pass ends, and the next pass completes under the renewed lease.
+#[test]
+fn a_fenced_completion_is_retried_once_one_version_on() {
+    fenced_twice(
+        On::Post(Operation::Completion),
+        Operation::Completion,
+        (&[0], &[0, 1]),
+    );
+}
+
+/// An upload fenced at the persisted version is sent once more one version on; fenced there
+/// too, it is not sent again in that pass, and no completion goes out without a stored log; the
+/// next pass uploads and completes under the renewed lease.
+#[test]
+fn an_upload_fenced_after_its_catch_up_ends_the_pass() {
+    fenced_twice(On::Kind("upload-log"), Operation::Artifacts, (&[0, 1], &[]));
 }
 
 /// After a lost renewal the upload is caught up one version on, and the completion names that
@@ -627,40 +649,6 @@ fn a_completion_fenced_after_its_upload_caught_up_is_not_retried_again() {
     );
     assert_eq!(sim.first_record().state, State::RunningAcknowledged);
     assert_eq!(count(&sim, "stop o1"), 0);
-    assert_running(&sim);
-}
-
-/// An upload fenced at the persisted version is sent once more one version on; fenced there
-/// too, it is not sent again in that pass, and no completion goes out without a stored log; the
-/// lease is renewed (version 1 on the record), and the next pass uploads and completes under it.
-#[test]
-fn an_upload_fenced_after_its_catch_up_ends_the_pass() {
-    let mut sim = Sim::holding(State::RunningAcknowledged);
-    sim.event(Event::Exit {
-        index: 0,
-        code: 0,
-        receipt: ReceiptKind::Genuine,
-    });
-    sim.on(On::Kind("upload-log"), Answer::Fenced);
-    sim.on(On::Kind("upload-log"), Answer::Fenced);
-    sim.run(1);
-    assert_eq!(
-        expected_versions(&sim, Operation::Artifacts),
-        vec![0, 1],
-        "{:#?}",
-        sim.commands()
-    );
-    assert!(expected_versions(&sim, Operation::Completion).is_empty());
-    assert_eq!(sim.first_record().state, State::RunningAcknowledged);
-    sim.run(1);
-    assert_eq!(
-        expected_versions(&sim, Operation::Artifacts),
-        vec![0, 1, 1],
-        "{:#?}",
-        sim.commands()
-    );
-    assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
-    assert_eq!(sim.first_record().offer.lease.version.get(), 1);
     assert_running(&sim);
 }
 

@@ -693,19 +693,15 @@ fn roots(worlds: Vec<World>, slots: u16) -> Vec<Sim> {
 /// call). Processes never exit here; supervision answers are healthy.
 #[must_use]
 pub fn start_path() -> Model {
+    // Everything but the finish path's families.
     let menu = Menu {
-        crashes: true,
-        record_faults: true,
-        claim_faults: true,
-        read_faults: true,
-        ack_answers: true,
-        offer_answers: true,
-        secret_answers: true,
-        spawn_answers: true,
-        log_faults: true,
-        session_answers: true,
-        entropy_variants: true,
-        ..Menu::default()
+        receipt_answers: false,
+        upload_answers: false,
+        completion_answers: false,
+        lease_answers: false,
+        stop_answers: false,
+        exits: false,
+        ..Menu::everything()
     };
     let secret = crate::testkit::secret_revision();
     Model {
@@ -778,21 +774,13 @@ pub fn redelivery() -> Model {
 /// expiry and a drain request.
 #[must_use]
 pub fn finish_path() -> Model {
+    // Everything but the start path's own answers and entropy variations.
     let menu = Menu {
-        crashes: true,
-        record_faults: true,
-        claim_faults: true,
-        read_faults: true,
-        spawn_answers: true,
-        log_faults: true,
-        receipt_answers: true,
-        upload_answers: true,
-        completion_answers: true,
-        lease_answers: true,
-        stop_answers: true,
-        session_answers: true,
-        exits: true,
-        ..Menu::default()
+        ack_answers: false,
+        offer_answers: false,
+        secret_answers: false,
+        entropy_variants: false,
+        ..Menu::everything()
     };
     Model {
         name: "finish-path",

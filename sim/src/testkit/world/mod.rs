@@ -168,6 +168,32 @@ pub struct Menu {
     pub exits: bool,
 }
 
+impl Menu {
+    /// Every family of answers and events enabled (the random walks of the tests).
+    #[must_use]
+    pub fn everything() -> Self {
+        Self {
+            crashes: true,
+            record_faults: true,
+            claim_faults: true,
+            read_faults: true,
+            ack_answers: true,
+            offer_answers: true,
+            secret_answers: true,
+            spawn_answers: true,
+            log_faults: true,
+            receipt_answers: true,
+            upload_answers: true,
+            completion_answers: true,
+            lease_answers: true,
+            stop_answers: true,
+            session_answers: true,
+            entropy_variants: true,
+            exits: true,
+        }
+    }
+}
+
 /// A world move that is not an answer to a command: a process exits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Event {
