@@ -18,21 +18,15 @@ use std::hash::Hasher;
 use ql_worker_sim::testkit::act;
 use ql_worker_sim::testkit::sim::{Sim, Status};
 use ql_worker_sim::testkit::world::{Menu, OfferTemplate, World};
+use ql_worker_tests::splitmix::SplitMix64;
 
 const SEEDS: u64 = 48;
 const STEPS: u32 = 600;
 
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let x = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        usize::try_from(x % u64::try_from(n).unwrap()).unwrap()
-    }
+/// A value in `0..n`, from the test crates' one random stream.
+fn pick(rng: &mut SplitMix64, n: usize) -> usize {
+    let n = u64::try_from(n).expect("a small count");
+    usize::try_from(rng.below(n)).expect("below n")
 }
 
 fn fingerprint(sim: &Sim) -> u64 {
@@ -56,7 +50,7 @@ fn outstanding(sim: &Sim) -> Vec<String> {
 fn walk(seed: u64, seen: &mut BTreeMap<u64, (Vec<String>, String)>) -> u32 {
     let templates = (1..=3).map(OfferTemplate::sample).collect();
     let mut sim = Sim::scenario(World::new(seed, templates));
-    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut rng = SplitMix64(seed);
     let menu = Menu::everything();
     let mut checked = 0;
     for step in 0..STEPS {
@@ -66,11 +60,11 @@ fn walk(seed: u64, seen: &mut BTreeMap<u64, (Vec<String>, String)>) -> u32 {
         }
         let Some(action) = sim.act().cloned() else {
             let events = sim.world.events(&menu);
-            if !events.is_empty() && rng.below(3) == 0 {
-                let event = events[rng.below(events.len())];
+            if !events.is_empty() && pick(&mut rng, 3) == 0 {
+                let event = events[pick(&mut rng, events.len())];
                 sim.event(event);
             } else {
-                let at = sim.now.saturating_add(500 + 500 * rng.below(8) as u64);
+                let at = sim.now.saturating_add(500 + 500 * rng.below(8));
                 sim.advance_to(at);
                 sim.tick();
             }
@@ -90,8 +84,8 @@ fn walk(seed: u64, seen: &mut BTreeMap<u64, (Vec<String>, String)>) -> u32 {
         }
         checked += 1;
         let options = sim.world.options(&action, &menu);
-        let answer = if rng.below(4) == 0 {
-            options[rng.below(options.len())]
+        let answer = if pick(&mut rng, 4) == 0 {
+            options[pick(&mut rng, options.len())]
         } else {
             options[0]
         };

@@ -82,6 +82,11 @@ use ql_worker_core::wire::route::Operation;
 use ql_worker_core::wire::session::SessionStatus;
 use ql_worker_core::worker::HaltReason;
 
+/// A stored log's length in bytes.
+fn log_length(log: &super::Log) -> u64 {
+    u64::try_from(log.content.len()).unwrap_or(u64::MAX)
+}
+
 impl World {
     /// Checks `action` against every invariant that concerns it, before it takes effect.
     pub(super) fn check_act(&mut self, now: UnixMillis, action: &Action) {
@@ -200,12 +205,7 @@ impl World {
 
     /// Checks that no command shortened or deleted a log (`before`: lengths before it ran).
     pub(crate) fn check_logs_kept(&mut self, before: &[(LogArtifactId, u64)]) {
-        let now = |id: &LogArtifactId| {
-            self.disk
-                .logs
-                .get(id)
-                .map(|l| u64::try_from(l.content.len()).unwrap_or(u64::MAX))
-        };
+        let now = |id: &LogArtifactId| self.disk.logs.get(id).map(log_length);
         let broken = logs_kept(before, now);
         self.violations.extend(broken);
     }
@@ -216,12 +216,7 @@ impl World {
         self.disk
             .logs
             .iter()
-            .map(|(id, l)| {
-                (
-                    id.clone(),
-                    u64::try_from(l.content.len()).unwrap_or(u64::MAX),
-                )
-            })
+            .map(|(id, l)| (id.clone(), log_length(l)))
             .collect()
     }
 
@@ -768,8 +763,9 @@ impl Ghost {
         let offer = &record.offer.offer_id;
         let fate = self.spawns.get(offer).copied();
         match record.state {
+            // The record says nothing of a live process: only the spawn's fate is checked.
             State::StartFailed | State::StartFailureAcknowledged => assert!(
-                matches!(fate, None | Some(SpawnFate::Rejected)),
+                start_failure_proven(fate, false),
                 "INVARIANT start-failure-proof: {offer} is {} after spawn fate {fate:?}",
                 record.state
             ),
