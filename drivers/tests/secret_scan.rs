@@ -162,8 +162,8 @@ impl Sampler {
 }
 
 /// The demo's five Runs with the real `ql-worker run` binary against the loopback control
-/// plane. Each artifact upload is slowed (400 ms) so every receipt stays on disk long enough to
-/// be read: all five capabilities are collected.
+/// plane. The artifact uploads are slowed (1 s each, two per Run) so every receipt stays on disk
+/// long enough to be read: all five capabilities are collected.
 #[test]
 fn after_the_demo_runs_no_secret_or_capability_is_on_disk_or_in_a_process_view() {
     let mut world = World::new();
@@ -191,10 +191,13 @@ fn after_the_demo_runs_no_secret_or_capability_is_on_disk_or_in_a_process_view()
         session.session_id
     );
     let expected = ql_worker::demo::enqueue_samples(&world.cp).unwrap();
-    for _ in &expected {
+    // Two slowed uploads per Run: an upload sent again (fenced by a renewal beside it, say)
+    // must not leave a later Run's receipt too short-lived for the sampler, whose poll of
+    // every process can itself take hundreds of milliseconds on a loaded machine.
+    for _ in 0..2 * expected.len() {
         world
             .cp
-            .inject_for(&artifacts, Fault::Slow(Duration::from_millis(400)));
+            .inject_for(&artifacts, Fault::Slow(Duration::from_millis(1_000)));
     }
     let mut sampler = Sampler::new();
     let mut metrics_texts: Vec<String> = Vec::new();
