@@ -3,15 +3,16 @@
 //! that the inbox could not store), retention's removals freeing room, and a start that finds
 //! its Session draining: its live Runs finish under it, then a new Session takes work.
 
-use ql_worker_core::io::Input;
+use ql_worker_core::io::{Action, Input, OpId};
 use ql_worker_core::listing::Capacity;
 use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::wire::session::SessionStatus;
+use ql_worker_core::worker::Output;
 use ql_worker_sim::testkit::act;
-use ql_worker_sim::testkit::sim::Sim;
-use ql_worker_sim::testkit::world::{Event, OfferTemplate, ReceiptKind, World};
+use ql_worker_sim::testkit::sim::{On, Sim, Status};
+use ql_worker_sim::testkit::world::{Answer, Event, OfferTemplate, ReceiptKind, World};
 use ql_worker_sim::testkit::{self};
 
 fn ms(v: u64) -> UnixMillis {
@@ -255,4 +256,127 @@ fn a_drain_asked_for_at_this_start_is_not_a_retiring_session() {
     sim.run(4);
     assert!(!sim.worker.retiring());
     assert!(!sim.commands().iter().any(|l| l == "persist-session"));
+}
+
+/// Every command the Worker issues until it is idle, none answered: a driver whose storage
+/// answers come late (the core accepts outcomes in any order), so the lanes stay busy.
+fn issue_all(sim: &mut Sim) -> Vec<(OpId, Action)> {
+    let mut issued = Vec::new();
+    for _ in 0..64 {
+        match sim.worker.poll_output() {
+            Output::Command(command) => issued.push((command.id, command.action)),
+            Output::Idle { .. } => return issued,
+            other => panic!("the Worker ended: {other:?}"),
+        }
+    }
+    panic!("more than 64 commands at once: {issued:?}")
+}
+
+/// Answers `command` as the world does, healthily.
+fn answer_ok(sim: &mut Sim, (id, action): (OpId, Action)) {
+    let outcome = sim.world.perform(sim.now, &action, Answer::Ok);
+    sim.worker
+        .handle(sim.clock(), Input::Outcome { id, outcome })
+        .expect("a valid outcome");
+}
+
+/// An admitted offer is processed before the next Pull goes out, even while its processing
+/// waits for an offer lane: here both are held by receipt removals of settled Runs (slot
+/// count 2), whose answers come late. The burst's Pull waits behind the processing; it does not
+/// overtake it.
+#[test]
+fn a_pull_does_not_overtake_an_admitted_offer_waiting_for_an_offer_lane() {
+    let mut sim = sim(offers(2), 2, 64);
+    sim.run(3);
+    // o1 and o2 run; both exit, complete, and their receipt removals fail: both receipts wait
+    // for the next tick's cleanup.
+    sim.on(On::Kind("remove-receipt"), Answer::Unchanged);
+    sim.on(On::Kind("remove-receipt"), Answer::Unchanged);
+    for (index, n) in [(0, 1), (1, 2)] {
+        sim.event(Event::Exit {
+            index,
+            code: 0,
+            receipt: ReceiptKind::Genuine,
+        });
+        sim.notify(Input::ProcessExited {
+            offer_id: offer_of(&sim, n),
+        });
+        sim.settle();
+    }
+    for n in [1, 2] {
+        let record = sim.world.disk.record(&offer_of(&sim, n)).unwrap();
+        assert_eq!(record.state, State::CompletionAcknowledged);
+    }
+    // The control plane has a third Run now. The next tick: both cleanups (o1, o2), a
+    // supervision page, and a Pull, all at once.
+    sim.world
+        .plane
+        .templates
+        .push_back(OfferTemplate::sample(3));
+    if let Status::Idle(Some(wake)) = sim.status {
+        sim.advance_to(wake);
+    }
+    sim.worker.handle(sim.clock(), Input::Tick).unwrap();
+    let mut held = issue_all(&mut sim);
+    let kinds: Vec<&str> = held.iter().map(|(_, a)| act::kind(a)).collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "read-record").count(),
+        2,
+        "both cleanups began: {kinds:?}"
+    );
+    assert!(kinds.contains(&"read-claim"), "{kinds:?}");
+    // Only the Pull is answered, until it has stored o3 and cleared its claim.
+    let mut pull = held
+        .iter()
+        .position(|(_, a)| matches!(a, Action::ReadClaim))
+        .map(|i| held.remove(i));
+    let mut after = Vec::new();
+    while let Some(command) = pull.take() {
+        let cleared = matches!(command.1, Action::ClearClaim { .. });
+        answer_ok(&mut sim, command);
+        let mut issued = issue_all(&mut sim);
+        if cleared {
+            after = issued;
+            break;
+        }
+        assert_eq!(issued.len(), 1, "the Pull's next step alone: {issued:?}");
+        pull = issued.pop();
+    }
+    let o3 = offer_of(&sim, 3);
+    assert_eq!(
+        sim.world.disk.record(&o3).map(|r| r.state),
+        Some(State::Accepted)
+    );
+    // o3's processing waits for an offer lane (two slots, both lanes busy), and so does the
+    // next Pull: nothing goes out.
+    assert!(
+        after.is_empty(),
+        "nothing may overtake o3's processing: {after:?}"
+    );
+    // The cleanups are answered: o3's processing comes first, and no Pull while it runs.
+    let mut order = Vec::new();
+    for _ in 0..64 {
+        let Some(command) = held.pop() else { break };
+        answer_ok(&mut sim, command);
+        let issued = issue_all(&mut sim);
+        order.extend(issued.iter().map(|(_, a)| sim.world.summary(a)));
+        held.extend(issued);
+        if order.iter().any(|l| l.starts_with("read-claim")) {
+            break;
+        }
+    }
+    let processing = order
+        .iter()
+        .position(|l| l == "read-record o3")
+        .unwrap_or_else(|| panic!("o3 processed: {order:#?}"));
+    let next_pull = order.iter().position(|l| l == "read-claim");
+    assert!(
+        next_pull.is_none_or(|p| p > processing),
+        "the next Pull after o3's processing began: {order:#?}"
+    );
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
 }

@@ -399,6 +399,42 @@ fn the_renewal_beside_an_upload_goes_out_one_interval_after_it() {
     );
 }
 
+/// A second exit notice for o1 comes at the very moment its renewal beside the upload went
+/// out (both in flight): the pass it queues waits for the renewal's lane, whose answer wakes the
+/// Worker. Until then the Worker sleeps until its next timer; it does not wake at once (again
+/// and again) for the renewal time that has come (`wake_at` takes only times still ahead).
+#[test]
+fn a_pass_queued_beside_a_renewal_in_flight_does_not_wake_the_worker_at_once() {
+    let (mut sim, granted) = renewed_with_cadence(10_000);
+    exit_until_upload_at(&mut sim, granted + 3_000);
+    let (upload, _, uploaded) = hold(&mut sim);
+    let renewed_at = when(&mut sim, is_renewal);
+    let (renewal, _, renewed) = hold(&mut sim);
+    sim.notify(Input::ProcessExited {
+        offer_id: ql_worker_sim::testkit::offer_id(1),
+    });
+    assert_eq!(sim.now.get(), renewed_at, "the clock has not moved");
+    assert!(sim.pending.is_none(), "{:#?}", sim.commands());
+    let wake = match sim.status {
+        Status::Idle(wake) => wake,
+        ref other => panic!("idle with both calls held: {other:?}"),
+    };
+    assert!(
+        wake.is_some_and(|w| w.get() > renewed_at),
+        "the next wake-up is ahead ({wake:?}), not at {renewed_at} ms"
+    );
+    release(&mut sim, renewal, renewed);
+    sim.settle();
+    release(&mut sim, upload, uploaded);
+    sim.settle();
+    assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
+
 /// As above (with a 2 s cadence), but the renewals after the grant get no answer (the lease's
 /// local clock stays at the grant) and the Run exits 12 s after it: one interval after the
 /// upload would be 17 s into a 30 s lease, so the renewal beside the upload goes out at half the
