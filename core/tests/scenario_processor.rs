@@ -14,6 +14,7 @@ use ql_worker_core::wire::activation::{
 use ql_worker_core::wire::route::Operation;
 use ql_worker_sim::testkit::act;
 use ql_worker_sim::testkit::sim::{On, Sim};
+use ql_worker_sim::testkit::world::check::CapabilityForms;
 use ql_worker_sim::testkit::world::{Answer, OfferTemplate, SpawnPlan, World};
 use ql_worker_sim::testkit::{self};
 use ql_worker_tests::server_wire::ToJson as _;
@@ -439,4 +440,37 @@ fn reports_failure_before_the_spawn_barrier_when_materialized_public_data_drifts
             ("SECRET_VALUE".to_string(), "sim-secret-value".to_string()),
         ]
     );
+}
+
+/// What the driver may log of a launch plan and of an outcome (`{:?}`) names the launch and the
+/// environment's names, never a Secret value or the capability in any form; a response body
+/// shows only its length; a command id reads `op#N`.
+#[test]
+fn a_launch_plan_and_a_response_body_show_no_secret_in_debug() {
+    let world = World::new(
+        1,
+        vec![OfferTemplate::with_revision(1, testkit::secret_revision())],
+    );
+    let sim = processed(world, &[]);
+    let plan = launch_plans(&sim).pop().expect("a launch plan");
+    let secret = "sim-secret-value";
+    assert!(plan.environment.iter().any(|(_, v)| v.as_str() == secret));
+    let text = format!("{plan:?}");
+    for shown in [
+        "LaunchPlan",
+        plan.offer_id.as_str(),
+        plan.attempt_id.as_str(),
+        "SECRET_VALUE",
+        "PUBLIC_VALUE",
+        "capability: \"[redacted]\"",
+    ] {
+        assert!(text.contains(shown), "{shown} in {text}");
+    }
+    assert!(!text.contains(secret), "{text}");
+    let forms = CapabilityForms::of(*plan.capability.expose());
+    assert!(!forms.found_in(text.as_bytes()), "{text}");
+    let body = format!("{{\"values\":[{{\"value\":\"{secret}\"}}]}}");
+    let outcome = format!("{:?}", Outcome::Responded(body.clone().into_bytes()));
+    assert_eq!(outcome, format!("Responded({} bytes)", body.len()));
+    assert_eq!(ql_worker_core::io::OpId(7).to_string(), "op#7");
 }
