@@ -326,7 +326,7 @@ impl Host {
                 self.ghost.check_pull(worker.fail_closed().is_some());
                 let capacity = worker.inbox_status().capacity;
                 assert!(
-                    self.records.len() < capacity,
+                    check::pull_with_room(self.records.len(), capacity),
                     "INVARIANT pull-with-room: a Pull with {} records in an inbox of {capacity}",
                     self.records.len()
                 );

@@ -304,6 +304,21 @@ impl Sim {
                 String::from("a Pull starts while draining"),
             );
         }
+        if matches!(action, Action::ReadClaim)
+            && !crate::testkit::world::check::pull_with_room(
+                self.world.disk.records.len(),
+                self.config.capacity.get(),
+            )
+        {
+            self.world.violation(
+                "pull-with-room",
+                format!(
+                    "a Pull with {} records in an inbox of {}",
+                    self.world.disk.records.len(),
+                    self.config.capacity.get()
+                ),
+            );
+        }
         let summary = self.trail.is_some().then(|| self.world.summary(&action));
         if let Some(line) = summary {
             self.note(line);

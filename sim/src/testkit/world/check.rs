@@ -93,10 +93,11 @@ impl World {
         match action {
             Action::Spawn(plan) => self.check_spawn(&SpawnPlan::of(plan)),
             Action::PersistRecord { record, .. } => {
-                if let Ok(bytes) = ql_worker_core::envelope::encode(&**record) {
+                if let Some(bytes) = self.check_durable(&**record, "record") {
                     self.check_capability_free(&bytes, "record");
                     self.check_secret_free(&bytes, "persisted record");
                 }
+                self.check_started_spawned(record);
                 let fresh = self
                     .disk
                     .record(&record.offer.offer_id)
@@ -119,7 +120,7 @@ impl World {
                 }
             }
             Action::PersistClaim { claim, .. } => {
-                if let Ok(bytes) = ql_worker_core::envelope::encode(&**claim) {
+                if let Some(bytes) = self.check_durable(&**claim, "claim") {
                     self.check_capability_free(&bytes, "claim");
                     self.check_secret_free(&bytes, "persisted claim");
                 }
@@ -359,12 +360,65 @@ impl World {
         }
     }
 
+    /// `durable-decode`: what the Worker writes encodes as an envelope and decodes back to
+    /// itself (the journal returns exactly what it stored). Returns the bytes.
+    fn check_durable<T>(&mut self, value: &T, what: &str) -> Option<Vec<u8>>
+    where
+        T: ql_worker_core::envelope::Durable + PartialEq + std::fmt::Debug,
+    {
+        let bytes = match ql_worker_core::envelope::encode(value) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                self.violation(
+                    "persist-valid",
+                    format!("a {what} that does not encode: {e}"),
+                );
+                return None;
+            }
+        };
+        let bytes = bytes.to_vec();
+        match ql_worker_core::envelope::decode::<T>(&bytes) {
+            Ok(back) if back == *value => {}
+            Ok(back) => self.violation(
+                "durable-decode",
+                format!("a {what} decodes to another value: {back:?}"),
+            ),
+            Err(e) => self.violation("durable-decode", format!("a written {what}: {e}")),
+        }
+        Some(bytes)
+    }
+
+    /// `started-needs-spawn`: a `started` write names the handle of a process the supervisor
+    /// spawned for that offer.
+    fn check_started_spawned(&mut self, record: &InboxRecord) {
+        if record.state != State::Started {
+            return;
+        }
+        let offer_id = &record.offer.offer_id;
+        let handle = record.executor_handle.as_ref().map(|h| h.as_str());
+        let spawned = self
+            .supervisor
+            .of_offer(offer_id)
+            .any(|p| Some(p.handle.as_str()) == handle);
+        if !spawned {
+            let name = alias(self, offer_id);
+            self.violation(
+                "started-needs-spawn",
+                format!("{name} written started with a handle no spawn of it reported"),
+            );
+        }
+    }
+
     fn check_stop(&mut self, now: UnixMillis, handle: &str) {
         let Some(offer_id) = self
             .supervisor
             .by_handle(handle)
             .map(|p| p.offer_id.clone())
         else {
+            self.violation(
+                "stop-known-handle",
+                String::from("stop of a handle the supervisor never issued"),
+            );
             return;
         };
         let record = self.disk.record(&offer_id);
@@ -784,6 +838,13 @@ impl Ghost {
     }
 }
 
+/// `pull-with-room`: a Pull starts only while the inbox has a place for the offer it may
+/// bring (`records` stored, every one counting, of `capacity`).
+#[must_use]
+pub fn pull_with_room(records: usize, capacity: usize) -> bool {
+    records < capacity
+}
+
 /// `persist-valid`: a record write is a first publication of a valid `accepted` record at
 /// revision 0 over no stored record, or a replace of the stored record at exactly
 /// `expected + 1` that the journal's `check_transition` accepts.
@@ -968,4 +1029,49 @@ pub fn logs_kept(
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use ql_worker_core::io::Action;
+    use ql_worker_core::record::State;
+    use ql_worker_core::time::UnixMillis;
+
+    use crate::testkit::world::World;
+    use crate::testkit::{record, seeded_handle};
+
+    fn violations(world: &mut World, action: &Action) -> Vec<&'static str> {
+        world.check_act(UnixMillis::ZERO, action);
+        world.violations.drain(..).map(|v| v.invariant).collect()
+    }
+
+    /// A stop names a handle the supervisor issued; a `started` write names the handle of a
+    /// process spawned for its offer. Both checks fire on a command no spawn backs.
+    #[test]
+    fn a_stop_or_a_started_write_without_its_spawn_is_a_violation() {
+        let mut world = World::one_offer(1);
+        let stop = Action::Stop {
+            handle: seeded_handle(1),
+        };
+        assert_eq!(violations(&mut world, &stop), ["stop-known-handle"]);
+        let started = Action::PersistRecord {
+            expected: None,
+            record: Box::new(record(1, State::Started)),
+        };
+        assert!(
+            violations(&mut world, &started).contains(&"started-needs-spawn"),
+            "a started write with no process"
+        );
+        let running = Action::PersistRecord {
+            expected: None,
+            record: Box::new(record(1, State::RunningAcknowledged)),
+        };
+        assert!(!violations(&mut world, &running).contains(&"started-needs-spawn"));
+    }
+
+    #[test]
+    fn a_pull_needs_a_place_in_the_inbox() {
+        assert!(super::pull_with_room(63, 64));
+        assert!(!super::pull_with_room(64, 64));
+    }
 }
