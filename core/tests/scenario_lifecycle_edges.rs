@@ -1,9 +1,10 @@
 //! The lifecycle tick's timers and budgets (`core/src/worker.rs`) that the other scenarios
 //! do not reach, found by mutation testing (`docs/mutation.md`): the drain budget's end, a
 //! renewal or heartbeat that falls between two cadence ticks, a renewal timer that comes while
-//! the Run is still starting, no heartbeat before reconciliation finishes, and the lease version
-//! a lost start-path renewal may have left. Driven through the whole Worker against the
-//! simulated host; the exact commands are asserted.
+//! the Run is still starting (or during a rejoin, set again once the start path ends), no
+//! heartbeat before reconciliation finishes, and the lease version a lost start-path renewal
+//! may have left. Driven through the whole Worker against the simulated host; the exact
+//! commands are asserted.
 
 use ql_worker_core::facts::Fact;
 use ql_worker_core::io::{Input, StopOutcome};
@@ -162,6 +163,81 @@ fn a_renewal_timer_that_comes_while_the_run_is_starting_is_dropped() {
             "post running o1",
             "persist-record o1 r6 running_acknowledged",
             "read-record o1",
+        ])
+    );
+}
+
+/// The renewal timer of the lease renewed at 1 000 ms (before the starting ACK) is due at
+/// 6 000 ms, after the start path's last renewal. The running ACK is in flight from 1 000 ms
+/// (the control plane applied it; its answer comes late); the heartbeat at 4 000 ms is fenced,
+/// and the Worker registers again: the timer comes at 6 000 ms during that rejoin and is dropped.
+/// The register is answered, the page listed after it fails (nothing learned, no supervision
+/// queued), and then the running ACK's answer arrives: the Run got past its start path, its
+/// renewal timer is set again (already due), and a supervision pass renews the lease at once,
+/// not at the next cadence tick (20 s here) nor with the next heartbeat (7 000 ms).
+#[test]
+fn a_renewal_timer_dropped_during_a_rejoin_is_set_again_after_the_start_path() {
+    let mut sim = sim_with(State::Accepted, false, |c| {
+        c.lease_control_interval_ms = 5_000;
+        c.heartbeat_interval_ms = 3_000;
+        c.cadence_ms = 20_000;
+    });
+    sim.run(1);
+    sim.tick();
+    for _ in 0..100 {
+        match sim.act() {
+            Some(a) if act::is_post(a, Operation::Running) => break,
+            Some(_) => sim.answer(Answer::Ok),
+            None => panic!("no running ACK: {:#?}", sim.commands()),
+        }
+    }
+    // The running ACK goes out of the simulation: performed now, its answer fed later.
+    let (id, ack) = sim.pending.take().expect("the running ACK");
+    let outcome = sim.world.perform(sim.now, &ack, Answer::Ok);
+    sim.status = Status::Idle(None);
+    sim.poll();
+    sim.settle();
+    // 4 000 ms: the active tick's page fails (nothing learned), the heartbeat is fenced, and
+    // the register of the rejoin stays outstanding.
+    sim.advance_to(ms(4_000));
+    sim.tick();
+    for _ in 0..100 {
+        match (sim.act(), &sim.status) {
+            (Some(a), _) if act::is_post(a, Operation::Register) => break,
+            (Some(a), _) if act::is_post(a, Operation::Heartbeat) => sim.answer(Answer::Fenced),
+            (Some(a), _) if act::kind(a) == "list-inbox" => sim.answer(Answer::Unchanged),
+            (Some(_), _) => sim.answer(Answer::Ok),
+            (None, Status::Idle(Some(at))) if *at <= sim.now => sim.tick(),
+            (None, _) => panic!("no rejoin: {:#?}", sim.commands()),
+        }
+    }
+    sim.take_trail();
+    assert!(sim.worker.admission_paused(), "rejoining");
+    sim.advance_to(ms(6_000));
+    sim.worker.handle(sim.clock(), Input::Tick).unwrap();
+    sim.poll();
+    sim.on(On::Kind("list-inbox"), Answer::Unchanged);
+    sim.settle();
+    sim.worker
+        .handle(sim.clock(), Input::Outcome { id, outcome })
+        .unwrap();
+    sim.poll();
+    sim.settle();
+    assert_eq!(
+        sim.take_trail(),
+        lines(&["list-inbox", "persist-record o1 r5 running_acknowledged"])
+    );
+    sim.run(1);
+    assert_eq!(
+        sim.take_trail(),
+        lines(&[
+            "tick 6000",
+            "read-record o1",
+            "read-receipt attempt-1",
+            "read-record o1",
+            "inspect-supervision o1",
+            "post lease-control o1",
+            "persist-record o1 r6 running_acknowledged",
         ])
     );
 }

@@ -4,7 +4,9 @@
 //! simulated host whose control plane fences stale lease and Session versions as the
 //! reference's does, and asserts the exact commands and what the Worker concluded.
 
+use ql_worker_core::facts::Fact;
 use ql_worker_core::io::{Action, HttpFailure, Outcome};
+use ql_worker_core::processor::ProcessResult;
 use ql_worker_core::record::State;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::worker::StopReason;
@@ -690,6 +692,106 @@ fn a_garbled_offers_answer_keeps_its_claim_for_the_retry() {
         "the retry of the same claim got the offer: {:#?}",
         sim.commands()
     );
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
+
+/// The first `offers` answer is lost after the control plane leased o1 to the claim (at
+/// 1 000 ms, for 30 s); the claim's retries (at least 6 s apart) get no answer (the control
+/// plane never sees them) until that lease has run out; the retry answered then gets o1 with the
+/// lease the first attempt obtained. That retry did not obtain it: the Worker keeps no local
+/// deadline for it, judges it by the wall clock against its expiry, finds it expired, and starts
+/// nothing (no starting ACK, no spawn; the record stays `accepted`). Timed from the retry's
+/// sending instead, the lease would seem to have 30 s left and the Run would start without one.
+#[test]
+fn a_retried_claims_offer_whose_lease_ran_out_before_the_retry_is_not_started() {
+    let mut sim = Sim::scenario(World::one_offer(1));
+    sim.on(On::Post(Operation::Offers), Answer::LostAfterCommit);
+    for _ in 0..6 {
+        if sim.world.plane.runs.is_empty() {
+            sim.run(1);
+        }
+    }
+    let lease = sim
+        .world
+        .plane
+        .runs
+        .values()
+        .next()
+        .unwrap_or_else(|| panic!("no claim reached the plane: {:#?}", sim.commands()))
+        .offer
+        .lease
+        .clone();
+    assert!(sim.world.disk.records.is_empty(), "{:#?}", sim.commands());
+    for _ in 0..10 {
+        if sim.now > lease.expires_at_ms {
+            break;
+        }
+        let sent = count(&sim, "post offers");
+        sim.on(On::Post(Operation::Offers), Answer::Unavailable);
+        sim.advance_to(sim.now.saturating_add(6_000));
+        for _ in 0..20 {
+            if count(&sim, "post offers") == sent {
+                sim.run(1);
+            }
+        }
+        assert_eq!(
+            count(&sim, "post offers"),
+            sent + 1,
+            "{:#?}",
+            sim.commands()
+        );
+    }
+    assert!(sim.now > lease.expires_at_ms);
+    let (claim, _) = sim.world.disk.claim.clone().expect("the claim is kept");
+    assert!(claim.attempt_count > 1, "{claim:?}");
+    sim.take_trail();
+    sim.worker.report_facts();
+    for _ in 0..20 {
+        if sim.world.disk.records.is_empty() {
+            sim.run(1);
+        }
+    }
+    sim.run(2);
+    let commands = sim.commands();
+    assert!(
+        commands
+            .iter()
+            .any(|l| l == "persist-record o1 r0 accepted"),
+        "{commands:#?}"
+    );
+    assert!(
+        !commands
+            .iter()
+            .any(|l| l == "post starting o1" || l == "spawn o1"),
+        "{commands:#?}"
+    );
+    let processed: Vec<ProcessResult> = std::iter::from_fn(|| sim.worker.poll_fact())
+        .filter_map(|f| match f {
+            Fact::Process { result, .. } => Some(result),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        processed.first(),
+        Some(&ProcessResult::OfferExpired),
+        "{commands:#?}"
+    );
+    let record = sim
+        .world
+        .disk
+        .record(&claim.offer_id)
+        .unwrap_or_else(|| panic!("the retry got o1: {commands:#?}"))
+        .clone();
+    assert_eq!(record.state, State::Accepted);
+    assert_eq!(
+        record.offer.lease, lease,
+        "the lease the first attempt obtained"
+    );
+    assert!(!sim.worker.times_lease(&claim.offer_id));
     assert!(
         sim.world.violations.is_empty(),
         "{:?}",
