@@ -54,6 +54,14 @@
 //!   control plane said the Run is terminal, or the `stop_requested` lease version is durable.
 //! * `fail-closed-no-pull`: no Pull starts (its first command, reading the claim) while any
 //!   durable record is `recovery_required` (reference §4.7: fail closed, never pull again).
+//! * `durable-decode`: every record and claim written encodes as its envelope and decodes back
+//!   to itself (the fuzz host stores the bytes and checks the same on every read).
+//! * `started-needs-spawn`: a `started` write names the handle of a process the supervisor
+//!   spawned for that offer (the fuzz host checks it against its `Ghost`'s spawn fates).
+//! * `stop-known-handle`: a stop names a handle the supervisor issued (as the fuzz host).
+//! * `pull-with-room` ([`pull_with_room`], checked by the scenario driver, which knows the
+//!   configured capacity; the fuzz host applies the same rule): no Pull while every place of
+//!   the inbox is taken.
 //!
 //! The scenario driver adds `worker-error` (the Worker refused an outcome or halted on a
 //! conflict) and `drain-no-pull` (no Pull starts once the Worker is draining), and the explorer
