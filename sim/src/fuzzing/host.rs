@@ -324,6 +324,13 @@ impl Host {
             }
             Action::ReadClaim => {
                 self.ghost.check_pull(worker.fail_closed().is_some());
+                if let Some(record) = check::fail_closed_by(self.records.values().map(|(_, r)| r)) {
+                    panic!(
+                        "INVARIANT fail-closed-no-pull: a Pull starts while {} is durably \
+                         recovery_required",
+                        record.offer.offer_id
+                    );
+                }
                 let capacity = worker.inbox_status().capacity;
                 assert!(
                     check::pull_with_room(self.records.len(), capacity),

@@ -52,8 +52,9 @@
 //!   control plane applied the completion.
 //! * `stop-after-durable-lease`: a stop only when the durable lease has expired locally, the
 //!   control plane said the Run is terminal, or the `stop_requested` lease version is durable.
-//! * `fail-closed-no-pull`: no Pull starts (its first command, reading the claim) while any
-//!   durable record is `recovery_required` (reference §4.7: fail closed, never pull again).
+//! * `fail-closed-no-pull` ([`fail_closed_by`], which the fuzz host applies too): no Pull
+//!   starts (its first command, reading the claim) while any durable record is
+//!   `recovery_required` (reference §4.7: fail closed, never pull again).
 //! * `durable-decode`: every record and claim written encodes as its envelope and decodes back
 //!   to itself (the fuzz host stores the bytes and checks the same on every read).
 //! * `started-needs-spawn`: a `started` write names the handle of a process the supervisor
@@ -174,12 +175,8 @@ impl World {
             }
             Action::Stop { handle } => self.check_stop(now, handle.as_str()),
             Action::ReadClaim => {
-                let evidence = self
-                    .disk
-                    .records
-                    .values()
-                    .find(|(r, _)| r.recovery().is_some());
-                if let Some((record, _)) = evidence {
+                let evidence = fail_closed_by(self.disk.records.values().map(|(r, _)| r));
+                if let Some(record) = evidence {
                     let name = alias(self, &record.offer.offer_id);
                     self.violation(
                         "fail-closed-no-pull",
@@ -844,6 +841,14 @@ impl Ghost {
             | State::RecoveryRequired => {}
         }
     }
+}
+
+/// `fail-closed-no-pull`: the durable record that forbids every Pull, if any: one that is
+/// `recovery_required` (reference §4.7: fail closed; only an operator's archive removes it).
+pub fn fail_closed_by<'a>(
+    records: impl IntoIterator<Item = &'a InboxRecord>,
+) -> Option<&'a InboxRecord> {
+    records.into_iter().find(|r| r.recovery().is_some())
 }
 
 /// `pull-with-room`: a Pull starts only while the inbox has a place for the offer it may
