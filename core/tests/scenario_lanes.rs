@@ -365,6 +365,18 @@ fn exit_until_upload_at(sim: &mut Sim, at: u64) -> u64 {
     when(sim, |a| matches!(a, Action::UploadLog { .. }))
 }
 
+/// The held upload's answer arrives: o1 completes, and the world saw no violation.
+fn upload_completes(sim: &mut Sim, upload: OpId, uploaded: Outcome) {
+    release(sim, upload, uploaded);
+    sim.settle();
+    assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
+
 /// With lease control paced (every 5 s) and a long cadence (10 s), the renewal beside an
 /// upload goes out `lease_control_interval` after the upload was sent, not at once (a renewal
 /// sent with the upload can fence it), and not at the next tick either: the Worker wakes for
@@ -389,14 +401,7 @@ fn the_renewal_beside_an_upload_goes_out_one_interval_after_it() {
     );
     sim.answer(Answer::Ok);
     sim.settle();
-    release(&mut sim, upload, uploaded);
-    sim.settle();
-    assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    upload_completes(&mut sim, upload, uploaded);
 }
 
 /// A second exit notice for o1 comes at the very moment its renewal beside the upload went
@@ -425,14 +430,7 @@ fn a_pass_queued_beside_a_renewal_in_flight_does_not_wake_the_worker_at_once() {
     );
     release(&mut sim, renewal, renewed);
     sim.settle();
-    release(&mut sim, upload, uploaded);
-    sim.settle();
-    assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    upload_completes(&mut sim, upload, uploaded);
 }
 
 /// As above (with a 2 s cadence), but the renewals after the grant get no answer (the lease's

@@ -88,6 +88,17 @@ fn the_end_of_the_drain_budget_stops_the_run_still_in_flight() {
     );
 }
 
+/// o1's renewal pass at the tick of 6 000 ms, renewing its lease.
+const RENEWED_AT_6000: [&str; 7] = [
+    "tick 6000",
+    "read-record o1",
+    "read-receipt attempt-1",
+    "read-record o1",
+    "inspect-supervision o1",
+    "post lease-control o1",
+    "persist-record o1 r6 running_acknowledged",
+];
+
 /// Timers come between cadence ticks (every 3 s here, from 1 000 ms): the renewal due 5 s after
 /// the one sent at 1 000 ms starts at 6 000 ms on its own (a supervision pass of o1, no
 /// listing), and the heartbeat due 10 s after the registration at 11 000 ms; neither waits for
@@ -104,18 +115,7 @@ fn a_renewal_and_a_heartbeat_due_between_ticks_start_when_due() {
         Some("read-record o1")
     );
     sim.run(1);
-    assert_eq!(
-        sim.take_trail(),
-        lines(&[
-            "tick 6000",
-            "read-record o1",
-            "read-receipt attempt-1",
-            "read-record o1",
-            "inspect-supervision o1",
-            "post lease-control o1",
-            "persist-record o1 r6 running_acknowledged",
-        ])
-    );
+    assert_eq!(sim.take_trail(), lines(&RENEWED_AT_6000));
     sim.run(2); // 7 000, 10 000: paced.
     sim.take_trail();
     sim.run(1);
@@ -228,18 +228,7 @@ fn a_renewal_timer_dropped_during_a_rejoin_is_set_again_after_the_start_path() {
         lines(&["list-inbox", "persist-record o1 r5 running_acknowledged"])
     );
     sim.run(1);
-    assert_eq!(
-        sim.take_trail(),
-        lines(&[
-            "tick 6000",
-            "read-record o1",
-            "read-receipt attempt-1",
-            "read-record o1",
-            "inspect-supervision o1",
-            "post lease-control o1",
-            "persist-record o1 r6 running_acknowledged",
-        ])
-    );
+    assert_eq!(sim.take_trail(), lines(&RENEWED_AT_6000));
 }
 
 /// While startup reconciliation has not finished (its listing keeps failing), the heartbeat
