@@ -9,7 +9,7 @@ use ql_worker_core::io::{Action, LaunchPlan};
 use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
-use ql_worker_sim::testkit::sim::{On, Sim};
+use ql_worker_sim::testkit::sim::{On, Sim, Status};
 use ql_worker_sim::testkit::world::{Answer, CpStatus, World};
 
 /// Runs ticks until `done` holds (at most `rounds`), failing on any violation.
@@ -146,4 +146,54 @@ fn the_checker_catches_a_worker_side_that_spawns_an_attempt_or_a_run_twice() {
         "{:?}",
         world.violations
     );
+}
+
+/// The simulated control plane fences a `starting` ACK by the Run lease, as the reference does
+/// (ADR-0013): the ACK the Worker sent for o1 is applied within the lease and answered 409
+/// `worker_activation_fenced` once the lease has expired, whatever the Worker believed of it.
+#[test]
+fn the_plane_fences_a_starting_ack_sent_after_the_lease_expired() {
+    let mut sim = Sim::scenario(World::one_offer(1));
+    let mut starting = None;
+    for _ in 0..200 {
+        match sim.act() {
+            Some(action) if ql_worker_sim::testkit::act::is_post(action, Operation::Starting) => {
+                starting = Some(action.clone());
+                break;
+            }
+            Some(_) => sim.answer(Answer::Ok),
+            None => {
+                if let Status::Idle(Some(wake)) = sim.status {
+                    sim.advance_to(wake);
+                }
+                sim.tick();
+            }
+        }
+    }
+    let starting = starting.expect("the starting ACK goes out");
+    let expires = sim
+        .world
+        .plane
+        .runs
+        .values()
+        .next()
+        .unwrap()
+        .offer
+        .lease
+        .expires_at_ms;
+    let mut late = sim.world.clone();
+    let fenced = late.perform(expires, &starting, Answer::Ok);
+    assert!(
+        matches!(&fenced, ql_worker_core::io::Outcome::Http(
+            ql_worker_core::io::HttpFailure::Status { status: 409, code: Some(code) }
+        ) if code == "worker_activation_fenced"),
+        "{fenced:?}"
+    );
+    let applied = sim.world.perform(sim.now, &starting, Answer::Ok);
+    assert!(
+        matches!(applied, ql_worker_core::io::Outcome::Responded(_)),
+        "{applied:?}"
+    );
+    let run = sim.world.plane.runs.values().next().unwrap();
+    assert_eq!(run.status, CpStatus::Starting);
 }

@@ -572,6 +572,18 @@ impl World {
         else {
             return not_found();
         };
+        if operation == Operation::Starting
+            && run.status == CpStatus::Leased
+            && run.offer.lease.expired_at(now)
+        {
+            // The reference fences an activation ACK by the Run lease (ADR-0013): a `starting`
+            // of a lease that expired before the control plane saw it gets a 409, whatever the
+            // Worker believed of the lease (the fuzz plane's `activation_fenced`).
+            return Outcome::Http(HttpFailure::Status {
+                status: 409,
+                code: Some(String::from("worker_activation_fenced")),
+            });
+        }
         let answer = match answer {
             Answer::Ok => consistent(operation, run.status),
             other => other,
