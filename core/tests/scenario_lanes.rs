@@ -286,14 +286,7 @@ fn an_offer_waits_for_the_renewal_beside_its_upload() {
         "the offer's next step waits for the renewal: {:?}",
         sim.pending
     );
-    release(&mut sim, renewal, renewed);
-    sim.settle();
-    assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    released_and_completed(&mut sim, renewal, renewed);
 }
 
 /// A Sim holding o1 `running_acknowledged`, registered and reconciled, with `edit` applied to
@@ -365,9 +358,10 @@ fn exit_until_upload_at(sim: &mut Sim, at: u64) -> u64 {
     when(sim, |a| matches!(a, Action::UploadLog { .. }))
 }
 
-/// The held upload's answer arrives: o1 completes, and the world saw no violation.
-fn upload_completes(sim: &mut Sim, upload: OpId, uploaded: Outcome) {
-    release(sim, upload, uploaded);
+/// The held command's answer arrives (the last one o1 waited for): o1 completes, and the world
+/// saw no violation.
+fn released_and_completed(sim: &mut Sim, id: OpId, outcome: Outcome) {
+    release(sim, id, outcome);
     sim.settle();
     assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
     assert!(
@@ -401,7 +395,7 @@ fn the_renewal_beside_an_upload_goes_out_one_interval_after_it() {
     );
     sim.answer(Answer::Ok);
     sim.settle();
-    upload_completes(&mut sim, upload, uploaded);
+    released_and_completed(&mut sim, upload, uploaded);
 }
 
 /// A second exit notice for o1 comes at the very moment its renewal beside the upload went
@@ -430,7 +424,7 @@ fn a_pass_queued_beside_a_renewal_in_flight_does_not_wake_the_worker_at_once() {
     );
     release(&mut sim, renewal, renewed);
     sim.settle();
-    upload_completes(&mut sim, upload, uploaded);
+    released_and_completed(&mut sim, upload, uploaded);
 }
 
 /// As above (with a 2 s cadence), but the renewals after the grant get no answer (the lease's
