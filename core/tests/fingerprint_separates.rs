@@ -132,24 +132,6 @@ fn secret_world() -> World {
     )
 }
 
-/// Answers every command healthily, ticking at the Worker's wake-up when it is idle, until the
-/// pending command is one `stop` accepts.
-fn until(sim: &mut Sim, stop: impl Fn(&Action) -> bool) {
-    for _ in 0..200 {
-        match sim.act() {
-            Some(action) if stop(action) => return,
-            Some(_) => sim.answer(Answer::Ok),
-            None => {
-                if let Status::Idle(Some(wake)) = sim.status {
-                    sim.advance_to(wake);
-                }
-                sim.tick();
-            }
-        }
-    }
-    panic!("the command awaited never came");
-}
-
 /// Performs the pending command in the world as [`Answer::Ok`] says, but hands the Worker
 /// `edit`'s version of the outcome: the world moves as for the other simulation, only this
 /// Worker's memory differs.
@@ -214,12 +196,26 @@ fn separated(mut a: Sim, mut b: Sim, diverges_at: &str) -> Vec<&'static str> {
     }
 }
 
+/// A simulation of [`secret_world`] answered healthily until the first of `stops` is pending,
+/// then (that one answered too) until the next, and so on.
+fn at(stops: &[&dyn Fn(&Action) -> bool]) -> Sim {
+    let mut sim = Sim::scenario(secret_world());
+    for (i, stop) in stops.iter().enumerate() {
+        if i > 0 {
+            sim.answer(Answer::Ok);
+        }
+        sim.answer_until(stop);
+    }
+    sim
+}
+
+fn starting(action: &Action) -> bool {
+    act::is_post(action, Operation::Starting)
+}
+
 /// `a` and `b` at the starting ACK of o1, `b`'s answer edited by `edit` (its snapshot).
 fn starting_answered(edit: fn(&mut serde_json::Value)) -> (Sim, Sim) {
-    let mut a = Sim::scenario(secret_world());
-    until(&mut a, |action| act::is_post(action, Operation::Starting));
-    let mut b = Sim::scenario(secret_world());
-    until(&mut b, |action| act::is_post(action, Operation::Starting));
+    let (mut a, mut b) = (at(&[&starting]), at(&[&starting]));
     a.answer(Answer::Ok);
     answer_edited(&mut b, |outcome| {
         json_edited(outcome, |v| edit(&mut v["snapshot"]))
@@ -272,14 +268,9 @@ fn separated_by_the_deadline_of_the_starting_ack() {
 /// drew different capabilities must not share a fingerprint there (`Launch::fingerprint`).
 #[test]
 fn separated_by_the_capability_drawn() {
-    let mut a = Sim::scenario(secret_world());
-    until(&mut a, |action| act::is_post(action, Operation::Starting));
-    a.answer(Answer::Ok);
-    until(&mut a, |action| act::kind(action) == "draw-entropy");
-    let mut b = Sim::scenario(secret_world());
-    until(&mut b, |action| act::is_post(action, Operation::Starting));
-    b.answer(Answer::Ok);
-    until(&mut b, |action| act::kind(action) == "draw-entropy");
+    // Past the Pull's own draw (the claim's identity): the draw after the starting ACK.
+    let entropy = |action: &Action| act::kind(action) == "draw-entropy";
+    let (mut a, mut b) = (at(&[&starting, &entropy]), at(&[&starting, &entropy]));
     a.answer(Answer::Ok);
     answer_edited(&mut b, |_| {
         Outcome::EntropyDrawn(Entropy::new([0x5a; ENTROPY_BYTES]))
@@ -293,10 +284,8 @@ fn separated_by_the_capability_drawn() {
 /// before the spawn (`env_fingerprint`).
 #[test]
 fn separated_by_the_secret_values_resolved() {
-    let mut a = Sim::scenario(secret_world());
-    until(&mut a, |action| act::is_post(action, Operation::Secrets));
-    let mut b = Sim::scenario(secret_world());
-    until(&mut b, |action| act::is_post(action, Operation::Secrets));
+    let secrets = |action: &Action| act::is_post(action, Operation::Secrets);
+    let (mut a, mut b) = (at(&[&secrets]), at(&[&secrets]));
     a.answer(Answer::Ok);
     answer_edited(&mut b, |outcome| {
         json_edited(outcome, |v| {

@@ -314,16 +314,8 @@ fn sim_ms(v: u64) -> ql_worker_core::time::UnixMillis {
 /// Advances to each wake-up and ticks (answering every other command) until `matches` is
 /// outstanding; returns the time it went out.
 fn when(sim: &mut Sim, matches: impl Fn(&Action) -> bool) -> u64 {
-    for _ in 0..50 {
-        if until(sim, &matches) {
-            return sim.now.get();
-        }
-        if let Status::Idle(Some(wake)) = sim.status {
-            sim.advance_to(wake);
-        }
-        sim.tick();
-    }
-    panic!("never outstanding: {:#?}", sim.commands());
+    sim.answer_until(matches);
+    sim.now.get()
 }
 
 fn is_renewal(action: &Action) -> bool {

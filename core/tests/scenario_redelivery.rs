@@ -9,7 +9,7 @@ use ql_worker_core::io::{Action, LaunchPlan};
 use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
-use ql_worker_sim::testkit::sim::{On, Sim, Status};
+use ql_worker_sim::testkit::sim::{On, Sim};
 use ql_worker_sim::testkit::world::{Answer, CpStatus, World};
 
 /// Runs ticks until `done` holds (at most `rounds`), failing on any violation.
@@ -154,23 +154,8 @@ fn the_checker_catches_a_worker_side_that_spawns_an_attempt_or_a_run_twice() {
 #[test]
 fn the_plane_fences_a_starting_ack_sent_after_the_lease_expired() {
     let mut sim = Sim::scenario(World::one_offer(1));
-    let mut starting = None;
-    for _ in 0..200 {
-        match sim.act() {
-            Some(action) if ql_worker_sim::testkit::act::is_post(action, Operation::Starting) => {
-                starting = Some(action.clone());
-                break;
-            }
-            Some(_) => sim.answer(Answer::Ok),
-            None => {
-                if let Status::Idle(Some(wake)) = sim.status {
-                    sim.advance_to(wake);
-                }
-                sim.tick();
-            }
-        }
-    }
-    let starting = starting.expect("the starting ACK goes out");
+    sim.answer_until(|a| ql_worker_sim::testkit::act::is_post(a, Operation::Starting));
+    let starting = sim.act().cloned().expect("the starting ACK is pending");
     let expires = sim
         .world
         .plane

@@ -17,24 +17,6 @@ fn ms(v: u64) -> UnixMillis {
     UnixMillis::new(v).unwrap()
 }
 
-/// Answers commands healthily (ticking at each wake-up when idle) until `matches` is
-/// outstanding.
-fn until(sim: &mut Sim, matches: impl Fn(&Action) -> bool) {
-    for _ in 0..500 {
-        match sim.act() {
-            Some(act) if matches(act) => return,
-            Some(_) => sim.answer(Answer::Ok),
-            None => {
-                if let Status::Idle(Some(wake)) = sim.status {
-                    sim.advance_to(wake);
-                }
-                sim.tick();
-            }
-        }
-    }
-    panic!("never outstanding: {:#?}", sim.commands());
-}
-
 fn is_post(op: Operation) -> impl Fn(&Action) -> bool {
     move |action| act::is_post(action, op)
 }
@@ -52,7 +34,7 @@ fn pulls(sim: &Sim) -> usize {
 #[test]
 fn refused_credentials_pause_the_pulls_until_a_call_is_answered() {
     let mut sim = Sim::scenario(World::new(1, Vec::new()));
-    until(&mut sim, is_post(Operation::Offers));
+    sim.answer_until(is_post(Operation::Offers));
     sim.deliver(Outcome::Http(HttpFailure::Status {
         status: 401,
         code: Some("worker_credential_invalid".into()),
@@ -60,12 +42,12 @@ fn refused_credentials_pause_the_pulls_until_a_call_is_answered() {
     assert!(sim.worker.admission_paused());
     let before = pulls(&sim);
     // Ticks until the heartbeat is outstanding: no Pull meanwhile.
-    until(&mut sim, is_post(Operation::Heartbeat));
+    sim.answer_until(is_post(Operation::Heartbeat));
     assert!(sim.worker.admission_paused());
     assert_eq!(pulls(&sim), before, "{:#?}", sim.commands());
     sim.answer(Answer::Ok);
     assert!(!sim.worker.admission_paused());
-    until(&mut sim, is_post(Operation::Offers));
+    sim.answer_until(is_post(Operation::Offers));
     assert!(
         sim.world.violations.is_empty(),
         "{:?}",
@@ -117,7 +99,7 @@ fn launchable_and_launch_unknown_records_hold_a_drain() {
         let mut sim = Sim::scenario(world);
         // Asked while the register is in flight: no launch ever begins, so the `accepted`
         // record stays as it is.
-        until(&mut sim, is_post(Operation::Register));
+        sim.answer_until(is_post(Operation::Register));
         let asked = sim.now.get();
         sim.worker
             .handle(sim.clock(), Input::DrainRequested)
@@ -206,7 +188,7 @@ fn two_runs_one_held() -> (Sim, OpId, Outcome) {
     let mut sim = Sim::scenario(world);
     assert_eq!(sim.config.max_concurrent_runs, 1);
     sim.run(2);
-    until(&mut sim, is_post(Operation::LeaseControl));
+    sim.answer_until(is_post(Operation::LeaseControl));
     let (id, act) = sim.pending.take().expect("lease control outstanding");
     let outcome = sim.world.perform(sim.now, &act, Answer::Ok);
     (sim, id, outcome)
@@ -260,7 +242,7 @@ fn heartbeat_slots(sim: &Sim) -> Vec<u64> {
 #[test]
 fn an_online_heartbeat_offers_the_free_slots() {
     let mut sim = Sim::scenario(World::new(1, Vec::new()));
-    until(&mut sim, is_post(Operation::Heartbeat));
+    sim.answer_until(is_post(Operation::Heartbeat));
     sim.answer(Answer::Ok);
     let slots = heartbeat_slots(&sim);
     assert_eq!(slots.last(), Some(&1), "{slots:?}");
@@ -287,12 +269,12 @@ fn an_online_heartbeat_offers_the_free_slots() {
 #[test]
 fn after_registering_again_a_heartbeat_reports_the_slots_before_the_next_pull() {
     let mut sim = Sim::scenario(World::new(1, Vec::new()));
-    until(&mut sim, is_post(Operation::Heartbeat));
+    sim.answer_until(is_post(Operation::Heartbeat));
     sim.answer(Answer::Fenced);
-    until(&mut sim, is_post(Operation::Register));
+    sim.answer_until(is_post(Operation::Register));
     let from = sim.commands().len() - 1;
     sim.answer(Answer::Ok);
-    until(&mut sim, is_post(Operation::Offers));
+    sim.answer_until(is_post(Operation::Offers));
     let after: Vec<String> = sim.commands()[from..].to_vec();
     let heartbeat = after.iter().position(|c| c == "post heartbeat");
     let pull = after.iter().position(|c| c == "post offers");

@@ -509,6 +509,27 @@ impl Sim {
         panic!("the Worker did not settle within 10 000 commands");
     }
 
+    /// Answers every command healthily ([`Answer::Ok`], no script), ticking at the Worker's
+    /// wake-up whenever it is idle, until the pending command is one `matches` accepts.
+    ///
+    /// # Panics
+    /// When no such command is pending within 500 steps.
+    pub fn answer_until(&mut self, matches: impl Fn(&Action) -> bool) {
+        for _ in 0..500 {
+            match self.act() {
+                Some(action) if matches(action) => return,
+                Some(_) => self.answer(Answer::Ok),
+                None => {
+                    if let Status::Idle(Some(wake)) = self.status {
+                        self.advance_to(wake);
+                    }
+                    self.tick();
+                }
+            }
+        }
+        panic!("never outstanding: {:#?}", self.commands());
+    }
+
     /// Ticks at the Worker's wake-up time (or now) and settles; `rounds` times.
     pub fn run(&mut self, rounds: usize) {
         for _ in 0..rounds {
