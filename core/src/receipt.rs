@@ -153,10 +153,10 @@ pub struct AuthenticatedReceipt {
 }
 
 /// Authenticates `receipt` against the inbox record's barrier fields (ADR-0116 §3; reference
-/// §4.5 step 4): exact run, attempt and callback sequence; `startedAtMs == executorStartedAtMs`;
-/// `finishedAtMs <= max(now, startedAtMs)`; the token canonical base64url of exactly 32 bytes
-/// whose SHA-256 equals the persisted digest, compared in constant time. The decoded bytes are
-/// wiped.
+/// §4.5 step 4), in SPEC §7's order: the token canonical base64url of exactly 32 bytes whose
+/// SHA-256 equals the persisted digest, compared in constant time; exact run, attempt and
+/// callback sequence; `startedAtMs == executorStartedAtMs`; `finishedAtMs <= max(now,
+/// startedAtMs)`. The decoded bytes are wiped.
 ///
 /// # Errors
 /// The first [`ReceiptError`].
@@ -172,6 +172,14 @@ pub fn authenticate(
     ) else {
         return Err(ReceiptError::RecordWithoutBarrier);
     };
+    // The token first (SPEC §7's order): a receipt that can never authenticate says so whatever
+    // this host's clock reads, so supervision can tell it from one "finished in the future"
+    // that passes once a clock stepped back catches up.
+    let bytes = decode_token(receipt.token.expose())?;
+    let presented = crate::ids::CapabilityDigest::new(crate::ids::Sha256Digest::of(&bytes[..]));
+    if presented != digest {
+        return Err(ReceiptError::TokenDigest);
+    }
     let candidate = &record.offer.candidate;
     if receipt.run_id != candidate.run_id {
         return Err(ReceiptError::Identity { field: "runId" });
@@ -193,11 +201,6 @@ pub fn authenticate(
     // its completion would wait until the clock had caught up (issue 16, item 5).
     if receipt.finished_at_ms > now.max(started) {
         return Err(ReceiptError::FinishedInFuture);
-    }
-    let bytes = decode_token(receipt.token.expose())?;
-    let presented = crate::ids::CapabilityDigest::new(crate::ids::Sha256Digest::of(&bytes[..]));
-    if presented != digest {
-        return Err(ReceiptError::TokenDigest);
     }
     Ok(AuthenticatedReceipt {
         callback_sequence: sequence,

@@ -99,9 +99,9 @@ pub enum SupervisionResult {
     /// The drain budget ended: the Run was stopped by identity (no call, nothing recorded);
     /// its receipt completes it through the normal path.
     DrainStopped(StopOutcome),
-    /// The Run's supervisor and user process are both gone and no receipt was published: no
-    /// renewal was sent, and `recovery_required(lease_lost_local_execution_stopped)` was
-    /// recorded (issue 16).
+    /// The Run's supervisor and user process are both gone and no receipt that could complete
+    /// the Run was published (none, or one that can never authenticate): no renewal was sent,
+    /// and `recovery_required(lease_lost_local_execution_stopped)` was recorded (issue 16).
     SupervisorGone,
 }
 
@@ -432,9 +432,9 @@ impl SupervisionOp {
         }
     }
 
-    /// After the confirming completion pass: still no receipt ⇒ record that the supervisor and
-    /// the process are gone (no renewal); a completion ⇒ done; anything else ⇒ the next pass
-    /// decides again.
+    /// After the confirming completion pass: still no receipt that could complete the Run
+    /// ([`no_receipt_can_come`]) ⇒ record that the supervisor and the process are gone (no
+    /// renewal); a completion ⇒ done; anything else ⇒ the next pass decides again.
     fn after_confirming(
         self,
         ctx: &Ctx<'_>,
@@ -444,7 +444,7 @@ impl SupervisionOp {
         if let Some(done) = finished(&completion) {
             return Step::Done(done);
         }
-        if completion != CompletionOutcome::ReceiptMissing {
+        if !no_receipt_can_come(&completion) {
             return Step::Done(SupervisionResult::Pending(completion));
         }
         // Nothing wrote this record since it was read in this pass (the confirming completion
@@ -507,8 +507,8 @@ impl SupervisionOp {
             return Step::Done(SupervisionResult::Paced);
         }
         let request = LeaseControlRequest::from_offer(&record.offer);
-        // No receipt: before renewing, ask whether anything of the Run is left (issue 16).
-        if completion == CompletionOutcome::ReceiptMissing
+        // No usable receipt: before renewing, ask whether anything of the Run is left (issue 16).
+        if no_receipt_can_come(&completion)
             && matches!(record.state, State::Started | State::RunningAcknowledged)
             && let (Some(handle), Some(log_artifact_id)) = (
                 record.executor_handle.clone(),
@@ -761,6 +761,33 @@ fn finished(completion: &CompletionOutcome) -> Option<SupervisionResult> {
         | CompletionOutcome::Unavailable
         | CompletionOutcome::Refused(_)
         | CompletionOutcome::StorageUnchanged => None,
+    }
+}
+
+/// Whether completion found no receipt that could ever complete the Run: none at all, or one
+/// that can never authenticate (unreadable, forged, of another Run or start). A supervisor
+/// writes its receipt once and never over an existing file, so once the supervisor and the
+/// process are gone, nothing will replace it. A receipt "finished in the future" may pass once
+/// this host's wall clock catches up (a clock stepped back), so it is not among them.
+fn no_receipt_can_come(completion: &CompletionOutcome) -> bool {
+    match completion {
+        CompletionOutcome::ReceiptMissing => true,
+        CompletionOutcome::ReceiptInvalid(error) => {
+            *error != Some(crate::receipt::ReceiptError::FinishedInFuture)
+        }
+        CompletionOutcome::AlreadyCompleted(_)
+        | CompletionOutcome::Acknowledged(_)
+        | CompletionOutcome::NotFound
+        | CompletionOutcome::Deferred
+        | CompletionOutcome::ReceiptUnavailable
+        | CompletionOutcome::ArtifactMissing
+        | CompletionOutcome::ArtifactUnavailable
+        | CompletionOutcome::ArtifactResponseInvalid(_)
+        | CompletionOutcome::CompletionResponseInvalid(_)
+        | CompletionOutcome::ControlPlaneTerminal
+        | CompletionOutcome::Unavailable
+        | CompletionOutcome::Refused(_)
+        | CompletionOutcome::StorageUnchanged => false,
     }
 }
 

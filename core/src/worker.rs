@@ -2413,11 +2413,14 @@ fn supervision_work(records: &[InboxRecord]) -> Vec<Work> {
             State::Accepted | State::StartingAcknowledged | State::StartFailed => {
                 work.push(Work::Process(id));
             }
-            State::Started => {
+            // A `launching` record outside this incarnation's own start path was left by an
+            // earlier one (its reconciliation's read may have failed): the Processor applies the
+            // restart rule, as it does for `started`'s running ACK.
+            State::Launching | State::Started => {
                 work.push(Work::Process(id.clone()));
                 work.push(Work::Supervise(id));
             }
-            State::Launching | State::RunningAcknowledged => work.push(Work::Supervise(id)),
+            State::RunningAcknowledged => work.push(Work::Supervise(id)),
             State::RecoveryRequired => {
                 if r.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown) {
                     work.push(Work::Supervise(id));

@@ -143,30 +143,38 @@ fn recovers_a_receipt_from_the_durable_launching_crash_window() {
 }
 
 /// A receipt whose token does not hash to the persisted digest is rejected before anything is
-/// uploaded: no upload, no completion, no removal, the receipt kept as evidence; supervision
-/// goes on to the lease.
+/// uploaded: no upload, no completion, no removal, the receipt kept as evidence. The supervisor
+/// and the process are gone and no receipt can ever authenticate (a supervisor never writes
+/// over an existing one): the Run is recorded as gone and renewed no more.
 #[test]
 fn rejects_a_non_matching_raw_capability_before_upload() {
     let mut sim = running();
     exit(&mut sim, ReceiptKind::Forged);
     sim.run(2);
-    let pass = [
-        "list-inbox",
-        "read-record o1",
-        "read-receipt attempt-1",
-        "read-record o1",
-        "post lease-control o1",
-    ];
-    let mut expected = lines(&pass);
-    expected.push("persist-record o1 r5 running_acknowledged".into());
-    expected.extend(lines(&pass));
-    expected.push("persist-record o1 r6 running_acknowledged".into());
-    assert_eq!(sim.commands(), expected);
+    assert_eq!(
+        sim.commands(),
+        lines(&[
+            "list-inbox",
+            "read-record o1",
+            "read-receipt attempt-1",
+            "read-record o1",
+            "inspect-supervision o1",
+            "read-record o1",
+            "read-receipt attempt-1",
+            "persist-record o1 r5 recovery_required",
+            "list-inbox",
+        ])
+    );
+    assert_eq!(
+        sim.first_record().recovery_reason,
+        Some(RecoveryReason::LeaseLostLocalExecutionStopped)
+    );
     assert_eq!(sim.world.disk.receipts.len(), 1, "kept as evidence");
 }
 
 /// An unreadable receipt store is transient: the next pass reads the receipt and completes.
-/// A malformed receipt is evidence: it is never uploaded or completed, and it is kept.
+/// A malformed receipt is evidence: it is never uploaded or completed, and it is kept; with the
+/// supervisor and the process gone, the Run is recorded as gone.
 #[test]
 fn distinguishes_unavailable_receipt_storage_from_invalid_evidence() {
     let mut sim = running();
@@ -193,13 +201,15 @@ fn distinguishes_unavailable_receipt_storage_from_invalid_evidence() {
     let trail = sim.commands();
     assert!(!trail.iter().any(|l| l.starts_with("upload-log")));
     assert!(!trail.iter().any(|l| l.starts_with("post completion")));
+    // Read by the pass and once more after the inspection; then the Run is recorded as gone.
     assert_eq!(
         trail
             .iter()
             .filter(|l| *l == "read-receipt attempt-1")
             .count(),
-        3
+        2
     );
+    assert_eq!(sim.first_record().state, State::RecoveryRequired);
     assert_eq!(sim.world.disk.receipts.len(), 1, "kept as evidence");
 }
 

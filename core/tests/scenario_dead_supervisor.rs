@@ -194,3 +194,104 @@ fn a_receipt_published_just_before_the_supervisor_exited_is_completed() {
     );
     assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
 }
+
+/// o1 running, then its supervisor and process end leaving a receipt of `kind` that can never
+/// authenticate (forged: another token; malformed: not a receipt). The supervisor writes its
+/// receipt once and never over an existing file, so nothing will replace it: the Run is
+/// recorded as gone, exactly as without a receipt, and renewed no more. Before, its lease was
+/// renewed at every pass for ever, each `stop_requested` answered by a stop of a process
+/// long gone (found by the walks over the model checks' world, `docs/simulation.md`).
+#[test]
+fn a_supervisor_gone_leaving_a_receipt_that_never_authenticates_is_recorded_not_renewed() {
+    for kind in [ReceiptKind::Forged, ReceiptKind::Malformed] {
+        let mut sim = Sim::holding(State::RunningAcknowledged);
+        sim.event(Event::Exit {
+            index: 0,
+            code: 1,
+            receipt: kind,
+        });
+        sim.take_trail();
+        sim.run(1);
+        assert_eq!(
+            sim.commands(),
+            lines(&[
+                "list-inbox",
+                "read-record o1",
+                "read-receipt attempt-1",
+                "read-record o1",
+                "inspect-supervision o1",
+                "read-record o1",
+                "read-receipt attempt-1",
+                "persist-record o1 r5 recovery_required",
+            ]),
+            "{kind:?}"
+        );
+        let record = sim.first_record();
+        assert_eq!(
+            record.recovery_reason,
+            Some(RecoveryReason::LeaseLostLocalExecutionStopped),
+            "{kind:?}"
+        );
+        sim.take_trail();
+        sim.run(5);
+        assert_eq!(renewals(&sim), 0, "{kind:?}: {:#?}", sim.commands());
+        assert!(
+            sim.world.violations.is_empty(),
+            "{:?}",
+            sim.world.violations
+        );
+    }
+}
+
+/// A receipt that is genuine but "finished in the future" for this host's wall clock (stepped
+/// back an hour after the process ended) may pass once the clock catches up: the Run is not
+/// given up, and it is renewed as before.
+#[test]
+fn a_receipt_finished_in_the_future_is_not_given_up() {
+    let mut sim = Sim::holding(State::RunningAcknowledged);
+    sim.advance_to(sim.now.saturating_add(1_000));
+    sim.event(Event::Exit {
+        index: 0,
+        code: 0,
+        receipt: ReceiptKind::Genuine,
+    });
+    sim.step_wall_clock(-3_600_000);
+    sim.take_trail();
+    sim.run(1);
+    let trail = sim.commands();
+    assert!(
+        !trail.iter().any(|l| l.contains("inspect-supervision")),
+        "{trail:#?}"
+    );
+    assert!(
+        !trail.iter().any(|l| l.contains("recovery_required")),
+        "{trail:#?}"
+    );
+    assert_eq!(sim.first_record().state, State::RunningAcknowledged);
+}
+
+/// A forged receipt dated by a wall clock that was an hour ahead and has been stepped back: the
+/// token is checked before the time, so it is known never to authenticate whatever the clock
+/// reads, and the Run is recorded as gone at once rather than renewed until the clock catches
+/// up.
+#[test]
+fn a_forged_receipt_dated_ahead_of_the_clock_is_known_for_what_it_is() {
+    let mut sim = Sim::holding(State::RunningAcknowledged);
+    sim.step_wall_clock(3_600_000);
+    sim.event(Event::Exit {
+        index: 0,
+        code: 1,
+        receipt: ReceiptKind::Forged,
+    });
+    sim.step_wall_clock(-3_600_000);
+    sim.take_trail();
+    sim.run(1);
+    let record = sim.first_record();
+    assert_eq!(
+        record.recovery_reason,
+        Some(RecoveryReason::LeaseLostLocalExecutionStopped),
+        "{:#?}",
+        sim.commands()
+    );
+    assert_eq!(renewals(&sim), 0, "{:#?}", sim.commands());
+}

@@ -206,3 +206,34 @@ fn the_start_path_renews_a_lease_it_did_not_obtain_before_its_first_call() {
         "interval 0 renewed in the start path: {trail:#?}"
     );
 }
+
+/// A `launching` record found at a restart whose reconciliation read failed (a transient read
+/// error) is still sent to `recovery_required(launch_outcome_unknown)` at a later pass: it is
+/// never supervised as if a process were known to exist. Before, only the reconciliation
+/// processed `launching` records, so after that one failed read its lease was renewed at every
+/// pass for ever and the restart rule never applied (found by the walks over the model checks'
+/// world, `docs/simulation.md`).
+#[test]
+fn a_launching_record_whose_reconciliation_read_failed_is_recovered_at_a_later_pass() {
+    let mut world = World::new(1, Vec::new());
+    world.seed(1, testkit::record(1, State::Launching), false);
+    let mut sim = Sim::scenario(world);
+    sim.on(On::Kind("read-record"), Answer::Unchanged);
+    sim.run(4);
+    let record = sim.first_record();
+    assert_eq!(
+        record.state,
+        State::RecoveryRequired,
+        "{:#?}",
+        sim.commands()
+    );
+    assert_eq!(
+        record.recovery_reason,
+        Some(RecoveryReason::LaunchOutcomeUnknown)
+    );
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}

@@ -1048,7 +1048,10 @@ impl Host {
 
     /// Whether the supervisor and the process of `handle` exist: in this host they end
     /// together (the receipt, if any, is published as the process exits). A process that ended
-    /// without a receipt licenses `lease_lost_local_execution_stopped` (issue 16).
+    /// without a receipt, or whose receipt the Worker last read as one that cannot
+    /// authenticate (a forged or garbled read: the Worker treats such a receipt as final, since
+    /// a supervisor never writes over an existing one), licenses
+    /// `lease_lost_local_execution_stopped` (issue 16).
     fn inspect(&mut self, handle: &str, mode: Mode) -> Answer {
         let index = self.processes.iter().position(|p| p.handle == handle);
         let liveness = match (mode, index) {
@@ -1056,10 +1059,9 @@ impl Host {
             (Mode::Valid, Some(i)) if self.processes[i].alive => Liveness::Alive,
             (Mode::Valid, Some(i)) => {
                 let record = &self.processes[i].launching;
-                if !self
-                    .receipts
-                    .contains_key(&record.offer.candidate.attempt_id)
-                {
+                let attempt = &record.offer.candidate.attempt_id;
+                let read_unusable = self.ghost.genuine.get(attempt) == Some(&false);
+                if !self.receipts.contains_key(attempt) || read_unusable {
                     let offer = record.offer.offer_id.clone();
                     self.ghost
                         .cause(&offer, RecoveryReason::LeaseLostLocalExecutionStopped);
