@@ -3,8 +3,9 @@
 //! (`ql_worker_sim::fuzzing`), on stable, in every test run. Files named `seed-*` are the
 //! generated seeds and must be accepted (decoders) or reach a milestone (machines); every other
 //! file (minimised fuzzer finds, regression inputs) must run without a panic. The minimised
-//! corpora of all 16 targets (`fuzz/corpus-min/<target>/*`) are replayed here too (the wire
-//! seeds are replayed by `wire_fuzz_corpus.rs`). See `docs/fuzzing.md`.
+//! corpora (`fuzz/corpus-min/<target>/*`) of the decoder, machine and wire targets are replayed
+//! here too (the wire seeds are replayed by `wire_fuzz_corpus.rs`; `machine_walk`'s corpora by
+//! `walks.rs`). See `docs/fuzzing.md`.
 //!
 //! The seeds are written by the ignored test `write_seed_corpora`:
 //! `cargo test -p ql-worker-core --test fuzz_corpus -- --ignored write_seed_corpora`.

@@ -30,6 +30,8 @@
 //!   command in flight and the driver status; no budget, no clock, no entropy position, no
 //!   evidence. [`Report::states`] counts these: the number of distinct system states reached.
 
+pub mod walk;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher;
 
@@ -831,5 +833,39 @@ pub fn concurrency() -> Model {
             max_states: 2_000_000,
         },
         roots: roots(std::vec![World::one_offer(1)], 2),
+    }
+}
+
+/// The walks' model ([`walk`]): the whole lifecycle with every family of answers and events,
+/// three Runs (one with a Secret binding), two slots, up to three commands outstanding, the
+/// control plane re-delivering expired Runs, and a budget far beyond the exhaustive models'
+/// (a walk takes one path, so its budget bounds the path, not a search).
+#[must_use]
+pub fn walks() -> Model {
+    let secret = crate::testkit::secret_revision();
+    let world = World::new(
+        0,
+        std::vec![
+            OfferTemplate::sample(1),
+            OfferTemplate::with_revision(2, secret),
+            OfferTemplate::sample(3),
+        ],
+    )
+    .with_reoffers();
+    Model {
+        name: "walks",
+        menu: Menu::everything(),
+        bounds: Bounds {
+            faults: 40,
+            crashes: 4,
+            recovery_crashes: 2,
+            entropy: 4,
+            ticks: 250,
+            jumps: 3,
+            drains: 1,
+            outstanding: 3,
+            max_states: 0,
+        },
+        roots: roots(std::vec![world], 2),
     }
 }

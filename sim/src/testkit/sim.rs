@@ -16,7 +16,7 @@
 use std::hash::Hasher;
 
 use crate::testkit::act;
-use crate::testkit::world::{Answer, Event, World, hash_debug};
+use crate::testkit::world::{Answer, Event, WorkerClock, World, hash_debug};
 use ql_worker_core::io::{Action, Input, OpId};
 use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
@@ -92,6 +92,8 @@ pub struct Sim {
     /// When recording: every command, in order (see [`act::canonical`]).
     pub stream: Option<Vec<Action>>,
     script: Vec<(On, Answer)>,
+    /// When (true time) each outstanding command was issued.
+    sent: std::collections::BTreeMap<OpId, UnixMillis>,
 }
 
 impl Sim {
@@ -113,6 +115,7 @@ impl Sim {
             trail: None,
             stream: None,
             script: Vec::new(),
+            sent: std::collections::BTreeMap::new(),
         }
     }
 
@@ -178,16 +181,19 @@ impl Sim {
             trail: None,
             stream: None,
             script: Vec::new(),
+            sent: self.sent.clone(),
         }
     }
 
     /// Writes a canonical rendering of the whole simulation state: world, Worker, outstanding
-    /// command, status and clock (not the trail, the restart count or the violations).
+    /// commands and when they were issued, status and clock (not the trail, the restart count
+    /// or the violations).
     pub fn fingerprint(&self, hasher: &mut dyn Hasher) {
         self.world.fingerprint(hasher);
         self.worker.fingerprint(hasher);
         self.hash_outstanding(hasher);
-        hash_debug(hasher, &(&self.status, self.waiting, self.now));
+        let sent: Vec<&UnixMillis> = self.sent.values().collect();
+        hash_debug(hasher, &(&self.status, self.waiting, self.now, sent));
     }
 
     /// Writes a canonical rendering of the system state only: the world's state
@@ -326,6 +332,7 @@ impl Sim {
         if let Some(stream) = &mut self.stream {
             stream.push(action.clone());
         }
+        self.sent.insert(id, self.now);
         if self.pending.is_none() {
             self.pending = Some((id, action));
         } else {
@@ -338,6 +345,7 @@ impl Sim {
     fn abandon(&mut self) {
         self.pending = None;
         self.held.clear();
+        self.sent.clear();
     }
 
     /// Answers the outstanding command.
@@ -350,10 +358,12 @@ impl Sim {
         match answer {
             Answer::CrashBefore => self.crash(),
             Answer::CrashAfter => {
+                self.world.worker_clock = self.worker_clock(id);
                 let _ = self.world.perform(self.now, &action, Answer::Ok);
                 self.crash();
             }
             answer => {
+                self.world.worker_clock = self.worker_clock(id);
                 let outcome = self.world.perform(self.now, &action, answer);
                 if let Err(e) = self
                     .worker
@@ -401,6 +411,20 @@ impl Sim {
     pub fn pending_canonical(&self) -> Option<(OpId, Vec<u8>)> {
         let pending = self.pending.as_ref();
         pending.map(|(id, action)| (*id, act::canonical(action)))
+    }
+
+    /// What the Worker's clocks say of its leases now, and when it issued command `id` (see
+    /// [`WorkerClock`]).
+    fn worker_clock(&mut self, id: OpId) -> WorkerClock {
+        let offers = self.world.disk.records.keys();
+        WorkerClock {
+            wall: Some(self.worker.clock_reading().wall),
+            timed: offers
+                .filter(|o| self.worker.times_lease(o))
+                .cloned()
+                .collect(),
+            sent_at: self.sent.remove(&id),
+        }
     }
 
     /// Drops the Worker (memory lost) and starts a new one at `now` from the durable world.

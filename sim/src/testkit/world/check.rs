@@ -47,11 +47,16 @@
 //! [`World`] also checks, on every command before it takes effect:
 //!
 //! * `stored-before-clear`: a claim whose offer was delivered is cleared only once the offer is
-//!   in the inbox.
+//!   in the inbox, unless the claim was given up: it belongs to another Session than the one
+//!   the Worker stored last, or it used its [`CLAIM_ATTEMPTS`].
 //! * `completion-before-acknowledged`: `completion_acknowledged` is persisted only after the
 //!   control plane applied the completion.
-//! * `stop-after-durable-lease`: a stop only when the durable lease has expired locally, the
-//!   control plane said the Run is terminal, or the `stop_requested` lease version is durable.
+//! * `stop-after-durable-lease`: a stop only when the durable lease has expired (by the true
+//!   time less how long the call that obtained it was on its way, [`super::Evidence`]'s
+//!   `lease_slack`; or, for a lease the Worker does not time, by its wall clock:
+//!   [`super::WorkerClock`]),
+//!   the control plane said the Run is terminal, or the `stop_requested` lease version is
+//!   durable.
 //! * `fail-closed-no-pull` ([`fail_closed_by`], which the fuzz host applies too): no Pull
 //!   starts (its first command, reading the claim) while any durable record is
 //!   `recovery_required` (reference §4.7: fail closed, never pull again).
@@ -136,7 +141,17 @@ impl World {
             }
             Action::ClearClaim { offer_id, .. } => {
                 let delivered = self.evidence.delivered.get(offer_id) == Some(&true);
-                if delivered && self.disk.record(offer_id).is_none() {
+                // A claim of another Session can never be admitted, and one that used its
+                // attempts is given up (reference §4.1): the Run is reclaimed by its lease.
+                let current = self
+                    .session_id
+                    .clone()
+                    .unwrap_or_else(|| crate::testkit::worker().session_id);
+                let claim = self.disk.claim.as_ref().map(|(c, _)| c);
+                let given_up = claim.is_some_and(|c| {
+                    c.worker_session_id != current || c.attempt_count >= CLAIM_ATTEMPTS
+                });
+                if delivered && !given_up && self.disk.record(offer_id).is_none() {
                     self.violation(
                         "stored-before-clear",
                         format!("claim of delivered offer {offer_id} cleared before it was stored"),
@@ -144,7 +159,18 @@ impl World {
                 }
             }
             Action::RemoveReceipt { attempt_id } => {
-                let state = self.disk.record_of_attempt(attempt_id).map(|r| r.state);
+                // The receipt is the one of the process spawned for the Attempt: its offer's
+                // record decides (a re-delivery leaves other records of the same Attempt).
+                let spawned = self.supervisor.processes.iter();
+                let offer = spawned
+                    .filter(|p| p.attempt_id == *attempt_id)
+                    .map(|p| &p.offer_id)
+                    .next();
+                let record = match offer {
+                    Some(offer_id) => self.disk.record(offer_id),
+                    None => self.disk.record_of_attempt(attempt_id),
+                };
+                let state = record.map(|r| r.state);
                 if !receipt_removable(state) {
                     self.violation(
                         "receipt-removed-after-acknowledged",
@@ -427,7 +453,17 @@ impl World {
             return;
         };
         let record = self.disk.record(&offer_id);
-        let expired = record.is_some_and(|r| r.offer.lease.expired_at(now));
+        let clock = &self.worker_clock;
+        let by_wall = clock.wall.filter(|_| !clock.timed.contains(&offer_id));
+        let expired = record.is_some_and(|r| {
+            let lease = &r.offer.lease;
+            // The Worker's local deadline falls before the plane's expiry by how long the call
+            // that obtained the lease was on its way.
+            let key = (offer_id.clone(), lease.version.get());
+            let slack = self.evidence.lease_slack.get(&key).copied().unwrap_or(0);
+            lease.expired_at(now.saturating_add(slack))
+                || by_wall.is_some_and(|wall| lease.expired_at(wall))
+        });
         let durable_version = record.map_or(0, |r| r.offer.lease.version.get());
         let run = self.plane.runs.get(&offer_id);
         let terminal = run.is_some_and(|r| r.terminal_answered);
@@ -926,6 +962,23 @@ pub fn claim_clear(
 pub fn claim_durable(stored: Option<&PendingClaim>, offer_id: &OfferId, token: &str) -> bool {
     stored.is_some_and(|c| c.offer_id == *offer_id && c.lease_token.expose() == token)
 }
+
+/// The lease version a control-plane answer grants (an `offers` answer's offer, or a
+/// lease-control answer's renewed lease), if any.
+#[must_use]
+pub fn granted_version(answer: &[u8]) -> Option<u64> {
+    let answer: Value = serde_json::from_slice(answer).unwrap_or(Value::Null);
+    [
+        &answer["leaseVersion"],
+        &answer["offer"]["lease"]["version"],
+    ]
+    .into_iter()
+    .find_map(Value::as_u64)
+}
+
+/// The attempts a pending claim gets before the Worker gives it up (reference §4.1, SPEC §8:
+/// "≤ 16 attempts").
+pub const CLAIM_ATTEMPTS: u8 = 16;
 
 /// `receipt-removed-after-acknowledged`: a receipt is removed only while the record of its
 /// Attempt (durably in `state`) is `completion_acknowledged`.

@@ -25,7 +25,7 @@ mod disk;
 mod plane;
 mod supervisor;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher;
 
 use sha2::{Digest as _, Sha256};
@@ -281,6 +281,10 @@ pub struct Evidence {
     pub run_spawns: BTreeMap<RunId, Vec<(AttemptId, OfferId)>>,
     /// For each claimed offer id: whether the last `offers` reply the Worker heard delivered it.
     pub delivered: BTreeMap<OfferId, bool>,
+    /// For each lease granted (offer, lease version) while the call that obtained it was in
+    /// flight for a while: how long (ms) between its issue and the plane applying it. The Worker
+    /// times a lease from the issue of that call, so its local deadline comes that much early.
+    pub lease_slack: BTreeMap<(OfferId, u64), u64>,
 }
 
 /// The simulated host.
@@ -306,6 +310,25 @@ pub struct World {
     pub aliases: BTreeMap<OfferId, String>,
     /// The stored Session id once the Worker replaced it (`None`: the configured one).
     pub session_id: Option<SessionId>,
+    /// The Worker's own view of its leases, set by the driver before each command it performs
+    /// (not part of the state).
+    pub worker_clock: WorkerClock,
+}
+
+/// What the Worker's clocks say of its leases: its wall-clock reading and the offers whose
+/// current lease it times on the monotonic clock (from the sending of the call that obtained
+/// it). A lease it does not time (read from disk after a restart, or the offer of a retried
+/// claim) it judges by its wall clock, so a clock set ahead sees it expired early
+/// (`docs/state-machine.md`, "Which clock decides a lease"); `stop-after-durable-lease` allows
+/// for that.
+#[derive(Clone, Debug, Default)]
+pub struct WorkerClock {
+    /// The Worker's last wall-clock reading (`None` before the driver set it).
+    pub wall: Option<UnixMillis>,
+    /// Offers whose current lease the Worker times on its monotonic clock.
+    pub timed: BTreeSet<OfferId>,
+    /// When (true time) the Worker issued the command being performed.
+    pub sent_at: Option<UnixMillis>,
 }
 
 impl World {
@@ -323,6 +346,7 @@ impl World {
             mutation: None,
             aliases: BTreeMap::new(),
             session_id: None,
+            worker_clock: WorkerClock::default(),
         }
         .with_capacity(64)
     }
@@ -540,7 +564,11 @@ impl World {
             Action::RemoveReceipt { attempt_id } => self.remove_receipt(attempt_id, answer),
             Action::AllocateLog { log_artifact_id } => self.allocate_log(log_artifact_id, answer),
             Action::InspectLog { log_artifact_id } => self.inspect_log(log_artifact_id, answer),
-            Action::Post(call) => self.post(now, act::operation(call), &call.body, answer),
+            Action::Post(call) => {
+                let outcome = self.post(now, act::operation(call), &call.body, answer);
+                self.note_slack(now, &call.body, &outcome);
+                outcome
+            }
             Action::UploadLog { header, .. } => self.upload(header, answer),
             Action::Spawn(plan) => self.spawn(plan, answer),
             Action::Stop { handle } => self.stop(now, handle, answer),
@@ -553,6 +581,23 @@ impl World {
         };
         self.check_logs_kept(&before);
         outcome
+    }
+
+    /// A call that may grant the lease of the offer it names was applied at `now`: if it
+    /// granted one after a time in flight, note how long ([`Evidence::lease_slack`]).
+    fn note_slack(&mut self, now: UnixMillis, body: &[u8], outcome: &Outcome) {
+        let (Outcome::Responded(answer), Some(sent)) = (outcome, self.worker_clock.sent_at) else {
+            return;
+        };
+        let slack = now.saturating_since(sent);
+        let body: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+        let offer = body.get("offerId").and_then(serde_json::Value::as_str);
+        let offer = offer.and_then(|o| OfferId::new(o).ok());
+        if let (true, Some(offer), Some(version)) =
+            (slack > 0, offer, check::granted_version(answer))
+        {
+            self.evidence.lease_slack.insert((offer, version), slack);
+        }
     }
 
     fn draw(&mut self, answer: Answer) -> Entropy {

@@ -572,13 +572,15 @@ impl World {
         else {
             return not_found();
         };
-        if operation == Operation::Starting
-            && run.status == CpStatus::Leased
-            && run.offer.lease.expired_at(now)
-        {
+        let expired_start = operation == Operation::Starting
+            && matches!(run.status, CpStatus::Leased | CpStatus::Starting)
+            && run.offer.lease.expired_at(now);
+        if expired_start || run.status == CpStatus::Superseded {
             // The reference fences an activation ACK by the Run lease (ADR-0013): a `starting`
-            // of a lease that expired before the control plane saw it gets a 409, whatever the
-            // Worker believed of the lease (the fuzz plane's `activation_fenced`).
+            // (first or replayed) of a lease that expired gets a 409, whatever the Worker
+            // believed of the lease (the fuzz plane's `activation_fenced`); so does every ACK of
+            // an offer whose Run was re-delivered under another offer id (its lease is gone),
+            // whatever answer the model chose.
             return Outcome::Http(HttpFailure::Status {
                 status: 409,
                 code: Some(String::from("worker_activation_fenced")),
