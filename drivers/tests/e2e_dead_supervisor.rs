@@ -1,5 +1,6 @@
 //! Issue 16, item 6, with the real binary: a Run whose supervisor and user process were
-//! SIGKILLed (no receipt can come) is no longer renewed. The Worker records
+//! SIGKILLed (no receipt can come), or whose receipt's place was taken by a garbled file before
+//! the supervisor could publish (no receipt that authenticates can come), is no longer renewed. The Worker records
 //! `recovery_required(lease_lost_local_execution_stopped)` (event `run.supervisor_gone`),
 //! `ql-worker recover` lists it, its lease stops moving, and a drain ends at once — exit 4,
 //! because recovery evidence remains for the operator (docs/operations.md, "Exit codes") —
@@ -170,4 +171,47 @@ fn after_a_restart_a_run_whose_supervisor_and_process_died_is_recorded() {
     kill_supervisor_and_run(user_pid(&pid_file));
     let mut second = KillOnDrop(world.spawn_with_args(JSON, &[], &log));
     check_recorded_and_drain(&world, &run, &mut second, &log);
+}
+
+/// Another local writer put a garbled file where the Run's receipt goes, before the user
+/// process ended. The supervisor publishes its receipt only where none exists, so the genuine
+/// one never lands; once the supervisor and the process are gone, the Worker records the Run as
+/// gone instead of renewing it for ever (found by the walks over the model checks' world).
+#[test]
+fn a_run_whose_receipt_place_was_taken_by_a_garbled_file_is_recorded_and_no_longer_renewed() {
+    let world = World::new();
+    let pid_file = world.dir.path().join("user.pid");
+    let go = world.dir.path().join("go");
+    let script = format!(
+        "echo $$ > {}; while [ ! -e {} ]; do sleep 0.05; done; exit 0",
+        pid_file.display(),
+        go.display()
+    );
+    let revision = RevisionBuilder::shell(&script).build().unwrap();
+    let run = world
+        .cp
+        .enqueue_run(RunSpec::numbered(1, revision))
+        .unwrap();
+    let log = world.dir.path().join("worker.log");
+    let mut worker = KillOnDrop(world.spawn_with_args(JSON, &[], &log));
+    world.wait_for("the Run running", SETTLE, |w| {
+        w.state_of(&run) == Some(State::RunningAcknowledged)
+    });
+    let user = user_pid(&pid_file);
+    let supervisor = parent_of(user);
+    let attempt = world.records()[&run].offer.candidate.attempt_id.clone();
+    let receipt = ql_worker::layout::Paths::new(world.root()).receipt(&attempt);
+    std::fs::write(&receipt, b"not a receipt").unwrap();
+    std::fs::write(&go, b"").unwrap();
+    let start = Instant::now();
+    while exists(user) || exists(supervisor) {
+        assert!(start.elapsed() < SETTLE, "the Run's processes did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    check_recorded_and_drain(&world, &run, &mut worker, &log);
+    assert_eq!(
+        std::fs::read(&receipt).unwrap(),
+        b"not a receipt",
+        "the garbled file is kept as evidence"
+    );
 }
