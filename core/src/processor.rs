@@ -764,6 +764,12 @@ impl ProcessOp {
         env: Vec<(String, Zeroizing<String>)>,
     ) -> PStep {
         let record = &launch.authority.record;
+        // The target check again, right before the barrier: the calls since step 2 (the starting
+        // ACK, Secrets, a renewal) may each have taken up to the request timeout, and a lease
+        // that ran out meanwhile may already be the control plane's to hand out again.
+        if let Some(refused) = target_refusal(ctx, record) {
+            return Step::Done(refused);
+        }
         let offer = &record.offer;
         let log_artifact_id = derive_log_artifact_id(
             &offer.candidate.project_id,

@@ -26,6 +26,19 @@ const RENEWED: [&str; 7] = [
     "persist-record o1 r5 running_acknowledged",
 ];
 
+/// A pass that inspects, finds both gone, reads the receipt once more and records the Run as
+/// gone.
+const RECORDED_GONE: [&str; 8] = [
+    "list-inbox",
+    "read-record o1",
+    "read-receipt attempt-1",
+    "read-record o1",
+    "inspect-supervision o1",
+    "read-record o1",
+    "read-receipt attempt-1",
+    "persist-record o1 r5 recovery_required",
+];
+
 /// o1 running, then its supervisor and process end without a receipt.
 fn died_without_receipt() -> Sim {
     let mut sim = Sim::holding(State::RunningAcknowledged);
@@ -51,19 +64,7 @@ fn renewals(sim: &Sim) -> usize {
 fn a_supervisor_gone_without_receipt_with_its_process_gone_is_recorded_not_renewed() {
     let mut sim = died_without_receipt();
     sim.run(1);
-    assert_eq!(
-        sim.commands(),
-        lines(&[
-            "list-inbox",
-            "read-record o1",
-            "read-receipt attempt-1",
-            "read-record o1",
-            "inspect-supervision o1",
-            "read-record o1",
-            "read-receipt attempt-1",
-            "persist-record o1 r5 recovery_required",
-        ])
-    );
+    assert_eq!(sim.commands(), lines(&RECORDED_GONE));
     let record = sim.first_record();
     assert_eq!(record.state, State::RecoveryRequired);
     assert_eq!(
@@ -212,20 +213,7 @@ fn a_supervisor_gone_leaving_a_receipt_that_never_authenticates_is_recorded_not_
         });
         sim.take_trail();
         sim.run(1);
-        assert_eq!(
-            sim.commands(),
-            lines(&[
-                "list-inbox",
-                "read-record o1",
-                "read-receipt attempt-1",
-                "read-record o1",
-                "inspect-supervision o1",
-                "read-record o1",
-                "read-receipt attempt-1",
-                "persist-record o1 r5 recovery_required",
-            ]),
-            "{kind:?}"
-        );
+        assert_eq!(sim.commands(), lines(&RECORDED_GONE), "{kind:?}");
         let record = sim.first_record();
         assert_eq!(
             record.recovery_reason,

@@ -1,13 +1,15 @@
 //! Behaviours fixed after the model check, the fuzzers and the crash campaign found them; each
 //! test pins one, by the command sequence the core issues against the simulated host.
 
+use ql_worker_core::io::Action;
 use ql_worker_core::record::{RecoveryReason, State};
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::worker::{HaltReason, Phase};
 use ql_worker_sim::testkit;
+use ql_worker_sim::testkit::act;
 use ql_worker_sim::testkit::sim::{On, Sim, Status};
-use ql_worker_sim::testkit::world::{Answer, World};
+use ql_worker_sim::testkit::world::{Answer, OfferTemplate, World};
 
 fn processed(world: World, script: &[(On, Answer)]) -> Sim {
     let mut sim = Sim::scenario(world);
@@ -231,6 +233,36 @@ fn a_launching_record_whose_reconciliation_read_failed_is_recovered_at_a_later_p
         record.recovery_reason,
         Some(RecoveryReason::LaunchOutcomeUnknown)
     );
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
+
+/// A Secrets answer that comes after the offer's lease ran out does not lead to a spawn: the
+/// target check (Session and lease) runs again right before the spawn barrier, so the record
+/// stays `starting_acknowledged` (dormant) and no process starts. Before, the Worker launched on
+/// a lease the control plane may already have handed out again (found by the walks over the
+/// model checks' world: `at-most-once-run`).
+#[test]
+fn a_secrets_answer_after_the_lease_ran_out_launches_nothing() {
+    let world = World::new(
+        1,
+        vec![OfferTemplate::with_revision(1, testkit::secret_revision())],
+    );
+    let mut sim = Sim::scenario(world);
+    sim.answer_until(
+        |a| matches!(a, Action::Post(call) if act::operation(call) == Operation::Secrets),
+    );
+    let expires = sim.first_record().offer.lease.expires_at_ms;
+    sim.advance_to(expires.saturating_add(1));
+    sim.answer(Answer::Ok);
+    sim.settle();
+    let trail = sim.commands();
+    assert!(!trail.iter().any(|l| l.starts_with("spawn")), "{trail:#?}");
+    assert!(!trail.iter().any(|l| l.contains("launching")), "{trail:#?}");
+    assert_eq!(sim.first_record().state, State::StartingAcknowledged);
     assert!(
         sim.world.violations.is_empty(),
         "{:?}",

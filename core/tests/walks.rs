@@ -13,7 +13,8 @@
 //! [`World`]: ql_worker_sim::testkit::world::World
 
 use ql_worker_core::record::State;
-use ql_worker_sim::testkit::explore::walk::{self, Ended, Walk, Walked};
+use ql_worker_sim::fuzzing::machine::RunOutcomes;
+use ql_worker_sim::testkit::explore::walk::{self, Walk, Walked};
 use ql_worker_sim::testkit::explore::{self, CatchPanics, Model};
 use ql_worker_sim::testkit::world::Mutation;
 
@@ -51,7 +52,7 @@ fn walks() {
         .unwrap_or(20_000);
     let model = explore::walks();
     quiet_panics();
-    let mut ended = Ended::default();
+    let mut ended = RunOutcomes::default();
     let (mut moves, mut unhealthy, mut clock_steps) = (0, 0, 0);
     let mut violations = Vec::new();
     for seed in 0..n {
@@ -65,7 +66,7 @@ fn walks() {
         }
     }
     let _ = std::panic::take_hook();
-    println!(
+    report_line(&format!(
         "walks: {n} seeds, {} violations, runs {} succeeded {} failed {} start-failed {} \
          recovery; {moves} moves ({unhealthy} not the healthy one, {clock_steps} wall-clock \
          steps)",
@@ -74,7 +75,7 @@ fn walks() {
         ended.failed,
         ended.start_failed,
         ended.recovery
-    );
+    ));
     for (seed, found) in violations.iter().take(3) {
         println!("seed {seed}: {} {}", found.invariant, found.detail);
         for step in &found.trace {
@@ -104,9 +105,9 @@ fn the_empty_input_is_the_happy_path() {
     assert!(walked.found.is_none(), "{:?}", walked.found);
     assert_eq!(
         walked.ended,
-        Ended {
+        RunOutcomes {
             succeeded: 3,
-            ..Ended::default()
+            ..RunOutcomes::default()
         }
     );
     assert_eq!((walked.unhealthy, walked.clock_steps), (0, 0));
@@ -185,4 +186,11 @@ fn the_fuzz_corpus_walks_clean() {
         }
     }
     assert!(walked >= 5, "only {walked} corpus files");
+}
+
+/// Prints a result line even while libtest captures test output, so `.ci/run` shows it: a
+/// direct write to the process's stdout, which the capture does not intercept.
+fn report_line(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
 }

@@ -15,18 +15,26 @@
 //! running process exits with its genuine receipt, a stopped or halted Worker is restarted.
 //! The walk ends when the control plane has nothing left to offer, no process runs, every
 //! record is terminal or `recovery_required`, and the Worker is idle; if that does not happen
-//! within [`SETTLE_MOVES`], the walk reports a `liveness` violation.
+//! within [`SETTLE_MS`] of simulated time plus the largest wall-clock skew the walk reached (or
+//! within [`SETTLE_MOVES`]), the walk reports a `liveness` violation.
 
 use super::{Budget, Found, Guard, Model, Move, Node, apply, describe, moves};
 use crate::fuzzing::bytes::Bytes;
+use crate::fuzzing::machine::RunOutcomes;
 use crate::testkit::sim::{Sim, Status};
 use crate::testkit::world::{Answer, Event, ProcessState, ReceiptKind, World, check};
 use ql_worker_core::record::State;
 
 /// Moves of the fuzzed part of a walk, at most.
 pub const MAX_MOVES: usize = 3_000;
-/// Moves of the settling phase, at most, before the walk reports a `liveness` violation.
-pub const SETTLE_MOVES: usize = 3_000;
+/// Simulated time the settling phase may take, beyond the largest wall-clock skew the walk
+/// reached, before the walk reports a `liveness` violation. (A receipt written while the clock
+/// was ahead "finished in the future" once it is set right; it authenticates once the clock has
+/// caught up, so the skew is added.)
+pub const SETTLE_MS: u64 = 600_000;
+/// Moves of the settling phase, at most, whatever the time (a Worker that spins without letting
+/// time pass is not settling either).
+pub const SETTLE_MOVES: usize = 400_000;
 /// Trace lines kept (the last ones) for a violation's report.
 const TRACE_LINES: usize = 4000;
 /// One hour, the size of a wall-clock step.
@@ -44,29 +52,6 @@ pub struct Walk<'m> {
     pub clock_steps: bool,
 }
 
-/// How the Runs of a settled walk ended, from the durable records.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Ended {
-    /// `completion_acknowledged` with exit code 0.
-    pub succeeded: u32,
-    /// `completion_acknowledged` with another exit code.
-    pub failed: u32,
-    /// `start_failure_acknowledged`.
-    pub start_failed: u32,
-    /// `recovery_required`.
-    pub recovery: u32,
-}
-
-impl Ended {
-    /// Adds `other`'s counts.
-    pub fn add(&mut self, other: Self) {
-        self.succeeded += other.succeeded;
-        self.failed += other.failed;
-        self.start_failed += other.start_failed;
-        self.recovery += other.recovery;
-    }
-}
-
 /// What a walk did.
 #[derive(Clone, Debug, Default)]
 pub struct Walked {
@@ -77,10 +62,12 @@ pub struct Walked {
     pub unhealthy: usize,
     /// Wall-clock steps taken.
     pub clock_steps: usize,
+    /// The largest distance (ms, either way) between the host's wall clock and the true time.
+    pub max_skew_ms: u64,
     /// The first broken invariant (or panic, or `liveness`), with the last moves before it.
     pub found: Option<Found>,
-    /// How the Runs ended (when the walk settled).
-    pub ended: Ended,
+    /// How the Runs ended (when the walk settled), from the durable records.
+    pub ended: RunOutcomes,
 }
 
 /// Whether `mv` is the healthy move of its kind.
@@ -171,34 +158,18 @@ fn settling_move(sim: &Sim) -> Move {
     }
 }
 
-/// How the Runs ended, from the durable records.
-fn ended(world: &World) -> Ended {
-    let mut out = Ended::default();
+/// How the Runs ended, from the durable records (a completion's exit code is its process's).
+fn ended(world: &World) -> RunOutcomes {
+    let mut out = RunOutcomes::default();
     for (record, _) in world.disk.records.values() {
-        match record.state {
-            State::CompletionAcknowledged => {
-                let code = world
-                    .supervisor
-                    .of_offer(&record.offer.offer_id)
-                    .find_map(|p| match p.state {
-                        ProcessState::Exited(code) => Some(code),
-                        ProcessState::Running => None,
-                    });
-                if code == Some(0) {
-                    out.succeeded += 1;
-                } else {
-                    out.failed += 1;
-                }
-            }
-            State::StartFailureAcknowledged => out.start_failed += 1,
-            State::RecoveryRequired => out.recovery += 1,
-            State::Accepted
-            | State::StartingAcknowledged
-            | State::Launching
-            | State::Started
-            | State::RunningAcknowledged
-            | State::StartFailed => {}
-        }
+        let exit = world
+            .supervisor
+            .of_offer(&record.offer.offer_id)
+            .find_map(|p| match p.state {
+                ProcessState::Exited(code) => Some(u64::from(code)),
+                ProcessState::Running => None,
+            });
+        out.count(record.state, exit);
     }
     out
 }
@@ -278,6 +249,8 @@ pub fn walk(walk: &Walk<'_>, data: &[u8], guard: &dyn Guard) -> Walked {
             let ms = if byte & 32 == 0 { -HOUR_MS } else { HOUR_MS };
             walker.node.sim.step_wall_clock(ms);
             walker.walked.clock_steps += 1;
+            let skew = walker.node.sim.wall_skew.unsigned_abs();
+            walker.walked.max_skew_ms = walker.walked.max_skew_ms.max(skew);
             walker.walked.unhealthy += 1;
             walker.note(format!("wall clock stepped {ms:+} ms"));
             continue;
@@ -304,7 +277,15 @@ pub fn walk(walk: &Walk<'_>, data: &[u8], guard: &dyn Guard) -> Walked {
         walker.node.sim.step_wall_clock(-skew);
         walker.note(format!("wall clock stepped {:+} ms", -skew));
     }
+    let deadline = walker
+        .node
+        .sim
+        .now
+        .saturating_add(SETTLE_MS + walker.walked.max_skew_ms);
     for _ in 0..SETTLE_MOVES {
+        if walker.node.sim.now > deadline {
+            break;
+        }
         if settled(&walker.node.sim) {
             walker.walked.ended = ended(&walker.node.sim.world);
             return walker.walked;
@@ -326,8 +307,10 @@ pub fn walk(walk: &Walk<'_>, data: &[u8], guard: &dyn Guard) -> Walked {
     walker.found(
         "liveness",
         format!(
-            "not settled after {SETTLE_MOVES} healthy moves: status {:?}, templates left {}, \
-             records {unsettled:?}",
+            "not settled within {} ms ({} moves) of healthy moves: status {:?}, templates \
+             left {}, records {unsettled:?}",
+            SETTLE_MS + walker.walked.max_skew_ms,
+            walker.walked.moves,
             sim.status,
             sim.world.plane.templates.len()
         ),
