@@ -2,8 +2,8 @@
 //! checks take every path within short bounds, a walk takes one long path (up to 3 000 moves
 //! and then a settling phase), chosen by its input's bytes, through the same [`World`]: the
 //! same disk, process table, control plane and checkers, with every family of answers and
-//! events, three Runs, two slots, three commands outstanding, re-delivery, and the host's wall
-//! clock stepped an hour either way. The fuzz target `machine_walk` walks the same way from the
+//! events, three Runs, two slots (even seeds) or one (odd seeds), three commands outstanding,
+//! re-delivery, and the host's wall clock stepped an hour either way. The fuzz target `machine_walk` walks the same way from the
 //! fuzzer's bytes.
 //!
 //! `walks` runs `QL_WALKS` seeded walks (default 20 000) and prints one line; every walk must
@@ -31,10 +31,11 @@ fn input(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Walks seed `seed` from root `seed % 2` (two slots, one slot).
 fn walk_seed(model: &Model, seed: u64) -> Walked {
     let plan = Walk {
         model,
-        root: 0,
+        root: usize::try_from(seed % 2).unwrap(),
         clock_steps: true,
     };
     walk::walk(&plan, &input(seed, 600), &CatchPanics)
@@ -117,10 +118,10 @@ fn the_empty_input_is_the_happy_path() {
 #[test]
 fn the_same_input_walks_the_same_path() {
     let model = explore::walks();
-    for seed in [3, 41, 977] {
+    for seed in [3, 41, 978] {
         let (a, b) = (walk_seed(&model, seed), walk_seed(&model, seed));
         assert_eq!(format!("{a:?}"), format!("{b:?}"), "seed {seed}");
-        assert!(a.moves > 100, "seed {seed}: {} moves", a.moves);
+        assert!(a.moves > 50, "seed {seed}: {} moves", a.moves);
     }
 }
 
@@ -159,10 +160,10 @@ fn walks_catch_a_broken_host() {
 fn the_fuzz_entry_point_walks_the_same_model() {
     assert_eq!(walk::fuzz(&[]).ended.succeeded, 3);
     let model = explore::walks();
-    let seeded = walk::fuzz(&input(41, 600));
+    let seeded = walk::fuzz(&input(40, 600));
     assert_eq!(
         format!("{seeded:?}"),
-        format!("{:?}", walk_seed(&model, 41))
+        format!("{:?}", walk_seed(&model, 40))
     );
 }
 

@@ -837,9 +837,10 @@ pub fn concurrency() -> Model {
 }
 
 /// The walks' model ([`walk`]): the whole lifecycle with every family of answers and events,
-/// three Runs (one with a Secret binding), two slots, up to three commands outstanding, the
-/// control plane re-delivering expired Runs, and a budget far beyond the exhaustive models'
-/// (a walk takes one path, so its budget bounds the path, not a search).
+/// three Runs (one with a Secret binding), up to three commands outstanding, the control plane
+/// re-delivering expired Runs, and a budget far beyond the exhaustive models' (a walk takes one
+/// path, so its budget bounds the path, not a search). Two roots: two slots, and one slot (the
+/// Worker pulls again only once its Run is settled).
 #[must_use]
 pub fn walks() -> Model {
     let secret = crate::testkit::secret_revision();
@@ -852,6 +853,8 @@ pub fn walks() -> Model {
         ],
     )
     .with_reoffers();
+    let mut roots = roots(std::vec![world.clone()], 2);
+    roots.extend(self::roots(std::vec![world], 1));
     Model {
         name: "walks",
         menu: Menu::everything(),
@@ -866,6 +869,6 @@ pub fn walks() -> Model {
             outstanding: 3,
             max_states: 0,
         },
-        roots: roots(std::vec![world], 2),
+        roots,
     }
 }
