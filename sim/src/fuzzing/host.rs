@@ -936,13 +936,7 @@ impl Host {
     /// `answer`: if it granted one (its lease version), how long the call was on its way (see
     /// [`Host::lease_slack`]).
     fn granted(&mut self, body: &Value, answer: &[u8]) {
-        let answer: Value = serde_json::from_slice(answer).unwrap_or(Value::Null);
-        let version = [
-            &answer["leaseVersion"],
-            &answer["offer"]["lease"]["version"],
-        ]
-        .into_iter()
-        .find_map(Value::as_u64);
+        let version = check::granted_version(answer);
         if let (Ok(offer), Some(sent), Some(version)) = (
             OfferId::new(plane::text(body, "offerId")),
             self.call_sent_at,

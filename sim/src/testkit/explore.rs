@@ -853,8 +853,8 @@ pub fn walks() -> Model {
         ],
     )
     .with_reoffers();
-    let mut roots = roots(std::vec![world.clone()], 2);
-    roots.extend(self::roots(std::vec![world], 1));
+    let mut starts = roots(std::vec![world.clone()], 2);
+    starts.extend(roots(std::vec![world], 1));
     Model {
         name: "walks",
         menu: Menu::everything(),
@@ -869,6 +869,6 @@ pub fn walks() -> Model {
             outstanding: 3,
             max_states: 0,
         },
-        roots,
+        roots: starts,
     }
 }
