@@ -773,9 +773,10 @@ pub fn advice(reason: RecoveryReason) -> &'static str {
         }
         RecoveryReason::LeaseLostLocalExecutionStopped => {
             "the lease expired locally and the process was stopped conclusively, or the Run's \
-             supervisor and process ended without a receipt and the Worker stopped renewing its \
-             lease. Nothing runs locally; the control plane decides the Run's outcome (its lease \
-             lapses there); archive the record after review."
+             supervisor and process ended without a receipt that can authenticate (none, or a \
+             garbled or forged file in its place, kept as evidence) and the Worker stopped \
+             renewing its lease. Nothing runs locally; the control plane decides the Run's \
+             outcome (its lease lapses there); archive the record after review."
         }
         RecoveryReason::LeaseLostLocalExecutionUnverified => {
             "the lease expired locally and stopping the process could NOT be verified: check the \
