@@ -231,20 +231,27 @@ fn a_supervisor_gone_leaving_a_receipt_that_never_authenticates_is_recorded_not_
     }
 }
 
+/// o1 running; its process exits while this host's wall clock is an hour ahead, leaving a
+/// receipt of `kind`; then the clock is set right (stepped back an hour).
+fn exited_while_the_clock_was_ahead(kind: ReceiptKind) -> Sim {
+    let mut sim = Sim::holding(State::RunningAcknowledged);
+    sim.step_wall_clock(3_600_000);
+    sim.event(Event::Exit {
+        index: 0,
+        code: u8::from(kind != ReceiptKind::Genuine),
+        receipt: kind,
+    });
+    sim.step_wall_clock(-3_600_000);
+    sim.take_trail();
+    sim
+}
+
 /// A receipt that is genuine but "finished in the future" for this host's wall clock (stepped
 /// back an hour after the process ended) may pass once the clock catches up: the Run is not
 /// given up, and it is renewed as before.
 #[test]
 fn a_receipt_finished_in_the_future_is_not_given_up() {
-    let mut sim = Sim::holding(State::RunningAcknowledged);
-    sim.advance_to(sim.now.saturating_add(1_000));
-    sim.event(Event::Exit {
-        index: 0,
-        code: 0,
-        receipt: ReceiptKind::Genuine,
-    });
-    sim.step_wall_clock(-3_600_000);
-    sim.take_trail();
+    let mut sim = exited_while_the_clock_was_ahead(ReceiptKind::Genuine);
     sim.run(1);
     let trail = sim.commands();
     assert!(
@@ -264,15 +271,7 @@ fn a_receipt_finished_in_the_future_is_not_given_up() {
 /// up.
 #[test]
 fn a_forged_receipt_dated_ahead_of_the_clock_is_known_for_what_it_is() {
-    let mut sim = Sim::holding(State::RunningAcknowledged);
-    sim.step_wall_clock(3_600_000);
-    sim.event(Event::Exit {
-        index: 0,
-        code: 1,
-        receipt: ReceiptKind::Forged,
-    });
-    sim.step_wall_clock(-3_600_000);
-    sim.take_trail();
+    let mut sim = exited_while_the_clock_was_ahead(ReceiptKind::Forged);
     sim.run(1);
     let record = sim.first_record();
     assert_eq!(

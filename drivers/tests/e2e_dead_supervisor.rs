@@ -77,9 +77,10 @@ fn kill_supervisor_and_run(user: u32) {
     }
 }
 
-fn slow_run(world: &World) -> (RunId, PathBuf) {
+/// A Run whose user command writes its pid, then runs `rest` (shell).
+fn run_of(world: &World, rest: &str) -> (RunId, PathBuf) {
     let pid_file = world.dir.path().join("user.pid");
-    let script = format!("echo $$ > {}; exec sleep 120", pid_file.display());
+    let script = format!("echo $$ > {}; {rest}", pid_file.display());
     let revision = RevisionBuilder::shell(&script).build().unwrap();
     let run = world
         .cp
@@ -90,8 +91,12 @@ fn slow_run(world: &World) -> (RunId, PathBuf) {
 
 /// A Worker (JSON event log) running one slow Run.
 fn running() -> (World, RunId, PathBuf, PathBuf, KillOnDrop) {
-    let world = World::new();
-    let (run, pid_file) = slow_run(&world);
+    running_with(World::new(), "exec sleep 120")
+}
+
+/// A Worker (JSON event log) running the Run of [`run_of`]`(world, rest)`.
+fn running_with(world: World, rest: &str) -> (World, RunId, PathBuf, PathBuf, KillOnDrop) {
+    let (run, pid_file) = run_of(&world, rest);
     let log = world.dir.path().join("worker.log");
     let worker = KillOnDrop(world.spawn_with_args(JSON, &[], &log));
     world.wait_for("the Run running", SETTLE, |w| {
@@ -180,23 +185,12 @@ fn after_a_restart_a_run_whose_supervisor_and_process_died_is_recorded() {
 #[test]
 fn a_run_whose_receipt_place_was_taken_by_a_garbled_file_is_recorded_and_no_longer_renewed() {
     let world = World::new();
-    let pid_file = world.dir.path().join("user.pid");
     let go = world.dir.path().join("go");
-    let script = format!(
-        "echo $$ > {}; while [ ! -e {} ]; do sleep 0.05; done; exit 0",
-        pid_file.display(),
+    let rest = format!(
+        "while [ ! -e {} ]; do sleep 0.05; done; exit 0",
         go.display()
     );
-    let revision = RevisionBuilder::shell(&script).build().unwrap();
-    let run = world
-        .cp
-        .enqueue_run(RunSpec::numbered(1, revision))
-        .unwrap();
-    let log = world.dir.path().join("worker.log");
-    let mut worker = KillOnDrop(world.spawn_with_args(JSON, &[], &log));
-    world.wait_for("the Run running", SETTLE, |w| {
-        w.state_of(&run) == Some(State::RunningAcknowledged)
-    });
+    let (world, run, pid_file, log, mut worker) = running_with(world, &rest);
     let user = user_pid(&pid_file);
     let supervisor = parent_of(user);
     let attempt = world.records()[&run].offer.candidate.attempt_id.clone();
