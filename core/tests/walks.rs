@@ -127,7 +127,9 @@ fn the_same_input_walks_the_same_path() {
 
 /// The walks' checkers can fail: over a host that acknowledges some writes without storing
 /// them, some walk breaks the invariant that guards what those writes protect (the same broken
-/// hosts as the model checks' self-tests).
+/// hosts as the model checks' self-tests); and with a Worker whose record writes lie about
+/// recovery (every Run sent to recovery, or another reason than its own), some walk breaks
+/// `recovery-licensed`.
 #[test]
 fn walks_catch_a_broken_host() {
     quiet_panics();
@@ -138,6 +140,8 @@ fn walks_catch_a_broken_host() {
             "receipt-removed-after-acknowledged",
         ),
         (Mutation::DropLeaseWrites, "stop-after-durable-lease"),
+        (Mutation::StartedAsRecovery, "recovery-licensed"),
+        (Mutation::WrongRecoveryReason, "recovery-licensed"),
     ] {
         let mut model = explore::walks();
         for root in &mut model.roots {

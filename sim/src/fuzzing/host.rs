@@ -410,24 +410,10 @@ impl Host {
     /// Licenses the recovery reasons an answer about `offer` leads to: the control plane said
     /// the Run is already running elsewhere, or terminal.
     fn note_plane_answer(&mut self, offer: &OfferId, outcome: &Outcome) {
-        let Outcome::Responded(bytes) = outcome else {
-            return;
-        };
-        let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
-        if has(b"\"already_running\"") {
-            self.ghost
-                .cause(offer, RecoveryReason::ControlPlaneAlreadyRunning);
-        }
-        let terminal = [
-            &b"\"already_terminal\""[..],
-            b"\"status\":\"terminal\"",
-            b"\"attemptStatus\":\"failed\"",
-            b"\"attemptStatus\":\"cancelled\"",
-            b"\"attemptStatus\":\"timed_out\"",
-        ];
-        if terminal.iter().any(|t| has(t)) {
-            self.ghost
-                .cause(offer, RecoveryReason::ControlPlaneTerminal);
+        if let Outcome::Responded(bytes) = outcome {
+            for reason in check::answer_causes(bytes) {
+                self.ghost.cause(offer, reason);
+            }
         }
     }
 

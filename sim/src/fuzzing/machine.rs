@@ -152,8 +152,7 @@ pub struct RunOutcomes {
     pub failed: u32,
     /// `start_failure_acknowledged` (the control plane applied the start failure).
     pub start_failed: u32,
-    /// `recovery_required` (the fuzz machine and the simulation require a cause the seed
-    /// injected for each: `recovery-licensed`; the walks do not, yet).
+    /// `recovery_required` (each needs a cause the seed injected: `recovery-licensed`).
     pub recovery: u32,
 }
 

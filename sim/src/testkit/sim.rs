@@ -363,6 +363,9 @@ impl Sim {
                 self.crash();
             }
             answer => {
+                if answer != Answer::Ok {
+                    self.world.launch_uncertain();
+                }
                 self.world.worker_clock = self.worker_clock(id);
                 let outcome = self.world.perform(self.now, &action, answer);
                 if let Err(e) = self
@@ -430,6 +433,7 @@ impl Sim {
     /// Drops the Worker (memory lost) and starts a new one at `now` from the durable world.
     pub fn crash(&mut self) {
         self.note(String::from("crash"));
+        self.world.launch_uncertain();
         let mut config = self.config.clone();
         if let Some(session_id) = &self.world.session_id {
             config.session_id = session_id.clone();

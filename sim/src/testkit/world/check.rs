@@ -51,6 +51,11 @@
 //!   the Worker stored last, or it used its [`CLAIM_ATTEMPTS`].
 //! * `completion-before-acknowledged`: `completion_acknowledged` is persisted only after the
 //!   control plane applied the completion.
+//! * `recovery-licensed` ([`recovery_licensed`], which the fuzz host applies too): a record
+//!   enters `recovery_required` only for a cause the seed injected
+//!   ([`super::Evidence`]'s `recovery_causes`; `docs/simulation.md` has the table), or, for a
+//!   lease-loss reason, once the lease has expired as the Worker may judge it (the rule of
+//!   `stop-after-durable-lease`).
 //! * `stop-after-durable-lease`: a stop only when the durable lease has expired (by the true
 //!   time less how long the call that obtained it was on its way, [`super::Evidence`]'s
 //!   `lease_slack`; or, for a lease the Worker does not time, by its wall clock:
@@ -73,8 +78,9 @@
 //! `panic` (a core assertion fired).
 //!
 //! [`Ghost`] holds what the fuzz host knows and the Worker must not (or cannot) see, and checks
-//! the rules only the fuzz machine applies so far (Pull latch, recovery licensed by an injected
-//! cause, record states against spawn fates, no Secret value at rest; `docs/fuzzing.md`).
+//! the rules only the fuzz machine applies so far (Pull latch, record states against spawn
+//! fates, no Secret value at rest; `docs/fuzzing.md`), and `recovery-licensed` with the fuzz
+//! host's own causes.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -111,6 +117,7 @@ impl World {
                     self.check_secret_free(&bytes, "persisted record");
                 }
                 self.check_started_spawned(record);
+                self.check_recovery_licensed(now, record);
                 let fresh = self
                     .disk
                     .record(&record.offer.offer_id)
@@ -452,17 +459,7 @@ impl World {
             return;
         };
         let record = self.disk.record(&offer_id);
-        let clock = &self.worker_clock;
-        let by_wall = clock.wall.filter(|_| !clock.timed.contains(&offer_id));
-        let expired = record.is_some_and(|r| {
-            let lease = &r.offer.lease;
-            // The Worker's local deadline falls before the plane's expiry by how long the call
-            // that obtained the lease was on its way.
-            let key = (offer_id.clone(), lease.version.get());
-            let slack = self.evidence.lease_slack.get(&key).copied().unwrap_or(0);
-            lease.expired_at(now.saturating_add(slack))
-                || by_wall.is_some_and(|wall| lease.expired_at(wall))
-        });
+        let expired = record.is_some_and(|r| self.lease_expired_for_worker(now, r));
         let durable_version = record.map_or(0, |r| r.offer.lease.version.get());
         let run = self.plane.runs.get(&offer_id);
         let terminal = run.is_some_and(|r| r.terminal_answered);
@@ -475,6 +472,60 @@ impl World {
                 "stop-after-durable-lease",
                 format!("stop of {name} with durable lease version {durable_version}"),
             );
+        }
+    }
+}
+
+impl World {
+    /// Whether the Worker may judge `record`'s durable lease expired at true time `now`: the
+    /// Worker's local deadline falls before the plane's expiry by how long the call that
+    /// obtained the lease was on its way ([`super::Evidence`]'s `lease_slack`), and a lease it
+    /// does not time it judges by its wall clock ([`super::WorkerClock`]).
+    fn lease_expired_for_worker(&self, now: UnixMillis, record: &InboxRecord) -> bool {
+        let offer_id = &record.offer.offer_id;
+        let clock = &self.worker_clock;
+        let by_wall = clock.wall.filter(|_| !clock.timed.contains(offer_id));
+        let lease = &record.offer.lease;
+        let key = (offer_id.clone(), lease.version.get());
+        let slack = self.evidence.lease_slack.get(&key).copied().unwrap_or(0);
+        lease.expired_at(now.saturating_add(slack))
+            || by_wall.is_some_and(|wall| lease.expired_at(wall))
+    }
+
+    /// `recovery-licensed` ([`recovery_licensed`]) for a record newly `recovery_required`.
+    fn check_recovery_licensed(&mut self, now: UnixMillis, record: &InboxRecord) {
+        let offer_id = &record.offer.offer_id;
+        let stored = self.disk.record(offer_id);
+        if record.state != State::RecoveryRequired
+            || stored.is_some_and(|s| s.state == State::RecoveryRequired)
+        {
+            return;
+        }
+        // The lease the Worker judged is the one it read, i.e. the stored one.
+        let expired = stored.is_some_and(|s| self.lease_expired_for_worker(now, s))
+            || self.lease_expired_for_worker(now, record);
+        let causes = self.evidence.recovery_causes.get(offer_id);
+        if let Err(detail) = recovery_licensed(record, causes, expired) {
+            self.violation("recovery-licensed", detail);
+        }
+    }
+
+    /// Licenses `reason` for `offer` (a fault or answer that leads there happened).
+    pub fn cause(&mut self, offer: &OfferId, reason: RecoveryReason) {
+        let causes = self.evidence.recovery_causes.entry(offer.clone());
+        causes.or_default().insert(reason);
+    }
+
+    /// Licenses `launch_outcome_unknown` for every record durably `launching`: a crash, halt,
+    /// stop or fault now may leave the Worker unable to know whether its process started (the
+    /// fuzz host's rule, `Host::launch_uncertain`).
+    pub fn launch_uncertain(&mut self) {
+        let launching: Vec<OfferId> = (self.disk.records.values())
+            .filter(|(r, _)| r.state == State::Launching)
+            .map(|(r, _)| r.offer.offer_id.clone())
+            .collect();
+        for offer in launching {
+            self.cause(&offer, RecoveryReason::LaunchOutcomeUnknown);
         }
     }
 }
@@ -819,37 +870,15 @@ impl Ghost {
             .insert(reason);
     }
 
-    /// A `recovery_required` record only for a cause the seed injected: a licensed reason
-    /// ([`Self::recovery_causes`]), or a lease-loss reason once the durable lease has expired at
-    /// `now`.
+    /// `recovery-licensed` ([`recovery_licensed`]) for a record the Worker writes.
     /// `slack`: how long before the control plane's expiry the Worker's local deadline of this
     /// lease falls (the call that granted it was on its way that long; `Host::lease_slack`).
     pub fn check_recovery(&self, record: &InboxRecord, now: UnixMillis, slack: u64) {
         let expired = record.offer.lease.expires_at_ms.get().saturating_sub(slack) <= now.get();
-        let Some(reason) = record.recovery_reason else {
-            return;
-        };
-        let offer = &record.offer.offer_id;
-        let caused = self
-            .recovery_causes
-            .get(offer)
-            .is_some_and(|causes| causes.contains(&reason));
-        let licensed = match reason {
-            // Also licensed without expiry once the host said the supervisor and the process
-            // are gone with no receipt (issue 16).
-            RecoveryReason::LeaseLostLocalExecutionUnverified
-            | RecoveryReason::LeaseLostLocalExecutionStopped => expired || caused,
-            RecoveryReason::LaunchOutcomeUnknown
-            | RecoveryReason::ControlPlaneAlreadyRunning
-            | RecoveryReason::ControlPlaneTerminal => caused,
-        };
-        assert!(
-            licensed,
-            "INVARIANT recovery-licensed: {offer} recovery_required({reason}) without an injected \
-             fault that leads there (causes seen: {:?}; lease expires {}, now {now})",
-            self.recovery_causes.get(offer),
-            record.offer.lease.expires_at_ms
-        );
+        let causes = self.recovery_causes.get(&record.offer.offer_id);
+        if let Err(detail) = recovery_licensed(record, causes, expired) {
+            panic!("INVARIANT recovery-licensed: {detail} (now {now})");
+        }
     }
 
     /// State rules of one durable record against the spawn fates.
@@ -876,6 +905,61 @@ impl Ghost {
             | State::RecoveryRequired => {}
         }
     }
+}
+
+/// `recovery-licensed`: a `recovery_required` record only for a cause the seed injected: a
+/// reason in `causes` (what the host licensed for this offer), or a lease-loss reason once the
+/// durable lease has `expired` as the Worker may judge it. A lease-loss reason is also licensed
+/// without expiry once the host said the supervisor and the process are gone with no receipt
+/// that could complete the Run (issue 16).
+///
+/// # Errors
+/// What is unlicensed.
+pub fn recovery_licensed(
+    record: &InboxRecord,
+    causes: Option<&BTreeSet<RecoveryReason>>,
+    expired: bool,
+) -> Result<(), String> {
+    let Some(reason) = record.recovery_reason else {
+        return Ok(());
+    };
+    let caused = causes.is_some_and(|c| c.contains(&reason));
+    let licensed = match reason {
+        RecoveryReason::LeaseLostLocalExecutionUnverified
+        | RecoveryReason::LeaseLostLocalExecutionStopped => expired || caused,
+        RecoveryReason::LaunchOutcomeUnknown
+        | RecoveryReason::ControlPlaneAlreadyRunning
+        | RecoveryReason::ControlPlaneTerminal => caused,
+    };
+    if licensed {
+        return Ok(());
+    }
+    Err(format!(
+        "{} recovery_required({reason}) without an injected fault that leads there (causes \
+         seen: {causes:?}; lease expires {})",
+        record.offer.offer_id, record.offer.lease.expires_at_ms
+    ))
+}
+
+/// The recovery reasons a control-plane answer licenses for the offer its request names: the
+/// Run is already running elsewhere, or terminal.
+#[must_use]
+pub fn answer_causes(answer: &[u8]) -> Vec<RecoveryReason> {
+    let mut out = Vec::new();
+    if contains(answer, b"\"already_running\"") {
+        out.push(RecoveryReason::ControlPlaneAlreadyRunning);
+    }
+    let terminal = [
+        &b"\"already_terminal\""[..],
+        b"\"status\":\"terminal\"",
+        b"\"attemptStatus\":\"failed\"",
+        b"\"attemptStatus\":\"cancelled\"",
+        b"\"attemptStatus\":\"timed_out\"",
+    ];
+    if terminal.iter().any(|t| contains(answer, t)) {
+        out.push(RecoveryReason::ControlPlaneTerminal);
+    }
+    out
 }
 
 /// `fail-closed-no-pull`: the durable record that forbids every Pull, if any: one that is

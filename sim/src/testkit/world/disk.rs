@@ -168,7 +168,7 @@ impl World {
             Some(Mutation::DropLeaseWrites) => self.disk.record(id).is_some_and(|stored| {
                 stored.state == record.state && stored.offer.lease != record.offer.lease
             }),
-            None => false,
+            Some(Mutation::StartedAsRecovery | Mutation::WrongRecoveryReason) | None => false,
         };
         if lands && !dropped {
             self.disk.put(record.clone());

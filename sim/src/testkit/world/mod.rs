@@ -266,6 +266,14 @@ pub enum Mutation {
     DropWrites(State),
     /// Acknowledges lease-only writes (same state, newer lease) without storing them.
     DropLeaseWrites,
+    /// The Worker's side lies: every `started` write reaches the disk as
+    /// `recovery_required(launch_outcome_unknown)`, as a Worker that sends every Run to recovery
+    /// would write.
+    StartedAsRecovery,
+    /// The Worker's side lies: every `recovery_required` write reaches the disk with
+    /// `control_plane_already_running` (or, when that is the true reason,
+    /// `control_plane_terminal`) instead of the reason the Worker chose.
+    WrongRecoveryReason,
 }
 
 /// Facts the invariants need that are not part of the disk, the process table or the control
@@ -285,6 +293,13 @@ pub struct Evidence {
     /// flight for a while: how long (ms) between its issue and the plane applying it. The Worker
     /// times a lease from the issue of that call, so its local deadline comes that much early.
     pub lease_slack: BTreeMap<(OfferId, u64), u64>,
+    /// Per offer, the recovery reasons something the seed injected leads to
+    /// (`recovery-licensed`): `launch_outcome_unknown` after a crash or a fault while the
+    /// record was durably `launching`; `control_plane_already_running` and
+    /// `control_plane_terminal` after the control plane said so ([`check::answer_causes`]);
+    /// `lease_lost_local_execution_stopped` after the supervisor said a Run's supervisor and
+    /// process are gone with no genuine receipt on disk.
+    pub recovery_causes: BTreeMap<OfferId, BTreeSet<ql_worker_core::record::RecoveryReason>>,
 }
 
 /// The simulated host.
@@ -545,6 +560,8 @@ impl World {
             !matches!(answer, Answer::CrashBefore | Answer::CrashAfter),
             "crashes are the driver's"
         );
+        let lied = self.worker_lie(action);
+        let action = lied.as_ref().unwrap_or(action);
         self.check_act(now, action);
         let before = self.log_lengths();
         let outcome = match action {
@@ -567,6 +584,13 @@ impl World {
             Action::Post(call) => {
                 let outcome = self.post(now, act::operation(call), &call.body, answer);
                 self.note_slack(now, &call.body, &outcome);
+                if let (Outcome::Responded(bytes), Some(offer)) =
+                    (&outcome, plane::body_offer(&call.body))
+                {
+                    for reason in check::answer_causes(bytes) {
+                        self.cause(&offer, reason);
+                    }
+                }
                 outcome
             }
             Action::UploadLog { header, .. } => self.upload(header, answer),
@@ -581,6 +605,33 @@ impl World {
         };
         self.check_logs_kept(&before);
         outcome
+    }
+
+    /// The command as a lying Worker would have sent it ([`Mutation::StartedAsRecovery`],
+    /// [`Mutation::WrongRecoveryReason`]), or `None`.
+    fn worker_lie(&self, action: &Action) -> Option<Action> {
+        use ql_worker_core::record::RecoveryReason as R;
+        let Action::PersistRecord { expected, record } = action else {
+            return None;
+        };
+        let mut record = record.clone();
+        match (self.mutation, record.state) {
+            (Some(Mutation::StartedAsRecovery), State::Started) => {
+                record.state = State::RecoveryRequired;
+                record.recovery_reason = Some(R::LaunchOutcomeUnknown);
+            }
+            (Some(Mutation::WrongRecoveryReason), State::RecoveryRequired) => {
+                record.recovery_reason = Some(match record.recovery_reason {
+                    Some(R::ControlPlaneAlreadyRunning) => R::ControlPlaneTerminal,
+                    _ => R::ControlPlaneAlreadyRunning,
+                });
+            }
+            _ => return None,
+        }
+        Some(Action::PersistRecord {
+            expected: *expected,
+            record,
+        })
     }
 
     /// A call that may grant the lease of the offer it names was applied at `now`: if it
@@ -705,6 +756,7 @@ impl World {
         }
         hash_debug(hasher, &(&self.evidence.spawns, &self.evidence.delivered));
         hash_debug(hasher, &self.evidence.run_spawns);
+        hash_debug(hasher, &self.evidence.recovery_causes);
         hash_debug(hasher, &self.mutation);
     }
 

@@ -455,6 +455,13 @@ impl World {
     pub fn seed(&mut self, n: u32, record: InboxRecord, running: bool) {
         use ql_worker_core::record::State as S;
         let id = record.offer.offer_id.clone();
+        if record.state == S::Launching {
+            // A previous incarnation left it launching: whether its process started is unknown.
+            self.cause(
+                &id,
+                ql_worker_core::record::RecoveryReason::LaunchOutcomeUnknown,
+            );
+        }
         let mut run = new_run(n, record.offer.clone());
         run.status = match record.state {
             S::Accepted => CpStatus::Leased,

@@ -14,6 +14,7 @@ use ql_worker_core::ids::{
 };
 use ql_worker_core::io::{LaunchPlan, Liveness, Outcome, SpawnOutcome, StopOutcome};
 use ql_worker_core::receipt::{RECEIPT_SCHEMA_VERSION, Receipt, ReceiptToken};
+use ql_worker_core::record::RecoveryReason;
 use ql_worker_core::revision::ExecCommand;
 use ql_worker_core::time::UnixMillis;
 
@@ -266,11 +267,21 @@ impl World {
         handle: &ExecutorHandle,
         answer: Answer,
     ) -> Outcome {
-        let liveness = match self.supervisor.by_handle(handle.as_str()) {
+        let process = self.supervisor.by_handle(handle.as_str());
+        let process = process.map(|p| (p.state, p.offer_id.clone(), p.attempt_id.clone()));
+        let liveness = match process {
             _ if answer == Answer::StopUnknown => Liveness::Unknown,
             None => Liveness::Unknown,
-            Some(p) if p.state == ProcessState::Running => Liveness::Alive,
-            Some(_) => Liveness::Gone,
+            Some((ProcessState::Running, ..)) => Liveness::Alive,
+            Some((ProcessState::Exited(_), offer, attempt)) => {
+                // Gone with no receipt that could complete the Run: the Worker may record it
+                // lost (issue 16).
+                let receipt = self.disk.receipts.get(&attempt);
+                if !receipt.is_some_and(|r| r.genuine && !r.malformed) {
+                    self.cause(&offer, RecoveryReason::LeaseLostLocalExecutionStopped);
+                }
+                Liveness::Gone
+            }
         };
         Outcome::SupervisionInspected {
             supervisor: liveness,
