@@ -103,6 +103,11 @@ pub enum SupervisionResult {
     /// the Run was published (none, or one that can never authenticate): no renewal was sent,
     /// and `recovery_required(lease_lost_local_execution_stopped)` was recorded (issue 16).
     SupervisorGone,
+    /// A `launch_outcome_unknown` Run's supervisor and user process are both gone and no
+    /// receipt that could complete it was published (a reboot, or both killed together):
+    /// nothing is left to stop, renew or complete. Its record keeps its evidence (the first
+    /// reason stays); the Worker supervises it no more in this incarnation.
+    UnknownLaunchGone,
 }
 
 /// Why the process is being stopped, and what to record afterwards.
@@ -139,6 +144,11 @@ enum SupervisionState {
     /// The record has no handle (a crash fell between the spawn and `started`): reading the
     /// handle the supervisor published before the user command ran, to stop by it.
     ReadingPublished(Box<InboxRecord>, StopCause),
+    /// A `launch_outcome_unknown` Run with no receipt that could complete it: reading the
+    /// handle its supervisor published, to ask whether anything of it is left.
+    ReadingPublishedToInspect(Box<InboxRecord>, CompletionOutcome),
+    /// Asking whether that Run's supervisor and user process still exist.
+    InspectingUnknown(Box<InboxRecord>, CompletionOutcome),
 }
 
 /// One supervision pass.
@@ -304,6 +314,16 @@ impl SupervisionOp {
                 fp.record(record);
                 fp.debug(cause);
             }
+            SupervisionState::ReadingPublishedToInspect(record, completion) => {
+                fp.tag("reading-published-to-inspect");
+                fp.record(record);
+                fp.debug(completion);
+            }
+            SupervisionState::InspectingUnknown(record, completion) => {
+                fp.tag("inspecting-unknown");
+                fp.record(record);
+                fp.debug(completion);
+            }
         }
     }
 
@@ -358,15 +378,7 @@ impl SupervisionOp {
             },
             // The steps of a Run whose supervisor may be gone (issue 16).
             SupervisionState::Inspecting(record, request) => match reply.supervision() {
-                (Liveness::Gone, Liveness::Gone) => {
-                    match CompletionOp::begin(self.offer_id.clone()) {
-                        Step::Wait(op, action) => {
-                            self.wait(SupervisionState::Confirming(op, record), action)
-                        }
-                        Step::Done(result) => self.after_confirming(ctx, &record, result),
-                        Step::Halt(reason) => Step::Halt(reason),
-                    }
-                }
+                (Liveness::Gone, Liveness::Gone) => self.confirm(ctx, record),
                 // Either may still exist, or nothing can be concluded: renew as before (a
                 // supervisor that lives publishes its receipt; a process that lives is stopped
                 // by identity when the control plane asks).
@@ -391,7 +403,67 @@ impl SupervisionOp {
             SupervisionState::ReadingPublished(record, cause) => {
                 self.stop_by(ctx, &record, cause, reply.published_handle())
             }
+            SupervisionState::ReadingPublishedToInspect(record, completion) => {
+                match reply.published_handle() {
+                    Some(handle) => self.inspect_unknown(ctx, record, completion, handle),
+                    None => self.go_on(ctx, record, &completion),
+                }
+            }
+            SupervisionState::InspectingUnknown(record, completion) => {
+                self.on_inspected_unknown(ctx, record, &completion, reply.supervision())
+            }
         }
+    }
+
+    /// What the inspection of a `launch_outcome_unknown` Run found: both gone ⇒ confirm;
+    /// either may still exist, or nothing can be concluded ⇒ supervised as before (stopped by
+    /// its published handle once the lease has expired).
+    fn on_inspected_unknown(
+        self,
+        ctx: &Ctx<'_>,
+        record: Box<InboxRecord>,
+        completion: &CompletionOutcome,
+        found: (Liveness, Liveness),
+    ) -> LStep {
+        match found {
+            (Liveness::Gone, Liveness::Gone) => self.confirm(ctx, record),
+            (Liveness::Alive | Liveness::Unknown, _)
+            | (Liveness::Gone, Liveness::Alive | Liveness::Unknown) => {
+                self.go_on(ctx, record, completion)
+            }
+        }
+    }
+
+    /// The supervisor and the process are both gone: completion once more (a receipt published
+    /// just before the supervisor exited is found here) before concluding that none will come.
+    fn confirm(self, ctx: &Ctx<'_>, record: Box<InboxRecord>) -> LStep {
+        match CompletionOp::begin(self.offer_id.clone()) {
+            Step::Wait(op, action) => self.wait(SupervisionState::Confirming(op, record), action),
+            Step::Done(result) => self.after_confirming(ctx, &record, result),
+            Step::Halt(reason) => Step::Halt(reason),
+        }
+    }
+
+    /// Asks whether a `launch_outcome_unknown` Run's supervisor and user process still exist,
+    /// by `handle` (its record's, or the one its supervisor published).
+    fn inspect_unknown(
+        self,
+        ctx: &Ctx<'_>,
+        record: Box<InboxRecord>,
+        completion: CompletionOutcome,
+        handle: crate::ids::ExecutorHandle,
+    ) -> LStep {
+        let Some(log_artifact_id) = record.log_artifact_id.clone() else {
+            return self.go_on(ctx, record, &completion);
+        };
+        let action = Action::InspectSupervision {
+            log_artifact_id,
+            handle,
+        };
+        self.wait(
+            SupervisionState::InspectingUnknown(record, completion),
+            action,
+        )
     }
 
     /// The completion replay after lease control answered `terminal` ended with `result`.
@@ -447,6 +519,10 @@ impl SupervisionOp {
         if !no_receipt_can_come(&completion) {
             return Step::Done(SupervisionResult::Pending(completion));
         }
+        // Its evidence is written already: the first reason stays.
+        if record.state == State::RecoveryRequired {
+            return Step::Done(SupervisionResult::UnknownLaunchGone);
+        }
         // Nothing wrote this record since it was read in this pass (the confirming completion
         // writes only on success), so the proposal is based on what was read.
         let proposed = next_record(record, State::RecoveryRequired, ctx.now, |r| {
@@ -487,6 +563,35 @@ impl SupervisionOp {
         if completion == CompletionOutcome::ControlPlaneTerminal {
             return self.stop(ctx, &record, StopCause::CompletionTerminal);
         }
+        // A Run left `launch_outcome_unknown` with no receipt that could complete it: before
+        // stopping or renewing, ask whether anything of it is left (a reboot ends both its
+        // supervisor and its process; nothing would ever end its supervision otherwise).
+        if record.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown)
+            && no_receipt_can_come(&completion)
+        {
+            return match record.executor_handle.clone() {
+                Some(handle) => self.inspect_unknown(ctx, record, completion, handle),
+                None => {
+                    let action = Action::ReadPublishedHandle {
+                        attempt_id: record.offer.candidate.attempt_id.clone(),
+                    };
+                    self.wait(
+                        SupervisionState::ReadingPublishedToInspect(record, completion),
+                        action,
+                    )
+                }
+            };
+        }
+        self.go_on(ctx, record, &completion)
+    }
+
+    /// Steps 3–6 past the completion and the inspections: a stop, or the lease-control call.
+    fn go_on(
+        self,
+        ctx: &Ctx<'_>,
+        record: Box<InboxRecord>,
+        completion: &CompletionOutcome,
+    ) -> LStep {
         if ctx.lease_expired(&record) {
             return self.stop(ctx, &record, StopCause::LeaseExpired);
         }
@@ -508,7 +613,7 @@ impl SupervisionOp {
         }
         let request = LeaseControlRequest::from_offer(&record.offer);
         // No usable receipt: before renewing, ask whether anything of the Run is left (issue 16).
-        if no_receipt_can_come(&completion)
+        if no_receipt_can_come(completion)
             && matches!(record.state, State::Started | State::RunningAcknowledged)
             && let (Some(handle), Some(log_artifact_id)) = (
                 record.executor_handle.clone(),

@@ -771,6 +771,11 @@ pub struct Worker {
     pub(crate) register_failures: u32,
     /// Records whose Run the drain-budget stop has already stopped.
     pub(crate) drain_stopped: alloc::collections::BTreeSet<OfferId>,
+    /// `launch_outcome_unknown` records whose supervisor and user process are gone with no
+    /// receipt that could complete them ([`SupervisionResult::UnknownLaunchGone`]): not
+    /// supervised again and holding no drain in this incarnation (the record cannot say so: its
+    /// first reason stays; a restart inspects them once more).
+    pub(crate) gone_launches: alloc::collections::BTreeSet<OfferId>,
     /// What the driver should log, oldest first (at most [`MAX_NOTICES`]).
     pub(crate) notices: VecDeque<Notice>,
 }
@@ -885,6 +890,7 @@ impl Worker {
             session_uncertain: false,
             register_failures: 0,
             drain_stopped: alloc::collections::BTreeSet::new(),
+            gone_launches: alloc::collections::BTreeSet::new(),
         }
     }
 
@@ -932,7 +938,8 @@ impl Worker {
 
     /// Whether a record keeps a drain from finishing: a record that may still hold a process or
     /// still be settled by this Worker. Never a settled or dormant record, nor recovery evidence
-    /// other than `launch_outcome_unknown` (which a receipt may still complete). Once the drain
+    /// other than `launch_outcome_unknown` (which a receipt may still complete, unless its
+    /// supervisor and process were found gone without one: `gone_launches`). Once the drain
     /// budget has ended, only records past the spawn barrier hold it (their Runs are stopped and
     /// completed); the others stay for the next start.
     pub(crate) fn holds_drain(&self, id: &OfferId, state: State) -> bool {
@@ -944,6 +951,7 @@ impl Worker {
             State::RecoveryRequired => {
                 self.drain != Drain::BudgetEnded
                     && self.evidence.get(id) == Some(&RecoveryReason::LaunchOutcomeUnknown)
+                    && !self.gone_launches.contains(id)
             }
             State::Accepted | State::StartingAcknowledged | State::StartFailed => {
                 self.drain != Drain::BudgetEnded
@@ -1062,6 +1070,7 @@ impl Worker {
         fp.debug(&(self.auth_paused, self.rejoin, self.fences));
         fp.debug(&(self.session_uncertain, self.register_failures));
         fp.debug(&self.drain_stopped);
+        fp.debug(&self.gone_launches);
         fp.debug(&(
             &self.evidence,
             &self.pre_barrier_expiry,
@@ -2060,7 +2069,11 @@ impl Worker {
                     | SupervisionResult::LeaseExpired(_)
                     | SupervisionResult::Terminal(_)
                     | SupervisionResult::Recovered(..)
-                    | SupervisionResult::SupervisorGone => {
+                    | SupervisionResult::SupervisorGone
+                    | SupervisionResult::UnknownLaunchGone => {
+                        if result == SupervisionResult::UnknownLaunchGone {
+                            self.gone_launches.insert(offer_id.clone());
+                        }
                         self.last_renewal.remove(&offer_id);
                         self.timers.remove(&Timer::Renewal(offer_id.clone()));
                         self.lease_may_hold.remove(&offer_id);
@@ -2275,6 +2288,8 @@ impl Worker {
                     .filter(|r| !r.state.is_terminal())
                     .count();
                 let mut work = supervision_work(&result.records);
+                let gone = &self.gone_launches;
+                work.retain(|w| !matches!(w, Work::Supervise(id) if gone.contains(id)));
                 // Settled records fill pages without needing supervision: when a page held fewer
                 // active records than a page's worth, the next page follows in the same tick, so
                 // the time between two visits of a live Run does not grow with settled records

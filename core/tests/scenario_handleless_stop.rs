@@ -10,9 +10,10 @@ use ql_worker_core::io::Action;
 use ql_worker_core::record::{RecoveryReason, State};
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
+use ql_worker_core::worker::StopReason;
 use ql_worker_sim::testkit::act;
-use ql_worker_sim::testkit::sim::{On, Sim};
-use ql_worker_sim::testkit::world::{Answer, ProcessState, World};
+use ql_worker_sim::testkit::sim::{On, Sim, Status};
+use ql_worker_sim::testkit::world::{Answer, Event, ProcessState, ReceiptKind, World};
 use ql_worker_sim::testkit::{self};
 
 fn lines(list: &[&str]) -> Vec<String> {
@@ -57,9 +58,10 @@ fn stops(sim: &Sim) -> Vec<String> {
         .collect()
 }
 
-/// `stop_requested` for the handle-less Run: the renewed lease is persisted first, then the
-/// published handle is read and the exact process group stopped by it; the supervisor's receipt
-/// (signal exit code) then completes the Run like any other.
+/// `stop_requested` for the handle-less Run: with no receipt yet, the pass first asks, by the
+/// published handle, whether anything of the Run is left (its process lives); the renewed lease
+/// is persisted, then the published handle is read again and the exact process group stopped by
+/// it; the supervisor's receipt (signal exit code) then completes the Run like any other.
 #[test]
 fn a_stop_request_for_a_run_without_handle_stops_it_by_the_published_handle() {
     let mut sim = crashed_after_spawn(true).recording();
@@ -72,6 +74,8 @@ fn a_stop_request_for_a_run_without_handle_stops_it_by_the_published_handle() {
             "read-record o1",
             "read-receipt attempt-1",
             "read-record o1",
+            "read-published-handle attempt-1",
+            "inspect-supervision o1",
             "post lease-control o1",
             "persist-record o1 r4 recovery_required",
             "read-published-handle attempt-1",
@@ -129,7 +133,8 @@ fn a_local_lease_expiry_stops_a_run_without_handle_by_the_published_handle() {
 }
 
 /// Nothing was published (a supervisor of before this change, or one that died before it
-/// published): today's behaviour. The stop is unknown, nothing is signalled, the process runs on.
+/// published): nothing can be inspected, the lease is renewed; the stop is unknown, nothing is
+/// signalled, the process runs on.
 #[test]
 fn without_a_published_handle_the_stop_stays_unknown() {
     let mut sim = crashed_after_spawn(false).recording();
@@ -142,6 +147,7 @@ fn without_a_published_handle_the_stop_stays_unknown() {
             "read-record o1",
             "read-receipt attempt-1",
             "read-record o1",
+            "read-published-handle attempt-1",
             "post lease-control o1",
             "persist-record o1 r4 recovery_required",
             "read-published-handle attempt-1",
@@ -166,9 +172,83 @@ fn without_a_published_handle_the_stop_stays_unknown() {
 fn a_garbled_published_handle_is_never_used() {
     let mut sim = crashed_after_spawn(true).recording();
     sim.on(On::Post(Operation::LeaseControl), Answer::StopRequested);
+    // Read before the inspection, and again for the stop.
+    sim.on(On::Kind("read-published-handle"), Answer::StopUnknown);
     sim.on(On::Kind("read-published-handle"), Answer::StopUnknown);
     sim.run(1);
     assert!(stops(&sim).is_empty(), "{:#?}", sim.commands());
+    assert_eq!(
+        sim.world.supervisor.processes[0].state,
+        ProcessState::Running
+    );
+}
+
+/// The handle-less Run's supervisor and user process end without a receipt (a reboot, or both
+/// killed together): nothing can complete it any more. The Worker inspects it by the published
+/// handle, reads the receipt once more, and stops supervising it: no renewal, no stop at later
+/// passes, and a drain is not held by it (it ends at once, `Unsettled`, exit 4, because the
+/// evidence stays for the operator). The record keeps its first reason; `recover` lists it.
+#[test]
+fn a_run_without_handle_whose_supervisor_and_process_are_gone_is_no_longer_supervised() {
+    let mut sim = crashed_after_spawn(true).recording();
+    sim.event(Event::Exit {
+        index: 0,
+        code: 1,
+        receipt: ReceiptKind::Missing,
+    });
+    sim.take_trail();
+    sim.run(1);
+    assert_eq!(
+        sim.commands(),
+        lines(&[
+            "list-inbox",
+            "read-record o1",
+            "read-receipt attempt-1",
+            "read-record o1",
+            "read-published-handle attempt-1",
+            "inspect-supervision o1",
+            "read-record o1",
+            "read-receipt attempt-1",
+        ])
+    );
+    sim.take_trail();
+    // Past the lease: no stop of a process known gone, no renewal, no inspection.
+    sim.advance_to(UnixMillis::new(40_000).unwrap());
+    sim.run(5);
+    let trail = sim.commands();
+    assert!(
+        !trail.iter().any(|l| l.starts_with("stop")
+            || l.starts_with("post lease-control")
+            || l.starts_with("inspect-supervision")),
+        "{trail:#?}"
+    );
+    sim.request_drain();
+    sim.run(3);
+    assert_eq!(sim.status, Status::Stopped(StopReason::Unsettled));
+    let record = sim.first_record();
+    assert_eq!(
+        record.recovery_reason,
+        Some(RecoveryReason::LaunchOutcomeUnknown)
+    );
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
+
+/// While the user process lives, the inspection says so and the Run is supervised as before:
+/// its lease is renewed.
+#[test]
+fn a_run_without_handle_whose_process_lives_is_renewed_as_before() {
+    let mut sim = crashed_after_spawn(true).recording();
+    sim.run(1);
+    let trail = sim.commands();
+    assert!(
+        trail.contains(&"inspect-supervision o1".to_string())
+            && trail.contains(&"post lease-control o1".to_string()),
+        "{trail:#?}"
+    );
     assert_eq!(
         sim.world.supervisor.processes[0].state,
         ProcessState::Running

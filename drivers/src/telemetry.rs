@@ -739,6 +739,17 @@ impl Telemetry {
                     ));
                 None
             }
+            SupervisionResult::UnknownLaunchGone => {
+                Event::warn("run.supervisor_gone")
+                    .text("offer", offer_id)
+                    .emit(format_args!(
+                        "offer {offer_id}: the Run's supervisor and user process are gone and \
+                         no receipt was published: nothing of it is left to stop, renew or \
+                         complete; its record keeps recovery_required(launch_outcome_unknown) \
+                         (see `ql-worker recover`)"
+                    ));
+                None
+            }
             SupervisionResult::DrainStopped(stopped) => {
                 Event::warn("drain.run_stopped")
                     .text("offer", offer_id)

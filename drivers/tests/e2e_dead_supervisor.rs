@@ -18,6 +18,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use e2e_common::evidence::run_cli;
+use e2e_common::process::{exists, kill_supervisor_and_run, parent_of, user_pid};
 use e2e_common::{KillOnDrop, World, events_named, kill9, wait_event, wait_exit};
 use ql_worker_core::ids::RunId;
 use ql_worker_core::record::{RecoveryReason, State};
@@ -25,57 +26,6 @@ use ql_worker_tests::control_plane::{RevisionBuilder, RunSpec};
 
 const SETTLE: Duration = Duration::from_secs(60);
 const JSON: &[&str] = &["--log-format", "json"];
-
-/// The pid the user command wrote, once it exists.
-fn user_pid(file: &Path) -> u32 {
-    let start = Instant::now();
-    loop {
-        if let Ok(text) = std::fs::read_to_string(file)
-            && let Ok(pid) = text.trim().parse()
-        {
-            return pid;
-        }
-        assert!(
-            start.elapsed() < SETTLE,
-            "the user command never wrote its pid"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The parent of `pid` (field 4 of `/proc/<pid>/stat`, after the last `)`).
-fn parent_of(pid: u32) -> u32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    after.split(' ').nth(1).unwrap().parse().unwrap()
-}
-
-fn exists(pid: u32) -> bool {
-    // A zombie still has its /proc entry; its state is `Z`.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|stat| !stat[stat.rfind(')').unwrap() + 2..].starts_with('Z'))
-}
-
-/// SIGKILLs the supervisor of the user process `user`, then the user's whole process group:
-/// nothing of the Run is left and no receipt was published.
-fn kill_supervisor_and_run(user: u32) {
-    let supervisor = parent_of(user);
-    assert_ne!(supervisor, 1, "the user process's parent is its supervisor");
-    let kill = |pid: i32| {
-        let status = Command::new("kill")
-            .args(["-KILL", "--", &pid.to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill -KILL {pid}");
-    };
-    kill(i32::try_from(supervisor).unwrap());
-    kill(-i32::try_from(user).unwrap());
-    let start = Instant::now();
-    while exists(supervisor) || exists(user) {
-        assert!(start.elapsed() < SETTLE, "the Run's processes did not die");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// A Run whose user command writes its pid, then runs `rest` (shell).
 fn run_of(world: &World, rest: &str) -> (RunId, PathBuf) {

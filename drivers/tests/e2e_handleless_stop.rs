@@ -7,6 +7,10 @@
 //! completes the Run. Before this change the stop was `Unknown`: the Run ignored every stop
 //! request and ran its full length.
 //!
+//! When that Run's supervisor and user process are killed as well (a reboot ends both), the
+//! restarted Worker finds nothing left by the published handle and stops supervising the Run:
+//! no renewal, no stop, and a drain that ends at once instead of waiting out its budget.
+//!
 //! ```sh
 //! cargo test --release -p ql-worker --test e2e_handleless_stop
 //! ```
@@ -15,11 +19,14 @@ mod e2e_common;
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use e2e_common::{KillOnDrop, World, kill9};
+use e2e_common::process::{exists, kill_supervisor_and_run, user_pid};
+use e2e_common::{KillOnDrop, World, events_named, kill9, wait_event, wait_exit};
 use ql_worker::supervisor::DurableHandle;
 use ql_worker::test_hooks::{STALL_HOOK_ENV, StallPoint};
+use ql_worker_core::ids::RunId;
 use ql_worker_core::record::{RecoveryReason, State};
 use ql_worker_tests::control_plane::{RevisionBuilder, RunSpec};
 
@@ -28,37 +35,17 @@ const SETTLE: Duration = Duration::from_secs(60);
 /// 100 ms here; TERM, verify, KILL takes a few seconds at most).
 const STOP_WITHIN: Duration = Duration::from_secs(10);
 
-/// The pid the user command wrote, once it exists.
-fn user_pid(file: &Path) -> u32 {
-    let start = Instant::now();
-    loop {
-        if let Ok(text) = std::fs::read_to_string(file)
-            && let Ok(pid) = text.trim().parse()
-        {
-            return pid;
-        }
-        assert!(
-            start.elapsed() < SETTLE,
-            "the user command never wrote its pid"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn exists(pid: u32) -> bool {
-    // A zombie still has its /proc entry; its state is `Z`.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|stat| !stat[stat.rfind(')').unwrap() + 2..].starts_with('Z'))
-}
-
-#[test]
-fn a_run_whose_worker_crashed_before_started_is_stopped_by_its_published_handle() {
-    let world = World::new();
+/// A Run whose user command writes its pid, lists the published handles it sees, then runs
+/// `rest`; a hooked Worker stalls once the supervisor reported the spawn, before `started`.
+/// Returns the Run, the user process's pid and the stalled Worker, after checking the handle the
+/// supervisor published: a private file naming exactly this process, there before the user
+/// command ran.
+fn stalled_after_spawn(world: &World, rest: &str, log: &Path) -> (RunId, u32, KillOnDrop) {
     let pid_file = world.dir.path().join("user.pid");
     // What the user command sees when it starts: the handle files already published.
     let seen = world.dir.path().join("seen-at-start");
     let script = format!(
-        "ls {}/receipts/*/ > {}; echo $$ > {}; exec sleep 40",
+        "ls {}/receipts/*/ > {}; echo $$ > {}; {rest}",
         world.root().display(),
         seen.display(),
         pid_file.display()
@@ -68,11 +55,9 @@ fn a_run_whose_worker_crashed_before_started_is_stopped_by_its_published_handle(
         .cp
         .enqueue_run(RunSpec::numbered(1, revision))
         .unwrap();
-    let log = world.dir.path().join("worker.log");
     // The first Worker stalls once the supervisor reported the spawn, before `started`.
-    let mut first = KillOnDrop(
-        world.spawn_hooked_worker_logged(&[(STALL_HOOK_ENV, StallPoint::SPAWNED)], &log),
-    );
+    let first =
+        KillOnDrop(world.spawn_hooked_worker_logged(&[(STALL_HOOK_ENV, StallPoint::SPAWNED)], log));
     let user = user_pid(&pid_file);
     assert_eq!(
         world.state_of(&run),
@@ -103,6 +88,16 @@ fn a_run_whose_worker_crashed_before_started_is_stopped_by_its_published_handle(
             .any(|l| l == format!("{}.handle", attempt.as_str())),
         "the user command started before its handle was published: {seen:?}"
     );
+    (run, user, first)
+}
+
+#[test]
+fn a_run_whose_worker_crashed_before_started_is_stopped_by_its_published_handle() {
+    let world = World::new();
+    let log = world.dir.path().join("worker.log");
+    let (run, user, mut first) = stalled_after_spawn(&world, "exec sleep 40", &log);
+    let attempt = world.records()[&run].offer.candidate.attempt_id.clone();
+    let published = ql_worker::layout::Paths::new(world.root()).published_handle(&attempt);
 
     kill9(&mut first.0);
     let _second = KillOnDrop(world.spawn_worker_logged(&[], &log));
@@ -140,4 +135,66 @@ fn a_run_whose_worker_crashed_before_started_is_stopped_by_its_published_handle(
         !published.exists()
     });
     println!("stopped {stopped_after:?} after the stop request");
+}
+
+/// The Worker crashed before `started`, then the Run's supervisor and user process were killed
+/// together (as a reboot ends them): no receipt can come. The restarted Worker records
+/// `launch_outcome_unknown`, asks by the published handle whether anything of the Run is left,
+/// finds nothing and stops supervising it: event `run.supervisor_gone` once, the record no
+/// longer written (no renewal), and a drain ends at once with exit 4 (evidence stays for the
+/// operator) instead of waiting out its budget for a Run that holds nothing.
+#[test]
+fn a_run_whose_worker_crashed_before_started_and_whose_processes_died_is_no_longer_supervised() {
+    let world = World::new();
+    let first_log = world.dir.path().join("first.log");
+    let (run, user, mut first) = stalled_after_spawn(&world, "exec sleep 120", &first_log);
+    kill9(&mut first.0);
+    kill_supervisor_and_run(user);
+    let log = world.dir.path().join("worker.log");
+    let mut second = KillOnDrop(world.spawn_with_args(&["--log-format", "json"], &[], &log));
+    world.wait_for("launch_outcome_unknown recorded", SETTLE, |w| {
+        w.records()
+            .get(&run)
+            .is_some_and(|r| r.recovery() == Some(RecoveryReason::LaunchOutcomeUnknown))
+    });
+    let offer = world.records()[&run].offer.offer_id.as_str().to_owned();
+    wait_event(&log, "run.supervisor_gone", SETTLE, |e| {
+        e["offer"] == offer.as_str()
+    });
+    let record = world.records()[&run].clone();
+    // Several lease-control cadences (100 ms here): nothing renews the lease any more.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let later = &world.records()[&run];
+    assert_eq!(
+        later.revision, record.revision,
+        "the record was written again"
+    );
+    assert_eq!(later.offer.lease.version, record.offer.lease.version);
+    assert_eq!(
+        later.recovery(),
+        Some(RecoveryReason::LaunchOutcomeUnknown),
+        "the first reason stays"
+    );
+
+    // The drain budget is 20 s: the drain must not wait for it.
+    let started = Instant::now();
+    let drain = Command::new(env!("CARGO_BIN_EXE_ql-worker"))
+        .args(["drain", "--config"])
+        .arg(&world.config_path)
+        .output()
+        .unwrap();
+    assert!(drain.status.success(), "{drain:?}");
+    let status = wait_exit(&mut second.0, Duration::from_secs(15));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(4), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the drain waited {:?}",
+        started.elapsed()
+    );
+    assert!(
+        events_named(&log, "drain.budget_ended").is_empty(),
+        "{text}"
+    );
+    assert_eq!(events_named(&log, "run.supervisor_gone").len(), 1, "{text}");
 }

@@ -6,6 +6,7 @@
 #[path = "../bin_under_test/mod.rs"]
 pub mod bin_under_test;
 pub mod evidence;
+pub mod process;
 pub mod proxy;
 pub mod slow_link;
 
