@@ -1011,12 +1011,21 @@ impl ProcessOp {
 
 /// Step 2 (reference §4.2): the current Session must be the offer's, usable, not draining for a
 /// new claim; the offer's lease must be unexpired.
+///
+/// Unlike the reference, a draining Session does not refuse the restart rule of a `launching`
+/// record (step 3): a local write that starts nothing and sends nothing. Refused, it was never
+/// done while the Session drained, and supervision (which does not ask whether the Session
+/// drains) renewed the record for ever; when its process had ended without a receipt that could
+/// complete it, nothing else ever settled it and the drain never ended (found by the walks from
+/// a preloaded inbox).
 fn target_refusal(ctx: &Ctx<'_>, record: &InboxRecord) -> Option<ProcessResult> {
     let offer = &record.offer;
+    let restart_rule = record.state == State::Launching;
     let session_ok = ctx.session.is_some_and(|s| {
         s.worker == offer.worker
             && ctx.usable(s)
-            && !(s.status == SessionStatus::Draining
+            && !(!restart_rule
+                && s.status == SessionStatus::Draining
                 && offer.delivery_kind == DeliveryKind::NewClaim)
     });
     if !session_ok {

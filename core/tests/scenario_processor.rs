@@ -314,6 +314,40 @@ fn fails_without_spawning_when_the_handed_off_output_identity_drifts() {
     assert!(spawn_plans(&sim).is_empty());
 }
 
+/// The restart rule does not wait for a Session that is not draining: a `launching` record that
+/// startup reconciliation could not read, and that a supervision pass reaches only once a drain
+/// has begun, still becomes `recovery_required(launch_outcome_unknown)`. Before, a draining
+/// Session refused every Processor step of a new claim, so the record stayed `launching`, its
+/// lease was renewed at every pass and the drain waited for it until its budget ended (found by
+/// the walks from a preloaded inbox).
+#[test]
+fn a_launching_record_is_recovered_while_the_session_drains() {
+    let mut world = World::new(1, Vec::new());
+    world.seed(1, testkit::record(1, State::Launching), true);
+    let mut sim = Sim::scenario(world);
+    sim.on(On::Kind("read-record"), Answer::Unchanged);
+    sim.run(1);
+    assert_eq!(sim.first_record().state, State::Launching);
+    sim.request_drain();
+    sim.run(3);
+    let trail = sim.commands();
+    assert!(
+        trail.contains(&"post transition".to_string()),
+        "the Session drains: {trail:#?}"
+    );
+    let record = sim.first_record();
+    assert_eq!(record.state, State::RecoveryRequired, "{trail:#?}");
+    assert_eq!(
+        record.recovery_reason,
+        Some(RecoveryReason::LaunchOutcomeUnknown)
+    );
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
+
 /// A `launching` record seen at restart is never spawned again: no starting ACK, no entropy,
 /// no Secrets, no spool, no spawn — only `recovery_required(launch_outcome_unknown)`, and the
 /// Worker fails closed (no Pull).

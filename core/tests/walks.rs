@@ -31,11 +31,12 @@ fn input(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// Walks seed `seed` from root `seed % 2` (two slots, one slot).
+/// Walks seed `seed` from root `seed % 4` (an empty inbox with two slots, with one slot; an
+/// inbox a previous incarnation left, without and with a `launching` record).
 fn walk_seed(model: &Model, seed: u64) -> Walked {
     let plan = Walk {
         model,
-        root: usize::try_from(seed % 2).unwrap(),
+        root: usize::try_from(seed % 4).unwrap(),
         clock_steps: true,
     };
     walk::walk(&plan, &input(seed, 600), &CatchPanics)

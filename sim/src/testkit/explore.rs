@@ -839,8 +839,9 @@ pub fn concurrency() -> Model {
 /// The walks' model ([`walk`]): the whole lifecycle with every family of answers and events,
 /// three Runs (one with a Secret binding), up to three commands outstanding, the control plane
 /// re-delivering expired Runs, and a budget far beyond the exhaustive models' (a walk takes one
-/// path, so its budget bounds the path, not a search). Two roots: two slots, and one slot (the
-/// Worker pulls again only once its Run is settled).
+/// path, so its budget bounds the path, not a search). Four roots: two slots, and one slot (the
+/// Worker pulls again only once its Run is settled), over an empty inbox; and two slots over an
+/// inbox a previous incarnation left ([`preloaded`]), without and with a `launching` record.
 #[must_use]
 pub fn walks() -> Model {
     let secret = crate::testkit::secret_revision();
@@ -854,7 +855,11 @@ pub fn walks() -> Model {
     )
     .with_reoffers();
     let mut starts = roots(std::vec![world.clone()], 2);
-    starts.extend(roots(std::vec![world], 1));
+    starts.extend(roots(std::vec![world.clone()], 1));
+    starts.extend(roots(
+        std::vec![preloaded(world.clone(), false), preloaded(world, true)],
+        2,
+    ));
     Model {
         name: "walks",
         menu: Menu::everything(),
@@ -871,4 +876,33 @@ pub fn walks() -> Model {
         },
         roots: starts,
     }
+}
+
+/// `world` over an inbox a previous incarnation left (the Worker starts as after a restart):
+/// o4 `started` and o5 `running_acknowledged`, their processes running; o6 `start_failed`; o7
+/// `accepted`; o8 `completion_acknowledged`. With `launching`, also o9 `launching`, its process
+/// running and its handle published (the restart rule then fails the Worker closed).
+fn preloaded(mut world: World, launching: bool) -> World {
+    use ql_worker_core::record::State;
+    let records = [
+        (4, State::Started, true),
+        (5, State::RunningAcknowledged, true),
+        (6, State::StartFailed, false),
+        (7, State::Accepted, false),
+        (8, State::CompletionAcknowledged, false),
+    ];
+    for (n, state, running) in records {
+        world.seed(n, crate::testkit::record(n, state), running);
+    }
+    if launching {
+        let record = crate::testkit::record(9, State::Launching);
+        let attempt = record.offer.candidate.attempt_id.clone();
+        world.seed(9, record, true);
+        let handle = crate::testkit::seeded_handle(9);
+        world
+            .disk
+            .published
+            .insert(attempt, String::from(handle.as_str()));
+    }
+    world
 }

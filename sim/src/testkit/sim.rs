@@ -87,6 +87,9 @@ pub struct Sim {
     pub status: Status,
     /// Crashes and restarts so far.
     pub restarts: u32,
+    /// When (true time, which is the monotonic clock's too) this incarnation of the Worker took
+    /// a drain request: its drain budget is timed from there.
+    pub drain_asked: Option<UnixMillis>,
     /// When recording: one line per command (its summary) and per driver event.
     pub trail: Option<Vec<String>>,
     /// When recording: every command, in order (see [`act::canonical`]).
@@ -112,6 +115,7 @@ impl Sim {
             waiting: None,
             status: Status::Idle(Some(now)),
             restarts: 0,
+            drain_asked: None,
             trail: None,
             stream: None,
             script: Vec::new(),
@@ -178,6 +182,7 @@ impl Sim {
             waiting: self.waiting,
             status: self.status.clone(),
             restarts: self.restarts,
+            drain_asked: self.drain_asked,
             trail: None,
             stream: None,
             script: Vec::new(),
@@ -193,7 +198,8 @@ impl Sim {
         self.worker.fingerprint(hasher);
         self.hash_outstanding(hasher);
         let sent: Vec<&UnixMillis> = self.sent.values().collect();
-        hash_debug(hasher, &(&self.status, self.waiting, self.now, sent));
+        let drain = self.drain_asked;
+        hash_debug(hasher, &(&self.status, self.waiting, self.now, sent, drain));
     }
 
     /// Writes a canonical rendering of the system state only: the world's state
@@ -427,6 +433,9 @@ impl Sim {
                 .cloned()
                 .collect(),
             sent_at: self.sent.remove(&id),
+            drain_budget_ended: self
+                .drain_asked
+                .is_some_and(|at| self.now.saturating_since(at) >= self.config.drain_budget_ms),
         }
     }
 
@@ -439,6 +448,7 @@ impl Sim {
             config.session_id = session_id.clone();
         }
         self.worker = Worker::new(config, self.clock());
+        self.drain_asked = None;
         self.abandon();
         self.waiting = None;
         self.status = Status::Idle(Some(self.now));
@@ -482,6 +492,7 @@ impl Sim {
                 .handle(self.clock(), Input::DrainRequested)
                 .is_ok()
             {
+                self.drain_asked.get_or_insert(self.now);
                 self.poll();
             }
         }

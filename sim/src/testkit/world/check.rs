@@ -59,8 +59,8 @@
 //! * `stop-after-durable-lease`: a stop only when the durable lease has expired (by the true
 //!   time less how long the call that obtained it was on its way, [`super::Evidence`]'s
 //!   `lease_slack`; or, for a lease the Worker does not time, by its wall clock:
-//!   [`super::WorkerClock`]), the control plane said the Run is terminal, or the
-//!   `stop_requested` lease version is durable.
+//!   [`super::WorkerClock`]), the control plane said the Run is terminal, the
+//!   `stop_requested` lease version is durable, or the Worker's drain budget has ended.
 //! * `fail-closed-no-pull` ([`fail_closed_by`], which the fuzz host applies too): no Pull
 //!   starts (its first command, reading the claim) while any durable record is
 //!   `recovery_required` (reference §4.7: fail closed, never pull again).
@@ -466,7 +466,8 @@ impl World {
         let requested = run
             .and_then(|r| r.stop_requested_version)
             .is_some_and(|v| durable_version >= v);
-        if !(expired || terminal || requested) {
+        let drained = self.worker_clock.drain_budget_ended;
+        if !(expired || terminal || requested || drained) {
             let name = alias(self, &offer_id);
             self.violation(
                 "stop-after-durable-lease",

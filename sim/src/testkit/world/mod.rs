@@ -344,6 +344,9 @@ pub struct WorkerClock {
     pub timed: BTreeSet<OfferId>,
     /// When (true time) the Worker issued the command being performed.
     pub sent_at: Option<UnixMillis>,
+    /// The Worker's drain budget has ended: it stops every Run still running by identity
+    /// (`SupervisionResult::DrainStopped`), whatever its lease.
+    pub drain_budget_ended: bool,
 }
 
 impl World {
