@@ -319,16 +319,22 @@ pub fn walk(walk: &Walk<'_>, data: &[u8], guard: &dyn Guard) -> Walked {
 }
 
 /// The fuzz target `machine_walk`: walks the walks' model ([`super::walks`]) as `data` says,
-/// with wall-clock steps, and panics on the first broken invariant (with the last moves).
+/// with wall-clock steps, and panics on the first broken invariant (with the last moves). The
+/// first byte picks the root (modulo the model's four), the rest is the walk; the empty input
+/// walks root 0 healthily.
 ///
 /// # Panics
 /// When the walk broke an invariant, panicked in the core, or did not settle.
 #[must_use]
 pub fn fuzz(data: &[u8]) -> Walked {
     let model = super::walks();
+    let (root, data) = match data.split_first() {
+        Some((root, rest)) => (usize::from(*root), rest),
+        None => (0, data),
+    };
     let plan = Walk {
         model: &model,
-        root: 0,
+        root,
         clock_steps: true,
     };
     let walked = walk(&plan, data, &super::Unguarded);
