@@ -55,13 +55,14 @@ fn walks() {
     let model = explore::walks();
     quiet_panics();
     let mut ended = RunOutcomes::default();
-    let (mut moves, mut unhealthy, mut clock_steps) = (0, 0, 0);
+    let (mut moves, mut unhealthy, mut clock_steps, mut duplicates) = (0, 0, 0, 0);
     let mut violations = Vec::new();
     for seed in 0..n {
         let walked = walk_seed(&model, seed);
         moves += walked.moves;
         unhealthy += walked.unhealthy;
         clock_steps += walked.clock_steps;
+        duplicates += walked.duplicates;
         ended.add(walked.ended);
         if let Some(found) = walked.found {
             violations.push((seed, found));
@@ -71,7 +72,7 @@ fn walks() {
     report_line(&format!(
         "walks: {n} seeds, {} violations, runs {} succeeded {} failed {} start-failed {} \
          recovery; {moves} moves ({unhealthy} not the healthy one, {clock_steps} wall-clock \
-         steps)",
+         steps, {duplicates} answers delivered twice)",
         violations.len(),
         ended.succeeded,
         ended.failed,
@@ -91,7 +92,7 @@ fn walks() {
     );
     // The walks reach every ending, and not only the healthy path.
     assert!(ended.succeeded > 0 && ended.start_failed > 0 && ended.recovery > 0);
-    assert!(unhealthy > 0 && clock_steps > 0);
+    assert!(unhealthy > 0 && clock_steps > 0 && duplicates > 0);
 }
 
 /// The empty input is the happy path: every Run handed out succeeds, nothing else happens.

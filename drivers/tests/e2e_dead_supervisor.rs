@@ -14,12 +14,13 @@
 mod e2e_common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use e2e_common::evidence::run_cli;
-use e2e_common::process::{exists, kill_supervisor_and_run, parent_of, user_pid};
-use e2e_common::{KillOnDrop, World, events_named, kill9, wait_event, wait_exit};
+use e2e_common::process::{
+    drain_ends_at_once, exists, kill_supervisor_and_run, parent_of, user_pid,
+};
+use e2e_common::{KillOnDrop, World, kill9, wait_event};
 use ql_worker_core::ids::RunId;
 use ql_worker_core::record::{RecoveryReason, State};
 use ql_worker_tests::control_plane::{RevisionBuilder, RunSpec};
@@ -91,24 +92,7 @@ fn check_recorded_and_drain(world: &World, run: &RunId, worker: &mut KillOnDrop,
         "{json}"
     );
 
-    // The drain budget is 20 s: the drain must not wait for it.
-    let started = Instant::now();
-    let drain = Command::new(env!("CARGO_BIN_EXE_ql-worker"))
-        .args(["drain", "--config"])
-        .arg(&world.config_path)
-        .output()
-        .unwrap();
-    assert!(drain.status.success(), "{drain:?}");
-    let status = wait_exit(&mut worker.0, Duration::from_secs(15));
-    let text = std::fs::read_to_string(log).unwrap();
-    assert_eq!(status.code(), Some(4), "{text}");
-    assert!(
-        started.elapsed() < Duration::from_secs(15),
-        "the drain waited {:?}",
-        started.elapsed()
-    );
-    assert!(events_named(log, "drain.budget_ended").is_empty(), "{text}");
-    assert_eq!(events_named(log, "run.supervisor_gone").len(), 1, "{text}");
+    drain_ends_at_once(&world.config_path, &mut worker.0, log);
 }
 
 #[test]

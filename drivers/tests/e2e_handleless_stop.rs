@@ -19,11 +19,10 @@ mod e2e_common;
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use e2e_common::process::{exists, kill_supervisor_and_run, user_pid};
-use e2e_common::{KillOnDrop, World, events_named, kill9, wait_event, wait_exit};
+use e2e_common::process::{drain_ends_at_once, exists, kill_supervisor_and_run, user_pid};
+use e2e_common::{KillOnDrop, World, kill9, wait_event};
 use ql_worker::supervisor::DurableHandle;
 use ql_worker::test_hooks::{STALL_HOOK_ENV, StallPoint};
 use ql_worker_core::ids::RunId;
@@ -176,25 +175,5 @@ fn a_run_whose_worker_crashed_before_started_and_whose_processes_died_is_no_long
         "the first reason stays"
     );
 
-    // The drain budget is 20 s: the drain must not wait for it.
-    let started = Instant::now();
-    let drain = Command::new(env!("CARGO_BIN_EXE_ql-worker"))
-        .args(["drain", "--config"])
-        .arg(&world.config_path)
-        .output()
-        .unwrap();
-    assert!(drain.status.success(), "{drain:?}");
-    let status = wait_exit(&mut second.0, Duration::from_secs(15));
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert_eq!(status.code(), Some(4), "{text}");
-    assert!(
-        started.elapsed() < Duration::from_secs(15),
-        "the drain waited {:?}",
-        started.elapsed()
-    );
-    assert!(
-        events_named(&log, "drain.budget_ended").is_empty(),
-        "{text}"
-    );
-    assert_eq!(events_named(&log, "run.supervisor_gone").len(), 1, "{text}");
+    drain_ends_at_once(&world.config_path, &mut second.0, &log);
 }

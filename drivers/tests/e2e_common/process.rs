@@ -2,8 +2,10 @@
 //! supervisor (its parent), whether it still exists, and killing both at once.
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+
+use super::{events_named, wait_exit};
 
 const SETTLE: Duration = Duration::from_secs(60);
 
@@ -56,4 +58,28 @@ pub fn kill_supervisor_and_run(user: u32) {
         assert!(start.elapsed() < SETTLE, "the Run's processes did not die");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// `ql-worker drain` for the Worker `worker` (configuration `config`, JSON event log `log`),
+/// whose only Run holds nothing any more: the drain does not wait for its 20 s budget. It ends
+/// within 15 s with exit 4 (recovery evidence remains for the operator), no
+/// `drain.budget_ended`, and exactly one `run.supervisor_gone`.
+pub fn drain_ends_at_once(config: &Path, worker: &mut Child, log: &Path) {
+    let started = Instant::now();
+    let drain = Command::new(env!("CARGO_BIN_EXE_ql-worker"))
+        .args(["drain", "--config"])
+        .arg(config)
+        .output()
+        .unwrap();
+    assert!(drain.status.success(), "{drain:?}");
+    let status = wait_exit(worker, Duration::from_secs(15));
+    let text = std::fs::read_to_string(log).unwrap();
+    assert_eq!(status.code(), Some(4), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the drain waited {:?}",
+        started.elapsed()
+    );
+    assert!(events_named(log, "drain.budget_ended").is_empty(), "{text}");
+    assert_eq!(events_named(log, "run.supervisor_gone").len(), 1, "{text}");
 }

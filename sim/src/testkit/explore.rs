@@ -703,6 +703,7 @@ pub fn start_path() -> Model {
         lease_answers: false,
         stop_answers: false,
         exits: false,
+        duplicates: false,
         ..Menu::everything()
     };
     let secret = crate::testkit::secret_revision();
@@ -782,6 +783,7 @@ pub fn finish_path() -> Model {
         offer_answers: false,
         secret_answers: false,
         entropy_variants: false,
+        duplicates: false,
         ..Menu::everything()
     };
     Model {

@@ -373,6 +373,11 @@ impl Sim {
                     self.world.launch_uncertain();
                 }
                 self.world.worker_clock = self.worker_clock(id);
+                let duplicated = answer == Answer::Duplicated;
+                let answer = if duplicated { Answer::Ok } else { answer };
+                // A second outcome of the same kind, from a copy of the world (no side effect).
+                let again =
+                    duplicated.then(|| self.world.clone().perform(self.now, &action, answer));
                 let outcome = self.world.perform(self.now, &action, answer);
                 if let Err(e) = self
                     .worker
@@ -384,6 +389,9 @@ impl Sim {
                     );
                 }
                 self.poll();
+                if let Some(again) = again {
+                    self.deliver_again(id, again);
+                }
             }
         }
     }
@@ -406,6 +414,27 @@ impl Sim {
             );
         }
         self.poll();
+    }
+
+    /// `duplicate-refused`: a second outcome for the answered command `id` is refused, and the
+    /// Worker's state is what it was.
+    fn deliver_again(&mut self, id: OpId, outcome: ql_worker_core::io::Outcome) {
+        let state = |worker: &Worker| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            worker.state_fingerprint(&mut h);
+            h.finish()
+        };
+        let before = state(&self.worker);
+        self.note(format!("  duplicate delivery of {id:?}"));
+        let accepted = (self.worker)
+            .handle(self.clock(), Input::Outcome { id, outcome })
+            .is_ok();
+        if accepted || state(&self.worker) != before {
+            self.world.violation(
+                "duplicate-refused",
+                format!("a second outcome for {id:?} was accepted or changed the Worker"),
+            );
+        }
     }
 
     /// The outstanding command, if any.
@@ -594,5 +623,42 @@ impl Sim {
     /// Drains the trail.
     pub fn take_trail(&mut self) -> Vec<String> {
         self.trail.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::world::World;
+
+    /// `duplicate-refused` can fail: an outcome the Worker takes (here for the command still
+    /// outstanding, as a driver that mixed up its ids would deliver it) is reported; the second
+    /// delivery of an answered command is not.
+    #[test]
+    fn a_second_delivery_the_worker_takes_is_reported() {
+        let mut sim = Sim::scenario(World::one_offer(1));
+        sim.tick();
+        let (id, action) = sim.pending.clone().expect("the first command");
+        let outcome = sim.world.clone().perform(sim.now, &action, Answer::Ok);
+        sim.deliver_again(id, outcome);
+        assert_eq!(
+            sim.world.violations.first().map(|v| v.invariant),
+            Some("duplicate-refused")
+        );
+
+        let mut sim = Sim::scenario(World::one_offer(1));
+        sim.tick();
+        sim.answer(Answer::Duplicated);
+        assert!(
+            sim.world.violations.is_empty(),
+            "{:?}",
+            sim.world.violations
+        );
+        assert!(
+            sim.take_trail()
+                .iter()
+                .any(|l| l.contains("duplicate delivery")),
+            "the second delivery happened"
+        );
     }
 }

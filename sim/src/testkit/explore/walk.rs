@@ -62,6 +62,8 @@ pub struct Walked {
     pub unhealthy: usize,
     /// Wall-clock steps taken.
     pub clock_steps: usize,
+    /// Answers delivered twice ([`Answer::Duplicated`]), each second delivery checked refused.
+    pub duplicates: usize,
     /// The largest distance (ms, either way) between the host's wall clock and the true time.
     pub max_skew_ms: u64,
     /// The first broken invariant (or panic, or `liveness`), with the last moves before it.
@@ -266,6 +268,12 @@ pub fn walk(walk: &Walk<'_>, data: &[u8], guard: &dyn Guard) -> Walked {
         let Some((mv, budget)) = chosen.or_else(|| options.first().copied()) else {
             break;
         };
+        if matches!(
+            mv,
+            Move::Answer(Answer::Duplicated) | Move::AnswerOther(_, Answer::Duplicated)
+        ) {
+            walker.walked.duplicates += 1;
+        }
         if !walker.take(mv, budget) {
             return walker.walked;
         }

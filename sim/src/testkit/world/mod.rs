@@ -100,6 +100,10 @@ pub enum Answer {
     StopUnknown,
     /// Entropy: other bytes (the first eight all `0xff`: the longest backoff jitter).
     EntropyVariant,
+    /// The healthy answer, then the same command's outcome delivered a second time (a stale or
+    /// duplicate delivery, as a driver's retry or a late answer would bring): the Worker must
+    /// refuse it and change nothing (`duplicate-refused`, checked by the driver).
+    Duplicated,
 }
 
 /// What an [`Answer`] costs against the explorer's budget.
@@ -166,6 +170,8 @@ pub struct Menu {
     pub entropy_variants: bool,
     /// Processes exit on their own.
     pub exits: bool,
+    /// An answered command's outcome is delivered a second time ([`Answer::Duplicated`]).
+    pub duplicates: bool,
 }
 
 impl Menu {
@@ -190,6 +196,7 @@ impl Menu {
             session_answers: true,
             entropy_variants: true,
             exits: true,
+            duplicates: true,
         }
     }
 }
@@ -440,6 +447,9 @@ impl World {
             Action::DrawEntropy => {}
             Action::PersistSession { .. } if menu.record_faults => out.extend(store),
             Action::PersistSession { .. } => {}
+        }
+        if menu.duplicates {
+            out.push(A::Duplicated);
         }
         out
     }
