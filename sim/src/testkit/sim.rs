@@ -369,7 +369,9 @@ impl Sim {
                 self.crash();
             }
             answer => {
-                if answer != Answer::Ok {
+                // A fault may leave the Worker unsure whether a launch started; a healthy
+                // answer, delivered once or twice, does not.
+                if !matches!(answer, Answer::Ok | Answer::Duplicated) {
                     self.world.launch_uncertain();
                 }
                 self.world.worker_clock = self.worker_clock(id);
