@@ -22,6 +22,13 @@
 //!    [`PullResult::Refused`], and the next Pull makes a fresh claim (the reference retries such
 //!    an offer 16 times with backoff, pulling nothing else meanwhile).
 //!
+//! While the inbox is full, the Worker sends no Pull, except a **claim-only** one when the
+//! pending claim may name an offer already stored (at start, or after a Pull that did not clear
+//! its claim): read the claim, read its offer's record, and clear the claim if the offer is
+//! stored ([`PullResult::ClaimChecked`]). It writes no claim and sends nothing; it exists
+//! because retention keeps a record while a claim names it, so a clear that failed just as the
+//! inbox filled would otherwise keep the inbox full for good.
+//!
 //! Each state takes the one kind of reply its action is answered with (`io::Reply`) and matches
 //! every value of that kind: no wildcard arm (CONVENTIONS C7).
 #![deny(clippy::wildcard_enum_match_arm)]
@@ -101,6 +108,13 @@ pub enum PullResult {
     },
     /// No usable Session.
     SessionUnavailable,
+    /// A check of the pending claim alone, made while the inbox is full (nothing is pulled): a
+    /// claim whose offer is already stored was cleared, so that retention may free that
+    /// record's place.
+    ClaimChecked {
+        /// A claim remains whose offer is not stored (a Pull with room retries it).
+        pending: bool,
+    },
 }
 
 /// A Pull in flight.
@@ -109,6 +123,8 @@ pub(crate) enum PullOp {
     ReadingClaim {
         /// See [`crate::worker::Pass::backoff_served`].
         backoff_served: bool,
+        /// The inbox is full: only a claim whose offer is already stored is settled.
+        claim_only: bool,
     },
     ClearingForeign,
     DrawingIdentity,
@@ -131,6 +147,10 @@ pub(crate) enum PullOp {
     ClearingExhausted,
     CheckingStored(Box<PendingClaim>),
     ClearingStale,
+    /// The claim-only check: is the claim's offer stored?
+    CheckingStoredOnly(Box<PendingClaim>),
+    /// The claim-only check: clearing a claim whose offer is stored.
+    ClearingStoredOnly,
     DrawingJitter(Box<PendingClaim>, PullFault),
     PersistingBackoff {
         retry_in_ms: u64,
@@ -151,9 +171,14 @@ impl PullOp {
             | Self::ClearingIdle
             | Self::ClearingRefused { .. }
             | Self::ClearingExhausted
-            | Self::ClearingStale => fp.debug(self),
+            | Self::ClearingStale
+            | Self::ClearingStoredOnly => fp.debug(self),
             Self::CheckingStored(claim) => {
                 fp.tag("checking-stored");
+                fp.durable(&**claim);
+            }
+            Self::CheckingStoredOnly(claim) => {
+                fp.tag("checking-stored-only");
                 fp.durable(&**claim);
             }
             Self::PersistingAttempt(claim) | Self::Requesting(claim) => {
@@ -186,10 +211,20 @@ impl PullOp {
         matches!(self, Self::StoringOffer { claim, .. } if claim.attempt_count == 1)
     }
 
-    pub(crate) fn begin(ctx: &Ctx<'_>, backoff_served: bool) -> Step<Self, PullResult> {
+    /// `claim_only`: the inbox is full; only a claim whose offer is already stored is settled
+    /// (cleared), nothing is pulled.
+    pub(crate) fn begin(
+        ctx: &Ctx<'_>,
+        backoff_served: bool,
+        claim_only: bool,
+    ) -> Step<Self, PullResult> {
         match ctx.session {
             Some(s) if ctx.usable(s) => {
-                Step::Wait(Self::ReadingClaim { backoff_served }, Action::ReadClaim)
+                let state = Self::ReadingClaim {
+                    backoff_served,
+                    claim_only,
+                };
+                Step::Wait(state, Action::ReadClaim)
             }
             Some(_) | None => Step::Done(PullResult::SessionUnavailable),
         }
@@ -197,7 +232,13 @@ impl PullOp {
 
     pub(crate) fn resume(self, ctx: &Ctx<'_>, reply: Reply) -> Step<Self, PullResult> {
         match self {
-            Self::ReadingClaim { backoff_served } => on_claim(ctx, backoff_served, reply.claim()),
+            Self::ReadingClaim {
+                backoff_served,
+                claim_only: false,
+            } => on_claim(ctx, backoff_served, reply.claim()),
+            Self::ReadingClaim {
+                claim_only: true, ..
+            } => on_claim_only(reply.claim()),
             Self::ClearingForeign => after_write(reply, draw_identity),
             Self::DrawingIdentity => fresh_claim(ctx, &reply.entropy()),
             Self::PersistingAttempt(claim) => {
@@ -230,6 +271,10 @@ impl PullOp {
             }),
             Self::CheckingStored(claim) => on_stored_check(ctx, &claim, reply.record()),
             Self::ClearingStale => after_write(reply, draw_identity),
+            Self::CheckingStoredOnly(claim) => on_stored_only(&claim, reply.record()),
+            Self::ClearingStoredOnly => after_write(reply, || {
+                Step::Done(PullResult::ClaimChecked { pending: false })
+            }),
             Self::DrawingJitter(claim, fault) => {
                 persist_backoff(ctx, &claim, &reply.entropy(), fault)
             }
@@ -309,6 +354,42 @@ fn on_claim(
         offer_id: claim.offer_id.clone(),
     };
     Step::Wait(PullOp::CheckingStored(claim), action)
+}
+
+/// The claim-only check (the inbox is full): no claim ⇒ done; a claim (of any Session) ⇒ is its
+/// offer stored?
+fn on_claim_only(
+    read: Result<Option<Box<PendingClaim>>, StoreFailure>,
+) -> Step<PullOp, PullResult> {
+    match read {
+        Ok(None) => Step::Done(PullResult::ClaimChecked { pending: false }),
+        Ok(Some(claim)) => {
+            let action = Action::ReadRecord {
+                offer_id: claim.offer_id.clone(),
+            };
+            Step::Wait(PullOp::CheckingStoredOnly(claim), action)
+        }
+        Err(failure) => read_failure(failure, storage_unchanged),
+    }
+}
+
+/// The claim-only check: a claim whose offer is stored is cleared (retention may then remove
+/// its record); one whose offer is not stored stays for a Pull with room.
+fn on_stored_only(
+    claim: &PendingClaim,
+    read: Result<Option<Box<InboxRecord>>, StoreFailure>,
+) -> Step<PullOp, PullResult> {
+    match read {
+        Ok(Some(_)) => {
+            let action = Action::ClearClaim {
+                offer_id: claim.offer_id.clone(),
+                revision: claim.revision,
+            };
+            Step::Wait(PullOp::ClearingStoredOnly, action)
+        }
+        Ok(None) => Step::Done(PullResult::ClaimChecked { pending: true }),
+        Err(failure) => read_failure(failure, storage_unchanged),
+    }
 }
 
 /// The claim's offer is not stored yet: retry it (backoff and budget rules of reference §4.1).

@@ -740,6 +740,10 @@ pub struct Worker {
     /// the first Pull reads the claim; taken as absent (the Pull itself stores at most one
     /// record and only with room for it, so this only shapes what is offered).
     pub(crate) claim_pending: bool,
+    /// A pending claim may name an offer already stored: set at start and whenever a Pull ends
+    /// without clearing its claim, cleared once a Pull cleared it or found none
+    /// ([`Worker::claim_check_due`]).
+    pub(crate) claim_unsettled: bool,
     /// The Session registered at start is `draining` or `offline` at the control plane although
     /// this incarnation asked for no drain (a previous one stopped during its drain): once no
     /// Run of it is live, a new Session replaces it (reference §2.10: a new Session id at each
@@ -876,6 +880,7 @@ impl Worker {
             lease_may_hold: BTreeMap::new(),
             notices: VecDeque::new(),
             claim_pending: false,
+            claim_unsettled: true,
             retiring: false,
             reported_slots: None,
             reporting_slots: None,
@@ -1066,6 +1071,7 @@ impl Worker {
         fp.debug(&(&self.supervision_cursor, &self.reconcile_cursor));
         fp.debug(&self.transition_offline_queued);
         fp.debug(&(self.claim_pending, self.retiring, &self.config.session_id));
+        fp.debug(&self.claim_unsettled);
         fp.debug(&(self.inbox, self.reported_slots, self.reporting_slots));
         fp.debug(&(self.auth_paused, self.rejoin, self.fences));
         fp.debug(&(self.session_uncertain, self.register_failures));
@@ -1434,7 +1440,7 @@ impl Worker {
     }
 
     fn start(&mut self, work: Work) {
-        if work == Work::Pull && !self.decide_pull() {
+        if work == Work::Pull && !self.decide_pull() && !self.claim_check_due() {
             // Planned at the start of the tick (or of a burst), but since then supervision has
             // latched fail-closed, a drain began, or the slots or the inbox filled: no Pull.
             return;
@@ -1502,6 +1508,7 @@ impl Worker {
                     drain_stop,
                     may_hold,
                     backoff_served: self.claim_backoff_served,
+                    claim_only: work == Work::Pull && self.inbox_room() == 0,
                 },
             )
         };
@@ -1930,6 +1937,15 @@ impl Worker {
         blocker.is_none()
     }
 
+    /// Whether a Pull should go out although the inbox is full, only to settle the pending
+    /// claim: one may name an offer already stored (the claim's clear after storing it did not
+    /// land, or an earlier incarnation left it), and while a claim names a record retention
+    /// keeps that record, so the inbox would stay full for good. Nothing is pulled
+    /// (`PullResult::ClaimChecked`).
+    pub(crate) fn claim_check_due(&self) -> bool {
+        self.claim_unsettled && self.pull_blocker() == Some(PullBlocker::InboxFull)
+    }
+
     /// Places left in the inbox: the capacity less every record the Worker knows of, settled
     /// ones included (they leave only when retention reports them removed).
     pub(crate) fn inbox_room(&self) -> usize {
@@ -1997,7 +2013,7 @@ impl Worker {
     /// none is queued. The control plane offers nothing to a Session whose last heartbeat (or
     /// register) reported no free slot: then a heartbeat that reports the slots goes first.
     fn pull_again(&mut self, at_front: bool) {
-        if self.planned(&Work::Pull) || !self.decide_pull() {
+        if self.planned(&Work::Pull) || !(self.decide_pull() || self.claim_check_due()) {
             return;
         }
         let stale = self.reported_slots == Some(0) && !self.planned(&Work::Heartbeat);
@@ -2319,6 +2335,7 @@ impl Worker {
             PullResult::Admitted { offer_id, .. } => {
                 self.timers.remove(&Timer::PullBackoff);
                 self.claim_pending = false;
+                self.claim_unsettled = false;
                 self.claim_backoff_served = false;
                 // The offer is processed first, then the next Pull goes out at once while slots
                 // and room remain (re-checked when it starts); an idle answer ends the burst.
@@ -2328,12 +2345,14 @@ impl Worker {
             PullResult::Idle => {
                 self.timers.remove(&Timer::PullBackoff);
                 self.claim_pending = false;
+                self.claim_unsettled = false;
                 self.claim_backoff_served = false;
             }
             // The claim is gone: the next tick pulls afresh, with no backoff.
             PullResult::Refused { offer_id, reason } => {
                 self.timers.remove(&Timer::PullBackoff);
                 self.claim_pending = false;
+                self.claim_unsettled = false;
                 self.claim_backoff_served = false;
                 self.notify(Notice::OfferRefused { offer_id, reason });
             }
@@ -2344,14 +2363,21 @@ impl Worker {
                 self.timers.insert(Timer::PullBackoff, retry_at);
                 self.claim_pending = true;
                 self.claim_backoff_served = true;
+                self.claim_unsettled = true;
             }
             PullResult::Failed { retry_in_ms, fault } => {
                 let retry_at = self.mono.saturating_add(retry_in_ms);
                 self.timers.insert(Timer::PullBackoff, retry_at);
                 self.claim_pending = fault != crate::pull::PullFault::BudgetExhausted;
                 self.claim_backoff_served = self.claim_pending;
+                self.claim_unsettled = true;
             }
             PullResult::SessionUnavailable => {}
+            // Nothing was pulled: the Pull waits for room as before.
+            PullResult::ClaimChecked { pending } => {
+                self.claim_pending = pending;
+                self.claim_unsettled = false;
+            }
         }
     }
 
@@ -2512,6 +2538,9 @@ pub(crate) struct Pass {
     /// The Pull's pending claim had a backoff, and this process waited it out on the
     /// monotonic clock: its persisted wall-clock time is not compared again.
     pub(crate) backoff_served: bool,
+    /// The Pull goes out while the inbox is full only to settle a claim whose offer is
+    /// already stored ([`Worker::claim_check_due`]).
+    pub(crate) claim_only: bool,
 }
 
 /// One listed page.
@@ -2577,7 +2606,8 @@ impl Running {
                 };
                 Step::Wait(Self::List(purpose), Action::ListInbox { after, limit })
             }
-            Work::Pull => PullOp::begin(ctx, pass.backoff_served).map(Self::Pull, Finished::Pull),
+            Work::Pull => PullOp::begin(ctx, pass.backoff_served, pass.claim_only)
+                .map(Self::Pull, Finished::Pull),
             Work::Process(offer_id) => {
                 let id = offer_id.clone();
                 ProcessOp::begin(offer_id).map(Self::Process, move |result| Finished::Process {

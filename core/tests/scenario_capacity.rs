@@ -12,7 +12,9 @@ use ql_worker_core::wire::session::SessionStatus;
 use ql_worker_core::worker::Output;
 use ql_worker_sim::testkit::act;
 use ql_worker_sim::testkit::sim::{On, Sim, Status};
-use ql_worker_sim::testkit::world::{Answer, Event, OfferTemplate, ReceiptKind, World};
+use ql_worker_sim::testkit::world::{
+    Answer, Event, OfferTemplate, ProcessState, ReceiptKind, World,
+};
 use ql_worker_sim::testkit::{self};
 
 fn ms(v: u64) -> UnixMillis {
@@ -132,9 +134,11 @@ fn a_full_inbox_takes_no_offer_and_offers_no_slot_until_retention_frees_a_place(
     assert!(
         !trail
             .iter()
-            .any(|l| l == "read-claim" || l == "post offers"),
+            .any(|l| l.starts_with("persist-claim") || l == "post offers"),
         "no Pull without room: {trail:#?}"
     );
+    // Only the start's check of the pending claim (there is none) reads it.
+    assert_eq!(count(&trail, "read-claim"), 1, "{trail:#?}");
     let status = sim.worker.inbox_status();
     assert!(status.full && status.full_deferrals >= 5, "{status:?}");
     assert_eq!((status.records, status.capacity, status.settled), (2, 2, 2));
@@ -168,6 +172,59 @@ fn a_full_inbox_takes_no_offer_and_offers_no_slot_until_retention_frees_a_place(
     // Full again (o1 and o8): no second Pull.
     assert_eq!(count(&trail, "post offers"), 1);
     assert!(sim.worker.inbox_status().full);
+    assert!(
+        sim.world.violations.is_empty(),
+        "{:?}",
+        sim.world.violations
+    );
+}
+
+/// The claim of a stored offer whose clear did not land, in an inbox that the offer filled:
+/// retention keeps a record its claim names, and the Pull that would clear the claim waits for
+/// room, so before, the inbox stayed full for good and the second Run was never taken (found
+/// by the walks behind a small inbox). Now a full inbox with such a claim gets a claim-only
+/// Pull (read the claim, find its offer stored, clear it; no claim written, no `offers`), then
+/// retention frees the place and work goes on.
+#[test]
+fn a_claim_left_by_a_failed_clear_does_not_keep_a_full_inbox_full() {
+    let mut world = offers(2);
+    world.disk.capacity = 1;
+    let mut sim = sim(world, 1, 1);
+    sim.retention = true;
+    sim.on(On::Kind("clear-claim"), Answer::Unchanged);
+    for _ in 0..40 {
+        if let Some(index) = sim
+            .world
+            .supervisor
+            .processes
+            .iter()
+            .position(|p| p.state == ProcessState::Running)
+        {
+            sim.event(Event::Exit {
+                index,
+                code: 0,
+                receipt: ReceiptKind::Genuine,
+            });
+        }
+        sim.run(1);
+    }
+    let trail = sim.commands();
+    // The claim-only Pull: no claim written, no `offers`; then retention removes o1.
+    let check = ["read-claim", "read-record o1", "clear-claim r0"].map(String::from);
+    let checked = trail.windows(3).position(|w| w == check);
+    let removed = trail.iter().position(|l| l == "retention removed o1");
+    assert!(
+        checked.is_some() && removed.is_some() && checked < removed,
+        "the claim is cleared, then o1 removed: {trail:#?}"
+    );
+    assert_eq!(count(&trail, "spawn o2"), 1, "{trail:#?}");
+    // o2 completed (and retention removed it in turn).
+    let o2 = offer_of(&sim, 2);
+    let stored = sim.world.disk.records.values().map(|(r, _)| r);
+    let completed = stored
+        .chain(&sim.retained)
+        .any(|r| r.offer.offer_id == o2 && r.state == State::CompletionAcknowledged);
+    assert!(completed, "{trail:#?}");
     assert!(
         sim.world.violations.is_empty(),
         "{:?}",

@@ -315,7 +315,17 @@ impl Host {
                 self.check_persist(*expected, record);
                 self.ghost.written.insert(offer.clone(), record.state);
             }
-            Action::PersistClaim { expected, claim } => self.check_claim(*expected, claim),
+            Action::PersistClaim { expected, claim } => {
+                // A claim write comes before every `offers` request (a Pull that only settles a
+                // claim whose offer is stored, while the inbox is full, writes none).
+                let capacity = worker.inbox_status().capacity;
+                assert!(
+                    check::pull_with_room(self.records.len(), capacity),
+                    "INVARIANT pull-with-room: a Pull with {} records in an inbox of {capacity}",
+                    self.records.len()
+                );
+                self.check_claim(*expected, claim);
+            }
             Action::ClearClaim { offer_id, revision } => {
                 let stored = self.stored_claim();
                 if let Err(detail) = check::claim_clear(stored.as_ref(), offer_id, *revision) {
@@ -331,12 +341,6 @@ impl Host {
                         record.offer.offer_id
                     );
                 }
-                let capacity = worker.inbox_status().capacity;
-                assert!(
-                    check::pull_with_room(self.records.len(), capacity),
-                    "INVARIANT pull-with-room: a Pull with {} records in an inbox of {capacity}",
-                    self.records.len()
-                );
             }
             Action::RemoveReceipt { attempt_id } => {
                 let state = self.record_of_attempt(attempt_id).map(|r| r.state);

@@ -841,9 +841,10 @@ pub fn concurrency() -> Model {
 /// The walks' model ([`walk`]): the whole lifecycle with every family of answers and events,
 /// three Runs (one with a Secret binding), up to three commands outstanding, the control plane
 /// re-delivering expired Runs, and a budget far beyond the exhaustive models' (a walk takes one
-/// path, so its budget bounds the path, not a search). Four roots: two slots, and one slot (the
-/// Worker pulls again only once its Run is settled), over an empty inbox; and two slots over an
-/// inbox a previous incarnation left ([`preloaded`]), without and with a `launching` record.
+/// path, so its budget bounds the path, not a search). Five roots: two slots, and one slot (the
+/// Worker pulls again only once its Run is settled), over an empty inbox; two slots over an
+/// inbox a previous incarnation left ([`preloaded`]), without and with a `launching` record;
+/// and one slot behind a small inbox with the driver's retention ([`small_inbox`]).
 #[must_use]
 pub fn walks() -> Model {
     let secret = crate::testkit::secret_revision();
@@ -859,9 +860,13 @@ pub fn walks() -> Model {
     let mut starts = roots(std::vec![world.clone()], 2);
     starts.extend(roots(std::vec![world.clone()], 1));
     starts.extend(roots(
-        std::vec![preloaded(world.clone(), false), preloaded(world, true)],
+        std::vec![
+            preloaded(world.clone(), false),
+            preloaded(world.clone(), true)
+        ],
         2,
     ));
+    starts.push(small_inbox(world));
     Model {
         name: "walks",
         menu: Menu::everything(),
@@ -878,6 +883,23 @@ pub fn walks() -> Model {
         },
         roots: starts,
     }
+}
+
+/// Places in the inbox of the walks' small-inbox root ([`small_inbox`]).
+pub const SMALL_INBOX: u16 = 3;
+
+/// `world` behind an inbox of [`SMALL_INBOX`] places, one slot, with the driver's retention
+/// (`Sim::retention`: high-water mark one record): the inbox fills with settled records, and
+/// work goes on only as retention frees places (issue 14).
+fn small_inbox(mut world: World) -> Sim {
+    world.disk.capacity = usize::from(SMALL_INBOX);
+    let mut config = model_config();
+    config.capacity = ql_worker_core::listing::Capacity::new(u64::from(SMALL_INBOX))
+        .expect("a capacity in 1..=1024");
+    let start = UnixMillis::new(1_000).unwrap_or(UnixMillis::ZERO);
+    let mut sim = Sim::new(config, world, start);
+    sim.retention = true;
+    sim
 }
 
 /// `world` over an inbox a previous incarnation left (the Worker starts as after a restart):

@@ -90,6 +90,12 @@ pub struct Sim {
     /// When (true time, which is the monotonic clock's too) this incarnation of the Worker took
     /// a drain request: its drain budget is timed from there.
     pub drain_asked: Option<UnixMillis>,
+    /// The driver's retention (issue 14): before each tick of an idle Worker, the records the
+    /// core's retention plan names are removed and each removal is reported
+    /// ([`Sim::retain`]).
+    pub retention: bool,
+    /// The records retention removed, as they were (for the outcome counts).
+    pub retained: Vec<ql_worker_core::record::InboxRecord>,
     /// When recording: one line per command (its summary) and per driver event.
     pub trail: Option<Vec<String>>,
     /// When recording: every command, in order (see [`act::canonical`]).
@@ -116,6 +122,8 @@ impl Sim {
             status: Status::Idle(Some(now)),
             restarts: 0,
             drain_asked: None,
+            retention: false,
+            retained: Vec::new(),
             trail: None,
             stream: None,
             script: Vec::new(),
@@ -183,6 +191,8 @@ impl Sim {
             status: self.status.clone(),
             restarts: self.restarts,
             drain_asked: self.drain_asked,
+            retention: self.retention,
+            retained: self.retained.clone(),
             trail: None,
             stream: None,
             script: Vec::new(),
@@ -316,7 +326,9 @@ impl Sim {
                 String::from("a Pull starts while draining"),
             );
         }
-        if matches!(action, Action::ReadClaim)
+        // A claim write comes before every `offers` request (a Pull that only settles a claim
+        // whose offer is stored, while the inbox is full, reads and clears it and writes none).
+        if matches!(action, Action::PersistClaim { .. })
             && !crate::testkit::world::check::pull_with_room(
                 self.world.disk.records.len(),
                 self.config.capacity.get(),
@@ -439,6 +451,59 @@ impl Sim {
         }
     }
 
+    /// The driver's retention sweep: the core's plan (`retention::plan`, high-water mark half
+    /// the inbox capacity, no age limit, logs kept) over the durable records, receipts and
+    /// claim; each removal is made and reported to the Worker. `retention-removes-only-unneeded`:
+    /// a removed record is settled, has no receipt on disk and no pending claim names it
+    /// (checked here, independently of the plan).
+    pub fn retain(&mut self) {
+        use ql_worker_core::retention::{RecordFacts, RetentionPolicy, plan};
+        let disk = &self.world.disk;
+        let claimed = disk.claim.as_ref().map(|(c, _)| c.offer_id.clone());
+        let facts: Vec<RecordFacts> = (disk.records.values())
+            .map(|(r, _)| {
+                let receipt = disk.receipts.contains_key(&r.offer.candidate.attempt_id);
+                let claim = claimed.as_ref() == Some(&r.offer.offer_id);
+                RecordFacts::of(r, receipt, claim)
+            })
+            .collect();
+        let policy = RetentionPolicy {
+            high_water_records: self.config.capacity.get() / 2,
+            max_settled_age_ms: None,
+            log_keep_ms: u64::MAX,
+        };
+        let removals = plan(&facts, None, None, self.now, &policy).records;
+        for (offer_id, _) in removals {
+            let Some(record) = self.world.disk.record(&offer_id).cloned() else {
+                continue;
+            };
+            let disk = &self.world.disk;
+            let receipt = disk
+                .receipts
+                .contains_key(&record.offer.candidate.attempt_id);
+            let claim = disk
+                .claim
+                .as_ref()
+                .is_some_and(|(c, _)| c.offer_id == offer_id);
+            if !record.state.is_terminal() || receipt || claim {
+                self.world.violation(
+                    "retention-removes-only-unneeded",
+                    format!("{offer_id} ({}) removed", record.state),
+                );
+            }
+            self.world.disk.records.remove(&offer_id);
+            self.note(format!("retention removed {}", self.world.alias(&offer_id)));
+            self.retained.push(record);
+            let removed = Input::RecordRemoved { offer_id };
+            if let Err(e) = self.worker.handle(self.clock(), removed) {
+                self.world.violation(
+                    "worker-error",
+                    format!("the Worker refused a removal report: {e}"),
+                );
+            }
+        }
+    }
+
     /// The outstanding command, if any.
     #[must_use]
     pub fn act(&self) -> Option<&Action> {
@@ -506,6 +571,9 @@ impl Sim {
 
     /// Feeds a tick at the current time.
     pub fn tick(&mut self) {
+        if self.retention && matches!(self.status, Status::Idle(_)) {
+            self.retain();
+        }
         if matches!(self.status, Status::Idle(_)) || self.waiting.is_some() {
             self.note(format!("tick {}", self.now));
             if self.worker.handle(self.clock(), Input::Tick).is_ok() {

@@ -22,7 +22,7 @@ use super::{Budget, Found, Guard, Model, Move, Node, apply, describe, moves};
 use crate::fuzzing::bytes::Bytes;
 use crate::fuzzing::machine::RunOutcomes;
 use crate::testkit::sim::{Sim, Status};
-use crate::testkit::world::{Answer, Event, ProcessState, ReceiptKind, World, check};
+use crate::testkit::world::{Answer, Event, ProcessState, ReceiptKind, check};
 use ql_worker_core::record::State;
 
 /// Moves of the fuzzed part of a walk, at most.
@@ -113,7 +113,7 @@ fn settled(sim: &Sim) -> bool {
     let fail_closed = check::fail_closed_by(world.disk.records.values().map(|(r, _)| r)).is_some();
     matches!(sim.status, Status::Idle(_))
         && sim.pending.is_none()
-        && (world.plane.templates.is_empty() || fail_closed)
+        && (world.plane.templates.is_empty() || fail_closed || full_for_good(sim))
         && world
             .supervisor
             .processes
@@ -125,6 +125,19 @@ fn settled(sim: &Sim) -> bool {
                 || r.is_dormant(sim.now)
                 || (fail_closed && r.state.is_pre_barrier())
         })
+}
+
+/// The inbox is full, and retention may free no place in it: every record is one only an
+/// operator removes (SPEC: retention removes settled records, never a non-terminal one; a
+/// dormant or `recovery_required` record is archived by `ql-worker recover --archive`). The
+/// Worker then rightly takes no offer. A full inbox with a removable record is not settled:
+/// retention must free it and work must go on (issue 14).
+fn full_for_good(sim: &Sim) -> bool {
+    use ql_worker_core::retention::may_remove_in;
+    let disk = &sim.world.disk;
+    sim.retention
+        && disk.records.len() >= disk.capacity
+        && disk.records.values().all(|(r, _)| !may_remove_in(r.state))
 }
 
 /// The settling phase's move: a running process exits healthily, else the healthy answer to
@@ -161,9 +174,12 @@ fn settling_move(sim: &Sim) -> Move {
 }
 
 /// How the Runs ended, from the durable records (a completion's exit code is its process's).
-fn ended(world: &World) -> RunOutcomes {
+fn ended(sim: &Sim) -> RunOutcomes {
+    let world = &sim.world;
     let mut out = RunOutcomes::default();
-    for (record, _) in world.disk.records.values() {
+    let stored = world.disk.records.values().map(|(record, _)| record);
+    // Records the driver's retention removed (settled ones) count under the state they left in.
+    for record in stored.chain(&sim.retained) {
         let exit = world
             .supervisor
             .of_offer(&record.offer.offer_id)
@@ -295,7 +311,7 @@ pub fn walk(walk: &Walk<'_>, data: &[u8], guard: &dyn Guard) -> Walked {
             break;
         }
         if settled(&walker.node.sim) {
-            walker.walked.ended = ended(&walker.node.sim.world);
+            walker.walked.ended = ended(&walker.node.sim);
             return walker.walked;
         }
         let mv = settling_move(&walker.node.sim);
@@ -328,7 +344,7 @@ pub fn walk(walk: &Walk<'_>, data: &[u8], guard: &dyn Guard) -> Walked {
 
 /// The fuzz target `machine_walk`: walks the walks' model ([`super::walks`]) as `data` says,
 /// with wall-clock steps, and panics on the first broken invariant (with the last moves). The
-/// first byte picks the root (modulo the model's four), the rest is the walk; the empty input
+/// first byte picks the root (modulo the model's five), the rest is the walk; the empty input
 /// walks root 0 healthily.
 ///
 /// # Panics

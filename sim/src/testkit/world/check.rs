@@ -70,8 +70,8 @@
 //!   spawned for that offer (the fuzz host checks it against its `Ghost`'s spawn fates).
 //! * `stop-known-handle`: a stop names a handle the supervisor issued (as the fuzz host).
 //! * `pull-with-room` ([`pull_with_room`], checked by the scenario driver, which knows the
-//!   configured capacity; the fuzz host applies the same rule): no Pull while every place of
-//!   the inbox is taken.
+//!   configured capacity; the fuzz host applies the same rule): no claim written (the step
+//!   before every `offers` request) while every place of the inbox is taken.
 //!
 //! The scenario driver adds `worker-error` (the Worker refused an outcome or halted on a
 //! conflict) and `drain-no-pull` (no Pull starts once the Worker is draining), and the explorer
@@ -971,8 +971,10 @@ pub fn fail_closed_by<'a>(
     records.into_iter().find(|r| r.recovery().is_some())
 }
 
-/// `pull-with-room`: a Pull starts only while the inbox has a place for the offer it may
-/// bring (`records` stored, every one counting, of `capacity`).
+/// `pull-with-room`: a Pull writes a claim (the step before every `offers` request) only while
+/// the inbox has a place for the offer it may bring (`records` stored, every one counting, of
+/// `capacity`). A Pull that only settles a claim whose offer is already stored, while the inbox
+/// is full, reads and clears that claim and writes none.
 #[must_use]
 pub fn pull_with_room(records: usize, capacity: usize) -> bool {
     records < capacity
