@@ -101,11 +101,7 @@ fn one_tick_pulls_until_the_slots_are_full_and_a_freed_slot_is_offered_at_once()
         .unwrap_or_else(|| panic!("o1 completed: {trail:#?}"));
     let spawned = trail.iter().position(|l| l == "spawn o3").unwrap();
     assert!(completed < spawned);
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 #[test]
@@ -172,11 +168,7 @@ fn a_full_inbox_takes_no_offer_and_offers_no_slot_until_retention_frees_a_place(
     // Full again (o1 and o8): no second Pull.
     assert_eq!(count(&trail, "post offers"), 1);
     assert!(sim.worker.inbox_status().full);
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 /// The claim of a stored offer whose clear did not land, in an inbox that the offer filled:
@@ -225,11 +217,7 @@ fn a_claim_left_by_a_failed_clear_does_not_keep_a_full_inbox_full() {
         .chain(&sim.retained)
         .any(|r| r.offer.offer_id == o2 && r.state == State::CompletionAcknowledged);
     assert!(completed, "{trail:#?}");
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 #[test]
@@ -290,11 +278,7 @@ fn a_session_found_draining_finishes_its_live_runs_then_a_new_session_takes_work
         o1.offer.worker.session_id, new,
         "o1 belongs to the new Session"
     );
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 
     // A crash now restarts on the stored (new) Session: nothing is replaced again.
     sim.crash();
@@ -431,9 +415,5 @@ fn a_pull_does_not_overtake_an_admitted_offer_waiting_for_an_offer_lane() {
         next_pull.is_none_or(|p| p > processing),
         "the next Pull after o3's processing began: {order:#?}"
     );
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }

@@ -70,11 +70,7 @@ fn completes(sim: &mut Sim) {
     });
     run_for(sim, 10);
     assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 /// An hour ahead: without the monotonic clock the lease, renewed a moment ago, reads as

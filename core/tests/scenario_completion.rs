@@ -88,11 +88,7 @@ fn uploads_before_completion_and_deletes_the_receipt_only_after_durable_ack() {
         State::CompletionAcknowledged
     );
     // The completion named the uploaded artifact (the `upload-first` check).
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 /// A crash between the spawn and the `started` write leaves a durable `launching` record and a

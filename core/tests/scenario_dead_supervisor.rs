@@ -85,11 +85,7 @@ fn a_supervisor_gone_without_receipt_with_its_process_gone_is_recorded_not_renew
         "{:#?}",
         sim.commands()
     );
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 /// A drain after that does not wait for the Run (it holds nothing any more): it ends at once,
@@ -223,11 +219,7 @@ fn a_supervisor_gone_leaving_a_receipt_that_never_authenticates_is_recorded_not_
         sim.take_trail();
         sim.run(5);
         assert_eq!(renewals(&sim), 0, "{kind:?}: {:#?}", sim.commands());
-        assert!(
-            sim.world.violations.is_empty(),
-            "{:?}",
-            sim.world.violations
-        );
+        sim.assert_no_violations();
     }
 }
 

@@ -233,11 +233,7 @@ fn a_launching_record_whose_reconciliation_read_failed_is_recovered_at_a_later_p
         record.recovery_reason,
         Some(RecoveryReason::LaunchOutcomeUnknown)
     );
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 /// A Secrets answer that comes after the offer's lease ran out does not lead to a spawn: the
@@ -263,9 +259,5 @@ fn a_secrets_answer_after_the_lease_ran_out_launches_nothing() {
     assert!(!trail.iter().any(|l| l.starts_with("spawn")), "{trail:#?}");
     assert!(!trail.iter().any(|l| l.contains("launching")), "{trail:#?}");
     assert_eq!(sim.first_record().state, State::StartingAcknowledged);
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }

@@ -104,11 +104,7 @@ fn a_stop_request_for_a_run_without_handle_stops_it_by_the_published_handle() {
     assert_eq!(completion.unwrap()["result"]["exitCode"], 143);
     // The published handle went with the receipt.
     assert!(sim.world.disk.published.is_empty());
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 /// The lease expires locally for the handle-less Run: stopped by the published handle, no
@@ -230,11 +226,7 @@ fn a_run_without_handle_whose_supervisor_and_process_are_gone_is_no_longer_super
         record.recovery_reason,
         Some(RecoveryReason::LaunchOutcomeUnknown)
     );
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 /// While the user process lives, the inspection says so and the Run is supervised as before:

@@ -559,11 +559,7 @@ fn refuses_a_deterministically_bad_offer_at_once_and_admits_the_next_good_one_at
     );
     let record = sim.world.disk.record(&the_offer(&sim)).unwrap();
     assert_ne!(record.offer.offer_id, bad.offer_id, "a fresh claim");
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 /// Refused for good: verdicts on what the control plane pins for the Run. Kept and retried with

@@ -145,11 +145,7 @@ fn a_long_upload_keeps_its_lease_and_the_session_alive() {
         .expect("a renewal after the upload went out");
     let completion_at = position(&sim, "post completion o1").expect("a completion");
     assert!(upload_at < renewal_at && renewal_at < completion_at);
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 /// A Run's lease-control call without an answer yet does not hold the Session back: the
@@ -186,11 +182,7 @@ fn a_slow_renewal_does_not_hold_the_heartbeat() {
         sim.commands()
     );
     assert_eq!(sim.first_record().offer.lease.version.get(), 2);
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 /// Outcomes are correlated by id: one that answers no outstanding command is refused and
@@ -212,11 +204,7 @@ fn an_outcome_for_no_outstanding_command_is_refused() {
     );
     assert_eq!(refused, Err(InputError::UnexpectedOutcome { id: stranger }));
     sim.settle();
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 /// An outcome of another kind than its command's (a driver bug: a stop result for a record
@@ -245,11 +233,7 @@ fn an_outcome_of_another_kind_is_refused_and_the_command_stays_outstanding() {
         }
         sim.settle();
         tick_after(&mut sim, 10_000);
-        assert!(
-            sim.world.violations.is_empty(),
-            "{:?}",
-            sim.world.violations
-        );
+        sim.assert_no_violations();
         sim.commands()
     };
     let clean = run(false);
@@ -356,11 +340,7 @@ fn released_and_completed(sim: &mut Sim, id: OpId, outcome: Outcome) {
     release(sim, id, outcome);
     sim.settle();
     assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 /// With lease control paced (every 5 s) and a long cadence (10 s), the renewal beside an

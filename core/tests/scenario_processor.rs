@@ -122,11 +122,7 @@ fn persists_every_ack_and_spawn_barrier_in_the_one_delivery_inbox() {
     assert_eq!(running["callbackTokenDigest"], digest.expose().to_hex());
     let launching = written(&sim, State::Launching);
     assert_eq!(launching.completion_receipt_token_digest, Some(digest));
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 
     // Crash after starting_acknowledged is durable: the restart replays `starting`.
     let mut sim = processed(
@@ -341,11 +337,7 @@ fn a_launching_record_is_recovered_while_the_session_drains() {
         record.recovery_reason,
         Some(RecoveryReason::LaunchOutcomeUnknown)
     );
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 /// A `launching` record seen at restart is never spawned again: no starting ACK, no entropy,

@@ -85,11 +85,7 @@ fn an_unstarted_attempt_is_redelivered_and_spawned_once() {
     assert_eq!(*status, CpStatus::Superseded);
     // The first offer's record stays before the barrier, dormant, and can never launch.
     assert_eq!(sim.world.disk.record(first).unwrap().state, State::Accepted);
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 #[test]
@@ -105,11 +101,7 @@ fn a_started_attempt_is_lost_and_a_new_attempt_of_the_run_is_spawned_once() {
     let spawns = spawns(&sim);
     assert_eq!(spawns.len(), 1);
     assert_eq!(spawns[0].attempt_id.as_str(), "attempt-1-2");
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 /// The checker can fail on the Worker's side: a forged second spawn of the same Attempt (under

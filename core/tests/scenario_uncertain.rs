@@ -47,11 +47,7 @@ fn assert_running(sim: &Sim) {
         sim.status,
         sim.commands()
     );
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 /// A renewal the control plane committed but whose answer was lost leaves the plane at v + 1.
@@ -692,11 +688,7 @@ fn a_garbled_offers_answer_keeps_its_claim_for_the_retry() {
         "the retry of the same claim got the offer: {:#?}",
         sim.commands()
     );
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 /// The first `offers` answer is lost after the control plane leased o1 to the claim (at
@@ -792,9 +784,5 @@ fn a_retried_claims_offer_whose_lease_ran_out_before_the_retry_is_not_started() 
         "the lease the first attempt obtained"
     );
     assert!(!sim.worker.times_lease(&claim.offer_id));
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }

@@ -48,11 +48,7 @@ fn refused_credentials_pause_the_pulls_until_a_call_is_answered() {
     sim.answer(Answer::Ok);
     assert!(!sim.worker.admission_paused());
     sim.answer_until(is_post(Operation::Offers));
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }
 
 /// A record that never crossed the spawn barrier and whose lease has expired (dormant) holds
@@ -382,19 +378,11 @@ fn work_for_an_offer_whose_lane_is_busy_waits_for_it() {
     sim.advance_to(at);
     sim.tick();
     sim.settle();
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
     sim.worker
         .handle(sim.clock(), Input::Outcome { id, outcome })
         .expect("the pass's outcome is still expected");
     sim.poll();
     sim.settle();
-    assert!(
-        sim.world.violations.is_empty(),
-        "{:?}",
-        sim.world.violations
-    );
+    sim.assert_no_violations();
 }

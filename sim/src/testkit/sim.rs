@@ -504,6 +504,18 @@ impl Sim {
         }
     }
 
+    /// Panics with the violations, if any invariant was broken so far.
+    ///
+    /// # Panics
+    /// When [`World::violations`] is not empty.
+    pub fn assert_no_violations(&self) {
+        assert!(
+            self.world.violations.is_empty(),
+            "{:?}",
+            self.world.violations
+        );
+    }
+
     /// The outstanding command, if any.
     #[must_use]
     pub fn act(&self) -> Option<&Action> {
