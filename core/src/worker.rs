@@ -2369,7 +2369,11 @@ impl Worker {
                 let retry_at = self.mono.saturating_add(retry_in_ms);
                 self.timers.insert(Timer::PullBackoff, retry_at);
                 self.claim_pending = fault != crate::pull::PullFault::BudgetExhausted;
-                self.claim_backoff_served = self.claim_pending;
+                // Only a backoff this Pull persisted is waited out on the monotonic clock; a
+                // Pull that ended before it compared the persisted one (a read that failed,
+                // nothing changed: `retry_in_ms` 0) leaves that comparison to the next Pull.
+                self.claim_backoff_served =
+                    self.claim_pending && (retry_in_ms > 0 || self.claim_backoff_served);
                 self.claim_unsettled = true;
             }
             PullResult::SessionUnavailable => {}

@@ -718,3 +718,38 @@ fn notices_not_taken_keep_the_newest_sixty_four() {
         .collect();
     assert_eq!(kept, refused[2..]);
 }
+
+/// A Pull that failed before it could compare the claim's persisted backoff (its read of the
+/// claim failed, nothing changed) has waited nothing out: the next Pull still honours that
+/// backoff and sends nothing before it ends.
+#[test]
+fn a_pull_that_failed_to_read_the_claim_still_honours_its_persisted_backoff() {
+    let mut sim = started(World::one_offer(1));
+    sim.on(On::Post(Operation::Offers), Answer::Unavailable);
+    sim.on(On::Kind("draw-entropy"), Answer::Ok);
+    sim.on(On::Kind("draw-entropy"), Answer::EntropyVariant);
+    sim.run(1);
+    // As an earlier incarnation left it after six failed attempts: the next one at 30 s.
+    let (stored, _) = sim.world.disk.claim.as_mut().unwrap();
+    stored.attempt_count = 6;
+    stored.next_attempt_at_ms = ms(30_000);
+    // A restart inside the backoff window; its first Pull cannot read the claim.
+    sim.advance_to(ms(1_200));
+    sim.crash();
+    sim.run(2);
+    sim.take_trail();
+    sim.on(On::Kind("read-claim"), Answer::Unchanged);
+    sim.run(1);
+    assert_eq!(
+        sim.take_trail(),
+        lines(&["tick 1200", "list-inbox", "read-claim"])
+    );
+    // Still inside the backoff window: the next Pull reads the claim and sends nothing.
+    sim.run(1);
+    assert_eq!(
+        sim.take_trail(),
+        lines(&["tick 3200", "list-inbox", "read-claim"]),
+        "the persisted backoff (until 30 s) holds the retry"
+    );
+    assert_eq!(claim(&sim).unwrap().attempt_count, 6, "no attempt spent");
+}
