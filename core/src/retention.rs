@@ -275,20 +275,32 @@ pub fn plan(
     }
 }
 
+/// What decides whether the inbox's own sweep is worth running (see [`due`]): the inbox's
+/// record and settled counts, and how many durable facts so far may have made a settled record
+/// removable without changing those counts (a receipt removed, a claim cleared).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepKey {
+    /// Records in the inbox.
+    pub records: usize,
+    /// Of them, those settled.
+    pub settled: usize,
+    /// Receipts removed and claims cleared since start (a counter).
+    pub released: u64,
+}
+
 /// Whether a sweep is worth running now: the periodic sweep is due (`periodic_due`), or the
-/// inbox holds more than `high_water_records` and its `(records, settled)` counts changed since
-/// the last sweep (`last_swept`): a record came, or one settled. So an inbox above the mark is
-/// brought back as soon as a record may go, and one full of live Runs is not rescanned between
-/// every two commands.
+/// inbox holds more than `high_water_records` and its [`SweepKey`] changed since the last sweep
+/// (`last_swept`): a record came, one settled, or a receipt or claim that kept a settled record
+/// went. So an inbox above the mark is brought back as soon as a record may go, and one full of
+/// live Runs is not rescanned between every two commands.
 #[must_use]
 pub fn due(
-    records: usize,
-    settled: usize,
-    last_swept: Option<(usize, usize)>,
+    key: SweepKey,
+    last_swept: Option<SweepKey>,
     periodic_due: bool,
     policy: &RetentionPolicy,
 ) -> bool {
-    periodic_due || (records > policy.high_water_records && last_swept != Some((records, settled)))
+    periodic_due || (key.records > policy.high_water_records && last_swept != Some(key))
 }
 
 /// Why a record may not be archived.

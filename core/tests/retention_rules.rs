@@ -141,18 +141,31 @@ fn archived_records_go_after_the_age_since_they_were_archived() {
 
 #[test]
 fn a_sweep_is_due_above_the_mark_once_per_change_or_when_periodic() {
-    assert!(!due(3, 3, None, false, &POLICY), "at the mark");
+    let key = |records, settled, released| SweepKey {
+        records,
+        settled,
+        released,
+    };
+    assert!(!due(key(3, 3, 0), None, false, &POLICY), "at the mark");
     assert!(
-        due(4, 0, None, false, &POLICY),
+        due(key(4, 0, 0), None, false, &POLICY),
         "above the mark, never swept"
     );
     assert!(
-        !due(4, 0, Some((4, 0)), false, &POLICY),
+        !due(key(4, 0, 0), Some(key(4, 0, 0)), false, &POLICY),
         "nothing changed since"
     );
-    assert!(due(5, 0, Some((4, 0)), false, &POLICY), "one more record");
-    assert!(due(4, 1, Some((4, 0)), false, &POLICY), "one more settled");
-    assert!(due(0, 0, Some((0, 0)), true, &POLICY), "periodic");
+    let last = Some(key(4, 0, 0));
+    assert!(due(key(5, 0, 0), last, false, &POLICY), "one more record");
+    assert!(due(key(4, 1, 0), last, false, &POLICY), "one more settled");
+    assert!(
+        due(key(4, 1, 1), Some(key(4, 1, 0)), false, &POLICY),
+        "a receipt or claim that kept a settled record went"
+    );
+    assert!(
+        due(key(0, 0, 0), Some(key(0, 0, 0)), true, &POLICY),
+        "periodic"
+    );
 }
 
 #[test]

@@ -137,6 +137,8 @@ pub struct Host<E: Executor> {
     stall_after: Option<StallPoint>,
     leftovers: Leftovers,
     telemetry: Telemetry,
+    /// Receipts removed and claims cleared so far (`retention::SweepKey::released`).
+    released: u64,
 }
 
 /// Where supervisors make things per Run that a killed supervisor could leave behind (issue 20).
@@ -217,6 +219,7 @@ impl<E: Executor> Host<E> {
             stall_after: None,
             leftovers: Leftovers::default(),
             telemetry: Telemetry::new(crate::metrics::Metrics::new(crate::os::now().get())),
+            released: 0,
         }
     }
 
@@ -269,6 +272,13 @@ impl<E: Executor> Host<E> {
             removed += crate::containment::cgroup::sweep(parent, live);
         }
         removed
+    }
+
+    /// Receipts removed and claims cleared so far: each may make a settled record removable
+    /// without changing the inbox's counts (`retention::SweepKey::released`).
+    #[must_use]
+    pub fn released(&self) -> u64 {
+        self.released
     }
 
     /// Crash-test hook: at `point`, never answer again (the Worker hangs there until it is
@@ -364,6 +374,7 @@ impl<E: Executor> Host<E> {
                 match self.journal.clear_claim(&offer_id, revision) {
                     Ok(()) => {
                         self.telemetry.claim_cleared(&offer_id);
+                        self.released += 1;
                         Outcome::Persisted
                     }
                     Err(e) => Outcome::Store(self.journal_fault(&"clearing the pending claim", &e)),
@@ -383,7 +394,10 @@ impl<E: Executor> Host<E> {
             },
             Action::RemoveReceipt { attempt_id } => match receipts::remove(&self.root, &attempt_id)
             {
-                Ok(existed) => Outcome::ReceiptRemoved { existed },
+                Ok(existed) => {
+                    self.released += u64::from(existed);
+                    Outcome::ReceiptRemoved { existed }
+                }
                 Err(e) => {
                     let what = format!("removing the receipt of attempt {attempt_id}");
                     self.telemetry.storage_fault(&what, &e, e.is_fatal());

@@ -35,6 +35,7 @@ use crate::journal::Journal;
 use crate::retention::{self, RetentionPolicy, Scope};
 use crate::session_store;
 use crate::supervisor::{StopController, SupervisorExecutor, SupervisorImage};
+use ql_worker_core::retention::SweepKey;
 
 /// File whose presence in the state root asks the running Worker to drain.
 pub use crate::layout::DRAIN_FILE;
@@ -248,8 +249,8 @@ pub struct Runner {
     signals: Signals,
     drain_sent: bool,
     next_retention_at: MonoMillis,
-    /// The inbox's record and settled counts after the last sweep (see `retention::due`).
-    last_swept: Option<(usize, usize)>,
+    /// What the last sweep saw (see `retention::due`).
+    last_swept: Option<SweepKey>,
     /// Whether the last "inbox full" event said full.
     reported_full: bool,
     /// The Session id and retiring state last reported (events on change).
@@ -866,6 +867,16 @@ impl Runner {
         Ok(!exited.is_empty())
     }
 
+    /// What decides whether the inbox's own sweep is due (`retention::due`).
+    fn sweep_key(&self) -> SweepKey {
+        let inbox = self.worker.inbox_status();
+        SweepKey {
+            records: inbox.records,
+            settled: inbox.settled,
+            released: self.host.released(),
+        }
+    }
+
     /// Between commands: reap finished supervisors; sweep retention when the inbox is above its
     /// high-water mark or the periodic sweep is due; report an inbox that became full or has
     /// room again. Whether a supervisor exited (work is queued).
@@ -904,10 +915,8 @@ impl Runner {
             return Err(RunExit::Fatal(message));
         }
         let periodic = clock.mono >= self.next_retention_at;
-        let inbox = self.worker.inbox_status();
         if ql_worker_core::retention::due(
-            inbox.records,
-            inbox.settled,
+            self.sweep_key(),
             self.last_swept,
             periodic,
             &self.retention,
@@ -955,8 +964,7 @@ impl Runner {
             if periodic {
                 self.host.sweep_runs();
             }
-            let after = self.worker.inbox_status();
-            self.last_swept = Some((after.records, after.settled));
+            self.last_swept = Some(self.sweep_key());
         }
         self.report_inbox();
         self.report_session();

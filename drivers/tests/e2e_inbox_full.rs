@@ -11,7 +11,8 @@ mod e2e_common;
 
 use std::time::Duration;
 
-use e2e_common::{KillOnDrop, World, marker_lines, sigterm, wait_exit};
+use e2e_common::{KillOnDrop, World, kill9, marker_lines, sigterm, wait_exit};
+use ql_worker::test_hooks::STALL_HOOK_ENV;
 use ql_worker_core::record::State;
 use ql_worker_tests::control_plane::RunEventKind;
 
@@ -122,6 +123,63 @@ fn a_full_inbox_takes_no_offer_and_resumes_once_retention_frees_places() {
     );
     let text = std::fs::read_to_string(&metrics).unwrap();
     assert_eq!(metric(&text, "ql_worker_inbox_full"), Some(0.0), "{text}");
+}
+
+/// A crash between storing an offer and clearing its claim, with the inbox then full (capacity
+/// 1): the restarted Worker may not Pull (no room), and retention keeps a record its claim
+/// names, so that claim would hold the inbox full for good. The Worker reads the claim alone,
+/// finds its offer stored and clears it (`PullResult::ClaimChecked`); the Run settles,
+/// retention removes it, and the next Run queued at the control plane is taken and runs.
+#[test]
+fn a_claim_left_by_a_crash_does_not_keep_a_full_inbox_full() {
+    let world =
+        World::edge("\n[limits]\ncadence_ms = 200\ninbox_capacity = 1\nmax_concurrent_runs = 1\n");
+    assert_eq!(world.config.retention.high_water_records, 0);
+    let marker = world.dir.path().join("marker");
+    let first = world.enqueue_shell(1, &format!("echo 1 >> {}", marker.display()));
+    let mut stalled = world.spawn_hooked_worker(&[(STALL_HOOK_ENV, State::Accepted.as_str())]);
+    world.wait_for("the offer stored", SETTLE, |w| {
+        w.state_of(&first) == Some(State::Accepted)
+    });
+    kill9(&mut stalled);
+    let claim = world.root().join(ql_worker::layout::PENDING_CLAIM_FILE);
+    assert!(
+        claim.exists(),
+        "the crash left the claim of the stored offer"
+    );
+    let second = world.enqueue_shell(2, &format!("echo 2 >> {}", marker.display()));
+
+    let log = world.dir.path().join("worker.stderr");
+    let mut worker = KillOnDrop(world.spawn_worker_logged(&[], &log));
+    // Well inside the periodic full sweep (every 60 s): the inbox's own sweep frees the place
+    // as soon as the receipt and the claim that kept the record are gone.
+    let start = std::time::Instant::now();
+    while !(world.completed_at_cp(&first) && world.completed_at_cp(&second)) {
+        if start.elapsed() > Duration::from_secs(30) {
+            let stderr = std::fs::read_to_string(&log).unwrap();
+            let records: Vec<_> = world.records().into_values().map(|r| r.state).collect();
+            panic!(
+                "not both completed; records {records:?}, claim left: {}\n{stderr}",
+                claim.exists()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    sigterm(&worker);
+    assert_eq!(
+        wait_exit(&mut worker, Duration::from_secs(30)).code(),
+        Some(0)
+    );
+    assert_eq!(marker_lines(&marker), 2, "each Run ran once");
+    let state = world.cp.state();
+    for id in [&first, &second] {
+        let claims = state.runs[id]
+            .events
+            .iter()
+            .filter(|e| matches!(e.kind, RunEventKind::Claimed { .. }))
+            .count();
+        assert_eq!(claims, 1, "{id} claimed once");
+    }
 }
 
 /// The value of the sample named `name` (no labels) in a Prometheus text exposition.

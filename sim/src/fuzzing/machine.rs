@@ -58,7 +58,8 @@ pub struct SimOptions {
     /// which is what ends a Run whose supervisor died (`docs/simulation.md`, finding F1).
     pub plane_timeout: bool,
     /// A small inbox (capacity: the preloaded records plus one or two) and the driver's
-    /// retention: at every idle step the host removes what the core's retention plan says
+    /// retention: after every outcome and at every idle step, when the driver's rule says a
+    /// sweep is due (`retention::due`), the host removes what the core's retention plan says
     /// (`retention::plan`, high-water mark half the capacity) and reports each removal
     /// (issue 14: the inbox fills, no offer is stranded, work resumes once places are freed).
     pub small_inbox: bool,
@@ -322,6 +323,10 @@ pub struct Sim<'t> {
     idle: bool,
     /// Records retention removed (for the outcome counts).
     removed: Vec<InboxRecord>,
+    /// What the last sweep of this incarnation saw (the driver's `retention::due`).
+    last_swept: Option<ql_worker_core::retention::SweepKey>,
+    /// Receipts removed and claims cleared in this incarnation (`SweepKey::released`).
+    released: u64,
     /// Calls issued and not answered yet ([`SimOptions::concurrent`]), oldest first.
     in_flight: Vec<Command>,
     /// The highest time the host's wall clock showed before a clock step.
@@ -430,6 +435,8 @@ impl Sim<'_> {
             pulls_after_unclean: None,
             idle: false,
             removed: Vec::new(),
+            last_swept: None,
+            released: 0,
             in_flight: Vec::new(),
             sent_at: std::collections::BTreeMap::new(),
             wall_high: UnixMillis::ZERO,
@@ -635,7 +642,9 @@ impl Sim<'_> {
             self.advance(lag);
         }
         self.host.call_sent_at = self.sent_at.remove(&command.id);
+        let action = command.action.clone();
         let answer = self.host.perform(command.action, mode, r);
+        self.released += u64::from(crate::testkit::sim::releases(&action, &answer.outcome));
         if delay >= 240 {
             self.note(format_args!("  response delayed {lag} ms"));
             self.advance(lag);
@@ -661,6 +670,7 @@ impl Sim<'_> {
             result.is_ok(),
             "INVARIANT input-accepted: handle refused a well-formed outcome: {result:?}"
         );
+        self.housekeep();
         if self.worker.fail_closed().is_none() {
             self.host.ghost.latched_at_tick = false;
         }
@@ -702,9 +712,7 @@ impl Sim<'_> {
     fn idle(&mut self, wake_at: Option<MonoMillis>, r: &mut Bytes<'_>) {
         let wake_at = wake_at.map(crate::clock::true_time);
         self.license = License::default();
-        if self.faults.small_inbox {
-            self.retain();
-        }
+        self.housekeep();
         if self.live {
             // Healed: a process ends (slowly: one per idle step) with its receipt, and time
             // moves even when the Worker has no wake-up.
@@ -858,11 +866,37 @@ impl Sim<'_> {
         stuck
     }
 
+    /// The driver's housekeeping, after every outcome and at every idle step: with a small
+    /// inbox, the inbox's own sweep whenever the driver's rule says it is due
+    /// (`retention::due`; no periodic sweep to fall back on).
+    fn housekeep(&mut self) {
+        if !self.faults.small_inbox {
+            return;
+        }
+        let key = |sim: &Self| {
+            let inbox = sim.worker.inbox_status();
+            ql_worker_core::retention::SweepKey {
+                records: inbox.records,
+                settled: inbox.settled,
+                released: sim.released,
+            }
+        };
+        let policy = ql_worker_core::retention::RetentionPolicy {
+            high_water_records: self.config.capacity.get() / 2,
+            max_settled_age_ms: None,
+            log_keep_ms: 60_000,
+        };
+        if ql_worker_core::retention::due(key(self), self.last_swept, false, &policy) {
+            self.retain(&policy);
+            self.last_swept = Some(key(self));
+        }
+    }
+
     /// The driver's retention: the core's plan over the host's records (receipts and the claim
     /// as they are), then each removal reported to the Worker. A removed record must have been
     /// settled, receipt-free and unclaimed (checked here independently of the plan).
-    fn retain(&mut self) {
-        use ql_worker_core::retention::{RecordFacts, RetentionPolicy, plan};
+    fn retain(&mut self, policy: &ql_worker_core::retention::RetentionPolicy) {
+        use ql_worker_core::retention::{RecordFacts, plan};
         let claimed = self.host.claim.as_ref().and_then(|bytes| {
             ql_worker_core::envelope::decode::<ql_worker_core::claim::PendingClaim>(bytes)
                 .ok()
@@ -881,12 +915,7 @@ impl Sim<'_> {
                 RecordFacts::of(record, receipt, claim)
             })
             .collect();
-        let policy = RetentionPolicy {
-            high_water_records: self.config.capacity.get() / 2,
-            max_settled_age_ms: None,
-            log_keep_ms: 60_000,
-        };
-        let plan = plan(&facts, None, None, self.host.now, &policy);
+        let plan = plan(&facts, None, None, self.host.now, policy);
         for log in &plan.logs {
             self.host.logs.remove(log);
         }
@@ -985,6 +1014,8 @@ impl Sim<'_> {
         self.summary.restarts += 1;
         self.host.ghost.restart();
         self.license = License::default();
+        self.last_swept = None;
+        self.released = 0;
         let mut config = self.config.clone();
         config.session_id = self.host.session_id.clone();
         self.worker = Worker::new(config, self.host.clock());

@@ -17,8 +17,9 @@ use std::hash::Hasher;
 
 use crate::testkit::act;
 use crate::testkit::world::{Answer, Event, WorkerClock, World, hash_debug};
-use ql_worker_core::io::{Action, Input, OpId};
+use ql_worker_core::io::{Action, Input, OpId, Outcome};
 use ql_worker_core::record::State;
+use ql_worker_core::retention::SweepKey;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::worker::{HaltReason, Output, StopReason, Worker, WorkerConfig};
@@ -90,12 +91,18 @@ pub struct Sim {
     /// When (true time, which is the monotonic clock's too) this incarnation of the Worker took
     /// a drain request: its drain budget is timed from there.
     pub drain_asked: Option<UnixMillis>,
-    /// The driver's retention (issue 14): before each tick of an idle Worker, the records the
-    /// core's retention plan names are removed and each removal is reported
-    /// ([`Sim::retain`]).
+    /// The driver's retention (issue 14): before a tick of an idle Worker, when the driver's
+    /// rule says the inbox's own sweep is due (`retention::due`), the records the core's
+    /// retention plan names are removed and each removal is reported ([`Sim::retain`]).
     pub retention: bool,
     /// The records retention removed, as they were (for the outcome counts).
     pub retained: Vec<ql_worker_core::record::InboxRecord>,
+    /// What the last sweep of this incarnation saw, as the driver keeps it
+    /// (`retention::due`), with `released` 0: the releases since then count as one (`released`
+    /// 1 in the key), so the key stays finite for the model's fingerprints.
+    pub last_swept: Option<SweepKey>,
+    /// Whether a receipt was removed or a claim cleared since the last sweep.
+    pub released: bool,
     /// When recording: one line per command (its summary) and per driver event.
     pub trail: Option<Vec<String>>,
     /// When recording: every command, in order (see [`act::canonical`]).
@@ -124,6 +131,8 @@ impl Sim {
             drain_asked: None,
             retention: false,
             retained: Vec::new(),
+            last_swept: None,
+            released: false,
             trail: None,
             stream: None,
             script: Vec::new(),
@@ -193,6 +202,8 @@ impl Sim {
             drain_asked: self.drain_asked,
             retention: self.retention,
             retained: self.retained.clone(),
+            last_swept: self.last_swept,
+            released: self.released,
             trail: None,
             stream: None,
             script: Vec::new(),
@@ -210,6 +221,7 @@ impl Sim {
         let sent: Vec<&UnixMillis> = self.sent.values().collect();
         let drain = self.drain_asked;
         hash_debug(hasher, &(&self.status, self.waiting, self.now, sent, drain));
+        hash_debug(hasher, &(self.last_swept, self.released));
     }
 
     /// Writes a canonical rendering of the system state only: the world's state
@@ -222,6 +234,7 @@ impl Sim {
         self.worker.state_fingerprint(hasher);
         self.hash_outstanding(hasher);
         hash_debug(hasher, &(&self.status, self.waiting.is_some()));
+        hash_debug(hasher, &(self.last_swept, self.released));
     }
 
     /// Every outstanding command, canonical and in issue order: which one is answered next is
@@ -393,6 +406,7 @@ impl Sim {
                 let again =
                     duplicated.then(|| self.world.clone().perform(self.now, &action, answer));
                 let outcome = self.world.perform(self.now, &action, answer);
+                self.released |= releases(&action, &outcome);
                 if let Err(e) = self
                     .worker
                     .handle(self.clock(), Input::Outcome { id, outcome })
@@ -402,6 +416,7 @@ impl Sim {
                         format!("the Worker refused an outcome: {e}"),
                     );
                 }
+                self.housekeep();
                 self.poll();
                 if let Some(again) = again {
                     self.deliver_again(id, again);
@@ -415,7 +430,7 @@ impl Sim {
     ///
     /// # Panics
     /// When no command is outstanding.
-    pub fn deliver(&mut self, outcome: ql_worker_core::io::Outcome) {
+    pub fn deliver(&mut self, outcome: Outcome) {
         // INVARIANT: callers deliver only to a Busy simulation.
         let (id, _) = self.take_pending().expect("a command is outstanding");
         if let Err(e) = self
@@ -432,7 +447,7 @@ impl Sim {
 
     /// `duplicate-refused`: a second outcome for the answered command `id` is refused, and the
     /// Worker's state is what it was.
-    fn deliver_again(&mut self, id: OpId, outcome: ql_worker_core::io::Outcome) {
+    fn deliver_again(&mut self, id: OpId, outcome: Outcome) {
         let state = |worker: &Worker| {
             let mut h = std::collections::hash_map::DefaultHasher::new();
             worker.state_fingerprint(&mut h);
@@ -451,13 +466,49 @@ impl Sim {
         }
     }
 
+    /// The driver's housekeeping, after every outcome and before a tick of an idle Worker:
+    /// with retention on, the inbox's own sweep when `retention::due` says so.
+    fn housekeep(&mut self) {
+        if self.retention && self.sweep_due() {
+            self.retain();
+            self.released = false;
+            self.last_swept = Some(self.sweep_key());
+        }
+    }
+
+    /// What the driver's inbox sweep is decided on (`retention::due`; no periodic sweep here,
+    /// so the inbox's own sweep alone must free every place that can be freed).
+    fn sweep_key(&self) -> SweepKey {
+        let inbox = self.worker.inbox_status();
+        SweepKey {
+            records: inbox.records,
+            settled: inbox.settled,
+            released: u64::from(self.released),
+        }
+    }
+
+    fn sweep_due(&self) -> bool {
+        let policy = self.retention_policy();
+        ql_worker_core::retention::due(self.sweep_key(), self.last_swept, false, &policy)
+    }
+
+    /// The driver's retention policy here: high-water mark half the inbox capacity, no age
+    /// limit, logs kept.
+    fn retention_policy(&self) -> ql_worker_core::retention::RetentionPolicy {
+        ql_worker_core::retention::RetentionPolicy {
+            high_water_records: self.config.capacity.get() / 2,
+            max_settled_age_ms: None,
+            log_keep_ms: u64::MAX,
+        }
+    }
+
     /// The driver's retention sweep: the core's plan (`retention::plan`, high-water mark half
     /// the inbox capacity, no age limit, logs kept) over the durable records, receipts and
     /// claim; each removal is made and reported to the Worker. `retention-removes-only-unneeded`:
     /// a removed record is settled, has no receipt on disk and no pending claim names it
     /// (checked here, independently of the plan).
     pub fn retain(&mut self) {
-        use ql_worker_core::retention::{RecordFacts, RetentionPolicy, plan};
+        use ql_worker_core::retention::{RecordFacts, plan};
         let disk = &self.world.disk;
         let claimed = disk.claim.as_ref().map(|(c, _)| c.offer_id.clone());
         let facts: Vec<RecordFacts> = (disk.records.values())
@@ -467,12 +518,7 @@ impl Sim {
                 RecordFacts::of(r, receipt, claim)
             })
             .collect();
-        let policy = RetentionPolicy {
-            high_water_records: self.config.capacity.get() / 2,
-            max_settled_age_ms: None,
-            log_keep_ms: u64::MAX,
-        };
-        let removals = plan(&facts, None, None, self.now, &policy).records;
+        let removals = plan(&facts, None, None, self.now, &self.retention_policy()).records;
         for (offer_id, _) in removals {
             let Some(record) = self.world.disk.record(&offer_id).cloned() else {
                 continue;
@@ -557,6 +603,8 @@ impl Sim {
         }
         self.worker = Worker::new(config, self.clock());
         self.drain_asked = None;
+        self.last_swept = None;
+        self.released = false;
         self.abandon();
         self.waiting = None;
         self.status = Status::Idle(Some(self.now));
@@ -583,8 +631,8 @@ impl Sim {
 
     /// Feeds a tick at the current time.
     pub fn tick(&mut self) {
-        if self.retention && matches!(self.status, Status::Idle(_)) {
-            self.retain();
+        if matches!(self.status, Status::Idle(_)) {
+            self.housekeep();
         }
         if matches!(self.status, Status::Idle(_)) || self.waiting.is_some() {
             self.note(format!("tick {}", self.now));
@@ -706,6 +754,19 @@ impl Sim {
     pub fn take_trail(&mut self) -> Vec<String> {
         self.trail.as_mut().map(std::mem::take).unwrap_or_default()
     }
+}
+
+/// Whether `action`, answered `outcome`, removed a receipt or cleared the claim: either may let
+/// retention remove a settled record without changing the inbox's counts.
+pub(crate) fn releases(action: &Action, outcome: &Outcome) -> bool {
+    matches!(
+        (action, outcome),
+        (Action::ClearClaim { .. }, Outcome::Persisted)
+            | (
+                Action::RemoveReceipt { .. },
+                Outcome::ReceiptRemoved { existed: true }
+            )
+    )
 }
 
 #[cfg(test)]
