@@ -637,16 +637,23 @@ impl Config {
         let (control_plane, mut overrides) = Self::control_plane(path, &file.control_plane, env)?;
         overrides.root = root_overridden;
         let limits = Self::limits(path, file.profile, &file.limits)?;
-        let retention = Retention {
-            high_water_records: within(
+        // Retention removes settled records only while the inbox holds more than the mark: at
+        // or above the capacity, a full inbox of settled records would free no place and the
+        // Worker would take no work until they aged out (`max_settled_age_ms`).
+        let capacity = u64::try_from(limits.inbox_capacity.get()).unwrap_or(64);
+        let high_water = file.retention.high_water_records.unwrap_or(capacity / 2);
+        if high_water >= capacity {
+            return Err(field(
                 path,
                 "retention.high_water_records",
-                file.retention
-                    .high_water_records
-                    .unwrap_or(u64::try_from(limits.inbox_capacity.get()).unwrap_or(64) / 2),
-                0,
-                1024,
-            )?,
+                format!(
+                    "must be below limits.inbox_capacity ({capacity}): retention frees a place \
+                     only while the inbox holds more records than this; found {high_water}"
+                ),
+            ));
+        }
+        let retention = Retention {
+            high_water_records: high_water,
             max_settled_age_ms: file
                 .retention
                 .max_settled_age_ms

@@ -89,6 +89,32 @@ fn errors_name_the_file_the_field_and_the_rule() {
     assert!(e.contains("trust_anchors") && e.contains("1 to 8"), "{e}");
 }
 
+/// Retention frees a place only while the inbox holds more records than the high-water mark: a
+/// mark at or above the capacity would leave a full inbox of settled records full (no work for
+/// up to `max_settled_age_ms`), so it is refused, naming both fields.
+#[test]
+fn a_high_water_mark_that_could_never_free_a_place_is_refused() {
+    let with = |limits: &str, retention: &str| {
+        MINIMAL.replace(
+            "[control_plane]",
+            &format!("[limits]\n{limits}\n[retention]\n{retention}\n[control_plane]"),
+        )
+    };
+    let e = parse(&with("inbox_capacity = 4", "high_water_records = 4")).unwrap_err();
+    assert!(
+        e.contains("/etc/ql/worker.toml")
+            && e.contains("retention.high_water_records")
+            && e.contains("below limits.inbox_capacity (4)")
+            && e.contains("found 4"),
+        "{e}"
+    );
+    assert!(parse(&with("inbox_capacity = 4", "high_water_records = 9")).is_err());
+    let config = parse(&with("inbox_capacity = 4", "high_water_records = 3")).unwrap();
+    assert_eq!(config.retention.high_water_records, 3);
+    let config = parse(&with("inbox_capacity = 1", "")).unwrap();
+    assert_eq!(config.retention.high_water_records, 0, "the default: half");
+}
+
 #[test]
 fn environment_overrides_the_paths() {
     let env = Env(BTreeMap::from([
