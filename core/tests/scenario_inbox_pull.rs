@@ -12,7 +12,7 @@ use ql_worker_core::wire::offer::{OfferResponse, OfferStats, OfferedLease, Offer
 use ql_worker_core::wire::route::Operation;
 use ql_worker_sim::testkit::act;
 use ql_worker_sim::testkit::sim::{On, Sim};
-use ql_worker_sim::testkit::world::{Answer, World};
+use ql_worker_sim::testkit::world::{Answer, CpStatus, OfferTemplate, World};
 use ql_worker_sim::testkit::{self};
 use ql_worker_tests::server_wire::ToJson as _;
 
@@ -752,4 +752,40 @@ fn a_pull_that_failed_to_read_the_claim_still_honours_its_persisted_backoff() {
         "the persisted backoff (until 30 s) holds the retry"
     );
     assert_eq!(claim(&sim).unwrap().attempt_count, 6, "no attempt spent");
+}
+
+/// An offer whose pinned execution digest is not its revision's is refused for good: the claim
+/// is cleared, nothing is stored (the world's `refused-offer-stored` check), the control plane
+/// keeps its lease until it expires by itself, and the next Pull takes the next Run.
+#[test]
+fn an_offer_pinned_to_another_digest_is_refused_and_stores_nothing() {
+    let world = World::new(1, vec![OfferTemplate::refused(1), OfferTemplate::sample(2)]);
+    let mut sim = started(world);
+    sim.run(1);
+    let trail = normalized(&sim.take_trail());
+    assert_eq!(
+        trail,
+        lines(&[
+            "tick 1000",
+            "list-inbox",
+            "read-claim",
+            "draw-entropy",
+            "persist-claim r0",
+            "post offers",
+            "clear-claim r0",
+        ])
+    );
+    assert!(sim.world.disk.records.is_empty(), "nothing stored");
+    assert!(claim(&sim).is_none(), "the claim is cleared");
+    let refused = sim.world.plane.runs.values().next().unwrap();
+    assert_eq!(
+        refused.status,
+        CpStatus::Leased,
+        "its lease expires by itself"
+    );
+    assert_eq!(sim.world.plane.refusable_delivered, 1);
+    sim.run(1);
+    let record = sim.first_record();
+    assert_eq!(record.offer.candidate.run_id.as_str(), "run-2");
+    sim.assert_no_violations();
 }

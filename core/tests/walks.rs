@@ -57,6 +57,7 @@ fn walks() {
     quiet_panics();
     let mut ended = RunOutcomes::default();
     let (mut moves, mut unhealthy, mut clock_steps, mut duplicates) = (0, 0, 0, 0);
+    let mut refusable = 0;
     let mut violations = Vec::new();
     for seed in 0..n {
         let walked = walk_seed(&model, seed);
@@ -64,6 +65,7 @@ fn walks() {
         unhealthy += walked.unhealthy;
         clock_steps += walked.clock_steps;
         duplicates += walked.duplicates;
+        refusable += walked.refusable;
         ended.add(walked.ended);
         if let Some(found) = walked.found {
             violations.push((seed, found));
@@ -73,7 +75,7 @@ fn walks() {
     report_line(&format!(
         "walks: {n} seeds, {} violations, runs {} succeeded {} failed {} start-failed {} \
          recovery; {moves} moves ({unhealthy} not the healthy one, {clock_steps} wall-clock \
-         steps, {duplicates} answers delivered twice)",
+         steps, {duplicates} answers delivered twice, {refusable} offers to refuse)",
         violations.len(),
         ended.succeeded,
         ended.failed,
@@ -93,10 +95,11 @@ fn walks() {
     );
     // The walks reach every ending, and not only the healthy path.
     assert!(ended.succeeded > 0 && ended.start_failed > 0 && ended.recovery > 0);
-    assert!(unhealthy > 0 && clock_steps > 0 && duplicates > 0);
+    assert!(unhealthy > 0 && clock_steps > 0 && duplicates > 0 && refusable > 0);
 }
 
-/// The empty input is the happy path: every Run handed out succeeds, nothing else happens.
+/// The empty input is the happy path: every Run the Worker may take succeeds (the one pinned to
+/// another digest is refused), nothing else happens.
 #[test]
 fn the_empty_input_is_the_happy_path() {
     let model = explore::walks();
@@ -115,6 +118,10 @@ fn the_empty_input_is_the_happy_path() {
         }
     );
     assert_eq!((walked.unhealthy, walked.clock_steps), (0, 0));
+    assert!(
+        walked.refusable >= 1,
+        "the Run pinned to another digest was offered"
+    );
 }
 
 /// The same input walks the same path, move for move, to the same end.
@@ -130,9 +137,10 @@ fn the_same_input_walks_the_same_path() {
 
 /// The walks' checkers can fail: over a host that acknowledges some writes without storing
 /// them, some walk breaks the invariant that guards what those writes protect (the same broken
-/// hosts as the model checks' self-tests); and with a Worker whose record writes lie about
+/// hosts as the model checks' self-tests); with a Worker whose record writes lie about
 /// recovery (every Run sent to recovery, or another reason than its own), some walk breaks
-/// `recovery-licensed`.
+/// `recovery-licensed`; with one that stores every offer it is delivered, some walk breaks
+/// `refused-offer-stored`.
 #[test]
 fn walks_catch_a_broken_host() {
     quiet_panics();
@@ -145,6 +153,7 @@ fn walks_catch_a_broken_host() {
         (Mutation::DropLeaseWrites, "stop-after-durable-lease"),
         (Mutation::StartedAsRecovery, "recovery-licensed"),
         (Mutation::WrongRecoveryReason, "recovery-licensed"),
+        (Mutation::StoresEveryOffer, "refused-offer-stored"),
     ] {
         let mut model = explore::walks();
         for root in &mut model.roots {

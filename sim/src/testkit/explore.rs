@@ -852,6 +852,7 @@ pub fn walks() -> Model {
         0,
         std::vec![
             OfferTemplate::sample(1),
+            OfferTemplate::refused(10),
             OfferTemplate::with_revision(2, secret),
             OfferTemplate::sample(3),
         ],

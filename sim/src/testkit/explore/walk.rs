@@ -64,6 +64,9 @@ pub struct Walked {
     pub clock_steps: usize,
     /// Answers delivered twice ([`Answer::Duplicated`]), each second delivery checked refused.
     pub duplicates: usize,
+    /// Offers the Worker must refuse (pinned to another digest) the control plane delivered,
+    /// each checked never stored (`refused-offer-stored`).
+    pub refusable: u32,
     /// The largest distance (ms, either way) between the host's wall clock and the true time.
     pub max_skew_ms: u64,
     /// The first broken invariant (or panic, or `liveness`), with the last moves before it.
@@ -312,6 +315,7 @@ pub fn walk(walk: &Walk<'_>, data: &[u8], guard: &dyn Guard) -> Walked {
         }
         if settled(&walker.node.sim) {
             walker.walked.ended = ended(&walker.node.sim);
+            walker.walked.refusable = walker.node.sim.world.plane.refusable_delivered;
             return walker.walked;
         }
         let mv = settling_move(&walker.node.sim);

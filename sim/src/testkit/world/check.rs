@@ -118,6 +118,16 @@ impl World {
                 }
                 self.check_started_spawned(record);
                 self.check_recovery_licensed(now, record);
+                let run = self.plane.runs.get(&record.offer.offer_id).map(|r| r.n);
+                if run.is_some_and(|n| self.plane.refused.contains(&n)) {
+                    self.violation(
+                        "refused-offer-stored",
+                        format!(
+                            "{} stored although its pinned digest is not its revision's",
+                            alias(self, &record.offer.offer_id)
+                        ),
+                    );
+                }
                 let fresh = self
                     .disk
                     .record(&record.offer.offer_id)
@@ -157,7 +167,10 @@ impl World {
                 let given_up = claim.is_some_and(|c| {
                     c.worker_session_id != current || c.attempt_count >= CLAIM_ATTEMPTS
                 });
-                if delivered && !given_up && self.disk.record(offer_id).is_none() {
+                // An offer pinned to another digest is refused for good: nothing to store.
+                let refused = (self.plane.runs.get(offer_id))
+                    .is_some_and(|r| self.plane.refused.contains(&r.n));
+                if delivered && !given_up && !refused && self.disk.record(offer_id).is_none() {
                     self.violation(
                         "stored-before-clear",
                         format!("claim of delivered offer {offer_id} cleared before it was stored"),

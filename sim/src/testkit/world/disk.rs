@@ -168,7 +168,12 @@ impl World {
             Some(Mutation::DropLeaseWrites) => self.disk.record(id).is_some_and(|stored| {
                 stored.state == record.state && stored.offer.lease != record.offer.lease
             }),
-            Some(Mutation::StartedAsRecovery | Mutation::WrongRecoveryReason) | None => false,
+            Some(
+                Mutation::StartedAsRecovery
+                | Mutation::WrongRecoveryReason
+                | Mutation::StoresEveryOffer,
+            )
+            | None => false,
         };
         if lands && !dropped {
             self.disk.put(record.clone());

@@ -281,6 +281,10 @@ pub enum Mutation {
     /// `control_plane_already_running` (or, when that is the true reason,
     /// `control_plane_terminal`) instead of the reason the Worker chose.
     WrongRecoveryReason,
+    /// The Worker's side lies: clearing the claim of a delivered offer it did not store, it
+    /// stores that offer instead (`accepted`), the digest its revision has in place of the
+    /// pinned one, as a Worker that trusts the revision over the control plane's pin would.
+    StoresEveryOffer,
 }
 
 /// Facts the invariants need that are not part of the disk, the process table or the control
@@ -621,9 +625,24 @@ impl World {
     }
 
     /// The command as a lying Worker would have sent it ([`Mutation::StartedAsRecovery`],
-    /// [`Mutation::WrongRecoveryReason`]), or `None`.
+    /// [`Mutation::WrongRecoveryReason`], [`Mutation::StoresEveryOffer`]), or `None`.
     fn worker_lie(&self, action: &Action) -> Option<Action> {
         use ql_worker_core::record::RecoveryReason as R;
+        if let (Some(Mutation::StoresEveryOffer), Action::ClearClaim { offer_id, .. }) =
+            (self.mutation, action)
+            && self.disk.record(offer_id).is_none()
+            && let Some(run) = self.plane.runs.get(offer_id)
+        {
+            // Its own digest put in place of the pinned one, so the record is well formed.
+            let mut offer = run.offer.clone();
+            offer.execution_digest = offer.execution_revision.content_digest;
+            let at = offer.lease.acquired_at_ms;
+            let record = ql_worker_core::record::InboxRecord::accepted(offer, at);
+            return Some(Action::PersistRecord {
+                expected: None,
+                record: Box::new(record),
+            });
+        }
         let Action::PersistRecord { expected, record } = action else {
             return None;
         };

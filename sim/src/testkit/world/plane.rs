@@ -48,6 +48,9 @@ pub struct OfferTemplate {
     pub revision: ExecutionRevision,
     /// Lease duration.
     pub lease_ms: u64,
+    /// The control plane pins an execution digest that is not its revision's: an offer the
+    /// Worker must refuse for good (`pull::refused_for_good`), storing nothing.
+    pub refused: bool,
 }
 
 impl OfferTemplate {
@@ -58,6 +61,16 @@ impl OfferTemplate {
             n,
             revision: crate::testkit::revision(),
             lease_ms: 30_000,
+            refused: false,
+        }
+    }
+
+    /// Run `n`, its pinned execution digest not its revision's: the Worker must refuse it.
+    #[must_use]
+    pub fn refused(n: u32) -> Self {
+        Self {
+            refused: true,
+            ..Self::sample(n)
         }
     }
 
@@ -168,6 +181,11 @@ pub struct ControlPlane {
     pub reoffers: bool,
     /// Attempts the control plane declared lost (it gave up on them and made a new Attempt).
     pub lost_attempts: std::collections::BTreeSet<AttemptId>,
+    /// Runs (template numbers) whose pinned digest is not their revision's
+    /// ([`OfferTemplate::refused`]): no record of theirs may ever be written.
+    pub refused: std::collections::BTreeSet<u32>,
+    /// Offers of such Runs delivered (a count, not part of the state).
+    pub refusable_delivered: u32,
 }
 
 impl ControlPlane {
@@ -181,12 +199,14 @@ impl ControlPlane {
             session_lease_ms: 30_000,
             reoffers: false,
             lost_attempts: std::collections::BTreeSet::new(),
+            refused: std::collections::BTreeSet::new(),
+            refusable_delivered: 0,
         }
     }
 
     pub(super) fn fingerprint(&self, hasher: &mut dyn Hasher) {
         hasher.write_usize(self.templates.len());
-        hash_debug(hasher, &(self.reoffers, &self.lost_attempts));
+        hash_debug(hasher, &(self.reoffers, &self.lost_attempts, &self.refused));
         hash_debug(
             hasher,
             &(self.session_version, self.session_status, &self.session_id),
@@ -370,6 +390,10 @@ impl World {
             self.redeliver(&old, &id, token, now);
         } else if !known && let Some(t) = self.plane.templates.pop_front() {
             let mut offer = offer_for(t.n, id.clone(), token, t.revision, now, t.lease_ms);
+            if t.refused {
+                offer.execution_digest = Sha256Digest::of(b"not the pinned revision");
+                self.plane.refused.insert(t.n);
+            }
             // Claimed by the Session the Worker calls with (a new one once it replaced it).
             if let Some(session_id) = &self.session_id {
                 offer.worker.session_id = session_id.clone();
@@ -389,6 +413,9 @@ impl World {
         let Some(run) = self.plane.runs.get(&id) else {
             return not_found();
         };
+        if heard && self.plane.refused.contains(&run.n) {
+            self.plane.refusable_delivered += 1;
+        }
         Outcome::Responded(
             OfferResponse::Offered {
                 offer: Box::new(offered(&run.offer)),
@@ -436,7 +463,10 @@ impl World {
             candidate.attempt_number = number;
             candidate.attempt_created_at_ms = now;
         }
+        let pinned = previous.offer.execution_digest;
         let mut offer = offer_for(n, id.clone(), token, revision, now, lease_ms);
+        // The control plane re-delivers what it pinned for the Run.
+        offer.execution_digest = pinned;
         offer.lease.attempt_id = candidate.attempt_id.clone();
         offer.candidate = candidate;
         if let Some(session_id) = &self.session_id {
