@@ -51,6 +51,18 @@ fn assert_run(trail: &[String], expected: &[&str]) {
     );
 }
 
+/// The first Pull of a started Worker whose offer is refused for good: the claim is cleared
+/// right after the answer, nothing stored, no backoff.
+const REFUSED_AT_THE_FIRST_PULL: &[&str] = &[
+    "tick 1000",
+    "list-inbox",
+    "read-claim",
+    "draw-entropy",
+    "persist-claim r0",
+    "post offers",
+    "clear-claim r0",
+];
+
 /// Registers and reconciles an empty inbox: the next tick is the first active one.
 fn started(world: World) -> Sim {
     let mut sim = Sim::scenario(world);
@@ -59,6 +71,17 @@ fn started(world: World) -> Sim {
         sim.take_trail(),
         lines(&["tick 1000", "post register", "tick 1000", "list-inbox"])
     );
+    sim
+}
+
+/// A started Worker whose first Pull was lost in transport: the claim kept, backed off by the
+/// longest first jitter (999 ms, the second entropy draw all `0xff`).
+fn after_one_failed_pull() -> Sim {
+    let mut sim = started(World::one_offer(1));
+    sim.on(On::Post(Operation::Offers), Answer::Unavailable);
+    sim.on(On::Kind("draw-entropy"), Answer::Ok);
+    sim.on(On::Kind("draw-entropy"), Answer::EntropyVariant);
+    sim.run(1);
     sim
 }
 
@@ -294,11 +317,7 @@ fn lists_the_single_execution_inbox_authority_with_a_stable_bounded_cursor() {
 /// restart the retry reuses the same offer id and token, is accepted, and the claim is cleared.
 #[test]
 fn keeps_one_stable_claim_through_transport_loss_bounded_backoff_and_restart() {
-    let mut sim = started(World::one_offer(1));
-    sim.on(On::Post(Operation::Offers), Answer::Unavailable);
-    sim.on(On::Kind("draw-entropy"), Answer::Ok);
-    sim.on(On::Kind("draw-entropy"), Answer::EntropyVariant);
-    sim.run(1);
+    let mut sim = after_one_failed_pull();
     assert_eq!(
         sim.take_trail(),
         lines(&[
@@ -513,15 +532,7 @@ fn refuses_a_deterministically_bad_offer_at_once_and_admits_the_next_good_one_at
     sim.settle();
     assert_eq!(
         sim.take_trail(),
-        lines(&[
-            "tick 1000",
-            "list-inbox",
-            "read-claim",
-            "draw-entropy",
-            "persist-claim r0",
-            "post offers",
-            "clear-claim r0",
-        ]),
+        lines(REFUSED_AT_THE_FIRST_PULL),
         "the claim is cleared after the first verdict, without a backoff"
     );
     assert!(claim(&sim).is_none() && sim.world.disk.records.is_empty());
@@ -724,11 +735,7 @@ fn notices_not_taken_keep_the_newest_sixty_four() {
 /// backoff and sends nothing before it ends.
 #[test]
 fn a_pull_that_failed_to_read_the_claim_still_honours_its_persisted_backoff() {
-    let mut sim = started(World::one_offer(1));
-    sim.on(On::Post(Operation::Offers), Answer::Unavailable);
-    sim.on(On::Kind("draw-entropy"), Answer::Ok);
-    sim.on(On::Kind("draw-entropy"), Answer::EntropyVariant);
-    sim.run(1);
+    let mut sim = after_one_failed_pull();
     // As an earlier incarnation left it after six failed attempts: the next one at 30 s.
     let (stored, _) = sim.world.disk.claim.as_mut().unwrap();
     stored.attempt_count = 6;
@@ -762,19 +769,7 @@ fn an_offer_pinned_to_another_digest_is_refused_and_stores_nothing() {
     let world = World::new(1, vec![OfferTemplate::refused(1), OfferTemplate::sample(2)]);
     let mut sim = started(world);
     sim.run(1);
-    let trail = normalized(&sim.take_trail());
-    assert_eq!(
-        trail,
-        lines(&[
-            "tick 1000",
-            "list-inbox",
-            "read-claim",
-            "draw-entropy",
-            "persist-claim r0",
-            "post offers",
-            "clear-claim r0",
-        ])
-    );
+    assert_eq!(sim.take_trail(), lines(REFUSED_AT_THE_FIRST_PULL));
     assert!(sim.world.disk.records.is_empty(), "nothing stored");
     assert!(claim(&sim).is_none(), "the claim is cleared");
     let refused = sim.world.plane.runs.values().next().unwrap();

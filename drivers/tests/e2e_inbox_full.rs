@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use e2e_common::{KillOnDrop, World, kill9, marker_lines, sigterm, wait_exit};
 use ql_worker::test_hooks::STALL_HOOK_ENV;
+use ql_worker_core::ids::RunId;
 use ql_worker_core::record::State;
 use ql_worker_tests::control_plane::RunEventKind;
 
@@ -94,20 +95,9 @@ fn a_full_inbox_takes_no_offer_and_resumes_once_retention_frees_places() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    sigterm(&worker);
-    assert_eq!(
-        wait_exit(&mut worker, Duration::from_secs(30)).code(),
-        Some(0)
-    );
-    assert_eq!(marker_lines(&marker), 6, "each Run ran once");
+    drained_each_run_once_claimed_once(&world, &mut worker, &marker, &ids);
     let state = world.cp.state();
     for id in &ids {
-        let claims = state.runs[id]
-            .events
-            .iter()
-            .filter(|e| matches!(e.kind, RunEventKind::Claimed { .. }))
-            .count();
-        assert_eq!(claims, 1, "{id} claimed once");
         assert!(
             !state.runs[id]
                 .events
@@ -165,14 +155,22 @@ fn a_claim_left_by_a_crash_does_not_keep_a_full_inbox_full() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    sigterm(&worker);
-    assert_eq!(
-        wait_exit(&mut worker, Duration::from_secs(30)).code(),
-        Some(0)
-    );
-    assert_eq!(marker_lines(&marker), 2, "each Run ran once");
+    drained_each_run_once_claimed_once(&world, &mut worker, &marker, &[first, second]);
+}
+
+/// Drains the Worker (SIGTERM, exit 0), then: the marker holds one line per Run (each ran
+/// once), and the control plane saw each claimed exactly once.
+fn drained_each_run_once_claimed_once(
+    world: &World,
+    worker: &mut KillOnDrop,
+    marker: &std::path::Path,
+    ids: &[RunId],
+) {
+    sigterm(worker);
+    assert_eq!(wait_exit(worker, Duration::from_secs(30)).code(), Some(0));
+    assert_eq!(marker_lines(marker), ids.len(), "each Run ran once");
     let state = world.cp.state();
-    for id in [&first, &second] {
+    for id in ids {
         let claims = state.runs[id]
             .events
             .iter()
