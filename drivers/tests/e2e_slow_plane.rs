@@ -159,7 +159,12 @@ fn a_run_survives_a_start_path_longer_than_its_lease() {
         "no renewal in the start path: the Run survived without one, so the test proved \
          nothing; the plane's calls:\n{calls}"
     );
-    assert_eq!(fenced, 0, "no call was fenced; the plane's calls:\n{calls}");
+    assert_eq!(
+        fenced,
+        0,
+        "no call was fenced; the plane's calls:\n{calls}\nthe Worker's log:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
     sigterm(&worker);
     let status = wait_exit(&mut worker, Duration::from_secs(60));
     assert_eq!(status.code(), Some(0), "drained with exit 0");

@@ -32,7 +32,7 @@ use super::bytes::Bytes;
 use super::plane::{self, Plane};
 use super::samples;
 use crate::testkit::world::Lie;
-use crate::testkit::world::check::{self, Ghost, License, SpawnFate};
+use crate::testkit::world::check::{self, Ghost, License, SpawnFate, licenses_session_halt};
 use ql_worker_tests::server_wire::{ToJsonFor as _, parse_route};
 
 /// A spool file.
@@ -1100,19 +1100,6 @@ fn http_status(status: u16) -> Outcome {
         status,
         code: Some(String::from("worker_fenced")),
     })
-}
-
-/// Whether a Session exchange answered with `outcome` may end in a halt: a 409 (the fences
-/// repeat), another 4xx refusal but 401/403, or a 200 whose body may be of the contract's shape
-/// and break its CAS. Never an unavailable or uncertain outcome.
-fn licenses_session_halt(outcome: &Outcome) -> bool {
-    match outcome {
-        Outcome::Http(HttpFailure::Status { status, .. }) => {
-            matches!(status, 400..=499) && !matches!(status, 401 | 403 | 408 | 429)
-        }
-        Outcome::Responded(body) => serde_json::from_slice::<Value>(body).is_ok(),
-        _ => false,
-    }
 }
 
 /// A faulty answer to a JSON call. The high bits of `f` pick among kinds of one family: no

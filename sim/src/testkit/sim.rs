@@ -16,6 +16,7 @@
 use std::hash::Hasher;
 
 use crate::testkit::act;
+use crate::testkit::world::check::{self, License};
 use crate::testkit::world::{Answer, Event, WorkerClock, World, hash_debug};
 use ql_worker_core::io::{Action, Input, OpId, Outcome};
 use ql_worker_core::record::State;
@@ -103,6 +104,9 @@ pub struct Sim {
     pub last_swept: Option<SweepKey>,
     /// Whether a receipt was removed or a claim cleared since the last sweep.
     pub released: bool,
+    /// While an answer is being delivered (or a tick fed): what it licenses should the Worker
+    /// halt on it (`halt-licensed`); `None` otherwise (a hand-made outcome is not checked).
+    halt_license: Option<License>,
     /// When recording: one line per command (its summary) and per driver event.
     pub trail: Option<Vec<String>>,
     /// When recording: every command, in order (see [`act::canonical`]).
@@ -133,6 +137,7 @@ impl Sim {
             retained: Vec::new(),
             last_swept: None,
             released: false,
+            halt_license: None,
             trail: None,
             stream: None,
             script: Vec::new(),
@@ -204,6 +209,7 @@ impl Sim {
             retained: self.retained.clone(),
             last_swept: self.last_swept,
             released: self.released,
+            halt_license: None,
             trail: None,
             stream: None,
             script: Vec::new(),
@@ -319,6 +325,13 @@ impl Sim {
                     if matches!(reason, HaltReason::StoreConflict) {
                         self.world
                             .violation("worker-error", format!("the Worker halted: {reason}"));
+                    } else if self.halt_license.is_some_and(|l| !l.allows(&reason)) {
+                        self.world.violation(
+                            "halt-licensed",
+                            format!(
+                                "the Worker halted ({reason}) on an answer that allows no such halt"
+                            ),
+                        );
                     }
                     self.note(format!("halted: {reason}"));
                     self.abandon();
@@ -342,10 +355,7 @@ impl Sim {
         // A claim write comes before every `offers` request (a Pull that only settles a claim
         // whose offer is stored, while the inbox is full, reads and clears it and writes none).
         if matches!(action, Action::PersistClaim { .. })
-            && !crate::testkit::world::check::pull_with_room(
-                self.world.disk.records.len(),
-                self.config.capacity.get(),
-            )
+            && !check::pull_with_room(self.world.disk.records.len(), self.config.capacity.get())
         {
             self.world.violation(
                 "pull-with-room",
@@ -406,7 +416,9 @@ impl Sim {
                 let again =
                     duplicated.then(|| self.world.clone().perform(self.now, &action, answer));
                 let outcome = self.world.perform(self.now, &action, answer);
-                self.released |= releases(&action, &outcome);
+                // Tracked only with retention on, so it is no state of the other models.
+                self.released |= self.retention && releases(&action, &outcome);
+                self.halt_license = Some(check::halt_license(&action, answer, &outcome));
                 if let Err(e) = self
                     .worker
                     .handle(self.clock(), Input::Outcome { id, outcome })
@@ -418,6 +430,7 @@ impl Sim {
                 }
                 self.housekeep();
                 self.poll();
+                self.halt_license = None;
                 if let Some(again) = again {
                     self.deliver_again(id, again);
                 }
@@ -637,7 +650,9 @@ impl Sim {
         if matches!(self.status, Status::Idle(_)) || self.waiting.is_some() {
             self.note(format!("tick {}", self.now));
             if self.worker.handle(self.clock(), Input::Tick).is_ok() {
+                self.halt_license = Some(License::default());
                 self.poll();
+                self.halt_license = None;
             }
         }
     }

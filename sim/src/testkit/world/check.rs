@@ -94,7 +94,7 @@ use ql_worker_core::claim::{ClaimCreate, PendingClaim, check_clear, check_create
 use ql_worker_core::ids::{
     AttemptId, LogArtifactId, OfferId, Revision, RunId, SessionId, Sha256Digest,
 };
-use ql_worker_core::io::{Action, HttpCall, LaunchPlan};
+use ql_worker_core::io::{Action, HttpCall, HttpFailure, LaunchPlan, Outcome, StoreFailure};
 use ql_worker_core::record::{InboxRecord, RecoveryReason, State, check_transition};
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
@@ -702,6 +702,40 @@ impl License {
             HaltReason::UnsafeStorage => self.unsafe_storage,
             HaltReason::SessionFenced { .. } | HaltReason::RegisterRejected { .. } => self.session,
         }
+    }
+}
+/// Whether a Session exchange answered with `outcome` may end in a halt: a 409 (the fences
+/// repeat), another 4xx refusal but 401/403, or a 200 whose body may be of the contract's shape
+/// and break its CAS. Never an unavailable or uncertain outcome.
+pub fn licenses_session_halt(outcome: &Outcome) -> bool {
+    match outcome {
+        Outcome::Http(HttpFailure::Status { status, .. }) => {
+            matches!(status, 400..=499) && !matches!(status, 401 | 403 | 408 | 429)
+        }
+        Outcome::Responded(body) => serde_json::from_slice::<Value>(body).is_ok(),
+        _ => false,
+    }
+}
+
+/// What the answer `answer` (outcome `outcome`) to `action` licenses, should the Worker halt on
+/// it (the same rules as the fuzz host's): an uncertain write, a must-land record write that
+/// failed cleanly, a refused write, unsafe storage, a final answer to a Session exchange.
+#[must_use]
+pub fn halt_license(action: &Action, answer: Answer, outcome: &Outcome) -> License {
+    let store = |failure: StoreFailure| matches!(outcome, Outcome::Store(f) if *f == failure);
+    let session = matches!(
+        action,
+        Action::Post(call) if matches!(
+            act::operation(call),
+            Operation::Register | Operation::Heartbeat | Operation::Transition
+        )
+    );
+    License {
+        uncertain: store(StoreFailure::Uncertain),
+        unrecorded: answer == Answer::Unchanged && matches!(action, Action::PersistRecord { .. }),
+        conflict: store(StoreFailure::Conflict),
+        unsafe_storage: store(StoreFailure::Unsafe),
+        session: session && licenses_session_halt(outcome),
     }
 }
 
