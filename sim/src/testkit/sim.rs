@@ -92,9 +92,10 @@ pub struct Sim {
     /// When (true time, which is the monotonic clock's too) this incarnation of the Worker took
     /// a drain request: its drain budget is timed from there.
     pub drain_asked: Option<UnixMillis>,
-    /// The driver's retention (issue 14): before a tick of an idle Worker, when the driver's
-    /// rule says the inbox's own sweep is due (`retention::due`), the records the core's
-    /// retention plan names are removed and each removal is reported ([`Sim::retain`]).
+    /// The driver's retention (issue 14): after every outcome and before a tick of an idle
+    /// Worker, when the driver's rule says the inbox's own sweep is due (`retention::due`), the
+    /// records the core's retention plan names are removed and each removal is reported
+    /// ([`Sim::retain`]).
     pub retention: bool,
     /// The records retention removed, as they were (for the outcome counts).
     pub retained: Vec<ql_worker_core::record::InboxRecord>,
