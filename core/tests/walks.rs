@@ -57,7 +57,7 @@ fn walks() {
     quiet_panics();
     let mut ended = RunOutcomes::default();
     let (mut moves, mut unhealthy, mut clock_steps, mut duplicates) = (0, 0, 0, 0);
-    let mut refusable = 0;
+    let (mut refusable, mut halts) = (0, 0);
     let mut violations = Vec::new();
     for seed in 0..n {
         let walked = walk_seed(&model, seed);
@@ -66,6 +66,7 @@ fn walks() {
         clock_steps += walked.clock_steps;
         duplicates += walked.duplicates;
         refusable += walked.refusable;
+        halts += walked.halts;
         ended.add(walked.ended);
         if let Some(found) = walked.found {
             violations.push((seed, found));
@@ -75,7 +76,8 @@ fn walks() {
     report_line(&format!(
         "walks: {n} seeds, {} violations, runs {} succeeded {} failed {} start-failed {} \
          recovery; {moves} moves ({unhealthy} not the healthy one, {clock_steps} wall-clock \
-         steps, {duplicates} answers delivered twice, {refusable} offers to refuse)",
+         steps, {duplicates} answers delivered twice, {refusable} offers to refuse, {halts} \
+         halts)",
         violations.len(),
         ended.succeeded,
         ended.failed,
@@ -95,7 +97,7 @@ fn walks() {
     );
     // The walks reach every ending, and not only the healthy path.
     assert!(ended.succeeded > 0 && ended.start_failed > 0 && ended.recovery > 0);
-    assert!(unhealthy > 0 && clock_steps > 0 && duplicates > 0 && refusable > 0);
+    assert!(unhealthy > 0 && clock_steps > 0 && duplicates > 0 && refusable > 0 && halts > 0);
 }
 
 /// The empty input is the happy path: every Run the Worker may take succeeds (the one pinned to

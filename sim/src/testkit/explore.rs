@@ -704,6 +704,7 @@ pub fn start_path() -> Model {
         stop_answers: false,
         exits: false,
         duplicates: false,
+        unsafe_storage: false,
         ..Menu::everything()
     };
     let secret = crate::testkit::secret_revision();
@@ -784,6 +785,7 @@ pub fn finish_path() -> Model {
         secret_answers: false,
         entropy_variants: false,
         duplicates: false,
+        unsafe_storage: false,
         ..Menu::everything()
     };
     Model {

@@ -67,6 +67,8 @@ pub struct Walked {
     /// Offers the Worker must refuse (pinned to another digest) the control plane delivered,
     /// each checked never stored (`refused-offer-stored`).
     pub refusable: u32,
+    /// Halts of the Worker, each checked licensed by the answer it halted on (`halt-licensed`).
+    pub halts: usize,
     /// The largest distance (ms, either way) between the host's wall clock and the true time.
     pub max_skew_ms: u64,
     /// The first broken invariant (or panic, or `liveness`), with the last moves before it.
@@ -211,7 +213,11 @@ impl Walker<'_> {
             self.walked.unhealthy += 1;
         }
         let sim = &mut self.node.sim;
+        let was_halted = matches!(sim.status, Status::Halted(_));
         let outcome = self.guard.run(&mut || apply(sim, mv));
+        if !was_halted && matches!(self.node.sim.status, Status::Halted(_)) {
+            self.walked.halts += 1;
+        }
         self.node.budget = budget;
         self.note(step);
         let mut violations = std::mem::take(&mut self.node.sim.world.violations);

@@ -36,7 +36,7 @@ pub use self::supervisor::{Process, ProcessState, ReceiptKind, SpawnPlan, Superv
 use crate::testkit::act;
 use ql_worker_core::capability::{ENTROPY_BYTES, Entropy};
 use ql_worker_core::ids::{AttemptId, OfferId, RunId, SessionId};
-use ql_worker_core::io::{Action, Outcome};
+use ql_worker_core::io::{Action, Outcome, StoreFailure};
 use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
@@ -57,6 +57,10 @@ pub enum Answer {
     UncertainLanded,
     /// Storage: the write is lost, and the Worker hears `Store(Uncertain)`.
     UncertainLost,
+    /// Storage: the read or write found an unsafe or corrupt file (a symlink, another owner,
+    /// a mode too open, bytes that do not decode); nothing is written and the Worker hears
+    /// `Store(Unsafe)`: it must fail closed (halt).
+    Unsafe,
     /// Control plane: `applied`.
     Applied,
     /// Control plane: `already_starting`.
@@ -172,6 +176,8 @@ pub struct Menu {
     pub exits: bool,
     /// An answered command's outcome is delivered a second time ([`Answer::Duplicated`]).
     pub duplicates: bool,
+    /// Storage reads and writes may find an unsafe or corrupt file ([`Answer::Unsafe`]).
+    pub unsafe_storage: bool,
 }
 
 impl Menu {
@@ -197,6 +203,7 @@ impl Menu {
             entropy_variants: true,
             exits: true,
             duplicates: true,
+            unsafe_storage: true,
         }
     }
 }
@@ -452,6 +459,18 @@ impl World {
             Action::PersistSession { .. } if menu.record_faults => out.extend(store),
             Action::PersistSession { .. } => {}
         }
+        let storage = matches!(
+            action,
+            Action::ListInbox { .. }
+                | Action::ReadRecord { .. }
+                | Action::ReadClaim
+                | Action::PersistRecord { .. }
+                | Action::PersistClaim { .. }
+                | Action::ClearClaim { .. }
+        );
+        if menu.unsafe_storage && storage {
+            out.push(A::Unsafe);
+        }
         if menu.duplicates {
             out.push(A::Duplicated);
         }
@@ -580,6 +599,10 @@ impl World {
         let lied = self.worker_lie(action);
         let action = lied.as_ref().unwrap_or(action);
         self.check_act(now, action);
+        if answer == Answer::Unsafe {
+            // A storage command that met an unsafe file: nothing read, nothing written.
+            return Outcome::Store(StoreFailure::Unsafe);
+        }
         let before = self.log_lengths();
         let outcome = match action {
             Action::ListInbox { after, limit } => self.list(after.as_ref(), limit.get(), answer),
