@@ -81,11 +81,15 @@ fn a_run_survives_a_start_path_longer_than_its_lease() {
     let upstream: SocketAddr = origin.trim_start_matches("https://").parse().unwrap();
     let proxy = Proxy::start(upstream, relay);
     world.edit_config(&origin, &format!("https://{}", proxy.addr()));
+    // The default request timeout (the demo configuration's 5 s left a call on a new
+    // connection, whose handshake and answer are each held 2.4 s, 0.2 s of margin: on a loaded
+    // machine a heartbeat timed out after the plane applied it, and the next was fenced).
+    world.edit_config("timeout_ms = 5000", "timeout_ms = 15000");
     let timeout_ms = world.config.control_plane.timeout_ms;
     assert!(
-        DELAY.as_millis() * 2 < u128::from(timeout_ms) && DELAY.as_millis() * 3 > 6_000,
-        "every answer within the request timeout ({timeout_ms} ms), three of them longer than \
-         the lease"
+        DELAY.as_millis() * 4 < u128::from(timeout_ms) && DELAY.as_millis() * 3 > 6_000,
+        "every answer, a new connection's handshake included, well within the request timeout \
+         ({timeout_ms} ms); three of them longer than the lease"
     );
 
     let marker = world.dir.path().join("marker");
