@@ -21,7 +21,8 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::Once;
 use std::time::Instant;
 
-use ql_worker_sim::fuzzing::machine::{self, Scenario, SimOptions, Summary};
+use ql_worker_sim::fuzzing::machine::{self, RunOutcomes, Scenario, SimOptions, Summary};
+use ql_worker_sim::testkit::cadence::{self, CadenceStats};
 use ql_worker_sim::testkit::world::Lie;
 
 const REPLAY: &str = "cargo test --release -p ql-worker-tests --test simulation -- --nocapture";
@@ -37,6 +38,18 @@ struct Case {
     /// Chance of a fault byte (answer fault, crash), per 1024.
     fault_rate: u64,
     data: Vec<u8>,
+    /// After the liveness phase, the cadence phase (issue 16, item 7) with this seed, on a
+    /// fresh [`World`](ql_worker_sim::testkit::world::World): new Runs whose calls take the
+    /// time a seeded link and control plane give them, several outstanding, checked for the
+    /// Session's and the leases' cadence (`ql_worker_sim::testkit::cadence`).
+    link: Option<u64>,
+}
+
+/// What a seed did: the fuzz host's phases, then the cadence phase if the seed has one.
+#[derive(Debug)]
+struct Seeded {
+    summary: Summary,
+    cadence: Option<(CadenceStats, RunOutcomes)>,
 }
 
 /// Fault rates per 1024 op bytes: rare, occasional, frequent, hostile.
@@ -62,10 +75,10 @@ fn case(seed: u64) -> Case {
         reoffers: SplitMix(seed ^ 0x1515_1515_1515_1515).below(2) == 0,
         concurrent: SplitMix(seed ^ 0x1616_1616_1616_1616).below(2) == 0,
         clock_steps: SplitMix(seed ^ 0x1605_1605_1605_1605).below(2) == 0,
-        link: {
-            let mut l = SplitMix(seed ^ 0x1607_1607_1607_1607);
-            (l.below(2) == 0).then(|| l.next_u64())
-        },
+    };
+    let link = {
+        let mut l = SplitMix(seed ^ 0x1607_1607_1607_1607);
+        (l.below(2) == 0).then(|| l.next_u64())
     };
     let len = 24 + usize::try_from(g.below(360)).unwrap_or(0);
     // The first bytes are the setup (configuration profile, pages, concurrency, clock and the
@@ -92,11 +105,14 @@ fn case(seed: u64) -> Case {
         faults,
         fault_rate,
         data,
+        link,
     }
 }
 
 thread_local! {
     static QUIET: Cell<bool> = const { Cell::new(false) };
+    /// Whether the cadence phase records its trail (a traced replay, the determinism test).
+    static RECORD: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Silences the panic hook while a seed runs (a violation is reported once, by the simulation,
@@ -113,8 +129,9 @@ fn quiet_panics() {
     });
 }
 
-/// Runs `seed`; `Err` holds the violation (the checker's panic message).
-fn run_seed(seed: u64, lie: Option<Lie>, trace: &mut dyn FnMut(&str)) -> Result<Summary, String> {
+/// Runs `seed`; `Err` holds the violation (the checker's panic message, or `INVARIANT
+/// <name>: <detail>` of the cadence phase's first).
+fn run_seed(seed: u64, lie: Option<Lie>, trace: &mut dyn FnMut(&str)) -> Result<Seeded, String> {
     run_case(seed, case(seed), lie, trace)
 }
 
@@ -123,13 +140,14 @@ fn run_case(
     case: Case,
     lie: Option<Lie>,
     trace: &mut dyn FnMut(&str),
-) -> Result<Summary, String> {
+) -> Result<Seeded, String> {
     trace(&format!(
-        "seed {seed}: {:?}, fault rate {}/1024, {:?}, {} op bytes, lie {lie:?}",
+        "seed {seed}: {:?}, fault rate {}/1024, {:?}, {} op bytes, link {:?}, lie {lie:?}",
         case.scenario,
         case.fault_rate,
         case.faults,
-        case.data.len()
+        case.data.len(),
+        case.link
     ));
     quiet_panics();
     QUIET.with(|q| q.set(true));
@@ -137,13 +155,29 @@ fn run_case(
         machine::simulate(case.scenario, &case.data, case.faults, lie, trace)
     }));
     QUIET.with(|q| q.set(false));
-    run.map_err(|payload| {
+    let summary = run.map_err(|payload| {
         payload
             .downcast_ref::<String>()
             .cloned()
             .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
             .unwrap_or_else(|| String::from("a panic without a message"))
-    })
+    })?;
+    // The cadence self-tests' lies are the cadence phase's; the other lies are the fuzz host's.
+    let cadence_lie = matches!(lie, None | Some(Lie::SerialCalls | Lie::NoStartPathRenewal));
+    let cadence = match case.link {
+        Some(link) if cadence_lie => {
+            let phase = cadence::run(link, lie, RECORD.with(Cell::get));
+            for line in &phase.trail {
+                trace(line);
+            }
+            if let Some(violation) = phase.violations.first() {
+                return Err(format!("INVARIANT {violation}"));
+            }
+            Some((phase.stats, phase.ended))
+        }
+        _ => None,
+    };
+    Ok(Seeded { summary, cadence })
 }
 
 /// What the seeds of a run did, summed (`QL_SIM_STATS=1` prints it to stderr).
@@ -173,7 +207,6 @@ struct Totals {
 #[derive(Debug, Default)]
 struct CadenceTotals {
     phases: u64,
-    fail_closed: u64,
     timely: u64,
     runs: u64,
     succeeded: u64,
@@ -198,11 +231,7 @@ struct CadenceTotals {
 const LEASE_THIRD_MS: u64 = 10_000;
 
 impl CadenceTotals {
-    fn add(&mut self, c: &machine::CadenceStats) {
-        if c.fail_closed {
-            self.fail_closed += 1;
-            return;
-        }
+    fn add(&mut self, c: &CadenceStats) {
         let permille = |gap: u64, bound: u64| gap * 1_000 / bound.max(1);
         self.phases += 1;
         self.runs += u64::from(c.runs);
@@ -229,7 +258,6 @@ impl CadenceTotals {
 
     fn merge(&mut self, o: &Self) {
         self.phases += o.phases;
-        self.fail_closed += o.fail_closed;
         self.timely += o.timely;
         self.runs += o.runs;
         self.succeeded += o.succeeded;
@@ -248,15 +276,13 @@ impl CadenceTotals {
     fn line(&self) -> String {
         let pct = |permille: u64| format!("{}.{}", permille / 10, permille % 10);
         format!(
-            "simulation cadence: {} phases ({} timely, {} slow; {} not run, the Worker \
-             fail-closed), {} runs {} succeeded; timely: {} runs {} succeeded, max heartbeat gap \
+            "simulation cadence: {} phases ({} timely, {} slow), {} runs {} succeeded; timely: {} runs {} succeeded, max heartbeat gap \
              {} ms ({} % of its bound), max renewal gap of a running Run {} ms ({} % of its bound; within lease/3 \
              in {} of {} phases); slow: {} Runs lost their lease; up to {} calls outstanding; {} \
              calls timed out",
             self.phases,
             self.timely,
             self.phases - self.timely,
-            self.fail_closed,
             self.runs,
             self.succeeded,
             self.timely_runs,
@@ -275,7 +301,8 @@ impl CadenceTotals {
 }
 
 impl Totals {
-    fn add(&mut self, s: &Summary) {
+    fn add(&mut self, seeded: &Seeded) {
+        let s = &seeded.summary;
         self.steps += u64::from(s.steps);
         self.live_steps += u64::from(s.live_steps);
         self.spawns += u64::from(s.spawns);
@@ -293,8 +320,12 @@ impl Totals {
         self.failed += u64::from(s.runs.failed);
         self.runs_start_failed += u64::from(s.runs.start_failed);
         self.runs_recovery += u64::from(s.runs.recovery);
-        if let Some(cadence) = &s.cadence {
+        if let Some((cadence, ended)) = &seeded.cadence {
             self.cadence.add(cadence);
+            self.succeeded += u64::from(ended.succeeded);
+            self.failed += u64::from(ended.failed);
+            self.runs_start_failed += u64::from(ended.start_failed);
+            self.runs_recovery += u64::from(ended.recovery);
         }
     }
 
@@ -378,6 +409,7 @@ fn env_u64(name: &str) -> Option<u64> {
 #[test]
 fn simulation() {
     if let Some(seed) = env_u64("QL_SIM_SEED") {
+        RECORD.with(|r| r.set(true));
         let result = run_seed(seed, None, &mut |line| println!("{line}"));
         match &result {
             Ok(summary) => println!("{summary:?}"),
@@ -467,6 +499,7 @@ fn checkers_can_fail() {
 /// byte; different seeds differ.
 #[test]
 fn same_seed_same_trace() {
+    RECORD.with(|r| r.set(true));
     let trace = |seed: u64| {
         let mut lines = Vec::new();
         let result = run_seed(seed, None, &mut |line| lines.push(line.to_owned()));
@@ -496,7 +529,7 @@ fn same_seed_same_trace() {
 #[test]
 fn finding_f1_silent_run_needs_the_control_plane() {
     let needing: Vec<u64> = (0..400)
-        .filter(|seed| run_seed(*seed, None, &mut |_| {}).is_ok_and(|s| s.plane_timeout))
+        .filter(|seed| run_seed(*seed, None, &mut |_| {}).is_ok_and(|s| s.summary.plane_timeout))
         .take(3)
         .collect();
     assert!(

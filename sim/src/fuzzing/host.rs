@@ -816,22 +816,6 @@ impl Host {
                 code: Some(String::from("worker_activation_fenced")),
             }));
         }
-        if self.plane.fence_replaced_sessions
-            && matches!(
-                route.operation,
-                Operation::Heartbeat | Operation::Transition
-            )
-            && route.session_id != self.plane.session_id
-        {
-            // A Session the control plane no longer holds current (a late register of another
-            // Session id replaced it) is fenced, as the reference fences it.
-            let mut answer = Answer::new(Outcome::Http(HttpFailure::Status {
-                status: 409,
-                code: Some(String::from("worker_session_fenced")),
-            }));
-            answer.license.session = true;
-            return answer;
-        }
         let valid = self.valid_body(route.operation, &route.session_id, &body, v);
         let mut answer = match (mode, valid) {
             (Mode::Valid, Some(bytes)) => Answer::new(Outcome::Responded(bytes)),

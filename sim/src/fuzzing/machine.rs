@@ -30,9 +30,6 @@ use super::plane::{OfferPolicy, Plane};
 use super::samples;
 use crate::testkit::world::check::{License, SpawnFate};
 
-mod cadence;
-pub use cadence::{CadenceStats, REQUEST_TIMEOUT_MS};
-
 /// Steps per run, at most.
 pub const MAX_STEPS: u32 = 4_000;
 /// Healthy steps after the input is used up.
@@ -81,11 +78,6 @@ pub struct SimOptions {
     /// when "NTP syncs". The control plane keeps the true time; the Worker's monotonic clock
     /// never steps. One byte at setup, and idle steps may step the clock.
     pub clock_steps: bool,
-    /// After the liveness phase, the cadence phase (issue 16, item 7) with this seed: new Runs
-    /// whose calls take the time a seeded link and control plane give them, several
-    /// outstanding, checked for the Session's and the leases' cadence (`cadence.rs`). Reads no
-    /// bytes of the input.
-    pub link: Option<u64>,
 }
 
 /// Calls in flight at once, at most, with [`SimOptions::concurrent`].
@@ -139,8 +131,6 @@ pub struct Summary {
     /// Runs this simulation settled, by how (preloaded settled records are not counted; records
     /// retention removed are).
     pub runs: RunOutcomes,
-    /// What the cadence phase did ([`SimOptions::link`]; its Runs count in [`Self::runs`] too).
-    pub cadence: Option<CadenceStats>,
 }
 
 /// How the Runs of one simulation ended, counted from the records the Worker itself moved into
@@ -287,18 +277,6 @@ pub fn simulate(
     match sim.settle(LIVE_STEPS) {
         Ok(steps) => sim.summary.live_steps = steps,
         Err(stuck) => panic!("INVARIANT liveness: not settled after {LIVE_STEPS} steps: {stuck}"),
-    }
-    if let Some(seed) = faults.link
-        && matches!(
-            lie,
-            None | Some(
-                crate::testkit::world::Lie::SerialCalls
-                    | crate::testkit::world::Lie::NoStartPathRenewal
-            )
-        )
-        && !faults.small_inbox
-    {
-        sim.cadence(seed);
     }
     sim.finish()
 }

@@ -102,13 +102,8 @@ pub struct Plane {
     pub reoffers: bool,
     /// Re-deliveries made.
     pub redelivered: u32,
-    /// The highest sample number handed out ([`MAX_RUNS`]; the simulation's cadence phase
-    /// raises it).
+    /// The highest sample number handed out ([`MAX_RUNS`]).
     pub max_runs: u32,
-    /// A heartbeat or transition of a Session other than the current one is fenced (409
-    /// `worker_session_fenced`). Only the simulation's cadence phase turns it on: there a
-    /// register that timed out may still be applied late, after the Worker moved on.
-    pub fence_replaced_sessions: bool,
 }
 
 /// A string field of a request body.
@@ -150,7 +145,6 @@ impl Plane {
             reoffers: false,
             redelivered: 0,
             max_runs: MAX_RUNS,
-            fence_replaced_sessions: false,
         }
     }
 

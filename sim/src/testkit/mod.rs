@@ -14,6 +14,7 @@
 //! * [`explore`]: the exhaustive, bounded explorer of the model checks.
 
 pub mod act;
+pub mod cadence;
 pub mod explore;
 pub mod sim;
 pub mod world;

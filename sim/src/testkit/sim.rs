@@ -115,6 +115,10 @@ pub struct Sim {
     script: Vec<(On, Answer)>,
     /// When (true time) each outstanding command was issued.
     sent: std::collections::BTreeMap<OpId, UnixMillis>,
+    /// The response body the world gave the last command [`Sim::answer`] performed, if it
+    /// responded (not part of the state; the cadence phase reads what the control plane applied
+    /// from it).
+    pub last_response: Option<Vec<u8>>,
 }
 
 impl Sim {
@@ -143,6 +147,7 @@ impl Sim {
             stream: None,
             script: Vec::new(),
             sent: std::collections::BTreeMap::new(),
+            last_response: None,
         }
     }
 
@@ -215,6 +220,7 @@ impl Sim {
             stream: None,
             script: Vec::new(),
             sent: self.sent.clone(),
+            last_response: None,
         }
     }
 
@@ -420,6 +426,10 @@ impl Sim {
                 // Tracked only with retention on, so it is no state of the other models.
                 self.released |= self.retention && releases(&action, &outcome);
                 self.halt_license = Some(check::halt_license(&action, answer, &outcome));
+                self.last_response = match &outcome {
+                    Outcome::Responded(bytes) => Some(bytes.to_vec()),
+                    _ => None,
+                };
                 if let Err(e) = self
                     .worker
                     .handle(self.clock(), Input::Outcome { id, outcome })
@@ -674,9 +684,9 @@ impl Sim {
     }
 
     /// Feeds a driver notification (a supervisor exited, retention removed a record) while the
-    /// Worker is idle, then polls.
+    /// Worker is idle (with or without calls outstanding), then polls.
     pub fn notify(&mut self, input: Input) {
-        if matches!(self.status, Status::Idle(_)) {
+        if matches!(self.status, Status::Idle(_)) || self.waiting.is_some() {
             self.note(format!("{input:?}"));
             if let Err(e) = self.worker.handle(self.clock(), input) {
                 self.world

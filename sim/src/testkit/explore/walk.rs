@@ -179,7 +179,7 @@ fn settling_move(sim: &Sim) -> Move {
 }
 
 /// How the Runs ended, from the durable records (a completion's exit code is its process's).
-fn ended(sim: &Sim) -> RunOutcomes {
+pub(crate) fn ended(sim: &Sim) -> RunOutcomes {
     let world = &sim.world;
     let mut out = RunOutcomes::default();
     let stored = world.disk.records.values().map(|(record, _)| record);

@@ -233,8 +233,9 @@ pub struct Violation {
 
 /// A deliberately lying host or Worker, for the simulation's self-test
 /// (`tests/tests/simulation.rs`, `checkers_can_fail`): each lie must make a checker report a
-/// violation. Never set by the fuzz targets; the fuzz machine's host applies it (until the
-/// machine drives [`World`], issue 15).
+/// violation. Never set by the fuzz targets. The fuzz machine's host applies the first ten
+/// (until the machine drives [`World`], issue 15); the cadence phase on [`World`]
+/// ([`crate::testkit::cadence`]) applies [`Lie::SerialCalls`] and [`Lie::NoStartPathRenewal`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lie {
     /// The supervisor starts the process of a valid spawn but answers `Rejected`.
@@ -346,6 +347,11 @@ pub struct World {
     /// The Worker's own view of its leases, set by the driver before each command it performs
     /// (not part of the state).
     pub worker_clock: WorkerClock,
+    /// Set by a driver whose calls take time (the cadence phase) before it performs an upload:
+    /// the Run's lease version when the upload's header reached the control plane. The
+    /// reference authorizes the fence then, before it takes any content (reference §2.7), so a
+    /// renewal applied while the content streams does not fence it. Taken by the upload.
+    pub header_lease_version: Option<u64>,
 }
 
 /// What the Worker's clocks say of its leases: its wall-clock reading and the offers whose
@@ -383,6 +389,7 @@ impl World {
             aliases: BTreeMap::new(),
             session_id: None,
             worker_clock: WorkerClock::default(),
+            header_lease_version: None,
         }
         .with_capacity(64)
     }
@@ -599,6 +606,17 @@ impl World {
         let lied = self.worker_lie(action);
         let action = lied.as_ref().unwrap_or(action);
         self.check_act(now, action);
+        self.apply(now, action, answer)
+    }
+
+    /// Performs `action` healthily long after the Worker sent it and gave up on its answer (a
+    /// call its driver timed out on, which the control plane applies later): the effect only.
+    /// The safety checks judged the Worker when it sent the call, not now, so none runs.
+    pub fn perform_late(&mut self, now: UnixMillis, action: &Action) -> Outcome {
+        self.apply(now, action, Answer::Ok)
+    }
+
+    fn apply(&mut self, now: UnixMillis, action: &Action, answer: Answer) -> Outcome {
         if answer == Answer::Unsafe {
             // A storage command that met an unsafe file: nothing read, nothing written.
             return Outcome::Store(StoreFailure::Unsafe);

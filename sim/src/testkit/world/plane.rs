@@ -863,6 +863,7 @@ impl World {
 
     /// The artifact upload: the bytes the "driver" streams are the spool's.
     pub(super) fn upload(&mut self, header: &[u8], answer: Answer) -> Outcome {
+        let header_version = self.header_lease_version.take();
         let mut framed = Vec::with_capacity(header.len() + 4);
         framed.extend_from_slice(&(header.len() as u32).to_be_bytes());
         framed.extend_from_slice(header);
@@ -893,10 +894,11 @@ impl World {
         // The reference authorizes the fence before it takes any content: a live lease at the
         // expected version, or after the completion only an exact replay under its version.
         let expected = upload.fence.expected_lease_version.get();
+        let version = header_version.unwrap_or(run.offer.lease.version.get());
         let authorized = if run.completion.is_some() {
             run.completed_version == Some(expected)
         } else {
-            !run.status.terminal() && expected == run.offer.lease.version.get()
+            !run.status.terminal() && expected == version
         };
         if !authorized {
             return fenced();
