@@ -156,6 +156,15 @@ fn walks_catch_a_broken_host() {
         (Mutation::StartedAsRecovery, "recovery-licensed"),
         (Mutation::WrongRecoveryReason, "recovery-licensed"),
         (Mutation::StoresEveryOffer, "refused-offer-stored"),
+        (Mutation::DoubleSpawn, "at-most-one-spawn"),
+        (Mutation::SpawnsAttemptTwice, "at-most-once-attempt"),
+        (Mutation::SpawnsRunTwice, "at-most-once-run"),
+        (Mutation::DriftedPlan, "spawn-barrier"),
+        (Mutation::SpawnedButRejected, "start-failure-proof"),
+        (Mutation::UploadNotStored, "upload-first"),
+        (Mutation::HungProcesses, "liveness"),
+        (Mutation::RemovalNotDone, "pull-with-room"),
+        (Mutation::SessionStaysDraining, "liveness"),
     ] {
         let mut model = explore::walks();
         for root in &mut model.roots {

@@ -53,20 +53,10 @@ impl Log {
             .collect()
     }
 
-    /// The SHA-256 of [`Log::content`] of `len` bytes, computed once per length (the
-    /// simulation's cadence phase uploads logs of up to 4 MiB, again and again).
+    /// The SHA-256 of [`Log::content`] of `len` bytes.
     #[must_use]
     pub fn digest(len: u64) -> Sha256Digest {
-        thread_local! {
-            static DIGESTS: std::cell::RefCell<BTreeMap<u64, Sha256Digest>> =
-                const { std::cell::RefCell::new(BTreeMap::new()) };
-        }
-        DIGESTS.with(|digests| {
-            *digests
-                .borrow_mut()
-                .entry(len)
-                .or_insert_with(|| Sha256Digest::of(&Self::content(len)))
-        })
+        Sha256Digest::of(&Self::content(len))
     }
 }
 

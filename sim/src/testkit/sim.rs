@@ -561,7 +561,9 @@ impl Sim {
                     format!("{offer_id} ({}) removed", record.state),
                 );
             }
-            self.world.disk.records.remove(&offer_id);
+            if self.world.mutation != Some(crate::testkit::world::Mutation::RemovalNotDone) {
+                self.world.disk.records.remove(&offer_id);
+            }
             self.note(format!("retention removed {}", self.world.alias(&offer_id)));
             self.retained.push(record);
             let removed = Input::RecordRemoved { offer_id };

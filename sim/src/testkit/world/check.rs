@@ -110,7 +110,14 @@ impl World {
     /// Checks `action` against every invariant that concerns it, before it takes effect.
     pub(super) fn check_act(&mut self, now: UnixMillis, action: &Action) {
         match action {
-            Action::Spawn(plan) => self.check_spawn(&SpawnPlan::of(plan)),
+            Action::Spawn(plan) => {
+                let plan = SpawnPlan::of(plan);
+                self.check_spawn(&plan);
+                // A lying Worker's forged second spawn reaches the supervisor too.
+                if let Some(forged) = self.forged_spawn(&plan) {
+                    self.check_spawn(&forged);
+                }
+            }
             Action::PersistRecord { record, .. } => {
                 if let Some(bytes) = self.check_durable(&**record, "record") {
                     self.check_capability_free(&bytes, "record");
@@ -269,6 +276,22 @@ impl World {
             .iter()
             .map(|(id, l)| (id.clone(), log_length(l)))
             .collect()
+    }
+
+    /// The spawn a lying Worker forges beside `plan` ([`super::Mutation::SpawnsAttemptTwice`],
+    /// [`super::Mutation::SpawnsRunTwice`]).
+    fn forged_spawn(&self, plan: &SpawnPlan) -> Option<SpawnPlan> {
+        use super::Mutation as M;
+        let mut forged = plan.clone();
+        match self.mutation? {
+            M::SpawnsAttemptTwice => forged.offer_id = crate::testkit::offer_id(99),
+            M::SpawnsRunTwice => {
+                forged.offer_id = crate::testkit::offer_id(99);
+                forged.attempt_id = AttemptId::new("attempt-forged").ok()?;
+            }
+            _ => return None,
+        }
+        Some(forged)
     }
 
     fn check_spawn(&mut self, plan: &SpawnPlan) {

@@ -171,7 +171,16 @@ impl World {
             Some(
                 Mutation::StartedAsRecovery
                 | Mutation::WrongRecoveryReason
-                | Mutation::StoresEveryOffer,
+                | Mutation::StoresEveryOffer
+                | Mutation::DoubleSpawn
+                | Mutation::SpawnsAttemptTwice
+                | Mutation::SpawnsRunTwice
+                | Mutation::DriftedPlan
+                | Mutation::SpawnedButRejected
+                | Mutation::UploadNotStored
+                | Mutation::HungProcesses
+                | Mutation::RemovalNotDone
+                | Mutation::SessionStaysDraining,
             )
             | None => false,
         };

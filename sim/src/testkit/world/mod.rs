@@ -293,6 +293,28 @@ pub enum Mutation {
     /// stores that offer instead (`accepted`), the digest its revision has in place of the
     /// pinned one, as a Worker that trusts the revision over the control plane's pin would.
     StoresEveryOffer,
+    /// The Worker's side lies: every spawn command reaches the supervisor twice (a forged
+    /// double spawn, as a driver that retried a spawn would make).
+    DoubleSpawn,
+    /// The Worker's side lies: next to every spawn, a forged spawn of the same Attempt under
+    /// another offer id.
+    SpawnsAttemptTwice,
+    /// The Worker's side lies: next to every spawn, a forged spawn of the same Run with another
+    /// Attempt id the control plane never made.
+    SpawnsRunTwice,
+    /// The Worker's side lies: every spawn plan's start time is one millisecond off the durable
+    /// barrier's.
+    DriftedPlan,
+    /// The supervisor starts the process of a valid spawn but answers `Rejected`.
+    SpawnedButRejected,
+    /// A valid upload is answered `stored`, but nothing reaches the control plane.
+    UploadNotStored,
+    /// User processes never end on their own (an unfair environment): exits do not happen.
+    HungProcesses,
+    /// The driver's retention reports a removal but leaves the record in the inbox.
+    RemovalNotDone,
+    /// The control plane registers every Session `draining` (so it never takes work).
+    SessionStaysDraining,
 }
 
 /// Facts the invariants need that are not part of the disk, the process table or the control
@@ -584,6 +606,9 @@ impl World {
 
     /// Applies an event.
     pub fn apply_event(&mut self, now: UnixMillis, event: Event) {
+        if self.mutation == Some(Mutation::HungProcesses) {
+            return;
+        }
         match event {
             Event::Exit {
                 index,
@@ -606,7 +631,14 @@ impl World {
         let lied = self.worker_lie(action);
         let action = lied.as_ref().unwrap_or(action);
         self.check_act(now, action);
-        self.apply(now, action, answer)
+        let outcome = self.apply(now, action, answer);
+        if let (Some(Mutation::DoubleSpawn), Action::Spawn(_)) = (self.mutation, action) {
+            // The lying Worker's spawn reaches the supervisor a second time; its outcome is
+            // the driver's to drop.
+            self.check_act(now, action);
+            let _ = self.apply(now, action, answer);
+        }
+        outcome
     }
 
     /// Performs `action` healthily long after the Worker sent it and gave up on its answer (a
@@ -666,9 +698,15 @@ impl World {
     }
 
     /// The command as a lying Worker would have sent it ([`Mutation::StartedAsRecovery`],
-    /// [`Mutation::WrongRecoveryReason`], [`Mutation::StoresEveryOffer`]), or `None`.
+    /// [`Mutation::WrongRecoveryReason`], [`Mutation::StoresEveryOffer`],
+    /// [`Mutation::DriftedPlan`]), or `None`.
     fn worker_lie(&self, action: &Action) -> Option<Action> {
         use ql_worker_core::record::RecoveryReason as R;
+        if let (Some(Mutation::DriftedPlan), Action::Spawn(plan)) = (self.mutation, action) {
+            let mut drifted = forged_plan(plan);
+            drifted.executor_started_at = plan.executor_started_at.saturating_add(1);
+            return Some(Action::Spawn(Box::new(drifted)));
+        }
         if let (Some(Mutation::StoresEveryOffer), Action::ClearClaim { offer_id, .. }) =
             (self.mutation, action)
             && self.disk.record(offer_id).is_none()
@@ -855,4 +893,21 @@ pub(crate) fn hash_debug(hasher: &mut dyn Hasher, value: &dyn std::fmt::Debug) {
     }
     let _ = std::fmt::write(&mut W(hasher), format_args!("{value:?}"));
     hasher.write_u8(0xfe);
+}
+
+/// A copy of `plan` (the capability's bytes copied), for the lying Worker's forged spawns.
+fn forged_plan(plan: &ql_worker_core::io::LaunchPlan) -> ql_worker_core::io::LaunchPlan {
+    ql_worker_core::io::LaunchPlan {
+        offer_id: plan.offer_id.clone(),
+        run_id: plan.run_id.clone(),
+        attempt_id: plan.attempt_id.clone(),
+        executor_started_at: plan.executor_started_at,
+        command: plan.command.clone(),
+        environment: plan.environment.clone(),
+        working_directory: plan.working_directory.clone(),
+        timeout: plan.timeout,
+        log_artifact_id: plan.log_artifact_id.clone(),
+        callback_sequence: plan.callback_sequence,
+        capability: ql_worker_core::capability::Capability::from_bytes(*plan.capability.expose()),
+    }
 }

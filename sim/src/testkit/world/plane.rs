@@ -319,6 +319,9 @@ impl World {
                 } else {
                     plane.session_version += 1;
                 }
+                if self.mutation == Some(super::Mutation::SessionStaysDraining) {
+                    plane.session_status = SessionStatus::Draining;
+                }
                 REGISTER_SCHEMA
             }
             // The version CAS of the reference's heartbeat and transition: a stale
@@ -914,6 +917,18 @@ impl World {
             None => UploadStatus::Stored,
         };
         let heard = !matches!(answer, Answer::LostAfterCommit | Answer::Invalid);
+        if self.mutation == Some(super::Mutation::UploadNotStored) {
+            // Answered `stored`; nothing reaches the control plane.
+            return Outcome::Uploaded {
+                body: ArtifactReceipt {
+                    status,
+                    sha256: sent,
+                }
+                .to_json(&upload),
+                sent_bytes: upload.byte_length,
+                sent_sha256: sent,
+            };
+        }
         match index {
             Some(i) => run.uploads[i].3 |= heard,
             None => run.uploads.push((entry.0, entry.1, entry.2, heard)),

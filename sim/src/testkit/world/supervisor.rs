@@ -245,6 +245,9 @@ impl World {
             });
         }
         Outcome::Spawned(match answer {
+            Answer::Ok if self.mutation == Some(super::Mutation::SpawnedButRejected) => {
+                SpawnOutcome::Rejected
+            }
             Answer::Ok => SpawnOutcome::Started {
                 handle,
                 started_at: plan.executor_started_at,
