@@ -1,11 +1,10 @@
-//! Replays every checked-in corpus of the decoder and machine fuzz targets
-//! (`fuzz/corpus/<target>/*`) through the same entry points the cargo-fuzz targets use
-//! (`ql_worker_sim::fuzzing`), on stable, in every test run. Files named `seed-*` are the
-//! generated seeds and must be accepted (decoders) or reach a milestone (machines); every other
-//! file (minimised fuzzer finds, regression inputs) must run without a panic. The minimised
-//! corpora (`fuzz/corpus-min/<target>/*`) of the decoder, machine and wire targets are replayed
-//! here too (the wire seeds are replayed by `wire_fuzz_corpus.rs`; `machine_walk`'s corpora by
-//! `walks.rs`). See `docs/fuzzing.md`.
+//! Replays every checked-in corpus of the decoder fuzz targets (`fuzz/corpus/<target>/*`)
+//! through the same entry points the cargo-fuzz targets use (`ql_worker_sim::fuzzing`), on
+//! stable, in every test run. Files named `seed-*` are the generated seeds and must be accepted;
+//! every other file (minimised fuzzer finds, regression inputs) must run without a panic. The
+//! minimised corpora (`fuzz/corpus-min/<target>/*`) of the decoder and wire targets are replayed
+//! here too (the wire seeds are replayed by `wire_fuzz_corpus.rs`; the machine target
+//! `machine_walk`'s corpus by `walks.rs`). See `docs/fuzzing.md`.
 //!
 //! The seeds are written by the ignored test `write_seed_corpora`:
 //! `cargo test -p ql-worker-core --test fuzz_corpus -- --ignored write_seed_corpora`.
@@ -19,12 +18,10 @@ use ql_worker_core::receipt::Receipt;
 use ql_worker_core::record::InboxRecord;
 use ql_worker_core::truncation::TruncationFact;
 use ql_worker_sim::fuzzing::decoders::{self, Tally, frame};
-use ql_worker_sim::fuzzing::machine::{self, Scenario, Summary};
 use ql_worker_sim::fuzzing::samples;
 use ql_worker_sim::fuzzing::wire;
 
 type Decoder = fn(&[u8]) -> bool;
-type Machine = fn(&[u8]) -> Summary;
 
 const DECODERS: [(&str, Decoder); 5] = [
     ("envelope_inbox_record", decoders::envelope_inbox_record),
@@ -35,12 +32,6 @@ const DECODERS: [(&str, Decoder); 5] = [
         decoders::envelope_truncation_fact,
     ),
     ("receipt_authenticate", decoders::receipt_authenticate),
-];
-
-const MACHINES: [(&str, Machine); 3] = [
-    ("machine_start_path", machine::machine_start_path),
-    ("machine_finish_path", machine::machine_finish_path),
-    ("machine_lifecycle", machine::machine_lifecycle),
 ];
 
 fn corpus_dir(target: &str) -> PathBuf {
@@ -91,18 +82,12 @@ fn minimised(target: &str) -> Vec<Vec<u8>> {
     files
 }
 
-/// Every target's minimised corpus replays through the entry point the fuzzer used: wire and
-/// decoder inputs without a panic, machine inputs with every invariant checked.
+/// Every target's minimised corpus replays through the entry point the fuzzer used, without a
+/// panic.
 #[test]
 fn minimised_corpora_replay() {
     let mut replayed = 0;
     for (target, entry) in WIRE.iter().chain(DECODERS.iter()) {
-        for bytes in minimised(target) {
-            let _ = entry(&bytes);
-            replayed += 1;
-        }
-    }
-    for (target, entry) in MACHINES {
         for bytes in minimised(target) {
             let _ = entry(&bytes);
             replayed += 1;
@@ -239,33 +224,10 @@ fn decoder_targets_survive_truncations_and_byte_flips_of_every_seed() {
     }
 }
 
+/// The receipt target's empty input is its happy path: a genuine receipt authenticates.
 #[test]
-fn machine_corpora_replay_and_seeds_reach_a_milestone() {
-    for (target, entry) in MACHINES {
-        let files = corpus(target);
-        assert!(
-            files.iter().any(|(n, _)| n.starts_with("seed-")),
-            "{target} has seeds"
-        );
-        for (name, bytes) in files {
-            let summary = entry(&bytes);
-            if name.starts_with("seed-") {
-                assert!(summary.milestone(), "{target}: seed {name}: {summary:?}");
-            }
-        }
-    }
-}
-
-#[test]
-fn the_empty_input_is_the_happy_path() {
-    let start = machine::machine_start_path(&[]);
-    assert!(start.completed >= 1 && start.halts == 0, "{start:?}");
-    let finish = machine::machine_finish_path(&[]);
-    assert!(finish.completed >= 1 && finish.halts == 0, "{finish:?}");
-    let life = machine::machine_lifecycle(&[]);
-    assert!(life.halts == 0 && life.restarts == 0, "{life:?}");
+fn the_empty_receipt_input_authenticates() {
     assert!(decoders::receipt_authenticate(&[]));
-    println!("{start:?}\n{finish:?}\n{life:?}");
 }
 
 fn write(dir: &Path, name: &str, bytes: &[u8]) {
@@ -282,35 +244,6 @@ fn write_envelope_seeds<T: envelope::Durable>(target: &str, values: &[T]) {
         write(&dir, &format!("seed-{i:02}.env"), &bytes);
         write(&dir, &format!("seed-{i:02}.body"), body);
     }
-}
-
-/// Machine seeds: the happy path of each setup byte, and single faults at a few positions.
-fn write_machine_seeds(target: &str, entry: Machine) {
-    let dir = corpus_dir(target);
-    let mut kept: Vec<Summary> = Vec::new();
-    let mut index = 0;
-    for setup in [0u8, 0x21, 0x4b, 0x96] {
-        for (at, byte) in [
-            (0, 0),
-            (12, 200),
-            (20, 203),
-            (30, 241),
-            (30, 250),
-            (40, 185),
-            (25, 212),
-        ] {
-            let mut input = vec![setup, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-            input.resize(at + 10, 0);
-            input.push(byte);
-            let summary = entry(&input);
-            if summary.milestone() && !kept.contains(&summary) && index < 8 {
-                kept.push(summary);
-                write(&dir, &format!("seed-{index:02}.bin"), &input);
-                index += 1;
-            }
-        }
-    }
-    assert!(index > 0, "{target}: no seed reached a milestone");
 }
 
 /// The sample values of the envelope seeds (`fuzzing::samples`).
@@ -373,185 +306,4 @@ fn write_seed_corpora() {
         }
     }
     write(&dir, "seed-empty.bin", &[]);
-    for (target, entry) in MACHINES {
-        write_machine_seeds(target, entry);
-    }
-}
-
-fn machine_target(name: &str) -> Scenario {
-    match name {
-        "machine_start_path" => Scenario::StartPath,
-        "machine_finish_path" => Scenario::FinishPath,
-        "machine_lifecycle" => Scenario::Lifecycle,
-        other => panic!("FUZZ_TARGET must name a machine target, not {other:?}"),
-    }
-}
-
-/// Prints the step-by-step trace of one machine input:
-/// `FUZZ_TARGET=machine_start_path FUZZ_INPUT=path cargo test -p
-/// ql-worker-core --test fuzz_corpus -- --ignored --nocapture trace_machine_input`.
-#[test]
-#[ignore = "a tool: reads FUZZ_TARGET and FUZZ_INPUT"]
-fn trace_machine_input() {
-    let scenario = machine_target(&std::env::var("FUZZ_TARGET").unwrap());
-    let data = fs::read(std::env::var("FUZZ_INPUT").unwrap()).unwrap();
-    let summary = machine::run_traced(scenario, &data, &mut |line| println!("{line}"));
-    println!("{summary:?}");
-}
-
-/// Many pseudo-random op sequences through every machine target (a quick stable stand-in for
-/// the fuzzer): `FUZZ_RUNS=2000 FUZZ_SEED=7 [FUZZ_TARGET=machine_…] cargo test
-/// --release -p ql-worker-core --test fuzz_corpus -- --ignored random_machine_inputs`. A failing
-/// input is written to `target/fuzz-failure-<target>.bin`.
-#[test]
-#[ignore = "a tool: slow in debug builds"]
-fn random_machine_inputs() {
-    let runs: u64 = std::env::var("FUZZ_RUNS").map_or(300, |v| v.parse().unwrap());
-    let mut x: u64 = std::env::var("FUZZ_SEED").map_or(1, |v| v.parse().unwrap());
-    for i in 0..runs {
-        let len = 20 + usize::try_from(i % 200).unwrap();
-        let data: Vec<u8> = (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let b = u8::try_from((x >> 24) & 0xff).unwrap();
-                match x % 4 {
-                    0 => 0,
-                    1 => 200 + b % 56,
-                    _ => b,
-                }
-            })
-            .collect();
-        for (target, _) in MACHINES {
-            if std::env::var("FUZZ_TARGET").is_ok_and(|t| t != target) {
-                continue;
-            }
-            let scenario = machine_target(target);
-            let run = std::panic::catch_unwind(|| machine::run(scenario, &data));
-            if run.is_err() {
-                let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                    .join(format!("../target/fuzz-failure-{target}.bin"));
-                fs::write(&path, &data).unwrap();
-                panic!("{target}: failing input written to {}", path.display());
-            }
-        }
-    }
-}
-
-/// The panic message of a machine input, if it panics.
-fn machine_failure(scenario: Scenario, data: &[u8]) -> Option<String> {
-    let run = std::panic::catch_unwind(|| machine::run(scenario, data));
-    let payload = run.err()?;
-    payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_string()))
-        .or_else(|| Some(String::from("panic")))
-}
-
-/// Shrinks a failing machine input while it keeps failing with the same invariant (drops
-/// chunks, then zeroes bytes) and writes `<FUZZ_INPUT>.min`:
-/// `FUZZ_TARGET=… FUZZ_INPUT=… cargo test --release -p ql-worker-core --test
-/// fuzz_corpus -- --ignored minimize_machine_input`.
-#[test]
-#[ignore = "a tool: reads FUZZ_TARGET and FUZZ_INPUT"]
-fn minimize_machine_input() {
-    let scenario = machine_target(&std::env::var("FUZZ_TARGET").unwrap());
-    let input = std::env::var("FUZZ_INPUT").unwrap();
-    let mut data = fs::read(&input).unwrap();
-    std::panic::set_hook(Box::new(|_| {}));
-    let failure = machine_failure(scenario, &data).expect("the input must fail");
-    let invariant: String = failure.split(':').next().unwrap().to_string();
-    let same = |d: &[u8]| machine_failure(scenario, d).is_some_and(|f| f.starts_with(&invariant));
-    let mut chunk = data.len().max(1);
-    while chunk >= 1 {
-        let mut at = 0;
-        while at < data.len() {
-            let mut candidate = data.clone();
-            candidate.drain(at..(at + chunk).min(data.len()));
-            if same(&candidate) {
-                data = candidate;
-            } else {
-                at += chunk;
-            }
-        }
-        chunk /= 2;
-    }
-    for i in 0..data.len() {
-        if data[i] != 0 {
-            let mut candidate = data.clone();
-            candidate[i] = 0;
-            if same(&candidate) {
-                data = candidate;
-            }
-        }
-    }
-    let _ = std::panic::take_hook();
-    fs::write(format!("{input}.min"), &data).unwrap();
-    println!("{invariant}\n{} bytes: {data:02x?}", data.len());
-}
-
-/// Runs the committed reproducer of a bug these targets found (fixed in `0f4c600`); every
-/// invariant is checked.
-fn reproducer(target: &str, file: &str) {
-    let data = fs::read(corpus_dir(target).join(file)).unwrap();
-    let summary = machine::run(machine_target(target), &data);
-    println!("{summary:?}");
-}
-
-/// Known bug `pull-after-midtick-latch` (then `core/src/lifecycle.rs`): the Pull queued when the
-/// tick was planned still runs after supervision in the same tick recorded lease loss and
-/// latched fail-closed (reference lifecycle test 6.7 #4: "fails closed before Pull when active
-/// supervision records lease loss"). Fixed in `0f4c600`.
-#[test]
-fn regression_pull_after_midtick_latch() {
-    reproducer("machine_start_path", "bug-pull-after-midtick-latch.bin");
-}
-
-/// Known bug `pull-before-reconciled` (then `core/src/ops.rs` `list_resume`, `lifecycle.rs`
-/// `on_listed`): a storage failure on a startup reconciliation page is reported as an empty
-/// last page, so reconciliation "completes" without listing the inbox; the Worker goes active,
-/// never applies the restart rules (a `launching` record is not marked recovery), and pulls.
-#[test]
-fn regression_pull_before_reconciled() {
-    reproducer("machine_finish_path", "bug-pull-before-reconciled.bin");
-}
-
-/// Known bug `pull-before-reconciled`, drain variant: after the same failed reconciliation page
-/// a drain request stops the Worker (`Drained`, Session offline) with an unsettled `launching`
-/// record on disk.
-#[test]
-fn regression_drained_with_unsettled_records() {
-    reproducer(
-        "machine_finish_path",
-        "bug-pull-before-reconciled-drain.bin",
-    );
-}
-
-/// Copies the inputs of `FUZZ_FROM` that the wire target `FUZZ_TARGET` accepts into its
-/// checked-in corpus (the wire replay test requires every wire corpus file to be accepted):
-/// `FUZZ_TARGET=wire_offer_response FUZZ_FROM=/tmp/min/wire_offer_response cargo test -p
-/// ql-worker-core --test fuzz_corpus -- --ignored copy_accepted_wire_inputs`.
-#[test]
-#[ignore = "a tool: reads FUZZ_TARGET and FUZZ_FROM"]
-fn copy_accepted_wire_inputs() {
-    let target = std::env::var("FUZZ_TARGET").unwrap();
-    let (_, entry) = WIRE
-        .into_iter()
-        .find(|(name, _)| *name == target)
-        .unwrap_or_else(|| panic!("not a wire target: {target}"));
-    let from = PathBuf::from(std::env::var("FUZZ_FROM").unwrap());
-    let dir = corpus_dir(&target);
-    let mut copied = 0;
-    for entry_path in fs::read_dir(&from).unwrap() {
-        let path = entry_path.unwrap().path();
-        let bytes = fs::read(&path).unwrap();
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        if entry(&bytes) && !dir.join(&name).exists() {
-            fs::write(dir.join(&name), &bytes).unwrap();
-            copied += 1;
-        }
-    }
-    println!("{target}: {copied} accepted inputs copied");
 }

@@ -13,8 +13,7 @@
 //! [`World`]: ql_worker_sim::testkit::world::World
 
 use ql_worker_core::record::State;
-use ql_worker_sim::fuzzing::machine::RunOutcomes;
-use ql_worker_sim::testkit::explore::walk::{self, Walk, Walked};
+use ql_worker_sim::testkit::explore::walk::{self, RunOutcomes, Walk, Walked};
 use ql_worker_sim::testkit::explore::{self, CatchPanics, Model};
 use ql_worker_sim::testkit::world::Mutation;
 

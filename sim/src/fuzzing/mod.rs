@@ -4,9 +4,8 @@
 //!
 //! * [`decoders`]: the four envelope kinds (raw and below the checksum) and receipt
 //!   authentication.
-//! * [`machine`]: the whole [`Worker`](ql_worker_core::worker::Worker) driven by a fuzzed op sequence
-//!   through a fuzz host ([`host`]) that answers every action, injects faults and crashes, and
-//!   checks the safety invariants after every step.
+//! * The machine target `machine_walk` walks the one simulated world
+//!   ([`crate::testkit::explore::walk::fuzz`]).
 //!
 //! Op sequences are decoded from raw bytes by [`bytes::Bytes`], a reader that never fails
 //! (zero past the end), so the core needs no `arbitrary` dependency and the stable replay test
@@ -14,8 +13,5 @@
 
 pub mod bytes;
 pub mod decoders;
-pub mod host;
-pub mod machine;
-pub mod plane;
 pub mod samples;
 pub mod wire;

@@ -40,10 +40,10 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::fuzzing::machine::RunOutcomes;
 use crate::testkit::act;
+use crate::testkit::explore::walk::RunOutcomes;
 use crate::testkit::sim::{Sim, Status};
-use crate::testkit::world::{Answer, Event, Lie, OfferTemplate, ProcessState, ReceiptKind, World};
+use crate::testkit::world::{Answer, Event, OfferTemplate, ProcessState, ReceiptKind, World};
 use ql_worker_core::ids::OfferId;
 use ql_worker_core::io::{Action, HttpFailure, Input, OpId, Outcome};
 use ql_worker_core::record::{RecoveryReason, State};
@@ -85,6 +85,18 @@ const PHASE_LIMIT_MS: u64 = 2 * 3_600_000;
 /// Commands the driver lets be outstanding at once here: never the limit (the Worker's lanes
 /// are).
 const WINDOW: usize = 64;
+
+/// A deliberately lying Worker, for the simulation's self-test (`tests/tests/simulation.rs`,
+/// `checkers_can_fail`): each lie must make a cadence check report a violation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lie {
+    /// The link carries one call at a time, each waiting for the one before it to be answered,
+    /// as a Worker with one loop and one call at a time would.
+    SerialCalls,
+    /// A lease renewal of a Run not yet running never reaches the control plane (answered as a
+    /// refused connection), as for a Worker that renews only running Runs.
+    NoStartPathRenewal,
+}
 
 /// What the cadence phase of one seed did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -705,6 +705,7 @@ pub fn start_path() -> Model {
         exits: false,
         duplicates: false,
         unsafe_storage: false,
+        damaged_answers: false,
         ..Menu::everything()
     };
     let secret = crate::testkit::secret_revision();
@@ -786,6 +787,7 @@ pub fn finish_path() -> Model {
         entropy_variants: false,
         duplicates: false,
         unsafe_storage: false,
+        damaged_answers: false,
         ..Menu::everything()
     };
     Model {

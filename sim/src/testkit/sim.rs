@@ -115,6 +115,15 @@ pub struct Sim {
     script: Vec<(On, Answer)>,
     /// When (true time) each outstanding command was issued.
     sent: std::collections::BTreeMap<OpId, UnixMillis>,
+    /// The highest wall-clock reading this incarnation of the Worker had when it performed a
+    /// command: a lease it judged expired by its wall clock then stays expired to it after the
+    /// clock steps back (it never trusts a lease again once it judged it lost), so the lease
+    /// checks judge by the highest reading ([`WorkerClock::wall`]).
+    pub wall_high: Option<UnixMillis>,
+    /// Whether this incarnation of the Worker listed the whole inbox (an inbox page answered
+    /// with no next cursor): startup reconciliation is done, and a Pull may begin
+    /// (`reconcile-first`).
+    pub reconciled: bool,
     /// The response body the world gave the last command [`Sim::answer`] performed, if it
     /// responded (not part of the state; the cadence phase reads what the control plane applied
     /// from it).
@@ -148,6 +157,8 @@ impl Sim {
             script: Vec::new(),
             sent: std::collections::BTreeMap::new(),
             last_response: None,
+            reconciled: false,
+            wall_high: None,
         }
     }
 
@@ -221,6 +232,8 @@ impl Sim {
             script: Vec::new(),
             sent: self.sent.clone(),
             last_response: None,
+            reconciled: self.reconciled,
+            wall_high: self.wall_high,
         }
     }
 
@@ -234,6 +247,8 @@ impl Sim {
         let sent: Vec<&UnixMillis> = self.sent.values().collect();
         let drain = self.drain_asked;
         hash_debug(hasher, &(&self.status, self.waiting, self.now, sent, drain));
+        hasher.write_u8(u8::from(self.reconciled));
+        hash_debug(hasher, &self.wall_high);
         hash_debug(hasher, &(self.last_swept, self.released));
     }
 
@@ -329,7 +344,10 @@ impl Sim {
                     Status::Stopped(reason)
                 }
                 Output::Halted(reason) => {
-                    if matches!(reason, HaltReason::StoreConflict) {
+                    // A conflict the store did not report on purpose means the Worker's own
+                    // revision sequence broke.
+                    let injected = self.halt_license.is_some_and(|l| l.conflict);
+                    if matches!(reason, HaltReason::StoreConflict) && !injected {
                         self.world
                             .violation("worker-error", format!("the Worker halted: {reason}"));
                     } else if self.halt_license.is_some_and(|l| !l.allows(&reason)) {
@@ -357,6 +375,28 @@ impl Sim {
             self.world.violation(
                 "drain-no-pull",
                 String::from("a Pull starts while draining"),
+            );
+        }
+        if matches!(action, Action::ReadClaim) && !self.reconciled {
+            self.world.violation(
+                "reconcile-first",
+                String::from("a Pull starts before startup reconciliation listed the whole inbox"),
+            );
+        }
+        // A launch (its starting ACK, its spawn) never begins once a drain was asked of this
+        // incarnation, nor while it is fail-closed.
+        let launch =
+            matches!(action, Action::Spawn(_)) || act::is_post(&action, Operation::Starting);
+        if launch && self.drain_asked.is_some() {
+            self.world.violation(
+                "drain-no-launch",
+                format!("{} after the drain was requested", act::kind(&action)),
+            );
+        }
+        if launch && let Some(latch) = self.worker.fail_closed() {
+            self.world.violation(
+                "fail-closed-no-launch",
+                format!("{} while fail-closed ({latch:?})", act::kind(&action)),
             );
         }
         // A claim write comes before every `offers` request (a Pull that only settles a claim
@@ -423,6 +463,16 @@ impl Sim {
                 let again =
                     duplicated.then(|| self.world.clone().perform(self.now, &action, answer));
                 let outcome = self.world.perform(self.now, &action, answer);
+                self.reconciled |= matches!(
+                    (&action, &outcome),
+                    (
+                        Action::ListInbox { .. },
+                        Outcome::InboxListed {
+                            next_after: None,
+                            ..
+                        }
+                    )
+                );
                 // Tracked only with retention on, so it is no state of the other models.
                 self.released |= self.retention && releases(&action, &outcome);
                 self.halt_license = Some(check::halt_license(&action, answer, &outcome));
@@ -605,9 +655,12 @@ impl Sim {
     /// What the Worker's clocks say of its leases now, and when it issued command `id` (see
     /// [`WorkerClock`]).
     fn worker_clock(&mut self, id: OpId) -> WorkerClock {
+        let wall = self.worker.clock_reading().wall;
+        let wall = self.wall_high.map_or(wall, |high| high.max(wall));
+        self.wall_high = Some(wall);
         let offers = self.world.disk.records.keys();
         WorkerClock {
-            wall: Some(self.worker.clock_reading().wall),
+            wall: Some(wall),
             timed: offers
                 .filter(|o| self.worker.times_lease(o))
                 .cloned()
@@ -629,6 +682,8 @@ impl Sim {
         }
         self.worker = Worker::new(config, self.clock());
         self.drain_asked = None;
+        self.reconciled = false;
+        self.wall_high = None;
         self.last_swept = None;
         self.released = false;
         self.abandon();

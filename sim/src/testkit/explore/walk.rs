@@ -20,7 +20,6 @@
 
 use super::{Budget, Found, Guard, Model, Move, Node, apply, describe, moves};
 use crate::fuzzing::bytes::Bytes;
-use crate::fuzzing::machine::RunOutcomes;
 use crate::testkit::sim::{Sim, Status};
 use crate::testkit::world::{Answer, Event, ProcessState, ReceiptKind, check};
 use ql_worker_core::record::State;
@@ -39,6 +38,48 @@ pub const SETTLE_MOVES: usize = 400_000;
 const TRACE_LINES: usize = 4000;
 /// One hour, the size of a wall-clock step.
 const HOUR_MS: i64 = 3_600_000;
+
+/// How the Runs of a walk (or of the cadence phase) ended, counted from the records the Worker
+/// itself moved into a final state (a record counts once, under the state it ends in; records
+/// the driver's retention removed count under the state they left in).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunOutcomes {
+    /// `completion_acknowledged`, and the completion the Worker reported had exit code 0.
+    pub succeeded: u32,
+    /// `completion_acknowledged` with a non-zero exit code.
+    pub failed: u32,
+    /// `start_failure_acknowledged` (the control plane applied the start failure).
+    pub start_failed: u32,
+    /// `recovery_required` (each needs a cause the seed injected: `recovery-licensed`).
+    pub recovery: u32,
+}
+
+impl RunOutcomes {
+    /// Counts a record that ends in `state`; `exit` is the exit code of its completion (for
+    /// `completion_acknowledged`: none counts as failed). Records in other states count nowhere.
+    pub fn count(&mut self, state: State, exit: Option<u64>) {
+        match state {
+            State::CompletionAcknowledged if exit == Some(0) => self.succeeded += 1,
+            State::CompletionAcknowledged => self.failed += 1,
+            State::StartFailureAcknowledged => self.start_failed += 1,
+            State::RecoveryRequired => self.recovery += 1,
+            State::Accepted
+            | State::StartingAcknowledged
+            | State::Launching
+            | State::Started
+            | State::RunningAcknowledged
+            | State::StartFailed => {}
+        }
+    }
+
+    /// Adds `other`'s counts.
+    pub fn add(&mut self, other: Self) {
+        self.succeeded += other.succeeded;
+        self.failed += other.failed;
+        self.start_failed += other.start_failed;
+        self.recovery += other.recovery;
+    }
+}
 
 /// What a walk explores: the model's menu and bounds (the budget of the fuzzed part), its root,
 /// and whether the host's wall clock may step.
@@ -110,7 +151,8 @@ fn pick_healthy(options: &[(Move, Budget)]) -> Option<(Move, Budget)> {
 /// Whether the walk has settled: nothing left to offer, no process running, every record
 /// terminal, `recovery_required` or dormant (before the spawn barrier with its lease expired:
 /// it can never start, and the control plane reclaims its Run), the Worker idle with nothing
-/// outstanding. A Worker that
+/// outstanding, and no `completion_acknowledged` record's receipt (which holds the capability)
+/// left on disk. A Worker that
 /// fails closed (a `recovery_required` record) takes no more offers and launches nothing, so
 /// then offers may be left and records before the spawn barrier may stay where they are.
 fn settled(sim: &Sim) -> bool {
@@ -129,6 +171,11 @@ fn settled(sim: &Sim) -> bool {
                 || r.state == State::RecoveryRequired
                 || r.is_dormant(sim.now)
                 || (fail_closed && r.state.is_pre_barrier())
+        })
+        // A settled Run's receipt (it holds the capability) is gone.
+        && world.disk.records.values().all(|(r, _)| {
+            r.state != State::CompletionAcknowledged
+                || !world.disk.receipts.contains_key(&r.offer.candidate.attempt_id)
         })
 }
 

@@ -1,8 +1,8 @@
-//! The one checker set: the safety invariants of the simulated host, their rules shared by both
-//! drivers that still keep host state of their own (the scenario tests and model checks over
-//! [`World`], and the fuzz machine over `fuzzing::host::Host` with its [`Ghost`]).
+//! The one checker set: the safety invariants of the one simulated host ([`World`]), which the
+//! scenario tests, the model checks, the walks, the simulation and the fuzz target
+//! `machine_walk` all drive.
 //!
-//! Rules both drivers apply through the same functions of this module:
+//! Rules with a function of their own (a pure rule over plain facts):
 //!
 //! * `at-most-one-spawn`, `at-most-once-attempt`, `at-most-once-run` ([`spawn_once`]): at most
 //!   one spawn per offer, across every crash and restart; at most one spawn per Attempt id,
@@ -12,8 +12,9 @@
 //! * `start-failure-proof` ([`start_failure_proven`]): `start-failure` only when no spawn was
 //!   issued for the offer, or the spawn was answered `Rejected`, and no process of the offer
 //!   exists.
-//! * `no-capability-at-rest` ([`CapabilityForms`]): no persisted record or claim (and, for the
-//!   fuzz host, no request body or upload header) contains a capability, raw, base64url or hex.
+//! * `no-capability-at-rest` ([`CapabilityForms`]): no persisted record or claim contains a
+//!   capability (any entropy draw's first 32 bytes), raw, base64url or hex; `no-capability-sent`:
+//!   no request body or upload header carries a launch's capability.
 //! * `persist-valid` ([`record_write`]): every record write is a first publication of a valid
 //!   `accepted` record at revision 0 over no stored record, or a replace at exactly
 //!   `expected + 1` that the journal's `check_transition` accepts.
@@ -32,8 +33,7 @@
 //!   it).
 //! * `receipt-authenticated` ([`receipt_authenticated`]): upload and completion only while
 //!   the host knows the Attempt's receipt is the supervisor's genuine one (never after a forged
-//!   or malformed receipt): World by the receipt on disk, the fuzz host by the last receipt it
-//!   served in this incarnation.
+//!   or malformed receipt), by the receipt on disk.
 //! * `no-secret-at-rest` ([`secret_free`]): no Secret value the control plane handed out in a
 //!   persisted record or claim, a request body or an upload header.
 //! * `running-ack-after-started` ([`running_ack_allowed`]): the running ACK only while
@@ -44,14 +44,14 @@
 //!   plan's offer, Run, Attempt, start time, log id, callback sequence and capability digest
 //!   (core's `Barrier::check`, the rule the real supervisor runs).
 //!
-//! [`World`] also checks, on every command before it takes effect:
+//! And, on every command before it takes effect:
 //!
 //! * `stored-before-clear`: a claim whose offer was delivered is cleared only once the offer is
 //!   in the inbox, unless the claim was given up: it belongs to another Session than the one
 //!   the Worker stored last, or it used its [`CLAIM_ATTEMPTS`].
 //! * `completion-before-acknowledged`: `completion_acknowledged` is persisted only after the
 //!   control plane applied the completion.
-//! * `recovery-licensed` ([`recovery_licensed`], which the fuzz host applies too): a record
+//! * `recovery-licensed` ([`recovery_licensed`]): a record
 //!   enters `recovery_required` only for a cause the seed injected
 //!   ([`super::Evidence`]'s `recovery_causes`; `docs/simulation.md` has the table), or, for a
 //!   lease-loss reason, once the lease has expired as the Worker may judge it (the rule of
@@ -61,40 +61,39 @@
 //!   `lease_slack`; or, for a lease the Worker does not time, by its wall clock:
 //!   [`super::WorkerClock`]), the control plane said the Run is terminal, the
 //!   `stop_requested` lease version is durable, or the Worker's drain budget has ended.
-//! * `fail-closed-no-pull` ([`fail_closed_by`], which the fuzz host applies too): no Pull
+//! * `fail-closed-no-pull` ([`fail_closed_by`]): no Pull
 //!   starts (its first command, reading the claim) while any durable record is
 //!   `recovery_required` (reference §4.7: fail closed, never pull again).
 //! * `durable-decode`: every record and claim written encodes as its envelope and decodes back
-//!   to itself (the fuzz host stores the bytes and checks the same on every read).
+//!   to itself (the disk keeps those bytes, so every read returns what they decode to).
 //! * `started-needs-spawn`: a `started` write names the handle of a process the supervisor
-//!   spawned for that offer (the fuzz host checks it against its `Ghost`'s spawn fates).
-//! * `stop-known-handle`: a stop names a handle the supervisor issued (as the fuzz host).
+//!   spawned for that offer; `start-failure-proof` holds for a `start_failed` write as for the
+//!   `start-failure` request (the record says nothing of a live process: the spawn's fate only).
+//! * `stop-known-handle`: a stop names a handle the supervisor issued.
 //! * `pull-with-room` ([`pull_with_room`], checked by the scenario driver, which knows the
-//!   configured capacity; the fuzz host applies the same rule): no claim written (the step
-//!   before every `offers` request) while every place of the inbox is taken.
+//!   configured capacity): no claim written (the step before every `offers` request) while
+//!   every place of the inbox is taken.
 //!
-//! The scenario driver adds `worker-error` (the Worker refused an outcome or halted on a
-//! conflict) and `drain-no-pull` (no Pull starts once the Worker is draining), and the explorer
-//! `panic` (a core assertion fired).
-//!
-//! [`Ghost`] holds what the fuzz host knows and the Worker must not (or cannot) see, and checks
-//! the rules only the fuzz machine applies so far (Pull latch, record states against spawn
-//! fates, no Secret value at rest; `docs/fuzzing.md`), and `recovery-licensed` with the fuzz
-//! host's own causes.
+//! The driver ([`crate::testkit::sim::Sim`]) adds `worker-error` (the Worker refused an outcome,
+//! or halted on a conflict the store did not report), `halt-licensed` (every halt on an answer
+//! that allows it), `duplicate-refused`, `drain-no-pull` (no Pull starts once the Worker is
+//! draining), `drain-no-launch` and `fail-closed-no-launch` (no starting ACK and no spawn once a drain was asked of this incarnation, or while it is fail-closed),
+//! `reconcile-first` (no Pull before this incarnation's startup reconciliation listed the whole
+//! inbox) and `retention-removes-only-unneeded`; the walks add `liveness`, the explorer `panic`
+//! (a core assertion fired), the cadence phase its cadence checks.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use base64::Engine as _;
 use serde_json::Value;
 
 use super::{Answer, SpawnPlan, Violation, World};
 use crate::testkit::act;
-use ql_worker_core::barrier::Barrier;
 use ql_worker_core::claim::{ClaimCreate, PendingClaim, check_clear, check_create, check_replace};
 use ql_worker_core::ids::{
     AttemptId, LogArtifactId, OfferId, Revision, RunId, SessionId, Sha256Digest,
 };
-use ql_worker_core::io::{Action, HttpCall, HttpFailure, LaunchPlan, Outcome, StoreFailure};
+use ql_worker_core::io::{Action, HttpCall, HttpFailure, Outcome, StoreFailure};
 use ql_worker_core::record::{InboxRecord, RecoveryReason, State, check_transition};
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
@@ -120,10 +119,11 @@ impl World {
             }
             Action::PersistRecord { record, .. } => {
                 if let Some(bytes) = self.check_durable(&**record, "record") {
-                    self.check_capability_free(&bytes, "record");
+                    self.check_capability_free(&bytes, "persisted record");
                     self.check_secret_free(&bytes, "persisted record");
                 }
                 self.check_started_spawned(record);
+                self.check_start_failed(record);
                 self.check_recovery_licensed(now, record);
                 let run = self.plane.runs.get(&record.offer.offer_id).map(|r| r.n);
                 if run.is_some_and(|n| self.plane.refused.contains(&n)) {
@@ -158,7 +158,7 @@ impl World {
             }
             Action::PersistClaim { claim, .. } => {
                 if let Some(bytes) = self.check_durable(&**claim, "claim") {
-                    self.check_capability_free(&bytes, "claim");
+                    self.check_capability_free(&bytes, "persisted claim");
                     self.check_secret_free(&bytes, "persisted claim");
                 }
             }
@@ -217,10 +217,12 @@ impl World {
                     );
                 }
                 self.check_secret_free(&call.body, "request body");
+                self.check_capability_unsent(&call.body, "request body");
                 self.check_post(act::operation(call), &call.body);
             }
             Action::UploadLog { header, .. } => {
                 self.check_secret_free(header, "upload header");
+                self.check_capability_unsent(header, "upload header");
                 let v: Value = serde_json::from_slice(header).unwrap_or(Value::Null);
                 let attempt = v.get("attemptId").and_then(Value::as_str).unwrap_or("");
                 self.check_receipt_genuine(attempt, "upload");
@@ -338,7 +340,22 @@ impl World {
         if leaked {
             self.violation(
                 "no-capability-at-rest",
-                format!("a persisted {what} contains drawn capability bytes"),
+                format!("a {what} contains drawn capability bytes"),
+            );
+        }
+    }
+
+    /// `no-capability-sent`: no request body or upload header carries the capability of a
+    /// launch (raw, base64url or hex), only its digest. Checked against the capabilities the
+    /// supervisor was handed (every launch's), not every entropy draw: a body is sent far more
+    /// often than a record is written.
+    fn check_capability_unsent(&mut self, bytes: &[u8], what: &str) {
+        let sent = (self.supervisor.processes.iter())
+            .any(|p| CapabilityForms::of(p.capability).found_in(bytes));
+        if sent {
+            self.violation(
+                "no-capability-sent",
+                format!("a {what} carries a launch's capability"),
             );
         }
     }
@@ -482,6 +499,28 @@ impl World {
         }
     }
 
+    /// `start-failure-proof` on the record: a `start_failed` (or acknowledged) write only when
+    /// the offer got no spawn, or its spawn was answered `Rejected` (the record says nothing of
+    /// a live process; the `start-failure` request is checked for that too).
+    fn check_start_failed(&mut self, record: &InboxRecord) {
+        if !matches!(
+            record.state,
+            State::StartFailed | State::StartFailureAcknowledged
+        ) {
+            return;
+        }
+        let offer_id = &record.offer.offer_id;
+        let spawned = self.evidence.spawns.get(offer_id).copied();
+        let fate = spawned.map(|(_, answer)| SpawnFate::of(answer));
+        if !start_failure_proven(fate, false) {
+            let name = alias(self, offer_id);
+            self.violation(
+                "start-failure-proof",
+                format!("{name} written {} after spawn {spawned:?}", record.state),
+            );
+        }
+    }
+
     fn check_stop(&mut self, now: UnixMillis, handle: &str) {
         let Some(offer_id) = self
             .supervisor
@@ -554,8 +593,7 @@ impl World {
     }
 
     /// Licenses `launch_outcome_unknown` for every record durably `launching`: a crash, halt,
-    /// stop or fault now may leave the Worker unable to know whether its process started (the
-    /// fuzz host's rule, `Host::launch_uncertain`).
+    /// stop or fault now may leave the Worker unable to know whether its process started.
     pub fn launch_uncertain(&mut self) {
         let launching: Vec<OfferId> = (self.disk.records.values())
             .filter(|(r, _)| r.state == State::Launching)
@@ -741,7 +779,7 @@ pub fn licenses_session_halt(outcome: &Outcome) -> bool {
 }
 
 /// What the answer `answer` (outcome `outcome`) to `action` licenses, should the Worker halt on
-/// it (the same rules as the fuzz host's): an uncertain write, a must-land record write that
+/// it: an uncertain write, a must-land record write that
 /// failed cleanly, a refused write, unsafe storage, a final answer to a Session exchange.
 #[must_use]
 pub fn halt_license(action: &Action, answer: Answer, outcome: &Outcome) -> License {
@@ -759,222 +797,6 @@ pub fn halt_license(action: &Action, answer: Answer, outcome: &Outcome) -> Licen
         conflict: store(StoreFailure::Conflict),
         unsafe_storage: store(StoreFailure::Unsafe),
         session: session && licenses_session_halt(outcome),
-    }
-}
-
-/// What the fuzz host knows and the Worker must not (or cannot) see. Every check panics with
-/// `INVARIANT <name>` on violation; the rules shared with [`World`] go through the same
-/// functions ([`spawn_once`], [`start_failure_proven`], [`CapabilityForms`]).
-#[derive(Debug, Default)]
-pub struct Ghost {
-    /// The spawn of each offer (at most one, ever).
-    pub spawns: BTreeMap<OfferId, SpawnFate>,
-    /// The Attempt and offer of every spawn, per Run. The fuzz plane never declares an Attempt
-    /// lost, so at most one spawn per Run, ever.
-    pub run_spawns: BTreeMap<RunId, Vec<(AttemptId, OfferId)>>,
-    /// Every capability candidate: the first 32 bytes of every entropy draw (and the preloaded
-    /// capabilities), with their SHA-256.
-    pub candidates: Vec<([u8; 32], Sha256Digest)>,
-    /// The capabilities in use, in their forms at rest: a candidate whose digest a record
-    /// carries, or one a spawn plan carried.
-    pub capabilities: Vec<CapabilityForms>,
-    /// Secret values handed out by the control plane.
-    pub secret_values: Vec<String>,
-    /// Log uploads answered valid in this incarnation: byte length and SHA-256 per offer.
-    pub uploaded: BTreeMap<OfferId, (u64, Sha256Digest)>,
-    /// Whether the last receipt served for an attempt (in this incarnation) was genuine.
-    pub genuine: BTreeMap<AttemptId, bool>,
-    /// Executor handles the supervisor issued.
-    pub handles: BTreeSet<String>,
-    /// A drain was requested in this incarnation.
-    pub drain_requested: bool,
-    /// The Worker was fail-closed when the current tick began and has not lifted it since (a
-    /// `launch_outcome_unknown` Run completed from its receipt lifts it at once; a Pull may be
-    /// planned from then on, e.g. for the slot that completion freed).
-    pub latched_at_tick: bool,
-    /// Startup reconciliation listed every page (a reconciliation page answered validly with
-    /// no next cursor) in this incarnation.
-    pub reconciled: bool,
-    /// Per offer, the recovery reasons something the seed injected leads to (SPEC §5, §8;
-    /// reference §4.2, §4.6): `launch_outcome_unknown` after a crash, halt, stop or fault while
-    /// the record was durably `launching` (or a preloaded `launching` record);
-    /// `control_plane_already_running` after the control plane answered `already_running`;
-    /// `control_plane_terminal` after it said the Run is terminal; `lease_lost_local_execution_stopped`
-    /// after the host said a Run's supervisor and process are gone without a receipt.
-    /// `lease_lost_*` is also licensed by its own trigger, checked when written: the durable
-    /// lease has expired locally.
-    pub recovery_causes: BTreeMap<OfferId, BTreeSet<RecoveryReason>>,
-    /// The state the Worker last proposed for each offer's record, in this simulation.
-    pub written: BTreeMap<OfferId, State>,
-    /// The exit code of the last completion the Worker reported per offer.
-    pub completion_exit: BTreeMap<OfferId, u64>,
-}
-
-impl Ghost {
-    /// Forgets what an incarnation knew (a crash or restart).
-    pub fn restart(&mut self) {
-        self.uploaded.clear();
-        self.genuine.clear();
-        self.drain_requested = false;
-        self.latched_at_tick = false;
-        self.reconciled = false;
-    }
-
-    /// Pull rules: never after a drain request, never while fail-closed, never before startup
-    /// reconciliation has seen the whole inbox.
-    pub fn check_pull(&self, latched: bool) {
-        assert!(
-            !self.drain_requested,
-            "INVARIANT drain: a Pull began after the drain was requested"
-        );
-        assert!(
-            !self.latched_at_tick,
-            "INVARIANT fail-closed: a Pull planned while the Worker is fail-closed"
-        );
-        assert!(
-            !latched,
-            "INVARIANT fail-closed: a Pull began after supervision latched fail-closed in the \
-             same tick (reference lifecycle test 6.7 #4)"
-        );
-        assert!(
-            self.reconciled,
-            "INVARIANT reconcile-first: a Pull before startup reconciliation listed the whole \
-             inbox"
-        );
-    }
-
-    /// Records a spawn a previous incarnation made (a preloaded record past the barrier).
-    pub fn preloaded_spawn(&mut self, offer: &OfferId, attempt: &AttemptId, run: &RunId) {
-        self.run_spawns
-            .entry(run.clone())
-            .or_default()
-            .push((attempt.clone(), offer.clone()));
-    }
-
-    /// Spawn rules: at most one spawn per offer, per Attempt and per Run across crashes
-    /// ([`spawn_once`]), only from a durable `launching` record whose barrier fields are the
-    /// plan's, never after a drain request.
-    pub fn check_spawn(&mut self, plan: &LaunchPlan, stored: Option<&InboxRecord>) {
-        let offer = &plan.offer_id;
-        let earlier = u32::from(self.spawns.contains_key(offer));
-        let of_run = self.run_spawns.entry(plan.run_id.clone()).or_default();
-        let broken = spawn_once(
-            earlier,
-            of_run,
-            (offer, &plan.attempt_id, &plan.run_id),
-            &BTreeSet::new(),
-            &|o| String::from(o.as_str()),
-        );
-        if let Some(v) = broken.first() {
-            panic!("INVARIANT {}: {}", v.invariant, v.detail);
-        }
-        let Some(record) = stored else {
-            panic!("INVARIANT spawn-barrier: spawn for {offer} without a durable record");
-        };
-        if let Err(field) = Barrier::of(plan).check(record) {
-            panic!(
-                "INVARIANT spawn-barrier: spawn for {offer} against a durable record that differs: {field}"
-            );
-        }
-        assert!(
-            !self.drain_requested,
-            "INVARIANT drain: a spawn after the drain was requested"
-        );
-        self.spawns.insert(offer.clone(), SpawnFate::Emitted);
-        self.capability(*plan.capability.expose());
-    }
-
-    /// `start-failure` only with proof that no process was started ([`start_failure_proven`]).
-    pub fn check_start_failure(&self, offer: &OfferId, alive: bool) {
-        let fate = self.spawns.get(offer).copied();
-        assert!(
-            start_failure_proven(fate, alive),
-            "INVARIANT start-failure-proof: start-failure for {offer} after spawn fate {fate:?} \
-             (a process alive: {alive})"
-        );
-    }
-
-    /// Remembers a candidate capability (an entropy draw).
-    pub fn candidate(&mut self, bytes: [u8; 32]) {
-        self.candidates.push((bytes, Sha256Digest::of(&bytes)));
-    }
-
-    /// Marks `bytes` as a capability in use.
-    pub fn capability(&mut self, bytes: [u8; 32]) {
-        if !self.capabilities.iter().any(|c| c.raw == bytes) {
-            self.capabilities.push(CapabilityForms::of(bytes));
-        }
-    }
-
-    /// Marks the candidate whose SHA-256 is `digest` as a capability in use.
-    pub fn capability_of(&mut self, digest: &Sha256Digest) {
-        let found = self
-            .candidates
-            .iter()
-            .find(|(_, d)| d == digest)
-            .map(|(b, _)| *b);
-        if let Some(bytes) = found {
-            self.capability(bytes);
-        }
-    }
-
-    /// No capability in use (raw, base64url or hex) and no Secret value in `bytes` (an
-    /// envelope or a request body).
-    pub fn check_no_secret(&self, what: &str, bytes: &[u8]) {
-        for capability in &self.capabilities {
-            assert!(
-                !capability.found_in(bytes),
-                "INVARIANT no-capability-at-rest: {what} holds a capability"
-            );
-        }
-        assert!(
-            secret_free(bytes, &self.secret_values),
-            "INVARIANT no-secret-at-rest: {what} holds a Secret value"
-        );
-    }
-
-    /// Licenses `reason` for `offer` (a fault or answer that leads there happened).
-    pub fn cause(&mut self, offer: &OfferId, reason: RecoveryReason) {
-        self.recovery_causes
-            .entry(offer.clone())
-            .or_default()
-            .insert(reason);
-    }
-
-    /// `recovery-licensed` ([`recovery_licensed`]) for a record the Worker writes.
-    /// `slack`: how long before the control plane's expiry the Worker's local deadline of this
-    /// lease falls (the call that granted it was on its way that long; `Host::lease_slack`).
-    pub fn check_recovery(&self, record: &InboxRecord, now: UnixMillis, slack: u64) {
-        let expired = record.offer.lease.expires_at_ms.get().saturating_sub(slack) <= now.get();
-        let causes = self.recovery_causes.get(&record.offer.offer_id);
-        if let Err(detail) = recovery_licensed(record, causes, expired) {
-            panic!("INVARIANT recovery-licensed: {detail} (now {now})");
-        }
-    }
-
-    /// State rules of one durable record against the spawn fates.
-    pub fn check_record(&self, record: &InboxRecord) {
-        let offer = &record.offer.offer_id;
-        let fate = self.spawns.get(offer).copied();
-        match record.state {
-            // The record says nothing of a live process: only the spawn's fate is checked.
-            State::StartFailed | State::StartFailureAcknowledged => assert!(
-                start_failure_proven(fate, false),
-                "INVARIANT start-failure-proof: {offer} is {} after spawn fate {fate:?}",
-                record.state
-            ),
-            State::Started | State::RunningAcknowledged => assert_eq!(
-                fate,
-                Some(SpawnFate::Started),
-                "INVARIANT started-needs-spawn: {offer} is {} after spawn fate {fate:?}",
-                record.state
-            ),
-            State::Accepted
-            | State::StartingAcknowledged
-            | State::Launching
-            | State::CompletionAcknowledged
-            | State::RecoveryRequired => {}
-        }
     }
 }
 

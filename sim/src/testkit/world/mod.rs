@@ -108,6 +108,20 @@ pub enum Answer {
     /// duplicate delivery, as a driver's retry or a late answer would bring): the Worker must
     /// refuse it and change nothing (`duplicate-refused`, checked by the driver).
     Duplicated,
+    /// Control plane: an HTTP status without a usable body (400, 401, 409 without a code, 503,
+    /// 302), the call not applied.
+    HttpStatus(u16),
+    /// Control plane: the call applied, its response damaged on the way back (one byte of the
+    /// healthy body flipped).
+    Garbled,
+    /// Control plane: the call applied, its response cut short (the healthy body's first half).
+    Truncated,
+    /// Storage: the file authority refuses the write as a conflict though none happened
+    /// (nothing written, `Store(Conflict)`): the Worker must halt.
+    StoreConflict,
+    /// Storage: the file authority refuses the write for want of room (nothing written,
+    /// `Store(CapacityExhausted)`).
+    StoreFull,
 }
 
 /// What an [`Answer`] costs against the explorer's budget.
@@ -178,6 +192,11 @@ pub struct Menu {
     pub duplicates: bool,
     /// Storage reads and writes may find an unsafe or corrupt file ([`Answer::Unsafe`]).
     pub unsafe_storage: bool,
+    /// Rougher faults (once the fuzz host's): control-plane calls answered with bare HTTP statuses or
+    /// damaged bodies ([`Answer::HttpStatus`], [`Answer::Garbled`], [`Answer::Truncated`]),
+    /// record and claim writes refused as conflicts or for want of room
+    /// ([`Answer::StoreConflict`], [`Answer::StoreFull`]).
+    pub damaged_answers: bool,
 }
 
 impl Menu {
@@ -204,6 +223,7 @@ impl Menu {
             exits: true,
             duplicates: true,
             unsafe_storage: true,
+            damaged_answers: true,
         }
     }
 }
@@ -229,48 +249,6 @@ pub struct Violation {
     pub invariant: &'static str,
     /// What happened.
     pub detail: String,
-}
-
-/// A deliberately lying host or Worker, for the simulation's self-test
-/// (`tests/tests/simulation.rs`, `checkers_can_fail`): each lie must make a checker report a
-/// violation. Never set by the fuzz targets. The fuzz machine's host applies the first ten
-/// (until the machine drives [`World`], issue 15); the cadence phase on [`World`]
-/// ([`crate::testkit::cadence`]) applies [`Lie::SerialCalls`] and [`Lie::NoStartPathRenewal`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lie {
-    /// The supervisor starts the process of a valid spawn but answers `Rejected`.
-    SpawnedButRejected,
-    /// A valid upload is answered `stored` but nothing reaches the control plane.
-    UploadNotStored,
-    /// In the liveness phase, user processes never end (an unfair environment).
-    HungProcesses,
-    /// Retention reports a removal but leaves the record in the inbox.
-    RemovalNotDone,
-    /// The control plane registers a new Session `draining` (so it never takes work).
-    SessionStaysDraining,
-    /// The Worker's side lies: every spawn command reaches the supervisor twice (a forged
-    /// double spawn, as a driver that retried a spawn would make).
-    WorkerDoubleSpawn,
-    /// The Worker's side lies: next to every spawn, a forged spawn of the same Attempt under
-    /// another offer id.
-    WorkerSpawnsAttemptTwice,
-    /// The Worker's side lies: next to every spawn, a forged spawn of the same Run with another
-    /// Attempt id the control plane never made.
-    WorkerSpawnsRunTwice,
-    /// The Worker's side lies: every spawn plan's start time is one millisecond off the durable
-    /// barrier's.
-    WorkerSpawnsDriftedPlan,
-    /// The Worker's side lies: every `recovery_required` record is written with
-    /// `control_plane_already_running` (or, when that is the true reason,
-    /// `control_plane_terminal`) instead of the reason the Worker chose.
-    WorkerWrongRecovery,
-    /// In the cadence phase, the link carries one call at a time, each waiting for the one
-    /// before it to be answered, as a Worker with one loop and one call at a time would.
-    SerialCalls,
-    /// In the cadence phase, a lease renewal of a Run not yet running never reaches the control
-    /// plane (answered as a refused connection), as for a Worker that renews only running
-    /// Runs.
-    NoStartPathRenewal,
 }
 
 /// A deliberately broken host, for the explorer's self-test: the checker must catch what the
@@ -384,7 +362,8 @@ pub struct World {
 /// for that.
 #[derive(Clone, Debug, Default)]
 pub struct WorkerClock {
-    /// The Worker's last wall-clock reading (`None` before the driver set it).
+    /// The highest wall-clock reading the Worker had in this incarnation (`None` before the
+    /// driver set it): a lease it judged expired once stays expired to it.
     pub wall: Option<UnixMillis>,
     /// Offers whose current lease the Worker times on its monotonic clock.
     pub timed: BTreeSet<OfferId>,
@@ -499,6 +478,33 @@ impl World {
         );
         if menu.unsafe_storage && storage {
             out.push(A::Unsafe);
+        }
+        if menu.damaged_answers {
+            match action {
+                Action::Post(_) | Action::UploadLog { .. } => {
+                    out.extend([
+                        A::HttpStatus(400),
+                        A::HttpStatus(401),
+                        A::HttpStatus(409),
+                        A::HttpStatus(503),
+                        A::HttpStatus(302),
+                        A::Truncated,
+                    ]);
+                    // Not for an offer: a flipped byte in its revision is a control plane that
+                    // pins another revision than it delivers, which the Worker rightly refuses
+                    // for good (`pull::refused_for_good`, claim cleared) although this plane
+                    // delivered the offer. TLS keeps the bytes intact on the way, so only a
+                    // plane that answers so every time does that (`OfferTemplate::refused`).
+                    if !act::is_post(action, Operation::Offers) {
+                        out.push(A::Garbled);
+                    }
+                }
+                Action::PersistRecord { .. } => out.extend([A::StoreConflict, A::StoreFull]),
+                Action::PersistClaim { .. } | Action::ClearClaim { .. } => {
+                    out.push(A::StoreConflict);
+                }
+                _ => {}
+            }
         }
         if menu.duplicates {
             out.push(A::Duplicated);
@@ -649,9 +655,12 @@ impl World {
     }
 
     fn apply(&mut self, now: UnixMillis, action: &Action, answer: Answer) -> Outcome {
-        if answer == Answer::Unsafe {
+        match answer {
             // A storage command that met an unsafe file: nothing read, nothing written.
-            return Outcome::Store(StoreFailure::Unsafe);
+            Answer::Unsafe => return Outcome::Store(StoreFailure::Unsafe),
+            Answer::StoreConflict => return Outcome::Store(StoreFailure::Conflict),
+            Answer::StoreFull => return Outcome::Store(StoreFailure::CapacityExhausted),
+            _ => {}
         }
         let before = self.log_lengths();
         let outcome = match action {

@@ -245,6 +245,37 @@ pub(super) fn body_offer(body: &[u8]) -> Option<OfferId> {
     OfferId::new(text(&json(body), "offerId")).ok()
 }
 
+/// `outcome` with its response body damaged as `answer` says ([`Answer::Garbled`]: the middle
+/// byte flipped; [`Answer::Truncated`]: the first half kept); any other answer leaves it.
+fn damaged(outcome: Outcome, answer: Answer) -> Outcome {
+    let damage = |mut body: Vec<u8>| {
+        match answer {
+            Answer::Truncated => body.truncate(body.len() / 2),
+            Answer::Garbled => {
+                let middle = body.len() / 2;
+                if let Some(byte) = body.get_mut(middle) {
+                    *byte ^= 0x5a;
+                }
+            }
+            _ => {}
+        }
+        body
+    };
+    match outcome {
+        Outcome::Responded(body) => Outcome::Responded(damage(body)),
+        Outcome::Uploaded {
+            body,
+            sent_bytes,
+            sent_sha256,
+        } => Outcome::Uploaded {
+            body: damage(body),
+            sent_bytes,
+            sent_sha256,
+        },
+        other => other,
+    }
+}
+
 fn fenced() -> Outcome {
     Outcome::Http(HttpFailure::Status {
         status: 409,
@@ -272,6 +303,13 @@ impl World {
             Answer::Fenced => return fenced(),
             Answer::Unavailable => return Outcome::Http(HttpFailure::Unavailable),
             Answer::Invalid => return Outcome::Responded(Vec::from(&b"{}"[..])),
+            Answer::HttpStatus(status) => {
+                return Outcome::Http(HttpFailure::Status { status, code: None });
+            }
+            Answer::Garbled | Answer::Truncated => {
+                let outcome = self.answer_post(now, operation, body, Answer::Ok, false);
+                return damaged(outcome, answer);
+            }
             Answer::LostAfterCommit => {
                 let _ = self.answer_post(now, operation, body, Answer::Ok, false);
                 return Outcome::Http(HttpFailure::Uncertain);
@@ -889,6 +927,9 @@ impl World {
         match answer {
             Answer::Fenced => return fenced(),
             Answer::Unavailable => return Outcome::Http(HttpFailure::Unavailable),
+            Answer::HttpStatus(status) => {
+                return Outcome::Http(HttpFailure::Status { status, code: None });
+            }
             _ => {}
         }
         let Some(run) = self.plane.runs.get_mut(&upload.fence.offer_id) else {
@@ -916,7 +957,10 @@ impl World {
             None if answer == Answer::AlreadyDone => UploadStatus::AlreadyStored,
             None => UploadStatus::Stored,
         };
-        let heard = !matches!(answer, Answer::LostAfterCommit | Answer::Invalid);
+        let heard = !matches!(
+            answer,
+            Answer::LostAfterCommit | Answer::Invalid | Answer::Garbled | Answer::Truncated
+        );
         if self.mutation == Some(super::Mutation::UploadNotStored) {
             // Answered `stored`; nothing reaches the control plane.
             return Outcome::Uploaded {
@@ -946,10 +990,11 @@ impl World {
             sha256: claimed,
         }
         .to_json(&upload);
-        Outcome::Uploaded {
+        let outcome = Outcome::Uploaded {
             body,
             sent_bytes: upload.byte_length,
             sent_sha256: sent,
-        }
+        };
+        damaged(outcome, answer)
     }
 }
