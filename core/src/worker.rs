@@ -527,6 +527,9 @@ pub(crate) enum Timer {
     Heartbeat,
     /// The end of the backoff after registers that got no usable answer (a gate).
     RegisterBackoff,
+    /// The end of the backoff after Session renewals whose new Session the control plane
+    /// registered draining or offline too (a gate).
+    RenewalBackoff,
     /// The end of the Pull's backoff: a failed Pull, a claim's backoff (a gate).
     PullBackoff,
     /// The end of the drain budget.
@@ -539,7 +542,10 @@ pub(crate) enum Timer {
 impl Timer {
     /// Whether the Worker wakes for this deadline (every kind but the backoff gates).
     pub(crate) fn wakes(&self) -> bool {
-        !matches!(self, Self::RegisterBackoff | Self::PullBackoff)
+        !matches!(
+            self,
+            Self::RegisterBackoff | Self::RenewalBackoff | Self::PullBackoff
+        )
     }
 
     /// Whether `plan_timers` fires it (the tick and the drain budget are `on_tick`'s own).
@@ -773,6 +779,11 @@ pub struct Worker {
     /// Registers in a row that got no usable answer (the next waits for
     /// [`Timer::RegisterBackoff`]).
     pub(crate) register_failures: u32,
+    /// Session renewals in this incarnation since a register was last answered online: a new
+    /// Session the control plane registers draining or offline too is renewed again only after
+    /// [`Timer::RenewalBackoff`] (else a control plane that holds every Session draining would
+    /// get a new Session, each with a durable write, as fast as it answers).
+    pub(crate) renewals: u32,
     /// Records whose Run the drain-budget stop has already stopped.
     pub(crate) drain_stopped: alloc::collections::BTreeSet<OfferId>,
     /// `launch_outcome_unknown` records whose supervisor and user process are gone with no
@@ -894,6 +905,7 @@ impl Worker {
             fences: 0,
             session_uncertain: false,
             register_failures: 0,
+            renewals: 0,
             drain_stopped: alloc::collections::BTreeSet::new(),
             gone_launches: alloc::collections::BTreeSet::new(),
         }
@@ -1074,7 +1086,11 @@ impl Worker {
         fp.debug(&self.claim_unsettled);
         fp.debug(&(self.inbox, self.reported_slots, self.reporting_slots));
         fp.debug(&(self.auth_paused, self.rejoin, self.fences));
-        fp.debug(&(self.session_uncertain, self.register_failures));
+        fp.debug(&(
+            self.session_uncertain,
+            self.register_failures,
+            self.renewals,
+        ));
         fp.debug(&self.drain_stopped);
         fp.debug(&self.gone_launches);
         fp.debug(&(
@@ -1847,7 +1863,11 @@ impl Worker {
                         self.queue.push_back(work);
                     }
                 }
-                Timer::Tick | Timer::DrainBudget | Timer::RegisterBackoff | Timer::PullBackoff => {}
+                Timer::Tick
+                | Timer::DrainBudget
+                | Timer::RegisterBackoff
+                | Timer::RenewalBackoff
+                | Timer::PullBackoff => {}
             }
         }
     }
@@ -1971,6 +1991,7 @@ impl Worker {
         self.retiring
             && self.stage == Stage::Active
             && self.drain == Drain::NotRequested
+            && !self.pending(&Timer::RenewalBackoff)
             && (offline || !self.holds_live_runs())
     }
 
@@ -2152,6 +2173,15 @@ impl Worker {
                     // incarnation stopped during its drain. See `renewal_due`.
                     self.retiring =
                         view.status != SessionStatus::Online && self.drain == Drain::NotRequested;
+                    if view.status == SessionStatus::Online {
+                        self.renewals = 0;
+                        self.timers.remove(&Timer::RenewalBackoff);
+                    } else if self.retiring && self.renewals > 0 {
+                        // The Session this incarnation renewed is not online either.
+                        let delay = register_backoff(self.config.backoff_base_ms, self.renewals);
+                        let retry_at = self.mono.saturating_add(delay);
+                        self.timers.insert(Timer::RenewalBackoff, retry_at);
+                    }
                 }
                 self.session = Some(view);
                 // Paced from the exchange's sending, as renewals are: with a control plane
@@ -2175,6 +2205,7 @@ impl Worker {
             SessionResult::Renewed(session_id) => {
                 // The new id is durable: register it (then reconcile, then work). Everything
                 // queued was planned for the old Session.
+                self.renewals = self.renewals.saturating_add(1);
                 self.config.session_id = session_id;
                 self.session = None;
                 self.reported_slots = None;

@@ -7,7 +7,7 @@
 //! commands are asserted.
 
 use ql_worker_core::facts::Fact;
-use ql_worker_core::io::{Input, StopOutcome};
+use ql_worker_core::io::{Action, Input, StopOutcome};
 use ql_worker_core::listing::Capacity;
 use ql_worker_core::pull::PullResult;
 use ql_worker_core::record::State;
@@ -18,7 +18,7 @@ use ql_worker_core::wire::session::SessionStatus;
 use ql_worker_core::worker::WorkerConfig;
 use ql_worker_sim::testkit::act;
 use ql_worker_sim::testkit::sim::{On, Sim, Status};
-use ql_worker_sim::testkit::world::{Answer, Event, OfferTemplate, ReceiptKind, World};
+use ql_worker_sim::testkit::world::{Answer, Event, Mutation, OfferTemplate, ReceiptKind, World};
 use ql_worker_sim::testkit::{self};
 
 fn ms(v: u64) -> UnixMillis {
@@ -574,4 +574,37 @@ fn a_pending_claim_takes_a_place_from_the_slots_offered() {
         })
         .collect();
     assert_eq!(slots, vec![1], "{:#?}", sim.commands());
+}
+
+/// A control plane that registers every Session draining (a hostile or broken one: the
+/// reference registers a new Session online) gets a new Session at once the first time, then
+/// only after a backoff that doubles (1 s, 2 s, 4 s, … from the edge profile's 1 s base, up to
+/// 60 s): before, the Worker stored a new Session id and registered it again as fast as the
+/// control plane answered, a durable write each time (found by the walks with the control plane
+/// of `Mutation::SessionStaysDraining`: 400,000 renewals without time passing).
+#[test]
+fn a_session_renewed_into_another_draining_session_is_renewed_again_only_after_a_backoff() {
+    let mut world = World::new(1, Vec::new());
+    world.plane.session_status = SessionStatus::Draining;
+    world.mutation = Some(Mutation::SessionStaysDraining);
+    let mut sim = Sim::scenario(world);
+    let mut renewed_at = Vec::new();
+    for _ in 0..6 {
+        sim.answer_until(|a| matches!(a, Action::PersistSession { .. }));
+        renewed_at.push(sim.now.get());
+        sim.answer(Answer::Ok);
+    }
+    let gaps: Vec<u64> = renewed_at.windows(2).map(|w| w[1] - w[0]).collect();
+    // Each wait is at least the backoff (the renewal goes out at the first tick after it).
+    for (i, gap) in gaps.iter().enumerate() {
+        let backoff = 1_000u64 << i;
+        assert!(
+            *gap >= backoff,
+            "renewals at {renewed_at:?}: gap {i} under {backoff} ms"
+        );
+    }
+    // The waits grow (the first two round up to the 2 s tick): here 2, 2, 4, 8, 16 s.
+    assert!(gaps.windows(2).all(|w| w[1] >= w[0]), "{renewed_at:?}");
+    assert!(gaps.last().is_some_and(|g| *g >= 16_000), "{renewed_at:?}");
+    sim.assert_no_violations();
 }
