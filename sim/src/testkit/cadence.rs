@@ -423,9 +423,10 @@ impl Phase {
                 flight.waiting = false;
                 self.stats.timeouts += 1;
                 self.note(format!("{id} timed out"));
-                self.pick(id);
-                self.sim.world.launch_uncertain();
-                self.sim.deliver(Outcome::Http(HttpFailure::Uncertain));
+                if self.pick(id) {
+                    self.sim.world.launch_uncertain();
+                    self.sim.deliver(Outcome::Http(HttpFailure::Uncertain));
+                }
                 return true;
             }
             let flight = self.flights.remove(index);
@@ -440,12 +441,14 @@ impl Phase {
         false
     }
 
-    /// Makes the outstanding command `id` the pending one.
-    fn pick(&mut self, id: OpId) {
+    /// Makes the outstanding command `id` the pending one; `false` when it is not outstanding
+    /// (then nothing changes).
+    fn pick(&mut self, id: OpId) -> bool {
         let index = (self.sim.pending.iter().chain(&self.sim.held)).position(|(i, _)| *i == id);
         if let Some(index) = index {
             self.sim.choose(index);
         }
+        index.is_some()
     }
 
     /// The control plane applies `flight` now and answers it (unless the Worker gave up on it);
@@ -471,7 +474,9 @@ impl Phase {
         };
         self.sim.world.header_lease_version = flight.header_version;
         let response = if flight.waiting {
-            self.pick(flight.id);
+            if !self.pick(flight.id) {
+                return;
+            }
             self.sim.answer(answer);
             self.sim.last_response.take()
         } else {
