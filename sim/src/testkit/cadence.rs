@@ -245,7 +245,7 @@ pub fn run(seed: u64, lie: Option<Lie>, record: bool) -> Cadence {
         running_at: BTreeMap::new(),
         lie,
     };
-    phase.note(format!(
+    phase.sim.note(format!(
         "cadence phase: {runs} Runs, uplink {rate} B/s, plane delay up to {delay_max} ms, {} \
          slots, heartbeat {} ms, lease control {} ms",
         config.max_concurrent_runs, config.heartbeat_interval_ms, config.lease_control_interval_ms
@@ -256,12 +256,6 @@ pub fn run(seed: u64, lie: Option<Lie>, record: bool) -> Cadence {
 }
 
 impl Phase {
-    fn note(&mut self, line: String) {
-        if let Some(trail) = &mut self.sim.trail {
-            trail.push(line);
-        }
-    }
-
     fn violation(&mut self, invariant: &'static str, detail: String) {
         self.sim.world.violation(invariant, detail);
     }
@@ -422,7 +416,7 @@ impl Phase {
                 // The driver's request timeout: the plane may still apply it.
                 flight.waiting = false;
                 self.stats.timeouts += 1;
-                self.note(format!("{id} timed out"));
+                self.sim.note(format!("{id} timed out"));
                 if self.pick(id) {
                     self.sim.world.launch_uncertain();
                     self.sim.deliver(Outcome::Http(HttpFailure::Uncertain));
@@ -489,7 +483,7 @@ impl Phase {
                 _ => None,
             }
         };
-        self.note(format!(
+        self.sim.note(format!(
             "{} applied{}, {}",
             flight.id,
             if flight.waiting {
@@ -548,7 +542,8 @@ impl Phase {
             let printed = usize::try_from(log.saturating_sub(64)).unwrap_or(0);
             spool.content.resize(spool.content.len() + printed, b'x');
         }
-        self.note(format!("process of {offer_id} exits, log {log} B"));
+        self.sim
+            .note(format!("process of {offer_id} exits, log {log} B"));
         self.sim.event(Event::Exit {
             index,
             code: 0,
@@ -635,7 +630,7 @@ impl Phase {
             self.violation("cadence-no-run-lost", detail);
         }
         let stats = self.stats;
-        self.note(format!("cadence phase: {stats:?}"));
+        self.sim.note(format!("cadence phase: {stats:?}"));
         let violations = (self.sim.world.violations.iter())
             .map(|v| format!("{}: {}", v.invariant, v.detail))
             .collect();

@@ -306,7 +306,8 @@ impl Sim {
         taken
     }
 
-    fn note(&mut self, line: String) {
+    /// Adds `line` to the trail, when recording.
+    pub(crate) fn note(&mut self, line: String) {
         if let Some(trail) = &mut self.trail {
             trail.push(line);
         }
