@@ -2174,6 +2174,10 @@ impl Worker {
                     self.retiring =
                         view.status != SessionStatus::Online && self.drain == Drain::NotRequested;
                     if view.status == SessionStatus::Online {
+                        // Once a Session is online this incarnation renews no more (`retiring`
+                        // is set only here, at the registering stage, which only a renewal
+                        // returns to): the reset changes no behaviour, it keeps the state
+                        // canonical for the model checks' fingerprint.
                         self.renewals = 0;
                         self.timers.remove(&Timer::RenewalBackoff);
                     } else if self.retiring && self.renewals > 0 {

@@ -583,6 +583,21 @@ fn a_pending_claim_takes_a_place_from_the_slots_offered() {
 /// control plane answered, a durable write each time (found by the walks with the control plane
 /// of `Mutation::SessionStaysDraining`: 400,000 renewals without time passing).
 #[test]
+fn a_session_a_previous_incarnation_drained_is_renewed_without_a_backoff() {
+    // The backoff is for renewals into draining Sessions, not for the first renewal.
+    let mut world = World::new(1, Vec::new());
+    world.plane.session_status = SessionStatus::Draining;
+    let mut sim = Sim::scenario(world);
+    let start = sim.now.get();
+    sim.answer_until(|a| matches!(a, Action::PersistSession { .. }));
+    assert_eq!(sim.now.get(), start, "the renewal waited");
+    sim.answer(Answer::Ok);
+    sim.run(3);
+    assert_eq!(sim.world.plane.session_status, SessionStatus::Online);
+    sim.assert_no_violations();
+}
+
+#[test]
 fn a_session_renewed_into_another_draining_session_is_renewed_again_only_after_a_backoff() {
     let mut world = World::new(1, Vec::new());
     world.plane.session_status = SessionStatus::Draining;
