@@ -578,3 +578,48 @@ fn an_offer_answered_after_the_session_changed_is_not_admitted() {
         "the claim is kept"
     );
 }
+
+/// A heartbeat that reports a freed slot (queued with the Pull, `Worker::pull_again`) is still in
+/// flight when the heartbeat timer comes: the timer plans no second one behind it. The next
+/// heartbeat goes out a heartbeat interval after the one in flight was sent, not as soon as it
+/// is answered.
+#[test]
+fn a_heartbeat_in_flight_when_its_timer_comes_is_not_planned_again() {
+    let heartbeat = |a: &Action| act::is_post(a, Operation::Heartbeat);
+    let mut sim = holding_with(|_| {});
+    // One slot, held by o1: the heartbeats report no free slot.
+    let regular = when(&mut sim, heartbeat);
+    sim.answer(Answer::Ok);
+    let at = sim.now.saturating_add(3_000);
+    sim.advance_to(at);
+    sim.event(Event::Exit {
+        index: 0,
+        code: 0,
+        receipt: ReceiptKind::Genuine,
+    });
+    sim.notify(Input::ProcessExited {
+        offer_id: ql_worker_sim::testkit::offer_id(1),
+    });
+    let sent = when(&mut sim, heartbeat);
+    assert!(sent < regular + 10_000, "{:#?}", sim.commands());
+    let (id, _, answered) = hold(&mut sim);
+    // The timer of the regular heartbeat comes while this one is in flight.
+    let at = sim_ms(sent + 9_000);
+    sim.advance_to(at);
+    sim.tick();
+    sim.settle();
+    let before = sim.commands().len();
+    release(&mut sim, id, answered);
+    sim.settle();
+    let at = sim_ms(sent + 9_500);
+    sim.advance_to(at);
+    sim.tick();
+    sim.settle();
+    let after = sim.commands()[before..].to_vec();
+    assert!(
+        !after.iter().any(|l| l == "post heartbeat"),
+        "regular heartbeat at {regular} ms, this one sent at {sent} ms: {:#?}",
+        sim.commands()
+    );
+    sim.assert_no_violations();
+}
