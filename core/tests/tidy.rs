@@ -131,6 +131,79 @@ fn core_source_is_sans_io_deterministic_and_tidy() {
     );
 }
 
+/// The files issue 15 counts as "the machines, `io` and the record graph".
+const MACHINE_FILES: [&str; 9] = [
+    "worker.rs",
+    "processor.rs",
+    "supervision.rs",
+    "pull.rs",
+    "completion.rs",
+    "session.rs",
+    "claim.rs",
+    "io.rs",
+    "record.rs",
+];
+/// The ceiling on core's production code lines: the count when it was last lowered. Issue 15
+/// asks for 7,000 (3,500 of them in [`MACHINE_FILES`]); until then the count may only fall. Lower
+/// the ceiling with every change that lowers the count.
+const PRODUCTION_LINE_CEILING: usize = 13_060;
+
+/// Core's production code: non-blank lines that are not comments (`//`, `///`, `//!`), outside
+/// the trailing `#[cfg(test)]` module, summed over `core/src` and over [`MACHINE_FILES`].
+fn production_code_lines(root: &Path) -> (usize, usize) {
+    let mut files = Vec::new();
+    sources(root, &mut files);
+    let (mut total, mut machines) = (0, 0);
+    for path in files {
+        let text = fs::read_to_string(&path).expect("a readable core source");
+        let code = production_lines(&text)
+            .iter()
+            .filter(|line| {
+                let line = line.trim();
+                !line.is_empty() && !line.starts_with("//")
+            })
+            .count();
+        total += code;
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if path.parent() == Some(root) && MACHINE_FILES.contains(&name) {
+            machines += code;
+        }
+    }
+    (total, machines)
+}
+
+#[test]
+fn core_production_code_stays_under_its_ceiling() {
+    use std::io::Write as _;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let (total, machines) = production_code_lines(&root);
+    let _ = writeln!(
+        std::io::stdout().lock(),
+        "core production code: {total} lines, {machines} of them in the machines, io and the \
+         record graph (issue 15 asks for 7000 and 3500; ceiling {PRODUCTION_LINE_CEILING})"
+    );
+    assert!(
+        total <= PRODUCTION_LINE_CEILING,
+        "core's production code grew to {total} lines, above its ceiling of \
+         {PRODUCTION_LINE_CEILING} (core/tests/tidy.rs)"
+    );
+}
+
+#[test]
+fn the_line_count_skips_comments_blanks_and_tests() {
+    let dir = std::env::temp_dir().join(format!("ql-tidy-count-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(dir.join("wire")).expect("a temp dir");
+    let file = "//! Module.\n\n/// Doc.\nfn a() {\n    // note\n    let _ = 1;\n}\n\n\
+                #[cfg(test)]\nmod tests {\n    fn b() {}\n}\n";
+    fs::write(dir.join("worker.rs"), file).expect("a planted file");
+    fs::write(dir.join("wire").join("worker.rs"), file).expect("a planted file");
+    fs::write(dir.join("other.rs"), "fn c() {}\n").expect("a planted file");
+    // Three code lines per planted `worker.rs`; only the top-level one is a machine file.
+    assert_eq!(production_code_lines(&dir), (7, 3));
+    let _ = fs::remove_dir_all(&dir);
+}
+
 /// The test machinery still compiled into core (leaving it for its own crate): its `expect`s
 /// name sample data, not protocol invariants.
 fn is_test_machinery(name: &str) -> bool {
