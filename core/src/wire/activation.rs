@@ -137,117 +137,70 @@ impl ActivationRequest {
     }
 }
 
-/// The activation outcome.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ActivationStatus {
-    /// `applied`.
-    Applied,
-    /// `already_running`.
-    AlreadyRunning,
-    /// `already_starting`.
-    AlreadyStarting,
-    /// `already_terminal`.
-    AlreadyTerminal,
-}
-
-impl ActivationStatus {
-    /// The wire spelling.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Applied => "applied",
-            Self::AlreadyRunning => "already_running",
-            Self::AlreadyStarting => "already_starting",
-            Self::AlreadyTerminal => "already_terminal",
-        }
+wire_enum! {
+    /// The activation outcome.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+    pub enum ActivationStatus {
+        /// `applied`.
+        Applied = "applied",
+        /// `already_running`.
+        AlreadyRunning = "already_running",
+        /// `already_starting`.
+        AlreadyStarting = "already_starting",
+        /// `already_terminal`.
+        AlreadyTerminal = "already_terminal",
     }
 }
 
-/// Run status (`RC/src/run/run.ts`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RunStatus {
-    /// `cancelled`.
-    Cancelled,
-    /// `created`.
-    Created,
-    /// `dispatching`.
-    Dispatching,
-    /// `failed`.
-    Failed,
-    /// `lost`.
-    Lost,
-    /// `queued`.
-    Queued,
-    /// `retry_wait`.
-    RetryWait,
-    /// `running`.
-    Running,
-    /// `succeeded`.
-    Succeeded,
-    /// `timed_out`.
-    TimedOut,
-    /// `waiting_approval`.
-    WaitingApproval,
-}
-
-impl RunStatus {
-    /// The wire spelling.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Cancelled => "cancelled",
-            Self::Created => "created",
-            Self::Dispatching => "dispatching",
-            Self::Failed => "failed",
-            Self::Lost => "lost",
-            Self::Queued => "queued",
-            Self::RetryWait => "retry_wait",
-            Self::Running => "running",
-            Self::Succeeded => "succeeded",
-            Self::TimedOut => "timed_out",
-            Self::WaitingApproval => "waiting_approval",
-        }
+wire_enum! {
+    /// Run status (`RC/src/run/run.ts`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+    pub enum RunStatus {
+        /// `cancelled`.
+        Cancelled = "cancelled",
+        /// `created`.
+        Created = "created",
+        /// `dispatching`.
+        Dispatching = "dispatching",
+        /// `failed`.
+        Failed = "failed",
+        /// `lost`.
+        Lost = "lost",
+        /// `queued`.
+        Queued = "queued",
+        /// `retry_wait`.
+        RetryWait = "retry_wait",
+        /// `running`.
+        Running = "running",
+        /// `succeeded`.
+        Succeeded = "succeeded",
+        /// `timed_out`.
+        TimedOut = "timed_out",
+        /// `waiting_approval`.
+        WaitingApproval = "waiting_approval",
     }
 }
 
-/// Attempt status (`RC/src/run/run.ts`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AttemptStatus {
-    /// `cancelled`.
-    Cancelled,
-    /// `claimed`.
-    Claimed,
-    /// `failed`.
-    Failed,
-    /// `lost`.
-    Lost,
-    /// `running`.
-    Running,
-    /// `starting`.
-    Starting,
-    /// `succeeded`.
-    Succeeded,
-    /// `timed_out`.
-    TimedOut,
-}
-
-impl AttemptStatus {
-    /// The wire spelling.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Cancelled => "cancelled",
-            Self::Claimed => "claimed",
-            Self::Failed => "failed",
-            Self::Lost => "lost",
-            Self::Running => "running",
-            Self::Starting => "starting",
-            Self::Succeeded => "succeeded",
-            Self::TimedOut => "timed_out",
-        }
+wire_enum! {
+    /// Attempt status (`RC/src/run/run.ts`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+    pub enum AttemptStatus {
+        /// `cancelled`.
+        Cancelled = "cancelled",
+        /// `claimed`.
+        Claimed = "claimed",
+        /// `failed`.
+        Failed = "failed",
+        /// `lost`.
+        Lost = "lost",
+        /// `running`.
+        Running = "running",
+        /// `starting`.
+        Starting = "starting",
+        /// `succeeded`.
+        Succeeded = "succeeded",
+        /// `timed_out`.
+        TimedOut = "timed_out",
     }
 }
 

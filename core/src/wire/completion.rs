@@ -149,27 +149,16 @@ impl CompletionRequest {
     }
 }
 
-/// Completion outcome at the control plane.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CompletionStatus {
-    /// `already_completed` (exact replay).
-    AlreadyCompleted,
-    /// `already_terminal` (another terminal outcome won).
-    AlreadyTerminal,
-    /// `applied`.
-    Applied,
-}
-
-impl CompletionStatus {
-    /// The wire spelling.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::AlreadyCompleted => "already_completed",
-            Self::AlreadyTerminal => "already_terminal",
-            Self::Applied => "applied",
-        }
+wire_enum! {
+    /// Completion outcome at the control plane.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+    pub enum CompletionStatus {
+        /// `already_completed` (exact replay).
+        AlreadyCompleted = "already_completed",
+        /// `already_terminal` (another terminal outcome won).
+        AlreadyTerminal = "already_terminal",
+        /// `applied`.
+        Applied = "applied",
     }
 }
 

@@ -61,39 +61,24 @@ impl OfferRequest {
     }
 }
 
-/// Why the control plane had nothing to offer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum IdleReason {
-    /// `claim_budget_exhausted`.
-    ClaimBudgetExhausted,
-    /// `claim_raced`.
-    ClaimRaced,
-    /// `no_candidates`.
-    NoCandidates,
-    /// `no_match`.
-    NoMatch,
-    /// `plans_unavailable`.
-    PlansUnavailable,
-    /// `scan_budget_exhausted`.
-    ScanBudgetExhausted,
-    /// `worker_unavailable`.
-    WorkerUnavailable,
-}
-
-impl IdleReason {
-    /// The wire spelling.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::ClaimBudgetExhausted => "claim_budget_exhausted",
-            Self::ClaimRaced => "claim_raced",
-            Self::NoCandidates => "no_candidates",
-            Self::NoMatch => "no_match",
-            Self::PlansUnavailable => "plans_unavailable",
-            Self::ScanBudgetExhausted => "scan_budget_exhausted",
-            Self::WorkerUnavailable => "worker_unavailable",
-        }
+wire_enum! {
+    /// Why the control plane had nothing to offer.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+    pub enum IdleReason {
+        /// `claim_budget_exhausted`.
+        ClaimBudgetExhausted = "claim_budget_exhausted",
+        /// `claim_raced`.
+        ClaimRaced = "claim_raced",
+        /// `no_candidates`.
+        NoCandidates = "no_candidates",
+        /// `no_match`.
+        NoMatch = "no_match",
+        /// `plans_unavailable`.
+        PlansUnavailable = "plans_unavailable",
+        /// `scan_budget_exhausted`.
+        ScanBudgetExhausted = "scan_budget_exhausted",
+        /// `worker_unavailable`.
+        WorkerUnavailable = "worker_unavailable",
     }
 }
 

@@ -425,27 +425,16 @@ impl HeartbeatRequest {
     }
 }
 
-/// A Session status on the wire.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SessionStatus {
-    /// `draining`.
-    Draining,
-    /// `offline`.
-    Offline,
-    /// `online`.
-    Online,
-}
-
-impl SessionStatus {
-    /// The wire spelling.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Draining => "draining",
-            Self::Offline => "offline",
-            Self::Online => "online",
-        }
+wire_enum! {
+    /// A Session status on the wire.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    pub enum SessionStatus {
+        /// `draining`.
+        Draining = "draining",
+        /// `offline`.
+        Offline = "offline",
+        /// `online`.
+        Online = "online",
     }
 }
 
