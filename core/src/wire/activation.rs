@@ -19,6 +19,7 @@ use crate::ids::{
     MAX_INT32, RunId, Sha256Digest,
 };
 use crate::offer::Offer;
+use crate::revision::bounded_text;
 use crate::time::UnixMillis;
 
 /// Schema id of the activation response.
@@ -288,10 +289,6 @@ struct SnapshotWire {
     log_artifact_id: Option<String>,
     #[serde(default, deserialize_with = "present")]
     error_code: Option<String>,
-}
-
-fn bounded_text(value: &str, max: usize) -> bool {
-    (1..=max).contains(&crate::ids::js_length(value)) && !crate::ids::has_control_char(value)
 }
 
 fn time(value: Option<u64>, path: &'static str) -> Result<Option<UnixMillis>, WireError> {

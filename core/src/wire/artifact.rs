@@ -9,7 +9,9 @@ use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use super::{Fence, Schema, WireError, bind, ensure, exact, field, id, parse_json, sealed_body};
+use super::{
+    Fence, Schema, WireError, bind, ensure, exact, field, id, parse_json, require, sealed_body,
+};
 use crate::ids::{
     AttemptId, LeaseGeneration, LeaseToken, LeaseVersion, LogArtifactId, OfferId, ProjectId, RunId,
     Sha256Digest, WorkerGeneration,
@@ -101,12 +103,11 @@ impl ArtifactUpload {
     /// [`WireError::Request`] above 64 MiB of content, [`WireError::RequestTooLarge`] for a
     /// header above 4 KiB.
     pub fn header_json(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
-        if self.byte_length > MAX_ARTIFACT_BYTES {
-            return Err(WireError::Request {
-                path: "byteLength",
-                rule: "0..=64 MiB",
-            });
-        }
+        require(
+            self.byte_length <= MAX_ARTIFACT_BYTES,
+            "byteLength",
+            "0..=64 MiB",
+        )?;
         #[derive(Serialize)]
         #[serde(rename_all = "camelCase")]
         struct View<'a> {

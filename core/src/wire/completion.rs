@@ -7,7 +7,7 @@ use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use super::{Fence, Schema, WireError, bind, exact, id, parse_json, sealed_body};
+use super::{Fence, Schema, WireError, bind, exact, id, parse_json, require, sealed_body};
 use crate::ids::{
     AttemptId, CallbackSequence, CapabilityDigest, LogArtifactId, RunId, Sha256Digest,
 };
@@ -98,24 +98,17 @@ impl CompletionRequest {
     pub fn to_body(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
         let r = &self.result;
         let a = &self.artifact;
-        let rule = |ok: bool, path, rule| {
-            if ok {
-                Ok(())
-            } else {
-                Err(WireError::Request { path, rule })
-            }
-        };
-        rule(
+        require(
             r.finished_at_ms >= r.started_at_ms,
             "result.finishedAtMs",
             ">= result.startedAtMs",
         )?;
-        rule(
+        require(
             (r.outcome == Outcome::Succeeded) == (r.exit_code == 0),
             "result.outcome",
             "succeeded iff exitCode is 0",
         )?;
-        rule(
+        require(
             a.byte_length <= super::artifact::MAX_ARTIFACT_BYTES,
             "artifact.byteLength",
             "0..=64 MiB",

@@ -253,6 +253,15 @@ pub(crate) fn ensure(ok: bool, path: &'static str, rule: &'static str) -> Result
     if ok { Ok(()) } else { Err(field(path, rule)) }
 }
 
+/// A request-side rule: [`WireError::Request`] unless `ok`.
+pub(crate) fn require(ok: bool, path: &'static str, rule: &'static str) -> Result<(), WireError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(WireError::Request { path, rule })
+    }
+}
+
 pub(crate) fn bind(
     ok: bool,
     path: &'static str,
