@@ -5,6 +5,7 @@ use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;
 
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use zeroize::Zeroizing;
@@ -195,8 +196,9 @@ struct StatusProbe {
 #[serde(deny_unknown_fields)]
 struct IdleWire {
     schema: String,
+    // `status`, already read by `StatusProbe`; here and in `OfferedWire`.
     #[serde(rename = "status")]
-    _status: IgnoredStatus,
+    _status: IgnoredAny,
     reason: IdleReason,
     stats: OfferStats,
     truncated: bool,
@@ -207,20 +209,11 @@ struct IdleWire {
 struct OfferedWire<'a> {
     schema: String,
     #[serde(rename = "status")]
-    _status: IgnoredStatus,
+    _status: IgnoredAny,
     #[serde(borrow)]
     offer: OfferWire<'a>,
     stats: OfferStats,
     truncated: bool,
-}
-
-/// `status`, already read by [`StatusProbe`].
-struct IgnoredStatus;
-
-impl<'de> Deserialize<'de> for IgnoredStatus {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        serde::de::IgnoredAny::deserialize(deserializer).map(|_| Self)
-    }
 }
 
 /// The revision stays raw text here and is parsed on its own ([`ExecutionRevision::parse_json`]):

@@ -494,23 +494,6 @@ struct RegisterWire {
     replaced_session: bool,
 }
 
-impl From<RegisterWire> for (ProjectionWire, bool) {
-    fn from(w: RegisterWire) -> Self {
-        (
-            ProjectionWire {
-                schema: w.schema,
-                worker_id: w.worker_id,
-                session_id: w.session_id,
-                generation: w.generation,
-                version: w.version,
-                status: w.status,
-                lease_expires_at_ms: w.lease_expires_at_ms,
-            },
-            w.replaced_session,
-        )
-    }
-}
-
 fn projection(
     wire: ProjectionWire,
     schema: &'static str,
@@ -555,9 +538,18 @@ impl SessionResponse {
         worker_id: &WorkerId,
         session_id: &SessionId,
     ) -> Result<Self, WireError> {
-        let wire: RegisterWire = parse_json("register", bytes, MAX_RESPONSE_BYTES)?;
-        let (wire, replaced): (ProjectionWire, bool) = wire.into();
-        projection(wire, REGISTER_SCHEMA, worker_id, session_id, Some(replaced))
+        let w: RegisterWire = parse_json("register", bytes, MAX_RESPONSE_BYTES)?;
+        let replaced = Some(w.replaced_session);
+        let wire = ProjectionWire {
+            schema: w.schema,
+            worker_id: w.worker_id,
+            session_id: w.session_id,
+            generation: w.generation,
+            version: w.version,
+            status: w.status,
+            lease_expires_at_ms: w.lease_expires_at_ms,
+        };
+        projection(wire, REGISTER_SCHEMA, worker_id, session_id, replaced)
     }
 
     /// Parses a `heartbeat` response: bound to the path and request generation,
