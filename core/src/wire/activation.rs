@@ -349,37 +349,26 @@ impl ActivationSnapshot {
     /// The consistent shape of this snapshot, if any.
     #[must_use]
     pub fn shape(&self) -> Option<SnapshotShape> {
-        let handle = self.executor_handle.is_some();
-        let started = self.started_at_ms.is_some();
-        let finished = self.finished_at_ms.is_some();
-        let error = self.error_code.is_some();
-        let starting = self.run_status == RunStatus::Dispatching
-            && self.attempt_status == AttemptStatus::Starting
-            && !handle
-            && !started
-            && !finished
-            && !error;
-        let running = self.run_status == RunStatus::Running
-            && self.attempt_status == AttemptStatus::Running
-            && handle
-            && started
-            && !finished
-            && !error;
-        let terminal_status = matches!(
-            (self.run_status, self.attempt_status),
-            (RunStatus::Failed, AttemptStatus::Failed)
-                | (RunStatus::Cancelled, AttemptStatus::Cancelled)
-                | (RunStatus::TimedOut, AttemptStatus::TimedOut)
+        use AttemptStatus as A;
+        use RunStatus as R;
+        // (executor handle, started, finished, error code) present.
+        let facts = (
+            self.executor_handle.is_some(),
+            self.started_at_ms.is_some(),
+            self.finished_at_ms.is_some(),
+            self.error_code.is_some(),
         );
-        let terminal = terminal_status && !handle && !started && finished && error;
-        if starting {
-            Some(SnapshotShape::Starting)
-        } else if running {
-            Some(SnapshotShape::Running)
-        } else if terminal {
-            Some(SnapshotShape::Terminal)
-        } else {
-            None
+        match (self.run_status, self.attempt_status, facts) {
+            (R::Dispatching, A::Starting, (false, false, false, false)) => {
+                Some(SnapshotShape::Starting)
+            }
+            (R::Running, A::Running, (true, true, false, false)) => Some(SnapshotShape::Running),
+            (R::Failed, A::Failed, (false, false, true, true))
+            | (R::Cancelled, A::Cancelled, (false, false, true, true))
+            | (R::TimedOut, A::TimedOut, (false, false, true, true)) => {
+                Some(SnapshotShape::Terminal)
+            }
+            _ => None,
         }
     }
 }
