@@ -117,17 +117,14 @@ impl ArtifactUpload {
             byte_length: u64,
             truncated: Option<bool>,
         }
-        let view = Schema {
-            schema: SCHEMA,
-            body: &View {
-                fence: &self.fence,
-                log_artifact_id: &self.log_artifact_id,
-                byte_length: self.byte_length,
-                truncated: self.truncated,
-            },
+        let view = View {
+            fence: &self.fence,
+            log_artifact_id: &self.log_artifact_id,
+            byte_length: self.byte_length,
+            truncated: self.truncated,
         };
         sealed_body(
-            &view,
+            &Schema::new(SCHEMA, &view),
             &self.fence.lease_token,
             "artifacts",
             MAX_HEADER_BYTES,

@@ -123,18 +123,15 @@ impl CompletionRequest {
             result: &'a CompletionResult,
             artifact: &'a CompletionArtifact,
         }
-        let view = Schema {
-            schema: SCHEMA,
-            body: &View {
-                fence: &self.fence,
-                callback_sequence: self.callback_sequence,
-                callback_token_digest: self.callback_token_digest.expose(),
-                result: r,
-                artifact: a,
-            },
+        let view = View {
+            fence: &self.fence,
+            callback_sequence: self.callback_sequence,
+            callback_token_digest: self.callback_token_digest.expose(),
+            result: r,
+            artifact: a,
         };
         sealed_body(
-            &view,
+            &Schema::new(SCHEMA, &view),
             &self.fence.lease_token,
             "completion",
             MAX_REQUEST_BYTES,

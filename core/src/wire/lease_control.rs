@@ -41,10 +41,7 @@ impl LeaseControlRequest {
     /// # Errors
     /// [`WireError::RequestTooLarge`] (cannot happen with valid ids).
     pub fn to_body(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
-        let view = Schema {
-            schema: SCHEMA,
-            body: &self.fence,
-        };
+        let view = Schema::new(SCHEMA, &self.fence);
         sealed_body(
             &view,
             &self.fence.lease_token,

@@ -351,9 +351,15 @@ pub(crate) fn token_slot<S: serde::Serializer>(
 /// `{"schema": …}` followed by the keys of `body`, for the bodies whose schema id comes first.
 #[derive(Serialize)]
 pub(crate) struct Schema<'a, T> {
-    pub(crate) schema: &'static str,
+    schema: &'static str,
     #[serde(flatten)]
-    pub(crate) body: &'a T,
+    body: &'a T,
+}
+
+impl<'a, T> Schema<'a, T> {
+    pub(crate) const fn new(schema: &'static str, body: &'a T) -> Self {
+        Self { schema, body }
+    }
 }
 
 /// The 7 activation fence keys, in the reference order (no `projectId`, no schema).

@@ -293,6 +293,15 @@ fn checked_capacity(c: &CapacityCapability) -> Result<&CapacityCapability, WireE
     Ok(c)
 }
 
+fn lease_duration(ms: u64) -> Result<(), WireError> {
+    let bounds = MIN_LEASE_DURATION_MS..=MAX_LEASE_DURATION_MS;
+    require(bounds.contains(&ms), "leaseDurationMs", "5000..=600000")
+}
+
+fn expected_version(version: u64) -> Result<(), WireError> {
+    require(version <= MAX_SAFE_INTEGER, "expectedVersion", "0..=2^53-1")
+}
+
 /// The `register` request; serializes as its body without the schema.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -331,11 +340,7 @@ impl RegisterRequest {
             "availableSlots",
             "<= maxConcurrentRuns",
         )?;
-        require(
-            (MIN_LEASE_DURATION_MS..=MAX_LEASE_DURATION_MS).contains(&lease_duration_ms),
-            "leaseDurationMs",
-            "5000..=600000",
-        )?;
+        lease_duration(lease_duration_ms)?;
         Ok(Self {
             capabilities_hash: Sha256Digest::of(capabilities_json.as_bytes()),
             capabilities_json,
@@ -350,10 +355,7 @@ impl RegisterRequest {
     /// # Errors
     /// [`WireError::RequestTooLarge`] above 20 KiB.
     pub fn to_body(&self) -> Result<Vec<u8>, WireError> {
-        let view = Schema {
-            schema: REGISTER_SCHEMA,
-            body: self,
-        };
+        let view = Schema::new(REGISTER_SCHEMA, self);
         body(&view, "register", MAX_REGISTER_REQUEST_BYTES)
     }
 }
@@ -378,25 +380,14 @@ impl HeartbeatRequest {
     /// # Errors
     /// [`WireError::Request`] for out-of-bounds values.
     pub fn to_body(&self) -> Result<Vec<u8>, WireError> {
-        require(
-            self.expected_version <= MAX_SAFE_INTEGER,
-            "expectedVersion",
-            "0..=2^53-1",
-        )?;
+        expected_version(self.expected_version)?;
         require(
             self.available_slots <= MAX_CONCURRENT_RUNS,
             "availableSlots",
             "0..=1024",
         )?;
-        require(
-            (MIN_LEASE_DURATION_MS..=MAX_LEASE_DURATION_MS).contains(&self.lease_duration_ms),
-            "leaseDurationMs",
-            "5000..=600000",
-        )?;
-        let view = Schema {
-            schema: HEARTBEAT_SCHEMA,
-            body: self,
-        };
+        lease_duration(self.lease_duration_ms)?;
+        let view = Schema::new(HEARTBEAT_SCHEMA, self);
         body(&view, "heartbeat", MAX_REQUEST_BYTES)
     }
 }
@@ -437,15 +428,8 @@ impl TransitionRequest {
             "status",
             "draining or offline",
         )?;
-        require(
-            self.expected_version <= MAX_SAFE_INTEGER,
-            "expectedVersion",
-            "0..=2^53-1",
-        )?;
-        let view = Schema {
-            schema: TRANSITION_SCHEMA,
-            body: self,
-        };
+        expected_version(self.expected_version)?;
+        let view = Schema::new(TRANSITION_SCHEMA, self);
         body(&view, "transition", MAX_REQUEST_BYTES)
     }
 }
