@@ -136,9 +136,7 @@ impl JsonError {
             detail: String::from(detail[..end].trim_end()),
         }
     }
-}
 
-impl JsonError {
     /// Refuses a body that is not UTF-8 as a whole. Every string is checked by serde anyway; this
     /// also covers the strings read as JavaScript strings ([`JsString`]), whose WTF-8 may only
     /// hold surrogates that came from `\u` escapes. Node would decode invalid bytes to U+FFFD.

@@ -224,13 +224,11 @@ fn sorted_runtimes(runtimes: &[RuntimeCapability]) -> Result<Vec<RuntimeCapabili
             "strict semver",
         )?;
     }
+    let orderable = runtimes
+        .iter()
+        .all(|r| js::locale_compare(&r.name, "").is_ok());
+    require(orderable, "runtimes.name", "orderable")?;
     let mut sorted = runtimes.to_vec();
-    for r in &sorted {
-        js::locale_compare(&r.name, "").map_err(|_| WireError::Request {
-            path: "runtimes.name",
-            rule: "orderable",
-        })?;
-    }
     sorted
         .sort_by(|a, b| js::locale_compare(&a.name, &b.name).unwrap_or(core::cmp::Ordering::Equal));
     require(
