@@ -44,25 +44,20 @@ pub fn derive_log_artifact_id(
     attempt_id: &AttemptId,
     offer_id: &OfferId,
 ) -> LogArtifactId {
-    use sha2::Digest as _;
-    let mut hasher = sha2::Sha256::new();
-    hasher.update(LOG_ID_DOMAIN);
+    let mut data = LOG_ID_DOMAIN.to_vec();
     for part in [
         project_id.as_str(),
         run_id.as_str(),
         attempt_id.as_str(),
         offer_id.as_str(),
     ] {
-        hasher.update(b"\0");
-        hasher.update(part.as_bytes());
+        data.push(0);
+        data.extend_from_slice(part.as_bytes());
     }
-    let mut digest = [0u8; 32];
-    digest.copy_from_slice(hasher.finalize().as_slice());
-    let hex = Sha256Digest::from_bytes(digest).to_hex();
-    let mut text = String::from("wlog-");
-    text.push_str(&hex[..30]);
+    let hex = Sha256Digest::of(&data).to_hex();
     // INVARIANT: "wlog-" + 30 lowercase hex always satisfies the LogArtifactId rule.
-    LogArtifactId::new(text).unwrap_or_else(|_| unreachable!("derived log id is well-formed"))
+    LogArtifactId::new(alloc::format!("wlog-{}", &hex[..30]))
+        .unwrap_or_else(|_| unreachable!("derived log id is well-formed"))
 }
 
 /// The upload header (the JSON inside the frame).

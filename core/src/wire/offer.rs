@@ -345,19 +345,15 @@ impl LeaseWire {
 impl OfferWire<'_> {
     fn into_offer(self) -> Result<OfferedOffer, WireError> {
         let candidate = self.candidate.into_candidate()?;
+        let WorkerWire {
+            worker_id,
+            session_id,
+            generation,
+        } = self.worker;
         let worker = OfferWorker {
-            worker_id: id(
-                WorkerId::new(self.worker.worker_id),
-                "offer.worker.workerId",
-            )?,
-            session_id: id(
-                SessionId::new(self.worker.session_id),
-                "offer.worker.sessionId",
-            )?,
-            generation: id(
-                WorkerGeneration::new(self.worker.generation),
-                "offer.worker.generation",
-            )?,
+            worker_id: id(WorkerId::new(worker_id), "offer.worker.workerId")?,
+            session_id: id(SessionId::new(session_id), "offer.worker.sessionId")?,
+            generation: id(WorkerGeneration::new(generation), "offer.worker.generation")?,
         };
         let lease = self.lease.into_lease()?;
         let execution_revision =
