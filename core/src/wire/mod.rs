@@ -253,11 +253,7 @@ pub(crate) fn ensure(ok: bool, path: &'static str, rule: &'static str) -> Result
 
 /// A request-side rule: [`WireError::Request`] unless `ok`.
 pub(crate) fn require(ok: bool, path: &'static str, rule: &'static str) -> Result<(), WireError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(WireError::Request { path, rule })
-    }
+    ok.then_some(()).ok_or(WireError::Request { path, rule })
 }
 
 pub(crate) fn bind(
@@ -265,11 +261,8 @@ pub(crate) fn bind(
     path: &'static str,
     must_equal: &'static str,
 ) -> Result<(), WireError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(WireError::Mismatch { path, must_equal })
-    }
+    ok.then_some(())
+        .ok_or(WireError::Mismatch { path, must_equal })
 }
 
 /// Maps a newtype validation error to a field error.

@@ -377,13 +377,7 @@ impl EnvironmentBundle {
         }
         let wire: BundleWire = serde_json::from_str(text)
             .map_err(|e| BundleError::Json(super::JsonError::from_serde(&e)))?;
-        let rule = |ok: bool, path, rule| {
-            if ok {
-                Ok(())
-            } else {
-                Err(BundleError::Field { path, rule })
-            }
-        };
+        let rule = |ok: bool, path, rule| ok.then_some(()).ok_or(BundleError::Field { path, rule });
         rule(wire.schema == BUNDLE_SCHEMA, "schema", BUNDLE_SCHEMA)?;
         rule(
             (1..=MAX_BUNDLE_ENTRIES).contains(&wire.entries.len()),
