@@ -120,11 +120,8 @@ fn sorted_names(list: &[String], path: &'static str, max: usize) -> Result<Vec<S
 }
 
 fn positive(value: Option<u64>, max: u64, path: &'static str) -> Result<(), WireError> {
-    require(
-        value.is_none_or(|v| (1..=max).contains(&v)),
-        path,
-        "a positive safe integer",
-    )
+    let ok = value.is_none_or(|v| (1..=max).contains(&v));
+    require(ok, path, "a positive safe integer")
 }
 
 impl Capabilities {
