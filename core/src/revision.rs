@@ -521,7 +521,7 @@ pub struct Placement {
 // Normalization
 // ---------------------------------------------------------------------------------------------
 
-fn capability_name(value: &str, max: usize) -> bool {
+pub(crate) fn capability_name(value: &str, max: usize) -> bool {
     let b = value.as_bytes();
     (1..=max).contains(&b.len())
         && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
@@ -530,7 +530,7 @@ fn capability_name(value: &str, max: usize) -> bool {
         })
 }
 
-fn label_key(value: &str) -> bool {
+pub(crate) fn label_key(value: &str) -> bool {
     let b = value.as_bytes();
     (1..=128).contains(&b.len())
         && b[0].is_ascii_alphanumeric()
@@ -538,7 +538,7 @@ fn label_key(value: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'/' | b'-'))
 }
 
-fn bounded_text(value: &str, max: usize) -> bool {
+pub(crate) fn bounded_text(value: &str, max: usize) -> bool {
     (1..=max).contains(&crate::ids::js_length(value)) && no_control(value)
 }
 

@@ -212,6 +212,14 @@ fn wire_error_codes_map_to_reference_statuses_and_classes() {
         IngressError::classify(401, None).to_string(),
         "control plane answered 401"
     );
+    let fenced = IngressError {
+        status: 409,
+        code: Some(ErrorCode::WorkerSessionFenced),
+    };
+    assert_eq!(
+        fenced.to_string(),
+        "control plane answered 409 worker_session_fenced"
+    );
     for code in ErrorCode::ALL {
         assert_eq!(ErrorCode::from_wire(code.as_str()), Some(*code));
     }

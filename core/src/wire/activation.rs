@@ -19,6 +19,7 @@ use crate::ids::{
     MAX_INT32, RunId, Sha256Digest,
 };
 use crate::offer::Offer;
+use crate::revision::bounded_text;
 use crate::time::UnixMillis;
 
 /// Schema id of the activation response.
@@ -137,117 +138,70 @@ impl ActivationRequest {
     }
 }
 
-/// The activation outcome.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ActivationStatus {
-    /// `applied`.
-    Applied,
-    /// `already_running`.
-    AlreadyRunning,
-    /// `already_starting`.
-    AlreadyStarting,
-    /// `already_terminal`.
-    AlreadyTerminal,
-}
-
-impl ActivationStatus {
-    /// The wire spelling.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Applied => "applied",
-            Self::AlreadyRunning => "already_running",
-            Self::AlreadyStarting => "already_starting",
-            Self::AlreadyTerminal => "already_terminal",
-        }
+wire_enum! {
+    /// The activation outcome.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+    pub enum ActivationStatus {
+        /// `applied`.
+        Applied = "applied",
+        /// `already_running`.
+        AlreadyRunning = "already_running",
+        /// `already_starting`.
+        AlreadyStarting = "already_starting",
+        /// `already_terminal`.
+        AlreadyTerminal = "already_terminal",
     }
 }
 
-/// Run status (`RC/src/run/run.ts`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RunStatus {
-    /// `cancelled`.
-    Cancelled,
-    /// `created`.
-    Created,
-    /// `dispatching`.
-    Dispatching,
-    /// `failed`.
-    Failed,
-    /// `lost`.
-    Lost,
-    /// `queued`.
-    Queued,
-    /// `retry_wait`.
-    RetryWait,
-    /// `running`.
-    Running,
-    /// `succeeded`.
-    Succeeded,
-    /// `timed_out`.
-    TimedOut,
-    /// `waiting_approval`.
-    WaitingApproval,
-}
-
-impl RunStatus {
-    /// The wire spelling.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Cancelled => "cancelled",
-            Self::Created => "created",
-            Self::Dispatching => "dispatching",
-            Self::Failed => "failed",
-            Self::Lost => "lost",
-            Self::Queued => "queued",
-            Self::RetryWait => "retry_wait",
-            Self::Running => "running",
-            Self::Succeeded => "succeeded",
-            Self::TimedOut => "timed_out",
-            Self::WaitingApproval => "waiting_approval",
-        }
+wire_enum! {
+    /// Run status (`RC/src/run/run.ts`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+    pub enum RunStatus {
+        /// `cancelled`.
+        Cancelled = "cancelled",
+        /// `created`.
+        Created = "created",
+        /// `dispatching`.
+        Dispatching = "dispatching",
+        /// `failed`.
+        Failed = "failed",
+        /// `lost`.
+        Lost = "lost",
+        /// `queued`.
+        Queued = "queued",
+        /// `retry_wait`.
+        RetryWait = "retry_wait",
+        /// `running`.
+        Running = "running",
+        /// `succeeded`.
+        Succeeded = "succeeded",
+        /// `timed_out`.
+        TimedOut = "timed_out",
+        /// `waiting_approval`.
+        WaitingApproval = "waiting_approval",
     }
 }
 
-/// Attempt status (`RC/src/run/run.ts`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AttemptStatus {
-    /// `cancelled`.
-    Cancelled,
-    /// `claimed`.
-    Claimed,
-    /// `failed`.
-    Failed,
-    /// `lost`.
-    Lost,
-    /// `running`.
-    Running,
-    /// `starting`.
-    Starting,
-    /// `succeeded`.
-    Succeeded,
-    /// `timed_out`.
-    TimedOut,
-}
-
-impl AttemptStatus {
-    /// The wire spelling.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Cancelled => "cancelled",
-            Self::Claimed => "claimed",
-            Self::Failed => "failed",
-            Self::Lost => "lost",
-            Self::Running => "running",
-            Self::Starting => "starting",
-            Self::Succeeded => "succeeded",
-            Self::TimedOut => "timed_out",
-        }
+wire_enum! {
+    /// Attempt status (`RC/src/run/run.ts`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+    pub enum AttemptStatus {
+        /// `cancelled`.
+        Cancelled = "cancelled",
+        /// `claimed`.
+        Claimed = "claimed",
+        /// `failed`.
+        Failed = "failed",
+        /// `lost`.
+        Lost = "lost",
+        /// `running`.
+        Running = "running",
+        /// `starting`.
+        Starting = "starting",
+        /// `succeeded`.
+        Succeeded = "succeeded",
+        /// `timed_out`.
+        TimedOut = "timed_out",
     }
 }
 
@@ -337,10 +291,6 @@ struct SnapshotWire {
     error_code: Option<String>,
 }
 
-fn bounded_text(value: &str, max: usize) -> bool {
-    (1..=max).contains(&crate::ids::js_length(value)) && !crate::ids::has_control_char(value)
-}
-
 fn time(value: Option<u64>, path: &'static str) -> Result<Option<UnixMillis>, WireError> {
     value.map(|v| id(UnixMillis::new(v), path)).transpose()
 }
@@ -399,37 +349,26 @@ impl ActivationSnapshot {
     /// The consistent shape of this snapshot, if any.
     #[must_use]
     pub fn shape(&self) -> Option<SnapshotShape> {
-        let handle = self.executor_handle.is_some();
-        let started = self.started_at_ms.is_some();
-        let finished = self.finished_at_ms.is_some();
-        let error = self.error_code.is_some();
-        let starting = self.run_status == RunStatus::Dispatching
-            && self.attempt_status == AttemptStatus::Starting
-            && !handle
-            && !started
-            && !finished
-            && !error;
-        let running = self.run_status == RunStatus::Running
-            && self.attempt_status == AttemptStatus::Running
-            && handle
-            && started
-            && !finished
-            && !error;
-        let terminal_status = matches!(
-            (self.run_status, self.attempt_status),
-            (RunStatus::Failed, AttemptStatus::Failed)
-                | (RunStatus::Cancelled, AttemptStatus::Cancelled)
-                | (RunStatus::TimedOut, AttemptStatus::TimedOut)
+        use AttemptStatus as A;
+        use RunStatus as R;
+        // (executor handle, started, finished, error code) present.
+        let facts = (
+            self.executor_handle.is_some(),
+            self.started_at_ms.is_some(),
+            self.finished_at_ms.is_some(),
+            self.error_code.is_some(),
         );
-        let terminal = terminal_status && !handle && !started && finished && error;
-        if starting {
-            Some(SnapshotShape::Starting)
-        } else if running {
-            Some(SnapshotShape::Running)
-        } else if terminal {
-            Some(SnapshotShape::Terminal)
-        } else {
-            None
+        match (self.run_status, self.attempt_status, facts) {
+            (R::Dispatching, A::Starting, (false, false, false, false)) => {
+                Some(SnapshotShape::Starting)
+            }
+            (R::Running, A::Running, (true, true, false, false)) => Some(SnapshotShape::Running),
+            (R::Failed, A::Failed, (false, false, true, true))
+            | (R::Cancelled, A::Cancelled, (false, false, true, true))
+            | (R::TimedOut, A::TimedOut, (false, false, true, true)) => {
+                Some(SnapshotShape::Terminal)
+            }
+            _ => None,
         }
     }
 }

@@ -9,7 +9,9 @@ use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use super::{Fence, Schema, WireError, bind, ensure, exact, field, id, parse_json, sealed_body};
+use super::{
+    Fence, Schema, WireError, bind, ensure, exact, field, id, parse_json, require, sealed_body,
+};
 use crate::ids::{
     AttemptId, LeaseGeneration, LeaseToken, LeaseVersion, LogArtifactId, OfferId, ProjectId, RunId,
     Sha256Digest, WorkerGeneration,
@@ -42,25 +44,20 @@ pub fn derive_log_artifact_id(
     attempt_id: &AttemptId,
     offer_id: &OfferId,
 ) -> LogArtifactId {
-    use sha2::Digest as _;
-    let mut hasher = sha2::Sha256::new();
-    hasher.update(LOG_ID_DOMAIN);
+    let mut data = LOG_ID_DOMAIN.to_vec();
     for part in [
         project_id.as_str(),
         run_id.as_str(),
         attempt_id.as_str(),
         offer_id.as_str(),
     ] {
-        hasher.update(b"\0");
-        hasher.update(part.as_bytes());
+        data.push(0);
+        data.extend_from_slice(part.as_bytes());
     }
-    let mut digest = [0u8; 32];
-    digest.copy_from_slice(hasher.finalize().as_slice());
-    let hex = Sha256Digest::from_bytes(digest).to_hex();
-    let mut text = String::from("wlog-");
-    text.push_str(&hex[..30]);
+    let hex = Sha256Digest::of(&data).to_hex();
     // INVARIANT: "wlog-" + 30 lowercase hex always satisfies the LogArtifactId rule.
-    LogArtifactId::new(text).unwrap_or_else(|_| unreachable!("derived log id is well-formed"))
+    LogArtifactId::new(alloc::format!("wlog-{}", &hex[..30]))
+        .unwrap_or_else(|_| unreachable!("derived log id is well-formed"))
 }
 
 /// The upload header (the JSON inside the frame).
@@ -101,12 +98,11 @@ impl ArtifactUpload {
     /// [`WireError::Request`] above 64 MiB of content, [`WireError::RequestTooLarge`] for a
     /// header above 4 KiB.
     pub fn header_json(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
-        if self.byte_length > MAX_ARTIFACT_BYTES {
-            return Err(WireError::Request {
-                path: "byteLength",
-                rule: "0..=64 MiB",
-            });
-        }
+        require(
+            self.byte_length <= MAX_ARTIFACT_BYTES,
+            "byteLength",
+            "0..=64 MiB",
+        )?;
         #[derive(Serialize)]
         #[serde(rename_all = "camelCase")]
         struct View<'a> {
@@ -116,17 +112,14 @@ impl ArtifactUpload {
             byte_length: u64,
             truncated: Option<bool>,
         }
-        let view = Schema {
-            schema: SCHEMA,
-            body: &View {
-                fence: &self.fence,
-                log_artifact_id: &self.log_artifact_id,
-                byte_length: self.byte_length,
-                truncated: self.truncated,
-            },
+        let view = View {
+            fence: &self.fence,
+            log_artifact_id: &self.log_artifact_id,
+            byte_length: self.byte_length,
+            truncated: self.truncated,
         };
         sealed_body(
-            &view,
+            &Schema::new(SCHEMA, &view),
             &self.fence.lease_token,
             "artifacts",
             MAX_HEADER_BYTES,

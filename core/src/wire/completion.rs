@@ -7,7 +7,7 @@ use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use super::{Fence, Schema, WireError, bind, exact, id, parse_json, sealed_body};
+use super::{Fence, Schema, WireError, bind, exact, id, parse_json, require, sealed_body};
 use crate::ids::{
     AttemptId, CallbackSequence, CapabilityDigest, LogArtifactId, RunId, Sha256Digest,
 };
@@ -98,24 +98,17 @@ impl CompletionRequest {
     pub fn to_body(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
         let r = &self.result;
         let a = &self.artifact;
-        let rule = |ok: bool, path, rule| {
-            if ok {
-                Ok(())
-            } else {
-                Err(WireError::Request { path, rule })
-            }
-        };
-        rule(
+        require(
             r.finished_at_ms >= r.started_at_ms,
             "result.finishedAtMs",
             ">= result.startedAtMs",
         )?;
-        rule(
+        require(
             (r.outcome == Outcome::Succeeded) == (r.exit_code == 0),
             "result.outcome",
             "succeeded iff exitCode is 0",
         )?;
-        rule(
+        require(
             a.byte_length <= super::artifact::MAX_ARTIFACT_BYTES,
             "artifact.byteLength",
             "0..=64 MiB",
@@ -130,18 +123,15 @@ impl CompletionRequest {
             result: &'a CompletionResult,
             artifact: &'a CompletionArtifact,
         }
-        let view = Schema {
-            schema: SCHEMA,
-            body: &View {
-                fence: &self.fence,
-                callback_sequence: self.callback_sequence,
-                callback_token_digest: self.callback_token_digest.expose(),
-                result: r,
-                artifact: a,
-            },
+        let view = View {
+            fence: &self.fence,
+            callback_sequence: self.callback_sequence,
+            callback_token_digest: self.callback_token_digest.expose(),
+            result: r,
+            artifact: a,
         };
         sealed_body(
-            &view,
+            &Schema::new(SCHEMA, &view),
             &self.fence.lease_token,
             "completion",
             MAX_REQUEST_BYTES,
@@ -149,27 +139,16 @@ impl CompletionRequest {
     }
 }
 
-/// Completion outcome at the control plane.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CompletionStatus {
-    /// `already_completed` (exact replay).
-    AlreadyCompleted,
-    /// `already_terminal` (another terminal outcome won).
-    AlreadyTerminal,
-    /// `applied`.
-    Applied,
-}
-
-impl CompletionStatus {
-    /// The wire spelling.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::AlreadyCompleted => "already_completed",
-            Self::AlreadyTerminal => "already_terminal",
-            Self::Applied => "applied",
-        }
+wire_enum! {
+    /// Completion outcome at the control plane.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+    pub enum CompletionStatus {
+        /// `already_completed` (exact replay).
+        AlreadyCompleted = "already_completed",
+        /// `already_terminal` (another terminal outcome won).
+        AlreadyTerminal = "already_terminal",
+        /// `applied`.
+        Applied = "applied",
     }
 }
 

@@ -2,8 +2,6 @@
 //! (reference §2.1). The Worker client treats any status other than 200 as `response_rejected`
 //! carrying only the status; [`IngressError::classify`] adds the code when a body is read.
 
-use core::fmt;
-
 use serde::Deserialize;
 
 use super::{WireError, parse_json};
@@ -103,7 +101,12 @@ pub enum ErrorClass {
 }
 
 /// A non-200 answer: the status, and the code when a well-formed body was read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "control plane answered {status}{}{}",
+    .code.map_or("", |_| " "),
+    .code.map_or("", ErrorCode::as_str)
+)]
 pub struct IngressError {
     /// HTTP status.
     pub status: u16,
@@ -133,22 +136,6 @@ impl IngressError {
         }
     }
 }
-
-impl fmt::Display for IngressError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.code {
-            Some(code) => write!(
-                f,
-                "control plane answered {} {}",
-                self.status,
-                code.as_str()
-            ),
-            None => write!(f, "control plane answered {}", self.status),
-        }
-    }
-}
-
-impl core::error::Error for IngressError {}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -41,10 +41,7 @@ impl LeaseControlRequest {
     /// # Errors
     /// [`WireError::RequestTooLarge`] (cannot happen with valid ids).
     pub fn to_body(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
-        let view = Schema {
-            schema: SCHEMA,
-            body: &self.fence,
-        };
+        let view = Schema::new(SCHEMA, &self.fence);
         sealed_body(
             &view,
             &self.fence.lease_token,
@@ -54,63 +51,37 @@ impl LeaseControlRequest {
     }
 }
 
-/// Why the control plane asks the Worker to stop.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StopReason {
-    /// `policy`.
-    Policy,
-    /// `reconcile`.
-    Reconcile,
-    /// `shutdown`.
-    Shutdown,
-    /// `timeout`.
-    Timeout,
-    /// `user`.
-    User,
-}
-
-impl StopReason {
-    /// The wire spelling.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Policy => "policy",
-            Self::Reconcile => "reconcile",
-            Self::Shutdown => "shutdown",
-            Self::Timeout => "timeout",
-            Self::User => "user",
-        }
+wire_enum! {
+    /// Why the control plane asks the Worker to stop.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+    pub enum StopReason {
+        /// `policy`.
+        Policy = "policy",
+        /// `reconcile`.
+        Reconcile = "reconcile",
+        /// `shutdown`.
+        Shutdown = "shutdown",
+        /// `timeout`.
+        Timeout = "timeout",
+        /// `user`.
+        User = "user",
     }
 }
 
-/// Terminal status of the Attempt at the control plane.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TerminalStatus {
-    /// `cancelled`.
-    Cancelled,
-    /// `failed`.
-    Failed,
-    /// `lost`.
-    Lost,
-    /// `succeeded`.
-    Succeeded,
-    /// `timed_out`.
-    TimedOut,
-}
-
-impl TerminalStatus {
-    /// The wire spelling.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Cancelled => "cancelled",
-            Self::Failed => "failed",
-            Self::Lost => "lost",
-            Self::Succeeded => "succeeded",
-            Self::TimedOut => "timed_out",
-        }
+wire_enum! {
+    /// Terminal status of the Attempt at the control plane.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+    pub enum TerminalStatus {
+        /// `cancelled`.
+        Cancelled = "cancelled",
+        /// `failed`.
+        Failed = "failed",
+        /// `lost`.
+        Lost = "lost",
+        /// `succeeded`.
+        Succeeded = "succeeded",
+        /// `timed_out`.
+        TimedOut = "timed_out",
     }
 }
 

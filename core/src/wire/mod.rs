@@ -29,6 +29,30 @@ use crate::ids::{
     WorkerGeneration,
 };
 
+/// A wire enum declared once from `Variant = "spelling"` pairs: the enum (with the given
+/// attributes and derives), a serde `rename` of each variant to its spelling, and `as_str`.
+macro_rules! wire_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident { $($(#[$doc:meta])* $variant:ident = $text:literal,)* }
+    ) => {
+        $(#[$meta])*
+        pub enum $name {
+            $($(#[$doc])* #[serde(rename = $text)] $variant,)*
+        }
+
+        impl $name {
+            /// The wire spelling.
+            #[must_use]
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text,)*
+                }
+            }
+        }
+    };
+}
+
 pub mod activation;
 pub mod artifact;
 pub mod auth;
@@ -112,9 +136,7 @@ impl JsonError {
             detail: String::from(detail[..end].trim_end()),
         }
     }
-}
 
-impl JsonError {
     /// Refuses a body that is not UTF-8 as a whole. Every string is checked by serde anyway; this
     /// also covers the strings read as JavaScript strings ([`JsString`]), whose WTF-8 may only
     /// hold surrogates that came from `\u` escapes. Node would decode invalid bytes to U+FFFD.
@@ -229,16 +251,18 @@ pub(crate) fn ensure(ok: bool, path: &'static str, rule: &'static str) -> Result
     if ok { Ok(()) } else { Err(field(path, rule)) }
 }
 
+/// A request-side rule: [`WireError::Request`] unless `ok`.
+pub(crate) fn require(ok: bool, path: &'static str, rule: &'static str) -> Result<(), WireError> {
+    ok.then_some(()).ok_or(WireError::Request { path, rule })
+}
+
 pub(crate) fn bind(
     ok: bool,
     path: &'static str,
     must_equal: &'static str,
 ) -> Result<(), WireError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(WireError::Mismatch { path, must_equal })
-    }
+    ok.then_some(())
+        .ok_or(WireError::Mismatch { path, must_equal })
 }
 
 /// Maps a newtype validation error to a field error.
@@ -318,9 +342,15 @@ pub(crate) fn token_slot<S: serde::Serializer>(
 /// `{"schema": …}` followed by the keys of `body`, for the bodies whose schema id comes first.
 #[derive(Serialize)]
 pub(crate) struct Schema<'a, T> {
-    pub(crate) schema: &'static str,
+    schema: &'static str,
     #[serde(flatten)]
-    pub(crate) body: &'a T,
+    body: &'a T,
+}
+
+impl<'a, T> Schema<'a, T> {
+    pub(crate) const fn new(schema: &'static str, body: &'a T) -> Self {
+        Self { schema, body }
+    }
 }
 
 /// The 7 activation fence keys, in the reference order (no `projectId`, no schema).

@@ -5,6 +5,7 @@ use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;
 
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use zeroize::Zeroizing;
@@ -61,39 +62,24 @@ impl OfferRequest {
     }
 }
 
-/// Why the control plane had nothing to offer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum IdleReason {
-    /// `claim_budget_exhausted`.
-    ClaimBudgetExhausted,
-    /// `claim_raced`.
-    ClaimRaced,
-    /// `no_candidates`.
-    NoCandidates,
-    /// `no_match`.
-    NoMatch,
-    /// `plans_unavailable`.
-    PlansUnavailable,
-    /// `scan_budget_exhausted`.
-    ScanBudgetExhausted,
-    /// `worker_unavailable`.
-    WorkerUnavailable,
-}
-
-impl IdleReason {
-    /// The wire spelling.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::ClaimBudgetExhausted => "claim_budget_exhausted",
-            Self::ClaimRaced => "claim_raced",
-            Self::NoCandidates => "no_candidates",
-            Self::NoMatch => "no_match",
-            Self::PlansUnavailable => "plans_unavailable",
-            Self::ScanBudgetExhausted => "scan_budget_exhausted",
-            Self::WorkerUnavailable => "worker_unavailable",
-        }
+wire_enum! {
+    /// Why the control plane had nothing to offer.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+    pub enum IdleReason {
+        /// `claim_budget_exhausted`.
+        ClaimBudgetExhausted = "claim_budget_exhausted",
+        /// `claim_raced`.
+        ClaimRaced = "claim_raced",
+        /// `no_candidates`.
+        NoCandidates = "no_candidates",
+        /// `no_match`.
+        NoMatch = "no_match",
+        /// `plans_unavailable`.
+        PlansUnavailable = "plans_unavailable",
+        /// `scan_budget_exhausted`.
+        ScanBudgetExhausted = "scan_budget_exhausted",
+        /// `worker_unavailable`.
+        WorkerUnavailable = "worker_unavailable",
     }
 }
 
@@ -210,8 +196,9 @@ struct StatusProbe {
 #[serde(deny_unknown_fields)]
 struct IdleWire {
     schema: String,
+    // `status`, already read by `StatusProbe`; here and in `OfferedWire`.
     #[serde(rename = "status")]
-    _status: IgnoredStatus,
+    _status: IgnoredAny,
     reason: IdleReason,
     stats: OfferStats,
     truncated: bool,
@@ -222,20 +209,11 @@ struct IdleWire {
 struct OfferedWire<'a> {
     schema: String,
     #[serde(rename = "status")]
-    _status: IgnoredStatus,
+    _status: IgnoredAny,
     #[serde(borrow)]
     offer: OfferWire<'a>,
     stats: OfferStats,
     truncated: bool,
-}
-
-/// `status`, already read by [`StatusProbe`].
-struct IgnoredStatus;
-
-impl<'de> Deserialize<'de> for IgnoredStatus {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        serde::de::IgnoredAny::deserialize(deserializer).map(|_| Self)
-    }
 }
 
 /// The revision stays raw text here and is parsed on its own ([`ExecutionRevision::parse_json`]):
@@ -367,19 +345,15 @@ impl LeaseWire {
 impl OfferWire<'_> {
     fn into_offer(self) -> Result<OfferedOffer, WireError> {
         let candidate = self.candidate.into_candidate()?;
+        let WorkerWire {
+            worker_id,
+            session_id,
+            generation,
+        } = self.worker;
         let worker = OfferWorker {
-            worker_id: id(
-                WorkerId::new(self.worker.worker_id),
-                "offer.worker.workerId",
-            )?,
-            session_id: id(
-                SessionId::new(self.worker.session_id),
-                "offer.worker.sessionId",
-            )?,
-            generation: id(
-                WorkerGeneration::new(self.worker.generation),
-                "offer.worker.generation",
-            )?,
+            worker_id: id(WorkerId::new(worker_id), "offer.worker.workerId")?,
+            session_id: id(SessionId::new(session_id), "offer.worker.sessionId")?,
+            generation: id(WorkerGeneration::new(generation), "offer.worker.generation")?,
         };
         let lease = self.lease.into_lease()?;
         let execution_revision =

@@ -8,71 +8,58 @@ use crate::ids::{SessionId, WorkerId};
 /// The fixed path prefix.
 pub const PREFIX: &str = "/api/v3/worker-ingress/workers/";
 
-/// A server operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Operation {
+/// Declares [`Operation`] once from `Variant = "segment"` pairs: the enum, `ALL` and `as_str`.
+macro_rules! operations {
+    ($($(#[$doc:meta])* $variant:ident = $text:literal,)*) => {
+        /// A server operation.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum Operation {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Operation {
+            /// Every server operation.
+            pub const ALL: [Self; 12] = [$(Self::$variant,)*];
+
+            /// The path segment.
+            #[must_use]
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text,)*
+                }
+            }
+        }
+    };
+}
+
+operations! {
     /// `artifacts` (streamed upload).
-    Artifacts,
+    Artifacts = "artifacts",
     /// `attestations` (control plane only; the Worker never calls it).
-    Attestations,
+    Attestations = "attestations",
     /// `completion`.
-    Completion,
+    Completion = "completion",
     /// `heartbeat`.
-    Heartbeat,
+    Heartbeat = "heartbeat",
     /// `lease-control`.
-    LeaseControl,
+    LeaseControl = "lease-control",
     /// `offers`.
-    Offers,
+    Offers = "offers",
     /// `register`.
-    Register,
+    Register = "register",
     /// `running`.
-    Running,
+    Running = "running",
     /// `secrets`.
-    Secrets,
+    Secrets = "secrets",
     /// `start-failure`.
-    StartFailure,
+    StartFailure = "start-failure",
     /// `starting`.
-    Starting,
+    Starting = "starting",
     /// `transition`.
-    Transition,
+    Transition = "transition",
 }
 
 impl Operation {
-    /// Every server operation.
-    pub const ALL: [Self; 12] = [
-        Self::Artifacts,
-        Self::Attestations,
-        Self::Completion,
-        Self::Heartbeat,
-        Self::LeaseControl,
-        Self::Offers,
-        Self::Register,
-        Self::Running,
-        Self::Secrets,
-        Self::StartFailure,
-        Self::Starting,
-        Self::Transition,
-    ];
-
-    /// The path segment.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Artifacts => "artifacts",
-            Self::Attestations => "attestations",
-            Self::Completion => "completion",
-            Self::Heartbeat => "heartbeat",
-            Self::LeaseControl => "lease-control",
-            Self::Offers => "offers",
-            Self::Register => "register",
-            Self::Running => "running",
-            Self::Secrets => "secrets",
-            Self::StartFailure => "start-failure",
-            Self::Starting => "starting",
-            Self::Transition => "transition",
-        }
-    }
-
     /// Parses a path segment.
     #[must_use]
     pub fn from_segment(segment: &str) -> Option<Self> {

@@ -7,7 +7,7 @@ use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use super::{Fence, WireError, bind, ensure, exact, parse_json, sealed_body};
+use super::{Fence, WireError, bind, ensure, exact, parse_json, require, sealed_body};
 use crate::ids::{
     AttemptId, LeaseGeneration, LeaseToken, LeaseVersion, OfferId, ProjectId, RunId, Sha256Digest,
     TaskId, TaskRevision, WorkerGeneration,
@@ -93,30 +93,23 @@ impl SecretsRequest {
     }
 
     fn validate(&self) -> Result<(), WireError> {
-        let rule = |ok: bool, path, rule| {
-            if ok {
-                Ok(())
-            } else {
-                Err(WireError::Request { path, rule })
-            }
-        };
-        rule(
+        require(
             self.secret_refs.len() <= MAX_SECRET_REFS,
             "secretRefs",
             "at most 64 references",
         )?;
-        rule(
+        require(
             self.environment_bundle_refs.len() <= MAX_BUNDLE_REFS,
             "environmentBundleRefs",
             "at most 1 reference",
         )?;
-        rule(
+        require(
             self.secret_refs.len() + self.environment_bundle_refs.len() >= 1,
             "secretRefs",
             "at least one reference in total",
         )?;
         let project: &ProjectId = &self.fence.project_id;
-        rule(
+        require(
             self.secret_refs
                 .iter()
                 .chain(&self.environment_bundle_refs)
@@ -124,7 +117,7 @@ impl SecretsRequest {
             "secretRefs",
             "references of the fence's project",
         )?;
-        rule(
+        require(
             self.secret_refs
                 .iter()
                 .enumerate()
@@ -132,7 +125,7 @@ impl SecretsRequest {
             "secretRefs",
             "unique",
         )?;
-        rule(
+        require(
             self.secret_refs
                 .iter()
                 .all(|r| !self.environment_bundle_refs.contains(r)),
@@ -384,13 +377,7 @@ impl EnvironmentBundle {
         }
         let wire: BundleWire = serde_json::from_str(text)
             .map_err(|e| BundleError::Json(super::JsonError::from_serde(&e)))?;
-        let rule = |ok: bool, path, rule| {
-            if ok {
-                Ok(())
-            } else {
-                Err(BundleError::Field { path, rule })
-            }
-        };
+        let rule = |ok: bool, path, rule| ok.then_some(()).ok_or(BundleError::Field { path, rule });
         rule(wire.schema == BUNDLE_SCHEMA, "schema", BUNDLE_SCHEMA)?;
         rule(
             (1..=MAX_BUNDLE_ENTRIES).contains(&wire.entries.len()),

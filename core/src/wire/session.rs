@@ -7,10 +7,12 @@ use alloc::vec::Vec;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Schema, WireError, bind, body, ensure, exact, id, parse_json, semver};
+use super::{Schema, WireError, bind, body, ensure, exact, id, parse_json, require, semver};
 use crate::ids::{MAX_SAFE_INTEGER, SessionId, Sha256Digest, WorkerGeneration, WorkerId};
 use crate::js;
-use crate::revision::{Architecture, Label, LabelsJson, SupportTier};
+use crate::revision::{
+    Architecture, Label, LabelsJson, SupportTier, bounded_text, capability_name, label_key,
+};
 use crate::time::UnixMillis;
 
 /// Register schema id.
@@ -100,33 +102,16 @@ pub struct Capabilities {
     pub features: Option<Vec<String>>,
 }
 
-fn req(ok: bool, path: &'static str, rule: &'static str) -> Result<(), WireError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(WireError::Request { path, rule })
-    }
-}
-
-fn capability_name(value: &str, max: usize) -> bool {
-    let b = value.as_bytes();
-    (1..=max).contains(&b.len())
-        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
-        && b.iter().all(|c| {
-            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'+' | b'-')
-        })
-}
-
 fn sorted_names(list: &[String], path: &'static str, max: usize) -> Result<Vec<String>, WireError> {
-    req(list.len() <= max, path, "within its item budget")?;
-    req(
+    require(list.len() <= max, path, "within its item budget")?;
+    require(
         list.iter().all(|n| capability_name(n, 64)),
         path,
         "capability names",
     )?;
     let mut out = list.to_vec();
     out.sort_by(|a, b| js::code_unit_cmp(a, b));
-    req(
+    require(
         out.windows(2).all(|w| w[0] != w[1]),
         path,
         "free of duplicates",
@@ -134,16 +119,9 @@ fn sorted_names(list: &[String], path: &'static str, max: usize) -> Result<Vec<S
     Ok(out)
 }
 
-fn bounded_text(value: &str, max: usize) -> bool {
-    (1..=max).contains(&crate::ids::js_length(value)) && !crate::ids::has_control_char(value)
-}
-
 fn positive(value: Option<u64>, max: u64, path: &'static str) -> Result<(), WireError> {
-    req(
-        value.is_none_or(|v| (1..=max).contains(&v)),
-        path,
-        "a positive safe integer",
-    )
+    let ok = value.is_none_or(|v| (1..=max).contains(&v));
+    require(ok, path, "a positive safe integer")
 }
 
 impl Capabilities {
@@ -169,20 +147,20 @@ impl Capabilities {
     /// # Errors
     /// [`WireError::Request`] naming the broken rule.
     pub fn canonical_json(&self) -> Result<String, WireError> {
-        req(!self.executors.is_empty(), "executors", "non-empty")?;
+        require(!self.executors.is_empty(), "executors", "non-empty")?;
         let executors = sorted_names(&self.executors, "executors", 16)?;
-        req(
+        require(
             semver::is_version(&self.protocol_version),
             "protocolVersion",
             "strict semver",
         )?;
-        req(
+        require(
             self.architecture.support_tier() == self.support_tier,
             "supportTier",
             "the architecture's support tier",
         )?;
         if let Some(os) = &self.operating_system {
-            req(
+            require(
                 capability_name(os, 32),
                 "operatingSystem",
                 "a capability name <= 32",
@@ -230,29 +208,27 @@ struct CapabilitiesJson<'a> {
 }
 
 fn sorted_runtimes(runtimes: &[RuntimeCapability]) -> Result<Vec<RuntimeCapability>, WireError> {
-    req(runtimes.len() <= 32, "runtimes", "at most 32")?;
+    require(runtimes.len() <= 32, "runtimes", "at most 32")?;
     for r in runtimes {
-        req(
+        require(
             capability_name(&r.name, 64),
             "runtimes.name",
             "a capability name",
         )?;
-        req(
+        require(
             semver::is_version(&r.version),
             "runtimes.version",
             "strict semver",
         )?;
     }
+    let orderable = runtimes
+        .iter()
+        .all(|r| js::locale_compare(&r.name, "").is_ok());
+    require(orderable, "runtimes.name", "orderable")?;
     let mut sorted = runtimes.to_vec();
-    for r in &sorted {
-        js::locale_compare(&r.name, "").map_err(|_| WireError::Request {
-            path: "runtimes.name",
-            rule: "orderable",
-        })?;
-    }
     sorted
         .sort_by(|a, b| js::locale_compare(&a.name, &b.name).unwrap_or(core::cmp::Ordering::Equal));
-    req(
+    require(
         sorted.windows(2).all(|p| p[0].name != p[1].name),
         "runtimes",
         "unique names",
@@ -261,27 +237,22 @@ fn sorted_runtimes(runtimes: &[RuntimeCapability]) -> Result<Vec<RuntimeCapabili
 }
 
 fn sorted_labels(labels: &[Label]) -> Result<LabelsJson<Vec<Label>>, WireError> {
-    req(labels.len() <= 32, "labels", "at most 32")?;
+    require(labels.len() <= 32, "labels", "at most 32")?;
     let mut sorted = labels.to_vec();
     for l in &sorted {
-        let key = l.key.as_bytes();
-        req(
-            (1..=128).contains(&key.len())
-                && key[0].is_ascii_alphanumeric()
-                && key
-                    .iter()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'/' | b'-')),
+        require(
+            label_key(&l.key),
             "labels",
             "keys ^[A-Za-z0-9][A-Za-z0-9._/-]*$",
         )?;
-        req(
+        require(
             bounded_text(&l.value, 256),
             "labels",
             "values of 1..=256 characters",
         )?;
     }
     sorted.sort_by(|a, b| js::locale_compare(&a.key, &b.key).unwrap_or(core::cmp::Ordering::Equal));
-    req(
+    require(
         sorted.windows(2).all(|p| p[0].key != p[1].key),
         "labels",
         "unique keys",
@@ -299,14 +270,14 @@ fn checked_capacity(c: &CapacityCapability) -> Result<&CapacityCapability, WireE
     positive(c.memory_bytes, MAX_SAFE_INTEGER, "capacity.memoryBytes")?;
     positive(c.disk_bytes, MAX_SAFE_INTEGER, "capacity.diskBytes")?;
     if let Some(gpus) = &c.gpu {
-        req(gpus.len() <= 8, "capacity.gpu", "at most 8")?;
+        require(gpus.len() <= 8, "capacity.gpu", "at most 8")?;
         for g in gpus {
-            req(
+            require(
                 capability_name(&g.vendor, 64),
                 "capacity.gpu.vendor",
                 "a capability name",
             )?;
-            req(
+            require(
                 g.model.as_deref().is_none_or(|m| bounded_text(m, 128)),
                 "capacity.gpu.model",
                 "1..=128 characters",
@@ -315,6 +286,15 @@ fn checked_capacity(c: &CapacityCapability) -> Result<&CapacityCapability, WireE
         }
     }
     Ok(c)
+}
+
+fn lease_duration(ms: u64) -> Result<(), WireError> {
+    let bounds = MIN_LEASE_DURATION_MS..=MAX_LEASE_DURATION_MS;
+    require(bounds.contains(&ms), "leaseDurationMs", "5000..=600000")
+}
+
+fn expected_version(version: u64) -> Result<(), WireError> {
+    require(version <= MAX_SAFE_INTEGER, "expectedVersion", "0..=2^53-1")
 }
 
 /// The `register` request; serializes as its body without the schema.
@@ -345,21 +325,17 @@ impl RegisterRequest {
         lease_duration_ms: u64,
     ) -> Result<Self, WireError> {
         let capabilities_json = capabilities.canonical_json()?;
-        req(
+        require(
             (1..=MAX_CONCURRENT_RUNS).contains(&max_concurrent_runs),
             "maxConcurrentRuns",
             "1..=1024",
         )?;
-        req(
+        require(
             available_slots <= max_concurrent_runs,
             "availableSlots",
             "<= maxConcurrentRuns",
         )?;
-        req(
-            (MIN_LEASE_DURATION_MS..=MAX_LEASE_DURATION_MS).contains(&lease_duration_ms),
-            "leaseDurationMs",
-            "5000..=600000",
-        )?;
+        lease_duration(lease_duration_ms)?;
         Ok(Self {
             capabilities_hash: Sha256Digest::of(capabilities_json.as_bytes()),
             capabilities_json,
@@ -374,10 +350,7 @@ impl RegisterRequest {
     /// # Errors
     /// [`WireError::RequestTooLarge`] above 20 KiB.
     pub fn to_body(&self) -> Result<Vec<u8>, WireError> {
-        let view = Schema {
-            schema: REGISTER_SCHEMA,
-            body: self,
-        };
+        let view = Schema::new(REGISTER_SCHEMA, self);
         body(&view, "register", MAX_REGISTER_REQUEST_BYTES)
     }
 }
@@ -402,50 +375,28 @@ impl HeartbeatRequest {
     /// # Errors
     /// [`WireError::Request`] for out-of-bounds values.
     pub fn to_body(&self) -> Result<Vec<u8>, WireError> {
-        req(
-            self.expected_version <= MAX_SAFE_INTEGER,
-            "expectedVersion",
-            "0..=2^53-1",
-        )?;
-        req(
+        expected_version(self.expected_version)?;
+        require(
             self.available_slots <= MAX_CONCURRENT_RUNS,
             "availableSlots",
             "0..=1024",
         )?;
-        req(
-            (MIN_LEASE_DURATION_MS..=MAX_LEASE_DURATION_MS).contains(&self.lease_duration_ms),
-            "leaseDurationMs",
-            "5000..=600000",
-        )?;
-        let view = Schema {
-            schema: HEARTBEAT_SCHEMA,
-            body: self,
-        };
+        lease_duration(self.lease_duration_ms)?;
+        let view = Schema::new(HEARTBEAT_SCHEMA, self);
         body(&view, "heartbeat", MAX_REQUEST_BYTES)
     }
 }
 
-/// A Session status on the wire.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SessionStatus {
-    /// `draining`.
-    Draining,
-    /// `offline`.
-    Offline,
-    /// `online`.
-    Online,
-}
-
-impl SessionStatus {
-    /// The wire spelling.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Draining => "draining",
-            Self::Offline => "offline",
-            Self::Online => "online",
-        }
+wire_enum! {
+    /// A Session status on the wire.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    pub enum SessionStatus {
+        /// `draining`.
+        Draining = "draining",
+        /// `offline`.
+        Offline = "offline",
+        /// `online`.
+        Online = "online",
     }
 }
 
@@ -467,20 +418,13 @@ impl TransitionRequest {
     /// # Errors
     /// [`WireError::Request`] for `online` or an out-of-bounds version.
     pub fn to_body(&self) -> Result<Vec<u8>, WireError> {
-        req(
+        require(
             self.status != SessionStatus::Online,
             "status",
             "draining or offline",
         )?;
-        req(
-            self.expected_version <= MAX_SAFE_INTEGER,
-            "expectedVersion",
-            "0..=2^53-1",
-        )?;
-        let view = Schema {
-            schema: TRANSITION_SCHEMA,
-            body: self,
-        };
+        expected_version(self.expected_version)?;
+        let view = Schema::new(TRANSITION_SCHEMA, self);
         body(&view, "transition", MAX_REQUEST_BYTES)
     }
 }
@@ -529,23 +473,6 @@ struct RegisterWire {
     replaced_session: bool,
 }
 
-impl From<RegisterWire> for (ProjectionWire, bool) {
-    fn from(w: RegisterWire) -> Self {
-        (
-            ProjectionWire {
-                schema: w.schema,
-                worker_id: w.worker_id,
-                session_id: w.session_id,
-                generation: w.generation,
-                version: w.version,
-                status: w.status,
-                lease_expires_at_ms: w.lease_expires_at_ms,
-            },
-            w.replaced_session,
-        )
-    }
-}
-
 fn projection(
     wire: ProjectionWire,
     schema: &'static str,
@@ -590,9 +517,18 @@ impl SessionResponse {
         worker_id: &WorkerId,
         session_id: &SessionId,
     ) -> Result<Self, WireError> {
-        let wire: RegisterWire = parse_json("register", bytes, MAX_RESPONSE_BYTES)?;
-        let (wire, replaced): (ProjectionWire, bool) = wire.into();
-        projection(wire, REGISTER_SCHEMA, worker_id, session_id, Some(replaced))
+        let w: RegisterWire = parse_json("register", bytes, MAX_RESPONSE_BYTES)?;
+        let replaced = Some(w.replaced_session);
+        let wire = ProjectionWire {
+            schema: w.schema,
+            worker_id: w.worker_id,
+            session_id: w.session_id,
+            generation: w.generation,
+            version: w.version,
+            status: w.status,
+            lease_expires_at_ms: w.lease_expires_at_ms,
+        };
+        projection(wire, REGISTER_SCHEMA, worker_id, session_id, replaced)
     }
 
     /// Parses a `heartbeat` response: bound to the path and request generation,
