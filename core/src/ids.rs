@@ -58,7 +58,8 @@ fn is_bounded_text(value: &str, max: usize) -> bool {
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident, $label:literal, $rule:literal, $check:expr) => {
         $(#[$doc])*
-        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+        #[serde(transparent)]
         pub struct $name(String);
 
         impl $name {
@@ -98,12 +99,6 @@ macro_rules! string_id {
             }
         }
 
-        impl Serialize for $name {
-            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.serialize_str(&self.0)
-            }
-        }
-
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
                 let value = String::deserialize(deserializer)?;
@@ -112,6 +107,8 @@ macro_rules! string_id {
         }
     };
 }
+
+pub(crate) use string_id;
 
 string_id!(
     /// Worker-generated offer id; also the inbox file name, so limited to a file-name-safe set.
@@ -299,10 +296,7 @@ impl Sha256Digest {
     #[must_use]
     pub fn of(data: &[u8]) -> Self {
         use sha2::Digest as _;
-        let out = sha2::Sha256::digest(data);
-        let mut bytes = [0u8; 32];
-        bytes.copy_from_slice(out.as_slice());
-        Self(bytes)
+        Self(sha2::Sha256::digest(data).into())
     }
 
     /// Parses 64 lowercase hex characters.
@@ -314,13 +308,12 @@ impl Sha256Digest {
             kind: "sha-256 digest",
             rule: Self::RULE,
         };
-        let bytes = text.as_bytes();
-        if bytes.len() != 64 || !is_lower_hex(text) {
+        if text.len() != 64 || !is_lower_hex(text) {
             return Err(err);
         }
         let mut out = [0u8; 32];
-        for (slot, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-            *slot = (hex_value(pair[0]) << 4) | hex_value(pair[1]);
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| err)?;
         }
         Ok(Self(out))
     }
@@ -344,13 +337,6 @@ impl Sha256Digest {
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
-
-fn hex_value(b: u8) -> u8 {
-    match b {
-        b'0'..=b'9' => b - b'0',
-        _ => b - b'a' + 10,
-    }
-}
 
 impl fmt::Debug for Sha256Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -445,7 +431,8 @@ impl<'de> Deserialize<'de> for CapabilityDigest {
 macro_rules! counter {
     ($(#[$doc:meta])* $name:ident, $label:literal, $min:expr, $max:expr, $rule:literal) => {
         $(#[$doc])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+        #[serde(transparent)]
         pub struct $name(u64);
 
         impl $name {
@@ -488,12 +475,6 @@ macro_rules! counter {
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 write!(f, "{}", self.0)
-            }
-        }
-
-        impl Serialize for $name {
-            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.serialize_u64(self.0)
             }
         }
 

@@ -176,7 +176,7 @@ pub fn authenticate(
     // this host's clock reads, so supervision can tell it from one "finished in the future"
     // that passes once a clock stepped back catches up.
     let bytes = decode_token(receipt.token.expose())?;
-    let presented = crate::ids::CapabilityDigest::new(crate::ids::Sha256Digest::of(&bytes[..]));
+    let presented = crate::ids::CapabilityDigest::new(crate::ids::Sha256Digest::of(&bytes[..32]));
     if presented != digest {
         return Err(ReceiptError::TokenDigest);
     }
@@ -211,21 +211,16 @@ pub fn authenticate(
 }
 
 /// Canonical base64url (no padding, no other alphabet, zero trailing bits) of exactly 32 bytes.
-fn decode_token(text: &str) -> Result<zeroize::Zeroizing<[u8; 32]>, ReceiptError> {
+/// Returns a 33-byte buffer whose first 32 bytes are the capability.
+fn decode_token(text: &str) -> Result<zeroize::Zeroizing<[u8; 33]>, ReceiptError> {
     use base64::Engine as _;
-    let mut out = zeroize::Zeroizing::new([0u8; 32]);
-    if text.len() != 43 {
-        return Err(ReceiptError::TokenEncoding);
-    }
     let mut buffer = zeroize::Zeroizing::new([0u8; 33]);
     let written = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode_slice(text.as_bytes(), &mut buffer[..])
-        .map_err(|_| ReceiptError::TokenEncoding)?;
-    if written != 32 {
-        return Err(ReceiptError::TokenEncoding);
+        .decode_slice(text.as_bytes(), &mut buffer[..]);
+    match written {
+        Ok(32) if text.len() == 43 => Ok(buffer),
+        _ => Err(ReceiptError::TokenEncoding),
     }
-    out.copy_from_slice(&buffer[..32]);
-    Ok(out)
 }
 
 #[cfg(test)]
