@@ -119,9 +119,7 @@ impl<'a> Barrier<'a> {
                 BarrierField::ExecutorStartedAtMs,
             ),
         ];
-        match checks.into_iter().find(|(same, _)| !same) {
-            Some((_, field)) => Err(field),
-            None => Ok(()),
-        }
+        let differs = checks.into_iter().find(|(same, _)| !same);
+        differs.map_or(Ok(()), |(_, field)| Err(field))
     }
 }

@@ -231,50 +231,26 @@ impl TaskRevision {
     }
 }
 
-/// The Worker-generated Run lease capability `[A-Za-z0-9_-]{32,128}` (reference: base64url of 32
-/// CSPRNG bytes): a validated [`SecretString`] (wiped on drop, redacted in `Debug` and
-/// human-readable serialization, compared in constant time).
-#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
-#[serde(try_from = "SecretString")]
-pub struct LeaseToken(SecretString);
+crate::secret::secret_token!(
+    /// The Worker-generated Run lease capability `[A-Za-z0-9_-]{32,128}` (reference: base64url of
+    /// 32 CSPRNG bytes): a validated [`SecretString`] (wiped on drop, redacted in `Debug` and
+    /// human-readable serialization, compared in constant time).
+    LeaseToken,
+    IdError,
+    IdError {
+        kind: "lease token",
+        rule: LeaseToken::RULE,
+    }
+);
 
 impl LeaseToken {
     /// The validation rule.
     pub const RULE: &'static str = "^[A-Za-z0-9_-]{32,128}$";
 
-    /// Validates and wraps `value`.
-    ///
-    /// # Errors
-    /// [`IdError`] when `value` breaks [`Self::RULE`]; the value itself is wiped, never echoed.
-    pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
-        Self::try_from(SecretString::new(value.into()))
-    }
-
-    /// The plaintext capability, for the few places that must send or store it.
-    #[must_use]
-    pub fn expose(&self) -> &str {
-        self.0.expose()
-    }
-
     /// `sha256_hex(utf8(token))`, as the control plane stores it.
     #[must_use]
     pub fn digest(&self) -> CapabilityDigest {
         CapabilityDigest(Sha256Digest::of(self.expose().as_bytes()))
-    }
-}
-
-impl TryFrom<SecretString> for LeaseToken {
-    type Error = IdError;
-
-    fn try_from(value: SecretString) -> Result<Self, IdError> {
-        if value.is_token() {
-            Ok(Self(value))
-        } else {
-            Err(IdError {
-                kind: "lease token",
-                rule: Self::RULE,
-            })
-        }
     }
 }
 
@@ -327,26 +303,20 @@ impl Sha256Digest {
     /// The lowercase hex form.
     #[must_use]
     pub fn to_hex(&self) -> String {
-        let mut out = String::with_capacity(64);
-        for byte in self.0 {
-            out.push(char::from(HEX[usize::from(byte >> 4)]));
-            out.push(char::from(HEX[usize::from(byte & 0xf)]));
-        }
-        out
+        alloc::string::ToString::to_string(self)
     }
 }
 
-const HEX: &[u8; 16] = b"0123456789abcdef";
-
 impl fmt::Debug for Sha256Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Sha256Digest({})", self.to_hex())
+        write!(f, "Sha256Digest({self})")
     }
 }
 
 impl fmt::Display for Sha256Digest {
+    /// The lowercase hex form.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.to_hex())
+        self.0.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
     }
 }
 
@@ -374,7 +344,8 @@ impl<'de> Deserialize<'de> for Sha256Digest {
 /// The SHA-256 of a capability (lease token digest, completion capability digest). Equal in
 /// shape to [`Sha256Digest`], but redacted in `Debug` and in human-readable serialization, and
 /// compared in constant time.
-#[derive(Clone, Copy, Eq)]
+#[derive(Clone, Copy, Eq, Deserialize)]
+#[serde(transparent)]
 pub struct CapabilityDigest(Sha256Digest);
 
 impl CapabilityDigest {
@@ -419,12 +390,6 @@ impl Serialize for CapabilityDigest {
         } else {
             self.0.serialize(serializer)
         }
-    }
-}
-
-impl<'de> Deserialize<'de> for CapabilityDigest {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Sha256Digest::deserialize(deserializer).map(Self)
     }
 }
 

@@ -142,10 +142,6 @@ fn wtf8_at(bytes: &[u8], i: usize) -> Option<(u32, usize)> {
     }
 }
 
-fn is_surrogate(c: u32) -> bool {
-    (0xd800..=0xdfff).contains(&c)
-}
-
 impl JsString {
     /// Checks `bytes` as WTF-8.
     ///
@@ -290,7 +286,7 @@ impl serde::Serialize for JsStringJson<'_> {
         };
         let (mut start, mut i) = (0, 0);
         while let Some((c, n)) = wtf8_at(bytes, i) {
-            if is_surrogate(c) {
+            if (0xd800..=0xdfff).contains(&c) {
                 push_run(&mut out, &bytes[start..i]);
                 write!(out, "\\u{c:04x}").expect("invariant: writing to a String cannot fail");
                 start = i + n;

@@ -180,36 +180,6 @@ fn agree(ok: bool, field: &'static str, must_equal: &'static str) -> Result<(), 
         .ok_or(OfferError::Mismatch { field, must_equal })
 }
 
-impl Lease {
-    /// Lease timing rules of reference §2.2.
-    ///
-    /// # Errors
-    /// [`OfferError::Bound`] naming the broken rule.
-    pub(crate) fn validate_timing(&self) -> Result<(), OfferError> {
-        bound(
-            self.renewed_at_ms >= self.acquired_at_ms,
-            "lease.renewedAtMs",
-            ">= lease.acquiredAtMs",
-        )?;
-        bound(
-            self.expires_at_ms > self.renewed_at_ms,
-            "lease.expiresAtMs",
-            "> lease.renewedAtMs",
-        )?;
-        bound(
-            self.updated_at_ms >= self.acquired_at_ms,
-            "lease.updatedAtMs",
-            ">= lease.acquiredAtMs",
-        )
-    }
-
-    /// True when the lease has expired at `now` (the lease is live while `now < expiresAtMs`).
-    #[must_use]
-    pub fn expired_at(&self, now: UnixMillis) -> bool {
-        now >= self.expires_at_ms
-    }
-}
-
 impl Offer {
     /// Every rule of an offer (reference §2.2, §3.5): [`Self::validate_fields`], then the
     /// execution revision's own normalization and digest ([`ExecutionRevision::validate`]: the
@@ -253,7 +223,22 @@ impl Offer {
             "placementScore",
             "0..=2^53-1",
         )?;
-        l.validate_timing()?;
+        // Lease timing (reference §2.2).
+        bound(
+            l.renewed_at_ms >= l.acquired_at_ms,
+            "lease.renewedAtMs",
+            ">= lease.acquiredAtMs",
+        )?;
+        bound(
+            l.expires_at_ms > l.renewed_at_ms,
+            "lease.expiresAtMs",
+            "> lease.renewedAtMs",
+        )?;
+        bound(
+            l.updated_at_ms >= l.acquired_at_ms,
+            "lease.updatedAtMs",
+            ">= lease.acquiredAtMs",
+        )?;
         agree(l.run_id == c.run_id, "lease.runId", "candidate.runId")?;
         agree(
             l.attempt_id == c.attempt_id,

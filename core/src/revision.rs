@@ -816,7 +816,7 @@ fn normalize_environment(
 
 impl ExecutionRevision {
     /// Applies every normalization rule of reference §2.2 and returns the normalized revision
-    /// (the `content_digest` field is carried over unchanged; see [`Self::seal`]).
+    /// (the `content_digest` field is carried over unchanged).
     ///
     /// # Errors
     /// [`RevisionError`] naming the first broken rule.
@@ -875,17 +875,6 @@ impl ExecutionRevision {
         let mut preimage = DIGEST_DOMAIN.to_vec();
         preimage.extend(self.canonical_json()?);
         Ok(Sha256Digest::of(&preimage))
-    }
-
-    /// Normalizes and sets `content_digest` to the digest of the normalized content (for
-    /// building revisions, e.g. in tests and the loopback control plane).
-    ///
-    /// # Errors
-    /// [`RevisionError`] naming the first broken rule.
-    pub fn seal(self) -> Result<Self, RevisionError> {
-        let mut normalized = self.normalize()?;
-        normalized.content_digest = normalized.compute_digest()?;
-        Ok(normalized)
     }
 
     /// Re-normalizes, requires the stored form to already be normalized, and recomputes and
