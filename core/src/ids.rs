@@ -41,8 +41,7 @@ fn is_lower_hex(value: &str) -> bool {
 /// `^[A-Za-z0-9][A-Za-z0-9._:-]{0,max-1}$`
 fn is_token_id(value: &str, max: usize) -> bool {
     let bytes = value.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= max
+    (1..=max).contains(&bytes.len())
         && bytes[0].is_ascii_alphanumeric()
         && bytes
             .iter()

@@ -526,10 +526,6 @@ fn bounded_text(value: &str, max: usize) -> bool {
     (1..=max).contains(&crate::ids::js_length(value)) && no_control(value)
 }
 
-fn collate(name: &'static str, a: &str, b: &str) -> Result<Ordering, RevisionError> {
-    js::locale_compare(a, b).map_err(|error| RevisionError::Collation { field: name, error })
-}
-
 /// Sorts `items` by `localeCompare` of `key`, refusing unsupported characters.
 fn sort_locale<T>(
     name: &'static str,
@@ -537,7 +533,8 @@ fn sort_locale<T>(
     key: impl Fn(&T) -> &str,
 ) -> Result<(), RevisionError> {
     for item in items.iter() {
-        collate(name, key(item), "")?;
+        js::locale_compare(key(item), "")
+            .map_err(|error| RevisionError::Collation { field: name, error })?;
     }
     // INVARIANT: every key was checked above, so the comparator cannot fail.
     items.sort_by(|a, b| js::locale_compare(key(a), key(b)).unwrap_or(Ordering::Equal));
@@ -718,10 +715,8 @@ impl Placement {
                 )?;
             }
         }
-        Ok(Self {
-            required: Some(required),
-            preferred: self.preferred,
-        })
+        self.required = Some(required);
+        Ok(self)
     }
 }
 
@@ -733,14 +728,18 @@ fn validate_identifier(value: &str, name: &'static str) -> Result<(), RevisionEr
     )
 }
 
+fn absolute_path(path: &str, name: &'static str) -> Result<(), RevisionError> {
+    ensure(
+        path.starts_with('/') && !path.contains('\0') && path.len() <= 4096,
+        name,
+        "an absolute path of <= 4096 bytes without NUL",
+    )
+}
+
 fn validate_command(command: &ExecCommand) -> Result<(), RevisionError> {
     match command {
         ExecCommand::Argv { file, args } => {
-            ensure(
-                file.starts_with('/') && !file.contains('\0') && file.len() <= 4096,
-                "command.file",
-                "an absolute path of <= 4096 bytes without NUL",
-            )?;
+            absolute_path(file, "command.file")?;
             ensure(args.len() <= 256, "command.args", "at most 256 arguments")?;
             let mut total = file.len();
             for arg in args {
@@ -844,11 +843,7 @@ impl ExecutionRevision {
             )?;
         }
         if let Some(dir) = &self.working_directory {
-            ensure(
-                dir.starts_with('/') && !dir.contains('\0') && dir.len() <= 4096,
-                "workingDirectory",
-                "an absolute path of <= 4096 bytes without NUL",
-            )?;
+            absolute_path(dir, "workingDirectory")?;
         }
         if let Some(timeout) = self.timeout_ms {
             ensure(
