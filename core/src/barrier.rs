@@ -8,8 +8,6 @@
 //! spawn was allowed. Reading the record is the caller's job; this is a pure function of the
 //! record and the plan's facts.
 
-use core::fmt;
-
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{AttemptId, CallbackSequence, CapabilityDigest, LogArtifactId, OfferId, RunId};
@@ -40,42 +38,33 @@ pub struct Barrier<'a> {
 
 /// The first inbox field whose durable value differs from the plan (spawn barrier drift), in the
 /// order the check compares them. Names the field, never a value (one is a capability digest).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum BarrierField {
     /// The record is not in `launching` (it is in the carried state).
+    #[error("state is {0}, not launching")]
     State(State),
     /// `offer.offerId`.
+    #[error("offerId")]
     OfferId,
     /// `offer.candidate.runId`.
+    #[error("runId")]
     RunId,
     /// `offer.candidate.attemptId`.
+    #[error("attemptId")]
     AttemptId,
     /// `completionReceiptCallbackSequence`.
+    #[error("completionReceiptCallbackSequence")]
     CallbackSequence,
     /// `completionReceiptTokenDigest`.
+    #[error("completionReceiptTokenDigest")]
     TokenDigest,
     /// `logArtifactId`.
+    #[error("logArtifactId")]
     LogArtifactId,
     /// `executorStartedAtMs`.
+    #[error("executorStartedAtMs")]
     ExecutorStartedAtMs,
 }
-
-impl fmt::Display for BarrierField {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::State(state) => write!(f, "state is {state}, not launching"),
-            Self::OfferId => f.write_str("offerId"),
-            Self::RunId => f.write_str("runId"),
-            Self::AttemptId => f.write_str("attemptId"),
-            Self::CallbackSequence => f.write_str("completionReceiptCallbackSequence"),
-            Self::TokenDigest => f.write_str("completionReceiptTokenDigest"),
-            Self::LogArtifactId => f.write_str("logArtifactId"),
-            Self::ExecutorStartedAtMs => f.write_str("executorStartedAtMs"),
-        }
-    }
-}
-
-impl core::error::Error for BarrierField {}
 
 impl<'a> Barrier<'a> {
     /// The barrier of the core's own launch plan (the digest is computed from its capability).
@@ -130,9 +119,7 @@ impl<'a> Barrier<'a> {
                 BarrierField::ExecutorStartedAtMs,
             ),
         ];
-        match checks.into_iter().find(|(same, _)| !same) {
-            Some((_, field)) => Err(field),
-            None => Ok(()),
-        }
+        let differs = checks.into_iter().find(|(same, _)| !same);
+        differs.map_or(Ok(()), |(_, field)| Err(field))
     }
 }

@@ -35,13 +35,6 @@ impl Entropy {
         &self.0
     }
 
-    /// A 32-byte slice starting at `offset` (0 or 32).
-    pub(crate) fn take32(&self, offset: usize) -> [u8; 32] {
-        let mut out = [0u8; 32];
-        out.copy_from_slice(&self.0[offset..offset + 32]);
-        out
-    }
-
     /// A uniform value in `0..bound` (bound ≥ 1) from the first eight bytes, by rejection-free
     /// 128-bit multiplication (bias below 2^-64).
     pub(crate) fn below(&self, bound: u64) -> u64 {
@@ -65,7 +58,9 @@ impl Capability {
     /// Takes the capability from drawn entropy.
     #[must_use]
     pub(crate) fn from_entropy(entropy: &Entropy) -> Self {
-        Self(entropy.take32(0))
+        let mut bytes = [0u8; 32];
+        bytes.copy_from_slice(&entropy.0[..32]);
+        Self(bytes)
     }
 
     /// Wraps raw bytes (simulation and tests).

@@ -38,27 +38,23 @@ pub const MAX_ENVELOPE_BYTES: usize = 160 * 1024;
 
 /// What an envelope holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
 pub enum Kind {
     /// An [`InboxRecord`].
-    InboxRecord,
+    InboxRecord = 1,
     /// A [`PendingClaim`].
-    PendingClaim,
+    PendingClaim = 2,
     /// A completion [`Receipt`].
-    CompletionReceipt,
+    CompletionReceipt = 3,
     /// A log [`TruncationFact`].
-    TruncationFact,
+    TruncationFact = 4,
 }
 
 impl Kind {
     /// The header byte.
     #[must_use]
     pub const fn byte(self) -> u8 {
-        match self {
-            Self::InboxRecord => 1,
-            Self::PendingClaim => 2,
-            Self::CompletionReceipt => 3,
-            Self::TruncationFact => 4,
-        }
+        self as u8
     }
 
     /// Name for messages.
@@ -288,34 +284,23 @@ pub fn open<T: Durable>(bytes: &[u8]) -> Result<&[u8], EnvelopeError> {
     Ok(body)
 }
 
-impl Durable for InboxRecord {
-    const KIND: Kind = Kind::InboxRecord;
-    const MAX_BYTES: usize = MAX_ENVELOPE_BYTES;
-    fn check(&self) -> Result<(), ContentError> {
-        self.validate().map_err(ContentError::Record)
-    }
+/// The [`Durable`] implementations: type, kind, size bound, and the [`ContentError`] variant of
+/// its own validation.
+macro_rules! durable {
+    ($($type:ident: $kind:ident, $max:expr, $error:ident;)*) => {$(
+        impl Durable for $type {
+            const KIND: Kind = Kind::$kind;
+            const MAX_BYTES: usize = $max;
+            fn check(&self) -> Result<(), ContentError> {
+                self.validate().map_err(ContentError::$error)
+            }
+        }
+    )*};
 }
 
-impl Durable for PendingClaim {
-    const KIND: Kind = Kind::PendingClaim;
-    const MAX_BYTES: usize = MAX_ENVELOPE_BYTES;
-    fn check(&self) -> Result<(), ContentError> {
-        self.validate().map_err(ContentError::Claim)
-    }
-}
-
-impl Durable for Receipt {
-    const KIND: Kind = Kind::CompletionReceipt;
-    const MAX_BYTES: usize = crate::receipt::MAX_RECEIPT_BYTES;
-    fn check(&self) -> Result<(), ContentError> {
-        self.validate().map_err(ContentError::Receipt)
-    }
-}
-
-impl Durable for TruncationFact {
-    const KIND: Kind = Kind::TruncationFact;
-    const MAX_BYTES: usize = crate::truncation::MAX_FACT_BYTES;
-    fn check(&self) -> Result<(), ContentError> {
-        self.validate().map_err(ContentError::Fact)
-    }
+durable! {
+    InboxRecord: InboxRecord, MAX_ENVELOPE_BYTES, Record;
+    PendingClaim: PendingClaim, MAX_ENVELOPE_BYTES, Claim;
+    Receipt: CompletionReceipt, crate::receipt::MAX_RECEIPT_BYTES, Receipt;
+    TruncationFact: TruncationFact, crate::truncation::MAX_FACT_BYTES, Fact;
 }

@@ -41,8 +41,7 @@ fn is_lower_hex(value: &str) -> bool {
 /// `^[A-Za-z0-9][A-Za-z0-9._:-]{0,max-1}$`
 fn is_token_id(value: &str, max: usize) -> bool {
     let bytes = value.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= max
+    (1..=max).contains(&bytes.len())
         && bytes[0].is_ascii_alphanumeric()
         && bytes
             .iter()
@@ -58,7 +57,8 @@ fn is_bounded_text(value: &str, max: usize) -> bool {
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident, $label:literal, $rule:literal, $check:expr) => {
         $(#[$doc])*
-        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+        #[serde(transparent)]
         pub struct $name(String);
 
         impl $name {
@@ -98,12 +98,6 @@ macro_rules! string_id {
             }
         }
 
-        impl Serialize for $name {
-            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.serialize_str(&self.0)
-            }
-        }
-
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
                 let value = String::deserialize(deserializer)?;
@@ -112,6 +106,8 @@ macro_rules! string_id {
         }
     };
 }
+
+pub(crate) use string_id;
 
 string_id!(
     /// Worker-generated offer id; also the inbox file name, so limited to a file-name-safe set.
@@ -234,50 +230,26 @@ impl TaskRevision {
     }
 }
 
-/// The Worker-generated Run lease capability `[A-Za-z0-9_-]{32,128}` (reference: base64url of 32
-/// CSPRNG bytes): a validated [`SecretString`] (wiped on drop, redacted in `Debug` and
-/// human-readable serialization, compared in constant time).
-#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
-#[serde(try_from = "SecretString")]
-pub struct LeaseToken(SecretString);
+crate::secret::secret_token!(
+    /// The Worker-generated Run lease capability `[A-Za-z0-9_-]{32,128}` (reference: base64url of
+    /// 32 CSPRNG bytes): a validated [`SecretString`] (wiped on drop, redacted in `Debug` and
+    /// human-readable serialization, compared in constant time).
+    LeaseToken,
+    IdError,
+    IdError {
+        kind: "lease token",
+        rule: LeaseToken::RULE,
+    }
+);
 
 impl LeaseToken {
     /// The validation rule.
     pub const RULE: &'static str = "^[A-Za-z0-9_-]{32,128}$";
 
-    /// Validates and wraps `value`.
-    ///
-    /// # Errors
-    /// [`IdError`] when `value` breaks [`Self::RULE`]; the value itself is wiped, never echoed.
-    pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
-        Self::try_from(SecretString::new(value.into()))
-    }
-
-    /// The plaintext capability, for the few places that must send or store it.
-    #[must_use]
-    pub fn expose(&self) -> &str {
-        self.0.expose()
-    }
-
     /// `sha256_hex(utf8(token))`, as the control plane stores it.
     #[must_use]
     pub fn digest(&self) -> CapabilityDigest {
         CapabilityDigest(Sha256Digest::of(self.expose().as_bytes()))
-    }
-}
-
-impl TryFrom<SecretString> for LeaseToken {
-    type Error = IdError;
-
-    fn try_from(value: SecretString) -> Result<Self, IdError> {
-        if value.is_token() {
-            Ok(Self(value))
-        } else {
-            Err(IdError {
-                kind: "lease token",
-                rule: Self::RULE,
-            })
-        }
     }
 }
 
@@ -299,10 +271,7 @@ impl Sha256Digest {
     #[must_use]
     pub fn of(data: &[u8]) -> Self {
         use sha2::Digest as _;
-        let out = sha2::Sha256::digest(data);
-        let mut bytes = [0u8; 32];
-        bytes.copy_from_slice(out.as_slice());
-        Self(bytes)
+        Self(sha2::Sha256::digest(data).into())
     }
 
     /// Parses 64 lowercase hex characters.
@@ -314,13 +283,12 @@ impl Sha256Digest {
             kind: "sha-256 digest",
             rule: Self::RULE,
         };
-        let bytes = text.as_bytes();
-        if bytes.len() != 64 || !is_lower_hex(text) {
+        if text.len() != 64 || !is_lower_hex(text) {
             return Err(err);
         }
         let mut out = [0u8; 32];
-        for (slot, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-            *slot = (hex_value(pair[0]) << 4) | hex_value(pair[1]);
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| err)?;
         }
         Ok(Self(out))
     }
@@ -334,33 +302,20 @@ impl Sha256Digest {
     /// The lowercase hex form.
     #[must_use]
     pub fn to_hex(&self) -> String {
-        let mut out = String::with_capacity(64);
-        for byte in self.0 {
-            out.push(char::from(HEX[usize::from(byte >> 4)]));
-            out.push(char::from(HEX[usize::from(byte & 0xf)]));
-        }
-        out
-    }
-}
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
-
-fn hex_value(b: u8) -> u8 {
-    match b {
-        b'0'..=b'9' => b - b'0',
-        _ => b - b'a' + 10,
+        alloc::string::ToString::to_string(self)
     }
 }
 
 impl fmt::Debug for Sha256Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Sha256Digest({})", self.to_hex())
+        write!(f, "Sha256Digest({self})")
     }
 }
 
 impl fmt::Display for Sha256Digest {
+    /// The lowercase hex form.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.to_hex())
+        self.0.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
     }
 }
 
@@ -388,7 +343,8 @@ impl<'de> Deserialize<'de> for Sha256Digest {
 /// The SHA-256 of a capability (lease token digest, completion capability digest). Equal in
 /// shape to [`Sha256Digest`], but redacted in `Debug` and in human-readable serialization, and
 /// compared in constant time.
-#[derive(Clone, Copy, Eq)]
+#[derive(Clone, Copy, Eq, Deserialize)]
+#[serde(transparent)]
 pub struct CapabilityDigest(Sha256Digest);
 
 impl CapabilityDigest {
@@ -436,16 +392,11 @@ impl Serialize for CapabilityDigest {
     }
 }
 
-impl<'de> Deserialize<'de> for CapabilityDigest {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Sha256Digest::deserialize(deserializer).map(Self)
-    }
-}
-
 macro_rules! counter {
     ($(#[$doc:meta])* $name:ident, $label:literal, $min:expr, $max:expr, $rule:literal) => {
         $(#[$doc])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+        #[serde(transparent)]
         pub struct $name(u64);
 
         impl $name {
@@ -488,12 +439,6 @@ macro_rules! counter {
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 write!(f, "{}", self.0)
-            }
-        }
-
-        impl Serialize for $name {
-            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.serialize_u64(self.0)
             }
         }
 

@@ -11,7 +11,7 @@
 //!   labels and runtime names ([`locale_compare`]);
 //! * `Array.prototype.sort` without a comparator, which orders by UTF-16 code units
 //!   ([`code_unit_cmp`]), and the property order of plain objects, which lists array-index keys
-//!   first in numeric order (`is_array_index`).
+//!   first in numeric order (`array_index`).
 //!
 //! `locale_compare` supports exactly the characters the reference's patterns admit where it sorts
 //! with `localeCompare`: `[A-Za-z0-9._/+-]`. Any other character is refused with a
@@ -77,28 +77,12 @@ pub fn code_unit_cmp(a: &str, b: &str) -> Ordering {
     a.encode_utf16().cmp(b.encode_utf16())
 }
 
-/// True when `key` is an array index (a canonical decimal `0..=2^32-2`). Plain JavaScript
-/// objects enumerate such keys first, in ascending numeric order, before all other keys in
-/// insertion order, whatever order they were inserted in; `JSON.stringify` follows that order.
-#[must_use]
-pub(crate) fn is_array_index(key: &str) -> bool {
-    let bytes = key.as_bytes();
-    if bytes.is_empty() || bytes.len() > 10 || !bytes.iter().all(u8::is_ascii_digit) {
-        return false;
-    }
-    if bytes.len() > 1 && bytes[0] == b'0' {
-        return false;
-    }
-    let value = bytes
-        .iter()
-        .fold(0u64, |acc, b| acc * 10 + u64::from(b - b'0'));
-    value <= 4_294_967_294
-}
-
-/// The numeric value of an array-index key (see [`is_array_index`]); 0 for any other key.
-fn array_index_value(key: &str) -> u64 {
-    key.bytes()
-        .fold(0u64, |acc, b| acc.saturating_mul(10) + u64::from(b - b'0'))
+/// The value of `key` when it is an array index (a canonical decimal `0..=2^32-2`). Plain
+/// JavaScript objects enumerate such keys first, in ascending numeric order, before all other
+/// keys in insertion order, whatever order they were inserted in; `JSON.stringify` follows that
+/// order.
+fn array_index(key: &str) -> Option<u64> {
+    crate::ids::parse_canonical_decimal(key).filter(|value| *value <= 4_294_967_294)
 }
 
 /// The order in which a plain JavaScript object built by inserting `keys` in the given order
@@ -106,11 +90,10 @@ fn array_index_value(key: &str) -> u64 {
 /// Returns the permutation as indices into `keys`.
 #[must_use]
 pub(crate) fn object_key_order(keys: &[&str]) -> Vec<usize> {
-    let mut indices: Vec<usize> = (0..keys.len())
-        .filter(|&i| is_array_index(keys[i]))
-        .collect();
-    indices.sort_by_key(|&i| array_index_value(keys[i]));
-    indices.extend((0..keys.len()).filter(|&i| !is_array_index(keys[i])));
+    let index = |i: &usize| array_index(keys[*i]);
+    let mut indices: Vec<usize> = (0..keys.len()).filter(|i| index(i).is_some()).collect();
+    indices.sort_by_key(index);
+    indices.extend((0..keys.len()).filter(|i| index(i).is_none()));
     indices
 }
 
@@ -159,10 +142,6 @@ fn wtf8_at(bytes: &[u8], i: usize) -> Option<(u32, usize)> {
     }
 }
 
-fn is_surrogate(c: u32) -> bool {
-    (0xd800..=0xdfff).contains(&c)
-}
-
 impl JsString {
     /// Checks `bytes` as WTF-8.
     ///
@@ -187,12 +166,6 @@ impl JsString {
     #[must_use]
     pub fn as_str(&self) -> Option<&str> {
         core::str::from_utf8(&self.0).ok()
-    }
-
-    /// The WTF-8 bytes.
-    #[must_use]
-    pub(crate) fn as_wtf8(&self) -> &[u8] {
-        &self.0
     }
 
     /// `Buffer.byteLength(value, 'utf8')`: UTF-8 bytes, 3 for each lone surrogate.
@@ -302,7 +275,7 @@ impl serde::Serialize for JsStringJson<'_> {
         if let Some(text) = self.0.as_str() {
             return serializer.serialize_str(text);
         }
-        let bytes = self.0.as_wtf8();
+        let bytes = &self.0.0;
         let mut out = alloc::string::String::from("\"");
         let push_run = |out: &mut alloc::string::String, run: &[u8]| {
             // INVARIANT: WTF-8 between two surrogates is UTF-8, and a str always serializes.
@@ -313,7 +286,7 @@ impl serde::Serialize for JsStringJson<'_> {
         };
         let (mut start, mut i) = (0, 0);
         while let Some((c, n)) = wtf8_at(bytes, i) {
-            if is_surrogate(c) {
+            if (0xd800..=0xdfff).contains(&c) {
                 push_run(&mut out, &bytes[start..i]);
                 write!(out, "\\u{c:04x}").expect("invariant: writing to a String cannot fail");
                 start = i + n;
@@ -418,8 +391,12 @@ mod tests {
 
     #[test]
     fn array_index_keys_come_first() {
-        assert!(is_array_index("0") && is_array_index("4294967294"));
-        assert!(!is_array_index("4294967295") && !is_array_index("01") && !is_array_index(""));
+        assert!(array_index("0").is_some() && array_index("4294967294").is_some());
+        assert!(
+            array_index("4294967295").is_none()
+                && array_index("01").is_none()
+                && array_index("").is_none()
+        );
         assert_eq!(object_key_order(&["b", "10", "a", "9"]), [3, 1, 0, 2]);
     }
 }

@@ -171,44 +171,13 @@ pub enum OfferError {
     },
 }
 
-fn ensure(ok: bool, error: OfferError) -> Result<(), OfferError> {
-    if ok { Ok(()) } else { Err(error) }
+fn bound(ok: bool, field: &'static str, rule: &'static str) -> Result<(), OfferError> {
+    ok.then_some(()).ok_or(OfferError::Bound { field, rule })
 }
 
-impl Lease {
-    /// Lease timing rules of reference §2.2.
-    ///
-    /// # Errors
-    /// [`OfferError::Bound`] naming the broken rule.
-    pub(crate) fn validate_timing(&self) -> Result<(), OfferError> {
-        ensure(
-            self.renewed_at_ms >= self.acquired_at_ms,
-            OfferError::Bound {
-                field: "lease.renewedAtMs",
-                rule: ">= lease.acquiredAtMs",
-            },
-        )?;
-        ensure(
-            self.expires_at_ms > self.renewed_at_ms,
-            OfferError::Bound {
-                field: "lease.expiresAtMs",
-                rule: "> lease.renewedAtMs",
-            },
-        )?;
-        ensure(
-            self.updated_at_ms >= self.acquired_at_ms,
-            OfferError::Bound {
-                field: "lease.updatedAtMs",
-                rule: ">= lease.acquiredAtMs",
-            },
-        )
-    }
-
-    /// True when the lease has expired at `now` (the lease is live while `now < expiresAtMs`).
-    #[must_use]
-    pub fn expired_at(&self, now: UnixMillis) -> bool {
-        now >= self.expires_at_ms
-    }
+fn agree(ok: bool, field: &'static str, must_equal: &'static str) -> Result<(), OfferError> {
+    ok.then_some(())
+        .ok_or(OfferError::Mismatch { field, must_equal })
 }
 
 impl Offer {
@@ -239,68 +208,83 @@ impl Offer {
         let l = &self.lease;
         let r = &self.execution_revision;
         let safe = i64::try_from(MAX_SAFE_INTEGER).unwrap_or(i64::MAX);
-        ensure(
+        bound(
             (-safe..=safe).contains(&c.priority),
-            OfferError::Bound {
-                field: "candidate.priority",
-                rule: "a safe integer",
-            },
+            "candidate.priority",
+            "a safe integer",
         )?;
-        ensure(
+        bound(
             (1..=MAX_SAFE_INTEGER).contains(&c.attempt_number),
-            OfferError::Bound {
-                field: "candidate.attemptNumber",
-                rule: "1..=2^53-1",
-            },
+            "candidate.attemptNumber",
+            "1..=2^53-1",
         )?;
-        ensure(
+        bound(
             self.placement_score <= MAX_SAFE_INTEGER,
-            OfferError::Bound {
-                field: "placementScore",
-                rule: "0..=2^53-1",
-            },
+            "placementScore",
+            "0..=2^53-1",
         )?;
-        l.validate_timing()?;
-        let mismatch = |field, must_equal| OfferError::Mismatch { field, must_equal };
-        ensure(
-            l.run_id == c.run_id,
-            mismatch("lease.runId", "candidate.runId"),
+        // Lease timing (reference §2.2).
+        bound(
+            l.renewed_at_ms >= l.acquired_at_ms,
+            "lease.renewedAtMs",
+            ">= lease.acquiredAtMs",
         )?;
-        ensure(
+        bound(
+            l.expires_at_ms > l.renewed_at_ms,
+            "lease.expiresAtMs",
+            "> lease.renewedAtMs",
+        )?;
+        bound(
+            l.updated_at_ms >= l.acquired_at_ms,
+            "lease.updatedAtMs",
+            ">= lease.acquiredAtMs",
+        )?;
+        agree(l.run_id == c.run_id, "lease.runId", "candidate.runId")?;
+        agree(
             l.attempt_id == c.attempt_id,
-            mismatch("lease.attemptId", "candidate.attemptId"),
+            "lease.attemptId",
+            "candidate.attemptId",
         )?;
-        ensure(
-            l.worker_id == self.worker.worker_id,
-            mismatch("lease.workerId", "worker.workerId"),
+        let w = &self.worker;
+        agree(
+            l.worker_id == w.worker_id,
+            "lease.workerId",
+            "worker.workerId",
         )?;
-        ensure(
-            l.worker_session_id == self.worker.session_id,
-            mismatch("lease.workerSessionId", "worker.sessionId"),
+        agree(
+            l.worker_session_id == w.session_id,
+            "lease.workerSessionId",
+            "worker.sessionId",
         )?;
-        ensure(
-            l.worker_generation == self.worker.generation,
-            mismatch("lease.workerGeneration", "worker.generation"),
+        agree(
+            l.worker_generation == w.generation,
+            "lease.workerGeneration",
+            "worker.generation",
         )?;
-        ensure(
+        agree(
             l.lease_token_digest == self.lease_token.digest(),
-            mismatch("lease.leaseTokenDigest", "sha256_hex(leaseToken)"),
+            "lease.leaseTokenDigest",
+            "sha256_hex(leaseToken)",
         )?;
-        ensure(
+        agree(
             self.execution_digest == r.content_digest,
-            mismatch("executionDigest", "executionRevision.contentDigest"),
+            "executionDigest",
+            "executionRevision.contentDigest",
         )?;
-        ensure(
+        agree(
             r.project_id == c.project_id,
-            mismatch("executionRevision.projectId", "candidate"),
+            "executionRevision.projectId",
+            "candidate",
         )?;
-        ensure(
+        agree(
             r.task_id == c.task_id,
-            mismatch("executionRevision.taskId", "candidate"),
+            "executionRevision.taskId",
+            "candidate",
         )?;
-        ensure(
+        agree(
             r.task_revision == c.task_revision,
-            mismatch("executionRevision.taskRevision", "candidate.taskRevision"),
+            "executionRevision.taskRevision",
+            "candidate.taskRevision",
         )
     }
 

@@ -17,46 +17,23 @@ pub const MAX_RECEIPT_BYTES: usize = 4 * 1024;
 /// Schema version of the receipt body.
 pub const RECEIPT_SCHEMA_VERSION: u8 = 1;
 
-/// The base64url text of the completion capability as written in a receipt,
-/// `[A-Za-z0-9_-]{32,128}`: a validated [`SecretString`] (wiped on drop, redacted in `Debug` and
-/// human-readable output, compared in constant time).
-#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
-#[serde(try_from = "SecretString")]
-pub struct ReceiptToken(SecretString);
+crate::secret::secret_token!(
+    /// The base64url text of the completion capability as written in a receipt,
+    /// `[A-Za-z0-9_-]{32,128}`: a validated [`SecretString`] (wiped on drop, redacted in `Debug`
+    /// and human-readable output, compared in constant time; its canonical decoding is checked at
+    /// authentication).
+    ReceiptToken,
+    ReceiptShapeError,
+    ReceiptShapeError::Token
+);
 
 impl ReceiptToken {
-    /// Validates the token text (its canonical decoding is checked at authentication).
-    ///
-    /// # Errors
-    /// [`ReceiptShapeError::Token`]; the value is wiped, never echoed.
-    pub fn new(value: impl Into<String>) -> Result<Self, ReceiptShapeError> {
-        Self::try_from(SecretString::new(value.into()))
-    }
-
     /// The receipt form of `capability`: canonical base64url of its 32 bytes (43 characters).
     #[must_use]
     pub fn of(capability: &Capability) -> Self {
         let mut text = capability.to_base64url();
         Self::new(core::mem::take(&mut *text))
             .expect("invariant: 32 bytes encode to 43 base64url characters, a valid receipt token")
-    }
-
-    /// The token text, for authentication only.
-    #[must_use]
-    pub fn expose(&self) -> &str {
-        self.0.expose()
-    }
-}
-
-impl TryFrom<SecretString> for ReceiptToken {
-    type Error = ReceiptShapeError;
-
-    fn try_from(value: SecretString) -> Result<Self, ReceiptShapeError> {
-        if value.is_token() {
-            Ok(Self(value))
-        } else {
-            Err(ReceiptShapeError::Token)
-        }
     }
 }
 
@@ -176,21 +153,19 @@ pub fn authenticate(
     // this host's clock reads, so supervision can tell it from one "finished in the future"
     // that passes once a clock stepped back catches up.
     let bytes = decode_token(receipt.token.expose())?;
-    let presented = crate::ids::CapabilityDigest::new(crate::ids::Sha256Digest::of(&bytes[..]));
+    let presented = crate::ids::CapabilityDigest::new(crate::ids::Sha256Digest::of(&bytes[..32]));
     if presented != digest {
         return Err(ReceiptError::TokenDigest);
     }
     let candidate = &record.offer.candidate;
-    if receipt.run_id != candidate.run_id {
-        return Err(ReceiptError::Identity { field: "runId" });
-    }
-    if receipt.attempt_id != candidate.attempt_id {
-        return Err(ReceiptError::Identity { field: "attemptId" });
-    }
-    if receipt.callback_sequence != sequence {
-        return Err(ReceiptError::Identity {
-            field: "callbackSequence",
-        });
+    for (same, field) in [
+        (receipt.run_id == candidate.run_id, "runId"),
+        (receipt.attempt_id == candidate.attempt_id, "attemptId"),
+        (receipt.callback_sequence == sequence, "callbackSequence"),
+    ] {
+        if !same {
+            return Err(ReceiptError::Identity { field });
+        }
     }
     if receipt.started_at_ms != started {
         return Err(ReceiptError::StartTime);
@@ -211,21 +186,16 @@ pub fn authenticate(
 }
 
 /// Canonical base64url (no padding, no other alphabet, zero trailing bits) of exactly 32 bytes.
-fn decode_token(text: &str) -> Result<zeroize::Zeroizing<[u8; 32]>, ReceiptError> {
+/// Returns a 33-byte buffer whose first 32 bytes are the capability.
+fn decode_token(text: &str) -> Result<zeroize::Zeroizing<[u8; 33]>, ReceiptError> {
     use base64::Engine as _;
-    let mut out = zeroize::Zeroizing::new([0u8; 32]);
-    if text.len() != 43 {
-        return Err(ReceiptError::TokenEncoding);
-    }
     let mut buffer = zeroize::Zeroizing::new([0u8; 33]);
     let written = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode_slice(text.as_bytes(), &mut buffer[..])
-        .map_err(|_| ReceiptError::TokenEncoding)?;
-    if written != 32 {
-        return Err(ReceiptError::TokenEncoding);
+        .decode_slice(text.as_bytes(), &mut buffer[..]);
+    match written {
+        Ok(32) if text.len() == 43 => Ok(buffer),
+        _ => Err(ReceiptError::TokenEncoding),
     }
-    out.copy_from_slice(&buffer[..32]);
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -206,10 +206,6 @@ impl Plan {
     }
 }
 
-fn older_than(now: UnixMillis, since: UnixMillis, ms: u64) -> bool {
-    now.saturating_since(since) >= ms
-}
-
 /// The retention decision for an inbox of `records` (every record of it), the logs on disk
 /// (`None`: not scanned this time, so only logs of inbox records are considered) and the
 /// archived records (`None`: not scanned). See the module rules.
@@ -223,13 +219,16 @@ pub fn plan(
 ) -> Plan {
     let mut removable: Vec<&RecordFacts> = records.iter().filter(|r| r.removable()).collect();
     removable.sort_by(|a, b| (a.updated_at_ms, &a.offer_id).cmp(&(b.updated_at_ms, &b.offer_id)));
+    let older_than = |since: UnixMillis, ms: u64| now.saturating_since(since) >= ms;
+    let expired = |since| {
+        policy
+            .max_settled_age_ms
+            .is_some_and(|age| older_than(since, age))
+    };
     let mut remaining = records.len();
     let mut removed_records = Vec::new();
     for r in removable {
-        let expired = policy
-            .max_settled_age_ms
-            .is_some_and(|age| older_than(now, r.updated_at_ms, age));
-        if expired || remaining > policy.high_water_records {
+        if expired(r.updated_at_ms) || remaining > policy.high_water_records {
             removed_records.push((r.offer_id.clone(), r.revision));
             remaining -= 1;
         }
@@ -239,7 +238,7 @@ pub fn plan(
         .iter()
         .filter(|r| {
             r.settled_at()
-                .is_some_and(|at| older_than(now, at, policy.log_keep_ms))
+                .is_some_and(|at| older_than(at, policy.log_keep_ms))
         })
         .map(|r| r.log_artifact_id.clone())
         .collect();
@@ -250,7 +249,7 @@ pub fn plan(
             let named = records
                 .iter()
                 .any(|r| r.log_artifact_id == log.log_artifact_id);
-            if !named && older_than(now, log.written_at_ms, policy.log_keep_ms) {
+            if !named && older_than(log.written_at_ms, policy.log_keep_ms) {
                 removed_logs.push(log.log_artifact_id.clone());
             }
         }
@@ -260,11 +259,7 @@ pub fn plan(
     let mut removed_archived: Vec<OfferId> = archived
         .unwrap_or_default()
         .iter()
-        .filter(|a| {
-            policy
-                .max_settled_age_ms
-                .is_some_and(|age| older_than(now, a.archived_at_ms, age))
-        })
+        .filter(|a| expired(a.archived_at_ms))
         .map(|a| a.offer_id.clone())
         .collect();
     removed_archived.sort();

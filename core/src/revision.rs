@@ -18,6 +18,7 @@
 //! `#[derive(Serialize)]` views written by serde_json ([`ExecutionRevision::canonical_json`],
 //! [`ExecutionRevision::to_json`]).
 
+use alloc::borrow::Cow;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::cmp::Ordering;
@@ -105,65 +106,19 @@ fn no_control(value: &str) -> bool {
 // Newtypes
 // ---------------------------------------------------------------------------------------------
 
-/// An environment variable name: `^[A-Za-z_][A-Za-z0-9_]{0,127}$`, not starting with `QL3_`.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct EnvName(String);
-
-impl EnvName {
-    /// The validation rule.
-    pub const RULE: &'static str = "^[A-Za-z_][A-Za-z0-9_]{0,127}$, not starting with QL3_";
-
-    /// Validates and wraps `value`.
-    ///
-    /// # Errors
-    /// [`IdError`] when `value` breaks [`Self::RULE`].
-    pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
-        let value = value.into();
-        let b = value.as_bytes();
-        let ok = (1..=128).contains(&b.len())
+crate::ids::string_id!(
+    /// An environment variable name: `^[A-Za-z_][A-Za-z0-9_]{0,127}$`, not starting with `QL3_`.
+    EnvName,
+    "environment name",
+    "^[A-Za-z_][A-Za-z0-9_]{0,127}$, not starting with QL3_",
+    |v| {
+        let b = v.as_bytes();
+        (1..=128).contains(&b.len())
             && (b[0].is_ascii_alphabetic() || b[0] == b'_')
             && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
-            && !value.starts_with("QL3_");
-        if ok {
-            Ok(Self(value))
-        } else {
-            Err(IdError {
-                kind: "environment name",
-                rule: Self::RULE,
-            })
-        }
+            && !v.starts_with("QL3_")
     }
-
-    /// The name.
-    #[must_use]
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for EnvName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "EnvName({:?})", self.0)
-    }
-}
-
-impl fmt::Display for EnvName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl Serialize for EnvName {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for EnvName {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Self::new(String::deserialize(deserializer)?).map_err(serde::de::Error::custom)
-    }
-}
+);
 
 /// A canonical secret reference: `qlsecret:v1:` + canonical base64url of exactly
 /// `JSON.stringify({projectId, name[, version]})` (≤ 512 bytes). Names the secret, not its value.
@@ -174,13 +129,14 @@ pub struct SecretRef {
     version: Option<u64>,
 }
 
-/// The decoded payload of a secret reference.
-#[derive(Deserialize)]
+/// The payload of a secret reference, as encoded and decoded.
+#[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct SecretRefPayload {
-    project_id: String,
-    name: String,
+struct SecretRefPayload<'a> {
+    project_id: Cow<'a, str>,
+    name: Cow<'a, str>,
     #[serde(default, deserialize_with = "present")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     version: Option<u64>,
 }
 
@@ -210,7 +166,7 @@ impl SecretRef {
         let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(encoded)
             .map_err(|_| Self::error())?;
-        let parsed: SecretRefPayload =
+        let parsed: SecretRefPayload<'_> =
             serde_json::from_slice(&payload).map_err(|_| Self::error())?;
         let text = Self::create(&parsed.project_id, &parsed.name, parsed.version)?;
         if text != value {
@@ -218,7 +174,7 @@ impl SecretRef {
         }
         Ok(Self {
             text,
-            project_id: parsed.project_id,
+            project_id: parsed.project_id.into_owned(),
             version: parsed.version,
         })
     }
@@ -235,17 +191,9 @@ impl SecretRef {
         {
             return Err(Self::error());
         }
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Payload<'a> {
-            project_id: &'a str,
-            name: &'a str,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            version: Option<u64>,
-        }
-        let payload = Payload {
-            project_id,
-            name,
+        let payload = SecretRefPayload {
+            project_id: Cow::Borrowed(project_id),
+            name: Cow::Borrowed(name),
             version,
         };
         // INVARIANT: two strings and an integer always serialize.
@@ -371,47 +319,45 @@ pub enum EnvValue {
     Secret(SecretRef),
 }
 
-/// A Worker CPU architecture of the release support policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum Architecture {
-    /// `386`.
-    #[serde(rename = "386")]
-    I386,
-    /// `amd64`.
-    #[serde(rename = "amd64")]
-    Amd64,
-    /// `arm/v6`.
-    #[serde(rename = "arm/v6")]
-    ArmV6,
-    /// `arm/v7`.
-    #[serde(rename = "arm/v7")]
-    ArmV7,
-    /// `arm64`.
-    #[serde(rename = "arm64")]
-    Arm64,
-    /// `ppc64le`.
-    #[serde(rename = "ppc64le")]
-    Ppc64le,
-    /// `s390x`.
-    #[serde(rename = "s390x")]
-    S390x,
+/// A fieldless enum spelled on the wire by its serde names, which `as_str` also returns.
+macro_rules! wire_enum {
+    ($(#[$doc:meta])* $name:ident { $($variant:ident = $text:literal,)* }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        pub enum $name {
+            $(
+                #[doc = concat!("`", $text, "`.")]
+                #[serde(rename = $text)]
+                $variant,
+            )*
+        }
+
+        impl $name {
+            /// The wire spelling.
+            #[must_use]
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text,)*
+                }
+            }
+        }
+    };
 }
 
-impl Architecture {
-    /// The wire spelling.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::I386 => "386",
-            Self::Amd64 => "amd64",
-            Self::ArmV6 => "arm/v6",
-            Self::ArmV7 => "arm/v7",
-            Self::Arm64 => "arm64",
-            Self::Ppc64le => "ppc64le",
-            Self::S390x => "s390x",
-        }
+wire_enum!(
+    /// A Worker CPU architecture of the release support policy.
+    Architecture {
+        I386 = "386",
+        Amd64 = "amd64",
+        ArmV6 = "arm/v6",
+        ArmV7 = "arm/v7",
+        Arm64 = "arm64",
+        Ppc64le = "ppc64le",
+        S390x = "s390x",
     }
+);
 
+impl Architecture {
     /// The support tier the architecture belongs to.
     #[must_use]
     pub const fn support_tier(self) -> SupportTier {
@@ -424,35 +370,15 @@ impl Architecture {
     }
 }
 
-/// A release support tier.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum SupportTier {
-    /// `candidate`.
-    #[serde(rename = "candidate")]
-    Candidate,
-    /// `experimental`.
-    #[serde(rename = "experimental")]
-    Experimental,
-    /// `legacy-only`.
-    #[serde(rename = "legacy-only")]
-    LegacyOnly,
-    /// `tier1`.
-    #[serde(rename = "tier1")]
-    Tier1,
-}
-
-impl SupportTier {
-    /// The wire spelling.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Candidate => "candidate",
-            Self::Experimental => "experimental",
-            Self::LegacyOnly => "legacy-only",
-            Self::Tier1 => "tier1",
-        }
+wire_enum!(
+    /// A release support tier.
+    SupportTier {
+        Candidate = "candidate",
+        Experimental = "experimental",
+        LegacyOnly = "legacy-only",
+        Tier1 = "tier1",
     }
-}
+);
 
 /// One placement label (`key: value`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -463,46 +389,69 @@ pub struct Label {
     pub value: String,
 }
 
+// The placement types below are read from the revision's JSON directly: their `Deserialize`
+// names and keys are the JSON ones, and optional keys must not be `null` ([`json_present`]).
+// Binary formats (the postcard record) see plain derived structs; serialization is unchanged
+// (JSON is written through the views of [`ExecutionRevision::to_json`]).
+
 /// A required runtime.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all(deserialize = "camelCase"))]
+#[serde(rename(deserialize = "RuntimeWire"))]
 pub struct RuntimeRequirement {
     /// Capability name `^[a-z0-9][a-z0-9._+-]*$`, ≤ 64.
     pub name: String,
     /// Optional semver range.
+    #[serde(default, deserialize_with = "json_present")]
     pub version_range: Option<String>,
 }
 
 /// Hard placement requirements; field order is the canonical key order.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all(deserialize = "camelCase"))]
+#[serde(rename(deserialize = "RequiredWire"))]
 pub struct PlacementRequired {
     /// Allowed architectures (sorted).
+    #[serde(default, deserialize_with = "json_present")]
     pub architectures: Option<Vec<Architecture>>,
     /// Allowed operating systems (sorted).
+    #[serde(default, deserialize_with = "json_present")]
     pub operating_systems: Option<Vec<String>>,
     /// Required executors (sorted; always contains `remote-worker` once normalized).
+    #[serde(default, deserialize_with = "json_present")]
     pub executors: Option<Vec<String>>,
     /// Protocol version range.
+    #[serde(default, deserialize_with = "json_present")]
     pub protocol_version_range: Option<String>,
     /// Required runtimes (by `localeCompare` of name).
+    #[serde(default, deserialize_with = "json_present")]
     pub runtimes: Option<Vec<RuntimeRequirement>>,
     /// Allowed support tiers (sorted).
+    #[serde(default, deserialize_with = "json_present")]
     pub support_tiers: Option<Vec<SupportTier>>,
     /// Required labels, in canonical object order.
+    #[serde(default, deserialize_with = "json_present_labels")]
     pub labels: Option<Vec<Label>>,
     /// Minimum memory, bytes.
+    #[serde(default, deserialize_with = "json_present")]
     pub min_memory_bytes: Option<u64>,
     /// Minimum disk, bytes.
+    #[serde(default, deserialize_with = "json_present")]
     pub min_disk_bytes: Option<u64>,
     /// Required GPU vendor.
+    #[serde(default, deserialize_with = "json_present")]
     pub gpu_vendor: Option<String>,
     /// Required features (sorted).
+    #[serde(default, deserialize_with = "json_present")]
     pub features: Option<Vec<String>>,
 }
 
 /// A weighted soft preference.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename(deserialize = "PreferenceWire"))]
 pub struct Preference {
     /// Labels to match (non-empty), in canonical object order.
+    #[serde(deserialize_with = "labels")]
     pub labels: Vec<Label>,
     /// Weight 1..=100.
     pub weight: u64,
@@ -510,11 +459,46 @@ pub struct Preference {
 
 /// A placement specification (`effectiveRemoteWorkerPlacement`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename(deserialize = "PlacementWire"))]
 pub struct Placement {
     /// Hard requirements; `Some` once normalized.
+    #[serde(default, deserialize_with = "json_present")]
     pub required: Option<PlacementRequired>,
     /// Preferences, in the given order.
+    #[serde(default, deserialize_with = "json_present")]
     pub preferred: Option<Vec<Preference>>,
+}
+
+/// [`present`] in JSON; a plain `Option` in binary formats.
+fn json_present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<T>, D::Error> {
+    if deserializer.is_human_readable() {
+        present(deserializer)
+    } else {
+        Option::deserialize(deserializer)
+    }
+}
+
+/// Labels as a JSON object ([`Pairs`]: input order, no duplicate keys), or as the list a binary
+/// format stores.
+fn labels<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Label>, D::Error> {
+    if !deserializer.is_human_readable() {
+        return Vec::deserialize(deserializer);
+    }
+    let pairs = Pairs::deserialize(deserializer)?.0.into_iter();
+    Ok(pairs.map(|(key, value)| Label { key, value }).collect())
+}
+
+/// [`json_present`] of [`labels`].
+fn json_present_labels<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Vec<Label>>, D::Error> {
+    if deserializer.is_human_readable() {
+        labels(deserializer).map(Some)
+    } else {
+        Option::deserialize(deserializer)
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -542,10 +526,6 @@ pub(crate) fn bounded_text(value: &str, max: usize) -> bool {
     (1..=max).contains(&crate::ids::js_length(value)) && no_control(value)
 }
 
-fn collate(name: &'static str, a: &str, b: &str) -> Result<Ordering, RevisionError> {
-    js::locale_compare(a, b).map_err(|error| RevisionError::Collation { field: name, error })
-}
-
 /// Sorts `items` by `localeCompare` of `key`, refusing unsupported characters.
 fn sort_locale<T>(
     name: &'static str,
@@ -553,27 +533,22 @@ fn sort_locale<T>(
     key: impl Fn(&T) -> &str,
 ) -> Result<(), RevisionError> {
     for item in items.iter() {
-        collate(name, key(item), "")?;
+        js::locale_compare(key(item), "")
+            .map_err(|error| RevisionError::Collation { field: name, error })?;
     }
     // INVARIANT: every key was checked above, so the comparator cannot fail.
     items.sort_by(|a, b| js::locale_compare(key(a), key(b)).unwrap_or(Ordering::Equal));
     Ok(())
 }
 
-fn capability_list(
-    list: &mut [String],
+/// Sorts `list` in `Array.prototype.sort()` order (UTF-16 code units of `key`) and requires it
+/// free of duplicates.
+fn sort_unique<T: PartialEq>(
+    list: &mut [T],
     name: &'static str,
-    max: usize,
+    key: impl Fn(&T) -> &str,
 ) -> Result<(), RevisionError> {
-    ensure(list.len() <= max, name, "at most 16 entries")?;
-    for item in list.iter() {
-        ensure(
-            capability_name(item, 64),
-            name,
-            "^[a-z0-9][a-z0-9._+-]*$, <= 64",
-        )?;
-    }
-    list.sort_by(|a, b| js::code_unit_cmp(a, b));
+    list.sort_by(|a, b| js::code_unit_cmp(key(a), key(b)));
     ensure(
         list.windows(2).all(|w| w[0] != w[1]),
         name,
@@ -581,12 +556,28 @@ fn capability_list(
     )
 }
 
-fn normalize_labels(
-    labels: &mut Vec<Label>,
-    name: &'static str,
-    max: usize,
-) -> Result<(), RevisionError> {
-    ensure(labels.len() <= max, name, "at most 16 entries")?;
+/// Whether no two of `items` have the same `key`.
+fn unique_by<T, K: PartialEq + ?Sized>(items: &[T], key: impl Fn(&T) -> &K) -> bool {
+    items
+        .iter()
+        .enumerate()
+        .all(|(i, a)| items[..i].iter().all(|b| key(b) != key(a)))
+}
+
+fn capability_list(list: &mut [String], name: &'static str) -> Result<(), RevisionError> {
+    ensure(list.len() <= 16, name, "at most 16 entries")?;
+    for item in list.iter() {
+        ensure(
+            capability_name(item, 64),
+            name,
+            "^[a-z0-9][a-z0-9._+-]*$, <= 64",
+        )?;
+    }
+    sort_unique(list, name, String::as_str)
+}
+
+fn normalize_labels(labels: &mut Vec<Label>, name: &'static str) -> Result<(), RevisionError> {
+    ensure(labels.len() <= 16, name, "at most 16 entries")?;
     for label in labels.iter() {
         ensure(
             label_key(&label.key),
@@ -600,44 +591,31 @@ fn normalize_labels(
         )?;
     }
     ensure(
-        labels
-            .iter()
-            .enumerate()
-            .all(|(i, l)| labels[..i].iter().all(|o| o.key != l.key)),
+        unique_by(labels, |l| &l.key),
         name,
         "free of duplicate keys",
     )?;
     sort_locale(name, labels, |l| l.key.as_str())?;
     let keys: Vec<&str> = labels.iter().map(|l| l.key.as_str()).collect();
-    let order = js::object_key_order(&keys);
-    let mut sorted = Vec::with_capacity(labels.len());
-    for i in order {
-        sorted.push(labels[i].clone());
-    }
-    *labels = sorted;
+    *labels = js::object_key_order(&keys)
+        .into_iter()
+        .map(|i| labels[i].clone())
+        .collect();
     Ok(())
 }
 
 impl PlacementRequired {
     fn normalize(&mut self) -> Result<(), RevisionError> {
         if let Some(list) = &mut self.architectures {
-            ensure(
-                list.len() <= 16,
-                "placement.required.architectures",
-                "<= 16",
-            )?;
-            list.sort_by(|a, b| js::code_unit_cmp(a.as_str(), b.as_str()));
-            ensure(
-                list.windows(2).all(|w| w[0] != w[1]),
-                "placement.required.architectures",
-                "free of duplicates",
-            )?;
+            let name = "placement.required.architectures";
+            ensure(list.len() <= 16, name, "<= 16")?;
+            sort_unique(list, name, |a| a.as_str())?;
         }
         if let Some(list) = &mut self.operating_systems {
-            capability_list(list, "placement.required.operatingSystems", 16)?;
+            capability_list(list, "placement.required.operatingSystems")?;
         }
         if let Some(list) = &mut self.executors {
-            capability_list(list, "placement.required.executors", 16)?;
+            capability_list(list, "placement.required.executors")?;
         }
         if let Some(range) = &self.protocol_version_range {
             ensure(
@@ -665,25 +643,19 @@ impl PlacementRequired {
                 }
             }
             ensure(
-                list.iter()
-                    .enumerate()
-                    .all(|(i, r)| list[..i].iter().all(|o| o.name != r.name)),
+                unique_by(list, |r| &r.name),
                 name,
                 "free of duplicate names",
             )?;
             sort_locale(name, list, |r| r.name.as_str())?;
         }
         if let Some(list) = &mut self.support_tiers {
-            ensure(list.len() <= 4, "placement.required.supportTiers", "<= 4")?;
-            list.sort_by(|a, b| js::code_unit_cmp(a.as_str(), b.as_str()));
-            ensure(
-                list.windows(2).all(|w| w[0] != w[1]),
-                "placement.required.supportTiers",
-                "free of duplicates",
-            )?;
+            let name = "placement.required.supportTiers";
+            ensure(list.len() <= 4, name, "<= 4")?;
+            sort_unique(list, name, |t| t.as_str())?;
         }
         if let Some(labels) = &mut self.labels {
-            normalize_labels(labels, "placement.required.labels", 16)?;
+            normalize_labels(labels, "placement.required.labels")?;
         }
         for (value, name) in [
             (self.min_memory_bytes, "placement.required.minMemoryBytes"),
@@ -701,7 +673,7 @@ impl PlacementRequired {
             )?;
         }
         if let Some(list) = &mut self.features {
-            capability_list(list, "placement.required.features", 16)?;
+            capability_list(list, "placement.required.features")?;
         }
         Ok(())
     }
@@ -730,7 +702,7 @@ impl Placement {
                 "at most 16 entries",
             )?;
             for p in list.iter_mut() {
-                normalize_labels(&mut p.labels, "placement.preferred.labels", 16)?;
+                normalize_labels(&mut p.labels, "placement.preferred.labels")?;
                 ensure(
                     !p.labels.is_empty(),
                     "placement.preferred.labels",
@@ -743,10 +715,8 @@ impl Placement {
                 )?;
             }
         }
-        Ok(Self {
-            required: Some(required),
-            preferred: self.preferred,
-        })
+        self.required = Some(required);
+        Ok(self)
     }
 }
 
@@ -758,14 +728,18 @@ fn validate_identifier(value: &str, name: &'static str) -> Result<(), RevisionEr
     )
 }
 
+fn absolute_path(path: &str, name: &'static str) -> Result<(), RevisionError> {
+    ensure(
+        path.starts_with('/') && !path.contains('\0') && path.len() <= 4096,
+        name,
+        "an absolute path of <= 4096 bytes without NUL",
+    )
+}
+
 fn validate_command(command: &ExecCommand) -> Result<(), RevisionError> {
     match command {
         ExecCommand::Argv { file, args } => {
-            ensure(
-                file.starts_with('/') && !file.contains('\0') && file.len() <= 4096,
-                "command.file",
-                "an absolute path of <= 4096 bytes without NUL",
-            )?;
+            absolute_path(file, "command.file")?;
             ensure(args.len() <= 256, "command.args", "at most 256 arguments")?;
             let mut total = file.len();
             for arg in args {
@@ -841,7 +815,7 @@ fn normalize_environment(
 
 impl ExecutionRevision {
     /// Applies every normalization rule of reference §2.2 and returns the normalized revision
-    /// (the `content_digest` field is carried over unchanged; see [`Self::seal`]).
+    /// (the `content_digest` field is carried over unchanged).
     ///
     /// # Errors
     /// [`RevisionError`] naming the first broken rule.
@@ -869,11 +843,7 @@ impl ExecutionRevision {
             )?;
         }
         if let Some(dir) = &self.working_directory {
-            ensure(
-                dir.starts_with('/') && !dir.contains('\0') && dir.len() <= 4096,
-                "workingDirectory",
-                "an absolute path of <= 4096 bytes without NUL",
-            )?;
+            absolute_path(dir, "workingDirectory")?;
         }
         if let Some(timeout) = self.timeout_ms {
             ensure(
@@ -897,25 +867,9 @@ impl ExecutionRevision {
     /// [`RevisionError::Field`] when the preimage exceeds the 96 KiB plan budget (only a revision
     /// that was never normalized can: [`Self::normalize`] refuses one that large).
     pub fn compute_digest(&self) -> Result<Sha256Digest, RevisionError> {
-        use sha2::Digest as _;
-        let canonical = self.canonical_json()?;
-        let mut hasher = sha2::Sha256::new();
-        hasher.update(DIGEST_DOMAIN);
-        hasher.update(&canonical);
-        let mut out = [0u8; 32];
-        out.copy_from_slice(hasher.finalize().as_slice());
-        Ok(Sha256Digest::from_bytes(out))
-    }
-
-    /// Normalizes and sets `content_digest` to the digest of the normalized content (for
-    /// building revisions, e.g. in tests and the loopback control plane).
-    ///
-    /// # Errors
-    /// [`RevisionError`] naming the first broken rule.
-    pub fn seal(self) -> Result<Self, RevisionError> {
-        let mut normalized = self.normalize()?;
-        normalized.content_digest = normalized.compute_digest()?;
-        Ok(normalized)
+        let mut preimage = DIGEST_DOMAIN.to_vec();
+        preimage.extend(self.canonical_json()?);
+        Ok(Sha256Digest::of(&preimage))
     }
 
     /// Re-normalizes, requires the stored form to already be normalized, and recomputes and
@@ -1203,7 +1157,7 @@ pub(crate) struct RevisionWire {
     #[serde(default, deserialize_with = "present")]
     timeout_ms: Option<u64>,
     #[serde(default, deserialize_with = "present")]
-    placement: Option<PlacementWire>,
+    placement: Option<Placement>,
     created_at_ms: u64,
     content_digest: String,
 }
@@ -1231,65 +1185,6 @@ struct BindingWire {
     value: Option<JsString>,
     #[serde(default, deserialize_with = "present")]
     secret_ref: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PlacementWire {
-    #[serde(default, deserialize_with = "present")]
-    required: Option<RequiredWire>,
-    #[serde(default, deserialize_with = "present")]
-    preferred: Option<Vec<PreferenceWire>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct RequiredWire {
-    #[serde(default, deserialize_with = "present")]
-    architectures: Option<Vec<Architecture>>,
-    #[serde(default, deserialize_with = "present")]
-    operating_systems: Option<Vec<String>>,
-    #[serde(default, deserialize_with = "present")]
-    executors: Option<Vec<String>>,
-    #[serde(default, deserialize_with = "present")]
-    protocol_version_range: Option<String>,
-    #[serde(default, deserialize_with = "present")]
-    runtimes: Option<Vec<RuntimeWire>>,
-    #[serde(default, deserialize_with = "present")]
-    support_tiers: Option<Vec<SupportTier>>,
-    #[serde(default, deserialize_with = "present")]
-    labels: Option<Pairs>,
-    #[serde(default, deserialize_with = "present")]
-    min_memory_bytes: Option<u64>,
-    #[serde(default, deserialize_with = "present")]
-    min_disk_bytes: Option<u64>,
-    #[serde(default, deserialize_with = "present")]
-    gpu_vendor: Option<String>,
-    #[serde(default, deserialize_with = "present")]
-    features: Option<Vec<String>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct RuntimeWire {
-    name: String,
-    #[serde(default, deserialize_with = "present")]
-    version_range: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PreferenceWire {
-    labels: Pairs,
-    weight: u64,
-}
-
-fn labels_from(pairs: Pairs) -> Vec<Label> {
-    pairs
-        .0
-        .into_iter()
-        .map(|(key, value)| Label { key, value })
-        .collect()
 }
 
 fn id<T>(result: Result<T, IdError>, name: &'static str) -> Result<T, RevisionError> {
@@ -1336,41 +1231,6 @@ impl BindingWire {
     }
 }
 
-impl PlacementWire {
-    fn into_placement(self) -> Placement {
-        Placement {
-            required: self.required.map(|r| PlacementRequired {
-                architectures: r.architectures,
-                operating_systems: r.operating_systems,
-                executors: r.executors,
-                protocol_version_range: r.protocol_version_range,
-                runtimes: r.runtimes.map(|list| {
-                    list.into_iter()
-                        .map(|x| RuntimeRequirement {
-                            name: x.name,
-                            version_range: x.version_range,
-                        })
-                        .collect()
-                }),
-                support_tiers: r.support_tiers,
-                labels: r.labels.map(labels_from),
-                min_memory_bytes: r.min_memory_bytes,
-                min_disk_bytes: r.min_disk_bytes,
-                gpu_vendor: r.gpu_vendor,
-                features: r.features,
-            }),
-            preferred: self.preferred.map(|list| {
-                list.into_iter()
-                    .map(|p| Preference {
-                        labels: labels_from(p.labels),
-                        weight: p.weight,
-                    })
-                    .collect()
-            }),
-        }
-    }
-}
-
 impl RevisionWire {
     /// Validates, normalizes and checks the digest (reference
     /// `normalizeClusterTaskExecutionRevision`).
@@ -1413,7 +1273,7 @@ impl RevisionWire {
                 .transpose()?,
             working_directory: self.working_directory,
             timeout_ms: self.timeout_ms,
-            placement: self.placement.map(PlacementWire::into_placement),
+            placement: self.placement,
             created_at_ms: id(UnixMillis::new(self.created_at_ms), "createdAtMs")?,
             content_digest: claimed,
         };

@@ -82,6 +82,48 @@ impl<'de> Deserialize<'de> for SecretString {
     }
 }
 
+/// A capability that travels as text: a [`SecretString`] of the token shape
+/// ([`SecretString::is_token`]), refused with `$invalid` otherwise. Derives `Debug` (which prints
+/// `Name([redacted])`) and serde through the wrapped [`SecretString`].
+macro_rules! secret_token {
+    ($(#[$doc:meta])* $name:ident, $error:ty, $invalid:expr) => {
+        $(#[$doc])*
+        #[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+        #[serde(try_from = "SecretString")]
+        pub struct $name(SecretString);
+
+        impl $name {
+            /// Validates and wraps `value`.
+            ///
+            /// # Errors
+            #[doc = concat!("[`", stringify!($error), "`]; the value is wiped, never echoed.")]
+            pub fn new(value: impl Into<String>) -> Result<Self, $error> {
+                Self::try_from(SecretString::new(value.into()))
+            }
+
+            /// The plaintext capability, for the few places that must send, store or check it.
+            #[must_use]
+            pub fn expose(&self) -> &str {
+                self.0.expose()
+            }
+        }
+
+        impl TryFrom<SecretString> for $name {
+            type Error = $error;
+
+            fn try_from(value: SecretString) -> Result<Self, $error> {
+                if value.is_token() {
+                    Ok(Self(value))
+                } else {
+                    Err($invalid)
+                }
+            }
+        }
+    };
+}
+
+pub(crate) use secret_token;
+
 #[cfg(test)]
 mod tests {
     use super::*;

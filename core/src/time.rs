@@ -3,13 +3,14 @@
 
 use core::fmt;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::error::IdError;
 use crate::ids::MAX_SAFE_INTEGER;
 
 /// Milliseconds since the Unix epoch, `0..=2^53-1` (a JavaScript safe integer, as on the wire).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
 pub struct UnixMillis(u64);
 
 impl UnixMillis {
@@ -60,12 +61,6 @@ impl UnixMillis {
 impl fmt::Display for UnixMillis {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0)
-    }
-}
-
-impl Serialize for UnixMillis {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_u64(self.0)
     }
 }
 

@@ -28,6 +28,7 @@ use ql_worker_core::wire::secrets::{
 use ql_worker_sim::testkit::sim::{On, Sim, Status};
 use ql_worker_sim::testkit::world::{Answer, OfferTemplate, SpawnPlan, World};
 use ql_worker_sim::testkit::{self};
+use ql_worker_tests::control_plane::revisions::Seal as _;
 use ql_worker_tests::server_wire::{ToJson as _, ToJsonFor as _};
 
 fn ms(v: u64) -> UnixMillis {

@@ -3,6 +3,7 @@
 
 use ql_worker_core::ids::Sha256Digest;
 use ql_worker_core::revision::{ExecCommand, ExecutionRevision, RevisionError};
+use ql_worker_tests::control_plane::revisions::Seal as _;
 use serde_json::Value;
 
 const VECTORS: &str = include_str!("../../tests/fixtures/revision-digest/vectors.json");

@@ -22,6 +22,7 @@ use ql_worker_core::revision::{
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::truncation::{FACT_SCHEMA_VERSION, MIN_LOG_QUOTA_BYTES, TruncationFact};
 use ql_worker_core::wire::artifact::derive_log_artifact_id;
+use ql_worker_tests::control_plane::revisions::Seal as _;
 
 /// The Session generation of the sample Worker.
 pub const GENERATION: u64 = 2;

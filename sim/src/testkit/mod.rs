@@ -31,6 +31,7 @@ use ql_worker_core::revision::{
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::session::Capabilities;
 use ql_worker_core::worker::WorkerConfig;
+use ql_worker_tests::control_plane::revisions::Seal as _;
 
 fn ms(value: u64) -> UnixMillis {
     // INVARIANT: every sample time is far below 2^53.

@@ -1,17 +1,35 @@
 //! Builders for sealed execution revisions (reference §2.2): argv or shell commands, public and
 //! Secret environment bindings, a timeout, a working directory, a placement. The revision is
-//! normalized and its content digest computed with [`ExecutionRevision::seal`], so it is exactly
+//! normalized and its content digest computed with [`Seal::seal`], so it is exactly
 //! what the Worker re-validates when the offer arrives.
 
 use std::fmt;
 
 use ql_worker_core::ids::{ProjectId, Sha256Digest, TaskId, TaskRevision};
 use ql_worker_core::revision::{
-    EnvBinding, EnvName, EnvValue, ExecCommand, ExecutionRevision, Placement, SecretRef,
+    EnvBinding, EnvName, EnvValue, ExecCommand, ExecutionRevision, Placement, RevisionError,
+    SecretRef,
 };
 use ql_worker_core::time::UnixMillis;
 
 use super::model::sha256;
+
+/// Sealing a revision, as the control plane does before offering it.
+pub trait Seal: Sized {
+    /// Normalizes and sets `content_digest` to the digest of the normalized content.
+    ///
+    /// # Errors
+    /// [`RevisionError`] naming the first broken rule.
+    fn seal(self) -> Result<Self, RevisionError>;
+}
+
+impl Seal for ExecutionRevision {
+    fn seal(self) -> Result<Self, RevisionError> {
+        let mut normalized = self.normalize()?;
+        normalized.content_digest = normalized.compute_digest()?;
+        Ok(normalized)
+    }
+}
 
 /// Why a revision could not be built.
 #[derive(Clone, Debug, PartialEq, Eq)]

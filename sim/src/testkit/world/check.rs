@@ -564,8 +564,8 @@ impl World {
         let lease = &record.offer.lease;
         let key = (offer_id.clone(), lease.version.get());
         let slack = self.evidence.lease_slack.get(&key).copied().unwrap_or(0);
-        lease.expired_at(now.saturating_add(slack))
-            || by_wall.is_some_and(|wall| lease.expired_at(wall))
+        now.saturating_add(slack) >= lease.expires_at_ms
+            || by_wall.is_some_and(|wall| wall >= lease.expires_at_ms)
     }
 
     /// `recovery-licensed` ([`recovery_licensed`]) for a record newly `recovery_required`.

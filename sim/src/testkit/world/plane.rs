@@ -652,7 +652,7 @@ impl World {
         };
         let expired_start = operation == Operation::Starting
             && matches!(run.status, CpStatus::Leased | CpStatus::Starting)
-            && run.offer.lease.expired_at(now);
+            && now >= run.offer.lease.expires_at_ms;
         if expired_start || run.status == CpStatus::Superseded {
             // The reference fences an activation ACK by the Run lease (ADR-0013): a `starting`
             // (first or replayed) of a lease that expired gets a 409, whatever the Worker
