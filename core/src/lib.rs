@@ -8,6 +8,36 @@
 
 extern crate alloc;
 
+/// A fieldless enum spelled on the wire by its serde names, which `as_str` also returns: each
+/// variant's doc starts with its spelling (more doc lines may follow it).
+macro_rules! wire_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $text:literal,)* }) => {
+        $(#[$doc])*
+        #[derive(
+            Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash,
+            serde::Serialize, serde::Deserialize,
+        )]
+        pub enum $name {
+            $(
+                #[doc = concat!("`", $text, "`.")]
+                $(#[$vdoc])*
+                #[serde(rename = $text)]
+                $variant,
+            )*
+        }
+
+        impl $name {
+            /// The wire spelling.
+            #[must_use]
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text,)*
+                }
+            }
+        }
+    };
+}
+
 pub mod barrier;
 pub mod capability;
 pub mod claim;

@@ -319,31 +319,6 @@ pub enum EnvValue {
     Secret(SecretRef),
 }
 
-/// A fieldless enum spelled on the wire by its serde names, which `as_str` also returns.
-macro_rules! wire_enum {
-    ($(#[$doc:meta])* $name:ident { $($variant:ident = $text:literal,)* }) => {
-        $(#[$doc])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-        pub enum $name {
-            $(
-                #[doc = concat!("`", $text, "`.")]
-                #[serde(rename = $text)]
-                $variant,
-            )*
-        }
-
-        impl $name {
-            /// The wire spelling.
-            #[must_use]
-            pub const fn as_str(self) -> &'static str {
-                match self {
-                    $(Self::$variant => $text,)*
-                }
-            }
-        }
-    };
-}
-
 wire_enum!(
     /// A Worker CPU architecture of the release support policy.
     Architecture {

@@ -140,67 +140,41 @@ impl ActivationRequest {
 
 wire_enum! {
     /// The activation outcome.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-    pub enum ActivationStatus {
-        /// `applied`.
+    ActivationStatus {
         Applied = "applied",
-        /// `already_running`.
         AlreadyRunning = "already_running",
-        /// `already_starting`.
         AlreadyStarting = "already_starting",
-        /// `already_terminal`.
         AlreadyTerminal = "already_terminal",
     }
 }
 
 wire_enum! {
     /// Run status (`RC/src/run/run.ts`).
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-    pub enum RunStatus {
-        /// `cancelled`.
+    RunStatus {
         Cancelled = "cancelled",
-        /// `created`.
         Created = "created",
-        /// `dispatching`.
         Dispatching = "dispatching",
-        /// `failed`.
         Failed = "failed",
-        /// `lost`.
         Lost = "lost",
-        /// `queued`.
         Queued = "queued",
-        /// `retry_wait`.
         RetryWait = "retry_wait",
-        /// `running`.
         Running = "running",
-        /// `succeeded`.
         Succeeded = "succeeded",
-        /// `timed_out`.
         TimedOut = "timed_out",
-        /// `waiting_approval`.
         WaitingApproval = "waiting_approval",
     }
 }
 
 wire_enum! {
     /// Attempt status (`RC/src/run/run.ts`).
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-    pub enum AttemptStatus {
-        /// `cancelled`.
+    AttemptStatus {
         Cancelled = "cancelled",
-        /// `claimed`.
         Claimed = "claimed",
-        /// `failed`.
         Failed = "failed",
-        /// `lost`.
         Lost = "lost",
-        /// `running`.
         Running = "running",
-        /// `starting`.
         Starting = "starting",
-        /// `succeeded`.
         Succeeded = "succeeded",
-        /// `timed_out`.
         TimedOut = "timed_out",
     }
 }

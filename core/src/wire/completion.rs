@@ -141,13 +141,11 @@ impl CompletionRequest {
 
 wire_enum! {
     /// Completion outcome at the control plane.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-    pub enum CompletionStatus {
-        /// `already_completed` (exact replay).
+    CompletionStatus {
+        /// Exact replay.
         AlreadyCompleted = "already_completed",
-        /// `already_terminal` (another terminal outcome won).
+        /// Another terminal outcome won.
         AlreadyTerminal = "already_terminal",
-        /// `applied`.
         Applied = "applied",
     }
 }

@@ -53,34 +53,22 @@ impl LeaseControlRequest {
 
 wire_enum! {
     /// Why the control plane asks the Worker to stop.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-    pub enum StopReason {
-        /// `policy`.
+    StopReason {
         Policy = "policy",
-        /// `reconcile`.
         Reconcile = "reconcile",
-        /// `shutdown`.
         Shutdown = "shutdown",
-        /// `timeout`.
         Timeout = "timeout",
-        /// `user`.
         User = "user",
     }
 }
 
 wire_enum! {
     /// Terminal status of the Attempt at the control plane.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-    pub enum TerminalStatus {
-        /// `cancelled`.
+    TerminalStatus {
         Cancelled = "cancelled",
-        /// `failed`.
         Failed = "failed",
-        /// `lost`.
         Lost = "lost",
-        /// `succeeded`.
         Succeeded = "succeeded",
-        /// `timed_out`.
         TimedOut = "timed_out",
     }
 }

@@ -29,30 +29,6 @@ use crate::ids::{
     WorkerGeneration,
 };
 
-/// A wire enum declared once from `Variant = "spelling"` pairs: the enum (with the given
-/// attributes and derives), a serde `rename` of each variant to its spelling, and `as_str`.
-macro_rules! wire_enum {
-    (
-        $(#[$meta:meta])*
-        pub enum $name:ident { $($(#[$doc:meta])* $variant:ident = $text:literal,)* }
-    ) => {
-        $(#[$meta])*
-        pub enum $name {
-            $($(#[$doc])* #[serde(rename = $text)] $variant,)*
-        }
-
-        impl $name {
-            /// The wire spelling.
-            #[must_use]
-            pub const fn as_str(self) -> &'static str {
-                match self {
-                    $(Self::$variant => $text,)*
-                }
-            }
-        }
-    };
-}
-
 pub mod activation;
 pub mod artifact;
 pub mod auth;

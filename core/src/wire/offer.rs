@@ -64,21 +64,13 @@ impl OfferRequest {
 
 wire_enum! {
     /// Why the control plane had nothing to offer.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-    pub enum IdleReason {
-        /// `claim_budget_exhausted`.
+    IdleReason {
         ClaimBudgetExhausted = "claim_budget_exhausted",
-        /// `claim_raced`.
         ClaimRaced = "claim_raced",
-        /// `no_candidates`.
         NoCandidates = "no_candidates",
-        /// `no_match`.
         NoMatch = "no_match",
-        /// `plans_unavailable`.
         PlansUnavailable = "plans_unavailable",
-        /// `scan_budget_exhausted`.
         ScanBudgetExhausted = "scan_budget_exhausted",
-        /// `worker_unavailable`.
         WorkerUnavailable = "worker_unavailable",
     }
 }

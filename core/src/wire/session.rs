@@ -389,13 +389,9 @@ impl HeartbeatRequest {
 
 wire_enum! {
     /// A Session status on the wire.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-    pub enum SessionStatus {
-        /// `draining`.
+    SessionStatus {
         Draining = "draining",
-        /// `offline`.
         Offline = "offline",
-        /// `online`.
         Online = "online",
     }
 }
