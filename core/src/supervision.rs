@@ -38,18 +38,16 @@ use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
 
-use crate::completion::{CompletionOp, CompletionOutcome};
+use crate::completion::{CompletionOp, CompletionOutcome, post, read_record};
 #[cfg(feature = "sim-hooks")]
 use crate::fingerprint::Fingerprint;
 use crate::ids::{LeaseVersion, OfferId};
-use crate::io::{Action, HttpCall, Liveness, Reply, StopOutcome, StoreFailure};
+use crate::io::{Action, Liveness, Reply, StopOutcome};
 use crate::record::{InboxRecord, RecoveryReason, State};
-use crate::wire::lease_control::{
-    LeaseControlRequest, LeaseControlResponse, MAX_RESPONSE_BYTES, RenewedLease,
-};
-use crate::wire::route::{Operation, path};
+use crate::wire::lease_control::{LeaseControlRequest, LeaseControlResponse, RenewedLease};
+use crate::wire::route::Operation;
 use crate::worker::{CallFault, Uncertainty, garbled, next_record, persist, response};
-use crate::worker::{Ctx, Step, read_failure, write_failure};
+use crate::worker::{Ctx, Step, write_failure};
 
 /// What one supervision pass concluded.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -196,30 +194,15 @@ impl SupervisionOp {
         drain_stop: bool,
         may_hold: Option<LeaseVersion>,
     ) -> LStep {
-        let id = offer_id.clone();
-        match CompletionOp::begin(offer_id.clone()) {
-            Step::Wait(op, action) => Step::Wait(
-                Self {
-                    offer_id: id,
-                    paced_ms,
-                    drain_stop,
-                    may_hold,
-                    renew_only: false,
-                    state: SupervisionState::Completing(op),
-                },
-                action,
-            ),
-            Step::Done(outcome) => Self {
-                offer_id,
-                paced_ms,
-                drain_stop,
-                may_hold,
-                renew_only: false,
-                state: SupervisionState::Reading(CompletionOutcome::Deferred),
-            }
-            .after_completion(outcome),
-            Step::Halt(reason) => Step::Halt(reason),
-        }
+        let pass = Self {
+            offer_id: offer_id.clone(),
+            paced_ms,
+            drain_stop,
+            may_hold,
+            renew_only: false,
+            state: SupervisionState::Reading(CompletionOutcome::Deferred),
+        };
+        pass.completing(CompletionOp::begin(offer_id))
     }
 
     /// A renewal only (no completion): for an offer whose own pass is uploading its log, so
@@ -252,6 +235,15 @@ impl SupervisionOp {
 
     fn wait(self, state: SupervisionState, action: Action) -> LStep {
         Step::Wait(Self { state, ..self }, action)
+    }
+
+    /// A step of this pass's own completion (step 2).
+    fn completing(self, step: Step<CompletionOp, CompletionOutcome>) -> LStep {
+        match step {
+            Step::Wait(op, action) => self.wait(SupervisionState::Completing(op), action),
+            Step::Done(result) => self.after_completion(result),
+            Step::Halt(reason) => Step::Halt(reason),
+        }
     }
 
     /// A canonical rendering of this pass's state (model checking).
@@ -332,23 +324,12 @@ impl SupervisionOp {
             &mut self.state,
             SupervisionState::Reading(CompletionOutcome::Deferred),
         ) {
-            SupervisionState::Completing(op) => match op.resume(ctx, reply) {
-                Step::Wait(op, action) => self.wait(SupervisionState::Completing(op), action),
-                Step::Done(result) => self.after_completion(result),
-                Step::Halt(reason) => Step::Halt(reason),
-            },
-            SupervisionState::Reading(completion) => {
-                self.on_record(ctx, completion, reply.record())
-            }
-            SupervisionState::Restopping(cause) => match reply.record() {
-                Ok(Some(record)) if record.state.is_terminal() => {
-                    Step::Done(SupervisionResult::Settled)
-                }
-                Ok(Some(record)) => self.stop(ctx, &record, cause),
-                Ok(None) => Step::Done(SupervisionResult::NotFound),
-                Err(failure) => {
-                    read_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged))
-                }
+            SupervisionState::Completing(op) => self.completing(op.resume(ctx, reply)),
+            SupervisionState::Reading(completion) => self.on_record(ctx, completion, reply),
+            SupervisionState::Restopping(cause) => match read(reply) {
+                Ok(record) if record.state.is_terminal() => Step::Done(SupervisionResult::Settled),
+                Ok(record) => self.stop(ctx, &record, cause),
+                Err(step) => step,
             },
             SupervisionState::Recompleting(op) => match op.resume(ctx, reply) {
                 Step::Wait(op, action) => self.wait(SupervisionState::Recompleting(op), action),
@@ -358,24 +339,21 @@ impl SupervisionOp {
             SupervisionState::Controlling(record, request) => {
                 self.on_control(ctx, record, &request, reply)
             }
-            SupervisionState::PersistingLease(record, stop) => match reply.durable() {
-                Ok(()) if stop => self.stop(ctx, &record, StopCause::Requested),
-                Ok(()) => Step::Done(SupervisionResult::Renewed),
-                Err(failure) => {
-                    write_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged))
+            SupervisionState::PersistingLease(record, stop) => durable(reply, || {
+                if stop {
+                    self.stop(ctx, &record, StopCause::Requested)
+                } else {
+                    Step::Done(SupervisionResult::Renewed)
                 }
-            },
+            }),
             SupervisionState::Stopping(record, cause) => {
                 let stopped = reply.stop();
                 let reason = recovery_for(cause, stopped);
                 self.record_recovery(ctx, &record, reason, cause, stopped)
             }
-            SupervisionState::Recording(reason, stopped) => match reply.durable() {
-                Ok(()) => Step::Done(SupervisionResult::Recovered(reason, stopped)),
-                Err(failure) => {
-                    write_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged))
-                }
-            },
+            SupervisionState::Recording(reason, stopped) => durable(reply, || {
+                Step::Done(SupervisionResult::Recovered(reason, stopped))
+            }),
             // The steps of a Run whose supervisor may be gone (issue 16).
             SupervisionState::Inspecting(record, request) => match reply.supervision() {
                 (Liveness::Gone, Liveness::Gone) => self.confirm(ctx, record),
@@ -394,12 +372,9 @@ impl SupervisionOp {
                 Step::Done(result) => self.after_confirming(ctx, &record, result),
                 Step::Halt(reason) => Step::Halt(reason),
             },
-            SupervisionState::RecordingGone => match reply.durable() {
-                Ok(()) => Step::Done(SupervisionResult::SupervisorGone),
-                Err(failure) => {
-                    write_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged))
-                }
-            },
+            SupervisionState::RecordingGone => {
+                durable(reply, || Step::Done(SupervisionResult::SupervisorGone))
+            }
             SupervisionState::ReadingPublished(record, cause) => {
                 self.stop_by(ctx, &record, cause, reply.published_handle())
             }
@@ -544,18 +519,10 @@ impl SupervisionOp {
     }
 
     /// Steps 3–6.
-    fn on_record(
-        self,
-        ctx: &Ctx<'_>,
-        completion: CompletionOutcome,
-        read: Result<Option<Box<InboxRecord>>, StoreFailure>,
-    ) -> LStep {
-        let record = match read {
-            Ok(Some(record)) => record,
-            Ok(None) => return Step::Done(SupervisionResult::NotFound),
-            Err(failure) => {
-                return read_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged));
-            }
+    fn on_record(self, ctx: &Ctx<'_>, completion: CompletionOutcome, reply: Reply) -> LStep {
+        let record = match read(reply) {
+            Ok(record) => record,
+            Err(step) => return step,
         };
         if record.state.is_terminal() {
             return Step::Done(SupervisionResult::Settled);
@@ -640,16 +607,7 @@ impl SupervisionOp {
             "invariant: a lease-control body of validated ids and a lease token (at most about \
              1 KiB) is far below its 8 KiB cap",
         );
-        let action = Action::Post(HttpCall {
-            path: path(
-                &ctx.config.worker_id,
-                &ctx.config.session_id,
-                Operation::LeaseControl,
-            ),
-            body,
-            request_cap: crate::wire::lease_control::MAX_REQUEST_BYTES,
-            response_cap: MAX_RESPONSE_BYTES,
-        });
+        let action = post(ctx, Operation::LeaseControl, body);
         self.wait(SupervisionState::Controlling(record, request), action)
     }
 
@@ -756,10 +714,7 @@ impl SupervisionOp {
     /// its supervisor published before the user command ran (issue 16); any other record has
     /// none.
     fn stop(self, ctx: &Ctx<'_>, record: &InboxRecord, cause: StopCause) -> LStep {
-        if record.executor_handle.is_none()
-            && (record.state == State::Launching
-                || record.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown))
-        {
+        if record.executor_handle.is_none() && may_have_process(record) {
             let action = Action::ReadPublishedHandle {
                 attempt_id: record.offer.candidate.attempt_id.clone(),
             };
@@ -791,9 +746,7 @@ impl SupervisionOp {
                 )
             }
             None => {
-                let stopped = if record.state == State::Launching
-                    || record.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown)
-                {
+                let stopped = if may_have_process(record) {
                     StopOutcome::Unknown
                 } else {
                     StopOutcome::AlreadyExited
@@ -893,6 +846,31 @@ fn no_receipt_can_come(completion: &CompletionOutcome) -> bool {
         | CompletionOutcome::Unavailable
         | CompletionOutcome::Refused(_)
         | CompletionOutcome::StorageUnchanged => false,
+    }
+}
+
+/// Whether a record without a handle may still have a process (`launching`, or
+/// `launch_outcome_unknown`): its supervisor's published handle is the only way to it.
+fn may_have_process(record: &InboxRecord) -> bool {
+    record.state == State::Launching
+        || record.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown)
+}
+
+/// The record a read returned, or how the pass ends without one.
+#[allow(clippy::result_large_err)]
+fn read(reply: Reply) -> Result<Box<InboxRecord>, LStep> {
+    read_record(
+        reply.record(),
+        SupervisionResult::NotFound,
+        SupervisionResult::StorageUnchanged,
+    )
+}
+
+/// A write's answer: `then` once it is durable; a clean failure ends the pass unchanged.
+fn durable(reply: Reply, then: impl FnOnce() -> LStep) -> LStep {
+    match reply.durable() {
+        Ok(()) => then(),
+        Err(failure) => write_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged)),
     }
 }
 
