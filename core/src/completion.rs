@@ -260,10 +260,8 @@ impl CompletionOp {
 
     fn remove_receipt(self, record: &InboxRecord, fresh: bool) -> CStep {
         let attempt_id = record.offer.candidate.attempt_id.clone();
-        self.wait(
-            CompletionState::Cleaning(fresh),
-            Action::RemoveReceipt { attempt_id },
-        )
+        let action = Action::RemoveReceipt { attempt_id };
+        self.wait(CompletionState::Cleaning(fresh), action)
     }
 
     /// Steps 1–2: read, shortcut, eligibility.
@@ -294,10 +292,8 @@ impl CompletionOp {
             return Step::Done(CompletionOutcome::Deferred);
         }
         let attempt_id = record.offer.candidate.attempt_id.clone();
-        self.wait(
-            CompletionState::ReadingReceipt(record),
-            Action::ReadReceipt { attempt_id },
-        )
+        let action = Action::ReadReceipt { attempt_id };
+        self.wait(CompletionState::ReadingReceipt(record), action)
     }
 
     /// Steps 3–4: read and authenticate the receipt.
@@ -316,10 +312,8 @@ impl CompletionOp {
         let Some(log_artifact_id) = record.log_artifact_id.clone() else {
             return Step::Done(CompletionOutcome::Deferred);
         };
-        self.wait(
-            CompletionState::Inspecting(record, authenticated),
-            Action::InspectLog { log_artifact_id },
-        )
+        let action = Action::InspectLog { log_artifact_id };
+        self.wait(CompletionState::Inspecting(record, authenticated), action)
     }
 
     /// Step 5–6: measure the log, then stream it.

@@ -360,14 +360,18 @@ impl ProcessOp {
     }
 
     pub(crate) fn resume(mut self, ctx: &Ctx<'_>, reply: Reply) -> PStep {
-        let state = core::mem::replace(&mut self.state, StartState::Reading);
-        match state {
+        match core::mem::replace(&mut self.state, StartState::Reading) {
             StartState::Reading => self.on_read(ctx, reply.record()),
-            StartState::AckingStarting(record, request) => {
-                self.on_starting(ctx, record, &request, reply, false)
-            }
+            StartState::AckingStarting(record, request) => match activation_answer(reply, &request)
+            {
+                Ok(answer) => self.on_starting(ctx, record, &answer, false),
+                Err(done) => Step::Done(done),
+            },
             StartState::ReplayingStarting(record, request) => {
-                self.on_starting(ctx, record, &request, reply, true)
+                match activation_answer(reply, &request) {
+                    Ok(answer) => self.on_starting(ctx, record, &answer, true),
+                    Err(done) => Step::Done(done),
+                }
             }
             StartState::PersistingStartingAck(authority) => {
                 self.durable(reply, false, |op| op.draw_capability(authority))
@@ -413,7 +417,10 @@ impl ProcessOp {
                 }
             },
             StartState::AckingRunning(record, request) => {
-                self.on_running(ctx, record, &request, reply)
+                match activation_answer(reply, &request) {
+                    Ok(answer) => self.on_running(ctx, record, &answer),
+                    Err(done) => Step::Done(done),
+                }
             }
             StartState::PersistingRunningAck(already) => self.durable(reply, false, |_| {
                 Step::Done(if already {
@@ -422,9 +429,10 @@ impl ProcessOp {
                     ProcessResult::Running
                 })
             }),
-            StartState::FailingStart(record, request) => {
-                self.on_start_failure(ctx, record, &request, reply)
-            }
+            StartState::FailingStart(record, request) => match activation_answer(reply, &request) {
+                Ok(answer) => self.on_start_failure(ctx, record, &answer),
+                Err(done) => Step::Done(done),
+            },
             StartState::PersistingStartFailureAck => {
                 self.durable(reply, false, |_| Step::Done(ProcessResult::StartFailed))
             }
@@ -602,14 +610,9 @@ impl ProcessOp {
         self,
         ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
-        request: &ActivationRequest,
-        reply: Reply,
+        answer: &ActivationResponse,
         replay: bool,
     ) -> PStep {
-        let answer = match activation_answer(reply, request) {
-            Ok(answer) => answer,
-            Err(done) => return Step::Done(done),
-        };
         match (answer.status, answer.shape) {
             (ActivationStatus::AlreadyRunning, _) | (_, SnapshotShape::Running) => self.recover(
                 ctx,
@@ -624,7 +627,7 @@ impl ProcessOp {
                 ActivationStatus::Applied | ActivationStatus::AlreadyStarting,
                 SnapshotShape::Starting,
             ) => {
-                let mut authority = match launch_authority(record, &answer) {
+                let mut authority = match launch_authority(record, answer) {
                     Ok(authority) => authority,
                     Err(reason) => return Step::Done(ProcessResult::ActivationInvalid(reason)),
                 };
@@ -641,10 +644,8 @@ impl ProcessOp {
     }
 
     fn draw_capability(self, authority: Authority) -> PStep {
-        self.wait(
-            StartState::DrawingCapability(authority),
-            Action::DrawEntropy,
-        )
+        let action = Action::DrawEntropy;
+        self.wait(StartState::DrawingCapability(authority), action)
     }
 
     /// Step 6c: resolve Secrets (in memory only).
@@ -656,10 +657,7 @@ impl ProcessOp {
                     values: Vec::new(),
                     environment_bundles: Vec::new(),
                 };
-                match environment(record, &none) {
-                    Some(env) => self.allocate_log(launch, env),
-                    None => self.start_failed(ctx, &launch.authority.record),
-                }
+                self.materialize(ctx, launch, &none)
             }
             Ok(Some(_)) if self.renewal_due(ctx, record) => {
                 let state = record.state;
@@ -700,26 +698,28 @@ impl ProcessOp {
                 return self.start_failed(ctx, &launch.authority.record);
             }
         };
-        let resolved = match SecretsResponse::parse(&body, request) {
-            Ok(resolved) => resolved,
+        match SecretsResponse::parse(&body, request) {
+            Ok(resolved) => self.materialize(ctx, launch, &resolved),
             Err(e) => match garbled(e) {
-                Ok(why) => return Step::Done(ProcessResult::Uncertain(why)),
-                Err(_) => return self.start_failed(ctx, &launch.authority.record),
+                Ok(why) => Step::Done(ProcessResult::Uncertain(why)),
+                Err(_) => self.start_failed(ctx, &launch.authority.record),
             },
-        };
-        let env = match environment(&launch.authority.record, &resolved) {
-            Some(env) => env,
-            None => return self.start_failed(ctx, &launch.authority.record),
-        };
-        self.allocate_log(launch, env)
+        }
+    }
+
+    /// Step 6d: the exact environment with `secrets`, then the log; without one, a start
+    /// failure.
+    fn materialize(self, ctx: &Ctx<'_>, launch: Box<Launch>, secrets: &SecretsResponse) -> PStep {
+        match environment(&launch.authority.record, secrets) {
+            Some(env) => self.allocate_log(launch, env),
+            None => self.start_failed(ctx, &launch.authority.record),
+        }
     }
 
     fn allocate_log(self, launch: Box<Launch>, env: Vec<(String, Zeroizing<String>)>) -> PStep {
         let log_artifact_id = log_id(&launch.authority.record);
-        self.wait(
-            StartState::AllocatingLog(launch, env),
-            Action::AllocateLog { log_artifact_id },
-        )
+        let action = Action::AllocateLog { log_artifact_id };
+        self.wait(StartState::AllocatingLog(launch, env), action)
     }
 
     /// Step 6e: the spawn barrier.
@@ -763,10 +763,6 @@ impl ProcessOp {
         environment: Vec<(String, Zeroizing<String>)>,
         launching: Box<InboxRecord>,
     ) -> PStep {
-        let Launch {
-            authority,
-            capability,
-        } = launch;
         let (Some(started_at), Some(log_artifact_id), Some(sequence)) = (
             launching.executor_started_at_ms,
             launching.log_artifact_id.clone(),
@@ -783,15 +779,13 @@ impl ProcessOp {
             command: revision.command.clone(),
             environment,
             working_directory: revision.working_directory.clone(),
-            timeout: revision.timeout_ms.zip(authority.deadline),
+            timeout: revision.timeout_ms.zip(launch.authority.deadline),
             log_artifact_id,
             callback_sequence: sequence,
-            capability,
+            capability: launch.capability,
         };
-        self.wait(
-            StartState::Spawning(launching),
-            Action::Spawn(Box::new(plan)),
-        )
+        let action = Action::Spawn(Box::new(plan));
+        self.wait(StartState::Spawning(launching), action)
     }
 
     fn on_spawned(
@@ -800,36 +794,28 @@ impl ProcessOp {
         launching: Box<InboxRecord>,
         spawned: SpawnOutcome,
     ) -> PStep {
-        match spawned {
-            SpawnOutcome::Started { handle, started_at } => {
-                // The supervisor must echo the start time persisted in `launching`. It is not
-                // compared with the wall clock again (the reference also requires `≤ now`): a
-                // clock stepped back since the barrier would make a good spawn look like one from
-                // the future, and `recovery_required` would follow.
-                let valid = ExecutorHandle::new(handle)
-                    .ok()
-                    .filter(|_| Some(started_at) == launching.executor_started_at_ms);
-                match valid {
-                    Some(handle) => {
-                        let proposed = next_record(&launching, State::Started, ctx.now, |r| {
-                            r.executor_handle = Some(handle);
-                        });
-                        let action = persist(&launching, proposed.clone());
-                        self.wait(
-                            StartState::PersistingStarted(launching, Box::new(proposed)),
-                            action,
-                        )
-                    }
-                    None => {
-                        self.recover(ctx, &launching, RecoveryReason::LaunchOutcomeUnknown, true)
-                    }
-                }
-            }
-            SpawnOutcome::Rejected => self.start_failed(ctx, &launching),
-            SpawnOutcome::Unknown => {
-                self.recover(ctx, &launching, RecoveryReason::LaunchOutcomeUnknown, true)
-            }
-        }
+        let valid = match spawned {
+            // The supervisor must echo the start time persisted in `launching`. It is not
+            // compared with the wall clock again (the reference also requires `≤ now`): a clock
+            // stepped back since the barrier would make a good spawn look like one from the
+            // future, and `recovery_required` would follow.
+            SpawnOutcome::Started { handle, started_at } => ExecutorHandle::new(handle)
+                .ok()
+                .filter(|_| Some(started_at) == launching.executor_started_at_ms),
+            SpawnOutcome::Rejected => return self.start_failed(ctx, &launching),
+            SpawnOutcome::Unknown => None,
+        };
+        let Some(handle) = valid else {
+            return self.recover(ctx, &launching, RecoveryReason::LaunchOutcomeUnknown, true);
+        };
+        let proposed = next_record(&launching, State::Started, ctx.now, |r| {
+            r.executor_handle = Some(handle);
+        });
+        let action = persist(&launching, proposed.clone());
+        self.wait(
+            StartState::PersistingStarted(launching, Box::new(proposed)),
+            action,
+        )
     }
 
     /// Step 7: the running ACK.
@@ -859,13 +845,8 @@ impl ProcessOp {
         self,
         ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
-        request: &ActivationRequest,
-        reply: Reply,
+        answer: &ActivationResponse,
     ) -> PStep {
-        let answer = match activation_answer(reply, request) {
-            Ok(answer) => answer,
-            Err(done) => return Step::Done(done),
-        };
         match (answer.status, answer.shape) {
             // The control plane settled the Run while our process runs: stop the exact process
             // group first (as lease control's `terminal` does), then record the evidence.
@@ -924,13 +905,8 @@ impl ProcessOp {
         self,
         ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
-        request: &ActivationRequest,
-        reply: Reply,
+        answer: &ActivationResponse,
     ) -> PStep {
-        let answer = match activation_answer(reply, request) {
-            Ok(answer) => answer,
-            Err(done) => return Step::Done(done),
-        };
         if answer.status == ActivationStatus::AlreadyRunning
             || answer.shape == SnapshotShape::Running
         {
@@ -1087,18 +1063,14 @@ fn environment(
                 .map(|v| alloc::borrow::Cow::Borrowed(v.value.expose()))?,
         };
         let name = binding.name.as_str();
-        if value.contains('\0') || name.contains('=') || name.is_empty() {
+        let taken = env.iter().any(|(n, _)| n == name);
+        if value.contains('\0') || name.contains('=') || name.is_empty() || taken {
             return None;
         }
         bytes += name.len() + value.len();
         env.push((String::from(name), Zeroizing::new(value.into_owned())));
     }
-    let unique = env
-        .iter()
-        .enumerate()
-        .all(|(i, (n, _))| env[..i].iter().all(|(m, _)| m != n));
-    let exact = env.len() == revision.environment.len() && unique;
-    if !exact || bytes > secrets::MAX_BUNDLE_TOTAL_BYTES {
+    if env.len() != revision.environment.len() || bytes > secrets::MAX_BUNDLE_TOTAL_BYTES {
         return None;
     }
     // At most one bundle, bound to the revision's reference by the response parser.

@@ -213,20 +213,15 @@ impl SupervisionOp {
         paced_ms: Option<u64>,
         may_hold: Option<LeaseVersion>,
     ) -> LStep {
-        let action = Action::ReadRecord {
-            offer_id: offer_id.clone(),
+        let pass = Self {
+            offer_id,
+            paced_ms,
+            drain_stop: false,
+            may_hold,
+            renew_only: true,
+            state: SupervisionState::Reading(CompletionOutcome::Deferred),
         };
-        Step::Wait(
-            Self {
-                offer_id,
-                paced_ms,
-                drain_stop: false,
-                may_hold,
-                renew_only: true,
-                state: SupervisionState::Reading(CompletionOutcome::Deferred),
-            },
-            action,
-        )
+        pass.after_completion(CompletionOutcome::Deferred)
     }
 
     pub(crate) fn offer_id(&self) -> &OfferId {
@@ -355,16 +350,16 @@ impl SupervisionOp {
                 Step::Done(SupervisionResult::Recovered(reason, stopped))
             }),
             // The steps of a Run whose supervisor may be gone (issue 16).
-            SupervisionState::Inspecting(record, request) => match reply.supervision() {
-                (Liveness::Gone, Liveness::Gone) => self.confirm(ctx, record),
-                // Either may still exist, or nothing can be concluded: renew as before (a
-                // supervisor that lives publishes its receipt; a process that lives is stopped
-                // by identity when the control plane asks).
-                (Liveness::Alive | Liveness::Unknown, _)
-                | (Liveness::Gone, Liveness::Alive | Liveness::Unknown) => {
+            // Either may still exist, or nothing can be concluded: renew as before (a supervisor
+            // that lives publishes its receipt; a process that lives is stopped by identity when
+            // the control plane asks).
+            SupervisionState::Inspecting(record, request) => {
+                if both_gone(reply.supervision()) {
+                    self.confirm(ctx, record)
+                } else {
                     self.control(ctx, record, request)
                 }
-            },
+            }
             SupervisionState::Confirming(op, record) => match op.resume(ctx, reply) {
                 Step::Wait(op, action) => {
                     self.wait(SupervisionState::Confirming(op, record), action)
@@ -384,27 +379,14 @@ impl SupervisionOp {
                     None => self.go_on(ctx, record, &completion),
                 }
             }
+            // Either may still exist, or nothing can be concluded: supervised as before (stopped
+            // by its published handle once the lease has expired).
             SupervisionState::InspectingUnknown(record, completion) => {
-                self.on_inspected_unknown(ctx, record, &completion, reply.supervision())
-            }
-        }
-    }
-
-    /// What the inspection of a `launch_outcome_unknown` Run found: both gone ⇒ confirm;
-    /// either may still exist, or nothing can be concluded ⇒ supervised as before (stopped by
-    /// its published handle once the lease has expired).
-    fn on_inspected_unknown(
-        self,
-        ctx: &Ctx<'_>,
-        record: Box<InboxRecord>,
-        completion: &CompletionOutcome,
-        found: (Liveness, Liveness),
-    ) -> LStep {
-        match found {
-            (Liveness::Gone, Liveness::Gone) => self.confirm(ctx, record),
-            (Liveness::Alive | Liveness::Unknown, _)
-            | (Liveness::Gone, Liveness::Alive | Liveness::Unknown) => {
-                self.go_on(ctx, record, completion)
+                if both_gone(reply.supervision()) {
+                    self.confirm(ctx, record)
+                } else {
+                    self.go_on(ctx, record, &completion)
+                }
             }
         }
     }
@@ -846,6 +828,15 @@ fn no_receipt_can_come(completion: &CompletionOutcome) -> bool {
         | CompletionOutcome::Unavailable
         | CompletionOutcome::Refused(_)
         | CompletionOutcome::StorageUnchanged => false,
+    }
+}
+
+/// Whether an inspection found the Run's supervisor and user process both gone.
+fn both_gone(found: (Liveness, Liveness)) -> bool {
+    match found {
+        (Liveness::Gone, Liveness::Gone) => true,
+        (Liveness::Alive | Liveness::Unknown, _)
+        | (Liveness::Gone, Liveness::Alive | Liveness::Unknown) => false,
     }
 }
 
