@@ -577,16 +577,9 @@ impl ProcessOp {
             (State::Launching, None) => {
                 self.recover(ctx, &record, RecoveryReason::LaunchOutcomeUnknown, true)
             }
-            (State::Accepted, None) if ctx.may_launch && self.renewal_due(ctx, &record) => {
-                self.renew_first(ctx, record.state, Resume::Reread)
-            }
-            (State::Accepted, None) if ctx.may_launch => {
-                let request = ActivationRequest::starting(&record.offer);
-                let action = activation_call(ctx, &request);
-                self.wait(StartState::AckingStarting(record, request), action)
-            }
+            (State::Accepted, None) if ctx.may_launch => self.ack_starting(ctx, record, false),
             (State::StartingAcknowledged, None) if ctx.may_launch => {
-                self.replay_starting(ctx, record)
+                self.ack_starting(ctx, record, true)
             }
             (State::Accepted | State::StartingAcknowledged, None) => {
                 Step::Done(ProcessResult::Deferred)
@@ -596,13 +589,18 @@ impl ProcessOp {
         }
     }
 
-    fn replay_starting(self, ctx: &Ctx<'_>, record: Box<InboxRecord>) -> PStep {
+    /// Step 4: the starting ACK, or its replay from `starting_acknowledged`.
+    fn ack_starting(self, ctx: &Ctx<'_>, record: Box<InboxRecord>, replay: bool) -> PStep {
         if self.renewal_due(ctx, &record) {
             return self.renew_first(ctx, record.state, Resume::Reread);
         }
         let request = ActivationRequest::starting(&record.offer);
         let action = activation_call(ctx, &request);
-        self.wait(StartState::ReplayingStarting(record, request), action)
+        if replay {
+            self.wait(StartState::ReplayingStarting(record, request), action)
+        } else {
+            self.wait(StartState::AckingStarting(record, request), action)
+        }
     }
 
     /// Steps 4 and 6a: the starting ACK (first or replayed).

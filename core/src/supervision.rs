@@ -342,9 +342,7 @@ impl SupervisionOp {
                 }
             }),
             SupervisionState::Stopping(record, cause) => {
-                let stopped = reply.stop();
-                let reason = recovery_for(cause, stopped);
-                self.record_recovery(ctx, &record, reason, cause, stopped)
+                self.record_recovery(ctx, &record, cause, reply.stop())
             }
             SupervisionState::Recording(reason, stopped) => durable(reply, || {
                 Step::Done(SupervisionResult::Recovered(reason, stopped))
@@ -610,15 +608,14 @@ impl SupervisionOp {
             }
             // Fenced: earlier renewals may have committed without their answers reaching the
             // disk. Ask at the next version, up to the highest one they could have left (the
-            // persisted version + 1 at least: a renewal lost to a crash leaves no memory).
+            // persisted version + 1 at least: a renewal lost to a crash leaves no memory). There
+            // is no version past the top of the range, at the control plane either.
             Err(CallFault::Fenced { code }) => {
                 let persisted = record.offer.lease.version;
                 let ceiling = persisted.next().ok().max(self.may_hold);
-                return match catch_up(request) {
-                    Some(next)
-                        if ceiling.is_some_and(|c| next.fence.expected_lease_version <= c) =>
-                    {
-                        self.control(ctx, record, next)
+                return match request.fence.one_version_on() {
+                    Some(fence) if ceiling.is_some_and(|c| fence.expected_lease_version <= c) => {
+                        self.control(ctx, record, LeaseControlRequest { fence })
                     }
                     Some(_) | None => {
                         Step::Done(SupervisionResult::Refused(CallFault::Fenced { code }))
@@ -734,7 +731,7 @@ impl SupervisionOp {
                     StopOutcome::AlreadyExited
                 };
                 // No command was needed; continue as if the stop answered.
-                self.record_recovery(ctx, record, recovery_for(cause, stopped), cause, stopped)
+                self.record_recovery(ctx, record, cause, stopped)
             }
         }
     }
@@ -745,7 +742,6 @@ impl SupervisionOp {
         self,
         ctx: &Ctx<'_>,
         record: &InboxRecord,
-        reason: Option<RecoveryReason>,
         cause: StopCause,
         stopped: StopOutcome,
     ) -> LStep {
@@ -756,7 +752,7 @@ impl SupervisionOp {
             StopCause::Requested => SupervisionResult::StopRequested(stopped),
             StopCause::Drain => SupervisionResult::DrainStopped(stopped),
         };
-        let Some(reason) = reason else {
+        let Some(reason) = recovery_for(cause, stopped) else {
             return Step::Done(done);
         };
         if record.state == State::RecoveryRequired || record.state.is_terminal() {
@@ -770,15 +766,6 @@ impl SupervisionOp {
         let action = persist(record, proposed);
         self.wait(SupervisionState::Recording(reason, stopped), action)
     }
-}
-
-/// The same request one lease version further: what the control plane holds if the renewal
-/// sent at the request's version committed but its answer never became durable here. `None` at
-/// the top of the version range (the control plane cannot hold a version past it either).
-pub(crate) fn catch_up(request: &LeaseControlRequest) -> Option<LeaseControlRequest> {
-    Some(LeaseControlRequest {
-        fence: request.fence.one_version_on()?,
-    })
 }
 
 /// What a completion pass that ends the supervision pass concluded (the Run is completed, or
