@@ -21,6 +21,9 @@
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
+use alloc::vec::Vec;
+
+use zeroize::Zeroizing;
 
 #[cfg(feature = "sim-hooks")]
 use crate::fingerprint::Fingerprint;
@@ -31,8 +34,7 @@ use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::Fence;
 use crate::wire::artifact::{self, ArtifactReceipt, ArtifactUpload};
 use crate::wire::completion::{
-    self, CompletionArtifact, CompletionRequest, CompletionResponse, CompletionResult,
-    CompletionStatus,
+    CompletionArtifact, CompletionRequest, CompletionResponse, CompletionResult, CompletionStatus,
 };
 use crate::wire::route::{Operation, path};
 use crate::worker::{CallFault, garbled, http_fault, next_record, persist, response};
@@ -115,19 +117,31 @@ pub(crate) struct CompletionOp {
 
 type CStep = Step<CompletionOp, CompletionOutcome>;
 
-/// The record a `ReadRecord` returned, or how the pass ends without one.
-// The step is returned at once by both callers; boxing it would only add an allocation.
+/// The record a `ReadRecord` returned, or how the operation ends without one: `not_found`, or
+/// `unchanged` after a transient failure (unsafe storage halts).
+// The step is returned at once by every caller; boxing it would only add an allocation.
 #[allow(clippy::result_large_err)]
-fn read_record(
+pub(crate) fn read_record<S, R>(
     read: Result<Option<Box<InboxRecord>>, StoreFailure>,
-) -> Result<Box<InboxRecord>, CStep> {
+    not_found: R,
+    unchanged: R,
+) -> Result<Box<InboxRecord>, Step<S, R>> {
     match read {
         Ok(Some(record)) => Ok(record),
-        Ok(None) => Err(Step::Done(CompletionOutcome::NotFound)),
-        Err(failure) => Err(read_failure(failure, || {
-            Step::Done(CompletionOutcome::StorageUnchanged)
-        })),
+        Ok(None) => Err(Step::Done(not_found)),
+        Err(failure) => Err(read_failure(failure, || Step::Done(unchanged))),
     }
+}
+
+/// The JSON POST of `body` to `operation`'s route, under that operation's caps (every
+/// operation the Worker posts to has both).
+pub(crate) fn post(ctx: &Ctx<'_>, operation: Operation, body: Zeroizing<Vec<u8>>) -> Action {
+    Action::Post(HttpCall {
+        path: path(&ctx.config.worker_id, &ctx.config.session_id, operation),
+        body,
+        request_cap: operation.request_cap().unwrap_or_default(),
+        response_cap: operation.response_cap().unwrap_or_default(),
+    })
 }
 
 /// Completion is possible from these states, with the launch barrier fields present.
@@ -246,10 +260,8 @@ impl CompletionOp {
 
     fn remove_receipt(self, record: &InboxRecord, fresh: bool) -> CStep {
         let attempt_id = record.offer.candidate.attempt_id.clone();
-        self.wait(
-            CompletionState::Cleaning(fresh),
-            Action::RemoveReceipt { attempt_id },
-        )
+        let action = Action::RemoveReceipt { attempt_id };
+        self.wait(CompletionState::Cleaning(fresh), action)
     }
 
     /// Steps 1–2: read, shortcut, eligibility.
@@ -258,7 +270,11 @@ impl CompletionOp {
         ctx: &Ctx<'_>,
         read: Result<Option<Box<InboxRecord>>, StoreFailure>,
     ) -> CStep {
-        let record = match read_record(read) {
+        let record = match read_record(
+            read,
+            CompletionOutcome::NotFound,
+            CompletionOutcome::StorageUnchanged,
+        ) {
             Ok(record) => record,
             Err(step) => return step,
         };
@@ -276,10 +292,8 @@ impl CompletionOp {
             return Step::Done(CompletionOutcome::Deferred);
         }
         let attempt_id = record.offer.candidate.attempt_id.clone();
-        self.wait(
-            CompletionState::ReadingReceipt(record),
-            Action::ReadReceipt { attempt_id },
-        )
+        let action = Action::ReadReceipt { attempt_id };
+        self.wait(CompletionState::ReadingReceipt(record), action)
     }
 
     /// Steps 3–4: read and authenticate the receipt.
@@ -298,10 +312,8 @@ impl CompletionOp {
         let Some(log_artifact_id) = record.log_artifact_id.clone() else {
             return Step::Done(CompletionOutcome::Deferred);
         };
-        self.wait(
-            CompletionState::Inspecting(record, authenticated),
-            Action::InspectLog { log_artifact_id },
-        )
+        let action = Action::InspectLog { log_artifact_id };
+        self.wait(CompletionState::Inspecting(record, authenticated), action)
     }
 
     /// Step 5–6: measure the log, then stream it.
@@ -443,7 +455,11 @@ impl CompletionOp {
         sha256: crate::ids::Sha256Digest,
         read: Result<Option<Box<InboxRecord>>, StoreFailure>,
     ) -> CStep {
-        let record = match read_record(read) {
+        let record = match read_record(
+            read,
+            CompletionOutcome::NotFound,
+            CompletionOutcome::StorageUnchanged,
+        ) {
             Ok(record) => record,
             Err(step) => return step,
         };
@@ -501,16 +517,7 @@ impl CompletionOp {
                 return Step::Done(CompletionOutcome::CompletionResponseInvalid(format!("{e}")));
             }
         };
-        let action = Action::Post(HttpCall {
-            path: path(
-                &ctx.config.worker_id,
-                &ctx.config.session_id,
-                Operation::Completion,
-            ),
-            body,
-            request_cap: completion::MAX_REQUEST_BYTES,
-            response_cap: completion::MAX_RESPONSE_BYTES,
-        });
+        let action = post(ctx, Operation::Completion, body);
         self.wait(
             CompletionState::Completing(record, request, caught_up),
             action,

@@ -33,25 +33,25 @@ use alloc::vec::Vec;
 use zeroize::Zeroizing;
 
 use crate::capability::Capability;
+use crate::completion::{post, read_record};
 #[cfg(feature = "sim-hooks")]
 use crate::fingerprint::Fingerprint;
-use crate::ids::{CallbackSequence, ExecutorHandle, LeaseVersion, OfferId};
-use crate::io::{Action, HttpCall, LaunchPlan, Reply, SpawnOutcome, StopOutcome, StoreFailure};
+use crate::ids::{CallbackSequence, ExecutorHandle, LeaseVersion, LogArtifactId, OfferId};
+use crate::io::{Action, LaunchPlan, Reply, SpawnOutcome, StopOutcome, StoreFailure};
 use crate::offer::DeliveryKind;
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::revision::EnvValue;
 use crate::supervision::{SupervisionOp, SupervisionResult};
 use crate::time::UnixMillis;
 use crate::wire::activation::{
-    ActivationRequest, ActivationResponse, ActivationStatus, MAX_RESPONSE_BYTES, RunningAck,
-    SnapshotShape,
+    ActivationRequest, ActivationResponse, ActivationStatus, RunningAck, SnapshotShape,
 };
 use crate::wire::artifact::derive_log_artifact_id;
-use crate::wire::route::path;
+use crate::wire::route::Operation;
 use crate::wire::secrets::{self, EnvironmentBundle, SecretsRequest, SecretsResponse};
 use crate::wire::session::SessionStatus;
 use crate::worker::{CallFault, Uncertainty, garbled, next_record, persist, response};
-use crate::worker::{Ctx, HaltReason, Step, read_failure, write_failure};
+use crate::worker::{Ctx, HaltReason, Step, write_failure};
 
 /// What processing one offer concluded.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,10 +133,7 @@ impl Clone for Launch {
 enum StartState {
     Reading,
     AckingStarting(Box<InboxRecord>, ActivationRequest),
-    PersistingStartingAck(
-        Box<InboxRecord>,
-        Option<(CallbackSequence, Option<UnixMillis>)>,
-    ),
+    PersistingStartingAck(Authority),
     ReplayingStarting(Box<InboxRecord>, ActivationRequest),
     DrawingCapability(Authority),
     FetchingSecrets(Box<Launch>, SecretsRequest),
@@ -230,10 +227,9 @@ impl StartState {
                 fp.record(record);
                 fp.debug(request);
             }
-            Self::PersistingStartingAck(record, known) => {
+            Self::PersistingStartingAck(authority) => {
                 fp.tag("persisting-starting-ack");
-                fp.record(record);
-                fp.debug(known);
+                authority.fingerprint(fp);
             }
             Self::DrawingCapability(authority) => {
                 fp.tag("drawing-capability");
@@ -364,26 +360,22 @@ impl ProcessOp {
     }
 
     pub(crate) fn resume(mut self, ctx: &Ctx<'_>, reply: Reply) -> PStep {
-        let state = core::mem::replace(&mut self.state, StartState::Reading);
-        match state {
+        match core::mem::replace(&mut self.state, StartState::Reading) {
             StartState::Reading => self.on_read(ctx, reply.record()),
-            StartState::AckingStarting(record, request) => {
-                self.on_starting(ctx, record, &request, reply, false)
-            }
-            StartState::ReplayingStarting(record, request) => {
-                self.on_starting(ctx, record, &request, reply, true)
-            }
-            StartState::PersistingStartingAck(record, known) => match reply.durable() {
-                Ok(()) => match known {
-                    Some((sequence, deadline)) => self.draw_capability(Authority {
-                        record,
-                        sequence,
-                        deadline,
-                    }),
-                    None => self.replay_starting(ctx, record),
-                },
-                Err(failure) => self.write_failed(failure, false),
+            StartState::AckingStarting(record, request) => match activation_answer(reply, &request)
+            {
+                Ok(answer) => self.on_starting(ctx, record, &answer, false),
+                Err(done) => Step::Done(done),
             },
+            StartState::ReplayingStarting(record, request) => {
+                match activation_answer(reply, &request) {
+                    Ok(answer) => self.on_starting(ctx, record, &answer, true),
+                    Err(done) => Step::Done(done),
+                }
+            }
+            StartState::PersistingStartingAck(authority) => {
+                self.durable(reply, false, |op| op.draw_capability(authority))
+            }
             StartState::DrawingCapability(authority) => {
                 let capability = Capability::from_entropy(&reply.entropy());
                 let launch = Box::new(Launch {
@@ -402,10 +394,9 @@ impl ProcessOp {
                     self.start_failed(ctx, &launch.authority.record)
                 }
             }
-            StartState::PersistingLaunching(launch, env, record) => match reply.durable() {
-                Ok(()) => self.spawn(*launch, env, record),
-                Err(failure) => self.write_failed(failure, false),
-            },
+            StartState::PersistingLaunching(launch, env, record) => {
+                self.durable(reply, false, |op| op.spawn(*launch, env, record))
+            }
             StartState::Spawning(launching) => self.on_spawned(ctx, launching, reply.spawn()),
             StartState::PersistingStarted(launching, started) => match reply.durable() {
                 Ok(()) => self.ack_running(ctx, started),
@@ -416,10 +407,9 @@ impl ProcessOp {
                 }
                 Err(failure) => self.write_failed(failure, true),
             },
-            StartState::PersistingStartFailed(record, must_land) => match reply.durable() {
-                Ok(()) => self.fail_start(ctx, record),
-                Err(failure) => self.write_failed(failure, must_land),
-            },
+            StartState::PersistingStartFailed(record, must_land) => {
+                self.durable(reply, must_land, |op| op.fail_start(ctx, record))
+            }
             // Whatever the stop found, the control plane holds the Run terminal.
             StartState::StoppingTerminal(record) => match reply.stop() {
                 StopOutcome::Stopped | StopOutcome::AlreadyExited | StopOutcome::Unknown => {
@@ -427,28 +417,31 @@ impl ProcessOp {
                 }
             },
             StartState::AckingRunning(record, request) => {
-                self.on_running(ctx, record, &request, reply)
+                match activation_answer(reply, &request) {
+                    Ok(answer) => self.on_running(ctx, record, &answer),
+                    Err(done) => Step::Done(done),
+                }
             }
-            StartState::PersistingRunningAck(already) => match reply.durable() {
-                Ok(()) => Step::Done(if already {
+            StartState::PersistingRunningAck(already) => self.durable(reply, false, |_| {
+                Step::Done(if already {
                     ProcessResult::AlreadyRunning
                 } else {
                     ProcessResult::Running
-                }),
-                Err(failure) => self.write_failed(failure, false),
+                })
+            }),
+            StartState::FailingStart(record, request) => match activation_answer(reply, &request) {
+                Ok(answer) => self.on_start_failure(ctx, record, &answer),
+                Err(done) => Step::Done(done),
             },
-            StartState::FailingStart(record, request) => {
-                self.on_start_failure(ctx, record, &request, reply)
+            StartState::PersistingStartFailureAck => {
+                self.durable(reply, false, |_| Step::Done(ProcessResult::StartFailed))
             }
-            StartState::PersistingStartFailureAck => match reply.durable() {
-                Ok(()) => Step::Done(ProcessResult::StartFailed),
-                Err(failure) => self.write_failed(failure, false),
-            },
-            StartState::PersistingRecovery(reason, must_land) => match reply.durable() {
-                Ok(()) => Step::Done(ProcessResult::RecoveryRequired(reason)),
-                Err(failure) => self.write_failed(failure, must_land),
-            },
-            StartState::Renewing(op, resume) => self.on_renewing(ctx, *op, resume, reply),
+            StartState::PersistingRecovery(reason, must_land) => {
+                self.durable(reply, must_land, |_| {
+                    Step::Done(ProcessResult::RecoveryRequired(reason))
+                })
+            }
+            StartState::Renewing(op, resume) => self.renewing(op.resume(ctx, reply), resume),
             StartState::RereadingForSecrets(launch) => {
                 self.on_reread_for_secrets(ctx, launch, reply.record())
             }
@@ -456,8 +449,8 @@ impl ProcessOp {
     }
 
     /// A step of the renewal inside the start path (see [`ProcessOp::renewal_due`]).
-    fn on_renewing(self, ctx: &Ctx<'_>, op: SupervisionOp, resume: Resume, reply: Reply) -> PStep {
-        match op.resume(ctx, reply) {
+    fn renewing(self, step: Step<SupervisionOp, SupervisionResult>, resume: Resume) -> PStep {
+        match step {
             Step::Wait(op, action) => self.wait(StartState::Renewing(Box::new(op), resume), action),
             Step::Done(result) => self.after_renewal(&result, resume),
             Step::Halt(reason) => Step::Halt(reason),
@@ -510,11 +503,8 @@ impl ProcessOp {
     fn renew_first(mut self, ctx: &Ctx<'_>, state: State, resume: Resume) -> PStep {
         self.renewed_in = Some(state);
         let may_hold = ctx.lease_may_hold.get(&self.offer_id).copied();
-        match SupervisionOp::renew(self.offer_id.clone(), None, may_hold) {
-            Step::Wait(op, action) => self.wait(StartState::Renewing(Box::new(op), resume), action),
-            Step::Done(result) => self.after_renewal(&result, resume),
-            Step::Halt(reason) => Step::Halt(reason),
-        }
+        let step = SupervisionOp::renew(self.offer_id.clone(), None, may_hold);
+        self.renewing(step, resume)
     }
 
     /// After the renewal: the record is read again (the renewal moved its revision and lease
@@ -538,6 +528,14 @@ impl ProcessOp {
         }
     }
 
+    /// A write's answer: `then` once it is durable, else [`ProcessOp::write_failed`].
+    fn durable(self, reply: Reply, must_land: bool, then: impl FnOnce(Self) -> PStep) -> PStep {
+        match reply.durable() {
+            Ok(()) => then(self),
+            Err(failure) => self.write_failed(failure, must_land),
+        }
+    }
+
     /// A write did not land. `must_land`: the write records that a process may exist, so a
     /// clean failure still halts (the next start reconciles from disk).
     fn write_failed(self, failure: StoreFailure, must_land: bool) -> PStep {
@@ -548,65 +546,61 @@ impl ProcessOp {
     }
 
     fn on_read(self, ctx: &Ctx<'_>, read: Result<Option<Box<InboxRecord>>, StoreFailure>) -> PStep {
-        let record = match read {
-            Ok(Some(record)) => record,
-            Ok(None) => return Step::Done(ProcessResult::NotFound),
-            Err(failure) => {
-                return read_failure(failure, || Step::Done(ProcessResult::StorageUnchanged));
-            }
+        let record = match read_record(
+            read,
+            ProcessResult::NotFound,
+            ProcessResult::StorageUnchanged,
+        ) {
+            Ok(record) => record,
+            Err(step) => return step,
         };
-        // Step 1: terminal shortcuts.
-        match record.state {
-            State::CompletionAcknowledged => return Step::Done(ProcessResult::AlreadyCompleted),
-            State::RunningAcknowledged => return Step::Done(ProcessResult::AlreadyRunning),
-            State::StartFailureAcknowledged => return Step::Done(ProcessResult::AlreadyFailed),
-            State::RecoveryRequired => {
+        // Step 1: terminal shortcuts, then step 2: the target check.
+        match (record.state, target_refusal(ctx, &record)) {
+            (State::CompletionAcknowledged, _) => Step::Done(ProcessResult::AlreadyCompleted),
+            (State::RunningAcknowledged, _) => Step::Done(ProcessResult::AlreadyRunning),
+            (State::StartFailureAcknowledged, _) => Step::Done(ProcessResult::AlreadyFailed),
+            (State::RecoveryRequired, _) => {
                 let reason = record
                     .recovery_reason
                     .unwrap_or(RecoveryReason::LaunchOutcomeUnknown);
-                return Step::Done(ProcessResult::RecoveryRequired(reason));
+                Step::Done(ProcessResult::RecoveryRequired(reason))
             }
-            State::Accepted
-            | State::StartingAcknowledged
-            | State::Launching
-            | State::Started
-            | State::StartFailed => {}
-        }
-        // Step 2: target check.
-        if let Some(refused) = target_refusal(ctx, &record) {
-            return Step::Done(refused);
-        }
-        match record.state {
+            (
+                State::Accepted
+                | State::StartingAcknowledged
+                | State::Launching
+                | State::Started
+                | State::StartFailed,
+                Some(refused),
+            ) => Step::Done(refused),
             // Step 3: a `launching` record seen here was left by a previous incarnation.
-            State::Launching => {
+            (State::Launching, None) => {
                 self.recover(ctx, &record, RecoveryReason::LaunchOutcomeUnknown, true)
             }
-            State::Accepted if ctx.may_launch && self.renewal_due(ctx, &record) => {
-                self.renew_first(ctx, record.state, Resume::Reread)
+            (State::Accepted, None) if ctx.may_launch => self.ack_starting(ctx, record, false),
+            (State::StartingAcknowledged, None) if ctx.may_launch => {
+                self.ack_starting(ctx, record, true)
             }
-            State::Accepted if ctx.may_launch => {
-                let request = ActivationRequest::starting(&record.offer);
-                let action = activation_call(ctx, &request);
-                self.wait(StartState::AckingStarting(record, request), action)
+            (State::Accepted | State::StartingAcknowledged, None) => {
+                Step::Done(ProcessResult::Deferred)
             }
-            State::StartingAcknowledged if ctx.may_launch => self.replay_starting(ctx, record),
-            State::Accepted | State::StartingAcknowledged => Step::Done(ProcessResult::Deferred),
-            State::Started => self.ack_running(ctx, record),
-            State::StartFailed => self.fail_start(ctx, record),
-            State::RunningAcknowledged
-            | State::StartFailureAcknowledged
-            | State::CompletionAcknowledged
-            | State::RecoveryRequired => unreachable!("handled by the terminal shortcuts above"),
+            (State::Started, None) => self.ack_running(ctx, record),
+            (State::StartFailed, None) => self.fail_start(ctx, record),
         }
     }
 
-    fn replay_starting(self, ctx: &Ctx<'_>, record: Box<InboxRecord>) -> PStep {
+    /// Step 4: the starting ACK, or its replay from `starting_acknowledged`.
+    fn ack_starting(self, ctx: &Ctx<'_>, record: Box<InboxRecord>, replay: bool) -> PStep {
         if self.renewal_due(ctx, &record) {
             return self.renew_first(ctx, record.state, Resume::Reread);
         }
         let request = ActivationRequest::starting(&record.offer);
         let action = activation_call(ctx, &request);
-        self.wait(StartState::ReplayingStarting(record, request), action)
+        if replay {
+            self.wait(StartState::ReplayingStarting(record, request), action)
+        } else {
+            self.wait(StartState::AckingStarting(record, request), action)
+        }
     }
 
     /// Steps 4 and 6a: the starting ACK (first or replayed).
@@ -614,14 +608,9 @@ impl ProcessOp {
         self,
         ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
-        request: &ActivationRequest,
-        reply: Reply,
+        answer: &ActivationResponse,
         replay: bool,
     ) -> PStep {
-        let answer = match activation_answer(reply, request) {
-            Ok(answer) => answer,
-            Err(step) => return *step,
-        };
         match (answer.status, answer.shape) {
             (ActivationStatus::AlreadyRunning, _) | (_, SnapshotShape::Running) => self.recover(
                 ctx,
@@ -636,34 +625,25 @@ impl ProcessOp {
                 ActivationStatus::Applied | ActivationStatus::AlreadyStarting,
                 SnapshotShape::Starting,
             ) => {
-                let authority = match launch_authority(&record, &answer) {
+                let mut authority = match launch_authority(record, answer) {
                     Ok(authority) => authority,
                     Err(reason) => return Step::Done(ProcessResult::ActivationInvalid(reason)),
                 };
                 if replay {
-                    self.draw_capability(Authority {
-                        record,
-                        sequence: authority.0,
-                        deadline: authority.1,
-                    })
-                } else {
-                    let proposed =
-                        next_record(&record, State::StartingAcknowledged, ctx.now, |_| {});
-                    let action = persist(&record, proposed.clone());
-                    self.wait(
-                        StartState::PersistingStartingAck(Box::new(proposed), Some(authority)),
-                        action,
-                    )
+                    return self.draw_capability(authority);
                 }
+                let stored = &authority.record;
+                let proposed = next_record(stored, State::StartingAcknowledged, ctx.now, |_| {});
+                let action = persist(stored, proposed.clone());
+                authority.record = Box::new(proposed);
+                self.wait(StartState::PersistingStartingAck(authority), action)
             }
         }
     }
 
     fn draw_capability(self, authority: Authority) -> PStep {
-        self.wait(
-            StartState::DrawingCapability(authority),
-            Action::DrawEntropy,
-        )
+        let action = Action::DrawEntropy;
+        self.wait(StartState::DrawingCapability(authority), action)
     }
 
     /// Step 6c: resolve Secrets (in memory only).
@@ -675,10 +655,7 @@ impl ProcessOp {
                     values: Vec::new(),
                     environment_bundles: Vec::new(),
                 };
-                match environment(record, &none) {
-                    Some(env) => self.allocate_log(launch, env),
-                    None => self.start_failed(ctx, &launch.authority.record),
-                }
+                self.materialize(ctx, launch, &none)
             }
             Ok(Some(_)) if self.renewal_due(ctx, record) => {
                 let state = record.state;
@@ -686,16 +663,7 @@ impl ProcessOp {
             }
             Ok(Some(request)) => match request.to_body() {
                 Ok(body) => {
-                    let action = Action::Post(HttpCall {
-                        path: path(
-                            &ctx.config.worker_id,
-                            &ctx.config.session_id,
-                            crate::wire::route::Operation::Secrets,
-                        ),
-                        body,
-                        request_cap: secrets::MAX_REQUEST_BYTES,
-                        response_cap: secrets::MAX_RESPONSE_BYTES,
-                    });
+                    let action = post(ctx, Operation::Secrets, body);
                     self.wait(StartState::FetchingSecrets(launch, request), action)
                 }
                 Err(_) => self.start_failed(ctx, &launch.authority.record),
@@ -728,32 +696,28 @@ impl ProcessOp {
                 return self.start_failed(ctx, &launch.authority.record);
             }
         };
-        let resolved = match SecretsResponse::parse(&body, request) {
-            Ok(resolved) => resolved,
+        match SecretsResponse::parse(&body, request) {
+            Ok(resolved) => self.materialize(ctx, launch, &resolved),
             Err(e) => match garbled(e) {
-                Ok(why) => return Step::Done(ProcessResult::Uncertain(why)),
-                Err(_) => return self.start_failed(ctx, &launch.authority.record),
+                Ok(why) => Step::Done(ProcessResult::Uncertain(why)),
+                Err(_) => self.start_failed(ctx, &launch.authority.record),
             },
-        };
-        let env = match environment(&launch.authority.record, &resolved) {
-            Some(env) => env,
-            None => return self.start_failed(ctx, &launch.authority.record),
-        };
-        self.allocate_log(launch, env)
+        }
+    }
+
+    /// Step 6d: the exact environment with `secrets`, then the log; without one, a start
+    /// failure.
+    fn materialize(self, ctx: &Ctx<'_>, launch: Box<Launch>, secrets: &SecretsResponse) -> PStep {
+        match environment(&launch.authority.record, secrets) {
+            Some(env) => self.allocate_log(launch, env),
+            None => self.start_failed(ctx, &launch.authority.record),
+        }
     }
 
     fn allocate_log(self, launch: Box<Launch>, env: Vec<(String, Zeroizing<String>)>) -> PStep {
-        let offer = &launch.authority.record.offer;
-        let log_artifact_id = derive_log_artifact_id(
-            &offer.candidate.project_id,
-            &offer.candidate.run_id,
-            &offer.candidate.attempt_id,
-            &offer.offer_id,
-        );
-        self.wait(
-            StartState::AllocatingLog(launch, env),
-            Action::AllocateLog { log_artifact_id },
-        )
+        let log_artifact_id = log_id(&launch.authority.record);
+        let action = Action::AllocateLog { log_artifact_id };
+        self.wait(StartState::AllocatingLog(launch, env), action)
     }
 
     /// Step 6e: the spawn barrier.
@@ -770,13 +734,7 @@ impl ProcessOp {
         if let Some(refused) = target_refusal(ctx, record) {
             return Step::Done(refused);
         }
-        let offer = &record.offer;
-        let log_artifact_id = derive_log_artifact_id(
-            &offer.candidate.project_id,
-            &offer.candidate.run_id,
-            &offer.candidate.attempt_id,
-            &offer.offer_id,
-        );
+        let log_artifact_id = log_id(record);
         // The host's clock as it reads now (reference §4.2 step 6e: `executorStartedAtMs = now`),
         // not the record's later `updatedAtMs` after the clock was stepped back: the start time
         // goes to the control plane, which refuses times too far ahead of its own.
@@ -803,10 +761,6 @@ impl ProcessOp {
         environment: Vec<(String, Zeroizing<String>)>,
         launching: Box<InboxRecord>,
     ) -> PStep {
-        let Launch {
-            authority,
-            capability,
-        } = launch;
         let (Some(started_at), Some(log_artifact_id), Some(sequence)) = (
             launching.executor_started_at_ms,
             launching.log_artifact_id.clone(),
@@ -823,15 +777,13 @@ impl ProcessOp {
             command: revision.command.clone(),
             environment,
             working_directory: revision.working_directory.clone(),
-            timeout: revision.timeout_ms.zip(authority.deadline),
+            timeout: revision.timeout_ms.zip(launch.authority.deadline),
             log_artifact_id,
             callback_sequence: sequence,
-            capability,
+            capability: launch.capability,
         };
-        self.wait(
-            StartState::Spawning(launching),
-            Action::Spawn(Box::new(plan)),
-        )
+        let action = Action::Spawn(Box::new(plan));
+        self.wait(StartState::Spawning(launching), action)
     }
 
     fn on_spawned(
@@ -840,36 +792,28 @@ impl ProcessOp {
         launching: Box<InboxRecord>,
         spawned: SpawnOutcome,
     ) -> PStep {
-        match spawned {
-            SpawnOutcome::Started { handle, started_at } => {
-                // The supervisor must echo the start time persisted in `launching`. It is not
-                // compared with the wall clock again (the reference also requires `≤ now`): a
-                // clock stepped back since the barrier would make a good spawn look like one from
-                // the future, and `recovery_required` would follow.
-                let valid = ExecutorHandle::new(handle)
-                    .ok()
-                    .filter(|_| Some(started_at) == launching.executor_started_at_ms);
-                match valid {
-                    Some(handle) => {
-                        let proposed = next_record(&launching, State::Started, ctx.now, |r| {
-                            r.executor_handle = Some(handle);
-                        });
-                        let action = persist(&launching, proposed.clone());
-                        self.wait(
-                            StartState::PersistingStarted(launching, Box::new(proposed)),
-                            action,
-                        )
-                    }
-                    None => {
-                        self.recover(ctx, &launching, RecoveryReason::LaunchOutcomeUnknown, true)
-                    }
-                }
-            }
-            SpawnOutcome::Rejected => self.start_failed(ctx, &launching),
-            SpawnOutcome::Unknown => {
-                self.recover(ctx, &launching, RecoveryReason::LaunchOutcomeUnknown, true)
-            }
-        }
+        let valid = match spawned {
+            // The supervisor must echo the start time persisted in `launching`. It is not
+            // compared with the wall clock again (the reference also requires `≤ now`): a clock
+            // stepped back since the barrier would make a good spawn look like one from the
+            // future, and `recovery_required` would follow.
+            SpawnOutcome::Started { handle, started_at } => ExecutorHandle::new(handle)
+                .ok()
+                .filter(|_| Some(started_at) == launching.executor_started_at_ms),
+            SpawnOutcome::Rejected => return self.start_failed(ctx, &launching),
+            SpawnOutcome::Unknown => None,
+        };
+        let Some(handle) = valid else {
+            return self.recover(ctx, &launching, RecoveryReason::LaunchOutcomeUnknown, true);
+        };
+        let proposed = next_record(&launching, State::Started, ctx.now, |r| {
+            r.executor_handle = Some(handle);
+        });
+        let action = persist(&launching, proposed.clone());
+        self.wait(
+            StartState::PersistingStarted(launching, Box::new(proposed)),
+            action,
+        )
     }
 
     /// Step 7: the running ACK.
@@ -899,13 +843,8 @@ impl ProcessOp {
         self,
         ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
-        request: &ActivationRequest,
-        reply: Reply,
+        answer: &ActivationResponse,
     ) -> PStep {
-        let answer = match activation_answer(reply, request) {
-            Ok(answer) => answer,
-            Err(step) => return *step,
-        };
         match (answer.status, answer.shape) {
             // The control plane settled the Run while our process runs: stop the exact process
             // group first (as lease control's `terminal` does), then record the evidence.
@@ -964,13 +903,8 @@ impl ProcessOp {
         self,
         ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
-        request: &ActivationRequest,
-        reply: Reply,
+        answer: &ActivationResponse,
     ) -> PStep {
-        let answer = match activation_answer(reply, request) {
-            Ok(answer) => answer,
-            Err(step) => return *step,
-        };
         if answer.status == ActivationStatus::AlreadyRunning
             || answer.shape == SnapshotShape::Running
         {
@@ -1037,52 +971,49 @@ fn target_refusal(ctx: &Ctx<'_>, record: &InboxRecord) -> Option<ProcessResult> 
     }
 }
 
+/// The log artifact of `record`'s Attempt (derived, so the same at every step).
+fn log_id(record: &InboxRecord) -> LogArtifactId {
+    let candidate = &record.offer.candidate;
+    let offer_id = &record.offer.offer_id;
+    derive_log_artifact_id(
+        &candidate.project_id,
+        &candidate.run_id,
+        &candidate.attempt_id,
+        offer_id,
+    )
+}
+
 fn activation_call(ctx: &Ctx<'_>, request: &ActivationRequest) -> Action {
     let body = request.to_body().expect(
         "invariant: an activation body of validated ids, a lease token and a handle of at most \
          512 bytes (at most about 2 KiB) is below its 4 KiB cap",
     );
-    Action::Post(HttpCall {
-        path: path(
-            &ctx.config.worker_id,
-            &ctx.config.session_id,
-            request.operation(),
-        ),
-        body,
-        request_cap: crate::wire::activation::MAX_REQUEST_BYTES,
-        response_cap: MAX_RESPONSE_BYTES,
-    })
+    post(ctx, request.operation(), body)
 }
 
-/// The parsed activation answer, or the step that ends the operation without a change.
+/// The parsed activation answer, or the result that ends the operation without a change.
 fn activation_answer(
     reply: Reply,
     request: &ActivationRequest,
-) -> Result<ActivationResponse, Box<PStep>> {
+) -> Result<ActivationResponse, ProcessResult> {
     let body = match response(reply) {
         Ok(body) => body,
-        Err(CallFault::Unavailable) => {
-            return Err(Box::new(Step::Done(ProcessResult::Unavailable)));
-        }
-        Err(CallFault::Uncertain(why)) => {
-            return Err(Box::new(Step::Done(ProcessResult::Uncertain(why))));
-        }
-        Err(fault) => return Err(Box::new(Step::Done(ProcessResult::Refused(fault)))),
+        Err(CallFault::Unavailable) => return Err(ProcessResult::Unavailable),
+        Err(CallFault::Uncertain(why)) => return Err(ProcessResult::Uncertain(why)),
+        Err(fault) => return Err(ProcessResult::Refused(fault)),
     };
-    ActivationResponse::parse(&body, request).map_err(|e| {
-        Box::new(Step::Done(match garbled(e) {
-            Ok(why) => ProcessResult::Uncertain(why),
-            Err(e) => ProcessResult::ActivationInvalid(format!("{e}")),
-        }))
+    ActivationResponse::parse(&body, request).map_err(|e| match garbled(e) {
+        Ok(why) => ProcessResult::Uncertain(why),
+        Err(e) => ProcessResult::ActivationInvalid(format!("{e}")),
     })
 }
 
 /// Step 6a: the callback sequence (snapshot + 1) and the deadline, which must be present iff
 /// the revision has `timeoutMs`; the snapshot's lease version must be the persisted one.
 fn launch_authority(
-    record: &InboxRecord,
+    record: Box<InboxRecord>,
     answer: &ActivationResponse,
-) -> Result<(CallbackSequence, Option<UnixMillis>), String> {
+) -> Result<Authority, String> {
     let snapshot = &answer.snapshot;
     if snapshot.lease_version != record.offer.lease.version {
         return Err(String::from(
@@ -1097,7 +1028,11 @@ fn launch_authority(
             "deadlineAtMs must be present exactly when the revision has timeoutMs",
         ));
     }
-    Ok((sequence, snapshot.deadline_at_ms))
+    Ok(Authority {
+        record,
+        sequence,
+        deadline: snapshot.deadline_at_ms,
+    })
 }
 
 /// Step 6d: the exact environment of the revision, public values byte for byte and Secret values
@@ -1126,18 +1061,14 @@ fn environment(
                 .map(|v| alloc::borrow::Cow::Borrowed(v.value.expose()))?,
         };
         let name = binding.name.as_str();
-        if value.contains('\0') || name.contains('=') || name.is_empty() {
+        let taken = env.iter().any(|(n, _)| n == name);
+        if value.contains('\0') || name.contains('=') || name.is_empty() || taken {
             return None;
         }
         bytes += name.len() + value.len();
         env.push((String::from(name), Zeroizing::new(value.into_owned())));
     }
-    let unique = env
-        .iter()
-        .enumerate()
-        .all(|(i, (n, _))| env[..i].iter().all(|(m, _)| m != n));
-    let exact = env.len() == revision.environment.len() && unique;
-    if !exact || bytes > secrets::MAX_BUNDLE_TOTAL_BYTES {
+    if env.len() != revision.environment.len() || bytes > secrets::MAX_BUNDLE_TOTAL_BYTES {
         return None;
     }
     // At most one bundle, bound to the revision's reference by the response parser.

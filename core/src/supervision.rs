@@ -38,18 +38,16 @@ use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
 
-use crate::completion::{CompletionOp, CompletionOutcome};
+use crate::completion::{CompletionOp, CompletionOutcome, post, read_record};
 #[cfg(feature = "sim-hooks")]
 use crate::fingerprint::Fingerprint;
 use crate::ids::{LeaseVersion, OfferId};
-use crate::io::{Action, HttpCall, Liveness, Reply, StopOutcome, StoreFailure};
+use crate::io::{Action, Liveness, Reply, StopOutcome};
 use crate::record::{InboxRecord, RecoveryReason, State};
-use crate::wire::lease_control::{
-    LeaseControlRequest, LeaseControlResponse, MAX_RESPONSE_BYTES, RenewedLease,
-};
-use crate::wire::route::{Operation, path};
+use crate::wire::lease_control::{LeaseControlRequest, LeaseControlResponse, RenewedLease};
+use crate::wire::route::Operation;
 use crate::worker::{CallFault, Uncertainty, garbled, next_record, persist, response};
-use crate::worker::{Ctx, Step, read_failure, write_failure};
+use crate::worker::{Ctx, Step, write_failure};
 
 /// What one supervision pass concluded.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -196,30 +194,15 @@ impl SupervisionOp {
         drain_stop: bool,
         may_hold: Option<LeaseVersion>,
     ) -> LStep {
-        let id = offer_id.clone();
-        match CompletionOp::begin(offer_id.clone()) {
-            Step::Wait(op, action) => Step::Wait(
-                Self {
-                    offer_id: id,
-                    paced_ms,
-                    drain_stop,
-                    may_hold,
-                    renew_only: false,
-                    state: SupervisionState::Completing(op),
-                },
-                action,
-            ),
-            Step::Done(outcome) => Self {
-                offer_id,
-                paced_ms,
-                drain_stop,
-                may_hold,
-                renew_only: false,
-                state: SupervisionState::Reading(CompletionOutcome::Deferred),
-            }
-            .after_completion(outcome),
-            Step::Halt(reason) => Step::Halt(reason),
-        }
+        let pass = Self {
+            offer_id: offer_id.clone(),
+            paced_ms,
+            drain_stop,
+            may_hold,
+            renew_only: false,
+            state: SupervisionState::Reading(CompletionOutcome::Deferred),
+        };
+        pass.completing(CompletionOp::begin(offer_id))
     }
 
     /// A renewal only (no completion): for an offer whose own pass is uploading its log, so
@@ -230,20 +213,15 @@ impl SupervisionOp {
         paced_ms: Option<u64>,
         may_hold: Option<LeaseVersion>,
     ) -> LStep {
-        let action = Action::ReadRecord {
-            offer_id: offer_id.clone(),
+        let pass = Self {
+            offer_id,
+            paced_ms,
+            drain_stop: false,
+            may_hold,
+            renew_only: true,
+            state: SupervisionState::Reading(CompletionOutcome::Deferred),
         };
-        Step::Wait(
-            Self {
-                offer_id,
-                paced_ms,
-                drain_stop: false,
-                may_hold,
-                renew_only: true,
-                state: SupervisionState::Reading(CompletionOutcome::Deferred),
-            },
-            action,
-        )
+        pass.after_completion(CompletionOutcome::Deferred)
     }
 
     pub(crate) fn offer_id(&self) -> &OfferId {
@@ -252,6 +230,15 @@ impl SupervisionOp {
 
     fn wait(self, state: SupervisionState, action: Action) -> LStep {
         Step::Wait(Self { state, ..self }, action)
+    }
+
+    /// A step of this pass's own completion (step 2).
+    fn completing(self, step: Step<CompletionOp, CompletionOutcome>) -> LStep {
+        match step {
+            Step::Wait(op, action) => self.wait(SupervisionState::Completing(op), action),
+            Step::Done(result) => self.after_completion(result),
+            Step::Halt(reason) => Step::Halt(reason),
+        }
     }
 
     /// A canonical rendering of this pass's state (model checking).
@@ -332,23 +319,12 @@ impl SupervisionOp {
             &mut self.state,
             SupervisionState::Reading(CompletionOutcome::Deferred),
         ) {
-            SupervisionState::Completing(op) => match op.resume(ctx, reply) {
-                Step::Wait(op, action) => self.wait(SupervisionState::Completing(op), action),
-                Step::Done(result) => self.after_completion(result),
-                Step::Halt(reason) => Step::Halt(reason),
-            },
-            SupervisionState::Reading(completion) => {
-                self.on_record(ctx, completion, reply.record())
-            }
-            SupervisionState::Restopping(cause) => match reply.record() {
-                Ok(Some(record)) if record.state.is_terminal() => {
-                    Step::Done(SupervisionResult::Settled)
-                }
-                Ok(Some(record)) => self.stop(ctx, &record, cause),
-                Ok(None) => Step::Done(SupervisionResult::NotFound),
-                Err(failure) => {
-                    read_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged))
-                }
+            SupervisionState::Completing(op) => self.completing(op.resume(ctx, reply)),
+            SupervisionState::Reading(completion) => self.on_record(ctx, completion, reply),
+            SupervisionState::Restopping(cause) => match read(reply) {
+                Ok(record) if record.state.is_terminal() => Step::Done(SupervisionResult::Settled),
+                Ok(record) => self.stop(ctx, &record, cause),
+                Err(step) => step,
             },
             SupervisionState::Recompleting(op) => match op.resume(ctx, reply) {
                 Step::Wait(op, action) => self.wait(SupervisionState::Recompleting(op), action),
@@ -358,35 +334,30 @@ impl SupervisionOp {
             SupervisionState::Controlling(record, request) => {
                 self.on_control(ctx, record, &request, reply)
             }
-            SupervisionState::PersistingLease(record, stop) => match reply.durable() {
-                Ok(()) if stop => self.stop(ctx, &record, StopCause::Requested),
-                Ok(()) => Step::Done(SupervisionResult::Renewed),
-                Err(failure) => {
-                    write_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged))
+            SupervisionState::PersistingLease(record, stop) => durable(reply, || {
+                if stop {
+                    self.stop(ctx, &record, StopCause::Requested)
+                } else {
+                    Step::Done(SupervisionResult::Renewed)
                 }
-            },
+            }),
             SupervisionState::Stopping(record, cause) => {
-                let stopped = reply.stop();
-                let reason = recovery_for(cause, stopped);
-                self.record_recovery(ctx, &record, reason, cause, stopped)
+                self.record_recovery(ctx, &record, cause, reply.stop())
             }
-            SupervisionState::Recording(reason, stopped) => match reply.durable() {
-                Ok(()) => Step::Done(SupervisionResult::Recovered(reason, stopped)),
-                Err(failure) => {
-                    write_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged))
-                }
-            },
+            SupervisionState::Recording(reason, stopped) => durable(reply, || {
+                Step::Done(SupervisionResult::Recovered(reason, stopped))
+            }),
             // The steps of a Run whose supervisor may be gone (issue 16).
-            SupervisionState::Inspecting(record, request) => match reply.supervision() {
-                (Liveness::Gone, Liveness::Gone) => self.confirm(ctx, record),
-                // Either may still exist, or nothing can be concluded: renew as before (a
-                // supervisor that lives publishes its receipt; a process that lives is stopped
-                // by identity when the control plane asks).
-                (Liveness::Alive | Liveness::Unknown, _)
-                | (Liveness::Gone, Liveness::Alive | Liveness::Unknown) => {
+            // Either may still exist, or nothing can be concluded: renew as before (a supervisor
+            // that lives publishes its receipt; a process that lives is stopped by identity when
+            // the control plane asks).
+            SupervisionState::Inspecting(record, request) => {
+                if both_gone(reply.supervision()) {
+                    self.confirm(ctx, record)
+                } else {
                     self.control(ctx, record, request)
                 }
-            },
+            }
             SupervisionState::Confirming(op, record) => match op.resume(ctx, reply) {
                 Step::Wait(op, action) => {
                     self.wait(SupervisionState::Confirming(op, record), action)
@@ -394,12 +365,9 @@ impl SupervisionOp {
                 Step::Done(result) => self.after_confirming(ctx, &record, result),
                 Step::Halt(reason) => Step::Halt(reason),
             },
-            SupervisionState::RecordingGone => match reply.durable() {
-                Ok(()) => Step::Done(SupervisionResult::SupervisorGone),
-                Err(failure) => {
-                    write_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged))
-                }
-            },
+            SupervisionState::RecordingGone => {
+                durable(reply, || Step::Done(SupervisionResult::SupervisorGone))
+            }
             SupervisionState::ReadingPublished(record, cause) => {
                 self.stop_by(ctx, &record, cause, reply.published_handle())
             }
@@ -409,27 +377,14 @@ impl SupervisionOp {
                     None => self.go_on(ctx, record, &completion),
                 }
             }
+            // Either may still exist, or nothing can be concluded: supervised as before (stopped
+            // by its published handle once the lease has expired).
             SupervisionState::InspectingUnknown(record, completion) => {
-                self.on_inspected_unknown(ctx, record, &completion, reply.supervision())
-            }
-        }
-    }
-
-    /// What the inspection of a `launch_outcome_unknown` Run found: both gone ⇒ confirm;
-    /// either may still exist, or nothing can be concluded ⇒ supervised as before (stopped by
-    /// its published handle once the lease has expired).
-    fn on_inspected_unknown(
-        self,
-        ctx: &Ctx<'_>,
-        record: Box<InboxRecord>,
-        completion: &CompletionOutcome,
-        found: (Liveness, Liveness),
-    ) -> LStep {
-        match found {
-            (Liveness::Gone, Liveness::Gone) => self.confirm(ctx, record),
-            (Liveness::Alive | Liveness::Unknown, _)
-            | (Liveness::Gone, Liveness::Alive | Liveness::Unknown) => {
-                self.go_on(ctx, record, completion)
+                if both_gone(reply.supervision()) {
+                    self.confirm(ctx, record)
+                } else {
+                    self.go_on(ctx, record, &completion)
+                }
             }
         }
     }
@@ -544,18 +499,10 @@ impl SupervisionOp {
     }
 
     /// Steps 3–6.
-    fn on_record(
-        self,
-        ctx: &Ctx<'_>,
-        completion: CompletionOutcome,
-        read: Result<Option<Box<InboxRecord>>, StoreFailure>,
-    ) -> LStep {
-        let record = match read {
-            Ok(Some(record)) => record,
-            Ok(None) => return Step::Done(SupervisionResult::NotFound),
-            Err(failure) => {
-                return read_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged));
-            }
+    fn on_record(self, ctx: &Ctx<'_>, completion: CompletionOutcome, reply: Reply) -> LStep {
+        let record = match read(reply) {
+            Ok(record) => record,
+            Err(step) => return step,
         };
         if record.state.is_terminal() {
             return Step::Done(SupervisionResult::Settled);
@@ -640,16 +587,7 @@ impl SupervisionOp {
             "invariant: a lease-control body of validated ids and a lease token (at most about \
              1 KiB) is far below its 8 KiB cap",
         );
-        let action = Action::Post(HttpCall {
-            path: path(
-                &ctx.config.worker_id,
-                &ctx.config.session_id,
-                Operation::LeaseControl,
-            ),
-            body,
-            request_cap: crate::wire::lease_control::MAX_REQUEST_BYTES,
-            response_cap: MAX_RESPONSE_BYTES,
-        });
+        let action = post(ctx, Operation::LeaseControl, body);
         self.wait(SupervisionState::Controlling(record, request), action)
     }
 
@@ -670,15 +608,14 @@ impl SupervisionOp {
             }
             // Fenced: earlier renewals may have committed without their answers reaching the
             // disk. Ask at the next version, up to the highest one they could have left (the
-            // persisted version + 1 at least: a renewal lost to a crash leaves no memory).
+            // persisted version + 1 at least: a renewal lost to a crash leaves no memory). There
+            // is no version past the top of the range, at the control plane either.
             Err(CallFault::Fenced { code }) => {
                 let persisted = record.offer.lease.version;
                 let ceiling = persisted.next().ok().max(self.may_hold);
-                return match catch_up(request) {
-                    Some(next)
-                        if ceiling.is_some_and(|c| next.fence.expected_lease_version <= c) =>
-                    {
-                        self.control(ctx, record, next)
+                return match request.fence.one_version_on() {
+                    Some(fence) if ceiling.is_some_and(|c| fence.expected_lease_version <= c) => {
+                        self.control(ctx, record, LeaseControlRequest { fence })
                     }
                     Some(_) | None => {
                         Step::Done(SupervisionResult::Refused(CallFault::Fenced { code }))
@@ -756,10 +693,7 @@ impl SupervisionOp {
     /// its supervisor published before the user command ran (issue 16); any other record has
     /// none.
     fn stop(self, ctx: &Ctx<'_>, record: &InboxRecord, cause: StopCause) -> LStep {
-        if record.executor_handle.is_none()
-            && (record.state == State::Launching
-                || record.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown))
-        {
+        if record.executor_handle.is_none() && may_have_process(record) {
             let action = Action::ReadPublishedHandle {
                 attempt_id: record.offer.candidate.attempt_id.clone(),
             };
@@ -791,15 +725,13 @@ impl SupervisionOp {
                 )
             }
             None => {
-                let stopped = if record.state == State::Launching
-                    || record.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown)
-                {
+                let stopped = if may_have_process(record) {
                     StopOutcome::Unknown
                 } else {
                     StopOutcome::AlreadyExited
                 };
                 // No command was needed; continue as if the stop answered.
-                self.record_recovery(ctx, record, recovery_for(cause, stopped), cause, stopped)
+                self.record_recovery(ctx, record, cause, stopped)
             }
         }
     }
@@ -810,7 +742,6 @@ impl SupervisionOp {
         self,
         ctx: &Ctx<'_>,
         record: &InboxRecord,
-        reason: Option<RecoveryReason>,
         cause: StopCause,
         stopped: StopOutcome,
     ) -> LStep {
@@ -821,7 +752,7 @@ impl SupervisionOp {
             StopCause::Requested => SupervisionResult::StopRequested(stopped),
             StopCause::Drain => SupervisionResult::DrainStopped(stopped),
         };
-        let Some(reason) = reason else {
+        let Some(reason) = recovery_for(cause, stopped) else {
             return Step::Done(done);
         };
         if record.state == State::RecoveryRequired || record.state.is_terminal() {
@@ -835,15 +766,6 @@ impl SupervisionOp {
         let action = persist(record, proposed);
         self.wait(SupervisionState::Recording(reason, stopped), action)
     }
-}
-
-/// The same request one lease version further: what the control plane holds if the renewal
-/// sent at the request's version committed but its answer never became durable here. `None` at
-/// the top of the version range (the control plane cannot hold a version past it either).
-pub(crate) fn catch_up(request: &LeaseControlRequest) -> Option<LeaseControlRequest> {
-    Some(LeaseControlRequest {
-        fence: request.fence.one_version_on()?,
-    })
 }
 
 /// What a completion pass that ends the supervision pass concluded (the Run is completed, or
@@ -893,6 +815,40 @@ fn no_receipt_can_come(completion: &CompletionOutcome) -> bool {
         | CompletionOutcome::Unavailable
         | CompletionOutcome::Refused(_)
         | CompletionOutcome::StorageUnchanged => false,
+    }
+}
+
+/// Whether an inspection found the Run's supervisor and user process both gone.
+fn both_gone(found: (Liveness, Liveness)) -> bool {
+    match found {
+        (Liveness::Gone, Liveness::Gone) => true,
+        (Liveness::Alive | Liveness::Unknown, _)
+        | (Liveness::Gone, Liveness::Alive | Liveness::Unknown) => false,
+    }
+}
+
+/// Whether a record without a handle may still have a process (`launching`, or
+/// `launch_outcome_unknown`): its supervisor's published handle is the only way to it.
+fn may_have_process(record: &InboxRecord) -> bool {
+    record.state == State::Launching
+        || record.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown)
+}
+
+/// The record a read returned, or how the pass ends without one.
+#[allow(clippy::result_large_err)]
+fn read(reply: Reply) -> Result<Box<InboxRecord>, LStep> {
+    read_record(
+        reply.record(),
+        SupervisionResult::NotFound,
+        SupervisionResult::StorageUnchanged,
+    )
+}
+
+/// A write's answer: `then` once it is durable; a clean failure ends the pass unchanged.
+fn durable(reply: Reply, then: impl FnOnce() -> LStep) -> LStep {
+    match reply.durable() {
+        Ok(()) => then(),
+        Err(failure) => write_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged)),
     }
 }
 
