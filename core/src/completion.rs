@@ -139,8 +139,12 @@ pub(crate) fn post(ctx: &Ctx<'_>, operation: Operation, body: Zeroizing<Vec<u8>>
     Action::Post(HttpCall {
         path: path(&ctx.config.worker_id, &ctx.config.session_id, operation),
         body,
-        request_cap: operation.request_cap().unwrap_or_default(),
-        response_cap: operation.response_cap().unwrap_or_default(),
+        request_cap: operation
+            .request_cap()
+            .expect("invariant: every operation the Worker posts to has a request cap"),
+        response_cap: operation
+            .response_cap()
+            .expect("invariant: every operation the Worker posts to has a response cap"),
     })
 }
 
