@@ -20,6 +20,7 @@
 
 use alloc::format;
 use alloc::string::String;
+use alloc::vec::Vec;
 use zeroize::Zeroizing;
 
 use crate::ids::SessionId;
@@ -96,21 +97,7 @@ pub enum Exchange {
     Transition(SessionStatus),
 }
 
-fn call(ctx: &Ctx<'_>, operation: Operation, body: alloc::vec::Vec<u8>) -> Action {
-    let request_cap = match operation {
-        Operation::Register => MAX_REGISTER_REQUEST_BYTES,
-        Operation::Artifacts
-        | Operation::Attestations
-        | Operation::Completion
-        | Operation::Heartbeat
-        | Operation::LeaseControl
-        | Operation::Offers
-        | Operation::Running
-        | Operation::Secrets
-        | Operation::StartFailure
-        | Operation::Starting
-        | Operation::Transition => MAX_REQUEST_BYTES,
-    };
+fn call(ctx: &Ctx<'_>, operation: Operation, body: Vec<u8>, request_cap: usize) -> Action {
     Action::Post(HttpCall {
         path: path(&ctx.config.worker_id, &ctx.config.session_id, operation),
         body: Zeroizing::new(body),
@@ -130,11 +117,9 @@ fn call(ctx: &Ctx<'_>, operation: Operation, body: alloc::vec::Vec<u8>) -> Actio
 fn view(ctx: &Ctx<'_>, response: &SessionResponse, transition: bool) -> SessionView {
     let asked = ctx.config.session_lease_ms;
     let read = response.lease_expires_at_ms.saturating_since(ctx.now);
-    let granted = if read > 0 && read < asked {
-        read
-    } else {
-        asked
-    };
+    let granted = Some(read)
+        .filter(|r| (1..asked).contains(r))
+        .unwrap_or(asked);
     let lease_deadline = match ctx.session {
         Some(known) if transition => known.lease_deadline,
         Some(_) | None => ctx.call_sent.saturating_add(granted),
@@ -172,7 +157,7 @@ impl SessionOp {
         match request {
             Ok(body) => Step::Wait(
                 Self::Calling(SessionCall::Registering { rejoin }),
-                call(ctx, Operation::Register, body),
+                call(ctx, Operation::Register, body, MAX_REGISTER_REQUEST_BYTES),
             ),
             Err(e) => Step::Done(SessionResult::Rejected(format!("register request: {e}"))),
         }
@@ -200,7 +185,7 @@ impl SessionOp {
         match request.to_body() {
             Ok(body) => Step::Wait(
                 Self::Calling(SessionCall::Heartbeating(request)),
-                call(ctx, Operation::Heartbeat, body),
+                call(ctx, Operation::Heartbeat, body, MAX_REQUEST_BYTES),
             ),
             Err(e) => Step::Done(SessionResult::Rejected(format!("heartbeat request: {e}"))),
         }
@@ -225,7 +210,7 @@ impl SessionOp {
         match request.to_body() {
             Ok(body) => Step::Wait(
                 Self::Calling(SessionCall::Transitioning(request)),
-                call(ctx, Operation::Transition, body),
+                call(ctx, Operation::Transition, body, MAX_REQUEST_BYTES),
             ),
             Err(e) => Step::Done(SessionResult::Rejected(format!("transition request: {e}"))),
         }
@@ -370,14 +355,7 @@ fn session_id_v7(now: UnixMillis, random: &[u8]) -> Option<SessionId> {
     bytes[6..].copy_from_slice(random.get(..10)?);
     bytes[6] = (bytes[6] & 0x0f) | 0x70;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let mut hex = String::with_capacity(36);
-    for (i, b) in bytes.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            hex.push('-');
-        }
-        let _ = core::fmt::Write::write_fmt(&mut hex, format_args!("{b:02x}"));
-    }
-    SessionId::new(hex).ok()
+    SessionId::new(crate::pull::uuid(&bytes)).ok()
 }
 
 #[cfg(test)]
