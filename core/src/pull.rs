@@ -536,24 +536,17 @@ fn on_stored(
     read: Result<Option<Box<InboxRecord>>, StoreFailure>,
 ) -> Step<PullOp, PullResult> {
     let stored = match read {
-        Ok(stored) => stored,
+        Ok(Some(stored)) => stored,
+        Ok(None) => {
+            let action = Action::PersistRecord {
+                expected: None,
+                record: Box::new(InboxRecord::accepted(offer, ctx.now)),
+            };
+            return storing(claim, false, action);
+        }
         Err(failure) => {
             return read_failure(failure, || backoff(claim, PullFault::StorageUnchanged));
         }
-    };
-    let Some(stored) = stored else {
-        let record = InboxRecord::accepted(offer, ctx.now);
-        let action = Action::PersistRecord {
-            expected: None,
-            record: Box::new(record),
-        };
-        return Step::Wait(
-            PullOp::StoringOffer {
-                claim,
-                replayed: false,
-            },
-            action,
-        );
     };
     if stored.offer.authority_difference(&offer, false).is_some() {
         return backoff(claim, PullFault::OfferConflict);
@@ -564,16 +557,14 @@ fn on_stored(
         let proposed = next_record(&stored, stored.state, ctx.now, |r| {
             r.offer.lease = offer.lease
         });
-        let action = persist(&stored, proposed);
-        return Step::Wait(
-            PullOp::StoringOffer {
-                claim,
-                replayed: true,
-            },
-            action,
-        );
+        return storing(claim, true, persist(&stored, proposed));
     }
     clear_claim(&claim, true)
+}
+
+/// Writes the admitted offer's record (`action`), then clears `claim`.
+fn storing(claim: Box<PendingClaim>, replayed: bool, action: Action) -> Step<PullOp, PullResult> {
+    Step::Wait(PullOp::StoringOffer { claim, replayed }, action)
 }
 
 fn clear_claim(claim: &PendingClaim, replayed: bool) -> Step<PullOp, PullResult> {

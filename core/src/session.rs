@@ -166,10 +166,7 @@ impl SessionOp {
     /// `heartbeat` at the Session's current generation and version.
     pub(crate) fn heartbeat(ctx: &Ctx<'_>, available_slots: u64) -> Step<Self, SessionResult> {
         let Some(session) = ctx.session else {
-            return Step::Done(SessionResult::Unanswered {
-                exchange: Exchange::Heartbeat,
-                fault: CallFault::Unavailable,
-            });
+            return unanswered(Exchange::Heartbeat);
         };
         let slots = if session.status == SessionStatus::Online {
             available_slots
@@ -194,10 +191,7 @@ impl SessionOp {
     /// `transition` to draining or offline.
     pub(crate) fn transition(ctx: &Ctx<'_>, status: SessionStatus) -> Step<Self, SessionResult> {
         let Some(session) = ctx.session else {
-            return Step::Done(SessionResult::Unanswered {
-                exchange: Exchange::Transition(status),
-                fault: CallFault::Unavailable,
-            });
+            return unanswered(Exchange::Transition(status));
         };
         if session.status == status {
             return Step::Done(SessionResult::Transitioned(session.clone()));
@@ -234,16 +228,21 @@ impl SessionOp {
             Self::PersistingSessionId(id) => match reply.durable() {
                 Ok(()) => Step::Done(SessionResult::Renewed(id)),
                 // Nothing durable changed: the stored Session stays; retried at the next tick.
-                Err(failure) => crate::worker::write_failure(failure, || {
-                    Step::Done(SessionResult::Unanswered {
-                        exchange: Exchange::Register,
-                        fault: CallFault::Unavailable,
-                    })
-                }),
+                Err(failure) => {
+                    crate::worker::write_failure(failure, || unanswered(Exchange::Register))
+                }
             },
             Self::Calling(call) => Step::Done(call.answered(ctx, reply)),
         }
     }
+}
+
+/// `exchange` could not go out, or nothing durable changed: retried at the next tick.
+fn unanswered(exchange: Exchange) -> Step<SessionOp, SessionResult> {
+    Step::Done(SessionResult::Unanswered {
+        exchange,
+        fault: CallFault::Unavailable,
+    })
 }
 
 impl SessionCall {

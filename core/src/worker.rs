@@ -402,10 +402,6 @@ impl Slot {
         matches!(self.pending, Pending::Staged(_))
     }
 
-    fn awaits(&self, id: OpId) -> bool {
-        matches!(self.pending, Pending::Outstanding { id: sent, .. } if sent == id)
-    }
-
     fn uploading(&self) -> bool {
         matches!(
             self.pending,
@@ -1095,24 +1091,13 @@ impl Worker {
         self.now = now.wall;
         self.mono = self.mono.max(now.mono);
         match input {
-            Input::Tick => {
-                self.on_tick();
-                Ok(())
-            }
-            Input::DrainRequested => {
-                self.begin_drain();
-                Ok(())
-            }
-            Input::Outcome { id, outcome } => self.on_outcome(id, outcome),
-            Input::ProcessExited { offer_id } => {
-                self.on_process_exited(offer_id);
-                Ok(())
-            }
-            Input::RecordRemoved { offer_id } => {
-                self.forget(&offer_id);
-                Ok(())
-            }
+            Input::Tick => self.on_tick(),
+            Input::DrainRequested => self.begin_drain(),
+            Input::Outcome { id, outcome } => return self.on_outcome(id, outcome),
+            Input::ProcessExited { offer_id } => self.on_process_exited(offer_id),
+            Input::RecordRemoved { offer_id } => self.forget(&offer_id),
         }
+        Ok(())
     }
 
     /// Takes the notices gathered since the last call, oldest first, for the driver's log.
@@ -1360,17 +1345,17 @@ impl Worker {
     }
 
     fn on_outcome(&mut self, id: OpId, outcome: Outcome) -> Result<(), InputError> {
-        let Some(lane) = self
+        let awaited = self
             .lanes
             .iter()
-            .find(|(_, slot)| slot.awaits(id))
-            .map(|(lane, _)| lane.clone())
-        else {
+            .find_map(|(lane, slot)| match slot.pending {
+                Pending::Outstanding {
+                    id: sent, answer, ..
+                } if sent == id => Some((lane.clone(), answer)),
+                Pending::Outstanding { .. } | Pending::Staged(_) => None,
+            });
+        let Some((lane, answer)) = awaited else {
             return Err(InputError::UnexpectedOutcome { id });
-        };
-        let answer = match self.lanes.get(&lane).map(|slot| &slot.pending) {
-            Some(Pending::Outstanding { answer, .. }) => *answer,
-            Some(Pending::Staged(_)) | None => return Err(InputError::UnexpectedOutcome { id }),
         };
         let Ok(reply) = answer.reply(outcome) else {
             return Err(InputError::OutcomeMismatch { id });
@@ -1738,7 +1723,7 @@ impl Worker {
         let next = self.mono.saturating_add(self.config.cadence_ms);
         self.timers.insert(Timer::Tick, next);
         match self.stage {
-            Stage::Registering if self.register_backing_off() => {}
+            Stage::Registering if self.pending(&Timer::RegisterBackoff) => {}
             Stage::Registering => {
                 if !self.planned(&Work::Register) {
                     self.queue.push_back(Work::Register);
@@ -1758,7 +1743,10 @@ impl Worker {
     }
 
     /// A start-path pass ended: a renewal of its whose answer was lost may have moved the
-    /// control plane's lease version (the next pass catches up to it: `lease_may_hold`).
+    /// control plane's lease version (the next pass catches up to it: `lease_may_hold`). A Run
+    /// that got past its start path: its lease's renewal timer may have come while it was
+    /// starting (and was dropped then); it is set again, from the sending of the call that
+    /// obtained the lease.
     fn on_processed(&mut self, offer_id: OfferId, result: &ProcessResult) {
         if let ProcessResult::RenewalUncertain { attempted, .. } = result
             && let Ok(next) = attempted.next()
@@ -1766,13 +1754,6 @@ impl Worker {
             let held = self.lease_may_hold.entry(offer_id.clone()).or_insert(next);
             *held = (*held).max(next);
         }
-        self.rearm_after_start(offer_id);
-    }
-
-    /// A Run that got past its start path: its lease's renewal timer may have come while it was
-    /// starting (and was dropped then); it is set again, from the sending of the call that
-    /// obtained the lease.
-    fn rearm_after_start(&mut self, offer_id: OfferId) {
         let running = matches!(
             self.known.get(&offer_id),
             Some(State::Started | State::RunningAcknowledged)
@@ -1840,7 +1821,7 @@ impl Worker {
     fn plan_active_tick(&mut self) {
         // Fenced: register again before anything else talks to the control plane (after the
         // backoff of a register that got no usable answer).
-        if self.rejoin && !self.register_backing_off() && !self.planned(&Work::Rejoin) {
+        if self.rejoin && !self.pending(&Timer::RegisterBackoff) && !self.planned(&Work::Rejoin) {
             self.queue.push_front(Work::Rejoin);
         }
         // A receipt whose removal failed holds the capability: retry every tick until it is gone.
@@ -1868,11 +1849,6 @@ impl Worker {
     fn listing(&self, purpose: ListPurpose) -> bool {
         let listing = |w: &Work| matches!(w, Work::ListPage { purpose: p, .. } if *p == purpose);
         self.queue.iter().any(listing) || self.lanes.values().any(|s| listing(&s.work))
-    }
-
-    /// A register got no usable answer and its backoff has not passed.
-    fn register_backing_off(&self) -> bool {
-        self.pending(&Timer::RegisterBackoff)
     }
 
     /// Why the Worker does not Pull now, if it does not: not active, fail-closed, admission
@@ -2663,21 +2639,17 @@ fn supervised(offer_id: OfferId) -> impl FnOnce(SupervisionResult) -> Finished {
 }
 
 fn list_resume(purpose: ListPurpose, reply: Reply) -> Step<Running, Finished> {
-    match reply.listing() {
-        Ok((records, next_after)) => Step::Done(Finished::Listed(ListResult {
+    let listed = |(records, next_after), failed| {
+        Step::Done(Finished::Listed(ListResult {
             purpose,
             records,
             next_after,
-            failed: false,
-        })),
-        Err(failure) => read_failure(failure, || {
-            Step::Done(Finished::Listed(ListResult {
-                purpose,
-                records: Vec::new(),
-                next_after: None,
-                failed: true,
-            }))
-        }),
+            failed,
+        }))
+    };
+    match reply.listing() {
+        Ok(page) => listed(page, false),
+        Err(failure) => read_failure(failure, || listed((Vec::new(), None), true)),
     }
 }
 
