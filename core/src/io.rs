@@ -361,10 +361,7 @@ impl Answer {
                     supervisor,
                     process,
                 },
-            ) => Reply::Supervision {
-                supervisor,
-                process,
-            },
+            ) => Reply::Supervision((supervisor, process)),
             (Self::PublishedHandle, O::PublishedHandle(found)) => Reply::PublishedHandle(found),
             (Self::Entropy, O::EntropyDrawn(entropy)) => Reply::Entropy(entropy),
             (_, other) => return Err(other),
@@ -390,10 +387,8 @@ pub(crate) enum Reply {
     Upload(Upload),
     Spawn(SpawnOutcome),
     Stop(StopOutcome),
-    Supervision {
-        supervisor: Liveness,
-        process: Liveness,
-    },
+    /// Whether the supervisor and the user process are alive.
+    Supervision((Liveness, Liveness)),
     PublishedHandle(Option<ExecutorHandle>),
     Entropy(Entropy),
 }
@@ -435,18 +430,6 @@ macro_rules! projections {
                     }
                 }
             )*
-
-            /// Whether a file of the pair (supervisor, process) is alive.
-            pub(crate) fn supervision(self) -> (Liveness, Liveness) {
-                match self {
-                    Self::Supervision {
-                        supervisor,
-                        process,
-                    } => (supervisor, process),
-                    _ => mismatched(),
-                }
-            }
-
         }
     };
 }
@@ -468,6 +451,7 @@ projections! {
     upload: Upload -> Upload;
     spawn: Spawn -> SpawnOutcome;
     stop: Stop -> StopOutcome;
+    supervision: Supervision -> (Liveness, Liveness);
     published_handle: PublishedHandle -> Option<ExecutorHandle>;
     entropy: Entropy -> Entropy;
 }

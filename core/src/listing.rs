@@ -117,11 +117,7 @@ pub fn page(mut all: Vec<OfferId>, after: Option<&OfferId>, limit: PageLimit) ->
     let rest = all.len().saturating_sub(start);
     let take = rest.min(limit.get());
     let offer_ids: Vec<OfferId> = all.drain(start..start + take).collect();
-    let next_after = if rest > take {
-        offer_ids.last().cloned()
-    } else {
-        None
-    };
+    let next_after = offer_ids.last().filter(|_| rest > take).cloned();
     Page {
         offer_ids,
         next_after,

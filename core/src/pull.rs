@@ -318,9 +318,7 @@ fn on_claim(
 ) -> Step<PullOp, PullResult> {
     let claim = match read {
         Ok(claim) => claim,
-        Err(failure) => {
-            return read_failure(failure, storage_unchanged);
-        }
+        Err(failure) => return read_failure(failure, storage_unchanged),
     };
     let Some(session) = ctx.session else {
         return Step::Done(PullResult::SessionUnavailable);
@@ -329,11 +327,7 @@ fn on_claim(
         return draw_identity();
     };
     if claim.worker() != session.worker {
-        let action = Action::ClearClaim {
-            offer_id: claim.offer_id.clone(),
-            revision: claim.revision,
-        };
-        return Step::Wait(PullOp::ClearingForeign, action);
+        return clear(&claim, PullOp::ClearingForeign);
     }
     // The persisted time of the next attempt is on the wall clock of whoever wrote it: it is
     // honoured once, and never for longer than a backoff can last (a wall clock stepped back
@@ -350,10 +344,7 @@ fn on_claim(
     // A crash between storing the offer and clearing its claim leaves a claim whose offer is
     // already in the inbox: replaying it would only be fenced (the lease moved on) and would
     // block every Pull through its backoff. Check the inbox before retrying.
-    let action = Action::ReadRecord {
-        offer_id: claim.offer_id.clone(),
-    };
-    Step::Wait(PullOp::CheckingStored(claim), action)
+    read_record(claim.offer_id.clone(), PullOp::CheckingStored(claim))
 }
 
 /// The claim-only check (the inbox is full): no claim ⇒ done; a claim (of any Session) ⇒ is its
@@ -363,12 +354,7 @@ fn on_claim_only(
 ) -> Step<PullOp, PullResult> {
     match read {
         Ok(None) => Step::Done(PullResult::ClaimChecked { pending: false }),
-        Ok(Some(claim)) => {
-            let action = Action::ReadRecord {
-                offer_id: claim.offer_id.clone(),
-            };
-            Step::Wait(PullOp::CheckingStoredOnly(claim), action)
-        }
+        Ok(Some(claim)) => read_record(claim.offer_id.clone(), PullOp::CheckingStoredOnly(claim)),
         Err(failure) => read_failure(failure, storage_unchanged),
     }
 }
@@ -380,13 +366,7 @@ fn on_stored_only(
     read: Result<Option<Box<InboxRecord>>, StoreFailure>,
 ) -> Step<PullOp, PullResult> {
     match read {
-        Ok(Some(_)) => {
-            let action = Action::ClearClaim {
-                offer_id: claim.offer_id.clone(),
-                revision: claim.revision,
-            };
-            Step::Wait(PullOp::ClearingStoredOnly, action)
-        }
+        Ok(Some(_)) => clear(claim, PullOp::ClearingStoredOnly),
         Ok(None) => Step::Done(PullResult::ClaimChecked { pending: true }),
         Err(failure) => read_failure(failure, storage_unchanged),
     }
@@ -400,23 +380,11 @@ fn on_stored_check(
 ) -> Step<PullOp, PullResult> {
     match read {
         Ok(None) => {}
-        Ok(Some(_)) => {
-            let action = Action::ClearClaim {
-                offer_id: claim.offer_id.clone(),
-                revision: claim.revision,
-            };
-            return Step::Wait(PullOp::ClearingStale, action);
-        }
-        Err(failure) => {
-            return read_failure(failure, storage_unchanged);
-        }
+        Ok(Some(_)) => return clear(claim, PullOp::ClearingStale),
+        Err(failure) => return read_failure(failure, storage_unchanged),
     }
     if claim.attempt_count >= MAX_CLAIM_ATTEMPTS {
-        let action = Action::ClearClaim {
-            offer_id: claim.offer_id.clone(),
-            revision: claim.revision,
-        };
-        return Step::Wait(PullOp::ClearingExhausted, action);
+        return clear(claim, PullOp::ClearingExhausted);
     }
     let mut next = claim.clone();
     next.revision = next_revision(claim.revision);
@@ -463,20 +431,17 @@ fn uuid_v4(bytes: &[u8]) -> String {
     b.copy_from_slice(bytes);
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
-    let hex = crate::ids::Sha256Digest::from_bytes({
-        let mut padded = [0u8; 32];
-        padded[..16].copy_from_slice(&b);
-        padded
-    })
-    .to_hex();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
+    uuid(&b)
+}
+
+/// Formats 16 bytes as a lowercase UUID (8-4-4-4-12 hex digits).
+pub(crate) fn uuid(bytes: &[u8; 16]) -> String {
+    let dash = |i| if matches!(i, 4 | 6 | 8 | 10) { "-" } else { "" };
+    bytes
+        .iter()
+        .enumerate()
+        .map(|(i, byte)| format!("{}{byte:02x}", dash(i)))
+        .collect()
 }
 
 fn request(ctx: &Ctx<'_>, claim: Box<PendingClaim>) -> Step<PullOp, PullResult> {
@@ -511,24 +476,14 @@ fn on_response(ctx: &Ctx<'_>, claim: Box<PendingClaim>, reply: Reply) -> Step<Pu
     };
     match OfferResponse::parse(&body) {
         Err(e) if refused_for_good(&e) => {
-            let action = Action::ClearClaim {
-                offer_id: claim.offer_id.clone(),
-                revision: claim.revision,
-            };
             let op = PullOp::ClearingRefused {
                 offer_id: claim.offer_id.clone(),
                 reason: e,
             };
-            Step::Wait(op, action)
+            clear(&claim, op)
         }
         Err(e) => backoff(claim, PullFault::Call(CallFault::Invalid(e))),
-        Ok(OfferResponse::Idle { .. }) => {
-            let action = Action::ClearClaim {
-                offer_id: claim.offer_id.clone(),
-                revision: claim.revision,
-            };
-            Step::Wait(PullOp::ClearingIdle, action)
-        }
+        Ok(OfferResponse::Idle { .. }) => clear(&claim, PullOp::ClearingIdle),
         Ok(OfferResponse::Offered { offer, .. }) => {
             // Admission binds the offer to the claim *and* to the current Session: a Session
             // that changed meanwhile makes the offer unadmittable and keeps the claim.
@@ -542,12 +497,10 @@ fn on_response(ctx: &Ctx<'_>, claim: Box<PendingClaim>, reply: Reply) -> Step<Pu
                 }
             };
             match admit_offer(&offer, &claim.offer_id, &worker, &claim.lease_token) {
-                Ok(offer) => {
-                    let action = Action::ReadRecord {
-                        offer_id: offer.offer_id.clone(),
-                    };
-                    Step::Wait(PullOp::ReadingRecord(claim, Box::new(offer)), action)
-                }
+                Ok(offer) => read_record(
+                    offer.offer_id.clone(),
+                    PullOp::ReadingRecord(claim, Box::new(offer)),
+                ),
                 Err(e) => backoff(claim, PullFault::Admission(format!("{e}"))),
             }
         }
@@ -583,24 +536,17 @@ fn on_stored(
     read: Result<Option<Box<InboxRecord>>, StoreFailure>,
 ) -> Step<PullOp, PullResult> {
     let stored = match read {
-        Ok(stored) => stored,
+        Ok(Some(stored)) => stored,
+        Ok(None) => {
+            let action = Action::PersistRecord {
+                expected: None,
+                record: Box::new(InboxRecord::accepted(offer, ctx.now)),
+            };
+            return storing(claim, false, action);
+        }
         Err(failure) => {
             return read_failure(failure, || backoff(claim, PullFault::StorageUnchanged));
         }
-    };
-    let Some(stored) = stored else {
-        let record = InboxRecord::accepted(offer, ctx.now);
-        let action = Action::PersistRecord {
-            expected: None,
-            record: Box::new(record),
-        };
-        return Step::Wait(
-            PullOp::StoringOffer {
-                claim,
-                replayed: false,
-            },
-            action,
-        );
     };
     if stored.offer.authority_difference(&offer, false).is_some() {
         return backoff(claim, PullFault::OfferConflict);
@@ -611,30 +557,33 @@ fn on_stored(
         let proposed = next_record(&stored, stored.state, ctx.now, |r| {
             r.offer.lease = offer.lease
         });
-        let action = persist(&stored, proposed);
-        return Step::Wait(
-            PullOp::StoringOffer {
-                claim,
-                replayed: true,
-            },
-            action,
-        );
+        return storing(claim, true, persist(&stored, proposed));
     }
     clear_claim(&claim, true)
 }
 
+/// Writes the admitted offer's record (`action`), then clears `claim`.
+fn storing(claim: Box<PendingClaim>, replayed: bool, action: Action) -> Step<PullOp, PullResult> {
+    Step::Wait(PullOp::StoringOffer { claim, replayed }, action)
+}
+
 fn clear_claim(claim: &PendingClaim, replayed: bool) -> Step<PullOp, PullResult> {
+    let offer_id = claim.offer_id.clone();
+    clear(claim, PullOp::ClearingClaim { offer_id, replayed })
+}
+
+/// Clears `claim` (its offer id and revision), then goes on as `op`.
+fn clear(claim: &PendingClaim, op: PullOp) -> Step<PullOp, PullResult> {
     let action = Action::ClearClaim {
         offer_id: claim.offer_id.clone(),
         revision: claim.revision,
     };
-    Step::Wait(
-        PullOp::ClearingClaim {
-            offer_id: claim.offer_id.clone(),
-            replayed,
-        },
-        action,
-    )
+    Step::Wait(op, action)
+}
+
+/// Reads the record of `offer_id`, then goes on as `op`.
+fn read_record(offer_id: OfferId, op: PullOp) -> Step<PullOp, PullResult> {
+    Step::Wait(op, Action::ReadRecord { offer_id })
 }
 
 fn backoff(claim: Box<PendingClaim>, fault: PullFault) -> Step<PullOp, PullResult> {

@@ -20,6 +20,7 @@
 
 use alloc::format;
 use alloc::string::String;
+use alloc::vec::Vec;
 use zeroize::Zeroizing;
 
 use crate::ids::SessionId;
@@ -96,21 +97,7 @@ pub enum Exchange {
     Transition(SessionStatus),
 }
 
-fn call(ctx: &Ctx<'_>, operation: Operation, body: alloc::vec::Vec<u8>) -> Action {
-    let request_cap = match operation {
-        Operation::Register => MAX_REGISTER_REQUEST_BYTES,
-        Operation::Artifacts
-        | Operation::Attestations
-        | Operation::Completion
-        | Operation::Heartbeat
-        | Operation::LeaseControl
-        | Operation::Offers
-        | Operation::Running
-        | Operation::Secrets
-        | Operation::StartFailure
-        | Operation::Starting
-        | Operation::Transition => MAX_REQUEST_BYTES,
-    };
+fn call(ctx: &Ctx<'_>, operation: Operation, body: Vec<u8>, request_cap: usize) -> Action {
     Action::Post(HttpCall {
         path: path(&ctx.config.worker_id, &ctx.config.session_id, operation),
         body: Zeroizing::new(body),
@@ -130,11 +117,9 @@ fn call(ctx: &Ctx<'_>, operation: Operation, body: alloc::vec::Vec<u8>) -> Actio
 fn view(ctx: &Ctx<'_>, response: &SessionResponse, transition: bool) -> SessionView {
     let asked = ctx.config.session_lease_ms;
     let read = response.lease_expires_at_ms.saturating_since(ctx.now);
-    let granted = if read > 0 && read < asked {
-        read
-    } else {
-        asked
-    };
+    let granted = Some(read)
+        .filter(|r| (1..asked).contains(r))
+        .unwrap_or(asked);
     let lease_deadline = match ctx.session {
         Some(known) if transition => known.lease_deadline,
         Some(_) | None => ctx.call_sent.saturating_add(granted),
@@ -172,7 +157,7 @@ impl SessionOp {
         match request {
             Ok(body) => Step::Wait(
                 Self::Calling(SessionCall::Registering { rejoin }),
-                call(ctx, Operation::Register, body),
+                call(ctx, Operation::Register, body, MAX_REGISTER_REQUEST_BYTES),
             ),
             Err(e) => Step::Done(SessionResult::Rejected(format!("register request: {e}"))),
         }
@@ -181,10 +166,7 @@ impl SessionOp {
     /// `heartbeat` at the Session's current generation and version.
     pub(crate) fn heartbeat(ctx: &Ctx<'_>, available_slots: u64) -> Step<Self, SessionResult> {
         let Some(session) = ctx.session else {
-            return Step::Done(SessionResult::Unanswered {
-                exchange: Exchange::Heartbeat,
-                fault: CallFault::Unavailable,
-            });
+            return unanswered(Exchange::Heartbeat);
         };
         let slots = if session.status == SessionStatus::Online {
             available_slots
@@ -200,7 +182,7 @@ impl SessionOp {
         match request.to_body() {
             Ok(body) => Step::Wait(
                 Self::Calling(SessionCall::Heartbeating(request)),
-                call(ctx, Operation::Heartbeat, body),
+                call(ctx, Operation::Heartbeat, body, MAX_REQUEST_BYTES),
             ),
             Err(e) => Step::Done(SessionResult::Rejected(format!("heartbeat request: {e}"))),
         }
@@ -209,10 +191,7 @@ impl SessionOp {
     /// `transition` to draining or offline.
     pub(crate) fn transition(ctx: &Ctx<'_>, status: SessionStatus) -> Step<Self, SessionResult> {
         let Some(session) = ctx.session else {
-            return Step::Done(SessionResult::Unanswered {
-                exchange: Exchange::Transition(status),
-                fault: CallFault::Unavailable,
-            });
+            return unanswered(Exchange::Transition(status));
         };
         if session.status == status {
             return Step::Done(SessionResult::Transitioned(session.clone()));
@@ -225,7 +204,7 @@ impl SessionOp {
         match request.to_body() {
             Ok(body) => Step::Wait(
                 Self::Calling(SessionCall::Transitioning(request)),
-                call(ctx, Operation::Transition, body),
+                call(ctx, Operation::Transition, body, MAX_REQUEST_BYTES),
             ),
             Err(e) => Step::Done(SessionResult::Rejected(format!("transition request: {e}"))),
         }
@@ -249,16 +228,21 @@ impl SessionOp {
             Self::PersistingSessionId(id) => match reply.durable() {
                 Ok(()) => Step::Done(SessionResult::Renewed(id)),
                 // Nothing durable changed: the stored Session stays; retried at the next tick.
-                Err(failure) => crate::worker::write_failure(failure, || {
-                    Step::Done(SessionResult::Unanswered {
-                        exchange: Exchange::Register,
-                        fault: CallFault::Unavailable,
-                    })
-                }),
+                Err(failure) => {
+                    crate::worker::write_failure(failure, || unanswered(Exchange::Register))
+                }
             },
             Self::Calling(call) => Step::Done(call.answered(ctx, reply)),
         }
     }
+}
+
+/// `exchange` could not go out, or nothing durable changed: retried at the next tick.
+fn unanswered(exchange: Exchange) -> Step<SessionOp, SessionResult> {
+    Step::Done(SessionResult::Unanswered {
+        exchange,
+        fault: CallFault::Unavailable,
+    })
 }
 
 impl SessionCall {
@@ -370,14 +354,7 @@ fn session_id_v7(now: UnixMillis, random: &[u8]) -> Option<SessionId> {
     bytes[6..].copy_from_slice(random.get(..10)?);
     bytes[6] = (bytes[6] & 0x0f) | 0x70;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let mut hex = String::with_capacity(36);
-    for (i, b) in bytes.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            hex.push('-');
-        }
-        let _ = core::fmt::Write::write_fmt(&mut hex, format_args!("{b:02x}"));
-    }
-    SessionId::new(hex).ok()
+    SessionId::new(crate::pull::uuid(&bytes)).ok()
 }
 
 #[cfg(test)]

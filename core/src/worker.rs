@@ -402,10 +402,6 @@ impl Slot {
         matches!(self.pending, Pending::Staged(_))
     }
 
-    fn awaits(&self, id: OpId) -> bool {
-        matches!(self.pending, Pending::Outstanding { id: sent, .. } if sent == id)
-    }
-
     fn uploading(&self) -> bool {
         matches!(
             self.pending,
@@ -480,19 +476,12 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    /// Whether `record`'s lease has expired (see [`lease_expired`]).
+    /// Whether `record`'s lease has expired (see [`lease_remaining_ms`]).
     pub(crate) fn lease_expired(&self, record: &InboxRecord) -> bool {
-        let offer = &record.offer;
-        lease_expired(
-            self.leases,
-            &offer.offer_id,
-            &offer.lease,
-            self.now,
-            self.mono,
-        )
+        self.lease_remaining_ms(record) == 0
     }
 
-    /// What is left of `record`'s lease, in milliseconds (see [`lease_expired`]).
+    /// What is left of `record`'s lease, in milliseconds (see [`lease_remaining_ms`]).
     pub(crate) fn lease_remaining_ms(&self, record: &InboxRecord) -> u64 {
         let offer = &record.offer;
         lease_remaining_ms(
@@ -598,41 +587,19 @@ impl LeaseClock {
     }
 }
 
-/// The local deadline of `record`'s lease: on the monotonic clock when this process obtained
-/// or renewed this very grant; otherwise (a lease read from disk after a restart, not renewed
-/// since) `None`, and the wall clock is compared with the control plane's expiry.
-fn lease_deadline(
-    leases: &BTreeMap<OfferId, LeaseClock>,
-    offer_id: &OfferId,
-    lease: &Lease,
-) -> Option<MonoMillis> {
-    leases
-        .get(offer_id)
-        .filter(|clock| clock.names(lease))
-        .map(|clock| clock.deadline)
-}
-
-/// Whether `record`'s lease has expired at `now` / `mono` (see [`lease_deadline`]).
-pub(crate) fn lease_expired(
-    leases: &BTreeMap<OfferId, LeaseClock>,
-    offer_id: &OfferId,
-    lease: &Lease,
-    now: UnixMillis,
-    mono: MonoMillis,
-) -> bool {
-    lease_remaining_ms(leases, offer_id, lease, now, mono) == 0
-}
-
-/// What is left of `record`'s lease at `now` / `mono`, in milliseconds.
-pub(crate) fn lease_remaining_ms(
+/// What is left of `record`'s lease at `now` / `mono`, in milliseconds (0: expired): on the
+/// monotonic clock against its local deadline when this process obtained or renewed this very
+/// grant; otherwise (a lease read from disk after a restart, not renewed since) on the wall
+/// clock against the control plane's expiry.
+fn lease_remaining_ms(
     leases: &BTreeMap<OfferId, LeaseClock>,
     offer_id: &OfferId,
     lease: &Lease,
     now: UnixMillis,
     mono: MonoMillis,
 ) -> u64 {
-    match lease_deadline(leases, offer_id, lease) {
-        Some(deadline) => deadline.saturating_since(mono),
+    match leases.get(offer_id).filter(|clock| clock.names(lease)) {
+        Some(clock) => clock.deadline.saturating_since(mono),
         None => lease.expires_at_ms.saturating_since(now),
     }
 }
@@ -1124,24 +1091,13 @@ impl Worker {
         self.now = now.wall;
         self.mono = self.mono.max(now.mono);
         match input {
-            Input::Tick => {
-                self.on_tick();
-                Ok(())
-            }
-            Input::DrainRequested => {
-                self.begin_drain();
-                Ok(())
-            }
-            Input::Outcome { id, outcome } => self.on_outcome(id, outcome),
-            Input::ProcessExited { offer_id } => {
-                self.on_process_exited(offer_id);
-                Ok(())
-            }
-            Input::RecordRemoved { offer_id } => {
-                self.forget(&offer_id);
-                Ok(())
-            }
+            Input::Tick => self.on_tick(),
+            Input::DrainRequested => self.begin_drain(),
+            Input::Outcome { id, outcome } => return self.on_outcome(id, outcome),
+            Input::ProcessExited { offer_id } => self.on_process_exited(offer_id),
+            Input::RecordRemoved { offer_id } => self.forget(&offer_id),
         }
+        Ok(())
     }
 
     /// Takes the notices gathered since the last call, oldest first, for the driver's log.
@@ -1389,17 +1345,17 @@ impl Worker {
     }
 
     fn on_outcome(&mut self, id: OpId, outcome: Outcome) -> Result<(), InputError> {
-        let Some(lane) = self
+        let awaited = self
             .lanes
             .iter()
-            .find(|(_, slot)| slot.awaits(id))
-            .map(|(lane, _)| lane.clone())
-        else {
+            .find_map(|(lane, slot)| match slot.pending {
+                Pending::Outstanding {
+                    id: sent, answer, ..
+                } if sent == id => Some((lane.clone(), answer)),
+                Pending::Outstanding { .. } | Pending::Staged(_) => None,
+            });
+        let Some((lane, answer)) = awaited else {
             return Err(InputError::UnexpectedOutcome { id });
-        };
-        let answer = match self.lanes.get(&lane).map(|slot| &slot.pending) {
-            Some(Pending::Outstanding { answer, .. }) => *answer,
-            Some(Pending::Staged(_)) | None => return Err(InputError::UnexpectedOutcome { id }),
         };
         let Ok(reply) = answer.reply(outcome) else {
             return Err(InputError::OutcomeMismatch { id });
@@ -1438,21 +1394,23 @@ impl Worker {
             (Reply::Record(Ok(Some(record))), _) => self.observe(record),
             _ => {}
         }
-        let step = {
-            let ctx = Ctx {
-                config: &self.config,
-                session: self.session.as_ref(),
-                now: self.now,
-                mono: self.mono,
-                call_sent: slot.call_sent,
-                leases: &self.leases,
-                lease_may_hold: &self.lease_may_hold,
-                may_launch: self.may_launch(),
-            };
-            slot.op.resume(&ctx, reply)
-        };
+        let step = slot.op.resume(&self.ctx(slot.call_sent), reply);
         self.apply(lane, slot.work, slot.call_sent, step);
         Ok(())
+    }
+
+    /// What an operation sees, its last call sent at `call_sent` (see `Slot::call_sent`).
+    fn ctx(&self, call_sent: MonoMillis) -> Ctx<'_> {
+        Ctx {
+            config: &self.config,
+            session: self.session.as_ref(),
+            now: self.now,
+            mono: self.mono,
+            call_sent,
+            leases: &self.leases,
+            lease_may_hold: &self.lease_may_hold,
+            may_launch: self.may_launch(),
+        }
     }
 
     fn start(&mut self, work: Work) {
@@ -1466,68 +1424,56 @@ impl Worker {
             // drain began): the next tick decides again.
             return;
         }
-        let step = {
-            let ctx = Ctx {
-                config: &self.config,
-                session: self.session.as_ref(),
-                now: self.now,
-                mono: self.mono,
-                call_sent: self.mono,
-                leases: &self.leases,
-                lease_may_hold: &self.lease_may_hold,
-                may_launch: self.may_launch(),
-            };
-            let offer = match &work {
-                Work::Supervise(offer_id) | Work::Renew(offer_id) => Some(offer_id),
-                Work::Register
-                | Work::Rejoin
-                | Work::Heartbeat
-                | Work::Transition(_)
-                | Work::RenewSession
-                | Work::ListPage { .. }
-                | Work::Pull
-                | Work::Process(_) => None,
-            };
-            let paced = offer.is_some_and(|offer_id| {
-                self.last_renewal.get(offer_id).is_some_and(|at| {
-                    self.mono < at.saturating_add(self.config.lease_control_interval_ms)
-                })
-            });
-            let slots = self.available_slots();
-            self.reporting_slots = match &work {
-                Work::Register | Work::Rejoin => {
-                    Some(slots.min(u64::from(self.config.max_concurrent_runs)))
-                }
-                Work::Heartbeat => Some(
-                    self.session
-                        .as_ref()
-                        .filter(|s| s.status == SessionStatus::Online)
-                        .map_or(0, |_| slots),
-                ),
-                Work::Transition(_)
-                | Work::RenewSession
-                | Work::ListPage { .. }
-                | Work::Pull
-                | Work::Process(_)
-                | Work::Supervise(_)
-                | Work::Renew(_) => self.reporting_slots,
-            };
-            let may_hold = offer.and_then(|offer_id| self.lease_may_hold.get(offer_id).copied());
-            let drain_stop = matches!(&work, Work::Supervise(offer_id)
-                if self.drain == Drain::BudgetEnded && !self.drain_stopped.contains(offer_id));
-            Running::begin(
-                &ctx,
-                work.clone(),
-                slots,
-                Pass {
-                    paced,
-                    drain_stop,
-                    may_hold,
-                    backoff_served: self.claim_backoff_served,
-                    claim_only: work == Work::Pull && self.inbox_room() == 0,
-                },
-            )
+        let offer = match &work {
+            Work::Supervise(offer_id) | Work::Renew(offer_id) => Some(offer_id),
+            Work::Register
+            | Work::Rejoin
+            | Work::Heartbeat
+            | Work::Transition(_)
+            | Work::RenewSession
+            | Work::ListPage { .. }
+            | Work::Pull
+            | Work::Process(_) => None,
         };
+        let paced = offer.is_some_and(|offer_id| {
+            self.last_renewal.get(offer_id).is_some_and(|at| {
+                self.mono < at.saturating_add(self.config.lease_control_interval_ms)
+            })
+        });
+        let slots = self.available_slots();
+        self.reporting_slots = match &work {
+            Work::Register | Work::Rejoin => {
+                Some(slots.min(u64::from(self.config.max_concurrent_runs)))
+            }
+            Work::Heartbeat => Some(
+                self.session
+                    .as_ref()
+                    .filter(|s| s.status == SessionStatus::Online)
+                    .map_or(0, |_| slots),
+            ),
+            Work::Transition(_)
+            | Work::RenewSession
+            | Work::ListPage { .. }
+            | Work::Pull
+            | Work::Process(_)
+            | Work::Supervise(_)
+            | Work::Renew(_) => self.reporting_slots,
+        };
+        let may_hold = offer.and_then(|offer_id| self.lease_may_hold.get(offer_id).copied());
+        let drain_stop = matches!(&work, Work::Supervise(offer_id)
+            if self.drain == Drain::BudgetEnded && !self.drain_stopped.contains(offer_id));
+        let step = Running::begin(
+            &self.ctx(self.mono),
+            work.clone(),
+            slots,
+            Pass {
+                paced,
+                drain_stop,
+                may_hold,
+                backoff_served: self.claim_backoff_served,
+                claim_only: work == Work::Pull && self.inbox_room() == 0,
+            },
+        );
         self.apply(work.lane(), work, self.mono, step);
     }
 
@@ -1623,11 +1569,11 @@ impl Worker {
     }
 
     /// Whether a record that never crossed the spawn barrier has outlived its lease (see
-    /// [`lease_expired`]): it can never progress.
+    /// [`lease_remaining_ms`]): it can never progress.
     fn dormant(&self, id: &OfferId) -> bool {
-        self.pre_barrier_expiry
-            .get(id)
-            .is_some_and(|lease| lease_expired(&self.leases, id, lease, self.now, self.mono))
+        self.pre_barrier_expiry.get(id).is_some_and(|lease| {
+            lease_remaining_ms(&self.leases, id, lease, self.now, self.mono) == 0
+        })
     }
 
     /// A supervisor of this Worker exited: its receipt is published (or it failed). The record's
@@ -1716,7 +1662,7 @@ impl Worker {
             | Reply::LogInspection(_)
             | Reply::Spawn(_)
             | Reply::Stop(_)
-            | Reply::Supervision { .. }
+            | Reply::Supervision(_)
             | Reply::PublishedHandle(_)
             | Reply::Entropy(_) => {}
         }
@@ -1777,7 +1723,7 @@ impl Worker {
         let next = self.mono.saturating_add(self.config.cadence_ms);
         self.timers.insert(Timer::Tick, next);
         match self.stage {
-            Stage::Registering if self.register_backing_off() => {}
+            Stage::Registering if self.pending(&Timer::RegisterBackoff) => {}
             Stage::Registering => {
                 if !self.planned(&Work::Register) {
                     self.queue.push_back(Work::Register);
@@ -1797,7 +1743,10 @@ impl Worker {
     }
 
     /// A start-path pass ended: a renewal of its whose answer was lost may have moved the
-    /// control plane's lease version (the next pass catches up to it: `lease_may_hold`).
+    /// control plane's lease version (the next pass catches up to it: `lease_may_hold`). A Run
+    /// that got past its start path: its lease's renewal timer may have come while it was
+    /// starting (and was dropped then); it is set again, from the sending of the call that
+    /// obtained the lease.
     fn on_processed(&mut self, offer_id: OfferId, result: &ProcessResult) {
         if let ProcessResult::RenewalUncertain { attempted, .. } = result
             && let Ok(next) = attempted.next()
@@ -1805,13 +1754,6 @@ impl Worker {
             let held = self.lease_may_hold.entry(offer_id.clone()).or_insert(next);
             *held = (*held).max(next);
         }
-        self.rearm_after_start(offer_id);
-    }
-
-    /// A Run that got past its start path: its lease's renewal timer may have come while it was
-    /// starting (and was dropped then); it is set again, from the sending of the call that
-    /// obtained the lease.
-    fn rearm_after_start(&mut self, offer_id: OfferId) {
         let running = matches!(
             self.known.get(&offer_id),
             Some(State::Started | State::RunningAcknowledged)
@@ -1879,7 +1821,7 @@ impl Worker {
     fn plan_active_tick(&mut self) {
         // Fenced: register again before anything else talks to the control plane (after the
         // backoff of a register that got no usable answer).
-        if self.rejoin && !self.register_backing_off() && !self.planned(&Work::Rejoin) {
+        if self.rejoin && !self.pending(&Timer::RegisterBackoff) && !self.planned(&Work::Rejoin) {
             self.queue.push_front(Work::Rejoin);
         }
         // A receipt whose removal failed holds the capability: retry every tick until it is gone.
@@ -1907,11 +1849,6 @@ impl Worker {
     fn listing(&self, purpose: ListPurpose) -> bool {
         let listing = |w: &Work| matches!(w, Work::ListPage { purpose: p, .. } if *p == purpose);
         self.queue.iter().any(listing) || self.lanes.values().any(|s| listing(&s.work))
-    }
-
-    /// A register got no usable answer and its backoff has not passed.
-    fn register_backing_off(&self) -> bool {
-        self.pending(&Timer::RegisterBackoff)
     }
 
     /// Why the Worker does not Pull now, if it does not: not active, fail-closed, admission
@@ -2153,8 +2090,7 @@ impl Worker {
                 if registered {
                     self.register_failures = 0;
                     self.timers.remove(&Timer::RegisterBackoff);
-                }
-                if !registered {
+                } else {
                     self.fences = 0;
                 }
                 if registered && self.rejoin {
@@ -2368,27 +2304,16 @@ impl Worker {
     fn on_pull(&mut self, result: PullResult) {
         match result {
             PullResult::Admitted { offer_id, .. } => {
-                self.timers.remove(&Timer::PullBackoff);
-                self.claim_pending = false;
-                self.claim_unsettled = false;
-                self.claim_backoff_served = false;
+                self.claim_settled();
                 // The offer is processed first, then the next Pull goes out at once while slots
                 // and room remain (re-checked when it starts); an idle answer ends the burst.
                 self.pull_again(true);
                 self.queue.push_front(Work::Process(offer_id));
             }
-            PullResult::Idle => {
-                self.timers.remove(&Timer::PullBackoff);
-                self.claim_pending = false;
-                self.claim_unsettled = false;
-                self.claim_backoff_served = false;
-            }
+            PullResult::Idle => self.claim_settled(),
             // The claim is gone: the next tick pulls afresh, with no backoff.
             PullResult::Refused { offer_id, reason } => {
-                self.timers.remove(&Timer::PullBackoff);
-                self.claim_pending = false;
-                self.claim_unsettled = false;
-                self.claim_backoff_served = false;
+                self.claim_settled();
                 self.notify(Notice::OfferRefused { offer_id, reason });
             }
             // The claim's backoff is waited out here, on the monotonic clock; the next Pull
@@ -2418,6 +2343,14 @@ impl Worker {
                 self.claim_unsettled = false;
             }
         }
+    }
+
+    /// The Pull's claim is gone (cleared, or none was found): no backoff, nothing pending.
+    fn claim_settled(&mut self) {
+        self.timers.remove(&Timer::PullBackoff);
+        self.claim_pending = false;
+        self.claim_unsettled = false;
+        self.claim_backoff_served = false;
     }
 
     /// How a finished drain ends: every record settled, or some left for the next start.
@@ -2547,7 +2480,6 @@ pub(crate) enum Finished {
 impl Finished {
     /// The fact this result reports to the driver (none for a listed page: the driver saw it).
     pub(crate) fn fact(&self) -> Option<Fact> {
-        use crate::facts::Fact;
         match self {
             Self::Session(result) => Some(Fact::Session(result.clone())),
             Self::Listed(_) => None,
@@ -2626,11 +2558,12 @@ impl Running {
         available_slots: u64,
         pass: Pass,
     ) -> Step<Self, Finished> {
+        let paced = pass.paced.then_some(ctx.config.lease_control_interval_ms);
         match work {
-            Work::Register => SessionOp::register(ctx, available_slots, false)
-                .map(Self::Session, Finished::Session),
-            Work::Rejoin => SessionOp::register(ctx, available_slots, true)
-                .map(Self::Session, Finished::Session),
+            Work::Register | Work::Rejoin => {
+                SessionOp::register(ctx, available_slots, work == Work::Rejoin)
+                    .map(Self::Session, Finished::Session)
+            }
             Work::Heartbeat => {
                 SessionOp::heartbeat(ctx, available_slots).map(Self::Session, Finished::Session)
             }
@@ -2648,34 +2581,14 @@ impl Running {
             Work::Pull => PullOp::begin(ctx, pass.backoff_served, pass.claim_only)
                 .map(Self::Pull, Finished::Pull),
             Work::Process(offer_id) => {
-                let id = offer_id.clone();
-                ProcessOp::begin(offer_id).map(Self::Process, move |result| Finished::Process {
-                    offer_id: id,
-                    result,
-                })
+                ProcessOp::begin(offer_id.clone()).map(Self::Process, processed(offer_id))
             }
             Work::Supervise(offer_id) => {
-                let id = offer_id.clone();
-                let paced = pass.paced.then_some(ctx.config.lease_control_interval_ms);
-                SupervisionOp::begin(offer_id, paced, pass.drain_stop, pass.may_hold).map(
-                    Self::Supervise,
-                    move |result| Finished::Supervise {
-                        offer_id: id,
-                        result,
-                    },
-                )
+                SupervisionOp::begin(offer_id.clone(), paced, pass.drain_stop, pass.may_hold)
+                    .map(Self::Supervise, supervised(offer_id))
             }
-            Work::Renew(offer_id) => {
-                let id = offer_id.clone();
-                let paced = pass.paced.then_some(ctx.config.lease_control_interval_ms);
-                SupervisionOp::renew(offer_id, paced, pass.may_hold).map(
-                    Self::Supervise,
-                    move |result| Finished::Supervise {
-                        offer_id: id,
-                        result,
-                    },
-                )
-            }
+            Work::Renew(offer_id) => SupervisionOp::renew(offer_id.clone(), paced, pass.may_hold)
+                .map(Self::Supervise, supervised(offer_id)),
         }
     }
 
@@ -2704,41 +2617,39 @@ impl Running {
             Self::List(purpose) => list_resume(purpose, reply),
             Self::Pull(op) => op.resume(ctx, reply).map(Self::Pull, Finished::Pull),
             Self::Process(op) => {
-                let id = op.offer_id().clone();
-                op.resume(ctx, reply)
-                    .map(Self::Process, move |result| Finished::Process {
-                        offer_id: id,
-                        result,
-                    })
+                let done = processed(op.offer_id().clone());
+                op.resume(ctx, reply).map(Self::Process, done)
             }
             Self::Supervise(op) => {
-                let id = op.offer_id().clone();
-                op.resume(ctx, reply)
-                    .map(Self::Supervise, move |result| Finished::Supervise {
-                        offer_id: id,
-                        result,
-                    })
+                let done = supervised(op.offer_id().clone());
+                op.resume(ctx, reply).map(Self::Supervise, done)
             }
         }
     }
 }
 
+/// How `offer_id`'s start path reports its result.
+fn processed(offer_id: OfferId) -> impl FnOnce(ProcessResult) -> Finished {
+    move |result| Finished::Process { offer_id, result }
+}
+
+/// How `offer_id`'s supervision pass reports its result.
+fn supervised(offer_id: OfferId) -> impl FnOnce(SupervisionResult) -> Finished {
+    move |result| Finished::Supervise { offer_id, result }
+}
+
 fn list_resume(purpose: ListPurpose, reply: Reply) -> Step<Running, Finished> {
-    match reply.listing() {
-        Ok((records, next_after)) => Step::Done(Finished::Listed(ListResult {
+    let listed = |(records, next_after), failed| {
+        Step::Done(Finished::Listed(ListResult {
             purpose,
             records,
             next_after,
-            failed: false,
-        })),
-        Err(failure) => read_failure(failure, || {
-            Step::Done(Finished::Listed(ListResult {
-                purpose,
-                records: Vec::new(),
-                next_after: None,
-                failed: true,
-            }))
-        }),
+            failed,
+        }))
+    };
+    match reply.listing() {
+        Ok(page) => listed(page, false),
+        Err(failure) => read_failure(failure, || listed((Vec::new(), None), true)),
     }
 }
 
