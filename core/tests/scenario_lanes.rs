@@ -323,6 +323,12 @@ fn renewed_with_cadence(cadence_ms: u64) -> (Sim, u64) {
 /// o1's process exits at `at` and the driver says so; returns when its log upload went out.
 fn exit_until_upload_at(sim: &mut Sim, at: u64) -> u64 {
     sim.advance_to(sim_ms(at));
+    exit_now(sim);
+    when(sim, |a| matches!(a, Action::UploadLog { .. }))
+}
+
+/// o1's process exits now with a genuine receipt, and the driver says so.
+fn exit_now(sim: &mut Sim) {
     sim.event(Event::Exit {
         index: 0,
         code: 0,
@@ -331,7 +337,6 @@ fn exit_until_upload_at(sim: &mut Sim, at: u64) -> u64 {
     sim.notify(Input::ProcessExited {
         offer_id: ql_worker_sim::testkit::offer_id(1),
     });
-    when(sim, |a| matches!(a, Action::UploadLog { .. }))
 }
 
 /// The held command's answer arrives (the last one o1 waited for): o1 completes, and the world
@@ -592,14 +597,7 @@ fn a_heartbeat_in_flight_when_its_timer_comes_is_not_planned_again() {
     sim.answer(Answer::Ok);
     let at = sim.now.saturating_add(3_000);
     sim.advance_to(at);
-    sim.event(Event::Exit {
-        index: 0,
-        code: 0,
-        receipt: ReceiptKind::Genuine,
-    });
-    sim.notify(Input::ProcessExited {
-        offer_id: ql_worker_sim::testkit::offer_id(1),
-    });
+    exit_now(&mut sim);
     let sent = when(&mut sim, heartbeat);
     assert!(sent < regular + 10_000, "{:#?}", sim.commands());
     let (id, _, answered) = hold(&mut sim);
