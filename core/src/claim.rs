@@ -120,9 +120,7 @@ impl PendingClaim {
     /// Claim identity: worker, session, generation, offer id and token.
     #[must_use]
     pub(crate) fn same_identity(&self, other: &Self) -> bool {
-        self.worker_id == other.worker_id
-            && self.worker_session_id == other.worker_session_id
-            && self.worker_generation == other.worker_generation
+        self.worker() == other.worker()
             && self.offer_id == other.offer_id
             && self.lease_token == other.lease_token
     }

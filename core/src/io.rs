@@ -276,122 +276,121 @@ impl Action {
     }
 }
 
-/// The kind of [`Outcome`] that answers an [`Action`]. The Worker refuses an outcome of
-/// another kind with [`InputError::OutcomeMismatch`] before any operation sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Answer {
-    Listing,
-    Record,
-    Claim,
-    Durable,
-    Receipt,
-    ReceiptRemoval,
-    LogAllocation,
-    LogInspection,
-    Call,
-    Upload,
-    Spawn,
-    Stop,
-    Supervision,
-    PublishedHandle,
-    Entropy,
+/// The one table of which outcomes answer which kind of action. Each kind names its
+/// [`Answer`] variant, its projection of a [`Reply`] and what each outcome it takes gives. It
+/// defines [`Answer`], [`Answer::reply`] (the check) and the projections: an operation takes the
+/// kind its own action is answered with ([`Action::answer`]), and the Worker hands it only a
+/// reply of that kind, so another kind in a projection is a core bug.
+macro_rules! answers {
+    ($($kind:ident => $name:ident -> $ty:ty { $($pattern:pat => $value:expr,)+ })*) => {
+        /// The kind of [`Outcome`] that answers an [`Action`]. The Worker refuses an outcome of
+        /// another kind with [`InputError::OutcomeMismatch`] before any operation sees it.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub(crate) enum Answer {
+            $($kind,)*
+        }
+
+        impl Answer {
+            /// `outcome` as a reply of this kind, or given back when it is of another kind.
+            #[allow(unused_variables)]
+            pub(crate) fn reply(self, outcome: Outcome) -> Result<Reply, Outcome> {
+                use Outcome as O;
+                let taken = match self {
+                    $(Self::$kind => false $(|| matches!(&outcome, $pattern))+,)*
+                };
+                if taken { Ok(Reply(outcome)) } else { Err(outcome) }
+            }
+        }
+
+        impl Reply {
+            $(
+                pub(crate) fn $name(self) -> $ty {
+                    use Outcome as O;
+                    match self.0 {
+                        $($pattern => $value,)+
+                        _ => mismatched(),
+                    }
+                }
+            )*
+        }
+    };
 }
 
-impl Answer {
-    /// `outcome` taken apart as this kind, or given back when it is of another kind (the one
-    /// table of which outcomes answer which kind of action).
-    pub(crate) fn reply(self, outcome: Outcome) -> Result<Reply, Outcome> {
-        use Outcome as O;
-        Ok(match (self, outcome) {
-            (
-                Self::Listing,
-                O::InboxListed {
-                    records,
-                    next_after,
-                },
-            ) => Reply::Listing(Ok((records, next_after))),
-            (Self::Record, O::RecordRead(record)) => Reply::Record(Ok(record)),
-            (Self::Claim, O::ClaimRead(claim)) => Reply::Claim(Ok(claim)),
-            (Self::Durable, O::Persisted) => Reply::Durable(Ok(())),
-            (Self::Listing, O::Store(f)) => Reply::Listing(Err(f)),
-            (Self::Record, O::Store(f)) => Reply::Record(Err(f)),
-            (Self::Claim, O::Store(f)) => Reply::Claim(Err(f)),
-            (Self::Durable, O::Store(f)) => Reply::Durable(Err(f)),
-            (Self::ReceiptRemoval, O::Store(f)) => Reply::ReceiptRemoval(Err(f)),
-            (Self::Receipt, O::ReceiptRead(read)) => Reply::Receipt(read),
-            (Self::ReceiptRemoval, O::ReceiptRemoved { existed }) => {
-                Reply::ReceiptRemoval(Ok(existed))
-            }
-            (Self::LogAllocation, O::LogAllocated) => Reply::LogAllocation(true),
-            (Self::LogAllocation, O::LogUnavailable) => Reply::LogAllocation(false),
-            (
-                Self::LogInspection,
-                O::LogInspected {
-                    byte_length,
-                    truncated,
-                },
-            ) => Reply::LogInspection(Spool::Inspected {
-                byte_length,
-                truncated,
-            }),
-            (Self::LogInspection, O::LogMissing) => Reply::LogInspection(Spool::Missing),
-            (Self::LogInspection, O::LogUnavailable) => Reply::LogInspection(Spool::Unavailable),
-            (Self::Call, O::Responded(body)) => Reply::Call(Ok(body)),
-            (Self::Call, O::Http(failure)) => Reply::Call(Err(failure)),
-            (
-                Self::Upload,
-                O::Uploaded {
-                    body,
-                    sent_bytes,
-                    sent_sha256,
-                },
-            ) => Reply::Upload(Upload::Sent {
-                body,
-                sent_bytes,
-                sent_sha256,
-            }),
-            (Self::Upload, O::Http(failure)) => Reply::Upload(Upload::Http(failure)),
-            (Self::Upload, O::LogMissing) => Reply::Upload(Upload::LogMissing),
-            (Self::Upload, O::LogUnavailable) => Reply::Upload(Upload::LogUnavailable),
-            (Self::Spawn, O::Spawned(spawned)) => Reply::Spawn(spawned),
-            (Self::Stop, O::Stopped(stopped)) => Reply::Stop(stopped),
-            (
-                Self::Supervision,
-                O::SupervisionInspected {
-                    supervisor,
-                    process,
-                },
-            ) => Reply::Supervision((supervisor, process)),
-            (Self::PublishedHandle, O::PublishedHandle(found)) => Reply::PublishedHandle(found),
-            (Self::Entropy, O::EntropyDrawn(entropy)) => Reply::Entropy(entropy),
-            (_, other) => return Err(other),
-        })
+fn mismatched() -> ! {
+    panic!("invariant: an operation state takes the kind of reply its own action is answered with")
+}
+
+answers! {
+    Listing => listing -> Result<(Vec<InboxRecord>, Option<OfferId>), StoreFailure> {
+        O::InboxListed { records, next_after } => Ok((records, next_after)),
+        O::Store(f) => Err(f),
+    }
+    Record => record -> Result<Option<Box<InboxRecord>>, StoreFailure> {
+        O::RecordRead(record) => Ok(record),
+        O::Store(f) => Err(f),
+    }
+    Claim => claim -> Result<Option<Box<PendingClaim>>, StoreFailure> {
+        O::ClaimRead(claim) => Ok(claim),
+        O::Store(f) => Err(f),
+    }
+    Durable => durable -> Result<(), StoreFailure> {
+        O::Persisted => Ok(()),
+        O::Store(f) => Err(f),
+    }
+    Receipt => receipt -> ReceiptRead {
+        O::ReceiptRead(read) => read,
+    }
+    // Whether a file was removed.
+    ReceiptRemoval => receipt_removal -> Result<bool, StoreFailure> {
+        O::ReceiptRemoved { existed } => Ok(existed),
+        O::Store(f) => Err(f),
+    }
+    // Whether the spool file is ready.
+    LogAllocation => log_allocation -> bool {
+        O::LogAllocated => true,
+        O::LogUnavailable => false,
+    }
+    LogInspection => log_inspection -> Spool {
+        O::LogInspected { byte_length, truncated } => Spool::Inspected { byte_length, truncated },
+        O::LogMissing => Spool::Missing,
+        O::LogUnavailable => Spool::Unavailable,
+    }
+    Call => call -> Result<Vec<u8>, HttpFailure> {
+        O::Responded(body) => Ok(body),
+        O::Http(failure) => Err(failure),
+    }
+    Upload => upload -> Upload {
+        O::Uploaded { body, sent_bytes, sent_sha256 } => Upload::Sent {
+            body,
+            sent_bytes,
+            sent_sha256,
+        },
+        O::Http(failure) => Upload::Http(failure),
+        O::LogMissing => Upload::LogMissing,
+        O::LogUnavailable => Upload::LogUnavailable,
+    }
+    Spawn => spawn -> SpawnOutcome {
+        O::Spawned(spawned) => spawned,
+    }
+    Stop => stop -> StopOutcome {
+        O::Stopped(stopped) => stopped,
+    }
+    // Whether the supervisor and the user process are alive.
+    Supervision => supervision -> (Liveness, Liveness) {
+        O::SupervisionInspected { supervisor, process } => (supervisor, process),
+    }
+    PublishedHandle => published_handle -> Option<ExecutorHandle> {
+        O::PublishedHandle(found) => found,
+    }
+    Entropy => entropy -> Entropy {
+        O::EntropyDrawn(entropy) => entropy,
     }
 }
 
-/// An outcome taken apart by the kind of its action ([`Answer::reply`]): what an operation's
-/// state receives. Each state takes the one kind its action is answered with
-/// ([`Reply::durable`] and its siblings), and matches every value of that kind.
-pub(crate) enum Reply {
-    Listing(Result<(Vec<InboxRecord>, Option<OfferId>), StoreFailure>),
-    Record(Result<Option<Box<InboxRecord>>, StoreFailure>),
-    Claim(Result<Option<Box<PendingClaim>>, StoreFailure>),
-    Durable(Result<(), StoreFailure>),
-    Receipt(ReceiptRead),
-    /// Whether a file was removed.
-    ReceiptRemoval(Result<bool, StoreFailure>),
-    /// Whether the spool file is ready.
-    LogAllocation(bool),
-    LogInspection(Spool),
-    Call(Result<Vec<u8>, HttpFailure>),
-    Upload(Upload),
-    Spawn(SpawnOutcome),
-    Stop(StopOutcome),
-    /// Whether the supervisor and the user process are alive.
-    Supervision((Liveness, Liveness)),
-    PublishedHandle(Option<ExecutorHandle>),
-    Entropy(Entropy),
-}
+/// An outcome of the kind its action is answered with ([`Answer::reply`] checked it): what an
+/// operation's state receives. Each state takes it apart as that kind ([`Reply::durable`] and
+/// its siblings), and matches every value of that kind.
+pub(crate) struct Reply(pub(crate) Outcome);
 
 /// What the spool said of a log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -414,46 +413,6 @@ pub(crate) enum Upload {
     Http(HttpFailure),
     LogMissing,
     LogUnavailable,
-}
-
-/// The projections of a [`Reply`] onto one kind, one per kind. An operation takes the kind its
-/// own action is answered with ([`Action::answer`]), and the Worker hands it only a reply of
-/// that kind, so another kind here is a core bug.
-macro_rules! projections {
-    ($($name:ident: $variant:ident -> $ty:ty;)*) => {
-        impl Reply {
-            $(
-                pub(crate) fn $name(self) -> $ty {
-                    match self {
-                        Self::$variant(value) => value,
-                        _ => mismatched(),
-                    }
-                }
-            )*
-        }
-    };
-}
-
-fn mismatched() -> ! {
-    panic!("invariant: an operation state takes the kind of reply its own action is answered with")
-}
-
-projections! {
-    listing: Listing -> Result<(Vec<InboxRecord>, Option<OfferId>), StoreFailure>;
-    record: Record -> Result<Option<Box<InboxRecord>>, StoreFailure>;
-    claim: Claim -> Result<Option<Box<PendingClaim>>, StoreFailure>;
-    durable: Durable -> Result<(), StoreFailure>;
-    receipt: Receipt -> ReceiptRead;
-    receipt_removal: ReceiptRemoval -> Result<bool, StoreFailure>;
-    log_allocation: LogAllocation -> bool;
-    log_inspection: LogInspection -> Spool;
-    call: Call -> Result<Vec<u8>, HttpFailure>;
-    upload: Upload -> Upload;
-    spawn: Spawn -> SpawnOutcome;
-    stop: Stop -> StopOutcome;
-    supervision: Supervision -> (Liveness, Liveness);
-    published_handle: PublishedHandle -> Option<ExecutorHandle>;
-    entropy: Entropy -> Entropy;
 }
 
 /// What the supervisor reported for a spawn (reference §4.3).

@@ -51,7 +51,7 @@ use crate::wire::WireError;
 use crate::wire::offer::{MAX_RESPONSE_BYTES, OfferRequest, OfferResponse, admit_offer};
 use crate::wire::route::{Operation, path};
 use crate::worker::{CallFault, next_record, persist, response};
-use crate::worker::{Ctx, Step, read_failure, write_failure};
+use crate::worker::{Ctx, Step, read_failure, register_backoff, write_failure};
 
 /// Full-jitter ceiling (`MAX_WORKER_REMOTE_OFFER_BACKOFF_MS`).
 pub(crate) const MAX_BACKOFF_MS: u64 = 60_000;
@@ -117,11 +117,15 @@ pub enum PullResult {
     },
 }
 
+/// A step of a Pull.
+type PullStep = Step<PullOp, PullResult>;
+
 /// A Pull in flight.
 #[derive(Clone, Debug)]
 pub(crate) enum PullOp {
     ReadingClaim {
-        /// See [`crate::worker::Pass::backoff_served`].
+        /// The pending claim's backoff was waited out in this process: its persisted
+        /// wall-clock time is not compared again (`Worker::claim_backoff_served`).
         backoff_served: bool,
         /// The inbox is full: only a claim whose offer is already stored is settled.
         claim_only: bool,
@@ -213,11 +217,7 @@ impl PullOp {
 
     /// `claim_only`: the inbox is full; only a claim whose offer is already stored is settled
     /// (cleared), nothing is pulled.
-    pub(crate) fn begin(
-        ctx: &Ctx<'_>,
-        backoff_served: bool,
-        claim_only: bool,
-    ) -> Step<Self, PullResult> {
+    pub(crate) fn begin(ctx: &Ctx<'_>, backoff_served: bool, claim_only: bool) -> PullStep {
         match ctx.session {
             Some(s) if ctx.usable(s) => {
                 let state = Self::ReadingClaim {
@@ -230,7 +230,7 @@ impl PullOp {
         }
     }
 
-    pub(crate) fn resume(self, ctx: &Ctx<'_>, reply: Reply) -> Step<Self, PullResult> {
+    pub(crate) fn resume(self, ctx: &Ctx<'_>, reply: Reply) -> PullStep {
         match self {
             Self::ReadingClaim {
                 backoff_served,
@@ -286,10 +286,7 @@ impl PullOp {
 }
 
 /// Continues after a write that must be durable; halts on anything but a clean write.
-fn after_write(
-    reply: Reply,
-    next: impl FnOnce() -> Step<PullOp, PullResult>,
-) -> Step<PullOp, PullResult> {
+fn after_write(reply: Reply, next: impl FnOnce() -> PullStep) -> PullStep {
     match reply.durable() {
         Ok(()) => next(),
         // A claim write that failed cleanly leaves the previous claim (or none) in place: the
@@ -300,14 +297,14 @@ fn after_write(
 
 /// A storage operation failed cleanly: the Pull ends and the next tick starts over from what is
 /// stored.
-fn storage_unchanged() -> Step<PullOp, PullResult> {
+fn storage_unchanged() -> PullStep {
     Step::Done(PullResult::Failed {
         fault: PullFault::StorageUnchanged,
         retry_in_ms: 0,
     })
 }
 
-fn draw_identity() -> Step<PullOp, PullResult> {
+fn draw_identity() -> PullStep {
     Step::Wait(PullOp::DrawingIdentity, Action::DrawEntropy)
 }
 
@@ -315,7 +312,7 @@ fn on_claim(
     ctx: &Ctx<'_>,
     backoff_served: bool,
     read: Result<Option<Box<PendingClaim>>, StoreFailure>,
-) -> Step<PullOp, PullResult> {
+) -> PullStep {
     let claim = match read {
         Ok(claim) => claim,
         Err(failure) => return read_failure(failure, storage_unchanged),
@@ -349,9 +346,7 @@ fn on_claim(
 
 /// The claim-only check (the inbox is full): no claim ⇒ done; a claim (of any Session) ⇒ is its
 /// offer stored?
-fn on_claim_only(
-    read: Result<Option<Box<PendingClaim>>, StoreFailure>,
-) -> Step<PullOp, PullResult> {
+fn on_claim_only(read: Result<Option<Box<PendingClaim>>, StoreFailure>) -> PullStep {
     match read {
         Ok(None) => Step::Done(PullResult::ClaimChecked { pending: false }),
         Ok(Some(claim)) => read_record(claim.offer_id.clone(), PullOp::CheckingStoredOnly(claim)),
@@ -364,7 +359,7 @@ fn on_claim_only(
 fn on_stored_only(
     claim: &PendingClaim,
     read: Result<Option<Box<InboxRecord>>, StoreFailure>,
-) -> Step<PullOp, PullResult> {
+) -> PullStep {
     match read {
         Ok(Some(_)) => clear(claim, PullOp::ClearingStoredOnly),
         Ok(None) => Step::Done(PullResult::ClaimChecked { pending: true }),
@@ -377,7 +372,7 @@ fn on_stored_check(
     ctx: &Ctx<'_>,
     claim: &PendingClaim,
     read: Result<Option<Box<InboxRecord>>, StoreFailure>,
-) -> Step<PullOp, PullResult> {
+) -> PullStep {
     match read {
         Ok(None) => {}
         Ok(Some(_)) => return clear(claim, PullOp::ClearingStale),
@@ -406,13 +401,15 @@ fn next_revision(revision: Revision) -> Revision {
 
 /// A fresh claim from entropy, with its first attempt already counted (one write instead of the
 /// reference's create-then-attempt pair; the claim is still durable before the request).
-fn fresh_claim(ctx: &Ctx<'_>, entropy: &Entropy) -> Step<PullOp, PullResult> {
+fn fresh_claim(ctx: &Ctx<'_>, entropy: &Entropy) -> PullStep {
     let Some(session) = ctx.session else {
         return Step::Done(PullResult::SessionUnavailable);
     };
     let bytes = entropy.bytes();
     let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&bytes[16..48]);
-    let offer_id = OfferId::new(uuid_v4(&bytes[..16])).expect("invariant: a UUIDv4 is an offer id");
+    let mut random = [0u8; 16];
+    random.copy_from_slice(&bytes[..16]);
+    let offer_id = OfferId::new(uuid(random, 4)).expect("invariant: a UUIDv4 is an offer id");
     let lease_token =
         LeaseToken::new(token).expect("invariant: 43 base64url characters are a lease token");
     let mut claim = PendingClaim::new(&session.worker, offer_id, lease_token, ctx.now);
@@ -425,17 +422,11 @@ fn fresh_claim(ctx: &Ctx<'_>, entropy: &Entropy) -> Step<PullOp, PullResult> {
     Step::Wait(PullOp::PersistingAttempt(Box::new(claim)), action)
 }
 
-/// Formats 16 bytes as a lowercase RFC 4122 version-4 UUID.
-fn uuid_v4(bytes: &[u8]) -> String {
-    let mut b = [0u8; 16];
-    b.copy_from_slice(bytes);
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    uuid(&b)
-}
-
-/// Formats 16 bytes as a lowercase UUID (8-4-4-4-12 hex digits).
-pub(crate) fn uuid(bytes: &[u8; 16]) -> String {
+/// Formats 16 bytes as a lowercase UUID (8-4-4-4-12 hex digits) of `version` (RFC 9562: its
+/// version nibble and the variant `10` overwrite 6 of the bits).
+pub(crate) fn uuid(mut bytes: [u8; 16], version: u8) -> String {
+    bytes[6] = (bytes[6] & 0x0f) | (version << 4);
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
     let dash = |i| if matches!(i, 4 | 6 | 8 | 10) { "-" } else { "" };
     bytes
         .iter()
@@ -444,7 +435,7 @@ pub(crate) fn uuid(bytes: &[u8; 16]) -> String {
         .collect()
 }
 
-fn request(ctx: &Ctx<'_>, claim: Box<PendingClaim>) -> Step<PullOp, PullResult> {
+fn request(ctx: &Ctx<'_>, claim: Box<PendingClaim>) -> PullStep {
     let body = OfferRequest {
         worker_generation: claim.worker_generation,
         offer_id: claim.offer_id.clone(),
@@ -469,7 +460,7 @@ fn request(ctx: &Ctx<'_>, claim: Box<PendingClaim>) -> Step<PullOp, PullResult> 
     }
 }
 
-fn on_response(ctx: &Ctx<'_>, claim: Box<PendingClaim>, reply: Reply) -> Step<PullOp, PullResult> {
+fn on_response(ctx: &Ctx<'_>, claim: Box<PendingClaim>, reply: Reply) -> PullStep {
     let body = match response(reply) {
         Ok(body) => body,
         Err(fault) => return backoff(claim, PullFault::Call(fault)),
@@ -534,7 +525,7 @@ fn on_stored(
     claim: Box<PendingClaim>,
     offer: Offer,
     read: Result<Option<Box<InboxRecord>>, StoreFailure>,
-) -> Step<PullOp, PullResult> {
+) -> PullStep {
     let stored = match read {
         Ok(Some(stored)) => stored,
         Ok(None) => {
@@ -563,17 +554,17 @@ fn on_stored(
 }
 
 /// Writes the admitted offer's record (`action`), then clears `claim`.
-fn storing(claim: Box<PendingClaim>, replayed: bool, action: Action) -> Step<PullOp, PullResult> {
+fn storing(claim: Box<PendingClaim>, replayed: bool, action: Action) -> PullStep {
     Step::Wait(PullOp::StoringOffer { claim, replayed }, action)
 }
 
-fn clear_claim(claim: &PendingClaim, replayed: bool) -> Step<PullOp, PullResult> {
+fn clear_claim(claim: &PendingClaim, replayed: bool) -> PullStep {
     let offer_id = claim.offer_id.clone();
     clear(claim, PullOp::ClearingClaim { offer_id, replayed })
 }
 
 /// Clears `claim` (its offer id and revision), then goes on as `op`.
-fn clear(claim: &PendingClaim, op: PullOp) -> Step<PullOp, PullResult> {
+fn clear(claim: &PendingClaim, op: PullOp) -> PullStep {
     let action = Action::ClearClaim {
         offer_id: claim.offer_id.clone(),
         revision: claim.revision,
@@ -582,19 +573,12 @@ fn clear(claim: &PendingClaim, op: PullOp) -> Step<PullOp, PullResult> {
 }
 
 /// Reads the record of `offer_id`, then goes on as `op`.
-fn read_record(offer_id: OfferId, op: PullOp) -> Step<PullOp, PullResult> {
+fn read_record(offer_id: OfferId, op: PullOp) -> PullStep {
     Step::Wait(op, Action::ReadRecord { offer_id })
 }
 
-fn backoff(claim: Box<PendingClaim>, fault: PullFault) -> Step<PullOp, PullResult> {
+fn backoff(claim: Box<PendingClaim>, fault: PullFault) -> PullStep {
     Step::Wait(PullOp::DrawingJitter(claim, fault), Action::DrawEntropy)
-}
-
-/// Full jitter: `now + floor(r · min(60 s, base · 2^(max(0, attempts - 1))))`.
-pub(crate) fn jitter_delay(base_ms: u64, attempt_count: u8, entropy: &Entropy) -> u64 {
-    let exponent = u32::from(attempt_count.saturating_sub(1)).min(20);
-    let ceiling = base_ms.saturating_mul(1u64 << exponent).min(MAX_BACKOFF_MS);
-    entropy.below(ceiling)
 }
 
 fn persist_backoff(
@@ -602,9 +586,11 @@ fn persist_backoff(
     claim: &PendingClaim,
     entropy: &Entropy,
     fault: PullFault,
-) -> Step<PullOp, PullResult> {
+) -> PullStep {
     let now = ctx.now.max(claim.updated_at_ms);
-    let retry_in_ms = jitter_delay(ctx.config.backoff_base_ms, claim.attempt_count, entropy);
+    // Full jitter: `floor(r · min(60 s, base · 2^(max(0, attempts - 1))))`.
+    let ceiling = register_backoff(ctx.config.backoff_base_ms, claim.attempt_count.into());
+    let retry_in_ms = entropy.below(ceiling);
     let mut next = claim.clone();
     next.revision = next_revision(claim.revision);
     next.updated_at_ms = now;

@@ -27,6 +27,7 @@ use crate::ids::SessionId;
 use crate::io::{Action, HttpCall, Reply};
 use crate::offer::OfferWorker;
 use crate::time::UnixMillis;
+use crate::wire::WireError;
 use crate::wire::route::{Operation, path};
 use crate::wire::session::{
     HeartbeatRequest, MAX_REGISTER_REQUEST_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES,
@@ -34,6 +35,9 @@ use crate::wire::session::{
 };
 use crate::worker::{CallFault, garbled, response};
 use crate::worker::{Ctx, SessionView, Step};
+
+/// A step of a Session exchange.
+type SStep = Step<SessionOp, SessionResult>;
 
 /// A Session exchange in flight.
 #[derive(Clone, Debug)]
@@ -97,15 +101,6 @@ pub enum Exchange {
     Transition(SessionStatus),
 }
 
-fn call(ctx: &Ctx<'_>, operation: Operation, body: Vec<u8>, request_cap: usize) -> Action {
-    Action::Post(HttpCall {
-        path: path(&ctx.config.worker_id, &ctx.config.session_id, operation),
-        body: Zeroizing::new(body),
-        request_cap,
-        response_cap: MAX_RESPONSE_BYTES,
-    })
-}
-
 /// The Session the response describes, with its local deadline on the monotonic clock: from
 /// the sending of the register or heartbeat, the lease it asked for (`leaseDurationMs`), or
 /// less when the control plane granted less. The answer carries only the plane's expiry, so
@@ -140,11 +135,7 @@ fn view(ctx: &Ctx<'_>, response: &SessionResponse, transition: bool) -> SessionV
 impl SessionOp {
     /// `register` with the configured capabilities; `rejoin` after a fence (the answer must not
     /// say that another Session had replaced this one).
-    pub(crate) fn register(
-        ctx: &Ctx<'_>,
-        available_slots: u64,
-        rejoin: bool,
-    ) -> Step<Self, SessionResult> {
+    pub(crate) fn register(ctx: &Ctx<'_>, available_slots: u64, rejoin: bool) -> SStep {
         let config = ctx.config;
         let max = u64::from(config.max_concurrent_runs);
         let request = RegisterRequest::new(
@@ -154,17 +145,11 @@ impl SessionOp {
             config.session_lease_ms,
         )
         .and_then(|r| r.to_body());
-        match request {
-            Ok(body) => Step::Wait(
-                Self::Calling(SessionCall::Registering { rejoin }),
-                call(ctx, Operation::Register, body, MAX_REGISTER_REQUEST_BYTES),
-            ),
-            Err(e) => Step::Done(SessionResult::Rejected(format!("register request: {e}"))),
-        }
+        SessionCall::Registering { rejoin }.send(ctx, request)
     }
 
     /// `heartbeat` at the Session's current generation and version.
-    pub(crate) fn heartbeat(ctx: &Ctx<'_>, available_slots: u64) -> Step<Self, SessionResult> {
+    pub(crate) fn heartbeat(ctx: &Ctx<'_>, available_slots: u64) -> SStep {
         let Some(session) = ctx.session else {
             return unanswered(Exchange::Heartbeat);
         };
@@ -174,22 +159,17 @@ impl SessionOp {
             0
         };
         let request = HeartbeatRequest {
-            generation: session.generation(),
+            generation: session.worker.generation,
             expected_version: session.version,
             available_slots: slots,
             lease_duration_ms: ctx.config.session_lease_ms,
         };
-        match request.to_body() {
-            Ok(body) => Step::Wait(
-                Self::Calling(SessionCall::Heartbeating(request)),
-                call(ctx, Operation::Heartbeat, body, MAX_REQUEST_BYTES),
-            ),
-            Err(e) => Step::Done(SessionResult::Rejected(format!("heartbeat request: {e}"))),
-        }
+        let body = request.to_body();
+        SessionCall::Heartbeating(request).send(ctx, body)
     }
 
     /// `transition` to draining or offline.
-    pub(crate) fn transition(ctx: &Ctx<'_>, status: SessionStatus) -> Step<Self, SessionResult> {
+    pub(crate) fn transition(ctx: &Ctx<'_>, status: SessionStatus) -> SStep {
         let Some(session) = ctx.session else {
             return unanswered(Exchange::Transition(status));
         };
@@ -197,25 +177,20 @@ impl SessionOp {
             return Step::Done(SessionResult::Transitioned(session.clone()));
         }
         let request = TransitionRequest {
-            generation: session.generation(),
+            generation: session.worker.generation,
             expected_version: session.version,
             status,
         };
-        match request.to_body() {
-            Ok(body) => Step::Wait(
-                Self::Calling(SessionCall::Transitioning(request)),
-                call(ctx, Operation::Transition, body, MAX_REQUEST_BYTES),
-            ),
-            Err(e) => Step::Done(SessionResult::Rejected(format!("transition request: {e}"))),
-        }
+        let body = request.to_body();
+        SessionCall::Transitioning(request).send(ctx, body)
     }
 
     /// A new Session id replaces the stored one (see [`Action::PersistSession`]).
-    pub(crate) fn renew() -> Step<Self, SessionResult> {
+    pub(crate) fn renew() -> SStep {
         Step::Wait(Self::DrawingSessionId, Action::DrawEntropy)
     }
 
-    pub(crate) fn resume(self, ctx: &Ctx<'_>, reply: Reply) -> Step<Self, SessionResult> {
+    pub(crate) fn resume(self, ctx: &Ctx<'_>, reply: Reply) -> SStep {
         match self {
             Self::DrawingSessionId => {
                 let session_id = session_id_v7(ctx.now, &reply.entropy().bytes()[..10])
@@ -238,7 +213,7 @@ impl SessionOp {
 }
 
 /// `exchange` could not go out, or nothing durable changed: retried at the next tick.
-fn unanswered(exchange: Exchange) -> Step<SessionOp, SessionResult> {
+fn unanswered(exchange: Exchange) -> SStep {
     Step::Done(SessionResult::Unanswered {
         exchange,
         fault: CallFault::Unavailable,
@@ -246,6 +221,30 @@ fn unanswered(exchange: Exchange) -> Step<SessionOp, SessionResult> {
 }
 
 impl SessionCall {
+    /// Posts this call's request `body`; a request that could not be built is refused for good.
+    fn send(self, ctx: &Ctx<'_>, body: Result<Vec<u8>, WireError>) -> SStep {
+        let (operation, request_cap) = match &self {
+            Self::Registering { .. } => (Operation::Register, MAX_REGISTER_REQUEST_BYTES),
+            Self::Heartbeating(_) => (Operation::Heartbeat, MAX_REQUEST_BYTES),
+            Self::Transitioning(_) => (Operation::Transition, MAX_REQUEST_BYTES),
+        };
+        match body {
+            Ok(body) => {
+                let call = HttpCall {
+                    path: path(&ctx.config.worker_id, &ctx.config.session_id, operation),
+                    body: Zeroizing::new(body),
+                    request_cap,
+                    response_cap: MAX_RESPONSE_BYTES,
+                };
+                Step::Wait(SessionOp::Calling(self), Action::Post(call))
+            }
+            Err(e) => {
+                let name = operation.as_str();
+                Step::Done(SessionResult::Rejected(format!("{name} request: {e}")))
+            }
+        }
+    }
+
     fn answered(self, ctx: &Ctx<'_>, reply: Reply) -> SessionResult {
         let body = match response(reply) {
             Ok(body) => body,
@@ -352,9 +351,7 @@ fn session_id_v7(now: UnixMillis, random: &[u8]) -> Option<SessionId> {
     let mut bytes = [0u8; 16];
     bytes[..6].copy_from_slice(&now.get().to_be_bytes()[2..]);
     bytes[6..].copy_from_slice(random.get(..10)?);
-    bytes[6] = (bytes[6] & 0x0f) | 0x70;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    SessionId::new(crate::pull::uuid(&bytes)).ok()
+    SessionId::new(crate::pull::uuid(bytes, 7)).ok()
 }
 
 #[cfg(test)]
@@ -373,13 +370,15 @@ mod tests {
 
     /// A register answer for the edge Worker, written out (reference §2.10).
     fn register_answer(replaced: bool) -> Reply {
-        Reply::Call(Ok(format!(
-            "{{\"schema\":\"qinglong/worker-session-register@v1\",\"workerId\":\"edge-1\",\
+        Reply(crate::io::Outcome::Responded(
+            format!(
+                "{{\"schema\":\"qinglong/worker-session-register@v1\",\"workerId\":\"edge-1\",\
                  \"sessionId\":\"018f0000-0000-7000-8000-000000000001\",\"generation\":2,\
                  \"version\":0,\"status\":\"online\",\"leaseExpiresAtMs\":50000,\
                  \"replacedSession\":{replaced}}}"
-        )
-        .into_bytes()))
+            )
+            .into_bytes(),
+        ))
     }
 
     fn registered(rejoin: bool, replaced: bool) -> SessionResult {
@@ -456,7 +455,7 @@ mod tests {
 
     #[test]
     fn a_refused_exchange_is_named_in_its_rejection() {
-        let refused = Reply::Call(Err(crate::io::HttpFailure::Status {
+        let refused = Reply(crate::io::Outcome::Http(crate::io::HttpFailure::Status {
             status: 400,
             code: Some(String::from("bad_request")),
         }));
@@ -481,14 +480,14 @@ mod tests {
             lease_deadline: crate::time::MonoMillis::new(12_345),
         };
         let request = TransitionRequest {
-            generation: known.generation(),
+            generation: known.worker.generation,
             expected_version: 0,
             status: SessionStatus::Draining,
         };
         let body = "{\"schema\":\"qinglong/worker-session-transition@v1\",\"workerId\":\"edge-1\",\
             \"sessionId\":\"018f0000-0000-7000-8000-000000000001\",\"generation\":2,\"version\":1,\
             \"status\":\"draining\",\"leaseExpiresAtMs\":50000}";
-        let reply = Reply::Call(Ok(body.as_bytes().to_vec()));
+        let reply = Reply(crate::io::Outcome::Responded(body.as_bytes().to_vec()));
         let call = SessionCall::Transitioning(request);
         let result = answer(&config, Some(&known), call, reply);
         let SessionResult::Transitioned(view) = result else {

@@ -92,14 +92,12 @@ use alloc::boxed::Box;
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::string::String;
 use alloc::vec::Vec;
-use core::fmt;
 
 #[cfg(feature = "sim-hooks")]
 use crate::fingerprint::Fingerprint;
-use crate::ids::{OfferId, SessionId, WorkerGeneration, WorkerId};
+use crate::ids::{OfferId, SessionId, WorkerId};
 use crate::io::{
     Action, Answer, Command, HttpFailure, Input, InputError, OpId, Outcome, Reply, StoreFailure,
-    Upload,
 };
 use crate::listing::{Capacity, PageLimit};
 use crate::offer::{Lease, OfferWorker};
@@ -209,12 +207,6 @@ impl SessionView {
     #[must_use]
     pub fn usable(&self, now: MonoMillis) -> bool {
         self.status != SessionStatus::Offline && now < self.lease_deadline
-    }
-
-    /// The Session generation.
-    #[must_use]
-    pub fn generation(&self) -> WorkerGeneration {
-        self.worker.generation
     }
 }
 
@@ -657,11 +649,6 @@ pub(crate) fn read_failure<S, R>(
     }
 }
 
-/// A record's state summary kept in memory between listings (bounded by the inbox capacity).
-pub(crate) fn is_active(state: State) -> bool {
-    !state.is_terminal()
-}
-
 /// The in-memory Worker. See the module documentation for the driving contract. `Clone` exists
 /// only for [`Worker::fork`] (`sim-hooks` feature).
 #[cfg_attr(feature = "sim-hooks", derive(Clone))]
@@ -768,28 +755,20 @@ pub const MAX_NOTICES: usize = 64;
 
 /// Something that went wrong without stopping the Worker, for the driver's log. Carries ids,
 /// field paths and rules, never a value.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Notice {
     /// An offered offer was refused for a reason its claim cannot change; the claim was cleared
     /// (nothing stored, nothing run) and Pulls go on (see [`crate::pull::refused_for_good`]).
+    #[error(
+        "offer {offer_id} refused for good, its claim cleared (nothing stored, nothing run; the \
+         control plane's lease expires by itself): {reason}"
+    )]
     OfferRefused {
         /// The cleared claim's offer id.
         offer_id: OfferId,
         /// Why.
         reason: WireError,
     },
-}
-
-impl fmt::Display for Notice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::OfferRefused { offer_id, reason } => write!(
-                f,
-                "offer {offer_id} refused for good, its claim cleared (nothing stored, nothing \
-                 run; the control plane's lease expires by itself): {reason}"
-            ),
-        }
-    }
 }
 
 /// The inbox as the Pull decision sees it.
@@ -881,9 +860,7 @@ impl Worker {
     /// Starts keeping [`Fact`]s for the driver (see [`crate::facts`]); [`Worker::poll_fact`]
     /// takes them. Off by default.
     pub fn report_facts(&mut self) {
-        if self.facts.is_none() {
-            self.facts = Some(crate::facts::Facts::default());
-        }
+        self.facts.get_or_insert_with(crate::facts::Facts::default);
     }
 
     /// The oldest fact not yet taken.
@@ -927,7 +904,7 @@ impl Worker {
     /// budget has ended, only records past the spawn barrier hold it (their Runs are stopped and
     /// completed); the others stay for the next start.
     pub(crate) fn holds_drain(&self, id: &OfferId, state: State) -> bool {
-        if !is_active(state) || self.dormant(id) {
+        if state.is_terminal() || self.dormant(id) {
             return false;
         }
         match state {
@@ -1364,9 +1341,9 @@ impl Worker {
             return Err(InputError::UnexpectedOutcome { id });
         };
         self.observe_authentication(&reply);
-        match (&reply, slot.pending) {
+        match (&reply.0, slot.pending) {
             (
-                Reply::Durable(Ok(())),
+                Outcome::Persisted,
                 Pending::Outstanding {
                     write: Some(record),
                     ..
@@ -1391,7 +1368,7 @@ impl Worker {
                 }
                 self.observe(&record);
             }
-            (Reply::Record(Ok(Some(record))), _) => self.observe(record),
+            (Outcome::RecordRead(Some(record)), _) => self.observe(record),
             _ => {}
         }
         let step = slot.op.resume(&self.ctx(slot.call_sent), reply);
@@ -1424,22 +1401,6 @@ impl Worker {
             // drain began): the next tick decides again.
             return;
         }
-        let offer = match &work {
-            Work::Supervise(offer_id) | Work::Renew(offer_id) => Some(offer_id),
-            Work::Register
-            | Work::Rejoin
-            | Work::Heartbeat
-            | Work::Transition(_)
-            | Work::RenewSession
-            | Work::ListPage { .. }
-            | Work::Pull
-            | Work::Process(_) => None,
-        };
-        let paced = offer.is_some_and(|offer_id| {
-            self.last_renewal.get(offer_id).is_some_and(|at| {
-                self.mono < at.saturating_add(self.config.lease_control_interval_ms)
-            })
-        });
         let slots = self.available_slots();
         self.reporting_slots = match &work {
             Work::Register | Work::Rejoin => {
@@ -1459,22 +1420,60 @@ impl Worker {
             | Work::Supervise(_)
             | Work::Renew(_) => self.reporting_slots,
         };
-        let may_hold = offer.and_then(|offer_id| self.lease_may_hold.get(offer_id).copied());
-        let drain_stop = matches!(&work, Work::Supervise(offer_id)
-            if self.drain == Drain::BudgetEnded && !self.drain_stopped.contains(offer_id));
-        let step = Running::begin(
-            &self.ctx(self.mono),
-            work.clone(),
-            slots,
-            Pass {
-                paced,
-                drain_stop,
-                may_hold,
-                backoff_served: self.claim_backoff_served,
-                claim_only: work == Work::Pull && self.inbox_room() == 0,
-            },
-        );
+        let step = self.begin(work.clone(), slots);
         self.apply(work.lane(), work, self.mono, step);
+    }
+
+    /// Starts the operation for one unit of work, offering `slots` to the control plane.
+    fn begin(&self, work: Work, slots: u64) -> Step<Running, Finished> {
+        let ctx = &self.ctx(self.mono);
+        let interval = self.config.lease_control_interval_ms;
+        // Paced: the lease was renewed less than the pacing interval ago.
+        let paced = |offer_id: &OfferId| {
+            let last = self.last_renewal.get(offer_id);
+            last.is_some_and(|at| self.mono < at.saturating_add(interval))
+                .then_some(interval)
+        };
+        // The highest lease version the control plane may hold for this Run because renewals
+        // whose answers were lost may have committed (issue 17; `lease_may_hold`).
+        let may_hold = |offer_id: &OfferId| self.lease_may_hold.get(offer_id).copied();
+        match work {
+            Work::Register | Work::Rejoin => SessionOp::register(ctx, slots, work == Work::Rejoin)
+                .map(Running::Session, Finished::Session),
+            Work::Heartbeat => {
+                SessionOp::heartbeat(ctx, slots).map(Running::Session, Finished::Session)
+            }
+            Work::Transition(status) => {
+                SessionOp::transition(ctx, status).map(Running::Session, Finished::Session)
+            }
+            Work::RenewSession => SessionOp::renew().map(Running::Session, Finished::Session),
+            Work::ListPage { purpose, after } => {
+                let limit = match purpose {
+                    ListPurpose::Reconcile => ctx.config.startup_page,
+                    ListPurpose::Supervise => ctx.config.supervision_page,
+                };
+                Step::Wait(Running::List(purpose), Action::ListInbox { after, limit })
+            }
+            // With the inbox full, it goes out only to settle a claim whose offer is already
+            // stored (`claim_check_due`).
+            Work::Pull => PullOp::begin(ctx, self.claim_backoff_served, self.inbox_room() == 0)
+                .map(Running::Pull, Finished::Pull),
+            Work::Process(offer_id) => {
+                ProcessOp::begin(offer_id.clone()).map(Running::Process, processed(offer_id))
+            }
+            Work::Supervise(offer_id) => {
+                // The drain budget ended: stop the Run by identity (once), then complete it.
+                let drain_stop =
+                    self.drain == Drain::BudgetEnded && !self.drain_stopped.contains(&offer_id);
+                let (paced, may_hold) = (paced(&offer_id), may_hold(&offer_id));
+                SupervisionOp::begin(offer_id.clone(), paced, drain_stop, may_hold)
+                    .map(Running::Supervise, supervised(offer_id))
+            }
+            Work::Renew(offer_id) => {
+                SupervisionOp::renew(offer_id.clone(), paced(&offer_id), may_hold(&offer_id))
+                    .map(Running::Supervise, supervised(offer_id))
+            }
+        }
     }
 
     fn apply(
@@ -1497,22 +1496,17 @@ impl Worker {
                 );
             }
             Step::Done(finished) => self.on_finished(finished, call_sent),
-            Step::Halt(reason) => self.halt(reason),
+            Step::Halt(reason) => self.finish(Finish::Halted(reason)),
         }
     }
 
-    pub(crate) fn halt(&mut self, reason: HaltReason) {
+    /// Ends the machine (halted, or stopped). Calls still in flight are abandoned, as a crash
+    /// would (the lanes are idle whenever a drain completes; otherwise the next start
+    /// reconciles).
+    fn finish(&mut self, finish: Finish) {
         self.queue.clear();
         self.lanes.clear();
-        self.stage = Stage::Finished(Finish::Halted(reason));
-    }
-
-    /// Stops the machine. Calls still in flight are abandoned, as a crash would (the lanes
-    /// are idle whenever a drain completes; otherwise the next start reconciles).
-    pub(crate) fn stop(&mut self, reason: StopReason) {
-        self.queue.clear();
-        self.lanes.clear();
-        self.stage = Stage::Finished(Finish::Stopped(reason));
+        self.stage = Stage::Finished(finish);
     }
 
     /// Records the state of a record the Worker read or wrote. Fail-closed follows the
@@ -1564,7 +1558,7 @@ impl Worker {
     pub(crate) fn active_count(&self) -> usize {
         self.known
             .iter()
-            .filter(|(id, state)| is_active(**state) && !self.dormant(id))
+            .filter(|(id, state)| !state.is_terminal() && !self.dormant(id))
             .count()
     }
 
@@ -1580,7 +1574,7 @@ impl Worker {
     /// completion pass runs now instead of at the next supervision tick; the slot it frees is
     /// offered to the next Pull at once (see `on_finished`).
     fn on_process_exited(&mut self, offer_id: OfferId) {
-        let live = self.known.get(&offer_id).is_some_and(|s| is_active(*s));
+        let live = self.known.get(&offer_id).is_some_and(|s| !s.is_terminal());
         let work = Work::Supervise(offer_id);
         if live && !self.queue.contains(&work) {
             self.queue.push_back(work);
@@ -1620,7 +1614,7 @@ impl Worker {
                 // left is reconciled at the next start. Stop at once (an unreachable control
                 // plane must not hold a stop for the whole drain budget).
                 Stage::Registering if self.lanes.is_empty() => {
-                    self.stop(StopReason::NotRegistered);
+                    self.finish(Finish::Stopped(StopReason::NotRegistered));
                 }
                 Stage::Registering | Stage::Reconciling | Stage::Draining | Stage::Finished(_) => {}
             }
@@ -1630,41 +1624,39 @@ impl Worker {
     /// Credentials refused (401/403 on any call) pause admission; any answered call (the
     /// control plane authenticated the Worker) lifts the pause.
     fn observe_authentication(&mut self, reply: &Reply) {
-        match reply {
-            Reply::Call(Err(HttpFailure::Status {
+        match &reply.0 {
+            Outcome::Http(HttpFailure::Status {
                 status: status @ (401 | 403),
                 code,
-            }))
-            | Reply::Upload(Upload::Http(HttpFailure::Status {
-                status: status @ (401 | 403),
-                code,
-            })) if self.auth_paused.is_none() => {
+            }) if self.auth_paused.is_none() => {
                 let (status, code) = (*status, code.clone());
                 self.auth_paused = Some(status);
                 self.fact(|| Fact::AdmissionPaused { status, code });
             }
-            Reply::Call(Ok(_)) | Reply::Upload(Upload::Sent { .. })
-                if self.auth_paused.is_some() =>
-            {
+            Outcome::Responded(_) | Outcome::Uploaded { .. } if self.auth_paused.is_some() => {
                 self.auth_paused = None;
                 self.fact(|| Fact::AdmissionResumed);
             }
             // Refused again while paused, answered while not paused, or no call at all.
-            Reply::Call(_)
-            | Reply::Upload(_)
-            | Reply::Listing(_)
-            | Reply::Record(_)
-            | Reply::Claim(_)
-            | Reply::Durable(_)
-            | Reply::Receipt(_)
-            | Reply::ReceiptRemoval(_)
-            | Reply::LogAllocation(_)
-            | Reply::LogInspection(_)
-            | Reply::Spawn(_)
-            | Reply::Stop(_)
-            | Reply::Supervision(_)
-            | Reply::PublishedHandle(_)
-            | Reply::Entropy(_) => {}
+            Outcome::Http(_)
+            | Outcome::Responded(_)
+            | Outcome::Uploaded { .. }
+            | Outcome::InboxListed { .. }
+            | Outcome::RecordRead(_)
+            | Outcome::ClaimRead(_)
+            | Outcome::Persisted
+            | Outcome::Store(_)
+            | Outcome::ReceiptRead(_)
+            | Outcome::ReceiptRemoved { .. }
+            | Outcome::LogAllocated
+            | Outcome::LogInspected { .. }
+            | Outcome::LogMissing
+            | Outcome::LogUnavailable
+            | Outcome::Spawned(_)
+            | Outcome::Stopped(_)
+            | Outcome::SupervisionInspected { .. }
+            | Outcome::PublishedHandle(_)
+            | Outcome::EntropyDrawn(_) => {}
         }
     }
 }
@@ -1708,10 +1700,12 @@ impl Worker {
             match self.stage {
                 Stage::Draining => {}
                 // Never registered: nothing of this incarnation runs.
-                Stage::Registering => return self.stop(StopReason::NotRegistered),
+                Stage::Registering => {
+                    return self.finish(Finish::Stopped(StopReason::NotRegistered));
+                }
                 // Reconciliation never finished (reads kept failing).
                 Stage::Reconciling | Stage::Active | Stage::Finished(_) => {
-                    return self.stop(StopReason::Unsettled);
+                    return self.finish(Finish::Stopped(StopReason::Unsettled));
                 }
             }
             self.tick_now();
@@ -1748,19 +1742,30 @@ impl Worker {
     /// starting (and was dropped then); it is set again, from the sending of the call that
     /// obtained the lease.
     fn on_processed(&mut self, offer_id: OfferId, result: &ProcessResult) {
-        if let ProcessResult::RenewalUncertain { attempted, .. } = result
-            && let Ok(next) = attempted.next()
-        {
+        if let ProcessResult::RenewalUncertain { attempted, .. } = result {
+            self.renewal_lost(&offer_id, *attempted);
+        }
+        let began = self.leases.get(&offer_id).map(|c| c.began);
+        if let (true, Some(began)) = (self.running(&offer_id), began) {
+            self.arm_renewal(&offer_id, began);
+        }
+    }
+
+    /// A renewal of `offer_id`'s lease at version `attempted` got no answer: the control plane
+    /// may hold the next version (see `lease_may_hold`).
+    fn renewal_lost(&mut self, offer_id: &OfferId, attempted: crate::ids::LeaseVersion) {
+        if let Ok(next) = attempted.next() {
             let held = self.lease_may_hold.entry(offer_id.clone()).or_insert(next);
             *held = (*held).max(next);
         }
-        let running = matches!(
-            self.known.get(&offer_id),
+    }
+
+    /// Whether `offer_id`'s Run is started (acknowledged or not).
+    fn running(&self, offer_id: &OfferId) -> bool {
+        matches!(
+            self.known.get(offer_id),
             Some(State::Started | State::RunningAcknowledged)
-        );
-        if let (true, Some(began)) = (running, self.leases.get(&offer_id).map(|c| c.began)) {
-            self.arm_renewal(&offer_id, began);
-        }
+        )
     }
 
     /// Plans the work of every timer that has come (see [`Timer`]), without waiting for the
@@ -1789,16 +1794,12 @@ impl Worker {
                     }
                 }
                 Timer::Renewal(offer_id) => {
-                    let running = matches!(
-                        self.known.get(&offer_id),
-                        Some(State::Started | State::RunningAcknowledged)
-                    );
                     // Queued even while a pass of this offer is in progress: if that pass
                     // goes on to upload the log, the renewal starts beside the upload at once
                     // (`Worker::next_startable`) rather than at the next supervision page.
                     let work = Work::Supervise(offer_id.clone());
                     if active
-                        && running
+                        && self.running(&offer_id)
                         && !self.queue.contains(&work)
                         && !self.planned(&Work::Renew(offer_id))
                     {
@@ -1838,6 +1839,12 @@ impl Worker {
                 after: self.supervision_cursor.clone(),
             });
         }
+        self.renew_or_pull();
+    }
+
+    /// Queues the Session renewal when it is due (see [`Self::renewal_due`]), else a Pull when
+    /// one may go out ([`Self::pull_again`]).
+    fn renew_or_pull(&mut self) {
         if self.renewal_due() {
             self.queue.push_back(Work::RenewSession);
         } else {
@@ -2012,10 +2019,7 @@ impl Worker {
                 );
                 match &result {
                     SupervisionResult::Uncertain { attempted, .. } => {
-                        if let Ok(next) = attempted.next() {
-                            let held = self.lease_may_hold.entry(offer_id.clone()).or_insert(next);
-                            *held = (*held).max(next);
-                        }
+                        self.renewal_lost(&offer_id, *attempted);
                     }
                     SupervisionResult::Renewed | SupervisionResult::StopRequested(_) => {
                         // Paced from the renewal's sending: the next one is due
@@ -2070,11 +2074,7 @@ impl Worker {
                     result,
                     SupervisionResult::Completed(CompletionOutcome::Acknowledged(_))
                 ) {
-                    if self.renewal_due() {
-                        self.queue.push_back(Work::RenewSession);
-                    } else {
-                        self.pull_again(false);
-                    }
+                    self.renew_or_pull();
                 }
             }
         }
@@ -2139,7 +2139,7 @@ impl Worker {
                 let offline = view.status == SessionStatus::Offline;
                 self.session = Some(view);
                 if offline {
-                    self.stop(self.drain_end());
+                    self.finish(Finish::Stopped(self.drain_end()));
                 }
             }
             SessionResult::Renewed(session_id) => {
@@ -2158,7 +2158,9 @@ impl Worker {
             }
             SessionResult::Unanswered { exchange, fault } => self.on_unanswered(exchange, fault),
             SessionResult::Fenced(detail) => self.on_fenced(detail),
-            SessionResult::Rejected(detail) => self.halt(HaltReason::RegisterRejected { detail }),
+            SessionResult::Rejected(detail) => {
+                self.finish(Finish::Halted(HaltReason::RegisterRejected { detail }));
+            }
         }
     }
 
@@ -2194,7 +2196,7 @@ impl Worker {
             // Nothing is in flight (the final transition is queued only then): the
             // drain is done; the Session's lease expires at the control plane.
             Exchange::Transition(SessionStatus::Offline | SessionStatus::Online) => {
-                self.stop(self.drain_end());
+                self.finish(Finish::Stopped(self.drain_end()));
             }
         }
     }
@@ -2210,12 +2212,11 @@ impl Worker {
                 self.fences = self.fences.saturating_add(1);
             }
             if self.fences > MAX_FENCES_IN_A_ROW {
-                self.halt(HaltReason::SessionFenced {
-                    detail: alloc::format!(
-                        "{detail} ({} fences in a row, each after registering again)",
-                        self.fences
-                    ),
-                });
+                let detail = alloc::format!(
+                    "{detail} ({} fences in a row, each after registering again)",
+                    self.fences
+                );
+                self.finish(Finish::Halted(HaltReason::SessionFenced { detail }));
                 return;
             }
             let attempt = self.fences.max(1);
@@ -2317,24 +2318,15 @@ impl Worker {
                 self.notify(Notice::OfferRefused { offer_id, reason });
             }
             // The claim's backoff is waited out here, on the monotonic clock; the next Pull
-            // does not compare its persisted wall-clock time again (`Pass::backoff_served`).
-            PullResult::Backoff { retry_in_ms } => {
-                let retry_at = self.mono.saturating_add(retry_in_ms);
-                self.timers.insert(Timer::PullBackoff, retry_at);
-                self.claim_pending = true;
-                self.claim_backoff_served = true;
-                self.claim_unsettled = true;
-            }
+            // does not compare its persisted wall-clock time again (`claim_backoff_served`).
+            PullResult::Backoff { retry_in_ms } => self.claim_kept(retry_in_ms, true, true),
             PullResult::Failed { retry_in_ms, fault } => {
-                let retry_at = self.mono.saturating_add(retry_in_ms);
-                self.timers.insert(Timer::PullBackoff, retry_at);
-                self.claim_pending = fault != crate::pull::PullFault::BudgetExhausted;
+                let pending = fault != crate::pull::PullFault::BudgetExhausted;
                 // Only a backoff this Pull persisted is waited out on the monotonic clock; a
                 // Pull that ended before it compared the persisted one (a read that failed,
                 // nothing changed: `retry_in_ms` 0) leaves that comparison to the next Pull.
-                self.claim_backoff_served =
-                    self.claim_pending && (retry_in_ms > 0 || self.claim_backoff_served);
-                self.claim_unsettled = true;
+                let served = pending && (retry_in_ms > 0 || self.claim_backoff_served);
+                self.claim_kept(retry_in_ms, pending, served);
             }
             PullResult::SessionUnavailable => {}
             // Nothing was pulled: the Pull waits for room as before.
@@ -2343,6 +2335,16 @@ impl Worker {
                 self.claim_unsettled = false;
             }
         }
+    }
+
+    /// A Pull ended without clearing its claim: the next waits `retry_in_ms`; `pending`: a
+    /// claim remains; `served`: its backoff is waited out here (`claim_backoff_served`).
+    fn claim_kept(&mut self, retry_in_ms: u64, pending: bool, served: bool) {
+        let retry_at = self.mono.saturating_add(retry_in_ms);
+        self.timers.insert(Timer::PullBackoff, retry_at);
+        self.claim_pending = pending;
+        self.claim_backoff_served = served;
+        self.claim_unsettled = true;
     }
 
     /// The Pull's claim is gone (cleared, or none was found): no backoff, nothing pending.
@@ -2382,7 +2384,7 @@ impl Worker {
 const MAX_FENCES_IN_A_ROW: u8 = 3;
 
 /// The wait before registering again after `failures` registers in a row got no usable answer:
-/// `min(60 s, base · 2^(failures − 1))`, the Pull backoff's ceiling without its jitter (a
+/// `min(60 s, base · 2^(failures − 1))`. Also the Pull backoff's ceiling, before its jitter (a
 /// register is one per Worker, not one per claim, and the core draws no entropy for it).
 pub(crate) fn register_backoff(base_ms: u64, failures: u32) -> u64 {
     let exponent = failures.saturating_sub(1).min(20);
@@ -2496,24 +2498,6 @@ impl Finished {
     }
 }
 
-/// How one supervision pass runs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Pass {
-    /// The lease was renewed less than the pacing interval ago.
-    pub(crate) paced: bool,
-    /// The drain budget ended: stop the Run by identity (once), then complete it as usual.
-    pub(crate) drain_stop: bool,
-    /// The highest lease version the control plane may hold for this Run because renewals
-    /// whose answers were lost may have committed (issue 17; `Worker::lease_may_hold`).
-    pub(crate) may_hold: Option<crate::ids::LeaseVersion>,
-    /// The Pull's pending claim had a backoff, and this process waited it out on the
-    /// monotonic clock: its persisted wall-clock time is not compared again.
-    pub(crate) backoff_served: bool,
-    /// The Pull goes out while the inbox is full only to settle a claim whose offer is
-    /// already stored ([`Worker::claim_check_due`]).
-    pub(crate) claim_only: bool,
-}
-
 /// One listed page.
 #[derive(Debug)]
 pub(crate) struct ListResult {
@@ -2548,47 +2532,6 @@ impl Running {
             | Self::Pull(_)
             | Self::Process(_)
             | Self::Supervise(_) => None,
-        }
-    }
-
-    /// Starts the operation for one unit of work.
-    pub(crate) fn begin(
-        ctx: &Ctx<'_>,
-        work: Work,
-        available_slots: u64,
-        pass: Pass,
-    ) -> Step<Self, Finished> {
-        let paced = pass.paced.then_some(ctx.config.lease_control_interval_ms);
-        match work {
-            Work::Register | Work::Rejoin => {
-                SessionOp::register(ctx, available_slots, work == Work::Rejoin)
-                    .map(Self::Session, Finished::Session)
-            }
-            Work::Heartbeat => {
-                SessionOp::heartbeat(ctx, available_slots).map(Self::Session, Finished::Session)
-            }
-            Work::Transition(status) => {
-                SessionOp::transition(ctx, status).map(Self::Session, Finished::Session)
-            }
-            Work::RenewSession => SessionOp::renew().map(Self::Session, Finished::Session),
-            Work::ListPage { purpose, after } => {
-                let limit = match purpose {
-                    ListPurpose::Reconcile => ctx.config.startup_page,
-                    ListPurpose::Supervise => ctx.config.supervision_page,
-                };
-                Step::Wait(Self::List(purpose), Action::ListInbox { after, limit })
-            }
-            Work::Pull => PullOp::begin(ctx, pass.backoff_served, pass.claim_only)
-                .map(Self::Pull, Finished::Pull),
-            Work::Process(offer_id) => {
-                ProcessOp::begin(offer_id.clone()).map(Self::Process, processed(offer_id))
-            }
-            Work::Supervise(offer_id) => {
-                SupervisionOp::begin(offer_id.clone(), paced, pass.drain_stop, pass.may_hold)
-                    .map(Self::Supervise, supervised(offer_id))
-            }
-            Work::Renew(offer_id) => SupervisionOp::renew(offer_id.clone(), paced, pass.may_hold)
-                .map(Self::Supervise, supervised(offer_id)),
         }
     }
 
