@@ -7,12 +7,13 @@ use core::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{
-    AttemptId, CapabilityDigest, LeaseGeneration, LeaseToken, LeaseVersion, MAX_SAFE_INTEGER,
-    OfferId, ProjectId, RunId, SessionId, Sha256Digest, TaskId, TaskRevision, WorkerGeneration,
-    WorkerId,
+    AttemptId, CapabilityDigest, LeaseGeneration, LeaseToken, LeaseVersion, LogArtifactId,
+    MAX_SAFE_INTEGER, OfferId, ProjectId, RunId, SessionId, Sha256Digest, TaskId, TaskRevision,
+    WorkerGeneration, WorkerId,
 };
 use crate::revision::ExecutionRevision;
 use crate::time::UnixMillis;
+use crate::wire::artifact::derive_log_artifact_id;
 
 /// How the control plane delivered the offer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -286,6 +287,14 @@ impl Offer {
             "executionRevision.taskRevision",
             "candidate.taskRevision",
         )
+    }
+
+    /// The log artifact of this offer's Attempt (derived, so the same at every step and before
+    /// the record names it).
+    #[must_use]
+    pub(crate) fn log_artifact_id(&self) -> LogArtifactId {
+        let c = &self.candidate;
+        derive_log_artifact_id(&c.project_id, &c.run_id, &c.attempt_id, &self.offer_id)
     }
 
     /// The first authority field that differs between two offers, by its wire name (reference

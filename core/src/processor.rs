@@ -36,7 +36,7 @@ use crate::capability::Capability;
 use crate::completion::{post, read_record};
 #[cfg(feature = "sim-hooks")]
 use crate::fingerprint::Fingerprint;
-use crate::ids::{CallbackSequence, ExecutorHandle, LeaseVersion, LogArtifactId, OfferId};
+use crate::ids::{CallbackSequence, ExecutorHandle, LeaseVersion, OfferId};
 use crate::io::{Action, LaunchPlan, Reply, SpawnOutcome, StopOutcome, StoreFailure};
 use crate::offer::DeliveryKind;
 use crate::record::{InboxRecord, RecoveryReason, State};
@@ -46,7 +46,6 @@ use crate::time::UnixMillis;
 use crate::wire::activation::{
     ActivationRequest, ActivationResponse, ActivationStatus, RunningAck, SnapshotShape,
 };
-use crate::wire::artifact::derive_log_artifact_id;
 use crate::wire::route::Operation;
 use crate::wire::secrets::{self, EnvironmentBundle, SecretsRequest, SecretsResponse};
 use crate::wire::session::SessionStatus;
@@ -362,16 +361,15 @@ impl ProcessOp {
     pub(crate) fn resume(mut self, ctx: &Ctx<'_>, reply: Reply) -> PStep {
         match core::mem::replace(&mut self.state, StartState::Reading) {
             StartState::Reading => self.on_read(ctx, reply.record()),
-            StartState::AckingStarting(record, request) => match activation_answer(reply, &request)
-            {
-                Ok(answer) => self.on_starting(ctx, record, &answer, false),
-                Err(done) => Step::Done(done),
-            },
+            StartState::AckingStarting(record, request) => {
+                self.answered(reply, &request, |op, a| {
+                    op.on_starting(ctx, record, a, false)
+                })
+            }
             StartState::ReplayingStarting(record, request) => {
-                match activation_answer(reply, &request) {
-                    Ok(answer) => self.on_starting(ctx, record, &answer, true),
-                    Err(done) => Step::Done(done),
-                }
+                self.answered(reply, &request, |op, a| {
+                    op.on_starting(ctx, record, a, true)
+                })
             }
             StartState::PersistingStartingAck(authority) => {
                 self.durable(reply, false, |op| op.draw_capability(authority))
@@ -417,10 +415,7 @@ impl ProcessOp {
                 }
             },
             StartState::AckingRunning(record, request) => {
-                match activation_answer(reply, &request) {
-                    Ok(answer) => self.on_running(ctx, record, &answer),
-                    Err(done) => Step::Done(done),
-                }
+                self.answered(reply, &request, |op, a| op.on_running(ctx, record, a))
             }
             StartState::PersistingRunningAck(already) => self.durable(reply, false, |_| {
                 Step::Done(if already {
@@ -429,10 +424,9 @@ impl ProcessOp {
                     ProcessResult::Running
                 })
             }),
-            StartState::FailingStart(record, request) => match activation_answer(reply, &request) {
-                Ok(answer) => self.on_start_failure(ctx, record, &answer),
-                Err(done) => Step::Done(done),
-            },
+            StartState::FailingStart(record, request) => {
+                self.answered(reply, &request, |op, a| op.on_start_failure(ctx, record, a))
+            }
             StartState::PersistingStartFailureAck => {
                 self.durable(reply, false, |_| Step::Done(ProcessResult::StartFailed))
             }
@@ -525,6 +519,29 @@ impl ProcessOp {
         match resume {
             Resume::Reread => self.wait(StartState::Reading, action),
             Resume::Secrets(launch) => self.wait(StartState::RereadingForSecrets(launch), action),
+        }
+    }
+
+    /// An activation call's answer: `then` with it parsed, else the result that ends the
+    /// operation without a change.
+    fn answered(
+        self,
+        reply: Reply,
+        request: &ActivationRequest,
+        then: impl FnOnce(Self, &ActivationResponse) -> PStep,
+    ) -> PStep {
+        let body = match response(reply) {
+            Ok(body) => body,
+            Err(CallFault::Unavailable) => return Step::Done(ProcessResult::Unavailable),
+            Err(CallFault::Uncertain(why)) => return Step::Done(ProcessResult::Uncertain(why)),
+            Err(fault) => return Step::Done(ProcessResult::Refused(fault)),
+        };
+        match ActivationResponse::parse(&body, request) {
+            Ok(answer) => then(self, &answer),
+            Err(e) => Step::Done(match garbled(e) {
+                Ok(why) => ProcessResult::Uncertain(why),
+                Err(e) => ProcessResult::ActivationInvalid(format!("{e}")),
+            }),
         }
     }
 
@@ -715,7 +732,7 @@ impl ProcessOp {
     }
 
     fn allocate_log(self, launch: Box<Launch>, env: Vec<(String, Zeroizing<String>)>) -> PStep {
-        let log_artifact_id = log_id(&launch.authority.record);
+        let log_artifact_id = launch.authority.record.offer.log_artifact_id();
         let action = Action::AllocateLog { log_artifact_id };
         self.wait(StartState::AllocatingLog(launch, env), action)
     }
@@ -734,7 +751,7 @@ impl ProcessOp {
         if let Some(refused) = target_refusal(ctx, record) {
             return Step::Done(refused);
         }
-        let log_artifact_id = log_id(record);
+        let log_artifact_id = record.offer.log_artifact_id();
         // The host's clock as it reads now (reference §4.2 step 6e: `executorStartedAtMs = now`),
         // not the record's later `updatedAtMs` after the clock was stepped back: the start time
         // goes to the control plane, which refuses times too far ahead of its own.
@@ -971,41 +988,12 @@ fn target_refusal(ctx: &Ctx<'_>, record: &InboxRecord) -> Option<ProcessResult> 
     }
 }
 
-/// The log artifact of `record`'s Attempt (derived, so the same at every step).
-fn log_id(record: &InboxRecord) -> LogArtifactId {
-    let candidate = &record.offer.candidate;
-    let offer_id = &record.offer.offer_id;
-    derive_log_artifact_id(
-        &candidate.project_id,
-        &candidate.run_id,
-        &candidate.attempt_id,
-        offer_id,
-    )
-}
-
 fn activation_call(ctx: &Ctx<'_>, request: &ActivationRequest) -> Action {
     let body = request.to_body().expect(
         "invariant: an activation body of validated ids, a lease token and a handle of at most \
          512 bytes (at most about 2 KiB) is below its 4 KiB cap",
     );
     post(ctx, request.operation(), body)
-}
-
-/// The parsed activation answer, or the result that ends the operation without a change.
-fn activation_answer(
-    reply: Reply,
-    request: &ActivationRequest,
-) -> Result<ActivationResponse, ProcessResult> {
-    let body = match response(reply) {
-        Ok(body) => body,
-        Err(CallFault::Unavailable) => return Err(ProcessResult::Unavailable),
-        Err(CallFault::Uncertain(why)) => return Err(ProcessResult::Uncertain(why)),
-        Err(fault) => return Err(ProcessResult::Refused(fault)),
-    };
-    ActivationResponse::parse(&body, request).map_err(|e| match garbled(e) {
-        Ok(why) => ProcessResult::Uncertain(why),
-        Err(e) => ProcessResult::ActivationInvalid(format!("{e}")),
-    })
 }
 
 /// Step 6a: the callback sequence (snapshot + 1) and the deadline, which must be present iff

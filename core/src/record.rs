@@ -17,28 +17,28 @@ use crate::time::UnixMillis;
 /// The on-disk schema version of the record body (reference `schemaVersion: 1`).
 pub const RECORD_SCHEMA_VERSION: u8 = 1;
 
-/// The nine inbox states (reference §3.6), in the reference's order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum State {
-    /// Durably accepted from a Pull; nothing acknowledged yet.
-    Accepted,
-    /// The control plane applied `starting`.
-    StartingAcknowledged,
-    /// The spawn barrier: about to spawn; start time, log id and callback digest are durable.
-    Launching,
-    /// Spawned; the durable executor handle is stored.
-    Started,
-    /// The control plane applied `running`.
-    RunningAcknowledged,
-    /// Proven no-spawn failure, not yet reported.
-    StartFailed,
-    /// Start failure reported and applied. Terminal.
-    StartFailureAcknowledged,
-    /// Completion applied by the control plane. Terminal.
-    CompletionAcknowledged,
-    /// Fail-closed evidence; see [`RecoveryReason`].
-    RecoveryRequired,
+wire_enum! {
+    /// The nine inbox states (reference §3.6), in the reference's order.
+    State {
+        /// Durably accepted from a Pull; nothing acknowledged yet.
+        Accepted = "accepted",
+        /// The control plane applied `starting`.
+        StartingAcknowledged = "starting_acknowledged",
+        /// The spawn barrier: about to spawn; start time, log id and callback digest are durable.
+        Launching = "launching",
+        /// Spawned; the durable executor handle is stored.
+        Started = "started",
+        /// The control plane applied `running`.
+        RunningAcknowledged = "running_acknowledged",
+        /// Proven no-spawn failure, not yet reported.
+        StartFailed = "start_failed",
+        /// Start failure reported and applied. Terminal.
+        StartFailureAcknowledged = "start_failure_acknowledged",
+        /// Completion applied by the control plane. Terminal.
+        CompletionAcknowledged = "completion_acknowledged",
+        /// Fail-closed evidence; see [`RecoveryReason`].
+        RecoveryRequired = "recovery_required",
+    }
 }
 
 impl State {
@@ -54,22 +54,6 @@ impl State {
         Self::CompletionAcknowledged,
         Self::RecoveryRequired,
     ];
-
-    /// The reference's wire name.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Accepted => "accepted",
-            Self::StartingAcknowledged => "starting_acknowledged",
-            Self::Launching => "launching",
-            Self::Started => "started",
-            Self::RunningAcknowledged => "running_acknowledged",
-            Self::StartFailed => "start_failed",
-            Self::StartFailureAcknowledged => "start_failure_acknowledged",
-            Self::CompletionAcknowledged => "completion_acknowledged",
-            Self::RecoveryRequired => "recovery_required",
-        }
-    }
 
     /// Settled states: the record will never change state again.
     #[must_use]
@@ -108,21 +92,21 @@ impl fmt::Display for State {
     }
 }
 
-/// Why a record is `recovery_required` (reference §3.5).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RecoveryReason {
-    /// A spawn may or may not have happened (restart in `launching`, unknown executor outcome,
-    /// failed `started` write). Completion from a trusted receipt is still possible.
-    LaunchOutcomeUnknown,
-    /// The control plane says the Run is already running while we hold no proof of our spawn.
-    ControlPlaneAlreadyRunning,
-    /// The control plane reports the Run terminal.
-    ControlPlaneTerminal,
-    /// The lease expired locally and the local process was conclusively stopped.
-    LeaseLostLocalExecutionStopped,
-    /// The lease expired locally and stopping the local process could not be verified.
-    LeaseLostLocalExecutionUnverified,
+wire_enum! {
+    /// Why a record is `recovery_required` (reference §3.5).
+    RecoveryReason {
+        /// A spawn may or may not have happened (restart in `launching`, unknown executor
+        /// outcome, failed `started` write). Completion from a trusted receipt is still possible.
+        LaunchOutcomeUnknown = "launch_outcome_unknown",
+        /// The control plane says the Run is already running while we hold no proof of our spawn.
+        ControlPlaneAlreadyRunning = "control_plane_already_running",
+        /// The control plane reports the Run terminal.
+        ControlPlaneTerminal = "control_plane_terminal",
+        /// The lease expired locally and the local process was conclusively stopped.
+        LeaseLostLocalExecutionStopped = "lease_lost_local_execution_stopped",
+        /// The lease expired locally and stopping the local process could not be verified.
+        LeaseLostLocalExecutionUnverified = "lease_lost_local_execution_unverified",
+    }
 }
 
 impl RecoveryReason {
@@ -134,18 +118,6 @@ impl RecoveryReason {
         Self::LeaseLostLocalExecutionStopped,
         Self::LeaseLostLocalExecutionUnverified,
     ];
-
-    /// The reference's wire name.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::LaunchOutcomeUnknown => "launch_outcome_unknown",
-            Self::ControlPlaneAlreadyRunning => "control_plane_already_running",
-            Self::ControlPlaneTerminal => "control_plane_terminal",
-            Self::LeaseLostLocalExecutionStopped => "lease_lost_local_execution_stopped",
-            Self::LeaseLostLocalExecutionUnverified => "lease_lost_local_execution_unverified",
-        }
-    }
 }
 
 impl fmt::Display for RecoveryReason {
@@ -186,7 +158,7 @@ pub struct InboxRecord {
     pub recovery_reason: Option<RecoveryReason>,
 }
 
-/// The optional fields of a record, by wire name.
+/// The optional fields of a record, by wire name, in the column order of [`presence`]'s table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum OptionalField {
     /// `executorHandle`.
@@ -242,10 +214,10 @@ pub enum Presence {
 /// Per-state field presence (reference §3.5, `normalizeWorkerRemoteExecutionInboxRecord`).
 #[must_use]
 pub const fn presence(state: State, field: OptionalField) -> Presence {
-    use OptionalField as F;
     use Presence::{Absent as A, Optional as O, Required as R};
-    // Columns: handle, startedAt, logId, callback seq+digest, completionAckAt, recoveryReason.
-    let row: [Presence; 6] = match state {
+    // Columns, in `OptionalField`'s order: handle, startedAt, logId, callback seq+digest,
+    // completionAckAt, recoveryReason.
+    let row: [Presence; OptionalField::ALL.len()] = match state {
         State::Accepted | State::StartingAcknowledged => [A, A, A, A, A, A],
         State::Launching => [A, R, R, R, A, A],
         State::Started | State::RunningAcknowledged => [R, R, R, R, A, A],
@@ -253,15 +225,7 @@ pub const fn presence(state: State, field: OptionalField) -> Presence {
         State::CompletionAcknowledged => [O, R, R, R, R, A],
         State::RecoveryRequired => [O, O, O, O, A, R],
     };
-    let column = match field {
-        F::ExecutorHandle => 0,
-        F::ExecutorStartedAtMs => 1,
-        F::LogArtifactId => 2,
-        F::CompletionReceipt => 3,
-        F::CompletionAcknowledgedAtMs => 4,
-        F::RecoveryReason => 5,
-    };
-    row[column]
+    row[field as usize]
 }
 
 /// A record whose shape is invalid by itself. Blame: whoever produced it (a corrupted file, or a

@@ -30,7 +30,6 @@ use alloc::vec::Vec;
 use crate::ids::{LogArtifactId, OfferId, Revision};
 use crate::record::{InboxRecord, State};
 use crate::time::UnixMillis;
-use crate::wire::artifact::derive_log_artifact_id;
 
 /// Retention configuration (`[retention]` in the configuration file).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,19 +83,16 @@ impl RecordFacts {
     #[must_use]
     pub fn of(record: &InboxRecord, receipt_present: bool, claimed: bool) -> Self {
         let offer = &record.offer;
-        let derived = derive_log_artifact_id(
-            &offer.candidate.project_id,
-            &offer.candidate.run_id,
-            &offer.candidate.attempt_id,
-            &offer.offer_id,
-        );
         Self {
             offer_id: offer.offer_id.clone(),
             revision: record.revision,
             state: record.state,
             updated_at_ms: record.updated_at_ms,
             completion_acknowledged_at_ms: record.completion_acknowledged_at_ms,
-            log_artifact_id: record.log_artifact_id.clone().unwrap_or(derived),
+            log_artifact_id: record
+                .log_artifact_id
+                .clone()
+                .unwrap_or_else(|| offer.log_artifact_id()),
             receipt_present,
             claimed,
         }
