@@ -18,7 +18,7 @@ use ql_worker_core::revision::RevisionError;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::truncation::FactError;
 use ql_worker_core::wire::auth::AuthError;
-use ql_worker_core::wire::offer::{AdmissionError, AdmitOrWireError};
+use ql_worker_core::wire::offer::AdmissionError;
 use ql_worker_core::wire::secrets::BundleError;
 use ql_worker_core::wire::{JsonCategory, JsonError, WireError};
 
@@ -280,14 +280,6 @@ fn every_derived_error_message_is_unchanged() {
             AdmissionError::Offer(offer).to_string(),
             "offered offer rejected: offer field executionDigest must equal \
              executionRevision.contentDigest",
-        ),
-        (
-            AdmitOrWireError::Wire(wire.clone()).to_string(),
-            "response field status must be \"idle\" or \"offered\"",
-        ),
-        (
-            AdmitOrWireError::Admission(admission).to_string(),
-            "offered offer.offerId must equal the pending claim's offer id",
         ),
         (
             AuthError::Scheme.to_string(),

@@ -6,14 +6,14 @@ mod wire_support;
 use ql_worker_core::ids::{LeaseToken, OfferId, SessionId, WorkerGeneration, WorkerId};
 use ql_worker_core::wire::WireError;
 use ql_worker_core::wire::activation::{ActivationResponse, SnapshotShape};
-use ql_worker_core::wire::artifact::{ArtifactReceipt, ArtifactUpload, MAX_ARTIFACT_BYTES};
+use ql_worker_core::wire::artifact::{ArtifactReceipt, MAX_ARTIFACT_BYTES};
 use ql_worker_core::wire::completion::{CompletionResponse, Outcome};
 use ql_worker_core::wire::lease_control::{LeaseControlRequest, LeaseControlResponse};
 use ql_worker_core::wire::offer::{AdmissionError, OfferResponse, admit_offer};
 use ql_worker_core::wire::secrets::SecretsResponse;
 use ql_worker_core::wire::session::SessionResponse;
 use ql_worker_sim::fuzzing::wire as fx;
-use ql_worker_tests::server_wire::{ToJson as _, ToJsonFor as _};
+use ql_worker_tests::server_wire::{ToJson as _, ToJsonFor as _, parse_artifact_preamble};
 use serde_json::{Value, json};
 use wire_support::{example, mutate, pad_to, prepend_member};
 
@@ -428,23 +428,22 @@ fn wire_completion_frames_one_exact_artifact_header_without_duplicating_path_ide
         (4 + header.len() + 17) as u64
     );
     let (parsed, offset) =
-        ArtifactUpload::parse_preamble(&preamble, Some(upload.content_length(preamble.len())))
-            .unwrap();
+        parse_artifact_preamble(&preamble, Some(upload.content_length(preamble.len()))).unwrap();
     assert_eq!((parsed, offset), (upload.clone(), preamble.len()));
     assert!(
-        ArtifactUpload::parse_preamble(&preamble, Some(upload.content_length(preamble.len()) + 1))
+        parse_artifact_preamble(&preamble, Some(upload.content_length(preamble.len()) + 1))
             .is_err()
     );
     let mut short = preamble.to_vec();
     short[3] = 1;
     assert!(
-        ArtifactUpload::parse_preamble(&short, None).is_err(),
+        parse_artifact_preamble(&short, None).is_err(),
         "header length below 2"
     );
     short[2] = 0x10;
     short[3] = 0x01;
     assert!(
-        ArtifactUpload::parse_preamble(&short, None).is_err(),
+        parse_artifact_preamble(&short, None).is_err(),
         "header length above 4096"
     );
 }

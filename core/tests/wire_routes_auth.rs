@@ -3,8 +3,8 @@
 use ql_worker_core::ids::{SessionId, WorkerId};
 use ql_worker_core::wire::auth::{AuthError, WorkerCredential};
 use ql_worker_core::wire::error::{ErrorClass, ErrorCode, IngressError};
-use ql_worker_core::wire::route::{self, ClientBody, Operation};
-use ql_worker_tests::server_wire::{error_body, parse_route};
+use ql_worker_core::wire::route::{self, Operation};
+use ql_worker_tests::server_wire::{ClientBody, client_body, error_body, parse_route};
 
 fn ids() -> (WorkerId, SessionId) {
     (
@@ -33,10 +33,10 @@ fn wire_route_paths_round_trip_for_every_operation() {
         assert_eq!(op.request_cap().is_none(), op == Operation::Attestations);
     }
     assert_eq!(
-        Operation::Artifacts.client_body(),
+        client_body(Operation::Artifacts),
         ClientBody::ArtifactStream
     );
-    assert_eq!(Operation::Attestations.client_body(), ClientBody::NotCalled);
+    assert_eq!(client_body(Operation::Attestations), ClientBody::NotCalled);
     assert_eq!(Operation::Secrets.request_cap(), Some(64 * 1024));
     assert_eq!(Operation::Completion.request_cap(), Some(16 * 1024));
     assert_eq!(Operation::LeaseControl.request_cap(), Some(8 * 1024));

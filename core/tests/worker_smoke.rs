@@ -138,7 +138,7 @@ impl Host {
             Action::UploadLog { header, .. } => {
                 self.log.push("upload".into());
                 let sent = Sha256Digest::of(b"hello");
-                let upload = ql_worker_core::wire::artifact::ArtifactUpload::parse_preamble(
+                let upload = ql_worker_tests::server_wire::parse_artifact_preamble(
                     &[
                         &(u32::try_from(header.len()).unwrap().to_be_bytes())[..],
                         &header[..],

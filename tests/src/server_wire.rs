@@ -1,5 +1,5 @@
 //! The server side of the wire, as the reference control plane writes it: response bodies, error
-//! bodies and the route parser. The Worker never sends these, so they live here, beside the
+//! bodies, and the route, artifact frame and client body readers. The Worker never sends these, so they live here, beside the
 //! loopback control plane that answers with them (and the simulated world of `ql-worker-sim`,
 //! which answers with the same bytes), not in the audited core.
 //!
@@ -9,7 +9,10 @@
 use std::fmt;
 
 use crate::json_writer::JsonWriter;
-use ql_worker_core::ids::{SessionId, WorkerId};
+use ql_worker_core::ids::{
+    AttemptId, LeaseGeneration, LeaseToken, LeaseVersion, LogArtifactId, OfferId, ProjectId, RunId,
+    SessionId, WorkerGeneration, WorkerId,
+};
 use ql_worker_core::offer::DeliveryKind;
 use ql_worker_core::wire::activation::{self, ActivationResponse};
 use ql_worker_core::wire::artifact::{self, ArtifactReceipt, ArtifactUpload, UploadStatus};
@@ -20,6 +23,8 @@ use ql_worker_core::wire::offer::{self, OfferResponse, OfferStats, OfferedOffer}
 use ql_worker_core::wire::route::{Operation, PREFIX, path};
 use ql_worker_core::wire::secrets::{self, SecretsRequest, SecretsResponse};
 use ql_worker_core::wire::session::{self, SessionResponse};
+use ql_worker_core::wire::{Fence, WireError, parse_json};
+use serde::Deserialize;
 use zeroize::Zeroizing;
 
 /// A response body as the reference control plane serializes it.
@@ -431,6 +436,138 @@ pub fn parse_route(path: &str) -> Result<Route, RouteError> {
         session_id: SessionId::new(session).map_err(|_| RouteError { part: "sessionId" })?,
         operation,
     })
+}
+
+/// How the Worker client sends a body to an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientBody {
+    /// `application/json`, exact `content-length`.
+    Json,
+    /// `application/vnd.qinglong.worker-artifact`, framed stream.
+    ArtifactStream,
+    /// The Worker never calls this operation.
+    NotCalled,
+}
+
+/// How the Worker client may call `operation`: JSON POST, artifact stream, or not at all.
+#[must_use]
+pub const fn client_body(operation: Operation) -> ClientBody {
+    match operation {
+        Operation::Artifacts => ClientBody::ArtifactStream,
+        Operation::Attestations => ClientBody::NotCalled,
+        Operation::Completion
+        | Operation::Heartbeat
+        | Operation::LeaseControl
+        | Operation::Offers
+        | Operation::Register
+        | Operation::Running
+        | Operation::Secrets
+        | Operation::StartFailure
+        | Operation::Starting
+        | Operation::Transition => ClientBody::Json,
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct HeaderWire {
+    schema: String,
+    worker_generation: u64,
+    project_id: String,
+    run_id: String,
+    attempt_id: String,
+    offer_id: String,
+    lease_generation: u64,
+    lease_token: LeaseToken,
+    expected_lease_version: u64,
+    log_artifact_id: String,
+    byte_length: u64,
+    #[serde(deserialize_with = "nullable")]
+    truncated: Option<bool>,
+}
+
+/// A required key whose value may be `null` (no `default`, so a missing key is an error).
+fn nullable<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<bool>, D::Error> {
+    Option::<bool>::deserialize(deserializer)
+}
+
+fn field(path: &'static str, rule: &'static str) -> WireError {
+    WireError::Field { path, rule }
+}
+
+fn ensure(ok: bool, path: &'static str, rule: &'static str) -> Result<(), WireError> {
+    if ok { Ok(()) } else { Err(field(path, rule)) }
+}
+
+fn id<T>(
+    result: Result<T, ql_worker_core::error::IdError>,
+    path: &'static str,
+) -> Result<T, WireError> {
+    result.map_err(|e| field(path, e.rule))
+}
+
+/// Parses an artifact frame preamble as the server does: `bytes` starts with the 4-byte length;
+/// returns the header and the offset at which content starts. `content_length`, when known, must
+/// equal `4 + N + byteLength`.
+///
+/// # Errors
+/// [`WireError`] for a bad length prefix, header shape or bound.
+pub fn parse_artifact_preamble(
+    bytes: &[u8],
+    content_length: Option<u64>,
+) -> Result<(ArtifactUpload, usize), WireError> {
+    let prefix: [u8; 4] = bytes
+        .get(..4)
+        .and_then(|p| p.try_into().ok())
+        .ok_or(field("frame", "a 4-byte big-endian header length"))?;
+    let n = u32::from_be_bytes(prefix) as usize;
+    ensure(
+        (artifact::MIN_HEADER_BYTES..=artifact::MAX_HEADER_BYTES).contains(&n),
+        "frame",
+        "a header length of 2..=4096 bytes",
+    )?;
+    let header = bytes
+        .get(4..4 + n)
+        .ok_or(field("frame", "the whole header"))?;
+    let wire: HeaderWire = parse_json("artifact header", header, artifact::MAX_HEADER_BYTES)?;
+    ensure(wire.schema == artifact::SCHEMA, "schema", artifact::SCHEMA)?;
+    ensure(
+        wire.byte_length <= artifact::MAX_ARTIFACT_BYTES,
+        "byteLength",
+        "0..=64 MiB",
+    )?;
+    if let Some(total) = content_length {
+        ensure(
+            total == 4 + n as u64 + wire.byte_length,
+            "content-length",
+            "4 + header length + byteLength",
+        )?;
+    }
+    let upload = ArtifactUpload {
+        fence: Fence {
+            worker_generation: id(
+                WorkerGeneration::new(wire.worker_generation),
+                "workerGeneration",
+            )?,
+            project_id: id(ProjectId::new(wire.project_id), "projectId")?,
+            run_id: id(RunId::new(wire.run_id), "runId")?,
+            attempt_id: id(AttemptId::new(wire.attempt_id), "attemptId")?,
+            offer_id: id(OfferId::new(wire.offer_id), "offerId")?,
+            lease_generation: id(
+                LeaseGeneration::new(wire.lease_generation),
+                "leaseGeneration",
+            )?,
+            lease_token: wire.lease_token,
+            expected_lease_version: id(
+                LeaseVersion::new(wire.expected_lease_version),
+                "expectedLeaseVersion",
+            )?,
+        },
+        log_artifact_id: id(LogArtifactId::new(wire.log_artifact_id), "logArtifactId")?,
+        byte_length: wire.byte_length,
+        truncated: wire.truncated,
+    };
+    Ok((upload, 4 + n))
 }
 
 /// The finished body of a response writer.

@@ -9,13 +9,8 @@ use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use super::{
-    Fence, Schema, WireError, bind, ensure, exact, field, id, parse_json, require, sealed_body,
-};
-use crate::ids::{
-    AttemptId, LeaseGeneration, LeaseToken, LeaseVersion, LogArtifactId, OfferId, ProjectId, RunId,
-    Sha256Digest, WorkerGeneration,
-};
+use super::{Fence, Schema, WireError, bind, ensure, exact, id, parse_json, require, sealed_body};
+use crate::ids::{AttemptId, LogArtifactId, OfferId, ProjectId, RunId, Sha256Digest};
 
 /// Schema id (header and response).
 pub const SCHEMA: &str = "qinglong/remote-worker-artifact-upload@v1";
@@ -73,24 +68,6 @@ pub struct ArtifactUpload {
     pub truncated: Option<bool>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct HeaderWire {
-    schema: String,
-    worker_generation: u64,
-    project_id: String,
-    run_id: String,
-    attempt_id: String,
-    offer_id: String,
-    lease_generation: u64,
-    lease_token: LeaseToken,
-    expected_lease_version: u64,
-    log_artifact_id: String,
-    byte_length: u64,
-    #[serde(deserialize_with = "super::de::nullable")]
-    truncated: Option<bool>,
-}
-
 impl ArtifactUpload {
     /// The header JSON; carries the lease token, so it is wiped on drop.
     ///
@@ -144,70 +121,6 @@ impl ArtifactUpload {
     #[must_use]
     pub fn content_length(&self, preamble_len: usize) -> u64 {
         preamble_len as u64 + self.byte_length
-    }
-
-    /// Parses a frame preamble as the server does: `bytes` starts with the 4-byte length; returns
-    /// the header and the offset at which content starts. `content_length`, when known, must equal
-    /// `4 + N + byteLength`.
-    ///
-    /// # Errors
-    /// [`WireError`] for a bad length prefix, header shape or bound.
-    pub fn parse_preamble(
-        bytes: &[u8],
-        content_length: Option<u64>,
-    ) -> Result<(Self, usize), WireError> {
-        let prefix: [u8; 4] = bytes
-            .get(..4)
-            .and_then(|p| p.try_into().ok())
-            .ok_or(field("frame", "a 4-byte big-endian header length"))?;
-        let n = u32::from_be_bytes(prefix) as usize;
-        ensure(
-            (MIN_HEADER_BYTES..=MAX_HEADER_BYTES).contains(&n),
-            "frame",
-            "a header length of 2..=4096 bytes",
-        )?;
-        let header = bytes
-            .get(4..4 + n)
-            .ok_or(field("frame", "the whole header"))?;
-        let wire: HeaderWire = parse_json("artifact header", header, MAX_HEADER_BYTES)?;
-        exact(&wire.schema, SCHEMA, "schema")?;
-        ensure(
-            wire.byte_length <= MAX_ARTIFACT_BYTES,
-            "byteLength",
-            "0..=64 MiB",
-        )?;
-        if let Some(total) = content_length {
-            ensure(
-                total == 4 + n as u64 + wire.byte_length,
-                "content-length",
-                "4 + header length + byteLength",
-            )?;
-        }
-        let upload = Self {
-            fence: Fence {
-                worker_generation: id(
-                    WorkerGeneration::new(wire.worker_generation),
-                    "workerGeneration",
-                )?,
-                project_id: id(ProjectId::new(wire.project_id), "projectId")?,
-                run_id: id(RunId::new(wire.run_id), "runId")?,
-                attempt_id: id(AttemptId::new(wire.attempt_id), "attemptId")?,
-                offer_id: id(OfferId::new(wire.offer_id), "offerId")?,
-                lease_generation: id(
-                    LeaseGeneration::new(wire.lease_generation),
-                    "leaseGeneration",
-                )?,
-                lease_token: wire.lease_token,
-                expected_lease_version: id(
-                    LeaseVersion::new(wire.expected_lease_version),
-                    "expectedLeaseVersion",
-                )?,
-            },
-            log_artifact_id: id(LogArtifactId::new(wire.log_artifact_id), "logArtifactId")?,
-            byte_length: wire.byte_length,
-            truncated: wire.truncated,
-        };
-        Ok((upload, 4 + n))
     }
 }
 

@@ -199,8 +199,12 @@ impl From<crate::revision::RevisionError> for WireError {
     }
 }
 
-/// Checks the byte cap, then parses the exact shape `T`.
-pub(crate) fn parse_json<'de, T: Deserialize<'de>>(
+/// Checks the byte cap, then parses the exact shape `T` (also the server's reader of the
+/// artifact frame header in the loopback control plane).
+///
+/// # Errors
+/// [`WireError::Size`] outside `2..=cap` bytes, [`WireError::Json`] for another shape.
+pub fn parse_json<'de, T: Deserialize<'de>>(
     endpoint: &'static str,
     bytes: &'de [u8],
     cap: usize,

@@ -498,32 +498,3 @@ pub fn admit_offer(
     offer.validate().map_err(AdmissionError::Offer)?;
     Ok(offer)
 }
-
-/// Convenience: [`OfferResponse::parse`] then [`admit_offer`] when offered. `Ok(None)` for idle.
-///
-/// # Errors
-/// [`WireError`] for the response, [`AdmissionError`] (wrapped) for the binding.
-pub fn parse_and_admit(
-    bytes: &[u8],
-    offer_id: &OfferId,
-    worker: &OfferWorker,
-    lease_token: &LeaseToken,
-) -> Result<Option<Offer>, AdmitOrWireError> {
-    match OfferResponse::parse(bytes).map_err(AdmitOrWireError::Wire)? {
-        OfferResponse::Idle { .. } => Ok(None),
-        OfferResponse::Offered { offer, .. } => admit_offer(&offer, offer_id, worker, lease_token)
-            .map(Some)
-            .map_err(AdmitOrWireError::Admission),
-    }
-}
-
-/// Either failure of [`parse_and_admit`].
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum AdmitOrWireError {
-    /// The response broke the wire contract.
-    #[error(transparent)]
-    Wire(WireError),
-    /// The offer does not belong to the claim or is inconsistent.
-    #[error(transparent)]
-    Admission(AdmissionError),
-}

@@ -66,25 +66,6 @@ impl Operation {
         Self::ALL.into_iter().find(|op| op.as_str() == segment)
     }
 
-    /// How the Worker client may call it: JSON POST, artifact stream, or not at all.
-    #[must_use]
-    pub const fn client_body(self) -> ClientBody {
-        match self {
-            Self::Artifacts => ClientBody::ArtifactStream,
-            Self::Attestations => ClientBody::NotCalled,
-            Self::Completion
-            | Self::Heartbeat
-            | Self::LeaseControl
-            | Self::Offers
-            | Self::Register
-            | Self::Running
-            | Self::Secrets
-            | Self::StartFailure
-            | Self::Starting
-            | Self::Transition => ClientBody::Json,
-        }
-    }
-
     /// The Worker client's request body cap for this operation (4 KiB default; opt-ins:
     /// secrets 64 KiB, completion 16 KiB, lease-control 8 KiB, register 20 KiB; artifacts
     /// `64 MiB + 4 KiB + 4`). `None` for `attestations`.
@@ -124,17 +105,6 @@ impl Operation {
             Self::Secrets => Some(super::secrets::MAX_RESPONSE_BYTES),
         }
     }
-}
-
-/// How the Worker client sends a body to an operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ClientBody {
-    /// `application/json`, exact `content-length`.
-    Json,
-    /// `application/vnd.qinglong.worker-artifact`, framed stream.
-    ArtifactStream,
-    /// The Worker never calls this operation.
-    NotCalled,
 }
 
 /// Builds the request path (ids are validated by their types, so no escaping is needed).

@@ -217,7 +217,7 @@ pub fn secrets_response(data: &[u8]) -> bool {
 pub fn artifact_response(data: &[u8]) -> bool {
     let sent = ok(Sha256Digest::from_hex(SENT_SHA256).ok());
     let receipt = ArtifactReceipt::parse(data, &artifact_upload(), &sent).is_ok();
-    let frame = ArtifactUpload::parse_preamble(data, None).is_ok();
+    let frame = ql_worker_tests::server_wire::parse_artifact_preamble(data, None).is_ok();
     receipt || frame
 }
 

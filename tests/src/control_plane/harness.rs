@@ -16,7 +16,7 @@ use ql_worker_core::wire::artifact::{ArtifactUpload, derive_log_artifact_id};
 use ql_worker_core::wire::auth::WorkerCredential;
 use ql_worker_core::wire::completion::{CompletionArtifact, CompletionRequest, CompletionResult};
 use ql_worker_core::wire::lease_control::LeaseControlRequest;
-use ql_worker_core::wire::offer::{OfferRequest, parse_and_admit};
+use ql_worker_core::wire::offer::{OfferRequest, OfferResponse, admit_offer};
 use ql_worker_core::wire::route::{self, Operation};
 use ql_worker_core::wire::session::{
     Capabilities, HeartbeatRequest, RegisterRequest, SessionResponse, SessionStatus,
@@ -354,6 +354,25 @@ impl Default for ModelHarness {
 /// The SHA-256 of `bytes` (lowercase-hex digest type).
 pub fn digest(bytes: &[u8]) -> Sha256Digest {
     sha256(bytes)
+}
+
+/// [`OfferResponse::parse`] then [`admit_offer`] when offered, as the Worker admits an offer:
+/// `Ok(None)` for idle.
+///
+/// # Errors
+/// The message of the [`WireError`] or of the admission error.
+pub fn parse_and_admit(
+    bytes: &[u8],
+    offer_id: &OfferId,
+    worker: &OfferWorker,
+    lease_token: &LeaseToken,
+) -> Result<Option<Offer>, String> {
+    match OfferResponse::parse(bytes).map_err(|e| e.to_string())? {
+        OfferResponse::Idle { .. } => Ok(None),
+        OfferResponse::Offered { offer, .. } => admit_offer(&offer, offer_id, worker, lease_token)
+            .map(Some)
+            .map_err(|e| e.to_string()),
+    }
 }
 
 /// Parses a wire response with the core parser and names the endpoint on failure.

@@ -51,7 +51,7 @@ use ql_worker_core::wire::artifact::CONTENT_TYPE as ARTIFACT_CONTENT_TYPE;
 use ql_worker_core::wire::auth::WorkerCredential;
 use ql_worker_core::wire::error::ErrorCode;
 use ql_worker_core::wire::lease_control::StopReason;
-use ql_worker_core::wire::route::{ClientBody, Operation};
+use ql_worker_core::wire::route::Operation;
 use ql_worker_core::wire::session::SessionStatus;
 
 use super::requests::{ExecFence, Reject};
@@ -59,7 +59,7 @@ use super::state::{
     ArtifactKey, CancelIntent, CpState, LeaseRecord, LeaseState, RunEvent, RunEventKind, RunRecord,
     SessionRecord, StoredArtifact,
 };
-use crate::server_wire::{Route, error_body, parse_route};
+use crate::server_wire::{ClientBody, Route, client_body, error_body, parse_route};
 
 /// Domain separator of the credential HMAC (reference `workerCredentialAuthenticator.ts`).
 pub const CREDENTIAL_HMAC_DOMAIN: &[u8] = b"qinglong-worker-credential-v1\0";
@@ -932,7 +932,7 @@ impl ControlPlane {
     ) -> Result<Step, Reject> {
         let operation = ctx.route.operation;
         let media = media_type(head.content_type.as_deref());
-        match operation.client_body() {
+        match client_body(operation) {
             ClientBody::ArtifactStream => {
                 if media.as_deref() != Some(ARTIFACT_CONTENT_TYPE) {
                     return Err(Reject::new(

@@ -14,10 +14,10 @@ use ql_worker_core::ids::{Sha256Digest, WorkerGeneration, WorkerId};
 use ql_worker_core::offer::{Offer, OfferWorker};
 use ql_worker_core::wire::activation::{ActivationRequest, ActivationResponse};
 use ql_worker_core::wire::artifact::{ArtifactReceipt, ArtifactUpload};
-use ql_worker_core::wire::offer::{OfferRequest, parse_and_admit};
+use ql_worker_core::wire::offer::OfferRequest;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_tests::control_plane::harness::{
-    WorkerIdentity, lease_token, offer_id, register_body, session_id,
+    WorkerIdentity, lease_token, offer_id, parse_and_admit, register_body, session_id,
 };
 use ql_worker_tests::control_plane::{
     ReferenceControlPlane, ReferenceOptions, RevisionBuilder, RunSpec,

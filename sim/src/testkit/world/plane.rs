@@ -23,7 +23,7 @@ use ql_worker_core::wire::activation::{
     ActivationResponse, ActivationSnapshot, ActivationStatus, AttemptStatus, RunStatus,
     SnapshotShape,
 };
-use ql_worker_core::wire::artifact::{ArtifactReceipt, ArtifactUpload, UploadStatus};
+use ql_worker_core::wire::artifact::{ArtifactReceipt, UploadStatus};
 use ql_worker_core::wire::completion::{CompletionResponse, CompletionStatus};
 use ql_worker_core::wire::lease_control::{
     LeaseControlRequest, LeaseControlResponse, RenewedLease, StopReason, StopRequest,
@@ -37,7 +37,7 @@ use ql_worker_core::wire::secrets::{ResolvedSecret, SecretValue, SecretsRequest,
 use ql_worker_core::wire::session::{
     HEARTBEAT_SCHEMA, REGISTER_SCHEMA, SessionResponse, SessionStatus, TRANSITION_SCHEMA,
 };
-use ql_worker_tests::server_wire::{ToJson as _, ToJsonFor as _};
+use ql_worker_tests::server_wire::{ToJson as _, ToJsonFor as _, parse_artifact_preamble};
 
 /// An offer the control plane will hand out for the next fresh claim.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -908,7 +908,7 @@ impl World {
         let mut framed = Vec::with_capacity(header.len() + 4);
         framed.extend_from_slice(&(header.len() as u32).to_be_bytes());
         framed.extend_from_slice(header);
-        let Ok((upload, _)) = ArtifactUpload::parse_preamble(&framed, None) else {
+        let Ok((upload, _)) = parse_artifact_preamble(&framed, None) else {
             return Outcome::Http(HttpFailure::Status {
                 status: 400,
                 code: None,

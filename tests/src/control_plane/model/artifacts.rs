@@ -89,8 +89,9 @@ impl ControlPlane {
         }
         preamble.resize(4 + header_len, 0);
         body.read_exact(&mut preamble[4..]).map_err(|_| short())?;
-        let (upload, _) = ArtifactUpload::parse_preamble(&preamble, Some(content_length))
-            .map_err(|_| Reject::invalid("artifact header"))?;
+        let (upload, _) =
+            crate::server_wire::parse_artifact_preamble(&preamble, Some(content_length))
+                .map_err(|_| Reject::invalid("artifact header"))?;
         ctx.storage()?;
         let mode = self.authorize_upload(ctx, &upload)?;
         Ok(Authorized { upload, mode })
