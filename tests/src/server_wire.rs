@@ -482,13 +482,8 @@ struct HeaderWire {
     expected_lease_version: u64,
     log_artifact_id: String,
     byte_length: u64,
-    #[serde(deserialize_with = "nullable")]
+    #[serde(deserialize_with = "crate::control_plane::requests::nullable")]
     truncated: Option<bool>,
-}
-
-/// A required key whose value may be `null` (no `default`, so a missing key is an error).
-fn nullable<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<bool>, D::Error> {
-    Option::<bool>::deserialize(deserializer)
 }
 
 fn field(path: &'static str, rule: &'static str) -> WireError {

@@ -72,7 +72,7 @@ pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, Reject> 
 }
 
 /// A required key whose value may be `null` (a missing key is an error).
-fn nullable<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+pub(crate) fn nullable<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
 where
     D: Deserializer<'de>,
     T: Deserialize<'de>,
