@@ -87,3 +87,12 @@ impl Capability {
         zeroize::Zeroizing::new(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(self.0))
     }
 }
+
+/// Only for `Worker::fork` (`sim-hooks` feature): the model checker branches a Worker with a
+/// launch in flight, which duplicates the in-memory capability (never persisted).
+#[cfg(feature = "sim-hooks")]
+impl Clone for Capability {
+    fn clone(&self) -> Self {
+        Self(self.0)
+    }
+}

@@ -25,8 +25,6 @@ use alloc::vec::Vec;
 
 use zeroize::Zeroizing;
 
-#[cfg(feature = "sim-hooks")]
-use crate::fingerprint::Fingerprint;
 use crate::ids::OfferId;
 use crate::io::{Action, HttpCall, ReceiptRead, Reply, Spool, StoreFailure, Upload};
 use crate::receipt::{AuthenticatedReceipt, ReceiptError, authenticate};
@@ -88,6 +86,7 @@ pub enum CompletionOutcome {
 }
 
 #[derive(Clone)]
+#[cfg_attr(feature = "sim-hooks", derive(Hash))]
 enum CompletionState {
     Reading,
     Cleaning(bool),
@@ -110,6 +109,7 @@ enum CompletionState {
 
 /// One completion pass for one offer.
 #[derive(Clone)]
+#[cfg_attr(feature = "sim-hooks", derive(Hash))]
 pub(crate) struct CompletionOp {
     offer_id: OfferId,
     state: CompletionState,
@@ -179,48 +179,6 @@ impl CompletionOp {
 
     fn wait(self, state: CompletionState, action: Action) -> CStep {
         Step::Wait(Self { state, ..self }, action)
-    }
-
-    /// A canonical rendering of this pass's state (model checking).
-    #[cfg(feature = "sim-hooks")]
-    pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
-        fp.tag("completion");
-        fp.debug(&self.offer_id);
-        match &self.state {
-            CompletionState::Reading => fp.tag("reading"),
-            CompletionState::Cleaning(fresh) => {
-                fp.tag("cleaning");
-                fp.debug(fresh);
-            }
-            CompletionState::ReadingReceipt(record) => {
-                fp.tag("reading-receipt");
-                fp.record(record);
-            }
-            CompletionState::Inspecting(record, receipt) => {
-                fp.tag("inspecting");
-                fp.record(record);
-                fp.debug(receipt);
-            }
-            CompletionState::Uploading(record, receipt, upload) => {
-                fp.tag("uploading");
-                fp.record(record);
-                fp.debug(&(receipt, upload));
-            }
-            CompletionState::Refreshing(record, receipt, upload, sha256) => {
-                fp.tag("refreshing");
-                fp.record(record);
-                fp.debug(&(receipt, upload, sha256));
-            }
-            CompletionState::Completing(record, request, caught_up) => {
-                fp.tag("completing");
-                fp.record(record);
-                fp.debug(&(request, caught_up));
-            }
-            CompletionState::Acknowledging(record) => {
-                fp.tag("acknowledging");
-                fp.record(record);
-            }
-        }
     }
 
     pub(crate) fn resume(mut self, ctx: &Ctx<'_>, reply: Reply) -> CStep {

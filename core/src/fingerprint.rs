@@ -1,54 +1,69 @@
 //! The model checker's state fingerprints (`sim-hooks` feature only; not for production).
+//!
+//! The operation states derive `Hash` under this feature, for the model checker's state
+//! deduplication (`ql-worker-sim`); this module gives `Hash` to the values they hold that have
+//! none: durable values (records, claims, offers) through their exact postcard encoding, because
+//! their `Debug` redacts the lease token and capability digests; requests, receipts, faults,
+//! outcomes and Session exchanges through their `Debug` rendering (redacted as printed); the
+//! completion capability through its digest. Never persisted, never printed.
 
 use core::fmt::{self, Write as _};
-use core::hash::Hasher;
+use core::hash::{Hash, Hasher};
 
 use serde::Serialize;
 
-use crate::record::InboxRecord;
+use crate::capability::Capability;
 
-/// A canonical rendering of in-memory state into a [`Hasher`], for the model checker's state
-/// deduplication (`ql-worker-sim`). Durable values (records, claims, offers) are written as their
-/// exact postcard bytes, because their `Debug` redacts the lease token and capability digests;
-/// everything else through `Debug`. Never persisted, never printed.
-pub(crate) struct Fingerprint<'a>(pub(crate) &'a mut dyn Hasher);
-
-impl fmt::Debug for Fingerprint<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Fingerprint")
-    }
+/// Writes `value`'s `Debug` rendering into `hasher`.
+pub(crate) fn debug(hasher: &mut dyn Hasher, value: &dyn fmt::Debug) {
+    let _ = write!(HashWrite(&mut *hasher), "{value:?}");
+    hasher.write_u8(0xfe);
 }
 
-impl Fingerprint<'_> {
-    /// A field or variant name (separates what follows).
-    pub(crate) fn tag(&mut self, tag: &str) {
-        self.0.write(tag.as_bytes());
-        self.0.write_u8(0xff);
+/// Writes a durable value's exact postcard encoding into `hasher`.
+fn durable(hasher: &mut dyn Hasher, value: &impl Serialize) {
+    if postcard::serialize_with_flavor(value, HashFlavor(&mut *hasher)).is_err() {
+        hasher.write(b"unserializable");
     }
+    hasher.write_u8(0xfd);
+}
 
-    /// Raw bytes.
-    pub(crate) fn bytes(&mut self, bytes: &[u8]) {
-        self.0.write_usize(bytes.len());
-        self.0.write(bytes);
-    }
-
-    /// A value through its `Debug` rendering.
-    pub(crate) fn debug(&mut self, value: &dyn fmt::Debug) {
-        let _ = write!(HashWrite(&mut *self.0), "{value:?}");
-        self.0.write_u8(0xfe);
-    }
-
-    /// A durable value through its exact postcard encoding.
-    pub(crate) fn durable<T: Serialize + ?Sized>(&mut self, value: &T) {
-        if postcard::serialize_with_flavor(value, HashFlavor(&mut *self.0)).is_err() {
-            self.tag("unserializable");
+/// `Hash` through `$how` ([`debug`] or [`durable`]) for each type.
+macro_rules! hash_by {
+    ($how:ident, $($type:ty),+ $(,)?) => {$(
+        impl Hash for $type {
+            fn hash<H: Hasher>(&self, state: &mut H) {
+                $how(state, self);
+            }
         }
-        self.0.write_u8(0xfd);
-    }
+    )+};
+}
 
-    /// An inbox record.
-    pub(crate) fn record(&mut self, record: &InboxRecord) {
-        self.durable(record);
+hash_by!(
+    durable,
+    crate::record::InboxRecord,
+    crate::claim::PendingClaim,
+    crate::offer::Offer,
+);
+hash_by!(
+    debug,
+    crate::wire::activation::ActivationRequest,
+    crate::wire::secrets::SecretsRequest,
+    crate::wire::lease_control::LeaseControlRequest,
+    crate::wire::completion::CompletionRequest,
+    crate::wire::artifact::ArtifactUpload,
+    crate::wire::WireError,
+    crate::receipt::AuthenticatedReceipt,
+    crate::completion::CompletionOutcome,
+    crate::io::StopOutcome,
+    crate::pull::PullFault,
+    crate::session::SessionOp,
+    crate::worker::ListPurpose,
+);
+
+impl Hash for Capability {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.digest().expose().hash(state);
     }
 }
 

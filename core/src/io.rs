@@ -62,7 +62,10 @@ pub struct HttpCall {
 }
 
 /// Everything the supervisor needs to spawn one Run (reference §4.3 `launch`). Holds Secret
-/// values and the completion capability: no `Debug` of values, wiped on drop.
+/// values and the completion capability: no `Debug` of values, wiped on drop. `Clone` exists
+/// only for `Worker::fork` (`sim-hooks` feature): the model checker branches a Worker whose
+/// launch plan is staged, which duplicates the in-memory capability (never persisted).
+#[cfg_attr(feature = "sim-hooks", derive(Clone))]
 pub struct LaunchPlan {
     /// Offer (the barrier re-reads its record).
     pub offer_id: OfferId,
@@ -86,27 +89,6 @@ pub struct LaunchPlan {
     pub callback_sequence: CallbackSequence,
     /// The 32-byte completion capability (only its digest is durable).
     pub capability: Capability,
-}
-
-/// Only for `Worker::fork` (`sim-hooks` feature): the model checker branches a Worker whose
-/// launch plan is staged, which duplicates the in-memory capability (never persisted).
-#[cfg(feature = "sim-hooks")]
-impl Clone for LaunchPlan {
-    fn clone(&self) -> Self {
-        Self {
-            offer_id: self.offer_id.clone(),
-            run_id: self.run_id.clone(),
-            attempt_id: self.attempt_id.clone(),
-            executor_started_at: self.executor_started_at,
-            command: self.command.clone(),
-            environment: self.environment.clone(),
-            working_directory: self.working_directory.clone(),
-            timeout: self.timeout,
-            log_artifact_id: self.log_artifact_id.clone(),
-            callback_sequence: self.callback_sequence,
-            capability: Capability::from_bytes(*self.capability.expose()),
-        }
-    }
 }
 
 impl fmt::Debug for LaunchPlan {

@@ -34,8 +34,6 @@ use zeroize::Zeroizing;
 
 use crate::capability::Capability;
 use crate::completion::{post, read_record};
-#[cfg(feature = "sim-hooks")]
-use crate::fingerprint::Fingerprint;
 use crate::ids::{CallbackSequence, ExecutorHandle, LeaseVersion, OfferId};
 use crate::io::{Action, LaunchPlan, Reply, SpawnOutcome, StopOutcome, StoreFailure};
 use crate::offer::DeliveryKind;
@@ -103,28 +101,20 @@ pub enum ProcessResult {
 
 /// The launch authority learned from the starting ACK.
 #[derive(Clone)]
+#[cfg_attr(feature = "sim-hooks", derive(Hash))]
 struct Authority {
     record: Box<InboxRecord>,
     sequence: CallbackSequence,
     deadline: Option<UnixMillis>,
 }
 
-/// A launch attempt after the capability was drawn.
+/// A launch attempt after the capability was drawn. `Clone` exists only for `Worker::fork` (the
+/// model checker branches a Worker between two commands, which duplicates the in-memory
+/// capability of a launch in flight, never persisted; `sim-hooks` feature).
+#[cfg_attr(feature = "sim-hooks", derive(Clone, Hash))]
 struct Launch {
     authority: Authority,
     capability: Capability,
-}
-
-/// Only for `Worker::fork` (`sim-hooks` feature): the model checker branches a Worker between two
-/// commands, which duplicates the in-memory capability of a launch in flight (never persisted).
-#[cfg(feature = "sim-hooks")]
-impl Clone for Launch {
-    fn clone(&self) -> Self {
-        Self {
-            authority: self.authority.clone(),
-            capability: Capability::from_bytes(*self.capability.expose()),
-        }
-    }
 }
 
 /// The Processor's states; each names the outcome it waits for.
@@ -159,7 +149,7 @@ enum StartState {
 }
 
 /// Where the start path goes on after a renewal of its lease.
-#[cfg_attr(feature = "sim-hooks", derive(Clone))]
+#[cfg_attr(feature = "sim-hooks", derive(Clone, Hash))]
 enum Resume {
     /// Read the record and take it from its state (before a starting or running ACK).
     Reread,
@@ -168,7 +158,7 @@ enum Resume {
 }
 
 /// One offer being processed.
-#[cfg_attr(feature = "sim-hooks", derive(Clone))]
+#[cfg_attr(feature = "sim-hooks", derive(Clone, Hash))]
 pub(crate) struct ProcessOp {
     offer_id: OfferId,
     /// The record state at which this pass last renewed the lease: at most one renewal per
@@ -187,119 +177,40 @@ impl core::fmt::Debug for ProcessOp {
 
 type PStep = Step<ProcessOp, ProcessResult>;
 
+/// `Hash` by hand (`sim-hooks` feature): the environment's values are `Zeroizing`, which has
+/// none.
 #[cfg(feature = "sim-hooks")]
-impl Authority {
-    fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
-        fp.record(&self.record);
-        fp.debug(&(self.sequence, self.deadline));
-    }
-}
-
-#[cfg(feature = "sim-hooks")]
-impl Launch {
-    fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
-        self.authority.fingerprint(fp);
-        fp.bytes(self.capability.digest().expose().as_bytes());
-    }
-}
-
-#[cfg(feature = "sim-hooks")]
-fn env_fingerprint(env: &[(String, Zeroizing<String>)], fp: &mut Fingerprint<'_>) {
-    for (name, value) in env {
-        fp.tag(name);
-        fp.bytes(value.as_bytes());
-    }
-}
-
-#[cfg(feature = "sim-hooks")]
-impl StartState {
-    fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
+impl core::hash::Hash for StartState {
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        core::mem::discriminant(self).hash(state);
         match self {
-            Self::Reading => fp.tag("reading"),
-            Self::AckingStarting(record, request) | Self::ReplayingStarting(record, request) => {
-                let replay = matches!(self, Self::ReplayingStarting(..));
-                fp.tag(if replay {
-                    "replaying"
-                } else {
-                    "acking-starting"
-                });
-                fp.record(record);
-                fp.debug(request);
+            Self::Reading | Self::PersistingStartFailureAck => {}
+            Self::AckingStarting(record, request)
+            | Self::ReplayingStarting(record, request)
+            | Self::AckingRunning(record, request)
+            | Self::FailingStart(record, request) => (record, request).hash(state),
+            Self::PersistingStartingAck(authority) | Self::DrawingCapability(authority) => {
+                authority.hash(state);
             }
-            Self::PersistingStartingAck(authority) => {
-                fp.tag("persisting-starting-ack");
-                authority.fingerprint(fp);
-            }
-            Self::DrawingCapability(authority) => {
-                fp.tag("drawing-capability");
-                authority.fingerprint(fp);
-            }
-            Self::FetchingSecrets(launch, request) => {
-                fp.tag("fetching-secrets");
-                launch.fingerprint(fp);
-                fp.debug(request);
-            }
+            Self::FetchingSecrets(launch, request) => (launch, request).hash(state),
             Self::AllocatingLog(launch, env) => {
-                fp.tag("allocating-log");
-                launch.fingerprint(fp);
-                env_fingerprint(env, fp);
+                (launch, env.len()).hash(state);
+                env.iter()
+                    .for_each(|(name, value)| (name, value.as_str()).hash(state));
             }
             Self::PersistingLaunching(launch, env, record) => {
-                fp.tag("persisting-launching");
-                launch.fingerprint(fp);
-                env_fingerprint(env, fp);
-                fp.record(record);
+                (launch, env.len()).hash(state);
+                env.iter()
+                    .for_each(|(name, value)| (name, value.as_str()).hash(state));
+                record.hash(state);
             }
-            Self::Spawning(record) => {
-                fp.tag("spawning");
-                fp.record(record);
-            }
-            Self::PersistingStarted(launching, started) => {
-                fp.tag("persisting-started");
-                fp.record(launching);
-                fp.record(started);
-            }
-            Self::PersistingStartFailed(record, must_land) => {
-                fp.tag("persisting-start-failed");
-                fp.record(record);
-                fp.debug(must_land);
-            }
-            Self::StoppingTerminal(record) => {
-                fp.tag("stopping-terminal");
-                fp.record(record);
-            }
-            Self::AckingRunning(record, request) | Self::FailingStart(record, request) => {
-                let failing = matches!(self, Self::FailingStart(..));
-                fp.tag(if failing {
-                    "failing-start"
-                } else {
-                    "acking-running"
-                });
-                fp.record(record);
-                fp.debug(request);
-            }
-            Self::PersistingRunningAck(already) => {
-                fp.tag("persisting-running-ack");
-                fp.debug(already);
-            }
-            Self::PersistingStartFailureAck => fp.tag("persisting-start-failure-ack"),
-            Self::PersistingRecovery(reason, must_land) => {
-                fp.tag("persisting-recovery");
-                fp.debug(&(reason, must_land));
-            }
-            Self::Renewing(op, Resume::Reread) => {
-                fp.tag("renewing-then-reread");
-                op.fingerprint(fp);
-            }
-            Self::Renewing(op, Resume::Secrets(launch)) => {
-                fp.tag("renewing-then-secrets");
-                op.fingerprint(fp);
-                launch.fingerprint(fp);
-            }
-            Self::RereadingForSecrets(launch) => {
-                fp.tag("rereading-for-secrets");
-                launch.fingerprint(fp);
-            }
+            Self::Spawning(record) | Self::StoppingTerminal(record) => record.hash(state),
+            Self::PersistingStarted(launching, started) => (launching, started).hash(state),
+            Self::PersistingStartFailed(record, must_land) => (record, must_land).hash(state),
+            Self::PersistingRunningAck(already) => already.hash(state),
+            Self::PersistingRecovery(reason, must_land) => (reason, must_land).hash(state),
+            Self::Renewing(op, resume) => (op, resume).hash(state),
+            Self::RereadingForSecrets(launch) => launch.hash(state),
         }
     }
 }
@@ -344,14 +255,6 @@ impl ProcessOp {
             },
             action,
         )
-    }
-
-    /// A canonical rendering of this operation's state (model checking).
-    #[cfg(feature = "sim-hooks")]
-    pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
-        fp.tag("process");
-        fp.debug(&(&self.offer_id, self.renewed_in));
-        self.state.fingerprint(fp);
     }
 
     fn wait(self, state: StartState, action: Action) -> PStep {

@@ -41,8 +41,6 @@ use base64::Engine as _;
 
 use crate::capability::Entropy;
 use crate::claim::{MAX_CLAIM_ATTEMPTS, PendingClaim};
-#[cfg(feature = "sim-hooks")]
-use crate::fingerprint::Fingerprint;
 use crate::ids::{LeaseToken, OfferId, Revision};
 use crate::io::{Action, HttpCall, Reply, StoreFailure};
 use crate::offer::Offer;
@@ -122,6 +120,7 @@ type PullStep = Step<PullOp, PullResult>;
 
 /// A Pull in flight.
 #[derive(Clone, Debug)]
+#[cfg_attr(feature = "sim-hooks", derive(Hash))]
 pub(crate) enum PullOp {
     ReadingClaim {
         /// The pending claim's backoff was waited out in this process: its persisted
@@ -163,51 +162,6 @@ pub(crate) enum PullOp {
 }
 
 impl PullOp {
-    /// A canonical rendering of this Pull's state (model checking): claims and offers by their
-    /// exact encoding (their `Debug` redacts the lease token).
-    #[cfg(feature = "sim-hooks")]
-    pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
-        fp.tag("pull");
-        match self {
-            Self::ReadingClaim { .. }
-            | Self::ClearingForeign
-            | Self::DrawingIdentity
-            | Self::ClearingIdle
-            | Self::ClearingRefused { .. }
-            | Self::ClearingExhausted
-            | Self::ClearingStale
-            | Self::ClearingStoredOnly => fp.debug(self),
-            Self::CheckingStored(claim) => {
-                fp.tag("checking-stored");
-                fp.durable(&**claim);
-            }
-            Self::CheckingStoredOnly(claim) => {
-                fp.tag("checking-stored-only");
-                fp.durable(&**claim);
-            }
-            Self::PersistingAttempt(claim) | Self::Requesting(claim) => {
-                fp.debug(&matches!(self, Self::Requesting(_)));
-                fp.durable(&**claim);
-            }
-            Self::ReadingRecord(claim, offer) => {
-                fp.tag("reading-record");
-                fp.durable(&**claim);
-                fp.durable(&**offer);
-            }
-            Self::StoringOffer { claim, replayed } => {
-                fp.tag("storing-offer");
-                fp.durable(&**claim);
-                fp.debug(replayed);
-            }
-            Self::ClearingClaim { .. } | Self::PersistingBackoff { .. } => fp.debug(self),
-            Self::DrawingJitter(claim, fault) => {
-                fp.tag("drawing-jitter");
-                fp.durable(&**claim);
-                fp.debug(fault);
-            }
-        }
-    }
-
     /// Whether the write awaited stores a lease granted in answer to a request of this very
     /// operation: the offer of a claim's first attempt (a retried claim may be answered with a
     /// lease the control plane granted to an earlier attempt, before this operation began).

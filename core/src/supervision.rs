@@ -39,8 +39,6 @@ use alloc::format;
 use alloc::string::String;
 
 use crate::completion::{CompletionOp, CompletionOutcome, post, read_record};
-#[cfg(feature = "sim-hooks")]
-use crate::fingerprint::Fingerprint;
 use crate::ids::{LeaseVersion, OfferId};
 use crate::io::{Action, Liveness, Reply, StopOutcome};
 use crate::record::{InboxRecord, RecoveryReason, State};
@@ -110,6 +108,7 @@ pub enum SupervisionResult {
 
 /// Why the process is being stopped, and what to record afterwards.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "sim-hooks", derive(Hash))]
 enum StopCause {
     ControlPlaneTerminal,
     CompletionTerminal,
@@ -120,6 +119,7 @@ enum StopCause {
 }
 
 #[derive(Clone)]
+#[cfg_attr(feature = "sim-hooks", derive(Hash))]
 enum SupervisionState {
     Completing(CompletionOp),
     Reading(CompletionOutcome),
@@ -151,6 +151,7 @@ enum SupervisionState {
 
 /// One supervision pass.
 #[derive(Clone)]
+#[cfg_attr(feature = "sim-hooks", derive(Hash))]
 pub(crate) struct SupervisionOp {
     offer_id: OfferId,
     /// The lease was renewed less than the pacing interval ago (local time): skip the
@@ -238,79 +239,6 @@ impl SupervisionOp {
             Step::Wait(op, action) => self.wait(SupervisionState::Completing(op), action),
             Step::Done(result) => self.after_completion(result),
             Step::Halt(reason) => Step::Halt(reason),
-        }
-    }
-
-    /// A canonical rendering of this pass's state (model checking).
-    #[cfg(feature = "sim-hooks")]
-    pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
-        fp.tag("supervise");
-        fp.debug(&(
-            &self.offer_id,
-            self.paced_ms,
-            self.drain_stop,
-            self.may_hold,
-            self.renew_only,
-        ));
-        match &self.state {
-            SupervisionState::Completing(op) => op.fingerprint(fp),
-            SupervisionState::Reading(completion) => {
-                fp.tag("reading");
-                fp.debug(completion);
-            }
-            SupervisionState::Controlling(record, request) => {
-                fp.tag("controlling");
-                fp.record(record);
-                fp.debug(request);
-            }
-            SupervisionState::PersistingLease(record, stop) => {
-                fp.tag("persisting-lease");
-                fp.record(record);
-                fp.debug(stop);
-            }
-            SupervisionState::Stopping(record, cause) => {
-                fp.tag("stopping");
-                fp.record(record);
-                fp.debug(cause);
-            }
-            SupervisionState::Recording(reason, stopped) => {
-                fp.tag("recording");
-                fp.debug(&(reason, stopped));
-            }
-            SupervisionState::Recompleting(op) => {
-                fp.tag("recompleting");
-                op.fingerprint(fp);
-            }
-            SupervisionState::Restopping(cause) => {
-                fp.tag("restopping");
-                fp.debug(cause);
-            }
-            SupervisionState::Inspecting(record, request) => {
-                fp.tag("inspecting");
-                fp.record(record);
-                fp.debug(request);
-            }
-            SupervisionState::Confirming(op, record) => {
-                fp.tag("confirming");
-                op.fingerprint(fp);
-                fp.record(record);
-            }
-            SupervisionState::RecordingGone => fp.tag("recording-gone"),
-            SupervisionState::ReadingPublished(record, cause) => {
-                fp.tag("reading-published");
-                fp.record(record);
-                fp.debug(cause);
-            }
-            SupervisionState::ReadingPublishedToInspect(record, completion) => {
-                fp.tag("reading-published-to-inspect");
-                fp.record(record);
-                fp.debug(completion);
-            }
-            SupervisionState::InspectingUnknown(record, completion) => {
-                fp.tag("inspecting-unknown");
-                fp.record(record);
-                fp.debug(completion);
-            }
         }
     }
 

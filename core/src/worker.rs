@@ -94,7 +94,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 #[cfg(feature = "sim-hooks")]
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint;
 use crate::ids::{OfferId, SessionId, WorkerId};
 use crate::io::{
     Action, Answer, Command, HttpFailure, Input, InputError, OpId, Outcome, Reply, StoreFailure,
@@ -427,16 +427,12 @@ impl Slot {
     /// A canonical rendering (model checking): the operation and whether its action is sent,
     /// without the command's id.
     #[cfg(feature = "sim-hooks")]
-    fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
-        fp.debug(&self.call_sent);
-        self.op.fingerprint(fp);
-        match &self.pending {
-            Pending::Staged(_) => fp.tag("staged"),
-            Pending::Outstanding { write, .. } => match write {
-                Some(record) => fp.record(record),
-                None => fp.tag("sent"),
-            },
-        }
+    fn fingerprint(&self, mut hasher: &mut dyn core::hash::Hasher) {
+        let sent = match &self.pending {
+            Pending::Staged(_) => None,
+            Pending::Outstanding { write, .. } => Some(write),
+        };
+        core::hash::Hash::hash(&(self.call_sent, &self.op, sent), &mut hasher);
     }
 }
 
@@ -1008,7 +1004,7 @@ impl Worker {
     /// [`Worker::state_fingerprint`]. Only with the `sim-hooks` feature (not for production).
     #[cfg(feature = "sim-hooks")]
     pub fn fingerprint(&self, hasher: &mut dyn core::hash::Hasher) {
-        Fingerprint(&mut *hasher).debug(&(self.now, self.mono));
+        fingerprint::debug(hasher, &(self.now, self.mono));
         self.state_fingerprint(hasher);
     }
 
@@ -1019,36 +1015,35 @@ impl Worker {
     /// `sim-hooks` feature (not for production).
     #[cfg(feature = "sim-hooks")]
     pub fn state_fingerprint(&self, hasher: &mut dyn core::hash::Hasher) {
-        let mut fp = Fingerprint(hasher);
-        fp.debug(&(&self.stage, &self.session, &self.known));
-        fp.debug(&(&self.fail_closed, self.drain, &self.queue));
-        fp.debug(&(&self.timers, &self.last_renewal));
-        fp.debug(&(self.claim_backoff_served, &self.leases));
-        fp.debug(&(&self.supervision_cursor, &self.reconcile_cursor));
-        fp.debug(&self.transition_offline_queued);
-        fp.debug(&(self.claim_pending, self.retiring, &self.config.session_id));
-        fp.debug(&self.claim_unsettled);
-        fp.debug(&(self.inbox, self.reported_slots, self.reporting_slots));
-        fp.debug(&(self.auth_paused, self.rejoin, self.fences));
-        fp.debug(&(
-            self.session_uncertain,
-            self.register_failures,
-            self.renewals,
-        ));
-        fp.debug(&self.drain_stopped);
-        fp.debug(&self.gone_launches);
-        fp.debug(&(
-            &self.evidence,
-            &self.pre_barrier_expiry,
-            &self.pending_cleanup,
-            &self.lease_may_hold,
-        ));
+        fingerprint::debug(
+            hasher,
+            &(
+                (&self.stage, &self.session, &self.known),
+                (&self.fail_closed, self.drain, &self.queue),
+                (&self.timers, &self.last_renewal),
+                (self.claim_backoff_served, &self.leases),
+                (&self.supervision_cursor, &self.reconcile_cursor),
+                (self.transition_offline_queued, &self.claim_unsettled),
+                (self.claim_pending, self.retiring, &self.config.session_id),
+                (self.inbox, self.reported_slots, self.reporting_slots),
+                (self.auth_paused, self.rejoin, self.fences),
+                (
+                    self.session_uncertain,
+                    self.register_failures,
+                    self.renewals,
+                ),
+                (&self.drain_stopped, &self.gone_launches, &self.evidence),
+                (
+                    &self.pre_barrier_expiry,
+                    &self.pending_cleanup,
+                    &self.lease_may_hold,
+                ),
+            ),
+        );
+        hasher.write_usize(self.lanes.len());
         for (lane, slot) in &self.lanes {
-            fp.debug(&(lane, &slot.work));
-            slot.fingerprint(&mut fp);
-        }
-        if self.lanes.is_empty() {
-            fp.tag("idle");
+            fingerprint::debug(hasher, &(lane, &slot.work));
+            slot.fingerprint(hasher);
         }
     }
 
@@ -2449,9 +2444,9 @@ fn supervision_work(records: &[InboxRecord]) -> Vec<Work> {
 
 // Dispatch of the operations, and the helpers they share.
 
-/// The operation in progress. `Clone` exists only for `Worker::fork` (the model checker branches
-/// a Worker between two commands; `sim-hooks` feature).
-#[cfg_attr(feature = "sim-hooks", derive(Clone))]
+/// The operation in progress. `Clone` and `Hash` exist only for `Worker::fork` and the model
+/// checker's fingerprints (it branches a Worker between two commands; `sim-hooks` feature).
+#[cfg_attr(feature = "sim-hooks", derive(Clone, Hash))]
 #[derive(Debug)]
 pub(crate) enum Running {
     Session(SessionOp),
@@ -2532,24 +2527,6 @@ impl Running {
             | Self::Pull(_)
             | Self::Process(_)
             | Self::Supervise(_) => None,
-        }
-    }
-
-    /// Writes a canonical rendering of this operation's state (model checking).
-    #[cfg(feature = "sim-hooks")]
-    pub(crate) fn fingerprint(&self, fp: &mut Fingerprint<'_>) {
-        match self {
-            Self::Session(op) => {
-                fp.tag("session");
-                fp.debug(op);
-            }
-            Self::List(purpose) => {
-                fp.tag("list");
-                fp.debug(purpose);
-            }
-            Self::Pull(op) => op.fingerprint(fp),
-            Self::Process(op) => op.fingerprint(fp),
-            Self::Supervise(op) => op.fingerprint(fp),
         }
     }
 
