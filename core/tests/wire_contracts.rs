@@ -934,3 +934,115 @@ fn wire_trailing_data_bom_and_lone_surrogates_are_rejected() {
     let invalid_utf8 = [b"{\"code\":\"".as_slice(), &[0xff, 0xfe], b"\"}"].concat();
     assert!(ql_worker_core::wire::error::parse_error_body(&invalid_utf8).is_err());
 }
+
+/// Every response field bound to its request fails with the field's path and the exact rule it
+/// must equal (`WireError::Mismatch`), as the operator reads it in the error message.
+#[test]
+fn wire_every_request_binding_names_its_path_and_rule() {
+    fn bound<T: std::fmt::Debug>(result: Result<T, WireError>) -> (&'static str, String) {
+        match result.unwrap_err() {
+            WireError::Mismatch { path, must_equal } => (path, must_equal.to_owned()),
+            other => panic!("not a binding error: {other:?}"),
+        }
+    }
+    let activation = fx::starting_request();
+    let starting = example("activation_starting");
+    for (key, value, path, rule) in [
+        ("runId", json!("run-2"), "snapshot.runId", "runId"),
+        (
+            "attemptId",
+            json!("attempt-2"),
+            "snapshot.attemptId",
+            "attemptId",
+        ),
+        (
+            "leaseGeneration",
+            json!(4),
+            "snapshot.leaseGeneration",
+            "leaseGeneration",
+        ),
+    ] {
+        let bytes = mutate(&starting, |v| v["snapshot"][key] = value);
+        assert_eq!(
+            bound(ActivationResponse::parse(&bytes, &activation)),
+            (path, format!("the request's {rule}")),
+            "activation {key}"
+        );
+    }
+    let completion = fx::completion_request();
+    let applied = example("completion_response");
+    for (key, value) in [
+        ("runId", json!("run-2")),
+        ("attemptId", json!("attempt-2")),
+        ("callbackSequence", json!(2)),
+    ] {
+        let bytes = mutate(&applied, |v| v[key] = value);
+        assert_eq!(
+            bound(CompletionResponse::parse(&bytes, &completion)),
+            (key, format!("the request's {key}")),
+            "completion {key}"
+        );
+    }
+    let lease = LeaseControlRequest { fence: fx::fence() };
+    let renewed = example("lease_control_renewed");
+    for (key, value) in [
+        ("projectId", json!("project-2")),
+        ("runId", json!("run-2")),
+        ("attemptId", json!("attempt-2")),
+        ("offerId", json!("offer-2")),
+        ("leaseGeneration", json!(4)),
+    ] {
+        let bytes = mutate(&renewed, |v| v[key] = value);
+        assert_eq!(
+            bound(LeaseControlResponse::parse(&bytes, &lease)),
+            (key, format!("the request's {key}")),
+            "lease control {key}"
+        );
+    }
+    let secrets = fx::secrets_request();
+    let resolved = example("secrets_response");
+    for (key, value) in [
+        ("runId", json!("run-2")),
+        ("attemptId", json!("attempt-2")),
+        ("offerId", json!("offer-2")),
+        ("executionDigest", json!("c".repeat(64))),
+    ] {
+        let bytes = mutate(&resolved, |v| v[key] = value);
+        assert_eq!(
+            bound(SecretsResponse::parse(&bytes, &secrets)),
+            (key, format!("the request's {key}")),
+            "secrets {key}"
+        );
+    }
+    let worker = WorkerId::new(fx::WORKER_ID).unwrap();
+    let session = SessionId::new(fx::SESSION_ID).unwrap();
+    let heartbeat = example("heartbeat_response");
+    for (key, value, rule) in [
+        ("generation", json!(3), "the request's generation"),
+        ("version", json!(5), "the request's expectedVersion + 1"),
+    ] {
+        let bytes = mutate(&heartbeat, |v| v[key] = value);
+        assert_eq!(
+            bound(SessionResponse::parse_heartbeat(
+                &bytes,
+                &worker,
+                &session,
+                &fx::heartbeat_request()
+            )),
+            (key, rule.to_owned()),
+            "heartbeat {key}"
+        );
+    }
+    let transition = mutate(&example("transition_response"), |v| {
+        v["generation"] = json!(3)
+    });
+    assert_eq!(
+        bound(SessionResponse::parse_transition(
+            &transition,
+            &worker,
+            &session,
+            &fx::transition_request()
+        )),
+        ("generation", "the request's generation".to_owned())
+    );
+}

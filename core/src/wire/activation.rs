@@ -13,7 +13,7 @@ use zeroize::Zeroizing;
 
 use super::de::present;
 use super::route::Operation;
-use super::{ActivationFence, Fence, WireError, bind, ensure, exact, id, parse_json, sealed_body};
+use super::{ActivationFence, Fence, WireError, ensure, exact, id, parse_json, sealed_body};
 use crate::ids::{
     AttemptId, CallbackSequence, CapabilityDigest, ExecutorHandle, LeaseVersion, LogArtifactId,
     MAX_INT32, RunId, Sha256Digest,
@@ -370,21 +370,12 @@ impl ActivationResponse {
         };
         ensure(agrees, "status", "consistent with the snapshot shape")?;
         let f = &request.fence;
-        bind(
-            snapshot.run_id == f.run_id,
-            "snapshot.runId",
-            "the request's runId",
-        )?;
-        bind(
-            snapshot.attempt_id == f.attempt_id,
-            "snapshot.attemptId",
-            "the request's attemptId",
-        )?;
-        bind(
-            snapshot.lease_generation == f.lease_generation.get(),
-            "snapshot.leaseGeneration",
-            "the request's leaseGeneration",
-        )?;
+        bind_to_request! {
+            snapshot.run_id == f.run_id => "snapshot.runId" as "runId";
+            snapshot.attempt_id == f.attempt_id => "snapshot.attemptId" as "attemptId";
+            snapshot.lease_generation == f.lease_generation.get()
+                => "snapshot.leaseGeneration" as "leaseGeneration";
+        }
         Ok(Self {
             status: wire.status,
             snapshot,

@@ -7,7 +7,7 @@ use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use super::{Fence, Schema, WireError, bind, exact, id, parse_json, require, sealed_body};
+use super::{Fence, Schema, WireError, exact, id, parse_json, require, sealed_body};
 use crate::ids::{
     AttemptId, CallbackSequence, CapabilityDigest, LogArtifactId, RunId, Sha256Digest,
 };
@@ -191,21 +191,11 @@ impl CompletionResponse {
                 "callbackSequence",
             )?,
         };
-        bind(
-            response.run_id == request.fence.run_id,
-            "runId",
-            "the request's runId",
-        )?;
-        bind(
-            response.attempt_id == request.fence.attempt_id,
-            "attemptId",
-            "the request's attemptId",
-        )?;
-        bind(
-            response.callback_sequence == request.callback_sequence,
-            "callbackSequence",
-            "the request's callbackSequence",
-        )?;
+        bind_to_request! {
+            response.run_id == request.fence.run_id => "runId";
+            response.attempt_id == request.fence.attempt_id => "attemptId";
+            response.callback_sequence == request.callback_sequence => "callbackSequence";
+        }
         Ok(response)
     }
 }

@@ -179,31 +179,13 @@ impl LeaseControlResponse {
         let wire: ResponseWire = parse_json("lease-control", bytes, MAX_RESPONSE_BYTES)?;
         exact(&wire.schema, SCHEMA, "schema")?;
         let f = &request.fence;
-        bind(
-            wire.project_id == f.project_id.as_str(),
-            "projectId",
-            "the request's projectId",
-        )?;
-        bind(
-            wire.run_id == f.run_id.as_str(),
-            "runId",
-            "the request's runId",
-        )?;
-        bind(
-            wire.attempt_id == f.attempt_id.as_str(),
-            "attemptId",
-            "the request's attemptId",
-        )?;
-        bind(
-            wire.offer_id == f.offer_id.as_str(),
-            "offerId",
-            "the request's offerId",
-        )?;
-        bind(
-            wire.lease_generation == f.lease_generation.get(),
-            "leaseGeneration",
-            "the request's leaseGeneration",
-        )?;
+        bind_to_request! {
+            wire.project_id == f.project_id.as_str() => "projectId";
+            wire.run_id == f.run_id.as_str() => "runId";
+            wire.attempt_id == f.attempt_id.as_str() => "attemptId";
+            wire.offer_id == f.offer_id.as_str() => "offerId";
+            wire.lease_generation == f.lease_generation.get() => "leaseGeneration";
+        }
         match wire.status {
             Status::Terminal => {
                 ensure(

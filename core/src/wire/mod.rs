@@ -29,6 +29,17 @@ use crate::ids::{
     WorkerGeneration,
 };
 
+/// Binds a response to the request that produced it, row by row in order: each
+/// `ok => path;` (or `ok => path as what;`) fails with [`WireError::Mismatch`] at `path`, which
+/// must equal "the request's `path`" (or `what`).
+macro_rules! bind_to_request {
+    (@rule $path:literal) => { concat!("the request's ", $path) };
+    (@rule $path:literal $what:literal) => { concat!("the request's ", $what) };
+    ($($ok:expr => $path:literal $(as $what:literal)?;)+) => {
+        $($crate::wire::bind($ok, $path, bind_to_request!(@rule $path $($what)?))?;)+
+    };
+}
+
 pub mod activation;
 pub mod artifact;
 pub mod auth;

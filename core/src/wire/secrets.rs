@@ -273,26 +273,12 @@ impl SecretsResponse {
         let wire: ResponseWire = parse_json("secrets", bytes, MAX_RESPONSE_BYTES)?;
         exact(&wire.schema, SCHEMA, "schema")?;
         let f = &request.fence;
-        bind(
-            wire.run_id == f.run_id.as_str(),
-            "runId",
-            "the request's runId",
-        )?;
-        bind(
-            wire.attempt_id == f.attempt_id.as_str(),
-            "attemptId",
-            "the request's attemptId",
-        )?;
-        bind(
-            wire.offer_id == f.offer_id.as_str(),
-            "offerId",
-            "the request's offerId",
-        )?;
-        bind(
-            wire.execution_digest == request.execution_digest.to_hex(),
-            "executionDigest",
-            "the request's executionDigest",
-        )?;
+        bind_to_request! {
+            wire.run_id == f.run_id.as_str() => "runId";
+            wire.attempt_id == f.attempt_id.as_str() => "attemptId";
+            wire.offer_id == f.offer_id.as_str() => "offerId";
+            wire.execution_digest == request.execution_digest.to_hex() => "executionDigest";
+        }
         Ok(Self {
             values: bind_values(
                 wire.values,

@@ -540,16 +540,10 @@ impl SessionResponse {
     ) -> Result<Self, WireError> {
         let wire: ProjectionWire = parse_json("heartbeat", bytes, MAX_RESPONSE_BYTES)?;
         let r = projection(wire, HEARTBEAT_SCHEMA, worker_id, session_id, None)?;
-        bind(
-            r.generation == request.generation,
-            "generation",
-            "the request's generation",
-        )?;
-        bind(
-            r.version == request.expected_version + 1,
-            "version",
-            "the request's expectedVersion + 1",
-        )?;
+        bind_to_request! {
+            r.generation == request.generation => "generation";
+            r.version == request.expected_version + 1 => "version" as "expectedVersion + 1";
+        }
         ensure(
             r.status != SessionStatus::Offline,
             "status",
@@ -571,11 +565,9 @@ impl SessionResponse {
     ) -> Result<Self, WireError> {
         let wire: ProjectionWire = parse_json("transition", bytes, MAX_RESPONSE_BYTES)?;
         let r = projection(wire, TRANSITION_SCHEMA, worker_id, session_id, None)?;
-        bind(
-            r.generation == request.generation,
-            "generation",
-            "the request's generation",
-        )?;
+        bind_to_request! {
+            r.generation == request.generation => "generation";
+        }
         bind(r.status == request.status, "status", "the requested status")?;
         Ok(r)
     }
