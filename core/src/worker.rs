@@ -464,21 +464,25 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    /// Whether `record`'s lease has expired (see [`lease_remaining_ms`]).
+    /// Whether `record`'s lease has expired (see [`Self::lease_remaining_ms`]).
     pub(crate) fn lease_expired(&self, record: &InboxRecord) -> bool {
         self.lease_remaining_ms(record) == 0
     }
 
-    /// What is left of `record`'s lease, in milliseconds (see [`lease_remaining_ms`]).
+    /// What is left of `record`'s lease at `now` / `mono`, in milliseconds (0: expired): on the
+    /// monotonic clock against its local deadline when this process obtained or renewed this
+    /// very grant; otherwise (a lease read from disk after a restart, not renewed since) on the
+    /// wall clock against the control plane's expiry.
     pub(crate) fn lease_remaining_ms(&self, record: &InboxRecord) -> u64 {
-        let offer = &record.offer;
-        lease_remaining_ms(
-            self.leases,
-            &offer.offer_id,
-            &offer.lease,
-            self.now,
-            self.mono,
-        )
+        self.remaining_ms(&record.offer.offer_id, &record.offer.lease)
+    }
+
+    /// [`Self::lease_remaining_ms`] of `offer_id`'s `lease`.
+    fn remaining_ms(&self, offer_id: &OfferId, lease: &Lease) -> u64 {
+        match self.leases.get(offer_id).filter(|clock| clock.names(lease)) {
+            Some(clock) => clock.deadline.saturating_since(self.mono),
+            None => lease.expires_at_ms.saturating_since(self.now),
+        }
     }
 
     /// Whether the Session `session` is usable now (monotonic).
@@ -572,23 +576,6 @@ impl LeaseClock {
 
     fn names(&self, lease: &Lease) -> bool {
         self.renewed_at == lease.renewed_at_ms && self.expires_at == lease.expires_at_ms
-    }
-}
-
-/// What is left of `record`'s lease at `now` / `mono`, in milliseconds (0: expired): on the
-/// monotonic clock against its local deadline when this process obtained or renewed this very
-/// grant; otherwise (a lease read from disk after a restart, not renewed since) on the wall
-/// clock against the control plane's expiry.
-fn lease_remaining_ms(
-    leases: &BTreeMap<OfferId, LeaseClock>,
-    offer_id: &OfferId,
-    lease: &Lease,
-    now: UnixMillis,
-    mono: MonoMillis,
-) -> u64 {
-    match leases.get(offer_id).filter(|clock| clock.names(lease)) {
-        Some(clock) => clock.deadline.saturating_since(mono),
-        None => lease.expires_at_ms.saturating_since(now),
     }
 }
 
@@ -1158,10 +1145,7 @@ impl Worker {
             .collect();
         for (lane, offer_id) in withdrawn {
             if let Some(slot) = self.lanes.remove(&lane) {
-                let finished = Finished::Process {
-                    offer_id,
-                    result: ProcessResult::Deferred,
-                };
+                let finished = Finished::Process(offer_id, ProcessResult::Deferred);
                 self.apply(lane, slot.work, slot.call_sent, Step::Done(finished));
             }
         }
@@ -1316,6 +1300,12 @@ impl Worker {
         self.timers.insert(Timer::Tick, self.mono);
     }
 
+    /// Sets `timer` `delay_ms` from now (monotonic).
+    fn set_timer(&mut self, timer: Timer, delay_ms: u64) {
+        self.timers
+            .insert(timer, self.mono.saturating_add(delay_ms));
+    }
+
     fn on_outcome(&mut self, id: OpId, outcome: Outcome) -> Result<(), InputError> {
         let awaited = self
             .lanes
@@ -1398,9 +1388,8 @@ impl Worker {
         }
         let slots = self.available_slots();
         self.reporting_slots = match &work {
-            Work::Register | Work::Rejoin => {
-                Some(slots.min(u64::from(self.config.max_concurrent_runs)))
-            }
+            // `available_slots` never exceeds `max_concurrent_runs`.
+            Work::Register | Work::Rejoin => Some(slots),
             Work::Heartbeat => Some(
                 self.session
                     .as_ref()
@@ -1558,11 +1547,12 @@ impl Worker {
     }
 
     /// Whether a record that never crossed the spawn barrier has outlived its lease (see
-    /// [`lease_remaining_ms`]): it can never progress.
+    /// [`Ctx::lease_remaining_ms`]): it can never progress.
     fn dormant(&self, id: &OfferId) -> bool {
-        self.pre_barrier_expiry.get(id).is_some_and(|lease| {
-            lease_remaining_ms(&self.leases, id, lease, self.now, self.mono) == 0
-        })
+        let ctx = self.ctx(self.mono);
+        self.pre_barrier_expiry
+            .get(id)
+            .is_some_and(|lease| ctx.remaining_ms(id, lease) == 0)
     }
 
     /// A supervisor of this Worker exited: its receipt is published (or it failed). The record's
@@ -1595,8 +1585,7 @@ impl Worker {
     fn begin_drain(&mut self) {
         if self.drain == Drain::NotRequested {
             self.drain = Drain::Requested;
-            let budget_end = self.mono.saturating_add(self.config.drain_budget_ms);
-            self.timers.insert(Timer::DrainBudget, budget_end);
+            self.set_timer(Timer::DrainBudget, self.config.drain_budget_ms);
             let in_flight = self.in_flight();
             self.fact(|| Fact::DrainBegun { in_flight });
             match self.stage {
@@ -1709,8 +1698,7 @@ impl Worker {
         if !self.due(&Timer::Tick) {
             return;
         }
-        let next = self.mono.saturating_add(self.config.cadence_ms);
-        self.timers.insert(Timer::Tick, next);
+        self.set_timer(Timer::Tick, self.config.cadence_ms);
         match self.stage {
             Stage::Registering if self.pending(&Timer::RegisterBackoff) => {}
             Stage::Registering => {
@@ -1718,14 +1706,7 @@ impl Worker {
                     self.queue.push_back(Work::Register);
                 }
             }
-            Stage::Reconciling => {
-                if !self.listing(ListPurpose::Reconcile) {
-                    self.queue.push_back(Work::ListPage {
-                        purpose: ListPurpose::Reconcile,
-                        after: self.reconcile_cursor.clone(),
-                    });
-                }
-            }
+            Stage::Reconciling => self.list_next(ListPurpose::Reconcile),
             Stage::Active | Stage::Draining => self.plan_active_tick(),
             Stage::Finished(_) => {}
         }
@@ -1780,8 +1761,7 @@ impl Worker {
             self.timers.remove(&timer);
             match timer {
                 Timer::Heartbeat if !active => {
-                    let again = self.mono.saturating_add(self.config.cadence_ms);
-                    self.timers.insert(Timer::Heartbeat, again);
+                    self.set_timer(Timer::Heartbeat, self.config.cadence_ms);
                 }
                 Timer::Heartbeat => {
                     if self.session.is_some() && !self.planned(&Work::Heartbeat) {
@@ -1828,12 +1808,7 @@ impl Worker {
             .filter(|work| !self.planned(work))
             .collect();
         self.queue.extend(cleanup);
-        if !self.listing(ListPurpose::Supervise) {
-            self.queue.push_back(Work::ListPage {
-                purpose: ListPurpose::Supervise,
-                after: self.supervision_cursor.clone(),
-            });
-        }
+        self.list_next(ListPurpose::Supervise);
         self.renew_or_pull();
     }
 
@@ -1847,10 +1822,18 @@ impl Worker {
         }
     }
 
-    /// Whether a page is queued or being listed for `purpose`.
-    fn listing(&self, purpose: ListPurpose) -> bool {
+    /// Queues the page at `purpose`'s cursor, unless a page for `purpose` is queued or being
+    /// listed.
+    fn list_next(&mut self, purpose: ListPurpose) {
         let listing = |w: &Work| matches!(w, Work::ListPage { purpose: p, .. } if *p == purpose);
-        self.queue.iter().any(listing) || self.lanes.values().any(|s| listing(&s.work))
+        if self.queue.iter().any(listing) || self.lanes.values().any(|s| listing(&s.work)) {
+            return;
+        }
+        let after = match purpose {
+            ListPurpose::Reconcile => self.reconcile_cursor.clone(),
+            ListPurpose::Supervise => self.supervision_cursor.clone(),
+        };
+        self.queue.push_back(Work::ListPage { purpose, after });
     }
 
     /// Why the Worker does not Pull now, if it does not: not active, fail-closed, admission
@@ -1882,9 +1865,9 @@ impl Worker {
     }
 
     /// Whether a Pull may go out now: active, not fail-closed, admission not paused, the Session
-    /// usable and online, a
-    /// place free in the inbox, a slot free and no backoff. Records what the decision saw of
-    /// the inbox: whether it was full, and one more deferral when that held the Pull back.
+    /// usable and online, a place free in the inbox, a slot free and no backoff. Records what the
+    /// decision saw of the inbox: whether it was full, and one more deferral when that held the
+    /// Pull back.
     pub(crate) fn decide_pull(&mut self) -> bool {
         let blocker = self.pull_blocker();
         if blocker != Some(PullBlocker::NotActive) {
@@ -1953,13 +1936,11 @@ impl Worker {
         self.fail_closed.is_none() && self.drain == Drain::NotRequested
     }
 
-    /// Slots offered to the control plane: the free Run slots, but never more than the inbox
-    /// can still store (less one place for a pending claim, which may still bring a record).
+    /// Slots offered to the control plane: none while no launch may begin (fail-closed, a drain)
+    /// or admission is paused; else the free Run slots, but never more than the inbox can still
+    /// store (less one place for a pending claim, which may still bring a record).
     pub(crate) fn available_slots(&self) -> u64 {
-        if self.drain != Drain::NotRequested
-            || self.fail_closed.is_some()
-            || self.admission_paused()
-        {
+        if !self.may_launch() || self.admission_paused() {
             return 0;
         }
         let max = usize::from(self.config.max_concurrent_runs);
@@ -2002,8 +1983,8 @@ impl Worker {
             Finished::Listed(result) => self.on_listed(result),
             Finished::Pull(result) => self.on_pull(result),
             // Recovery evidence an operation wrote was observed with its durable write.
-            Finished::Process { offer_id, result } => self.on_processed(offer_id, &result),
-            Finished::Supervise { offer_id, result } => {
+            Finished::Process(offer_id, result) => self.on_processed(offer_id, &result),
+            Finished::Supervise(offer_id, result) => {
                 use crate::completion::{Cleanup, CompletionOutcome};
                 let pending = matches!(
                     result,
@@ -2114,8 +2095,7 @@ impl Worker {
                     } else if self.retiring && self.renewals > 0 {
                         // The Session this incarnation renewed is not online either.
                         let delay = register_backoff(self.config.backoff_base_ms, self.renewals);
-                        let retry_at = self.mono.saturating_add(delay);
-                        self.timers.insert(Timer::RenewalBackoff, retry_at);
+                        self.set_timer(Timer::RenewalBackoff, delay);
                     }
                 }
                 self.session = Some(view);
@@ -2178,8 +2158,7 @@ impl Worker {
             Exchange::Register => {
                 self.register_failures = self.register_failures.saturating_add(1);
                 let delay = register_backoff(self.config.backoff_base_ms, self.register_failures);
-                let retry_at = self.mono.saturating_add(delay);
-                self.timers.insert(Timer::RegisterBackoff, retry_at);
+                self.set_timer(Timer::RegisterBackoff, delay);
                 let attempt = self.register_failures;
                 self.fact(|| Fact::RegisterRetry {
                     attempt,
@@ -2234,9 +2213,9 @@ impl Worker {
         for record in &result.records {
             self.observe(record);
         }
+        let mut work = page_work(result.purpose, &result.records);
         match result.purpose {
             ListPurpose::Reconcile => {
-                let work = reconcile_work(&result.records);
                 // A settled completion's receipt may still be on disk (a crash before its
                 // removal): its cleanup pass is retried every tick until one reaches the
                 // receipt, like a failed removal's (a pass cut short by a failed read would
@@ -2270,7 +2249,6 @@ impl Worker {
                     .iter()
                     .filter(|r| !r.state.is_terminal())
                     .count();
-                let mut work = supervision_work(&result.records);
                 let gone = &self.gone_launches;
                 work.retain(|w| !matches!(w, Work::Supervise(id) if gone.contains(id)));
                 // Settled records fill pages without needing supervision: when a page held fewer
@@ -2335,8 +2313,7 @@ impl Worker {
     /// A Pull ended without clearing its claim: the next waits `retry_in_ms`; `pending`: a
     /// claim remains; `served`: its backoff is waited out here (`claim_backoff_served`).
     fn claim_kept(&mut self, retry_in_ms: u64, pending: bool, served: bool) {
-        let retry_at = self.mono.saturating_add(retry_in_ms);
-        self.timers.insert(Timer::PullBackoff, retry_at);
+        self.set_timer(Timer::PullBackoff, retry_in_ms);
         self.claim_pending = pending;
         self.claim_backoff_served = served;
         self.claim_unsettled = true;
@@ -2388,55 +2365,41 @@ pub(crate) fn register_backoff(base_ms: u64, failures: u32) -> u64 {
         .min(crate::pull::MAX_BACKOFF_MS)
 }
 
-/// Startup reconciliation (reference §4.7 step 2, §4.8): which records go to the Processor.
+/// The work one listed page plans, record by record (reference §4.7, §4.8).
 ///
-/// A `completion_acknowledged` record also gets one completion pass, which only removes its
+/// Startup reconciliation ([`ListPurpose::Reconcile`]): which records go to the Processor. A
+/// `completion_acknowledged` record also gets one completion pass, which only removes its
 /// receipt: a crash between the durable acknowledgement and the removal would otherwise leave
 /// the receipt, and the capability it holds, on disk for good (settled records are never
 /// supervised again).
-fn reconcile_work(records: &[InboxRecord]) -> Vec<Work> {
+///
+/// Supervision ([`ListPurpose::Supervise`]): completion first, then lease control, for every
+/// record that may have a live process; running-ACK and start-failure replays; retries of
+/// unfinished starts. A `launching` record outside this incarnation's own start path was left
+/// by an earlier one (its reconciliation's read may have failed): the Processor applies the
+/// restart rule, as it does for `started`'s running ACK.
+fn page_work(purpose: ListPurpose, records: &[InboxRecord]) -> Vec<Work> {
+    let reconcile = purpose == ListPurpose::Reconcile;
     let mut work = Vec::new();
     for r in records {
-        let id = r.offer.offer_id.clone();
-        match r.state {
-            State::Accepted
-            | State::StartingAcknowledged
-            | State::Launching
-            | State::Started
-            | State::StartFailed => work.push(Work::Process(id)),
-            State::CompletionAcknowledged => work.push(Work::Supervise(id)),
-            State::RunningAcknowledged
-            | State::StartFailureAcknowledged
-            | State::RecoveryRequired => {}
+        // Whether the record goes to the Processor, and whether it gets a supervision pass.
+        let (process, supervise) = match r.state {
+            State::Accepted | State::StartingAcknowledged | State::StartFailed => (true, false),
+            State::Launching | State::Started => (true, !reconcile),
+            State::RunningAcknowledged => (false, !reconcile),
+            State::RecoveryRequired => (
+                false,
+                !reconcile && r.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown),
+            ),
+            State::CompletionAcknowledged => (false, reconcile),
+            State::StartFailureAcknowledged => (false, false),
+        };
+        let id = &r.offer.offer_id;
+        if process {
+            work.push(Work::Process(id.clone()));
         }
-    }
-    work
-}
-
-/// Supervision of one page: completion first, then lease control, for every record that may
-/// have a live process; running-ACK and start-failure replays; retries of unfinished starts.
-fn supervision_work(records: &[InboxRecord]) -> Vec<Work> {
-    let mut work = Vec::new();
-    for r in records {
-        let id = r.offer.offer_id.clone();
-        match r.state {
-            State::Accepted | State::StartingAcknowledged | State::StartFailed => {
-                work.push(Work::Process(id));
-            }
-            // A `launching` record outside this incarnation's own start path was left by an
-            // earlier one (its reconciliation's read may have failed): the Processor applies the
-            // restart rule, as it does for `started`'s running ACK.
-            State::Launching | State::Started => {
-                work.push(Work::Process(id.clone()));
-                work.push(Work::Supervise(id));
-            }
-            State::RunningAcknowledged => work.push(Work::Supervise(id)),
-            State::RecoveryRequired => {
-                if r.recovery_reason == Some(RecoveryReason::LaunchOutcomeUnknown) {
-                    work.push(Work::Supervise(id));
-                }
-            }
-            State::StartFailureAcknowledged | State::CompletionAcknowledged => {}
+        if supervise {
+            work.push(Work::Supervise(id.clone()));
         }
     }
     work
@@ -2463,15 +2426,9 @@ pub(crate) enum Finished {
     Listed(ListResult),
     Pull(PullResult),
     /// The Worker's decisions come from the records it observed; the result itself is kept for
-    /// `Debug` traces (the model checker's and the simulation's).
-    Process {
-        offer_id: OfferId,
-        result: ProcessResult,
-    },
-    Supervise {
-        offer_id: OfferId,
-        result: SupervisionResult,
-    },
+    /// the facts ([`Fact::Process`]) and `Debug` traces.
+    Process(OfferId, ProcessResult),
+    Supervise(OfferId, SupervisionResult),
 }
 
 impl Finished {
@@ -2481,11 +2438,11 @@ impl Finished {
             Self::Session(result) => Some(Fact::Session(result.clone())),
             Self::Listed(_) => None,
             Self::Pull(result) => Some(Fact::Pull(result.clone())),
-            Self::Process { offer_id, result } => Some(Fact::Process {
+            Self::Process(offer_id, result) => Some(Fact::Process {
                 offer_id: offer_id.clone(),
                 result: result.clone(),
             }),
-            Self::Supervise { offer_id, result } => Some(Fact::Supervise {
+            Self::Supervise(offer_id, result) => Some(Fact::Supervise {
                 offer_id: offer_id.clone(),
                 result: result.clone(),
             }),
@@ -2550,12 +2507,12 @@ impl Running {
 
 /// How `offer_id`'s start path reports its result.
 fn processed(offer_id: OfferId) -> impl FnOnce(ProcessResult) -> Finished {
-    move |result| Finished::Process { offer_id, result }
+    move |result| Finished::Process(offer_id, result)
 }
 
 /// How `offer_id`'s supervision pass reports its result.
 fn supervised(offer_id: OfferId) -> impl FnOnce(SupervisionResult) -> Finished {
-    move |result| Finished::Supervise { offer_id, result }
+    move |result| Finished::Supervise(offer_id, result)
 }
 
 fn list_resume(purpose: ListPurpose, reply: Reply) -> Step<Running, Finished> {
