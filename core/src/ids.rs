@@ -38,20 +38,27 @@ fn is_lower_hex(value: &str) -> bool {
         .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-/// `^[A-Za-z0-9][A-Za-z0-9._:-]{0,max-1}$`
-fn is_token_id(value: &str, max: usize) -> bool {
+/// 1..=max bytes, the first one `first`, every one `first` or in `more`.
+pub(crate) fn is_token(value: &str, max: usize, first: fn(&u8) -> bool, more: &[u8]) -> bool {
     let bytes = value.as_bytes();
     (1..=max).contains(&bytes.len())
-        && bytes[0].is_ascii_alphanumeric()
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+        && first(&bytes[0])
+        && bytes.iter().all(|b| first(b) || more.contains(b))
+}
+
+/// `^[A-Za-z0-9][A-Za-z0-9._:-]{0,max-1}$`
+fn is_token_id(value: &str, max: usize) -> bool {
+    is_token(value, max, u8::is_ascii_alphanumeric, b"._:-")
 }
 
 /// 1..=max JavaScript characters, no control characters.
-fn is_bounded_text(value: &str, max: usize) -> bool {
-    let length = js_length(value);
-    (1..=max).contains(&length) && !has_control_char(value)
+pub(crate) fn bounded_text(value: &str, max: usize) -> bool {
+    (1..=max).contains(&js_length(value)) && !has_control_char(value)
+}
+
+/// 1..=max UTF-8 bytes, no control characters.
+pub(crate) fn bounded_bytes(value: &str, max: usize) -> bool {
+    (1..=max).contains(&value.len()) && !has_control_char(value)
 }
 
 macro_rules! string_id {
@@ -139,14 +146,14 @@ string_id!(
     ProjectId,
     "project id",
     "1-128 characters, no control characters",
-    |v| is_bounded_text(v, 128)
+    |v| bounded_text(v, 128)
 );
 string_id!(
     /// Task id.
     TaskId,
     "task id",
     "1-128 characters, no control characters",
-    |v| is_bounded_text(v, 128)
+    |v| bounded_text(v, 128)
 );
 string_id!(
     /// Worker id, carried only by the request path.
@@ -181,7 +188,7 @@ string_id!(
     ExecutorHandle,
     "executor handle",
     "1-512 bytes, no control characters",
-    |v| (1..=512).contains(&v.len()) && !has_control_char(v)
+    |v| bounded_bytes(v, 512)
 );
 
 fn is_uuid_v7(v: &str) -> bool {
@@ -450,6 +457,8 @@ macro_rules! counter {
         }
     };
 }
+
+pub(crate) use counter;
 
 counter!(
     /// Inbox / claim record revision: 0 at creation, exactly +1 per durable update.

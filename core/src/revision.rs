@@ -28,7 +28,11 @@ use base64::Engine as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::IdError;
-use crate::ids::{MAX_INT32, MAX_SAFE_INTEGER, ProjectId, Sha256Digest, TaskId, TaskRevision};
+pub(crate) use crate::ids::bounded_text;
+use crate::ids::{
+    MAX_INT32, MAX_SAFE_INTEGER, ProjectId, Sha256Digest, TaskId, TaskRevision, bounded_bytes,
+    is_token,
+};
 use crate::js::{self, CollationError, JsString, JsStringJson};
 use crate::time::UnixMillis;
 use crate::wire::de::{Pairs, present};
@@ -98,10 +102,6 @@ fn ensure(ok: bool, name: &'static str, rule: &'static str) -> Result<(), Revisi
     if ok { Ok(()) } else { Err(field(name, rule)) }
 }
 
-fn no_control(value: &str) -> bool {
-    !crate::ids::has_control_char(value)
-}
-
 // ---------------------------------------------------------------------------------------------
 // Newtypes
 // ---------------------------------------------------------------------------------------------
@@ -112,11 +112,8 @@ crate::ids::string_id!(
     "environment name",
     "^[A-Za-z_][A-Za-z0-9_]{0,127}$, not starting with QL3_",
     |v| {
-        let b = v.as_bytes();
-        (1..=128).contains(&b.len())
-            && (b[0].is_ascii_alphabetic() || b[0] == b'_')
-            && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
-            && !v.starts_with("QL3_")
+        let first = |c: &u8| c.is_ascii_alphabetic() || *c == b'_';
+        is_token(v, 128, first, b"0123456789") && !v.starts_with("QL3_")
     }
 );
 
@@ -184,9 +181,8 @@ impl SecretRef {
     /// # Errors
     /// [`IdError`] when a part is out of bounds.
     pub fn create(project_id: &str, name: &str, version: Option<u64>) -> Result<String, IdError> {
-        let bounded = |v: &str| !v.is_empty() && v.len() <= 128 && no_control(v);
-        if !bounded(project_id)
-            || !bounded(name)
+        if !bounded_bytes(project_id, 128)
+            || !bounded_bytes(name, 128)
             || version.is_some_and(|v| !(1..=MAX_INT32).contains(&v))
         {
             return Err(Self::error());
@@ -480,25 +476,15 @@ fn json_present_labels<'de, D: Deserializer<'de>>(
 // Normalization
 // ---------------------------------------------------------------------------------------------
 
+/// `^[a-z0-9][a-z0-9._+-]{0,max-1}$`
 pub(crate) fn capability_name(value: &str, max: usize) -> bool {
-    let b = value.as_bytes();
-    (1..=max).contains(&b.len())
-        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
-        && b.iter().all(|c| {
-            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'+' | b'-')
-        })
+    let first = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    is_token(value, max, first, b"._+-")
 }
 
+/// `^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$`
 pub(crate) fn label_key(value: &str) -> bool {
-    let b = value.as_bytes();
-    (1..=128).contains(&b.len())
-        && b[0].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'/' | b'-'))
-}
-
-pub(crate) fn bounded_text(value: &str, max: usize) -> bool {
-    (1..=max).contains(&crate::ids::js_length(value)) && no_control(value)
+    is_token(value, 128, u8::is_ascii_alphanumeric, b"._/-")
 }
 
 /// Sorts `items` by `localeCompare` of `key`, refusing unsupported characters.
@@ -697,7 +683,7 @@ impl Placement {
 
 fn validate_identifier(value: &str, name: &'static str) -> Result<(), RevisionError> {
     ensure(
-        !value.is_empty() && value.len() <= 128 && no_control(value),
+        bounded_bytes(value, 128),
         name,
         "1..=128 UTF-8 bytes without control characters",
     )

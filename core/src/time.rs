@@ -8,37 +8,20 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::error::IdError;
 use crate::ids::MAX_SAFE_INTEGER;
 
-/// Milliseconds since the Unix epoch, `0..=2^53-1` (a JavaScript safe integer, as on the wire).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(transparent)]
-pub struct UnixMillis(u64);
+crate::ids::counter!(
+    /// Milliseconds since the Unix epoch, `0..=2^53-1` (a JavaScript safe integer, as on the
+    /// wire).
+    #[derive(Default)]
+    UnixMillis,
+    "unix milliseconds",
+    0,
+    MAX_SAFE_INTEGER,
+    "0..=2^53-1 milliseconds"
+);
 
 impl UnixMillis {
     /// The epoch.
-    pub const ZERO: Self = Self(0);
-    /// The validation rule.
-    pub const RULE: &'static str = "0..=2^53-1 milliseconds";
-
-    /// Validates and wraps `millis`.
-    ///
-    /// # Errors
-    /// [`IdError`] above `Number.MAX_SAFE_INTEGER`.
-    pub const fn new(millis: u64) -> Result<Self, IdError> {
-        if millis <= MAX_SAFE_INTEGER {
-            Ok(Self(millis))
-        } else {
-            Err(IdError {
-                kind: "unix milliseconds",
-                rule: Self::RULE,
-            })
-        }
-    }
-
-    /// The number of milliseconds.
-    #[must_use]
-    pub const fn get(self) -> u64 {
-        self.0
-    }
+    pub const ZERO: Self = Self::FIRST;
 
     /// `self + millis`, saturating at `2^53-1`.
     #[must_use]
@@ -55,19 +38,6 @@ impl UnixMillis {
     #[must_use]
     pub const fn saturating_since(self, earlier: Self) -> u64 {
         self.0.saturating_sub(earlier.0)
-    }
-}
-
-impl fmt::Display for UnixMillis {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for UnixMillis {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = u64::deserialize(deserializer)?;
-        Self::new(value).map_err(serde::de::Error::custom)
     }
 }
 
