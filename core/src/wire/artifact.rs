@@ -179,36 +179,15 @@ impl ArtifactReceipt {
         )?;
         let sha256 = id(Sha256Digest::from_hex(&wire.sha256), "sha256")?;
         let f = &upload.fence;
-        bind(
-            wire.project_id == f.project_id.as_str(),
-            "projectId",
-            "the upload's projectId",
-        )?;
-        bind(
-            wire.run_id == f.run_id.as_str(),
-            "runId",
-            "the upload's runId",
-        )?;
-        bind(
-            wire.attempt_id == f.attempt_id.as_str(),
-            "attemptId",
-            "the upload's attemptId",
-        )?;
-        bind(
-            wire.log_artifact_id == upload.log_artifact_id.as_str(),
-            "logArtifactId",
-            "the upload's logArtifactId",
-        )?;
-        bind(
-            wire.byte_length == upload.byte_length,
-            "byteLength",
-            "the upload's byteLength",
-        )?;
-        bind(
-            wire.truncated == upload.truncated,
-            "truncated",
-            "the upload's truncated",
-        )?;
+        bind_to_request! {
+            "the upload's":
+            wire.project_id == f.project_id.as_str() => "projectId";
+            wire.run_id == f.run_id.as_str() => "runId";
+            wire.attempt_id == f.attempt_id.as_str() => "attemptId";
+            wire.log_artifact_id == upload.log_artifact_id.as_str() => "logArtifactId";
+            wire.byte_length == upload.byte_length => "byteLength";
+            wire.truncated == upload.truncated => "truncated";
+        }
         bind(sha256 == *sent, "sha256", "the SHA-256 of the bytes sent")?;
         Ok(Self {
             status: wire.status,

@@ -31,12 +31,16 @@ use crate::ids::{
 
 /// Binds a response to the request that produced it, row by row in order: each
 /// `ok => path;` (or `ok => path as what;`) fails with [`WireError::Mismatch`] at `path`, which
-/// must equal "the request's `path`" (or `what`).
+/// must equal "the request's `path`" (or `what`). A leading `"the upload's":` (or another
+/// owner) names what the fields must equal instead of the request.
 macro_rules! bind_to_request {
-    (@rule $path:literal) => { concat!("the request's ", $path) };
-    (@rule $path:literal $what:literal) => { concat!("the request's ", $what) };
+    (@rule $whose:literal $path:literal) => { concat!($whose, " ", $path) };
+    (@rule $whose:literal $path:literal $what:literal) => { concat!($whose, " ", $what) };
+    ($whose:literal: $($ok:expr => $path:literal $(as $what:literal)?;)+) => {
+        $($crate::wire::bind($ok, $path, bind_to_request!(@rule $whose $path $($what)?))?;)+
+    };
     ($($ok:expr => $path:literal $(as $what:literal)?;)+) => {
-        $($crate::wire::bind($ok, $path, bind_to_request!(@rule $path $($what)?))?;)+
+        bind_to_request!("the request's": $($ok => $path $(as $what)?;)+)
     };
 }
 

@@ -53,31 +53,23 @@ fn at(b: &[u8], i: usize) -> u8 {
     b.get(i).copied().unwrap_or(0)
 }
 
+/// The length of the run of bytes from `i` that `class` accepts.
+fn run(b: &[u8], i: usize, class: fn(&u8) -> bool) -> usize {
+    b[i.min(b.len())..].iter().take_while(|c| class(c)).count()
+}
+
 fn digits(b: &[u8], i: usize) -> usize {
-    b[i.min(b.len())..]
-        .iter()
-        .take_while(|c| c.is_ascii_digit())
-        .count()
+    run(b, i, u8::is_ascii_digit)
 }
 
 /// `[a-zA-Z0-9-]`
-fn is_ident(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || c == b'-'
-}
-
-fn ident_run(b: &[u8], i: usize) -> usize {
-    b[i.min(b.len())..]
-        .iter()
-        .take_while(|c| is_ident(**c))
-        .count()
+fn is_ident(c: &u8) -> bool {
+    c.is_ascii_alphanumeric() || *c == b'-'
 }
 
 /// `[v=\s]*` (only `' '` remains as whitespace once the text is collapsed).
 fn prefix_run(b: &[u8], i: usize) -> usize {
-    b[i.min(b.len())..]
-        .iter()
-        .take_while(|c| matches!(c, b'v' | b'=' | b' '))
-        .count()
+    run(b, i, |c| matches!(c, b'v' | b'=' | b' '))
 }
 
 /// JavaScript `text.trim()` followed by `.replace(/\s+/g, ' ')`.
@@ -159,24 +151,22 @@ fn numeric_id(b: &[u8], i: usize) -> Option<usize> {
     }
 }
 
-/// `PRERELEASEIDENTIFIER` = `\d*[a-zA-Z-][a-zA-Z0-9-]*|0|[1-9]\d*` at `i`: its length.
-fn prerelease_id(b: &[u8], i: usize) -> Option<usize> {
+/// `\d*[a-zA-Z-][a-zA-Z0-9-]*` at `i`, the first alternative of both prerelease identifiers:
+/// its length.
+fn alphanumeric_id(b: &[u8], i: usize) -> Option<usize> {
     let d = digits(b, i);
     let c = at(b, i + d);
-    if c.is_ascii_alphabetic() || c == b'-' {
-        return Some(d + 1 + ident_run(b, i + d + 1));
-    }
-    numeric_id(b, i)
+    (c.is_ascii_alphabetic() || c == b'-').then(|| d + 1 + run(b, i + d + 1, is_ident))
+}
+
+/// `PRERELEASEIDENTIFIER` = `\d*[a-zA-Z-][a-zA-Z0-9-]*|0|[1-9]\d*` at `i`: its length.
+fn prerelease_id(b: &[u8], i: usize) -> Option<usize> {
+    alphanumeric_id(b, i).or_else(|| numeric_id(b, i))
 }
 
 /// `PRERELEASEIDENTIFIERLOOSE` = `\d*[a-zA-Z-][a-zA-Z0-9-]*|\d+` at `i`: its length.
 fn prerelease_id_loose(b: &[u8], i: usize) -> Option<usize> {
-    let d = digits(b, i);
-    let c = at(b, i + d);
-    if c.is_ascii_alphabetic() || c == b'-' {
-        return Some(d + 1 + ident_run(b, i + d + 1));
-    }
-    (d > 0).then_some(d)
+    alphanumeric_id(b, i).or_else(|| Some(digits(b, i)).filter(|d| *d > 0))
 }
 
 /// Whether the whole of `text` is `id(\.id)*` for an identifier rule.
@@ -198,7 +188,7 @@ fn dotted_full(text: &[u8], id: fn(&[u8], usize) -> Option<usize>) -> bool {
 }
 
 fn build_id(b: &[u8], i: usize) -> Option<usize> {
-    let n = ident_run(b, i);
+    let n = run(b, i, is_ident);
     (n > 0).then_some(n)
 }
 
@@ -428,20 +418,13 @@ fn build_end(b: &[u8], i: usize) -> usize {
 fn xrange_plain_end(b: &[u8], i: usize) -> Option<usize> {
     let mut j = i + prefix_run(b, i);
     j += xrange_id(b, j)?;
-    if at(b, j) != b'.' {
-        return Some(j);
+    // `.m` and `.p`, each only with its leading `.`.
+    for _ in 0..2 {
+        match xrange_id(b, j + 1) {
+            Some(n) if at(b, j) == b'.' => j += 1 + n,
+            _ => return Some(j),
+        }
     }
-    let Some(n) = xrange_id(b, j + 1) else {
-        return Some(j);
-    };
-    j += 1 + n;
-    if at(b, j) != b'.' {
-        return Some(j);
-    }
-    let Some(n) = xrange_id(b, j + 1) else {
-        return Some(j);
-    };
-    j += 1 + n;
     if at(b, j) == b'-'
         && let Some(n) = prerelease_id(b, j + 1)
     {
@@ -682,24 +665,21 @@ fn strip_star(comp: &str) -> String {
     String::from(comp)
 }
 
+/// `comp.trim().split(/\s+/).map(rewrite).join(' ')`. (node-semver splits the x-range step's
+/// input untrimmed; an empty end piece only adds an end space, which `strip_star`'s trim drops.)
+fn each_word(comp: &str, rewrite: fn(&str) -> String) -> String {
+    let words: Vec<String> = split_ws(comp.trim_matches(' '))
+        .into_iter()
+        .map(rewrite)
+        .collect();
+    words.join(" ")
+}
+
 /// `parseComparator`: build stripped, then carets, tildes, x-ranges and stars rewritten.
 fn parse_comparator(comp: &str) -> String {
-    let comp = strip_build(comp);
-    let carets: Vec<String> = split_ws(comp.trim_matches(' '))
-        .into_iter()
-        .map(replace_caret)
-        .collect();
-    let comp = carets.join(" ");
-    let tildes: Vec<String> = split_ws(comp.trim_matches(' '))
-        .into_iter()
-        .map(replace_tilde)
-        .collect();
-    let comp = tildes.join(" ");
-    let xranges: Vec<String> = split_ws(&comp)
-        .into_iter()
-        .map(|c| replace_xrange(c.trim_matches(' ')))
-        .collect();
-    strip_star(xranges.join(" ").trim_matches(' '))
+    let comp = each_word(&strip_build(comp), replace_caret);
+    let comp = each_word(&comp, replace_tilde);
+    strip_star(each_word(&comp, replace_xrange).trim_matches(' '))
 }
 
 /// `Range.parseRange` for one `||` alternative: its comparator values, or `None` on a throw.

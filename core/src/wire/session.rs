@@ -490,16 +490,11 @@ fn projection(
         )?,
         replaced_session,
     };
-    bind(
-        response.worker_id == *worker_id,
-        "workerId",
-        "the path's workerId",
-    )?;
-    bind(
-        response.session_id == *session_id,
-        "sessionId",
-        "the path's sessionId",
-    )?;
+    bind_to_request! {
+        "the path's":
+        response.worker_id == *worker_id => "workerId";
+        response.session_id == *session_id => "sessionId";
+    }
     Ok(response)
 }
 
