@@ -117,21 +117,32 @@ struct Launch {
     capability: Capability,
 }
 
-/// The Processor's states; each names the outcome it waits for.
+/// The child's exact environment, Secret values included (see [`environment`]).
 #[cfg_attr(feature = "sim-hooks", derive(Clone))]
+struct Env(Vec<(String, Zeroizing<String>)>);
+
+/// `Hash` by hand (`sim-hooks` feature): the values are `Zeroizing`, which has none.
+#[cfg(feature = "sim-hooks")]
+impl core::hash::Hash for Env {
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        self.0.len().hash(state);
+        for (name, value) in &self.0 {
+            (name, value.as_str()).hash(state);
+        }
+    }
+}
+
+/// The Processor's states; each names the outcome it waits for.
+#[cfg_attr(feature = "sim-hooks", derive(Clone, Hash))]
 enum StartState {
     Reading,
+    /// The starting ACK, first (from `accepted`) or replayed (from `starting_acknowledged`).
     AckingStarting(Box<InboxRecord>, ActivationRequest),
     PersistingStartingAck(Authority),
-    ReplayingStarting(Box<InboxRecord>, ActivationRequest),
     DrawingCapability(Authority),
     FetchingSecrets(Box<Launch>, SecretsRequest),
-    AllocatingLog(Box<Launch>, Vec<(String, Zeroizing<String>)>),
-    PersistingLaunching(
-        Box<Launch>,
-        Vec<(String, Zeroizing<String>)>,
-        Box<InboxRecord>,
-    ),
+    AllocatingLog(Box<Launch>, Env),
+    PersistingLaunching(Box<Launch>, Env, Box<InboxRecord>),
     Spawning(Box<InboxRecord>),
     PersistingStarted(Box<InboxRecord>, Box<InboxRecord>),
     PersistingStartFailed(Box<InboxRecord>, bool),
@@ -142,19 +153,12 @@ enum StartState {
     PersistingStartFailureAck,
     PersistingRecovery(RecoveryReason, bool),
     /// A renewal of the offer's lease before the next start-path call (see
-    /// [`ProcessOp::renewal_due`]); then the record is read again and the path goes on.
-    Renewing(Box<SupervisionOp>, Resume),
+    /// [`ProcessOp::renewal_due`]); then the record is read again in the state held here:
+    /// `Reading` (before a starting or running ACK, the record is taken from its state), or
+    /// `RereadingForSecrets`.
+    Renewing(Box<SupervisionOp>, Box<StartState>),
     /// The record read again after a renewal, for the Secrets fetch of this launch.
     RereadingForSecrets(Box<Launch>),
-}
-
-/// Where the start path goes on after a renewal of its lease.
-#[cfg_attr(feature = "sim-hooks", derive(Clone, Hash))]
-enum Resume {
-    /// Read the record and take it from its state (before a starting or running ACK).
-    Reread,
-    /// The Secrets fetch of this launch, with the record read again.
-    Secrets(Box<Launch>),
 }
 
 /// One offer being processed.
@@ -177,44 +181,6 @@ impl core::fmt::Debug for ProcessOp {
 
 type PStep = Step<ProcessOp, ProcessResult>;
 
-/// `Hash` by hand (`sim-hooks` feature): the environment's values are `Zeroizing`, which has
-/// none.
-#[cfg(feature = "sim-hooks")]
-impl core::hash::Hash for StartState {
-    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
-        core::mem::discriminant(self).hash(state);
-        match self {
-            Self::Reading | Self::PersistingStartFailureAck => {}
-            Self::AckingStarting(record, request)
-            | Self::ReplayingStarting(record, request)
-            | Self::AckingRunning(record, request)
-            | Self::FailingStart(record, request) => (record, request).hash(state),
-            Self::PersistingStartingAck(authority) | Self::DrawingCapability(authority) => {
-                authority.hash(state);
-            }
-            Self::FetchingSecrets(launch, request) => (launch, request).hash(state),
-            Self::AllocatingLog(launch, env) => {
-                (launch, env.len()).hash(state);
-                env.iter()
-                    .for_each(|(name, value)| (name, value.as_str()).hash(state));
-            }
-            Self::PersistingLaunching(launch, env, record) => {
-                (launch, env.len()).hash(state);
-                env.iter()
-                    .for_each(|(name, value)| (name, value.as_str()).hash(state));
-                record.hash(state);
-            }
-            Self::Spawning(record) | Self::StoppingTerminal(record) => record.hash(state),
-            Self::PersistingStarted(launching, started) => (launching, started).hash(state),
-            Self::PersistingStartFailed(record, must_land) => (record, must_land).hash(state),
-            Self::PersistingRunningAck(already) => already.hash(state),
-            Self::PersistingRecovery(reason, must_land) => (reason, must_land).hash(state),
-            Self::Renewing(op, resume) => (op, resume).hash(state),
-            Self::RereadingForSecrets(launch) => launch.hash(state),
-        }
-    }
-}
-
 impl ProcessOp {
     /// The offer this operation processes.
     pub(crate) fn offer_id(&self) -> &OfferId {
@@ -231,7 +197,6 @@ impl ProcessOp {
         matches!(
             self.state,
             StartState::AckingStarting(..)
-                | StartState::ReplayingStarting(..)
                 | StartState::AllocatingLog(..)
                 | StartState::PersistingLaunching(..)
         )
@@ -265,14 +230,7 @@ impl ProcessOp {
         match core::mem::replace(&mut self.state, StartState::Reading) {
             StartState::Reading => self.on_read(ctx, reply.record()),
             StartState::AckingStarting(record, request) => {
-                self.answered(reply, &request, |op, a| {
-                    op.on_starting(ctx, record, a, false)
-                })
-            }
-            StartState::ReplayingStarting(record, request) => {
-                self.answered(reply, &request, |op, a| {
-                    op.on_starting(ctx, record, a, true)
-                })
+                self.answered(reply, &request, |op, a| op.on_starting(ctx, record, a))
             }
             StartState::PersistingStartingAck(authority) => {
                 self.durable(reply, false, |op| op.draw_capability(authority))
@@ -346,7 +304,11 @@ impl ProcessOp {
     }
 
     /// A step of the renewal inside the start path (see [`ProcessOp::renewal_due`]).
-    fn renewing(self, step: Step<SupervisionOp, SupervisionResult>, resume: Resume) -> PStep {
+    fn renewing(
+        self,
+        step: Step<SupervisionOp, SupervisionResult>,
+        resume: Box<StartState>,
+    ) -> PStep {
         match step {
             Step::Wait(op, action) => self.wait(StartState::Renewing(Box::new(op), resume), action),
             Step::Done(result) => self.after_renewal(&result, resume),
@@ -396,12 +358,12 @@ impl ProcessOp {
 
     /// Renews the lease through a renewal-only supervision pass on this lane (the record's
     /// revisions stay one sequence: nothing else of this offer is outstanding), then goes on
-    /// as `resume` says.
-    fn renew_first(mut self, ctx: &Ctx<'_>, state: State, resume: Resume) -> PStep {
+    /// by reading the record in the state `resume`.
+    fn renew_first(mut self, ctx: &Ctx<'_>, state: State, resume: StartState) -> PStep {
         self.renewed_in = Some(state);
         let may_hold = ctx.lease_may_hold.get(&self.offer_id).copied();
         let step = SupervisionOp::renew(self.offer_id.clone(), None, may_hold);
-        self.renewing(step, resume)
+        self.renewing(step, Box::new(resume))
     }
 
     /// After the renewal: the record is read again (the renewal moved its revision and lease
@@ -409,7 +371,7 @@ impl ProcessOp {
     /// control plane's lease version: the pass ends there, as any uncertain call does, rather
     /// than send a call fenced by the version it may have left behind (a fenced Secrets fetch
     /// is a start failure). Any other answer leaves the next call to find out.
-    fn after_renewal(self, result: &SupervisionResult, resume: Resume) -> PStep {
+    fn after_renewal(self, result: &SupervisionResult, resume: Box<StartState>) -> PStep {
         if let SupervisionResult::Uncertain { attempted, why } = result {
             return Step::Done(ProcessResult::RenewalUncertain {
                 attempted: *attempted,
@@ -419,10 +381,7 @@ impl ProcessOp {
         let action = Action::ReadRecord {
             offer_id: self.offer_id.clone(),
         };
-        match resume {
-            Resume::Reread => self.wait(StartState::Reading, action),
-            Resume::Secrets(launch) => self.wait(StartState::RereadingForSecrets(launch), action),
-        }
+        self.wait(*resume, action)
     }
 
     /// An activation call's answer: `then` with it parsed, else the result that ends the
@@ -497,9 +456,8 @@ impl ProcessOp {
             (State::Launching, None) => {
                 self.recover(ctx, &record, RecoveryReason::LaunchOutcomeUnknown, true)
             }
-            (State::Accepted, None) if ctx.may_launch => self.ack_starting(ctx, record, false),
-            (State::StartingAcknowledged, None) if ctx.may_launch => {
-                self.ack_starting(ctx, record, true)
+            (State::Accepted | State::StartingAcknowledged, None) if ctx.may_launch => {
+                self.ack_starting(ctx, record)
             }
             (State::Accepted | State::StartingAcknowledged, None) => {
                 Step::Done(ProcessResult::Deferred)
@@ -510,26 +468,21 @@ impl ProcessOp {
     }
 
     /// Step 4: the starting ACK, or its replay from `starting_acknowledged`.
-    fn ack_starting(self, ctx: &Ctx<'_>, record: Box<InboxRecord>, replay: bool) -> PStep {
+    fn ack_starting(self, ctx: &Ctx<'_>, record: Box<InboxRecord>) -> PStep {
         if self.renewal_due(ctx, &record) {
-            return self.renew_first(ctx, record.state, Resume::Reread);
+            return self.renew_first(ctx, record.state, StartState::Reading);
         }
         let request = ActivationRequest::starting(&record.offer);
         let action = activation_call(ctx, &request);
-        if replay {
-            self.wait(StartState::ReplayingStarting(record, request), action)
-        } else {
-            self.wait(StartState::AckingStarting(record, request), action)
-        }
+        self.wait(StartState::AckingStarting(record, request), action)
     }
 
-    /// Steps 4 and 6a: the starting ACK (first or replayed).
+    /// Steps 4 and 6a: the starting ACK (first, or replayed from `starting_acknowledged`).
     fn on_starting(
         self,
         ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
         answer: &ActivationResponse,
-        replay: bool,
     ) -> PStep {
         match (answer.status, answer.shape) {
             (ActivationStatus::AlreadyRunning, _) | (_, SnapshotShape::Running) => self.recover(
@@ -549,7 +502,7 @@ impl ProcessOp {
                     Ok(authority) => authority,
                     Err(reason) => return Step::Done(ProcessResult::ActivationInvalid(reason)),
                 };
-                if replay {
+                if authority.record.state == State::StartingAcknowledged {
                     return self.draw_capability(authority);
                 }
                 let stored = &authority.record;
@@ -579,7 +532,7 @@ impl ProcessOp {
             }
             Ok(Some(_)) if self.renewal_due(ctx, record) => {
                 let state = record.state;
-                self.renew_first(ctx, state, Resume::Secrets(launch))
+                self.renew_first(ctx, state, StartState::RereadingForSecrets(launch))
             }
             Ok(Some(request)) => match request.to_body() {
                 Ok(body) => {
@@ -629,24 +582,19 @@ impl ProcessOp {
     /// failure.
     fn materialize(self, ctx: &Ctx<'_>, launch: Box<Launch>, secrets: &SecretsResponse) -> PStep {
         match environment(&launch.authority.record, secrets) {
-            Some(env) => self.allocate_log(launch, env),
+            Some(env) => self.allocate_log(launch, Env(env)),
             None => self.start_failed(ctx, &launch.authority.record),
         }
     }
 
-    fn allocate_log(self, launch: Box<Launch>, env: Vec<(String, Zeroizing<String>)>) -> PStep {
+    fn allocate_log(self, launch: Box<Launch>, env: Env) -> PStep {
         let log_artifact_id = launch.authority.record.offer.log_artifact_id();
         let action = Action::AllocateLog { log_artifact_id };
         self.wait(StartState::AllocatingLog(launch, env), action)
     }
 
     /// Step 6e: the spawn barrier.
-    fn persist_launching(
-        self,
-        ctx: &Ctx<'_>,
-        launch: Box<Launch>,
-        env: Vec<(String, Zeroizing<String>)>,
-    ) -> PStep {
+    fn persist_launching(self, ctx: &Ctx<'_>, launch: Box<Launch>, env: Env) -> PStep {
         let record = &launch.authority.record;
         // The target check again, right before the barrier: the calls since step 2 (the starting
         // ACK, Secrets, a renewal) may each have taken up to the request timeout, and a lease
@@ -675,12 +623,7 @@ impl ProcessOp {
     }
 
     /// Step 6g: only now, with `launching` durable, spawn.
-    fn spawn(
-        self,
-        launch: Launch,
-        environment: Vec<(String, Zeroizing<String>)>,
-        launching: Box<InboxRecord>,
-    ) -> PStep {
+    fn spawn(self, launch: Launch, environment: Env, launching: Box<InboxRecord>) -> PStep {
         let (Some(started_at), Some(log_artifact_id), Some(sequence)) = (
             launching.executor_started_at_ms,
             launching.log_artifact_id.clone(),
@@ -695,7 +638,7 @@ impl ProcessOp {
             attempt_id: launching.offer.candidate.attempt_id.clone(),
             executor_started_at: started_at,
             command: revision.command.clone(),
-            environment,
+            environment: environment.0,
             working_directory: revision.working_directory.clone(),
             timeout: revision.timeout_ms.zip(launch.authority.deadline),
             log_artifact_id,
@@ -746,7 +689,7 @@ impl ProcessOp {
             unreachable!("a started record carries its handle and callback fields");
         };
         if self.renewal_due(ctx, &record) {
-            return self.renew_first(ctx, record.state, Resume::Reread);
+            return self.renew_first(ctx, record.state, StartState::Reading);
         }
         let ack = RunningAck {
             executor_handle: handle,

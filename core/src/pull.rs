@@ -73,6 +73,7 @@ pub enum PullFault {
 
 /// What one Pull concluded.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "sim-hooks", derive(Hash))]
 pub enum PullResult {
     /// The offer is durably in the inbox and the claim is cleared.
     Admitted {
@@ -138,27 +139,14 @@ pub(crate) enum PullOp {
         claim: Box<PendingClaim>,
         replayed: bool,
     },
-    ClearingClaim {
-        offer_id: OfferId,
-        replayed: bool,
-    },
-    ClearingIdle,
-    ClearingRefused {
-        offer_id: OfferId,
-        reason: WireError,
-    },
-    ClearingExhausted,
     CheckingStored(Box<PendingClaim>),
     ClearingStale,
     /// The claim-only check: is the claim's offer stored?
     CheckingStoredOnly(Box<PendingClaim>),
-    /// The claim-only check: clearing a claim whose offer is stored.
-    ClearingStoredOnly,
     DrawingJitter(Box<PendingClaim>, PullFault),
-    PersistingBackoff {
-        retry_in_ms: u64,
-        fault: PullFault,
-    },
+    /// The last write of the Pull (a claim cleared, or its backoff persisted): once it is
+    /// durable, the Pull ends with this result.
+    Settling(PullResult),
 }
 
 impl PullOp {
@@ -210,31 +198,13 @@ impl PullOp {
                     write_failure(failure, || backoff(claim, PullFault::StorageUnchanged))
                 }
             },
-            Self::ClearingClaim { offer_id, replayed } => after_write(reply, move || {
-                Step::Done(PullResult::Admitted { offer_id, replayed })
-            }),
-            Self::ClearingIdle => after_write(reply, || Step::Done(PullResult::Idle)),
-            Self::ClearingRefused { offer_id, reason } => after_write(reply, move || {
-                Step::Done(PullResult::Refused { offer_id, reason })
-            }),
-            Self::ClearingExhausted => after_write(reply, || {
-                Step::Done(PullResult::Failed {
-                    fault: PullFault::BudgetExhausted,
-                    retry_in_ms: 0,
-                })
-            }),
             Self::CheckingStored(claim) => on_stored_check(ctx, &claim, reply.record()),
             Self::ClearingStale => after_write(reply, draw_identity),
             Self::CheckingStoredOnly(claim) => on_stored_only(&claim, reply.record()),
-            Self::ClearingStoredOnly => after_write(reply, || {
-                Step::Done(PullResult::ClaimChecked { pending: false })
-            }),
             Self::DrawingJitter(claim, fault) => {
                 persist_backoff(ctx, &claim, &reply.entropy(), fault)
             }
-            Self::PersistingBackoff { retry_in_ms, fault } => after_write(reply, move || {
-                Step::Done(PullResult::Failed { fault, retry_in_ms })
-            }),
+            Self::Settling(result) => after_write(reply, || Step::Done(result)),
         }
     }
 }
@@ -315,7 +285,7 @@ fn on_stored_only(
     read: Result<Option<Box<InboxRecord>>, StoreFailure>,
 ) -> PullStep {
     match read {
-        Ok(Some(_)) => clear(claim, PullOp::ClearingStoredOnly),
+        Ok(Some(_)) => settle(claim, PullResult::ClaimChecked { pending: false }),
         Ok(None) => Step::Done(PullResult::ClaimChecked { pending: true }),
         Err(failure) => read_failure(failure, storage_unchanged),
     }
@@ -333,7 +303,8 @@ fn on_stored_check(
         Err(failure) => return read_failure(failure, storage_unchanged),
     }
     if claim.attempt_count >= MAX_CLAIM_ATTEMPTS {
-        return clear(claim, PullOp::ClearingExhausted);
+        let (fault, retry_in_ms) = (PullFault::BudgetExhausted, 0);
+        return settle(claim, PullResult::Failed { fault, retry_in_ms });
     }
     let mut next = claim.clone();
     next.revision = next_revision(claim.revision);
@@ -420,15 +391,12 @@ fn on_response(ctx: &Ctx<'_>, claim: Box<PendingClaim>, reply: Reply) -> PullSte
         Err(fault) => return backoff(claim, PullFault::Call(fault)),
     };
     match OfferResponse::parse(&body) {
-        Err(e) if refused_for_good(&e) => {
-            let op = PullOp::ClearingRefused {
-                offer_id: claim.offer_id.clone(),
-                reason: e,
-            };
-            clear(&claim, op)
+        Err(reason) if refused_for_good(&reason) => {
+            let offer_id = claim.offer_id.clone();
+            settle(&claim, PullResult::Refused { offer_id, reason })
         }
         Err(e) => backoff(claim, PullFault::Call(CallFault::Invalid(e))),
-        Ok(OfferResponse::Idle { .. }) => clear(&claim, PullOp::ClearingIdle),
+        Ok(OfferResponse::Idle { .. }) => settle(&claim, PullResult::Idle),
         Ok(OfferResponse::Offered { offer, .. }) => {
             // Admission binds the offer to the claim *and* to the current Session: a Session
             // that changed meanwhile makes the offer unadmittable and keeps the claim.
@@ -514,7 +482,12 @@ fn storing(claim: Box<PendingClaim>, replayed: bool, action: Action) -> PullStep
 
 fn clear_claim(claim: &PendingClaim, replayed: bool) -> PullStep {
     let offer_id = claim.offer_id.clone();
-    clear(claim, PullOp::ClearingClaim { offer_id, replayed })
+    settle(claim, PullResult::Admitted { offer_id, replayed })
+}
+
+/// Clears `claim`, then ends the Pull with `result`.
+fn settle(claim: &PendingClaim, result: PullResult) -> PullStep {
+    clear(claim, PullOp::Settling(result))
 }
 
 /// Clears `claim` (its offer id and revision), then goes on as `op`.
@@ -553,5 +526,6 @@ fn persist_backoff(
         expected: Some(claim.revision),
         claim: Box::new(next),
     };
-    Step::Wait(PullOp::PersistingBackoff { retry_in_ms, fault }, action)
+    let result = PullResult::Failed { fault, retry_in_ms };
+    Step::Wait(PullOp::Settling(result), action)
 }

@@ -3,7 +3,7 @@
 //! One record per offer is the single authority for delivery and execution. Every durable update
 //! goes through [`check_transition`], which enforces the revision CAS, offer authority, time and
 //! lease monotonicity, write-once fields and the edge table. The edge table is one exhaustive
-//! `match` with no wildcard arm (CONVENTIONS C7).
+//! `match` with no wildcard arm (CONVENTIONS C7): a row of every target state per source state.
 #![deny(clippy::wildcard_enum_match_arm)]
 
 use core::fmt;
@@ -158,21 +158,19 @@ pub struct InboxRecord {
     pub recovery_reason: Option<RecoveryReason>,
 }
 
-/// The optional fields of a record, by wire name, in the column order of [`presence`]'s table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum OptionalField {
-    /// `executorHandle`.
-    ExecutorHandle,
-    /// `executorStartedAtMs`.
-    ExecutorStartedAtMs,
-    /// `logArtifactId`.
-    LogArtifactId,
-    /// `completionReceiptCallbackSequence` and `completionReceiptTokenDigest` (always paired).
-    CompletionReceipt,
-    /// `completionAcknowledgedAtMs`.
-    CompletionAcknowledgedAtMs,
-    /// `recoveryReason`.
-    RecoveryReason,
+wire_enum! {
+    /// The optional fields of a record, by wire name, in the column order of [`presence`]'s
+    /// table.
+    OptionalField {
+        ExecutorHandle = "executorHandle",
+        ExecutorStartedAtMs = "executorStartedAtMs",
+        LogArtifactId = "logArtifactId",
+        /// `completionReceiptCallbackSequence` and `completionReceiptTokenDigest` (always
+        /// paired).
+        CompletionReceipt = "completionReceiptCallbackSequence/TokenDigest",
+        CompletionAcknowledgedAtMs = "completionAcknowledgedAtMs",
+        RecoveryReason = "recoveryReason",
+    }
 }
 
 impl OptionalField {
@@ -185,19 +183,6 @@ impl OptionalField {
         Self::CompletionAcknowledgedAtMs,
         Self::RecoveryReason,
     ];
-
-    /// Wire name.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::ExecutorHandle => "executorHandle",
-            Self::ExecutorStartedAtMs => "executorStartedAtMs",
-            Self::LogArtifactId => "logArtifactId",
-            Self::CompletionReceipt => "completionReceiptCallbackSequence/TokenDigest",
-            Self::CompletionAcknowledgedAtMs => "completionAcknowledgedAtMs",
-            Self::RecoveryReason => "recoveryReason",
-        }
-    }
 }
 
 /// Whether a state requires, allows or forbids an optional field.
@@ -388,17 +373,8 @@ impl InboxRecord {
     /// The recovery reason, when the record is `recovery_required`.
     #[must_use]
     pub fn recovery(&self) -> Option<RecoveryReason> {
-        match self.state {
-            State::RecoveryRequired => self.recovery_reason,
-            State::Accepted
-            | State::StartingAcknowledged
-            | State::Launching
-            | State::Started
-            | State::RunningAcknowledged
-            | State::StartFailed
-            | State::StartFailureAcknowledged
-            | State::CompletionAcknowledged => None,
-        }
+        self.recovery_reason
+            .filter(|_| self.state == State::RecoveryRequired)
     }
 }
 
@@ -406,40 +382,32 @@ impl InboxRecord {
 /// state (lease-version updates); terminal states have only their self-edge.
 #[must_use]
 pub const fn edge_allowed(from: State, to: State) -> bool {
-    use State::{
-        Accepted as Acc, CompletionAcknowledged as Cack, Launching as Lau, RecoveryRequired as Rr,
-        RunningAcknowledged as Rack, StartFailed as Sf, StartFailureAcknowledged as Sfack,
-        Started as Sta, StartingAcknowledged as Sack,
-    };
-    match (from, to) {
+    const Y: bool = true;
+    const N: bool = false;
+    // Columns, in `State::ALL`'s order: accepted, starting_acknowledged, launching, started,
+    // running_acknowledged, start_failed, start_failure_acknowledged, completion_acknowledged,
+    // recovery_required.
+    let row: [bool; State::ALL.len()] = match from {
         // accepted → starting ACK applied, or fail closed.
-        (Acc, Acc | Sack | Rr) => true,
-        (Acc, Lau | Sta | Rack | Sf | Sfack | Cack) => false,
+        State::Accepted => [Y, Y, N, N, N, N, N, N, Y],
         // starting_acknowledged → spawn barrier, proven materialization failure, or fail closed.
-        (Sack, Sack | Lau | Sf | Rr) => true,
-        (Sack, Acc | Sta | Rack | Sfack | Cack) => false,
+        State::StartingAcknowledged => [N, Y, Y, N, N, Y, N, N, Y],
         // launching → spawned, proven no-spawn (Rejected), completion from a trusted receipt
         // (crash window before `started`, ADR-0116 §2), or unknown outcome.
-        (Lau, Lau | Sta | Sf | Cack | Rr) => true,
-        (Lau, Acc | Sack | Rack | Sfack) => false,
+        State::Launching => [N, N, Y, Y, N, Y, N, Y, Y],
         // started → running ACK applied, completion, or fail closed.
-        (Sta, Sta | Rack | Cack | Rr) => true,
-        (Sta, Acc | Sack | Lau | Sf | Sfack) => false,
+        State::Started => [N, N, N, Y, Y, N, N, Y, Y],
         // running_acknowledged → completion, or fail closed (lease loss, terminal).
-        (Rack, Rack | Cack | Rr) => true,
-        (Rack, Acc | Sack | Lau | Sta | Sf | Sfack) => false,
+        State::RunningAcknowledged => [N, N, N, N, Y, N, N, Y, Y],
         // start_failed → failStart applied, or fail closed (control plane already running).
-        (Sf, Sf | Sfack | Rr) => true,
-        (Sf, Acc | Sack | Lau | Sta | Rack | Cack) => false,
+        State::StartFailed => [N, N, N, N, N, Y, Y, N, Y],
         // Terminal states keep their state forever.
-        (Sfack, Sfack) => true,
-        (Sfack, Acc | Sack | Lau | Sta | Rack | Sf | Cack | Rr) => false,
-        (Cack, Cack) => true,
-        (Cack, Acc | Sack | Lau | Sta | Rack | Sf | Sfack | Rr) => false,
+        State::StartFailureAcknowledged => [N, N, N, N, N, N, Y, N, N],
+        State::CompletionAcknowledged => [N, N, N, N, N, N, N, Y, N],
         // recovery_required → completion from a trusted receipt (launch_outcome_unknown).
-        (Rr, Rr | Cack) => true,
-        (Rr, Acc | Sack | Lau | Sta | Rack | Sf | Sfack) => false,
-    }
+        State::RecoveryRequired => [N, N, N, N, N, N, N, Y, Y],
+    };
+    row[to as usize]
 }
 
 /// A rejected update. Blame: the caller (stale or illegal proposal) — nothing was written.
