@@ -28,7 +28,7 @@ pub(crate) fn js_length(value: &str) -> usize {
 
 /// True when `value` contains a C0 control character or DEL (`/[\u0000-\u001f\u007f]/`).
 #[must_use]
-pub(crate) fn has_control_char(value: &str) -> bool {
+fn has_control_char(value: &str) -> bool {
     value.chars().any(|c| c <= '\u{1f}' || c == '\u{7f}')
 }
 

@@ -876,7 +876,8 @@ impl ExecutionRevision {
         self.json_bytes(JsonForm::Wire)
     }
 
-    /// Parses a revision from its wire JSON, normalizes it and checks its digest.
+    /// Parses a revision from its wire JSON, validates and normalizes it and checks its digest
+    /// (reference `normalizeClusterTaskExecutionRevision`).
     ///
     /// # Errors
     /// [`RevisionError`] for malformed JSON, a broken rule, or a digest mismatch.
@@ -884,7 +885,53 @@ impl ExecutionRevision {
         JsonError::check_utf8(bytes).map_err(RevisionError::Json)?;
         let wire: RevisionWire = serde_json::from_slice(bytes)
             .map_err(|e| RevisionError::Json(JsonError::from_serde(&e)))?;
-        wire.into_revision()
+        ensure(
+            wire.executor_type == EXECUTOR_TYPE,
+            "executorType",
+            "\"remote_worker\"",
+        )?;
+        ensure(
+            wire.plan_schema == PLAN_SCHEMA,
+            "planSchema",
+            "\"qinglong/command-execution@v1\"",
+        )?;
+        validate_identifier(&wire.project_id, "projectId")?;
+        validate_identifier(&wire.task_id, "taskId")?;
+        let environment = wire
+            .environment
+            .into_iter()
+            .map(BindingWire::into_binding)
+            .collect::<Result<Vec<_>, _>>()?;
+        let claimed = id(
+            Sha256Digest::from_hex(&wire.content_digest),
+            "contentDigest",
+        )?;
+        let revision = ExecutionRevision {
+            project_id: id(ProjectId::new(wire.project_id), "projectId")?,
+            task_id: id(TaskId::new(wire.task_id), "taskId")?,
+            task_revision: id(TaskRevision::new(wire.task_revision), "taskRevision")?,
+            source_revision: wire.source_revision,
+            source_content_digest: id(
+                Sha256Digest::from_hex(&wire.source_content_digest),
+                "sourceContentDigest",
+            )?,
+            command: wire.command.into_command()?,
+            environment,
+            environment_bundle_ref: wire
+                .environment_bundle_ref
+                .map(|r| id(SecretRef::parse(&r), "environmentBundleRef"))
+                .transpose()?,
+            working_directory: wire.working_directory,
+            timeout_ms: wire.timeout_ms,
+            placement: wire.placement,
+            created_at_ms: id(UnixMillis::new(wire.created_at_ms), "createdAtMs")?,
+            content_digest: claimed,
+        };
+        let normalized = revision.normalize()?;
+        if normalized.compute_digest()? != claimed {
+            return Err(RevisionError::DigestMismatch);
+        }
+        Ok(normalized)
     }
 
     /// The revision as JSON in the given form, in the reference's key order (serialize it with
@@ -1098,10 +1145,10 @@ impl<L: AsRef<[Label]>> Serialize for LabelsJson<L> {
 // Wire (JSON) shapes
 // ---------------------------------------------------------------------------------------------
 
-/// The revision as JSON carries it; converted by [`RevisionWire::into_revision`].
+/// The revision as JSON carries it; converted by [`ExecutionRevision::parse_json`].
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(crate) struct RevisionWire {
+struct RevisionWire {
     project_id: String,
     task_id: String,
     task_revision: String,
@@ -1189,60 +1236,6 @@ impl BindingWire {
             }
         };
         Ok(EnvBinding { name, value })
-    }
-}
-
-impl RevisionWire {
-    /// Validates, normalizes and checks the digest (reference
-    /// `normalizeClusterTaskExecutionRevision`).
-    pub(crate) fn into_revision(self) -> Result<ExecutionRevision, RevisionError> {
-        ensure(
-            self.executor_type == EXECUTOR_TYPE,
-            "executorType",
-            "\"remote_worker\"",
-        )?;
-        ensure(
-            self.plan_schema == PLAN_SCHEMA,
-            "planSchema",
-            "\"qinglong/command-execution@v1\"",
-        )?;
-        validate_identifier(&self.project_id, "projectId")?;
-        validate_identifier(&self.task_id, "taskId")?;
-        let environment = self
-            .environment
-            .into_iter()
-            .map(BindingWire::into_binding)
-            .collect::<Result<Vec<_>, _>>()?;
-        let claimed = id(
-            Sha256Digest::from_hex(&self.content_digest),
-            "contentDigest",
-        )?;
-        let revision = ExecutionRevision {
-            project_id: id(ProjectId::new(self.project_id), "projectId")?,
-            task_id: id(TaskId::new(self.task_id), "taskId")?,
-            task_revision: id(TaskRevision::new(self.task_revision), "taskRevision")?,
-            source_revision: self.source_revision,
-            source_content_digest: id(
-                Sha256Digest::from_hex(&self.source_content_digest),
-                "sourceContentDigest",
-            )?,
-            command: self.command.into_command()?,
-            environment,
-            environment_bundle_ref: self
-                .environment_bundle_ref
-                .map(|r| id(SecretRef::parse(&r), "environmentBundleRef"))
-                .transpose()?,
-            working_directory: self.working_directory,
-            timeout_ms: self.timeout_ms,
-            placement: self.placement,
-            created_at_ms: id(UnixMillis::new(self.created_at_ms), "createdAtMs")?,
-            content_digest: claimed,
-        };
-        let normalized = revision.normalize()?;
-        if normalized.compute_digest()? != claimed {
-            return Err(RevisionError::DigestMismatch);
-        }
-        Ok(normalized)
     }
 }
 

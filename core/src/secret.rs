@@ -12,11 +12,12 @@
 use alloc::string::String;
 use core::fmt;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
 use zeroize::Zeroizing;
 
 /// Text that may be a Secret or a capability. See the module documentation.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, Deserialize)]
+#[serde(from = "String")]
 pub struct SecretString(Zeroizing<String>);
 
 impl SecretString {
@@ -73,12 +74,6 @@ impl Serialize for SecretString {
         } else {
             serializer.serialize_str(&self.0)
         }
-    }
-}
-
-impl<'de> Deserialize<'de> for SecretString {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        String::deserialize(deserializer).map(Self::new)
     }
 }
 
