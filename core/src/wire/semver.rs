@@ -311,13 +311,13 @@ fn full_version(text: &str) -> Option<String> {
     Some(version)
 }
 
-/// `GTLT` = `((?:<|>)?=?)` at the start of `b`, greedy: its length.
-fn gtlt(b: &[u8]) -> usize {
+/// `GTLT` = `((?:<|>)?=?)` at the start of `text`, greedy, then one optional space:
+/// `(operator, the text after both)`.
+fn gtlt(text: &str) -> (&str, &str) {
+    let b = text.as_bytes();
     let mut i = usize::from(matches!(at(b, 0), b'<' | b'>'));
-    if at(b, i) == b'=' {
-        i += 1;
-    }
-    i
+    i += usize::from(at(b, i) == b'=');
+    (&text[..i], &text[i + usize::from(at(b, i) == b' ')..])
 }
 
 /// `new Comparator(text).value`, or `None` when the constructor throws.
@@ -325,11 +325,8 @@ fn comparator(text: &str) -> Option<String> {
     if text.is_empty() {
         return Some(String::new());
     }
-    let b = text.as_bytes();
-    let op_len = gtlt(b);
-    let rest = usize::from(at(b, op_len) == b' ');
-    let version = full_version(&text[op_len + rest..])?;
-    let op = &text[..op_len];
+    let (op, rest) = gtlt(text);
+    let version = full_version(rest)?;
     let mut value = String::from(if op == "=" { "" } else { op });
     value.push_str(&version);
     Some(value)
@@ -593,13 +590,10 @@ fn replace_tilde(comp: &str) -> String {
 }
 
 fn replace_xrange(comp: &str) -> String {
-    let b = comp.as_bytes();
-    let op_len = gtlt(b);
-    let rest = op_len + usize::from(at(b, op_len) == b' ');
-    let Some(x) = xrange_plain_full(&comp[rest..]) else {
+    let (mut op, rest) = gtlt(comp);
+    let Some(x) = xrange_plain_full(rest) else {
         return String::from(comp);
     };
-    let mut op = &comp[..op_len];
     let x_major = is_x(Some(x.major));
     let x_minor = x_major || is_x(x.minor);
     let x_patch = x_minor || is_x(x.patch);
