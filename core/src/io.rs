@@ -1,12 +1,12 @@
 //! The sans-IO boundary: what the core asks the driver to do ([`Command`]) and what the driver
 //! reports back ([`Input`], [`Outcome`]).
 //!
-//! The driver is a blocking loop with **one outstanding command**: it takes a command from
-//! `poll_output`, performs it, and feeds exactly one [`Input::Outcome`] with the same [`OpId`]
-//! back before polling again. Every decision about protocol state is made here, in the core; the
-//! driver performs effects and reports facts. Commands carry the exact bytes to send (requests
-//! are built by [`crate::wire`]); outcomes carry the exact bytes received (responses are parsed
-//! by the core against the request that produced them).
+//! The driver takes commands from `Worker::poll_output`, performs each (network calls may run
+//! concurrently, one per lane: see `crate::worker`), and feeds exactly one [`Input::Outcome`]
+//! with the same [`OpId`] back for each, in any order. Every decision about protocol state is
+//! made here, in the core; the driver performs effects and reports facts. Commands carry the
+//! exact bytes to send (requests are built by [`crate::wire`]); outcomes carry the exact bytes
+//! received (responses are parsed by the core against the request that produced them).
 
 use alloc::boxed::Box;
 use alloc::string::String;
@@ -602,7 +602,7 @@ pub enum Input {
     Tick,
     /// The operator asked for a drain (SIGTERM or `ql-worker drain`).
     DrainRequested,
-    /// The result of the outstanding command.
+    /// The result of an outstanding command (the one with this id).
     Outcome {
         /// The command's id.
         id: OpId,

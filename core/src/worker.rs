@@ -960,7 +960,7 @@ impl Worker {
     }
 
     /// A copy of this Worker, for the model checker, which branches one Worker into every
-    /// possible outcome of its outstanding command. Only with the `sim-hooks` feature (not for
+    /// possible outcome of its outstanding commands. Only with the `sim-hooks` feature (not for
     /// production): a fork duplicates the in-memory completion capability of a launch in flight,
     /// and a staged action too (the explorer's driver may stop polling with commands staged, its
     /// window of outstanding commands full).
@@ -997,7 +997,7 @@ impl Worker {
 
     /// Writes a canonical rendering of the in-memory state without the last clock reading (the
     /// deadlines and timestamps the Worker holds stay), for the model checker's count of
-    /// distinct states. The command counter and the outstanding command's id are left out: two
+    /// distinct states. The command counter and the outstanding commands' ids are left out: two
     /// Workers that differ only in how many commands they issued behave alike. Only with the
     /// `sim-hooks` feature (not for production).
     #[cfg(feature = "sim-hooks")]
@@ -1042,7 +1042,8 @@ impl Worker {
     /// never go back (`next_record` keeps `updatedAtMs` monotonic).
     ///
     /// # Errors
-    /// [`InputError`] when the input does not answer the outstanding command; nothing changes.
+    /// [`InputError`] when the input answers no outstanding command, or is of another kind
+    /// than its command's; nothing changes.
     pub fn handle(&mut self, now: Now, input: Input) -> Result<(), InputError> {
         if matches!(self.stage, Stage::Finished(_)) {
             return Err(InputError::Halted);
