@@ -14,6 +14,7 @@
 use std::io::{self, Read};
 
 use sha2::{Digest, Sha256};
+use zeroize::Zeroizing;
 
 /// Largest chunk pulled from the content reader per read (the spool's chunk size).
 pub const STREAM_CHUNK_BYTES: usize = 64 * 1024;
@@ -29,8 +30,9 @@ pub(crate) enum StreamFailure {
 
 /// A `Read` over prefix + header + content with exact-length enforcement.
 pub(crate) struct FramedBody<'a> {
-    /// Length prefix and header, already framed (at most 4 + 4096 bytes).
-    head: Vec<u8>,
+    /// Length prefix and header, already framed (at most 4 + 4096 bytes). The header carries
+    /// the lease token: wiped on drop, as the command's own copy is.
+    head: Zeroizing<Vec<u8>>,
     head_pos: usize,
     content: &'a mut dyn Read,
     declared: u64,
@@ -56,7 +58,7 @@ impl<'a> FramedBody<'a> {
         let header_len = u32::try_from(header.len())
             // INVARIANT: the caller checked 2 <= header.len() <= 4096.
             .expect("artifact header length fits u32");
-        let mut head = Vec::with_capacity(4 + header.len());
+        let mut head = Zeroizing::new(Vec::with_capacity(4 + header.len()));
         head.extend_from_slice(&header_len.to_be_bytes());
         head.extend_from_slice(header);
         Self {

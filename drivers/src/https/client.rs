@@ -15,6 +15,8 @@ use super::error::{ConfigError, ERROR_CODE_MAX_CHARS, TransportError};
 use super::material::{TlsMaterial, hex};
 use super::origin::Origin;
 use super::tls13_provider;
+// The artifact stream's bounds and media type are the wire contract's (one home, in core).
+use ql_worker_core::wire::artifact as wire_artifact;
 
 /// Default JSON request body cap (wire reference §7, `MAX_REQUEST_BYTES`).
 pub const JSON_REQUEST_DEFAULT_MAX_BYTES: usize = 4 * 1024;
@@ -22,17 +24,6 @@ pub const JSON_REQUEST_DEFAULT_MAX_BYTES: usize = 4 * 1024;
 pub const JSON_REQUEST_HARD_MAX_BYTES: usize = 64 * 1024;
 /// Ceiling of any response cap.
 pub const RESPONSE_MAX_BYTES_CEILING: usize = 256 * 1024;
-/// Artifact JSON header bounds.
-pub const ARTIFACT_HEADER_MIN_BYTES: usize = 2;
-/// Artifact JSON header bounds.
-pub const ARTIFACT_HEADER_MAX_BYTES: usize = 4 * 1024;
-/// Largest artifact content (`MAX_REMOTE_WORKER_ARTIFACT_BYTES`).
-pub const ARTIFACT_CONTENT_MAX_BYTES: u64 = 64 * 1024 * 1024;
-/// Largest artifact request body: content + header + 4-byte prefix.
-pub const ARTIFACT_BODY_MAX_BYTES: u64 =
-    ARTIFACT_CONTENT_MAX_BYTES + ARTIFACT_HEADER_MAX_BYTES as u64 + 4;
-/// Media type of the artifact stream.
-pub const ARTIFACT_CONTENT_TYPE: &str = "application/vnd.qinglong.worker-artifact";
 /// How much of a non-200 body is read to find its `{"code":"…"}`.
 pub const ERROR_BODY_READ_MAX_BYTES: usize = 1024;
 /// Longest request path accepted.
@@ -450,22 +441,23 @@ impl Caller {
         check_path(path)?;
         check_authorization(authorization)?;
         check_response_cap(response_cap)?;
-        if !(ARTIFACT_HEADER_MIN_BYTES..=ARTIFACT_HEADER_MAX_BYTES).contains(&header_json.len()) {
+        let header_bounds = wire_artifact::MIN_HEADER_BYTES..=wire_artifact::MAX_HEADER_BYTES;
+        if !header_bounds.contains(&header_json.len()) {
             return Err(TransportError::ArtifactHeaderLength {
                 len: header_json.len(),
-                min: ARTIFACT_HEADER_MIN_BYTES,
-                max: ARTIFACT_HEADER_MAX_BYTES,
+                min: wire_artifact::MIN_HEADER_BYTES,
+                max: wire_artifact::MAX_HEADER_BYTES,
             });
         }
-        if content_len > ARTIFACT_CONTENT_MAX_BYTES {
+        if content_len > wire_artifact::MAX_ARTIFACT_BYTES {
             return Err(TransportError::ArtifactTooLarge {
                 len: content_len,
-                max: ARTIFACT_CONTENT_MAX_BYTES,
+                max: wire_artifact::MAX_ARTIFACT_BYTES,
             });
         }
         let mut framed = FramedBody::new(header_json, content, content_len);
         let total = framed.total_len();
-        debug_assert!(total <= ARTIFACT_BODY_MAX_BYTES);
+        debug_assert!(total <= wire_artifact::MAX_REQUEST_BYTES as u64);
         let t = self.timeout.duration();
         let overall = t + Duration::from_secs(total.div_ceil(ARTIFACT_MIN_RATE_BYTES_PER_S));
         let result = self
@@ -481,7 +473,7 @@ impl Caller {
             .build()
             .header("accept", "application/json")
             .header("authorization", authorization)
-            .header("content-type", ARTIFACT_CONTENT_TYPE)
+            .header("content-type", wire_artifact::CONTENT_TYPE)
             // An explicit content-length makes ureq 3.5 send the reader body length-delimited:
             // `add_headers` (run.rs) skips its own body mode when the request already has one,
             // and ureq-proto (client/amended.rs) picks a sized writer for a user-provided

@@ -22,11 +22,9 @@ use rustls::crypto::CryptoProvider;
 
 pub use artifact::STREAM_CHUNK_BYTES;
 pub use client::{
-    ARTIFACT_BODY_MAX_BYTES, ARTIFACT_CONTENT_MAX_BYTES, ARTIFACT_CONTENT_TYPE,
-    ARTIFACT_HEADER_MAX_BYTES, ARTIFACT_HEADER_MIN_BYTES, AUTHORIZATION_MAX_BYTES, AgentSettings,
-    Caller, ERROR_BODY_READ_MAX_BYTES, HttpsClient, JSON_REQUEST_DEFAULT_MAX_BYTES,
-    JSON_REQUEST_HARD_MAX_BYTES, JsonCaps, PATH_MAX_BYTES, RESPONSE_MAX_BYTES_CEILING,
-    RequestTimeout, StreamReport,
+    AUTHORIZATION_MAX_BYTES, AgentSettings, Caller, ERROR_BODY_READ_MAX_BYTES, HttpsClient,
+    JSON_REQUEST_DEFAULT_MAX_BYTES, JSON_REQUEST_HARD_MAX_BYTES, JsonCaps, PATH_MAX_BYTES,
+    RESPONSE_MAX_BYTES_CEILING, RequestTimeout, StreamReport,
 };
 pub use error::{Blame, ConfigError, ERROR_CODE_MAX_CHARS, TlsFailure, TransportError};
 pub use material::{
