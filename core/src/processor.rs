@@ -33,7 +33,7 @@ use alloc::vec::Vec;
 use zeroize::Zeroizing;
 
 use crate::capability::Capability;
-use crate::completion::{post, read_record};
+use crate::completion::{answer, post, read_record};
 use crate::ids::{CallbackSequence, ExecutorHandle, LeaseVersion, OfferId};
 use crate::io::{Action, LaunchPlan, Reply, SpawnOutcome, StopOutcome, StoreFailure};
 use crate::offer::DeliveryKind;
@@ -47,7 +47,7 @@ use crate::wire::activation::{
 use crate::wire::route::Operation;
 use crate::wire::secrets::{self, EnvironmentBundle, SecretsRequest, SecretsResponse};
 use crate::wire::session::SessionStatus;
-use crate::worker::{CallFault, Uncertainty, garbled, next_record, persist, response};
+use crate::worker::{CallFault, Uncertainty, next_record, persist};
 use crate::worker::{Ctx, HaltReason, Step, write_failure};
 
 /// What processing one offer concluded.
@@ -392,18 +392,12 @@ impl ProcessOp {
         request: &ActivationRequest,
         then: impl FnOnce(Self, &ActivationResponse) -> PStep,
     ) -> PStep {
-        let body = match response(reply) {
-            Ok(body) => body,
-            Err(CallFault::Unavailable) => return Step::Done(ProcessResult::Unavailable),
-            Err(CallFault::Uncertain(why)) => return Step::Done(ProcessResult::Uncertain(why)),
-            Err(fault) => return Step::Done(ProcessResult::Refused(fault)),
-        };
-        match ActivationResponse::parse(&body, request) {
+        match answer(reply, |body| ActivationResponse::parse(body, request)) {
             Ok(answer) => then(self, &answer),
-            Err(e) => Step::Done(match garbled(e) {
-                Ok(why) => ProcessResult::Uncertain(why),
-                Err(e) => ProcessResult::ActivationInvalid(format!("{e}")),
-            }),
+            Err(Ok(CallFault::Unavailable)) => Step::Done(ProcessResult::Unavailable),
+            Err(Ok(CallFault::Uncertain(why))) => Step::Done(ProcessResult::Uncertain(why)),
+            Err(Ok(fault)) => Step::Done(ProcessResult::Refused(fault)),
+            Err(Err(e)) => Step::Done(ProcessResult::ActivationInvalid(format!("{e}"))),
         }
     }
 
@@ -556,25 +550,19 @@ impl ProcessOp {
         // pass, within the offer's lease (`target_refusal`), before any start failure. Final:
         // a fence (a ref that does not exist, a drifted digest, a stale lease), a request the
         // control plane refused as malformed, an answer of the contract's shape that drifts.
-        let body = match response(reply) {
-            Ok(body) => Zeroizing::new(body),
-            Err(CallFault::Unavailable) => return Step::Done(ProcessResult::Unavailable),
-            Err(CallFault::Uncertain(why)) => return Step::Done(ProcessResult::Uncertain(why)),
-            Err(
+        match answer(reply, |body| SecretsResponse::parse(body, request)) {
+            Ok(resolved) => self.materialize(ctx, launch, &resolved),
+            Err(Ok(CallFault::Unavailable)) => Step::Done(ProcessResult::Unavailable),
+            Err(Ok(CallFault::Uncertain(why))) => Step::Done(ProcessResult::Uncertain(why)),
+            Err(Ok(
                 fault @ CallFault::Rejected {
                     status: 401 | 403, ..
                 },
-            ) => return Step::Done(ProcessResult::Refused(fault)),
-            Err(CallFault::Fenced { .. } | CallFault::Rejected { .. } | CallFault::Invalid(_)) => {
-                return self.start_failed(ctx, &launch.authority.record);
-            }
-        };
-        match SecretsResponse::parse(&body, request) {
-            Ok(resolved) => self.materialize(ctx, launch, &resolved),
-            Err(e) => match garbled(e) {
-                Ok(why) => Step::Done(ProcessResult::Uncertain(why)),
-                Err(_) => self.start_failed(ctx, &launch.authority.record),
-            },
+            )) => Step::Done(ProcessResult::Refused(fault)),
+            Err(
+                Ok(CallFault::Fenced { .. } | CallFault::Rejected { .. } | CallFault::Invalid(_))
+                | Err(_),
+            ) => self.start_failed(ctx, &launch.authority.record),
         }
     }
 

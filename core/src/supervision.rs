@@ -38,13 +38,13 @@ use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
 
-use crate::completion::{CompletionOp, CompletionOutcome, post, read_record};
+use crate::completion::{CompletionOp, CompletionOutcome, answer, post, read_record};
 use crate::ids::{LeaseVersion, OfferId};
 use crate::io::{Action, Liveness, Reply, StopOutcome};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::lease_control::{LeaseControlRequest, LeaseControlResponse, RenewedLease};
 use crate::wire::route::Operation;
-use crate::worker::{CallFault, Uncertainty, garbled, next_record, persist, response};
+use crate::worker::{CallFault, Uncertainty, next_record, persist};
 use crate::worker::{Ctx, Step, write_failure};
 
 /// What one supervision pass concluded.
@@ -528,17 +528,17 @@ impl SupervisionOp {
         reply: Reply,
     ) -> LStep {
         let attempted = request.fence.expected_lease_version;
-        let body = match response(reply) {
-            Ok(body) => body,
-            Err(CallFault::Unavailable) => return Step::Done(SupervisionResult::Unavailable),
-            Err(CallFault::Uncertain(why)) => {
+        let answer = match answer(reply, |body| LeaseControlResponse::parse(body, request)) {
+            Ok(answer) => answer,
+            Err(Ok(CallFault::Unavailable)) => return Step::Done(SupervisionResult::Unavailable),
+            Err(Ok(CallFault::Uncertain(why))) => {
                 return Step::Done(SupervisionResult::Uncertain { attempted, why });
             }
             // Fenced: earlier renewals may have committed without their answers reaching the
             // disk. Ask at the next version, up to the highest one they could have left (the
             // persisted version + 1 at least: a renewal lost to a crash leaves no memory). There
             // is no version past the top of the range, at the control plane either.
-            Err(CallFault::Fenced { code }) => {
+            Err(Ok(CallFault::Fenced { code })) => {
                 let persisted = record.offer.lease.version;
                 let ceiling = persisted.next().ok().max(self.may_hold);
                 return match request.fence.one_version_on() {
@@ -550,15 +550,9 @@ impl SupervisionOp {
                     }
                 };
             }
-            Err(fault) => return Step::Done(SupervisionResult::Refused(fault)),
-        };
-        let answer = match LeaseControlResponse::parse(&body, request) {
-            Ok(answer) => answer,
-            Err(e) => {
-                return Step::Done(match garbled(e) {
-                    Ok(why) => SupervisionResult::Uncertain { attempted, why },
-                    Err(e) => SupervisionResult::LeaseResponseInvalid(format!("{e}")),
-                });
+            Err(Ok(fault)) => return Step::Done(SupervisionResult::Refused(fault)),
+            Err(Err(e)) => {
+                return Step::Done(SupervisionResult::LeaseResponseInvalid(format!("{e}")));
             }
         };
         match answer {
