@@ -176,20 +176,21 @@ pub(crate) fn eligible_state(record: &InboxRecord) -> bool {
 
 impl CompletionOp {
     pub(crate) fn begin(offer_id: OfferId) -> CStep {
-        let action = Action::ReadRecord {
-            offer_id: offer_id.clone(),
+        let op = Self {
+            offer_id,
+            state: CompletionState::Reading,
         };
-        Step::Wait(
-            Self {
-                offer_id,
-                state: CompletionState::Reading,
-            },
-            action,
-        )
+        op.reading(CompletionState::Reading)
     }
 
     fn wait(self, state: CompletionState, action: Action) -> CStep {
         Step::Wait(Self { state, ..self }, action)
+    }
+
+    /// Reads the record, then goes on in `state`.
+    fn reading(self, state: CompletionState) -> CStep {
+        let offer_id = self.offer_id.clone();
+        self.wait(state, Action::ReadRecord { offer_id })
     }
 
     pub(crate) fn resume(mut self, ctx: &Ctx<'_>, reply: Reply) -> CStep {
@@ -407,13 +408,12 @@ impl CompletionOp {
                 });
             }
         };
-        let action = Action::ReadRecord {
-            offer_id: self.offer_id.clone(),
-        };
-        self.wait(
-            CompletionState::Refreshing(record, receipt, upload, stored.sha256),
-            action,
-        )
+        self.reading(CompletionState::Refreshing(
+            record,
+            receipt,
+            upload,
+            stored.sha256,
+        ))
     }
 
     /// Step 7: report completion under the lease as it is now. A renewal beside the upload

@@ -209,21 +209,22 @@ impl ProcessOp {
     }
 
     pub(crate) fn begin(offer_id: OfferId) -> PStep {
-        let action = Action::ReadRecord {
-            offer_id: offer_id.clone(),
+        let op = Self {
+            offer_id,
+            renewed_in: None,
+            state: StartState::Reading,
         };
-        Step::Wait(
-            Self {
-                offer_id,
-                renewed_in: None,
-                state: StartState::Reading,
-            },
-            action,
-        )
+        op.reading(StartState::Reading)
     }
 
     fn wait(self, state: StartState, action: Action) -> PStep {
         Step::Wait(Self { state, ..self }, action)
+    }
+
+    /// Reads the record, then goes on in `state`.
+    fn reading(self, state: StartState) -> PStep {
+        let offer_id = self.offer_id.clone();
+        self.wait(state, Action::ReadRecord { offer_id })
     }
 
     pub(crate) fn resume(mut self, ctx: &Ctx<'_>, reply: Reply) -> PStep {
@@ -378,10 +379,7 @@ impl ProcessOp {
                 why: why.clone(),
             });
         }
-        let action = Action::ReadRecord {
-            offer_id: self.offer_id.clone(),
-        };
-        self.wait(*resume, action)
+        self.reading(*resume)
     }
 
     /// An activation call's answer: `then` with it parsed, else the result that ends the
@@ -570,15 +568,13 @@ impl ProcessOp {
     /// failure.
     fn materialize(self, ctx: &Ctx<'_>, launch: Box<Launch>, secrets: &SecretsResponse) -> PStep {
         match environment(&launch.authority.record, secrets) {
-            Some(env) => self.allocate_log(launch, Env(env)),
+            Some(env) => {
+                let log_artifact_id = launch.authority.record.offer.log_artifact_id();
+                let action = Action::AllocateLog { log_artifact_id };
+                self.wait(StartState::AllocatingLog(launch, Env(env)), action)
+            }
             None => self.start_failed(ctx, &launch.authority.record),
         }
-    }
-
-    fn allocate_log(self, launch: Box<Launch>, env: Env) -> PStep {
-        let log_artifact_id = launch.authority.record.offer.log_artifact_id();
-        let action = Action::AllocateLog { log_artifact_id };
-        self.wait(StartState::AllocatingLog(launch, env), action)
     }
 
     /// Step 6e: the spawn barrier.

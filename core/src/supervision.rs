@@ -131,7 +131,7 @@ enum SupervisionState {
     Recompleting(CompletionOp),
     /// The completion replay did not settle a Run the control plane calls terminal: the record
     /// is read again before the stop (a renewal beside the replay's upload may have moved it).
-    Restopping(StopCause),
+    Restopping,
     /// Asking whether the supervisor and the user process still exist, before the call.
     Inspecting(Box<InboxRecord>, LeaseControlRequest),
     /// Both are gone: completion once more (a receipt published just before the supervisor
@@ -233,6 +233,12 @@ impl SupervisionOp {
         Step::Wait(Self { state, ..self }, action)
     }
 
+    /// Reads the record, then goes on in `state`.
+    fn reading(self, state: SupervisionState) -> LStep {
+        let offer_id = self.offer_id.clone();
+        self.wait(state, Action::ReadRecord { offer_id })
+    }
+
     /// A step of this pass's own completion (step 2).
     fn completing(self, step: Step<CompletionOp, CompletionOutcome>) -> LStep {
         match step {
@@ -249,9 +255,9 @@ impl SupervisionOp {
         ) {
             SupervisionState::Completing(op) => self.completing(op.resume(ctx, reply)),
             SupervisionState::Reading(completion) => self.on_record(ctx, completion, reply),
-            SupervisionState::Restopping(cause) => match read(reply) {
+            SupervisionState::Restopping => match read(reply) {
                 Ok(record) if record.state.is_terminal() => Step::Done(SupervisionResult::Settled),
-                Ok(record) => self.stop(ctx, &record, cause),
+                Ok(record) => self.stop(ctx, &record, StopCause::ControlPlaneTerminal),
                 Err(step) => step,
             },
             SupervisionState::Recompleting(op) => match op.resume(ctx, reply) {
@@ -375,15 +381,7 @@ impl SupervisionOp {
             | CompletionOutcome::ArtifactResponseInvalid(_)
             | CompletionOutcome::CompletionResponseInvalid(_)
             | CompletionOutcome::ControlPlaneTerminal
-            | CompletionOutcome::Refused(_) => {
-                let action = Action::ReadRecord {
-                    offer_id: self.offer_id.clone(),
-                };
-                self.wait(
-                    SupervisionState::Restopping(StopCause::ControlPlaneTerminal),
-                    action,
-                )
-            }
+            | CompletionOutcome::Refused(_) => self.reading(SupervisionState::Restopping),
         }
     }
 
@@ -420,10 +418,7 @@ impl SupervisionOp {
         if let Some(done) = finished(&completion) {
             return Step::Done(done);
         }
-        let action = Action::ReadRecord {
-            offer_id: self.offer_id.clone(),
-        };
-        self.wait(SupervisionState::Reading(completion), action)
+        self.reading(SupervisionState::Reading(completion))
     }
 
     /// Steps 3–6.
@@ -624,8 +619,7 @@ impl SupervisionOp {
                 action,
             );
         }
-        let handle = record.executor_handle.clone();
-        self.stop_by(ctx, record, cause, handle)
+        self.stop_by(ctx, record, cause, record.executor_handle.clone())
     }
 
     /// Stops by `handle`, or, without one, records what is known: nothing can be verified for
