@@ -29,12 +29,12 @@ use crate::ids::OfferId;
 use crate::io::{Action, HttpCall, ReceiptRead, Reply, Spool, StoreFailure, Upload};
 use crate::receipt::{AuthenticatedReceipt, ReceiptError, authenticate};
 use crate::record::{InboxRecord, RecoveryReason, State};
-use crate::wire::Fence;
 use crate::wire::artifact::{self, ArtifactReceipt, ArtifactUpload};
 use crate::wire::completion::{
     CompletionArtifact, CompletionRequest, CompletionResponse, CompletionResult, CompletionStatus,
 };
 use crate::wire::route::{Operation, path};
+use crate::wire::{Fence, WireError};
 use crate::worker::{CallFault, garbled, http_fault, next_record, persist, response};
 use crate::worker::{Ctx, Step, read_failure, write_failure};
 
@@ -148,6 +148,17 @@ pub(crate) fn post(ctx: &Ctx<'_>, operation: Operation, body: Zeroizing<Vec<u8>>
     })
 }
 
+/// A call's answer, parsed by `parse` (the body is wiped on drop): `Err(Ok(fault))` when the
+/// call failed, or answered a body that is not the contract's JSON (an uncertain outcome:
+/// issue 17); `Err(Err(e))` when the body is of the contract's shape but breaks its rules.
+pub(crate) fn answer<T>(
+    reply: Reply,
+    parse: impl FnOnce(&[u8]) -> Result<T, WireError>,
+) -> Result<T, Result<CallFault, WireError>> {
+    let body = Zeroizing::new(response(reply).map_err(Ok)?);
+    parse(&body).map_err(|e| garbled(e).map(CallFault::Uncertain))
+}
+
 /// Completion is possible from these states, with the launch barrier fields present.
 pub(crate) fn eligible_state(record: &InboxRecord) -> bool {
     match record.state {
@@ -165,20 +176,21 @@ pub(crate) fn eligible_state(record: &InboxRecord) -> bool {
 
 impl CompletionOp {
     pub(crate) fn begin(offer_id: OfferId) -> CStep {
-        let action = Action::ReadRecord {
-            offer_id: offer_id.clone(),
+        let op = Self {
+            offer_id,
+            state: CompletionState::Reading,
         };
-        Step::Wait(
-            Self {
-                offer_id,
-                state: CompletionState::Reading,
-            },
-            action,
-        )
+        op.reading(CompletionState::Reading)
     }
 
     fn wait(self, state: CompletionState, action: Action) -> CStep {
         Step::Wait(Self { state, ..self }, action)
+    }
+
+    /// Reads the record, then goes on in `state`.
+    fn reading(self, state: CompletionState) -> CStep {
+        let offer_id = self.offer_id.clone();
+        self.wait(state, Action::ReadRecord { offer_id })
     }
 
     pub(crate) fn resume(mut self, ctx: &Ctx<'_>, reply: Reply) -> CStep {
@@ -396,13 +408,12 @@ impl CompletionOp {
                 });
             }
         };
-        let action = Action::ReadRecord {
-            offer_id: self.offer_id.clone(),
-        };
-        self.wait(
-            CompletionState::Refreshing(record, receipt, upload, stored.sha256),
-            action,
-        )
+        self.reading(CompletionState::Refreshing(
+            record,
+            receipt,
+            upload,
+            stored.sha256,
+        ))
     }
 
     /// Step 7: report completion under the lease as it is now. A renewal beside the upload
@@ -495,16 +506,17 @@ impl CompletionOp {
         caught_up: bool,
         reply: Reply,
     ) -> CStep {
-        let body = match response(reply) {
-            Ok(body) => body,
-            Err(CallFault::Unavailable | CallFault::Uncertain(_)) => {
+        let answer = match answer(reply, |body| CompletionResponse::parse(body, request)) {
+            Ok(answer) => answer,
+            // No answer, or one that is not the contract's JSON: lost, as a dropped one (issue 17).
+            Err(Ok(CallFault::Unavailable | CallFault::Uncertain(_))) => {
                 return Step::Done(CompletionOutcome::Unavailable);
             }
             // Fenced at the persisted lease version: a renewal may have committed without its
             // answer reaching the disk (issue 17). Once more at the version it would have left;
             // an exact replay of a completion that did commit answers `already_completed` there
             // too (the control plane's lease is then at that version + 1).
-            Err(CallFault::Fenced { code }) if !caught_up => {
+            Err(Ok(CallFault::Fenced { code })) if !caught_up => {
                 return match request.fence.one_version_on() {
                     Some(fence) => {
                         let next = CompletionRequest {
@@ -516,15 +528,9 @@ impl CompletionOp {
                     None => Step::Done(CompletionOutcome::Refused(CallFault::Fenced { code })),
                 };
             }
-            Err(fault) => return Step::Done(CompletionOutcome::Refused(fault)),
-        };
-        let answer = match CompletionResponse::parse(&body, request) {
-            Ok(answer) => answer,
-            Err(e) => {
-                return Step::Done(match garbled(e) {
-                    Ok(_) => CompletionOutcome::Unavailable,
-                    Err(e) => CompletionOutcome::CompletionResponseInvalid(format!("{e}")),
-                });
+            Err(Ok(fault)) => return Step::Done(CompletionOutcome::Refused(fault)),
+            Err(Err(e)) => {
+                return Step::Done(CompletionOutcome::CompletionResponseInvalid(format!("{e}")));
             }
         };
         match answer.status {

@@ -33,7 +33,7 @@ use alloc::vec::Vec;
 use zeroize::Zeroizing;
 
 use crate::capability::Capability;
-use crate::completion::{post, read_record};
+use crate::completion::{answer, post, read_record};
 use crate::ids::{CallbackSequence, ExecutorHandle, LeaseVersion, OfferId};
 use crate::io::{Action, LaunchPlan, Reply, SpawnOutcome, StopOutcome, StoreFailure};
 use crate::offer::DeliveryKind;
@@ -47,7 +47,7 @@ use crate::wire::activation::{
 use crate::wire::route::Operation;
 use crate::wire::secrets::{self, EnvironmentBundle, SecretsRequest, SecretsResponse};
 use crate::wire::session::SessionStatus;
-use crate::worker::{CallFault, Uncertainty, garbled, next_record, persist, response};
+use crate::worker::{CallFault, Uncertainty, next_record, persist};
 use crate::worker::{Ctx, HaltReason, Step, write_failure};
 
 /// What processing one offer concluded.
@@ -209,21 +209,22 @@ impl ProcessOp {
     }
 
     pub(crate) fn begin(offer_id: OfferId) -> PStep {
-        let action = Action::ReadRecord {
-            offer_id: offer_id.clone(),
+        let op = Self {
+            offer_id,
+            renewed_in: None,
+            state: StartState::Reading,
         };
-        Step::Wait(
-            Self {
-                offer_id,
-                renewed_in: None,
-                state: StartState::Reading,
-            },
-            action,
-        )
+        op.reading(StartState::Reading)
     }
 
     fn wait(self, state: StartState, action: Action) -> PStep {
         Step::Wait(Self { state, ..self }, action)
+    }
+
+    /// Reads the record, then goes on in `state`.
+    fn reading(self, state: StartState) -> PStep {
+        let offer_id = self.offer_id.clone();
+        self.wait(state, Action::ReadRecord { offer_id })
     }
 
     pub(crate) fn resume(mut self, ctx: &Ctx<'_>, reply: Reply) -> PStep {
@@ -378,10 +379,7 @@ impl ProcessOp {
                 why: why.clone(),
             });
         }
-        let action = Action::ReadRecord {
-            offer_id: self.offer_id.clone(),
-        };
-        self.wait(*resume, action)
+        self.reading(*resume)
     }
 
     /// An activation call's answer: `then` with it parsed, else the result that ends the
@@ -392,18 +390,12 @@ impl ProcessOp {
         request: &ActivationRequest,
         then: impl FnOnce(Self, &ActivationResponse) -> PStep,
     ) -> PStep {
-        let body = match response(reply) {
-            Ok(body) => body,
-            Err(CallFault::Unavailable) => return Step::Done(ProcessResult::Unavailable),
-            Err(CallFault::Uncertain(why)) => return Step::Done(ProcessResult::Uncertain(why)),
-            Err(fault) => return Step::Done(ProcessResult::Refused(fault)),
-        };
-        match ActivationResponse::parse(&body, request) {
+        match answer(reply, |body| ActivationResponse::parse(body, request)) {
             Ok(answer) => then(self, &answer),
-            Err(e) => Step::Done(match garbled(e) {
-                Ok(why) => ProcessResult::Uncertain(why),
-                Err(e) => ProcessResult::ActivationInvalid(format!("{e}")),
-            }),
+            Err(Ok(CallFault::Unavailable)) => Step::Done(ProcessResult::Unavailable),
+            Err(Ok(CallFault::Uncertain(why))) => Step::Done(ProcessResult::Uncertain(why)),
+            Err(Ok(fault)) => Step::Done(ProcessResult::Refused(fault)),
+            Err(Err(e)) => Step::Done(ProcessResult::ActivationInvalid(format!("{e}"))),
         }
     }
 
@@ -556,25 +548,19 @@ impl ProcessOp {
         // pass, within the offer's lease (`target_refusal`), before any start failure. Final:
         // a fence (a ref that does not exist, a drifted digest, a stale lease), a request the
         // control plane refused as malformed, an answer of the contract's shape that drifts.
-        let body = match response(reply) {
-            Ok(body) => Zeroizing::new(body),
-            Err(CallFault::Unavailable) => return Step::Done(ProcessResult::Unavailable),
-            Err(CallFault::Uncertain(why)) => return Step::Done(ProcessResult::Uncertain(why)),
-            Err(
+        match answer(reply, |body| SecretsResponse::parse(body, request)) {
+            Ok(resolved) => self.materialize(ctx, launch, &resolved),
+            Err(Ok(CallFault::Unavailable)) => Step::Done(ProcessResult::Unavailable),
+            Err(Ok(CallFault::Uncertain(why))) => Step::Done(ProcessResult::Uncertain(why)),
+            Err(Ok(
                 fault @ CallFault::Rejected {
                     status: 401 | 403, ..
                 },
-            ) => return Step::Done(ProcessResult::Refused(fault)),
-            Err(CallFault::Fenced { .. } | CallFault::Rejected { .. } | CallFault::Invalid(_)) => {
-                return self.start_failed(ctx, &launch.authority.record);
-            }
-        };
-        match SecretsResponse::parse(&body, request) {
-            Ok(resolved) => self.materialize(ctx, launch, &resolved),
-            Err(e) => match garbled(e) {
-                Ok(why) => Step::Done(ProcessResult::Uncertain(why)),
-                Err(_) => self.start_failed(ctx, &launch.authority.record),
-            },
+            )) => Step::Done(ProcessResult::Refused(fault)),
+            Err(
+                Ok(CallFault::Fenced { .. } | CallFault::Rejected { .. } | CallFault::Invalid(_))
+                | Err(_),
+            ) => self.start_failed(ctx, &launch.authority.record),
         }
     }
 
@@ -582,15 +568,13 @@ impl ProcessOp {
     /// failure.
     fn materialize(self, ctx: &Ctx<'_>, launch: Box<Launch>, secrets: &SecretsResponse) -> PStep {
         match environment(&launch.authority.record, secrets) {
-            Some(env) => self.allocate_log(launch, Env(env)),
+            Some(env) => {
+                let log_artifact_id = launch.authority.record.offer.log_artifact_id();
+                let action = Action::AllocateLog { log_artifact_id };
+                self.wait(StartState::AllocatingLog(launch, Env(env)), action)
+            }
             None => self.start_failed(ctx, &launch.authority.record),
         }
-    }
-
-    fn allocate_log(self, launch: Box<Launch>, env: Env) -> PStep {
-        let log_artifact_id = launch.authority.record.offer.log_artifact_id();
-        let action = Action::AllocateLog { log_artifact_id };
-        self.wait(StartState::AllocatingLog(launch, env), action)
     }
 
     /// Step 6e: the spawn barrier.

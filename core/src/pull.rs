@@ -41,13 +41,14 @@ use base64::Engine as _;
 
 use crate::capability::Entropy;
 use crate::claim::{MAX_CLAIM_ATTEMPTS, PendingClaim};
+use crate::completion::post;
 use crate::ids::{LeaseToken, OfferId, Revision};
-use crate::io::{Action, HttpCall, Reply, StoreFailure};
+use crate::io::{Action, Reply, StoreFailure};
 use crate::offer::Offer;
 use crate::record::InboxRecord;
 use crate::wire::WireError;
-use crate::wire::offer::{MAX_RESPONSE_BYTES, OfferRequest, OfferResponse, admit_offer};
-use crate::wire::route::{Operation, path};
+use crate::wire::offer::{OfferRequest, OfferResponse, admit_offer};
+use crate::wire::route::Operation;
 use crate::worker::{CallFault, next_record, persist, response};
 use crate::worker::{Ctx, Step, read_failure, register_backoff, write_failure};
 
@@ -369,17 +370,8 @@ fn request(ctx: &Ctx<'_>, claim: Box<PendingClaim>) -> PullStep {
     .to_body();
     match body {
         Ok(body) => {
-            let call = HttpCall {
-                path: path(
-                    &ctx.config.worker_id,
-                    &ctx.config.session_id,
-                    Operation::Offers,
-                ),
-                body,
-                request_cap: crate::wire::offer::MAX_REQUEST_BYTES,
-                response_cap: MAX_RESPONSE_BYTES,
-            };
-            Step::Wait(PullOp::Requesting(claim), Action::Post(call))
+            let action = post(ctx, Operation::Offers, body);
+            Step::Wait(PullOp::Requesting(claim), action)
         }
         Err(e) => backoff(claim, PullFault::Call(CallFault::Invalid(e))),
     }

@@ -422,7 +422,10 @@ pub enum TransitionError {
         found: Revision,
     },
     /// The proposed revision is not `expected + 1`.
-    #[error(fmt = revision_not_next)]
+    #[error("proposed revision {proposed}{}", match .required {
+        Some(r) => alloc::format!(" must be {r}"),
+        None => alloc::string::String::from(": the revision space is exhausted"),
+    })]
     RevisionNotNext {
         /// `expected + 1` (or `None` when `expected` is the maximum).
         required: Option<Revision>,
@@ -477,22 +480,6 @@ pub enum TransitionError {
         /// The field.
         field: OptionalField,
     },
-}
-
-/// The message of [`TransitionError::RevisionNotNext`], whose `required` is `None` once the
-/// revision space is exhausted.
-fn revision_not_next(
-    required: &Option<Revision>,
-    proposed: &Revision,
-    f: &mut fmt::Formatter<'_>,
-) -> fmt::Result {
-    match required {
-        Some(r) => write!(f, "proposed revision {proposed} must be {r}"),
-        None => write!(
-            f,
-            "proposed revision {proposed}: the revision space is exhausted"
-        ),
-    }
 }
 
 /// Checks one durable update of an inbox record (reference §3.6, SPEC §4):

@@ -23,17 +23,17 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use zeroize::Zeroizing;
 
+use crate::completion::{answer, post};
 use crate::ids::SessionId;
-use crate::io::{Action, HttpCall, Reply};
+use crate::io::{Action, Reply};
 use crate::offer::OfferWorker;
 use crate::time::UnixMillis;
 use crate::wire::WireError;
-use crate::wire::route::{Operation, path};
+use crate::wire::route::Operation;
 use crate::wire::session::{
-    HeartbeatRequest, MAX_REGISTER_REQUEST_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES,
-    RegisterRequest, SessionResponse, SessionStatus, TransitionRequest,
+    HeartbeatRequest, RegisterRequest, SessionResponse, SessionStatus, TransitionRequest,
 };
-use crate::worker::{CallFault, garbled, response};
+use crate::worker::CallFault;
 use crate::worker::{Ctx, SessionView, Step};
 
 /// A step of a Session exchange.
@@ -223,20 +223,15 @@ fn unanswered(exchange: Exchange) -> SStep {
 impl SessionCall {
     /// Posts this call's request `body`; a request that could not be built is refused for good.
     fn send(self, ctx: &Ctx<'_>, body: Result<Vec<u8>, WireError>) -> SStep {
-        let (operation, request_cap) = match &self {
-            Self::Registering { .. } => (Operation::Register, MAX_REGISTER_REQUEST_BYTES),
-            Self::Heartbeating(_) => (Operation::Heartbeat, MAX_REQUEST_BYTES),
-            Self::Transitioning(_) => (Operation::Transition, MAX_REQUEST_BYTES),
+        let operation = match &self {
+            Self::Registering { .. } => Operation::Register,
+            Self::Heartbeating(_) => Operation::Heartbeat,
+            Self::Transitioning(_) => Operation::Transition,
         };
         match body {
             Ok(body) => {
-                let call = HttpCall {
-                    path: path(&ctx.config.worker_id, &ctx.config.session_id, operation),
-                    body: Zeroizing::new(body),
-                    request_cap,
-                    response_cap: MAX_RESPONSE_BYTES,
-                };
-                Step::Wait(SessionOp::Calling(self), Action::Post(call))
+                let action = post(ctx, operation, Zeroizing::new(body));
+                Step::Wait(SessionOp::Calling(self), action)
             }
             Err(e) => {
                 let name = operation.as_str();
@@ -246,39 +241,33 @@ impl SessionCall {
     }
 
     fn answered(self, ctx: &Ctx<'_>, reply: Reply) -> SessionResult {
-        let body = match response(reply) {
-            Ok(body) => body,
-            Err(fault) => return self.fault_result(fault),
-        };
         let (worker_id, session_id) = (&ctx.config.worker_id, &ctx.config.session_id);
-        let parsed = match &self {
+        let parsed = answer(reply, |body| match &self {
             Self::Registering { .. } => {
-                SessionResponse::parse_register(&body, worker_id, session_id)
+                SessionResponse::parse_register(body, worker_id, session_id)
             }
             Self::Heartbeating(r) => {
-                SessionResponse::parse_heartbeat(&body, worker_id, session_id, r)
+                SessionResponse::parse_heartbeat(body, worker_id, session_id, r)
             }
             Self::Transitioning(r) => {
-                SessionResponse::parse_transition(&body, worker_id, session_id, r)
+                SessionResponse::parse_transition(body, worker_id, session_id, r)
             }
-        };
+        });
         let parsed = match parsed {
             Ok(parsed) => parsed,
-            // Not the contract's JSON: uncertain, as a lost answer. A register answer of the
-            // right shape that we cannot accept is retried after a backoff (each one logged);
-            // a heartbeat or transition answer that breaks the CAS means the Session moved under
-            // us.
-            Err(e) => {
-                return match garbled(e) {
-                    Ok(why) => self.fault_result(CallFault::Uncertain(why)),
-                    Err(e) => match self {
-                        Self::Heartbeating(_) | Self::Transitioning(_) => {
-                            SessionResult::Fenced(format!("invalid Session response: {e}"))
-                        }
-                        Self::Registering { .. } => SessionResult::Unanswered {
-                            exchange: Exchange::Register,
-                            fault: CallFault::Invalid(e),
-                        },
+            // No answer, or (uncertain, as a lost answer) not the contract's JSON.
+            Err(Ok(fault)) => return self.fault_result(fault),
+            // A register answer of the right shape that we cannot accept is retried after a
+            // backoff (each one logged); a heartbeat or transition answer that breaks the CAS
+            // means the Session moved under us.
+            Err(Err(e)) => {
+                return match self {
+                    Self::Heartbeating(_) | Self::Transitioning(_) => {
+                        SessionResult::Fenced(format!("invalid Session response: {e}"))
+                    }
+                    Self::Registering { .. } => SessionResult::Unanswered {
+                        exchange: Exchange::Register,
+                        fault: CallFault::Invalid(e),
                     },
                 };
             }

@@ -38,13 +38,13 @@ use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
 
-use crate::completion::{CompletionOp, CompletionOutcome, post, read_record};
+use crate::completion::{CompletionOp, CompletionOutcome, answer, post, read_record};
 use crate::ids::{LeaseVersion, OfferId};
 use crate::io::{Action, Liveness, Reply, StopOutcome};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::lease_control::{LeaseControlRequest, LeaseControlResponse, RenewedLease};
 use crate::wire::route::Operation;
-use crate::worker::{CallFault, Uncertainty, garbled, next_record, persist, response};
+use crate::worker::{CallFault, Uncertainty, next_record, persist};
 use crate::worker::{Ctx, Step, write_failure};
 
 /// What one supervision pass concluded.
@@ -131,7 +131,7 @@ enum SupervisionState {
     Recompleting(CompletionOp),
     /// The completion replay did not settle a Run the control plane calls terminal: the record
     /// is read again before the stop (a renewal beside the replay's upload may have moved it).
-    Restopping(StopCause),
+    Restopping,
     /// Asking whether the supervisor and the user process still exist, before the call.
     Inspecting(Box<InboxRecord>, LeaseControlRequest),
     /// Both are gone: completion once more (a receipt published just before the supervisor
@@ -233,6 +233,12 @@ impl SupervisionOp {
         Step::Wait(Self { state, ..self }, action)
     }
 
+    /// Reads the record, then goes on in `state`.
+    fn reading(self, state: SupervisionState) -> LStep {
+        let offer_id = self.offer_id.clone();
+        self.wait(state, Action::ReadRecord { offer_id })
+    }
+
     /// A step of this pass's own completion (step 2).
     fn completing(self, step: Step<CompletionOp, CompletionOutcome>) -> LStep {
         match step {
@@ -249,9 +255,9 @@ impl SupervisionOp {
         ) {
             SupervisionState::Completing(op) => self.completing(op.resume(ctx, reply)),
             SupervisionState::Reading(completion) => self.on_record(ctx, completion, reply),
-            SupervisionState::Restopping(cause) => match read(reply) {
+            SupervisionState::Restopping => match read(reply) {
                 Ok(record) if record.state.is_terminal() => Step::Done(SupervisionResult::Settled),
-                Ok(record) => self.stop(ctx, &record, cause),
+                Ok(record) => self.stop(ctx, &record, StopCause::ControlPlaneTerminal),
                 Err(step) => step,
             },
             SupervisionState::Recompleting(op) => match op.resume(ctx, reply) {
@@ -375,15 +381,7 @@ impl SupervisionOp {
             | CompletionOutcome::ArtifactResponseInvalid(_)
             | CompletionOutcome::CompletionResponseInvalid(_)
             | CompletionOutcome::ControlPlaneTerminal
-            | CompletionOutcome::Refused(_) => {
-                let action = Action::ReadRecord {
-                    offer_id: self.offer_id.clone(),
-                };
-                self.wait(
-                    SupervisionState::Restopping(StopCause::ControlPlaneTerminal),
-                    action,
-                )
-            }
+            | CompletionOutcome::Refused(_) => self.reading(SupervisionState::Restopping),
         }
     }
 
@@ -420,10 +418,7 @@ impl SupervisionOp {
         if let Some(done) = finished(&completion) {
             return Step::Done(done);
         }
-        let action = Action::ReadRecord {
-            offer_id: self.offer_id.clone(),
-        };
-        self.wait(SupervisionState::Reading(completion), action)
+        self.reading(SupervisionState::Reading(completion))
     }
 
     /// Steps 3–6.
@@ -528,17 +523,17 @@ impl SupervisionOp {
         reply: Reply,
     ) -> LStep {
         let attempted = request.fence.expected_lease_version;
-        let body = match response(reply) {
-            Ok(body) => body,
-            Err(CallFault::Unavailable) => return Step::Done(SupervisionResult::Unavailable),
-            Err(CallFault::Uncertain(why)) => {
+        let answer = match answer(reply, |body| LeaseControlResponse::parse(body, request)) {
+            Ok(answer) => answer,
+            Err(Ok(CallFault::Unavailable)) => return Step::Done(SupervisionResult::Unavailable),
+            Err(Ok(CallFault::Uncertain(why))) => {
                 return Step::Done(SupervisionResult::Uncertain { attempted, why });
             }
             // Fenced: earlier renewals may have committed without their answers reaching the
             // disk. Ask at the next version, up to the highest one they could have left (the
             // persisted version + 1 at least: a renewal lost to a crash leaves no memory). There
             // is no version past the top of the range, at the control plane either.
-            Err(CallFault::Fenced { code }) => {
+            Err(Ok(CallFault::Fenced { code })) => {
                 let persisted = record.offer.lease.version;
                 let ceiling = persisted.next().ok().max(self.may_hold);
                 return match request.fence.one_version_on() {
@@ -550,15 +545,9 @@ impl SupervisionOp {
                     }
                 };
             }
-            Err(fault) => return Step::Done(SupervisionResult::Refused(fault)),
-        };
-        let answer = match LeaseControlResponse::parse(&body, request) {
-            Ok(answer) => answer,
-            Err(e) => {
-                return Step::Done(match garbled(e) {
-                    Ok(why) => SupervisionResult::Uncertain { attempted, why },
-                    Err(e) => SupervisionResult::LeaseResponseInvalid(format!("{e}")),
-                });
+            Err(Ok(fault)) => return Step::Done(SupervisionResult::Refused(fault)),
+            Err(Err(e)) => {
+                return Step::Done(SupervisionResult::LeaseResponseInvalid(format!("{e}")));
             }
         };
         match answer {
@@ -630,8 +619,7 @@ impl SupervisionOp {
                 action,
             );
         }
-        let handle = record.executor_handle.clone();
-        self.stop_by(ctx, record, cause, handle)
+        self.stop_by(ctx, record, cause, record.executor_handle.clone())
     }
 
     /// Stops by `handle`, or, without one, records what is known: nothing can be verified for
