@@ -55,6 +55,8 @@ hash_by!(
     crate::wire::WireError,
     crate::receipt::AuthenticatedReceipt,
     crate::completion::CompletionOutcome,
+    crate::processor::ProcessResult,
+    crate::supervision::SupervisionResult,
     crate::io::StopOutcome,
     crate::pull::PullFault,
     crate::session::SessionOp,

@@ -148,10 +148,11 @@ enum StartState {
     PersistingStartFailed(Box<InboxRecord>, bool),
     StoppingTerminal(Box<InboxRecord>),
     AckingRunning(Box<InboxRecord>, ActivationRequest),
-    PersistingRunningAck(bool),
     FailingStart(Box<InboxRecord>, ActivationRequest),
-    PersistingStartFailureAck,
-    PersistingRecovery(RecoveryReason, bool),
+    /// The pass's last write (the running or start-failure ACK, or recovery evidence); once it
+    /// is durable the pass ends with this result. `bool`: the write must land (a process may
+    /// exist), else the Worker halts.
+    Concluding(ProcessResult, bool),
     /// A renewal of the offer's lease before the next start-path call (see
     /// [`ProcessOp::renewal_due`]); then the record is read again in the state held here:
     /// `Reading` (before a starting or running ACK, the record is taken from its state), or
@@ -279,23 +280,11 @@ impl ProcessOp {
             StartState::AckingRunning(record, request) => {
                 self.answered(reply, &request, |op, a| op.on_running(ctx, record, a))
             }
-            StartState::PersistingRunningAck(already) => self.durable(reply, false, |_| {
-                Step::Done(if already {
-                    ProcessResult::AlreadyRunning
-                } else {
-                    ProcessResult::Running
-                })
-            }),
             StartState::FailingStart(record, request) => {
                 self.answered(reply, &request, |op, a| op.on_start_failure(ctx, record, a))
             }
-            StartState::PersistingStartFailureAck => {
-                self.durable(reply, false, |_| Step::Done(ProcessResult::StartFailed))
-            }
-            StartState::PersistingRecovery(reason, must_land) => {
-                self.durable(reply, must_land, |_| {
-                    Step::Done(ProcessResult::RecoveryRequired(reason))
-                })
+            StartState::Concluding(result, must_land) => {
+                self.durable(reply, must_land, |_| Step::Done(result))
             }
             StartState::Renewing(op, resume) => self.renewing(op.resume(ctx, reply), resume),
             StartState::RereadingForSecrets(launch) => {
@@ -708,10 +697,14 @@ impl ProcessOp {
                 ActivationStatus::Applied | ActivationStatus::AlreadyRunning,
                 SnapshotShape::Running,
             ) => {
-                let already = answer.status == ActivationStatus::AlreadyRunning;
+                let result = if answer.status == ActivationStatus::AlreadyRunning {
+                    ProcessResult::AlreadyRunning
+                } else {
+                    ProcessResult::Running
+                };
                 let proposed = next_record(&record, State::RunningAcknowledged, ctx.now, |_| {});
                 let action = persist(&record, proposed);
-                self.wait(StartState::PersistingRunningAck(already), action)
+                self.wait(StartState::Concluding(result, false), action)
             }
             (ActivationStatus::AlreadyStarting, SnapshotShape::Running)
             | (
@@ -770,7 +763,8 @@ impl ProcessOp {
         }
         let proposed = next_record(&record, State::StartFailureAcknowledged, ctx.now, |_| {});
         let action = persist(&record, proposed);
-        self.wait(StartState::PersistingStartFailureAck, action)
+        let failed = StartState::Concluding(ProcessResult::StartFailed, false);
+        self.wait(failed, action)
     }
 
     /// Persists `recovery_required(reason)`. `must_land`: a process may exist, so the write
@@ -786,7 +780,8 @@ impl ProcessOp {
             r.recovery_reason = Some(reason);
         });
         let action = persist(record, proposed);
-        self.wait(StartState::PersistingRecovery(reason, must_land), action)
+        let result = ProcessResult::RecoveryRequired(reason);
+        self.wait(StartState::Concluding(result, must_land), action)
     }
 }
 
@@ -853,14 +848,12 @@ fn launch_authority(
     })
 }
 
-/// Step 6d: the exact environment of the revision, public values byte for byte and Secret values
-/// from the response, in revision order; `None` when a value is missing or holds a NUL.
-/// The child's exact environment (the reference's newer materializer, `4abf125`): the
+/// Step 6d: the child's exact environment (the reference's newer materializer, `4abf125`): the
 /// revision's bindings in revision order (public values as Node passes them, Secrets from the
 /// response), then the entries of its environment bundle, if any, in the bundle's normalized
-/// order. `None` refuses the start before any spawn: a Secret missing, a bundle that breaks its
-/// rules, a bundle name that is also a binding's, more than 256 variables, or names and values
-/// above 64 KiB.
+/// order. `None` refuses the start before any spawn: a Secret missing, a value with a NUL, a name
+/// that is empty, holds `=` or comes twice, a bundle that breaks its rules, a bundle name that
+/// is also a binding's, more than 256 variables, or names and values above 64 KiB.
 fn environment(
     record: &InboxRecord,
     secrets: &SecretsResponse,
@@ -886,7 +879,8 @@ fn environment(
         bytes += name.len() + value.len();
         env.push((String::from(name), Zeroizing::new(value.into_owned())));
     }
-    if env.len() != revision.environment.len() || bytes > secrets::MAX_BUNDLE_TOTAL_BYTES {
+    // Every binding is in `env` now (each pushed or refused the start).
+    if bytes > secrets::MAX_BUNDLE_TOTAL_BYTES {
         return None;
     }
     // At most one bundle, bound to the revision's reference by the response parser.

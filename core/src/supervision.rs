@@ -127,7 +127,10 @@ enum SupervisionState {
     Controlling(Box<InboxRecord>, LeaseControlRequest),
     PersistingLease(Box<InboxRecord>, bool),
     Stopping(Box<InboxRecord>, StopCause),
-    Recording(RecoveryReason, StopOutcome),
+    /// Recording the evidence a stop left (`Recovered`), or that the supervisor and the process
+    /// are gone without a receipt (`SupervisorGone`); once it is durable the pass ends with this
+    /// result.
+    Recording(SupervisionResult),
     Recompleting(CompletionOp),
     /// The completion replay did not settle a Run the control plane calls terminal: the record
     /// is read again before the stop (a renewal beside the replay's upload may have moved it).
@@ -137,8 +140,6 @@ enum SupervisionState {
     /// Both are gone: completion once more (a receipt published just before the supervisor
     /// exited is found here) before concluding that none will come.
     Confirming(CompletionOp, Box<InboxRecord>),
-    /// Recording that the supervisor and the process are gone without a receipt.
-    RecordingGone,
     /// The record has no handle (a crash fell between the spawn and `started`): reading the
     /// handle the supervisor published before the user command ran, to stop by it.
     ReadingPublished(Box<InboxRecord>, StopCause),
@@ -278,9 +279,7 @@ impl SupervisionOp {
             SupervisionState::Stopping(record, cause) => {
                 self.record_recovery(ctx, &record, cause, reply.stop())
             }
-            SupervisionState::Recording(reason, stopped) => durable(reply, || {
-                Step::Done(SupervisionResult::Recovered(reason, stopped))
-            }),
+            SupervisionState::Recording(result) => durable(reply, || Step::Done(result)),
             // The steps of a Run whose supervisor may be gone (issue 16).
             // Either may still exist, or nothing can be concluded: renew as before (a supervisor
             // that lives publishes its receipt; a process that lives is stopped by identity when
@@ -299,9 +298,6 @@ impl SupervisionOp {
                 Step::Done(result) => self.after_confirming(ctx, &record, result),
                 Step::Halt(reason) => Step::Halt(reason),
             },
-            SupervisionState::RecordingGone => {
-                durable(reply, || Step::Done(SupervisionResult::SupervisorGone))
-            }
             SupervisionState::ReadingPublished(record, cause) => {
                 self.stop_by(ctx, &record, cause, reply.published_handle())
             }
@@ -410,7 +406,8 @@ impl SupervisionOp {
             r.recovery_reason = Some(RecoveryReason::LeaseLostLocalExecutionStopped);
         });
         let action = persist(record, proposed);
-        self.wait(SupervisionState::RecordingGone, action)
+        let gone = SupervisionState::Recording(SupervisionResult::SupervisorGone);
+        self.wait(gone, action)
     }
 
     /// Step 2–3: completion first.
@@ -680,7 +677,8 @@ impl SupervisionOp {
             r.recovery_reason = Some(reason);
         });
         let action = persist(record, proposed);
-        self.wait(SupervisionState::Recording(reason, stopped), action)
+        let result = SupervisionResult::Recovered(reason, stopped);
+        self.wait(SupervisionState::Recording(result), action)
     }
 }
 
