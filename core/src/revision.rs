@@ -479,7 +479,7 @@ fn sort_unique<T: PartialEq>(
 }
 
 /// Whether no two of `items` have the same `key`.
-fn unique_by<T, K: PartialEq + ?Sized>(items: &[T], key: impl Fn(&T) -> &K) -> bool {
+pub(crate) fn unique_by<T, K: PartialEq + ?Sized>(items: &[T], key: impl Fn(&T) -> &K) -> bool {
     items
         .iter()
         .enumerate()
@@ -775,11 +775,7 @@ impl ExecutionRevision {
             )?;
         }
         self.placement = self.placement.map(Placement::normalize).transpose()?;
-        ensure(
-            self.json_bytes(JsonForm::Content).len() <= MAX_PLAN_BYTES,
-            "executionRevision",
-            "<= 96 KiB serialized",
-        )?;
+        self.json_within_budget(JsonForm::Content)?;
         Ok(self)
     }
 
@@ -822,13 +818,7 @@ impl ExecutionRevision {
     /// [`RevisionError::Field`] above the 96 KiB plan budget (a normalized revision is below
     /// it: the budget counts `createdAtMs` too).
     pub fn canonical_json(&self) -> Result<Vec<u8>, RevisionError> {
-        let bytes = self.json_bytes(JsonForm::Digest);
-        ensure(
-            bytes.len() <= MAX_PLAN_BYTES,
-            "executionRevision",
-            "<= 96 KiB serialized",
-        )?;
-        Ok(bytes)
+        self.json_within_budget(JsonForm::Digest)
     }
 
     /// The revision as the offer carries it: content, `createdAtMs` and `contentDigest`.
@@ -908,19 +898,17 @@ impl ExecutionRevision {
         let environment = self
             .environment
             .iter()
-            .map(|b| match &b.value {
-                EnvValue::Public(value) => BindingJson {
+            .map(|b| {
+                let (kind, value, secret_ref) = match &b.value {
+                    EnvValue::Public(value) => ("public", Some(JsStringJson(value)), None),
+                    EnvValue::Secret(r) => ("secret", None, Some(r)),
+                };
+                BindingJson {
                     name: &b.name,
-                    kind: "public",
-                    value: Some(JsStringJson(value)),
-                    secret_ref: None,
-                },
-                EnvValue::Secret(r) => BindingJson {
-                    name: &b.name,
-                    kind: "secret",
-                    value: None,
-                    secret_ref: Some(r),
-                },
+                    kind,
+                    value,
+                    secret_ref,
+                }
             })
             .collect();
         let placement = self.placement.as_ref().map(|p| PlacementJson {
@@ -976,6 +964,17 @@ impl ExecutionRevision {
         // INVARIANT: the view holds only strings, integers, sequences and string-keyed maps.
         serde_json::to_vec(&self.json(form))
             .expect("invariant: a revision always serializes to JSON")
+    }
+
+    /// [`Self::json_bytes`], refused above the 96 KiB plan budget.
+    fn json_within_budget(&self, form: JsonForm) -> Result<Vec<u8>, RevisionError> {
+        let bytes = self.json_bytes(form);
+        ensure(
+            bytes.len() <= MAX_PLAN_BYTES,
+            "executionRevision",
+            "<= 96 KiB serialized",
+        )?;
+        Ok(bytes)
     }
 }
 

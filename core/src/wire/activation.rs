@@ -297,20 +297,20 @@ impl SnapshotWire {
             "snapshot.callbackSequence",
             "0..=2^31-1",
         )?;
-        if let Some(log) = &self.log_artifact_id {
-            ensure(
-                bounded_text(log, 36),
-                "snapshot.logArtifactId",
-                "1..=36 characters",
-            )?;
-        }
-        if let Some(code) = &self.error_code {
-            ensure(
-                bounded_text(code, 128),
-                "snapshot.errorCode",
-                "1..=128 characters",
-            )?;
-        }
+        ensure(
+            self.log_artifact_id
+                .as_deref()
+                .is_none_or(|log| bounded_text(log, 36)),
+            "snapshot.logArtifactId",
+            "1..=36 characters",
+        )?;
+        ensure(
+            self.error_code
+                .as_deref()
+                .is_none_or(|code| bounded_text(code, 128)),
+            "snapshot.errorCode",
+            "1..=128 characters",
+        )?;
         Ok(ActivationSnapshot {
             run_id: id(RunId::new(self.run_id), "snapshot.runId")?,
             attempt_id: id(AttemptId::new(self.attempt_id), "snapshot.attemptId")?,
