@@ -117,14 +117,15 @@ crate::ids::string_id!(
     }
 );
 
-/// A canonical secret reference: `qlsecret:v1:` + canonical base64url of exactly
-/// `JSON.stringify({projectId, name[, version]})` (≤ 512 bytes). Names the secret, not its value.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct SecretRef {
-    text: String,
-    project_id: String,
-    version: Option<u64>,
-}
+crate::ids::string_id!(
+    /// A canonical secret reference: `qlsecret:v1:` + canonical base64url of exactly
+    /// `JSON.stringify({projectId, name[, version]})` (≤ 512 bytes). Names the secret, not its
+    /// value.
+    SecretRef,
+    "secret reference",
+    "qlsecret:v1: + canonical base64url of JSON {projectId, name[, version]}, <= 512 bytes",
+    |v| SecretRef::decode(v).is_some()
+);
 
 /// The payload of a secret reference, as encoded and decoded.
 #[derive(Serialize, Deserialize)]
@@ -138,42 +139,18 @@ struct SecretRefPayload<'a> {
 }
 
 impl SecretRef {
-    /// The validation rule.
-    pub const RULE: &'static str =
-        "qlsecret:v1: + canonical base64url of JSON {projectId, name[, version]}, <= 512 bytes";
-
-    fn error() -> IdError {
-        IdError {
-            kind: "secret reference",
-            rule: Self::RULE,
+    /// The project and version of `text` if it is a canonical reference.
+    fn decode(text: &str) -> Option<(String, Option<u64>)> {
+        if text.len() > MAX_SECRET_REF_BYTES {
+            return None;
         }
-    }
-
-    /// Parses and checks canonical form.
-    ///
-    /// # Errors
-    /// [`IdError`] when `value` is not a canonical reference.
-    pub fn parse(value: &str) -> Result<Self, IdError> {
-        if value.len() > MAX_SECRET_REF_BYTES {
-            return Err(Self::error());
-        }
-        let encoded = value
-            .strip_prefix(SECRET_REF_PREFIX)
-            .ok_or_else(Self::error)?;
+        let encoded = text.strip_prefix(SECRET_REF_PREFIX)?;
         let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(encoded)
-            .map_err(|_| Self::error())?;
-        let parsed: SecretRefPayload<'_> =
-            serde_json::from_slice(&payload).map_err(|_| Self::error())?;
-        let text = Self::create(&parsed.project_id, &parsed.name, parsed.version)?;
-        if text != value {
-            return Err(Self::error());
-        }
-        Ok(Self {
-            text,
-            project_id: parsed.project_id.into_owned(),
-            version: parsed.version,
-        })
+            .ok()?;
+        let parsed: SecretRefPayload<'_> = serde_json::from_slice(&payload).ok()?;
+        let canonical = Self::create(&parsed.project_id, &parsed.name, parsed.version).ok()?;
+        (canonical == text).then(|| (parsed.project_id.into_owned(), parsed.version))
     }
 
     /// Builds the canonical reference (reference `createSecretRef`).
@@ -181,11 +158,15 @@ impl SecretRef {
     /// # Errors
     /// [`IdError`] when a part is out of bounds.
     pub fn create(project_id: &str, name: &str, version: Option<u64>) -> Result<String, IdError> {
+        let error = IdError {
+            kind: "secret reference",
+            rule: Self::RULE,
+        };
         if !bounded_bytes(project_id, 128)
             || !bounded_bytes(name, 128)
             || version.is_some_and(|v| !(1..=MAX_INT32).contains(&v))
         {
-            return Err(Self::error());
+            return Err(error);
         }
         let payload = SecretRefPayload {
             project_id: Cow::Borrowed(project_id),
@@ -198,46 +179,26 @@ impl SecretRef {
         let mut text = String::from(SECRET_REF_PREFIX);
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode_string(&payload, &mut text);
         if text.len() > MAX_SECRET_REF_BYTES {
-            return Err(Self::error());
+            return Err(error);
         }
         Ok(text)
     }
 
-    /// The reference text.
-    #[must_use]
-    pub fn as_str(&self) -> &str {
-        &self.text
-    }
-
     /// The project the secret belongs to.
     #[must_use]
-    pub fn project_id(&self) -> &str {
-        &self.project_id
+    pub fn project_id(&self) -> String {
+        self.decoded().0
     }
 
     /// The pinned secret version, if any.
     #[must_use]
     pub fn version(&self) -> Option<u64> {
-        self.version
+        self.decoded().1
     }
-}
 
-impl fmt::Debug for SecretRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "SecretRef({:?})", self.text)
-    }
-}
-
-impl Serialize for SecretRef {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.text)
-    }
-}
-
-impl<'de> Deserialize<'de> for SecretRef {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        Self::parse(&text).map_err(serde::de::Error::custom)
+    fn decoded(&self) -> (String, Option<u64>) {
+        // INVARIANT: `new` admits only texts that decode.
+        Self::decode(&self.0).expect("invariant: a SecretRef holds a canonical reference")
     }
 }
 
@@ -518,7 +479,7 @@ fn sort_unique<T: PartialEq>(
 }
 
 /// Whether no two of `items` have the same `key`.
-fn unique_by<T, K: PartialEq + ?Sized>(items: &[T], key: impl Fn(&T) -> &K) -> bool {
+pub(crate) fn unique_by<T, K: PartialEq + ?Sized>(items: &[T], key: impl Fn(&T) -> &K) -> bool {
     items
         .iter()
         .enumerate()
@@ -814,11 +775,7 @@ impl ExecutionRevision {
             )?;
         }
         self.placement = self.placement.map(Placement::normalize).transpose()?;
-        ensure(
-            self.json_bytes(JsonForm::Content).len() <= MAX_PLAN_BYTES,
-            "executionRevision",
-            "<= 96 KiB serialized",
-        )?;
+        self.json_within_budget(JsonForm::Content)?;
         Ok(self)
     }
 
@@ -861,13 +818,7 @@ impl ExecutionRevision {
     /// [`RevisionError::Field`] above the 96 KiB plan budget (a normalized revision is below
     /// it: the budget counts `createdAtMs` too).
     pub fn canonical_json(&self) -> Result<Vec<u8>, RevisionError> {
-        let bytes = self.json_bytes(JsonForm::Digest);
-        ensure(
-            bytes.len() <= MAX_PLAN_BYTES,
-            "executionRevision",
-            "<= 96 KiB serialized",
-        )?;
-        Ok(bytes)
+        self.json_within_budget(JsonForm::Digest)
     }
 
     /// The revision as the offer carries it: content, `createdAtMs` and `contentDigest`.
@@ -919,7 +870,7 @@ impl ExecutionRevision {
             environment,
             environment_bundle_ref: wire
                 .environment_bundle_ref
-                .map(|r| id(SecretRef::parse(&r), "environmentBundleRef"))
+                .map(|r| id(SecretRef::new(r), "environmentBundleRef"))
                 .transpose()?,
             working_directory: wire.working_directory,
             timeout_ms: wire.timeout_ms,
@@ -947,19 +898,17 @@ impl ExecutionRevision {
         let environment = self
             .environment
             .iter()
-            .map(|b| match &b.value {
-                EnvValue::Public(value) => BindingJson {
+            .map(|b| {
+                let (kind, value, secret_ref) = match &b.value {
+                    EnvValue::Public(value) => ("public", Some(JsStringJson(value)), None),
+                    EnvValue::Secret(r) => ("secret", None, Some(r)),
+                };
+                BindingJson {
                     name: &b.name,
-                    kind: "public",
-                    value: Some(JsStringJson(value)),
-                    secret_ref: None,
-                },
-                EnvValue::Secret(r) => BindingJson {
-                    name: &b.name,
-                    kind: "secret",
-                    value: None,
-                    secret_ref: Some(r),
-                },
+                    kind,
+                    value,
+                    secret_ref,
+                }
             })
             .collect();
         let placement = self.placement.as_ref().map(|p| PlacementJson {
@@ -1015,6 +964,17 @@ impl ExecutionRevision {
         // INVARIANT: the view holds only strings, integers, sequences and string-keyed maps.
         serde_json::to_vec(&self.json(form))
             .expect("invariant: a revision always serializes to JSON")
+    }
+
+    /// [`Self::json_bytes`], refused above the 96 KiB plan budget.
+    fn json_within_budget(&self, form: JsonForm) -> Result<Vec<u8>, RevisionError> {
+        let bytes = self.json_bytes(form);
+        ensure(
+            bytes.len() <= MAX_PLAN_BYTES,
+            "executionRevision",
+            "<= 96 KiB serialized",
+        )?;
+        Ok(bytes)
     }
 }
 
@@ -1226,7 +1186,7 @@ impl BindingWire {
         let value = match (self.kind.as_str(), self.value, self.secret_ref) {
             ("public", Some(value), None) => EnvValue::Public(value),
             ("secret", None, Some(reference)) => {
-                EnvValue::Secret(id(SecretRef::parse(&reference), "environment.secretRef")?)
+                EnvValue::Secret(id(SecretRef::new(reference), "environment.secretRef")?)
             }
             _ => {
                 return Err(field(
@@ -1246,15 +1206,15 @@ mod tests {
     #[test]
     fn secret_ref_round_trips_and_rejects_non_canonical() {
         let text = SecretRef::create("project-1", "db \"pw\"", Some(3)).unwrap();
-        let parsed = SecretRef::parse(&text).unwrap();
+        let parsed = SecretRef::new(&text).unwrap();
         assert_eq!(parsed.project_id(), "project-1");
         assert_eq!(parsed.version(), Some(3));
         // Padding, a foreign prefix and a re-ordered payload are not canonical.
-        assert!(SecretRef::parse(&alloc::format!("{text}=")).is_err());
-        assert!(SecretRef::parse("qlsecret:v2:e30").is_err());
+        assert!(SecretRef::new(alloc::format!("{text}=")).is_err());
+        assert!(SecretRef::new("qlsecret:v2:e30").is_err());
         let reordered = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .encode(br#"{"name":"n","projectId":"p"}"#);
-        assert!(SecretRef::parse(&alloc::format!("qlsecret:v1:{reordered}")).is_err());
+        assert!(SecretRef::new(alloc::format!("qlsecret:v1:{reordered}")).is_err());
     }
 
     #[test]

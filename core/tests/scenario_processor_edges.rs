@@ -101,7 +101,7 @@ fn spawn_plans(sim: &Sim) -> Vec<SpawnPlan> {
 
 /// A reference to secret `name` of `project-1` (pinned to `version`, if any).
 fn secret_ref(name: &str, version: Option<u64>) -> SecretRef {
-    SecretRef::parse(&SecretRef::create("project-1", name, version).unwrap()).unwrap()
+    SecretRef::new(SecretRef::create("project-1", name, version).unwrap()).unwrap()
 }
 
 /// The sample revision with exactly these bindings and this bundle reference, sealed.

@@ -153,7 +153,7 @@ fn secret_ref(rng: &mut Rng, project: &str, versioned: bool) -> SecretRef {
     loop {
         let version = (versioned || rng.percent(50)).then(|| counter(rng, 1));
         if let Ok(text) = SecretRef::create(project, &text(rng, 40), version) {
-            return SecretRef::parse(&text).unwrap();
+            return SecretRef::new(&text).unwrap();
         }
     }
 }

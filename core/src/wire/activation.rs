@@ -13,10 +13,10 @@ use zeroize::Zeroizing;
 
 use super::de::present;
 use super::route::Operation;
-use super::{ActivationFence, Fence, WireError, ensure, exact, id, parse_json, sealed_body};
+use super::{Fence, WireError, ensure, exact, id, parse_json, sealed_body};
 use crate::ids::{
-    AttemptId, CallbackSequence, CapabilityDigest, ExecutorHandle, LeaseVersion, LogArtifactId,
-    MAX_INT32, RunId, Sha256Digest,
+    AttemptId, CallbackSequence, CapabilityDigest, ExecutorHandle, LeaseGeneration, LeaseToken,
+    LeaseVersion, LogArtifactId, MAX_INT32, OfferId, RunId, Sha256Digest, WorkerGeneration,
 };
 use crate::offer::Offer;
 use crate::revision::bounded_text;
@@ -113,10 +113,19 @@ impl ActivationRequest {
             callback_sequence: CallbackSequence,
             callback_token_digest: &'a Sha256Digest,
         }
+        /// The 7 activation fence keys in the reference order (no `projectId`, no schema), then
+        /// those of `running`.
         #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
         struct View<'a> {
-            #[serde(flatten)]
-            fence: ActivationFence<'a>,
+            run_id: &'a RunId,
+            attempt_id: &'a AttemptId,
+            worker_generation: WorkerGeneration,
+            offer_id: &'a OfferId,
+            lease_generation: LeaseGeneration,
+            #[serde(serialize_with = "super::token_slot")]
+            lease_token: &'a LeaseToken,
+            expected_lease_version: LeaseVersion,
             #[serde(flatten)]
             running: Option<Running<'a>>,
         }
@@ -129,8 +138,15 @@ impl ActivationRequest {
             }),
             ActivationOp::Starting | ActivationOp::StartFailure => None,
         };
+        let f = &self.fence;
         let view = View {
-            fence: self.fence.activation(),
+            run_id: &f.run_id,
+            attempt_id: &f.attempt_id,
+            worker_generation: f.worker_generation,
+            offer_id: &f.offer_id,
+            lease_generation: f.lease_generation,
+            lease_token: &f.lease_token,
+            expected_lease_version: f.expected_lease_version,
             running,
         };
         let endpoint = self.operation().as_str();
@@ -281,20 +297,20 @@ impl SnapshotWire {
             "snapshot.callbackSequence",
             "0..=2^31-1",
         )?;
-        if let Some(log) = &self.log_artifact_id {
-            ensure(
-                bounded_text(log, 36),
-                "snapshot.logArtifactId",
-                "1..=36 characters",
-            )?;
-        }
-        if let Some(code) = &self.error_code {
-            ensure(
-                bounded_text(code, 128),
-                "snapshot.errorCode",
-                "1..=128 characters",
-            )?;
-        }
+        ensure(
+            self.log_artifact_id
+                .as_deref()
+                .is_none_or(|log| bounded_text(log, 36)),
+            "snapshot.logArtifactId",
+            "1..=36 characters",
+        )?;
+        ensure(
+            self.error_code
+                .as_deref()
+                .is_none_or(|code| bounded_text(code, 128)),
+            "snapshot.errorCode",
+            "1..=128 characters",
+        )?;
         Ok(ActivationSnapshot {
             run_id: id(RunId::new(self.run_id), "snapshot.runId")?,
             attempt_id: id(AttemptId::new(self.attempt_id), "snapshot.attemptId")?,

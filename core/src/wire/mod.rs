@@ -85,28 +85,13 @@ pub struct JsonError {
     pub detail: String,
 }
 
-/// The class of a [`JsonError`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum JsonCategory {
-    /// Not JSON.
-    Syntax,
-    /// Valid JSON of the wrong shape (keys, types, bounds checked by serde).
-    Data,
-    /// Truncated input.
-    Eof,
-    /// I/O (cannot happen for in-memory parsing).
-    Io,
-}
+/// The class of a [`JsonError`]: serde_json's own (`Syntax`, `Data` (wrong shape), `Eof`
+/// (truncated), `Io` (cannot happen for in-memory parsing)).
+pub use serde_json::error::Category as JsonCategory;
 
 impl JsonError {
     pub(crate) fn from_serde(error: &serde_json::Error) -> Self {
         use alloc::string::ToString as _;
-        let category = match error.classify() {
-            serde_json::error::Category::Syntax => JsonCategory::Syntax,
-            serde_json::error::Category::Data => JsonCategory::Data,
-            serde_json::error::Category::Eof => JsonCategory::Eof,
-            serde_json::error::Category::Io => JsonCategory::Io,
-        };
         let full = error.to_string();
         let mut detail: &str = full.split(" at line ").next().unwrap_or("");
         if let Some(quote) = detail.find('"') {
@@ -123,7 +108,7 @@ impl JsonError {
         Self {
             line: error.line(),
             column: error.column(),
-            category,
+            category: error.classify(),
             detail: String::from(detail[..end].trim_end()),
         }
     }
@@ -348,20 +333,6 @@ impl<'a, T> Schema<'a, T> {
     }
 }
 
-/// The 7 activation fence keys, in the reference order (no `projectId`, no schema).
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct ActivationFence<'a> {
-    run_id: &'a RunId,
-    attempt_id: &'a AttemptId,
-    worker_generation: WorkerGeneration,
-    offer_id: &'a OfferId,
-    lease_generation: LeaseGeneration,
-    #[serde(serialize_with = "token_slot")]
-    lease_token: &'a LeaseToken,
-    expected_lease_version: LeaseVersion,
-}
-
 /// The execution fence every post-offer request carries: the Worker generation, the Run lease
 /// authority and the lease version the Worker holds. Built from the inbox's [`Offer`].
 /// Serializes as the 8 execution fence keys of artifact, completion and lease-control bodies,
@@ -413,17 +384,5 @@ impl Fence {
         let mut next = self.clone();
         next.expected_lease_version = self.expected_lease_version.next().ok()?;
         Some(next)
-    }
-
-    pub(crate) fn activation(&self) -> ActivationFence<'_> {
-        ActivationFence {
-            run_id: &self.run_id,
-            attempt_id: &self.attempt_id,
-            worker_generation: self.worker_generation,
-            offer_id: &self.offer_id,
-            lease_generation: self.lease_generation,
-            lease_token: &self.lease_token,
-            expected_lease_version: self.expected_lease_version,
-        }
     }
 }

@@ -261,9 +261,8 @@ struct LeaseWire {
 
 impl CandidateWire {
     fn into_candidate(self) -> Result<Candidate, WireError> {
-        let safe = i64::try_from(MAX_SAFE_INTEGER).unwrap_or(i64::MAX);
         ensure(
-            (-safe..=safe).contains(&self.priority),
+            self.priority.unsigned_abs() <= MAX_SAFE_INTEGER,
             "offer.candidate.priority",
             "a safe integer",
         )?;
@@ -337,15 +336,14 @@ impl LeaseWire {
 impl OfferWire<'_> {
     fn into_offer(self) -> Result<OfferedOffer, WireError> {
         let candidate = self.candidate.into_candidate()?;
-        let WorkerWire {
-            worker_id,
-            session_id,
-            generation,
-        } = self.worker;
+        let w = self.worker;
         let worker = OfferWorker {
-            worker_id: id(WorkerId::new(worker_id), "offer.worker.workerId")?,
-            session_id: id(SessionId::new(session_id), "offer.worker.sessionId")?,
-            generation: id(WorkerGeneration::new(generation), "offer.worker.generation")?,
+            worker_id: id(WorkerId::new(w.worker_id), "offer.worker.workerId")?,
+            session_id: id(SessionId::new(w.session_id), "offer.worker.sessionId")?,
+            generation: id(
+                WorkerGeneration::new(w.generation),
+                "offer.worker.generation",
+            )?,
         };
         let lease = self.lease.into_lease()?;
         let execution_revision =

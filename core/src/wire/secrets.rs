@@ -118,10 +118,7 @@ impl SecretsRequest {
             "references of the fence's project",
         )?;
         require(
-            self.secret_refs
-                .iter()
-                .enumerate()
-                .all(|(i, r)| !self.secret_refs[..i].contains(r)),
+            crate::revision::unique_by(&self.secret_refs, |r| r),
             "secretRefs",
             "unique",
         )?;

@@ -67,7 +67,7 @@ pub fn offer_id(n: u32) -> OfferId {
 #[must_use]
 pub fn secret_ref() -> SecretRef {
     let text = SecretRef::create("project-1", SECRET_NAME, None).expect("sample secret ref");
-    SecretRef::parse(&text).expect("sample secret ref parses")
+    SecretRef::new(&text).expect("sample secret ref parses")
 }
 
 /// A sample execution revision: argv `/bin/true`, one public binding, optionally a Secret

@@ -102,7 +102,7 @@ pub fn running_request() -> ActivationRequest {
 #[must_use]
 pub fn secret_ref(name: &str) -> SecretRef {
     let text = ok(SecretRef::create("project-1", name, None).ok());
-    ok(SecretRef::parse(&text).ok())
+    ok(SecretRef::new(&text).ok())
 }
 
 /// The secrets request of the fixtures (one reference, `API_TOKEN`).

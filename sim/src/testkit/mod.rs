@@ -62,7 +62,7 @@ pub fn secret_revision() -> ExecutionRevision {
     let reference = SecretRef::create("project-1", "db-password", None).expect("sample ref");
     revision.environment.push(EnvBinding {
         name: EnvName::new("SECRET_VALUE").expect("sample env name"),
-        value: EnvValue::Secret(SecretRef::parse(&reference).expect("sample ref")),
+        value: EnvValue::Secret(SecretRef::new(&reference).expect("sample ref")),
     });
     // INVARIANT: adding a well-formed binding keeps the revision normalized.
     revision.seal().expect("sample secret revision")

@@ -563,7 +563,7 @@ impl ControlPlane {
     ) -> Result<SecretRef, CpError> {
         let text = SecretRef::create(project_id.as_str(), name, None)
             .map_err(|_| CpError::InvalidSecret)?;
-        let reference = SecretRef::parse(&text).map_err(|_| CpError::InvalidSecret)?;
+        let reference = SecretRef::new(&text).map_err(|_| CpError::InvalidSecret)?;
         self.set_secret_value(&reference, value);
         Ok(reference)
     }
@@ -581,7 +581,7 @@ impl ControlPlane {
     ) -> Result<SecretRef, CpError> {
         let text = SecretRef::create(project_id.as_str(), name, Some(version))
             .map_err(|_| CpError::InvalidSecret)?;
-        let reference = SecretRef::parse(&text).map_err(|_| CpError::InvalidSecret)?;
+        let reference = SecretRef::new(&text).map_err(|_| CpError::InvalidSecret)?;
         let entries: Vec<serde_json::Value> = entries
             .iter()
             .map(|(name, value)| serde_json::json!({"name": name, "value": value}))

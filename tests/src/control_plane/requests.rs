@@ -352,7 +352,7 @@ pub(crate) fn secrets(body: &[u8]) -> Result<SecretsRequest, Reject> {
     exact_schema(&w.schema, secrets::SCHEMA)?;
     let parse_refs = |list: Vec<String>, reason| -> Result<Vec<SecretRef>, Reject> {
         list.iter()
-            .map(|r| valid(SecretRef::parse(r), reason))
+            .map(|r| valid(SecretRef::new(r), reason))
             .collect()
     };
     let secret_refs = parse_refs(w.secret_refs, "secretRefs")?;
