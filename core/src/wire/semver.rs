@@ -72,42 +72,22 @@ fn prefix_run(b: &[u8], i: usize) -> usize {
     run(b, i, |c| matches!(c, b'v' | b'=' | b' '))
 }
 
-/// JavaScript `text.trim()` followed by `.replace(/\s+/g, ' ')`.
+/// JavaScript `text.trim()` followed by `.replace(/\s+/g, ' ')`: the non-space pieces joined by
+/// single spaces.
 fn collapse(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut pending = false;
-    for c in text.trim_matches(is_js_space).chars() {
-        if is_js_space(c) {
-            pending = true;
-        } else {
-            if pending {
-                out.push(' ');
-                pending = false;
-            }
-            out.push(c);
-        }
-    }
-    out
+    let pieces: Vec<&str> = text.split(is_js_space).filter(|p| !p.is_empty()).collect();
+    pieces.join(" ")
 }
 
-/// JavaScript `text.split(/\s+/)` where `' '` is the only whitespace left.
+/// JavaScript `text.split(/\s+/)` where `' '` is the only whitespace left: `text.split(' ')`
+/// without the empty pieces between two spaces (an empty first or last piece is kept).
 fn split_ws(text: &str) -> Vec<&str> {
-    let b = text.as_bytes();
-    let mut pieces = Vec::new();
-    let (mut start, mut i) = (0, 0);
-    while i < b.len() {
-        if b[i] == b' ' {
-            pieces.push(&text[start..i]);
-            while at(b, i) == b' ' {
-                i += 1;
-            }
-            start = i;
-        } else {
-            i += 1;
-        }
-    }
-    pieces.push(&text[start..]);
-    pieces
+    let last = text.matches(' ').count();
+    text.split(' ')
+        .enumerate()
+        .filter(|(i, piece)| !piece.is_empty() || *i == 0 || *i == last)
+        .map(|(_, piece)| piece)
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -303,12 +283,17 @@ fn full_version(text: &str) -> Option<&str> {
     Some(&text[start..pre.map_or(end, |(_, to)| to)])
 }
 
-/// `GTLT` = `((?:<|>)?=?)` at the start of `text`, greedy, then one optional space:
+/// `GTLT` = `((?:<|>)?=?)` at `i`, greedy: its length.
+fn gtlt_len(b: &[u8], i: usize) -> usize {
+    let n = usize::from(matches!(at(b, i), b'<' | b'>'));
+    n + usize::from(at(b, i + n) == b'=')
+}
+
+/// `GTLT` at the start of `text`, greedy, then one optional space:
 /// `(operator, the text after both)`.
 fn gtlt(text: &str) -> (&str, &str) {
     let b = text.as_bytes();
-    let mut i = usize::from(matches!(at(b, 0), b'<' | b'>'));
-    i += usize::from(at(b, i) == b'=');
+    let i = gtlt_len(b, 0);
     (&text[..i], &text[i + usize::from(at(b, i) == b' ')..])
 }
 
@@ -432,28 +417,12 @@ fn comparator_trim(range: &str) -> String {
     out
 }
 
-/// The first match of `COMPARATORTRIM` starting at `i`, in JavaScript's backtracking order:
-/// `(end of $1$2, start of $3, end of match)`.
+/// The first match of `COMPARATORTRIM` starting at `i`, in JavaScript's backtracking order
+/// (each optional piece longest first, then shorter): `(end of $1$2, start of $3, end of match)`.
 fn comparator_trim_at(b: &[u8], i: usize) -> Option<(usize, usize, usize)> {
-    let leading: &[usize] = if at(b, i) == b' ' { &[1, 0] } else { &[0] };
-    for &lead in leading {
-        let p = i + lead;
-        let mut ops: Vec<usize> = Vec::with_capacity(3);
-        if matches!(at(b, p), b'<' | b'>') {
-            if at(b, p + 1) == b'=' {
-                ops.push(2);
-            }
-            ops.push(1);
-        }
-        if at(b, p) == b'=' {
-            ops.push(1);
-        }
-        ops.push(0);
-        for op in ops {
-            let q = p + op;
-            let middle: &[usize] = if at(b, q) == b' ' { &[1, 0] } else { &[0] };
-            for &mid in middle {
-                let r = q + mid;
+    for p in (i..=i + usize::from(at(b, i) == b' ')).rev() {
+        for q in (p..=p + gtlt_len(b, p)).rev() {
+            for r in (q..=q + usize::from(at(b, q) == b' ')).rev() {
                 if let Some(end) = loose_plain_end(b, r).or_else(|| xrange_plain_end(b, r)) {
                     return Some((q, r, end));
                 }
@@ -461,42 +430,6 @@ fn comparator_trim_at(b: &[u8], i: usize) -> Option<(usize, usize, usize)> {
         }
     }
     None
-}
-
-/// `TILDETRIM` / `CARETTRIM` (global): `(\s*)~>?\s+` → `$1~`, `(\s*)\^\s+` → `$1^`.
-fn operator_trim(range: &str, tilde: bool) -> String {
-    let b = range.as_bytes();
-    let mut out = String::with_capacity(range.len());
-    let mut i = 0;
-    while i < b.len() {
-        let lead = usize::from(at(b, i) == b' ');
-        let matched = [lead, 0].into_iter().find_map(|lead| {
-            let k = i + lead;
-            if tilde && at(b, k) == b'~' {
-                if at(b, k + 1) == b'>' && at(b, k + 2) == b' ' {
-                    return Some((lead, k + 3));
-                }
-                (at(b, k + 1) == b' ').then_some((lead, k + 2))
-            } else if !tilde && at(b, k) == b'^' {
-                (at(b, k + 1) == b' ').then_some((lead, k + 2))
-            } else {
-                None
-            }
-        });
-        match matched {
-            Some((lead, end)) => {
-                out.push_str(&range[i..i + lead]);
-                out.push(if tilde { '~' } else { '^' });
-                i = end;
-            }
-            None => {
-                let c = range[i..].chars().next().unwrap_or(' ');
-                out.push(c);
-                i += c.len_utf8();
-            }
-        }
-    }
-    out
 }
 
 /// `comp.replace(re, '')`: the first match removed, `end_of(i)` being where the match that
@@ -610,25 +543,25 @@ fn parse_comparator(comp: &str) -> String {
 /// `Range.parseRange` for one `||` alternative: its comparator values, or `None` on a throw.
 fn parse_range(range: &str) -> Option<Vec<String>> {
     let range = hyphen(range).unwrap_or_else(|| String::from(range));
-    let range = comparator_trim(&range);
-    let range = operator_trim(&range, true);
-    let range = operator_trim(&range, false);
+    // `TILDETRIM` (`(\s*)~>?\s+` → `$1~`), then `CARETTRIM` (`(\s*)\^\s+` → `$1^`), global: each
+    // keeps its leading space, so each only drops the space (single here) after a `~`, `~>` (and
+    // the `>`) or `^`. No two matches overlap, so the order of the passes is free.
+    let range = comparator_trim(&range)
+        .replace("~> ", "~")
+        .replace("~ ", "~")
+        .replace("^ ", "^");
     let parsed: Vec<String> = range.split(' ').map(parse_comparator).collect();
     let joined = parsed.join(" ");
-    let mut values = Vec::new();
+    // Duplicates dropped, first occurrence kept.
+    let mut unique: Vec<String> = Vec::new();
     for comp in split_ws(&joined) {
-        let comp = comp.trim_matches(' ');
-        let comp = if comp == ">=0.0.0" { "" } else { comp };
-        values.push(comparator(comp)?);
-    }
-    if values.iter().any(|v| v == NULL_SET) {
-        return Some(alloc::vec![String::from(NULL_SET)]);
-    }
-    let mut unique: Vec<String> = Vec::with_capacity(values.len());
-    for v in values {
-        if !unique.contains(&v) {
-            unique.push(v);
+        let value = comparator(if comp == ">=0.0.0" { "" } else { comp })?;
+        if !unique.contains(&value) {
+            unique.push(value);
         }
+    }
+    if unique.iter().any(|v| v == NULL_SET) {
+        return Some(alloc::vec![String::from(NULL_SET)]);
     }
     if unique.len() > 1 {
         unique.retain(|v| !v.is_empty());
