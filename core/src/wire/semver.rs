@@ -145,22 +145,9 @@ fn prerelease_id_loose(b: &[u8], i: usize) -> Option<usize> {
     alphanumeric_id(b, i).or_else(|| Some(digits(b, i)).filter(|d| *d > 0))
 }
 
-/// Whether the whole of `text` is `id(\.id)*` for an identifier rule.
+/// Whether the whole of `text` is `id(\.id)*` for an identifier rule (matched greedily).
 fn dotted_full(text: &[u8], id: fn(&[u8], usize) -> Option<usize>) -> bool {
-    let mut i = 0;
-    loop {
-        match id(text, i) {
-            Some(n) if n > 0 => i += n,
-            _ => return false,
-        }
-        if i == text.len() {
-            return true;
-        }
-        if text[i] != b'.' {
-            return false;
-        }
-        i += 1;
-    }
+    id(text, 0).is_some_and(|n| n > 0 && dotted_tail(text, n, id) == text.len())
 }
 
 fn build_id(b: &[u8], i: usize) -> Option<usize> {
