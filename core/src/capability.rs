@@ -88,6 +88,14 @@ impl Capability {
     }
 }
 
+/// Canonical base64url (no padding, no other alphabet, zero trailing bits) of exactly 32 bytes
+/// (43 characters): the bytes, wiped on drop.
+pub(crate) fn decode_base64url_32(text: &str) -> Option<zeroize::Zeroizing<[u8; 32]>> {
+    let mut out = zeroize::Zeroizing::new([0u8; 32]);
+    let written = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode_slice(text, &mut *out);
+    (text.len() == 43 && matches!(written, Ok(32))).then_some(out)
+}
+
 /// Only for `Worker::fork` (`sim-hooks` feature): the model checker branches a Worker with a
 /// launch in flight, which duplicates the in-memory capability (never persisted).
 #[cfg(feature = "sim-hooks")]

@@ -218,7 +218,7 @@ fn seal<T: Serialize + ?Sized>(
     buffer[0..4].copy_from_slice(&MAGIC);
     buffer[4] = kind.byte();
     buffer[5] = FORMAT_VERSION;
-    buffer[6..8].copy_from_slice(&[0, 0]);
+    // The reserved bytes 6..8 are still zero from the `resize` above.
     buffer[8..12].copy_from_slice(&body_len.to_be_bytes());
     buffer[12..44].copy_from_slice(digest.as_bytes());
     *out = buffer;

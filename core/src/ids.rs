@@ -47,7 +47,7 @@ pub(crate) fn is_token(value: &str, max: usize, first: fn(&u8) -> bool, more: &[
 }
 
 /// `^[A-Za-z0-9][A-Za-z0-9._:-]{0,max-1}$`
-fn is_token_id(value: &str, max: usize) -> bool {
+pub(crate) fn is_token_id(value: &str, max: usize) -> bool {
     is_token(value, max, u8::is_ascii_alphanumeric, b"._:-")
 }
 
@@ -64,7 +64,7 @@ pub(crate) fn bounded_bytes(value: &str, max: usize) -> bool {
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident, $label:literal, $rule:literal, $check:expr) => {
         $(#[$doc])*
-        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+        #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
         #[serde(transparent)]
         pub struct $name(String);
 
@@ -90,12 +90,6 @@ macro_rules! string_id {
             #[must_use]
             pub fn as_str(&self) -> &str {
                 &self.0
-            }
-        }
-
-        impl fmt::Debug for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "{}({:?})", stringify!($name), self.0)
             }
         }
 
@@ -174,7 +168,7 @@ string_id!(
     TaskRevision,
     "task revision",
     "qltd:v1:<1..2^31-1>:<64 lowercase hex>",
-    is_task_revision
+    |v| revision_parts(v).is_some()
 );
 string_id!(
     /// Log artifact id: `wlog-` + 30 lowercase hex (derived, see `derive_log_artifact_id`).
@@ -202,16 +196,11 @@ fn is_uuid_v7(v: &str) -> bool {
         })
 }
 
-fn is_task_revision(v: &str) -> bool {
-    let Some(rest) = v.strip_prefix("qltd:v1:") else {
-        return false;
-    };
-    let Some((number, digest)) = rest.split_once(':') else {
-        return false;
-    };
-    parse_canonical_decimal(number).is_some_and(|n| (1..=MAX_INT32).contains(&n))
-        && digest.len() == 64
-        && is_lower_hex(digest)
+/// `qltd:v1:<n>:<64 lowercase hex>` with `n` a canonical `1..=2^31-1`: `n` and the digest.
+fn revision_parts(v: &str) -> Option<(u64, &str)> {
+    let (number, digest) = v.strip_prefix("qltd:v1:")?.split_once(':')?;
+    let number = parse_canonical_decimal(number).filter(|n| (1..=MAX_INT32).contains(n))?;
+    (digest.len() == 64 && is_lower_hex(digest)).then_some((number, digest))
 }
 
 /// Parses a canonical decimal (no sign, no leading zero unless "0", at most 16 digits).
@@ -230,10 +219,8 @@ impl TaskRevision {
     /// The `sourceRevision` and `sourceContentDigest` this task revision names.
     #[must_use]
     pub fn parts(&self) -> (u64, &str) {
-        // INVARIANT: the constructor proved the `qltd:v1:<n>:<hex>` shape.
-        let rest = &self.0["qltd:v1:".len()..];
-        let (number, digest) = rest.split_once(':').unwrap_or(("0", ""));
-        (parse_canonical_decimal(number).unwrap_or(0), digest)
+        // INVARIANT: the constructor proved the shape, so the fallback is never taken.
+        revision_parts(&self.0).unwrap_or((0, ""))
     }
 }
 

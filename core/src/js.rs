@@ -255,9 +255,6 @@ impl<'de> serde::Deserialize<'de> for JsString {
             fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<JsString, E> {
                 JsString::from_wtf8(v.to_vec()).map_err(E::custom)
             }
-            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<JsString, E> {
-                JsString::from_wtf8(v).map_err(E::custom)
-            }
         }
         deserializer.deserialize_bytes(JsStringVisitor)
     }

@@ -152,8 +152,9 @@ pub fn authenticate(
     // The token first (SPEC §7's order): a receipt that can never authenticate says so whatever
     // this host's clock reads, so supervision can tell it from one "finished in the future"
     // that passes once a clock stepped back catches up.
-    let bytes = decode_token(receipt.token.expose())?;
-    let presented = crate::ids::CapabilityDigest::new(crate::ids::Sha256Digest::of(&bytes[..32]));
+    let bytes = crate::capability::decode_base64url_32(receipt.token.expose())
+        .ok_or(ReceiptError::TokenEncoding)?;
+    let presented = crate::ids::CapabilityDigest::new(crate::ids::Sha256Digest::of(&bytes[..]));
     if presented != digest {
         return Err(ReceiptError::TokenDigest);
     }
@@ -183,19 +184,6 @@ pub fn authenticate(
         finished_at_ms: receipt.finished_at_ms,
         exit_code: receipt.exit_code,
     })
-}
-
-/// Canonical base64url (no padding, no other alphabet, zero trailing bits) of exactly 32 bytes.
-/// Returns a 33-byte buffer whose first 32 bytes are the capability.
-fn decode_token(text: &str) -> Result<zeroize::Zeroizing<[u8; 33]>, ReceiptError> {
-    use base64::Engine as _;
-    let mut buffer = zeroize::Zeroizing::new([0u8; 33]);
-    let written = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode_slice(text.as_bytes(), &mut buffer[..]);
-    match written {
-        Ok(32) if text.len() == 43 => Ok(buffer),
-        _ => Err(ReceiptError::TokenEncoding),
-    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,8 @@ use core::fmt;
 use base64::Engine as _;
 use zeroize::Zeroizing;
 
+use crate::ids::is_token_id;
+
 /// The header scheme and token prefix.
 pub(crate) const PREFIX: &str = "Worker ql3w_";
 
@@ -41,32 +43,6 @@ impl fmt::Debug for WorkerCredential {
     }
 }
 
-fn valid_credential_id(value: &str) -> bool {
-    let b = value.as_bytes();
-    (1..=64).contains(&b.len())
-        && b[0].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b':' | b'-'))
-}
-
-fn decode_secret(text: &str) -> Result<Zeroizing<[u8; 32]>, AuthError> {
-    if text.len() != 43
-        || !text
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    {
-        return Err(AuthError::Secret);
-    }
-    let mut out = Zeroizing::new([0u8; 32]);
-    let n = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode_slice(text, &mut *out)
-        .map_err(|_| AuthError::Secret)?;
-    if n != 32 {
-        return Err(AuthError::Secret);
-    }
-    Ok(out)
-}
-
 impl WorkerCredential {
     /// A credential from its id and secret bytes.
     ///
@@ -74,7 +50,7 @@ impl WorkerCredential {
     /// [`AuthError::CredentialId`] for an invalid id.
     pub fn new(credential_id: &str, secret: [u8; 32]) -> Result<Self, AuthError> {
         let secret = Zeroizing::new(secret);
-        if !valid_credential_id(credential_id) {
+        if !is_token_id(credential_id, 64) {
             return Err(AuthError::CredentialId);
         }
         Ok(Self {
@@ -88,12 +64,12 @@ impl WorkerCredential {
     /// # Errors
     /// [`AuthError`] for an invalid id or non-canonical secret.
     pub(crate) fn from_base64url(credential_id: &str, secret: &str) -> Result<Self, AuthError> {
-        if !valid_credential_id(credential_id) {
+        if !is_token_id(credential_id, 64) {
             return Err(AuthError::CredentialId);
         }
         Ok(Self {
             credential_id: String::from(credential_id),
-            secret: decode_secret(secret)?,
+            secret: crate::capability::decode_base64url_32(secret).ok_or(AuthError::Secret)?,
         })
     }
 

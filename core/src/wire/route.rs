@@ -110,12 +110,8 @@ impl Operation {
 /// Builds the request path (ids are validated by their types, so no escaping is needed).
 #[must_use]
 pub fn path(worker_id: &WorkerId, session_id: &SessionId, operation: Operation) -> String {
-    let mut out = String::with_capacity(PREFIX.len() + 200);
-    out.push_str(PREFIX);
-    out.push_str(worker_id.as_str());
-    out.push_str("/sessions/");
-    out.push_str(session_id.as_str());
-    out.push('/');
-    out.push_str(operation.as_str());
-    out
+    alloc::format!(
+        "{PREFIX}{worker_id}/sessions/{session_id}/{}",
+        operation.as_str()
+    )
 }

@@ -72,42 +72,22 @@ fn prefix_run(b: &[u8], i: usize) -> usize {
     run(b, i, |c| matches!(c, b'v' | b'=' | b' '))
 }
 
-/// JavaScript `text.trim()` followed by `.replace(/\s+/g, ' ')`.
+/// JavaScript `text.trim()` followed by `.replace(/\s+/g, ' ')`: the non-space pieces joined by
+/// single spaces.
 fn collapse(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut pending = false;
-    for c in text.trim_matches(is_js_space).chars() {
-        if is_js_space(c) {
-            pending = true;
-        } else {
-            if pending {
-                out.push(' ');
-                pending = false;
-            }
-            out.push(c);
-        }
-    }
-    out
+    let pieces: Vec<&str> = text.split(is_js_space).filter(|p| !p.is_empty()).collect();
+    pieces.join(" ")
 }
 
-/// JavaScript `text.split(/\s+/)` where `' '` is the only whitespace left.
+/// JavaScript `text.split(/\s+/)` where `' '` is the only whitespace left: `text.split(' ')`
+/// without the empty pieces between two spaces (an empty first or last piece is kept).
 fn split_ws(text: &str) -> Vec<&str> {
-    let b = text.as_bytes();
-    let mut pieces = Vec::new();
-    let (mut start, mut i) = (0, 0);
-    while i < b.len() {
-        if b[i] == b' ' {
-            pieces.push(&text[start..i]);
-            while at(b, i) == b' ' {
-                i += 1;
-            }
-            start = i;
-        } else {
-            i += 1;
-        }
-    }
-    pieces.push(&text[start..]);
-    pieces
+    let last = text.matches(' ').count();
+    text.split(' ')
+        .enumerate()
+        .filter(|(i, piece)| !piece.is_empty() || *i == 0 || *i == last)
+        .map(|(_, piece)| piece)
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -135,11 +115,7 @@ fn plus_one(number: &str) -> String {
 
 /// `XRANGEIDENTIFIER` = `0|[1-9]\d*|x|X|\*` at `i` (unanchored, greedy): its length.
 fn xrange_id(b: &[u8], i: usize) -> Option<usize> {
-    match at(b, i) {
-        b'0' | b'x' | b'X' | b'*' => Some(1),
-        b'1'..=b'9' => Some(digits(b, i)),
-        _ => None,
-    }
+    numeric_id(b, i).or_else(|| matches!(at(b, i), b'x' | b'X' | b'*').then_some(1))
 }
 
 /// `NUMERICIDENTIFIER` = `0|[1-9]\d*` at `i`: its length.
@@ -169,22 +145,9 @@ fn prerelease_id_loose(b: &[u8], i: usize) -> Option<usize> {
     alphanumeric_id(b, i).or_else(|| Some(digits(b, i)).filter(|d| *d > 0))
 }
 
-/// Whether the whole of `text` is `id(\.id)*` for an identifier rule.
+/// Whether the whole of `text` is `id(\.id)*` for an identifier rule (matched greedily).
 fn dotted_full(text: &[u8], id: fn(&[u8], usize) -> Option<usize>) -> bool {
-    let mut i = 0;
-    loop {
-        match id(text, i) {
-            Some(n) if n > 0 => i += n,
-            _ => return false,
-        }
-        if i == text.len() {
-            return true;
-        }
-        if text[i] != b'.' {
-            return false;
-        }
-        i += 1;
-    }
+    id(text, 0).is_some_and(|n| n > 0 && dotted_tail(text, n, id) == text.len())
 }
 
 fn build_id(b: &[u8], i: usize) -> Option<usize> {
@@ -290,12 +253,13 @@ fn xrange_plain_full(text: &str) -> Option<XPlain<'_>> {
 
 /// A comparator's version: `FULLPLAIN` (`v?M.m.p(-pre)?(+build)?`) matched whole, numbers within
 /// 2^53-1 — the `SemVer` constructor. Returns `M.m.p[-pre]`.
-fn full_version(text: &str) -> Option<String> {
+fn full_version(text: &str) -> Option<&str> {
     if text.len() > MAX_VERSION_LENGTH {
         return None;
     }
     let b = text.as_bytes();
-    let (parts, end) = dotted_parts(text, usize::from(at(b, 0) == b'v'), numeric_id)?;
+    let start = usize::from(at(b, 0) == b'v');
+    let (parts, end) = dotted_parts(text, start, numeric_id)?;
     let [Some(major), Some(minor), Some(patch)] = parts else {
         return None;
     };
@@ -303,20 +267,20 @@ fn full_version(text: &str) -> Option<String> {
     if ![major, minor, patch].iter().all(|p| is_safe(p)) {
         return None;
     }
-    let mut version = alloc::format!("{major}.{minor}.{patch}");
-    if let Some((from, to)) = pre {
-        version.push('-');
-        version.push_str(&text[from..to]);
-    }
-    Some(version)
+    Some(&text[start..pre.map_or(end, |(_, to)| to)])
 }
 
-/// `GTLT` = `((?:<|>)?=?)` at the start of `text`, greedy, then one optional space:
+/// `GTLT` = `((?:<|>)?=?)` at `i`, greedy: its length.
+fn gtlt_len(b: &[u8], i: usize) -> usize {
+    let n = usize::from(matches!(at(b, i), b'<' | b'>'));
+    n + usize::from(at(b, i + n) == b'=')
+}
+
+/// `GTLT` at the start of `text`, greedy, then one optional space:
 /// `(operator, the text after both)`.
 fn gtlt(text: &str) -> (&str, &str) {
     let b = text.as_bytes();
-    let mut i = usize::from(matches!(at(b, 0), b'<' | b'>'));
-    i += usize::from(at(b, i) == b'=');
+    let i = gtlt_len(b, 0);
     (&text[..i], &text[i + usize::from(at(b, i) == b' ')..])
 }
 
@@ -326,10 +290,8 @@ fn comparator(text: &str) -> Option<String> {
         return Some(String::new());
     }
     let (op, rest) = gtlt(text);
-    let version = full_version(rest)?;
-    let mut value = String::from(if op == "=" { "" } else { op });
-    value.push_str(&version);
-    Some(value)
+    // `=` is dropped; `<=` and `>=` are kept.
+    Some([op.trim_start_matches('='), full_version(rest)?].concat())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -348,26 +310,17 @@ fn hyphen(range: &str) -> Option<String> {
     let to = xrange_plain_full(&range[space + 3..])?;
     let from = if is_x(Some(from.major)) {
         String::new()
-    } else if is_x(from.minor) {
-        alloc::format!(">={}.0.0", from.major)
-    } else if is_x(from.patch) {
-        alloc::format!(">={}.{}.0", from.major, from.minor.unwrap_or(""))
+    } else if is_x(from.minor) || is_x(from.patch) {
+        alloc::format!(">={}", bounds(&from, false).0)
     } else {
         alloc::format!(">={}", from.text)
     };
     let to = if is_x(Some(to.major)) {
         String::new()
-    } else if is_x(to.minor) {
-        alloc::format!("<{}.0.0-0", plus_one(to.major))
-    } else if is_x(to.patch) {
-        alloc::format!("<{}.{}.0-0", to.major, plus_one(to.minor.unwrap_or("")))
-    } else if let Some(pre) = to.pre {
-        alloc::format!(
-            "<={}.{}.{}-{pre}",
-            to.major,
-            to.minor.unwrap_or(""),
-            to.patch.unwrap_or("")
-        )
+    } else if is_x(to.minor) || is_x(to.patch) {
+        alloc::format!("<{}-0", bounds(&to, false).1)
+    } else if to.pre.is_some() {
+        alloc::format!("<={}", bounds(&to, false).0)
     } else {
         alloc::format!("<={}", to.text)
     };
@@ -451,28 +404,12 @@ fn comparator_trim(range: &str) -> String {
     out
 }
 
-/// The first match of `COMPARATORTRIM` starting at `i`, in JavaScript's backtracking order:
-/// `(end of $1$2, start of $3, end of match)`.
+/// The first match of `COMPARATORTRIM` starting at `i`, in JavaScript's backtracking order
+/// (each optional piece longest first, then shorter): `(end of $1$2, start of $3, end of match)`.
 fn comparator_trim_at(b: &[u8], i: usize) -> Option<(usize, usize, usize)> {
-    let leading: &[usize] = if at(b, i) == b' ' { &[1, 0] } else { &[0] };
-    for &lead in leading {
-        let p = i + lead;
-        let mut ops: Vec<usize> = Vec::with_capacity(3);
-        if matches!(at(b, p), b'<' | b'>') {
-            if at(b, p + 1) == b'=' {
-                ops.push(2);
-            }
-            ops.push(1);
-        }
-        if at(b, p) == b'=' {
-            ops.push(1);
-        }
-        ops.push(0);
-        for op in ops {
-            let q = p + op;
-            let middle: &[usize] = if at(b, q) == b' ' { &[1, 0] } else { &[0] };
-            for &mid in middle {
-                let r = q + mid;
+    for p in (i..=i + usize::from(at(b, i) == b' ')).rev() {
+        for q in (p..=p + gtlt_len(b, p)).rev() {
+            for r in (q..=q + usize::from(at(b, q) == b' ')).rev() {
                 if let Some(end) = loose_plain_end(b, r).or_else(|| xrange_plain_end(b, r)) {
                     return Some((q, r, end));
                 }
@@ -482,181 +419,95 @@ fn comparator_trim_at(b: &[u8], i: usize) -> Option<(usize, usize, usize)> {
     None
 }
 
-/// `TILDETRIM` / `CARETTRIM` (global): `(\s*)~>?\s+` → `$1~`, `(\s*)\^\s+` → `$1^`.
-fn operator_trim(range: &str, tilde: bool) -> String {
-    let b = range.as_bytes();
-    let mut out = String::with_capacity(range.len());
-    let mut i = 0;
-    while i < b.len() {
-        let lead = usize::from(at(b, i) == b' ');
-        let matched = [lead, 0].into_iter().find_map(|lead| {
-            let k = i + lead;
-            if tilde && at(b, k) == b'~' {
-                if at(b, k + 1) == b'>' && at(b, k + 2) == b' ' {
-                    return Some((lead, k + 3));
-                }
-                (at(b, k + 1) == b' ').then_some((lead, k + 2))
-            } else if !tilde && at(b, k) == b'^' {
-                (at(b, k + 1) == b' ').then_some((lead, k + 2))
-            } else {
-                None
-            }
-        });
-        match matched {
-            Some((lead, end)) => {
-                out.push_str(&range[i..i + lead]);
-                out.push(if tilde { '~' } else { '^' });
-                i = end;
-            }
-            None => {
-                let c = range[i..].chars().next().unwrap_or(' ');
-                out.push(c);
-                i += c.len_utf8();
-            }
-        }
+/// `comp.replace(re, '')`: the first match removed, `end_of(i)` being where the match that
+/// starts at byte `i` ends, if there is one.
+fn remove_first(comp: &str, end_of: impl Fn(usize) -> Option<usize>) -> String {
+    match (0..comp.len()).find_map(|i| Some((i, end_of(i)?))) {
+        Some((i, end)) => [&comp[..i], &comp[end..]].concat(),
+        None => String::from(comp),
     }
-    out
 }
 
 /// `comp.replace(BUILD, '')`: the first `+id(.id)*` is removed.
 fn strip_build(comp: &str) -> String {
     let b = comp.as_bytes();
-    for i in 0..b.len() {
-        if b[i] == b'+' {
-            let end = build_end(b, i);
-            if end > i {
-                let mut out = String::from(&comp[..i]);
-                out.push_str(&comp[end..]);
-                return out;
-            }
-        }
-    }
-    String::from(comp)
+    remove_first(comp, |i| Some(build_end(b, i)).filter(|end| *end > i))
 }
 
-fn replace_caret(comp: &str) -> String {
-    let Some(x) = comp.strip_prefix('^').and_then(xrange_plain_full) else {
-        return String::from(comp);
-    };
+/// The versions `low` and `high` of the range `>=low <high-0` an x-range covers (its major not
+/// an X): `M.0.0` to `M+1.0.0` for an X minor, `M.m.0` to `M.m+1.0` for an X patch, else from
+/// `M.m.p[-pre]` to `M.m+1.0`. The caret's `high` is instead the next version of the left-most
+/// non-zero part (`M+1.0.0`, `0.m+1.0`, `0.0.p+1`).
+fn bounds(x: &XPlain<'_>, caret: bool) -> (String, String) {
     let (major, minor, patch) = (x.major, x.minor.unwrap_or(""), x.patch.unwrap_or(""));
-    if is_x(Some(major)) {
-        String::new()
-    } else if is_x(x.minor) {
-        alloc::format!(">={major}.0.0 <{}.0.0-0", plus_one(major))
+    let low = if is_x(x.minor) {
+        alloc::format!("{major}.0.0")
     } else if is_x(x.patch) {
-        if major == "0" {
-            alloc::format!(">={major}.{minor}.0 <{major}.{}.0-0", plus_one(minor))
-        } else {
-            alloc::format!(">={major}.{minor}.0 <{}.0.0-0", plus_one(major))
-        }
-    } else {
-        let low = match x.pre {
-            Some(pre) => alloc::format!(">={major}.{minor}.{patch}-{pre}"),
-            None => alloc::format!(">={major}.{minor}.{patch}"),
-        };
-        if major == "0" && minor == "0" {
-            alloc::format!("{low} <{major}.{minor}.{}-0", plus_one(patch))
-        } else if major == "0" {
-            alloc::format!("{low} <{major}.{}.0-0", plus_one(minor))
-        } else {
-            alloc::format!("{low} <{}.0.0-0", plus_one(major))
-        }
-    }
-}
-
-fn replace_tilde(comp: &str) -> String {
-    let plain = comp
-        .strip_prefix("~>")
-        .and_then(xrange_plain_full)
-        .or_else(|| comp.strip_prefix('~').and_then(xrange_plain_full));
-    let Some(x) = plain else {
-        return String::from(comp);
-    };
-    let (major, minor, patch) = (x.major, x.minor.unwrap_or(""), x.patch.unwrap_or(""));
-    if is_x(Some(major)) {
-        String::new()
-    } else if is_x(x.minor) {
-        alloc::format!(">={major}.0.0 <{}.0.0-0", plus_one(major))
-    } else if is_x(x.patch) {
-        alloc::format!(">={major}.{minor}.0 <{major}.{}.0-0", plus_one(minor))
+        alloc::format!("{major}.{minor}.0")
     } else if let Some(pre) = x.pre {
-        alloc::format!(
-            ">={major}.{minor}.{patch}-{pre} <{major}.{}.0-0",
-            plus_one(minor)
-        )
+        alloc::format!("{major}.{minor}.{patch}-{pre}")
     } else {
-        alloc::format!(">={major}.{minor}.{patch} <{major}.{}.0-0", plus_one(minor))
+        alloc::format!("{major}.{minor}.{patch}")
+    };
+    let high = if is_x(x.minor) || (caret && major != "0") {
+        alloc::format!("{}.0.0", plus_one(major))
+    } else if caret && minor == "0" && !is_x(x.patch) {
+        alloc::format!("{major}.{minor}.{}", plus_one(patch))
+    } else {
+        alloc::format!("{major}.{}.0", plus_one(minor))
+    };
+    (low, high)
+}
+
+/// `replaceCaret` (`^`) or, when `caret` is false, `replaceTilde` (`~`, `~>`) of one word.
+fn replace_caret_tilde(comp: &str, caret: bool) -> String {
+    let plain = if caret {
+        comp.strip_prefix('^')
+    } else {
+        comp.strip_prefix("~>").or_else(|| comp.strip_prefix('~'))
+    };
+    match plain.and_then(xrange_plain_full) {
+        Some(x) if is_x(Some(x.major)) => String::new(),
+        Some(x) => {
+            let (low, high) = bounds(&x, caret);
+            alloc::format!(">={low} <{high}-0")
+        }
+        None => String::from(comp),
     }
 }
 
 fn replace_xrange(comp: &str) -> String {
-    let (mut op, rest) = gtlt(comp);
+    let (op, rest) = gtlt(comp);
     let Some(x) = xrange_plain_full(rest) else {
         return String::from(comp);
     };
-    let x_major = is_x(Some(x.major));
-    let x_minor = x_major || is_x(x.minor);
-    let x_patch = x_minor || is_x(x.patch);
-    if op == "=" && x_patch {
-        op = "";
-    }
-    if x_major {
+    if is_x(Some(x.major)) {
         return String::from(if op == ">" || op == "<" {
             NULL_SET
         } else {
             "*"
         });
     }
-    let (major, minor) = (x.major, x.minor.unwrap_or(""));
-    if !op.is_empty() && x_patch {
-        let (mut major, mut minor) = (String::from(major), String::from(minor));
-        if x_minor {
-            minor = String::from("0");
-        }
-        let mut pre = "";
-        if op == ">" {
-            op = ">=";
-            if x_minor {
-                major = plus_one(&major);
-                minor = String::from("0");
-            } else {
-                minor = plus_one(&minor);
-            }
-        } else if op == "<=" {
-            op = "<";
-            if x_minor {
-                major = plus_one(&major);
-            } else {
-                minor = plus_one(&minor);
-            }
-        }
-        if op == "<" {
-            pre = "-0";
-        }
-        alloc::format!("{op}{major}.{minor}.0{pre}")
-    } else if x_minor {
-        alloc::format!(">={major}.0.0 <{}.0.0-0", plus_one(major))
-    } else if x_patch {
-        alloc::format!(">={major}.{minor}.0 <{major}.{}.0-0", plus_one(minor))
-    } else {
-        String::from(comp)
+    if !is_x(x.minor) && !is_x(x.patch) {
+        return String::from(comp);
+    }
+    let (low, high) = bounds(&x, false);
+    match op {
+        "" | "=" => alloc::format!(">={low} <{high}-0"),
+        ">" => alloc::format!(">={high}"),
+        "<=" => alloc::format!("<{high}-0"),
+        "<" => alloc::format!("<{low}-0"),
+        // `>=`
+        _ => alloc::format!(">={low}"),
     }
 }
 
 /// `comp.replace(STAR, '')`: the first `(<|>)?=?\s*\*` is removed.
 fn strip_star(comp: &str) -> String {
-    let b = comp.as_bytes();
-    for i in 0..b.len() {
-        let mut j = i + usize::from(matches!(b[i], b'<' | b'>'));
-        j += usize::from(at(b, j) == b'=');
-        j += usize::from(at(b, j) == b' ');
-        if at(b, j) == b'*' {
-            let mut out = String::from(&comp[..i]);
-            out.push_str(&comp[j + 1..]);
-            return out;
-        }
-    }
-    String::from(comp)
+    remove_first(comp, |i| {
+        let after = gtlt(comp.get(i..)?).1.strip_prefix('*')?;
+        Some(comp.len() - after.len())
+    })
 }
 
 /// `comp.trim().split(/\s+/).map(rewrite).join(' ')`. (node-semver splits the x-range step's
@@ -671,33 +522,33 @@ fn each_word(comp: &str, rewrite: fn(&str) -> String) -> String {
 
 /// `parseComparator`: build stripped, then carets, tildes, x-ranges and stars rewritten.
 fn parse_comparator(comp: &str) -> String {
-    let comp = each_word(&strip_build(comp), replace_caret);
-    let comp = each_word(&comp, replace_tilde);
+    let comp = each_word(&strip_build(comp), |word| replace_caret_tilde(word, true));
+    let comp = each_word(&comp, |word| replace_caret_tilde(word, false));
     strip_star(each_word(&comp, replace_xrange).trim_matches(' '))
 }
 
 /// `Range.parseRange` for one `||` alternative: its comparator values, or `None` on a throw.
 fn parse_range(range: &str) -> Option<Vec<String>> {
     let range = hyphen(range).unwrap_or_else(|| String::from(range));
-    let range = comparator_trim(&range);
-    let range = operator_trim(&range, true);
-    let range = operator_trim(&range, false);
+    // `TILDETRIM` (`(\s*)~>?\s+` → `$1~`), then `CARETTRIM` (`(\s*)\^\s+` → `$1^`), global: each
+    // keeps its leading space, so each only drops the space (single here) after a `~`, `~>` (and
+    // the `>`) or `^`. No two matches overlap, so the order of the passes is free.
+    let range = comparator_trim(&range)
+        .replace("~> ", "~")
+        .replace("~ ", "~")
+        .replace("^ ", "^");
     let parsed: Vec<String> = range.split(' ').map(parse_comparator).collect();
     let joined = parsed.join(" ");
-    let mut values = Vec::new();
+    // Duplicates dropped, first occurrence kept.
+    let mut unique: Vec<String> = Vec::new();
     for comp in split_ws(&joined) {
-        let comp = comp.trim_matches(' ');
-        let comp = if comp == ">=0.0.0" { "" } else { comp };
-        values.push(comparator(comp)?);
-    }
-    if values.iter().any(|v| v == NULL_SET) {
-        return Some(alloc::vec![String::from(NULL_SET)]);
-    }
-    let mut unique: Vec<String> = Vec::with_capacity(values.len());
-    for v in values {
-        if !unique.contains(&v) {
-            unique.push(v);
+        let value = comparator(if comp == ">=0.0.0" { "" } else { comp })?;
+        if !unique.contains(&value) {
+            unique.push(value);
         }
+    }
+    if unique.iter().any(|v| v == NULL_SET) {
+        return Some(alloc::vec![String::from(NULL_SET)]);
     }
     if unique.len() > 1 {
         unique.retain(|v| !v.is_empty());
@@ -758,7 +609,7 @@ pub(crate) fn is_version(text: &str) -> bool {
         && !text.starts_with('v')
         && full_version(text).is_some_and(|v| {
             // `full_version` drops build metadata; a strict version keeps all of it.
-            text.strip_prefix(v.as_str())
+            text.strip_prefix(v)
                 .is_some_and(|rest| rest.is_empty() || rest.starts_with('+'))
         })
 }

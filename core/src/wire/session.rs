@@ -221,10 +221,6 @@ fn sorted_runtimes(runtimes: &[RuntimeCapability]) -> Result<Vec<RuntimeCapabili
             "strict semver",
         )?;
     }
-    let orderable = runtimes
-        .iter()
-        .all(|r| js::locale_compare(&r.name, "").is_ok());
-    require(orderable, "runtimes.name", "orderable")?;
     let mut sorted = runtimes.to_vec();
     sorted
         .sort_by(|a, b| js::locale_compare(&a.name, &b.name).unwrap_or(core::cmp::Ordering::Equal));
