@@ -407,6 +407,12 @@ impl Route {
     }
 }
 
+/// The operation a route's last path segment names, if any.
+#[must_use]
+pub fn operation_of_segment(segment: &str) -> Option<Operation> {
+    Operation::ALL.into_iter().find(|op| op.as_str() == segment)
+}
+
 /// Parses and validates a request path (no query string, no fragment, exact template).
 ///
 /// # Errors
@@ -426,7 +432,7 @@ pub fn parse_route(path: &str) -> Result<Route, RouteError> {
     let session = parts.next().ok_or(RouteError { part: "sessionId" })?;
     let operation = parts
         .next()
-        .and_then(Operation::from_segment)
+        .and_then(operation_of_segment)
         .ok_or(RouteError { part: "operation" })?;
     if parts.next().is_some() {
         return Err(RouteError { part: "template" });

@@ -79,12 +79,6 @@ impl WorkerCredential {
         &self.credential_id
     }
 
-    /// The secret bytes (for the server-side HMAC check in the loopback control plane).
-    #[must_use]
-    pub fn expose_secret(&self) -> &[u8; 32] {
-        &self.secret
-    }
-
     /// The header value `Worker ql3w_<id>_<secret>`; wiped on drop.
     #[must_use]
     pub fn header_value(&self) -> Zeroizing<String> {

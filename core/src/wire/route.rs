@@ -60,12 +60,6 @@ operations! {
 }
 
 impl Operation {
-    /// Parses a path segment.
-    #[must_use]
-    pub fn from_segment(segment: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|op| op.as_str() == segment)
-    }
-
     /// The Worker client's request body cap for this operation (4 KiB default; opt-ins:
     /// secrets 64 KiB, completion 16 KiB, lease-control 8 KiB, register 20 KiB; artifacts
     /// `64 MiB + 4 KiB + 4`). `None` for `attestations`.

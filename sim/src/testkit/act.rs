@@ -23,7 +23,7 @@ use ql_worker_core::wire::route::Operation;
 pub fn operation(call: &HttpCall) -> Operation {
     let segment = call.path.rsplit('/').next().unwrap_or("");
     // INVARIANT: the core only builds routes of known operations.
-    Operation::from_segment(segment).expect("known route")
+    ql_worker_tests::server_wire::operation_of_segment(segment).expect("known route")
 }
 
 /// A POST's operation and call; `None` for any other command.

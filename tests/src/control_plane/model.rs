@@ -38,8 +38,11 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::io::{self, Read};
 
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use zeroize::Zeroizing;
 
 use ql_worker_core::ids::{
     AttemptId, LeaseVersion, ProjectId, RunId, SessionId, Sha256Digest, WorkerGeneration, WorkerId,
@@ -1055,13 +1058,21 @@ impl ControlPlane {
     }
 
     fn credential_digest(&self, credential: &WorkerCredential) -> [u8; 32] {
+        // The Worker's crate gives the secret out only inside the header value, whose last 43
+        // characters are its canonical base64url.
+        let header = credential.header_value();
+        let secret = Zeroizing::new(
+            URL_SAFE_NO_PAD
+                .decode(&header[header.len() - 43..])
+                .expect("a credential's header value ends with its canonical secret"),
+        );
         hmac_sha256(
             &self.config.credential_pepper,
             &[
                 CREDENTIAL_HMAC_DOMAIN,
                 credential.credential_id().as_bytes(),
                 b"\0",
-                credential.expose_secret(),
+                secret.as_slice(),
             ],
         )
     }
