@@ -25,6 +25,7 @@ use core::cmp::Ordering;
 use core::fmt;
 
 use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::IdError;
@@ -124,7 +125,7 @@ crate::ids::string_id!(
     SecretRef,
     "secret reference",
     "qlsecret:v1: + canonical base64url of JSON {projectId, name[, version]}, <= 512 bytes",
-    |v| SecretRef::decode(v).is_some()
+    |v| SecretRef::is_canonical(v)
 );
 
 /// The payload of a secret reference, as encoded and decoded.
@@ -139,18 +140,19 @@ struct SecretRefPayload<'a> {
 }
 
 impl SecretRef {
-    /// The project and version of `text` if it is a canonical reference.
-    fn decode(text: &str) -> Option<(String, Option<u64>)> {
-        if text.len() > MAX_SECRET_REF_BYTES {
-            return None;
-        }
+    /// Whether `text` is a canonical reference: it decodes, and encoding what it decodes to
+    /// gives it back byte for byte.
+    fn is_canonical(text: &str) -> bool {
+        text.len() <= MAX_SECRET_REF_BYTES
+            && Self::payload(text).is_some_and(|p| {
+                Self::create(&p.project_id, &p.name, p.version).is_ok_and(|c| c == text)
+            })
+    }
+
+    /// What `text` encodes, without the canonical-form check (which `new` made once).
+    fn payload(text: &str) -> Option<SecretRefPayload<'static>> {
         let encoded = text.strip_prefix(SECRET_REF_PREFIX)?;
-        let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(encoded)
-            .ok()?;
-        let parsed: SecretRefPayload<'_> = serde_json::from_slice(&payload).ok()?;
-        let canonical = Self::create(&parsed.project_id, &parsed.name, parsed.version).ok()?;
-        (canonical == text).then(|| (parsed.project_id.into_owned(), parsed.version))
+        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(encoded).ok()?).ok()
     }
 
     /// Builds the canonical reference (reference `createSecretRef`).
@@ -177,7 +179,7 @@ impl SecretRef {
         let payload =
             serde_json::to_vec(&payload).expect("invariant: a secret reference payload serializes");
         let mut text = String::from(SECRET_REF_PREFIX);
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode_string(&payload, &mut text);
+        URL_SAFE_NO_PAD.encode_string(&payload, &mut text);
         if text.len() > MAX_SECRET_REF_BYTES {
             return Err(error);
         }
@@ -187,18 +189,20 @@ impl SecretRef {
     /// The project the secret belongs to.
     #[must_use]
     pub fn project_id(&self) -> String {
-        self.decoded().0
+        self.decoded().project_id.into_owned()
     }
 
     /// The pinned secret version, if any.
     #[must_use]
     pub fn version(&self) -> Option<u64> {
-        self.decoded().1
+        self.decoded().version
     }
 
-    fn decoded(&self) -> (String, Option<u64>) {
+    /// The payload, decoded again (the reference keeps only its text): no re-encoding, since
+    /// `new` proved the text canonical.
+    fn decoded(&self) -> SecretRefPayload<'static> {
         // INVARIANT: `new` admits only texts that decode.
-        Self::decode(&self.0).expect("invariant: a SecretRef holds a canonical reference")
+        Self::payload(&self.0).expect("invariant: a SecretRef holds a canonical reference")
     }
 }
 
@@ -1212,8 +1216,7 @@ mod tests {
         // Padding, a foreign prefix and a re-ordered payload are not canonical.
         assert!(SecretRef::new(alloc::format!("{text}=")).is_err());
         assert!(SecretRef::new("qlsecret:v2:e30").is_err());
-        let reordered = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .encode(br#"{"name":"n","projectId":"p"}"#);
+        let reordered = URL_SAFE_NO_PAD.encode(br#"{"name":"n","projectId":"p"}"#);
         assert!(SecretRef::new(alloc::format!("qlsecret:v1:{reordered}")).is_err());
     }
 
