@@ -232,44 +232,30 @@ pub enum Action {
     },
 }
 
-impl Action {
-    /// The kind of outcome that answers this action (the `⇒` of each variant).
-    pub(crate) fn answer(&self) -> Answer {
-        match self {
-            Self::ListInbox { .. } => Answer::Listing,
-            Self::ReadRecord { .. } => Answer::Record,
-            Self::ReadClaim => Answer::Claim,
-            Self::PersistRecord { .. }
-            | Self::PersistClaim { .. }
-            | Self::ClearClaim { .. }
-            | Self::PersistSession { .. } => Answer::Durable,
-            Self::ReadReceipt { .. } => Answer::Receipt,
-            Self::RemoveReceipt { .. } => Answer::ReceiptRemoval,
-            Self::AllocateLog { .. } => Answer::LogAllocation,
-            Self::InspectLog { .. } => Answer::LogInspection,
-            Self::Post(_) => Answer::Call,
-            Self::UploadLog { .. } => Answer::Upload,
-            Self::Spawn(_) => Answer::Spawn,
-            Self::Stop { .. } => Answer::Stop,
-            Self::InspectSupervision { .. } => Answer::Supervision,
-            Self::ReadPublishedHandle { .. } => Answer::PublishedHandle,
-            Self::DrawEntropy => Answer::Entropy,
-        }
-    }
-}
-
 /// The one table of which outcomes answer which kind of action. Each kind names its
-/// [`Answer`] variant, its projection of a [`Reply`] and what each outcome it takes gives. It
-/// defines [`Answer`], [`Answer::reply`] (the check) and the projections: an operation takes the
-/// kind its own action is answered with ([`Action::answer`]), and the Worker hands it only a
-/// reply of that kind, so another kind in a projection is a core bug.
+/// [`Answer`] variant, the actions it answers, its projection of a [`Reply`] and what each
+/// outcome it takes gives. It defines [`Answer`], [`Action::answer`], [`Answer::reply`] (the
+/// check) and the projections: an operation takes the kind its own action is answered with, and
+/// the Worker hands it only a reply of that kind, so another kind in a projection is a core bug.
 macro_rules! answers {
-    ($($kind:ident => $name:ident -> $ty:ty { $($pattern:pat => $value:expr,)+ })*) => {
+    ($($kind:ident: $actions:pat => $name:ident -> $ty:ty {
+        $($pattern:pat => $value:expr,)+
+    })*) => {
         /// The kind of [`Outcome`] that answers an [`Action`]. The Worker refuses an outcome of
         /// another kind with [`InputError::OutcomeMismatch`] before any operation sees it.
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         pub(crate) enum Answer {
             $($kind,)*
+        }
+
+        impl Action {
+            /// The kind of outcome that answers this action (the `⇒` of each variant).
+            pub(crate) fn answer(&self) -> Answer {
+                use Action as A;
+                match self {
+                    $($actions => Answer::$kind,)*
+                }
+            }
         }
 
         impl Answer {
@@ -303,45 +289,47 @@ fn mismatched() -> ! {
 }
 
 answers! {
-    Listing => listing -> Result<(Vec<InboxRecord>, Option<OfferId>), StoreFailure> {
+    Listing: A::ListInbox { .. } => listing
+        -> Result<(Vec<InboxRecord>, Option<OfferId>), StoreFailure> {
         O::InboxListed { records, next_after } => Ok((records, next_after)),
         O::Store(f) => Err(f),
     }
-    Record => record -> Result<Option<Box<InboxRecord>>, StoreFailure> {
+    Record: A::ReadRecord { .. } => record -> Result<Option<Box<InboxRecord>>, StoreFailure> {
         O::RecordRead(record) => Ok(record),
         O::Store(f) => Err(f),
     }
-    Claim => claim -> Result<Option<Box<PendingClaim>>, StoreFailure> {
+    Claim: A::ReadClaim => claim -> Result<Option<Box<PendingClaim>>, StoreFailure> {
         O::ClaimRead(claim) => Ok(claim),
         O::Store(f) => Err(f),
     }
-    Durable => durable -> Result<(), StoreFailure> {
+    Durable: A::PersistRecord { .. } | A::PersistClaim { .. } | A::ClearClaim { .. }
+        | A::PersistSession { .. } => durable -> Result<(), StoreFailure> {
         O::Persisted => Ok(()),
         O::Store(f) => Err(f),
     }
-    Receipt => receipt -> ReceiptRead {
+    Receipt: A::ReadReceipt { .. } => receipt -> ReceiptRead {
         O::ReceiptRead(read) => read,
     }
     // Whether a file was removed.
-    ReceiptRemoval => receipt_removal -> Result<bool, StoreFailure> {
+    ReceiptRemoval: A::RemoveReceipt { .. } => receipt_removal -> Result<bool, StoreFailure> {
         O::ReceiptRemoved { existed } => Ok(existed),
         O::Store(f) => Err(f),
     }
     // Whether the spool file is ready.
-    LogAllocation => log_allocation -> bool {
+    LogAllocation: A::AllocateLog { .. } => log_allocation -> bool {
         O::LogAllocated => true,
         O::LogUnavailable => false,
     }
-    LogInspection => log_inspection -> Spool {
+    LogInspection: A::InspectLog { .. } => log_inspection -> Spool {
         O::LogInspected { byte_length, truncated } => Spool::Inspected { byte_length, truncated },
         O::LogMissing => Spool::Missing,
         O::LogUnavailable => Spool::Unavailable,
     }
-    Call => call -> Result<Vec<u8>, HttpFailure> {
+    Call: A::Post(_) => call -> Result<Vec<u8>, HttpFailure> {
         O::Responded(body) => Ok(body),
         O::Http(failure) => Err(failure),
     }
-    Upload => upload -> Upload {
+    Upload: A::UploadLog { .. } => upload -> Upload {
         O::Uploaded { body, sent_bytes, sent_sha256 } => Upload::Sent {
             body,
             sent_bytes,
@@ -351,20 +339,20 @@ answers! {
         O::LogMissing => Upload::LogMissing,
         O::LogUnavailable => Upload::LogUnavailable,
     }
-    Spawn => spawn -> SpawnOutcome {
+    Spawn: A::Spawn(_) => spawn -> SpawnOutcome {
         O::Spawned(spawned) => spawned,
     }
-    Stop => stop -> StopOutcome {
+    Stop: A::Stop { .. } => stop -> StopOutcome {
         O::Stopped(stopped) => stopped,
     }
     // Whether the supervisor and the user process are alive.
-    Supervision => supervision -> (Liveness, Liveness) {
+    Supervision: A::InspectSupervision { .. } => supervision -> (Liveness, Liveness) {
         O::SupervisionInspected { supervisor, process } => (supervisor, process),
     }
-    PublishedHandle => published_handle -> Option<ExecutorHandle> {
+    PublishedHandle: A::ReadPublishedHandle { .. } => published_handle -> Option<ExecutorHandle> {
         O::PublishedHandle(found) => found,
     }
-    Entropy => entropy -> Entropy {
+    Entropy: A::DrawEntropy => entropy -> Entropy {
         O::EntropyDrawn(entropy) => entropy,
     }
 }
