@@ -1443,20 +1443,19 @@ impl Worker {
             // stored (`claim_check_due`).
             Work::Pull => PullOp::begin(ctx, self.claim_backoff_served, self.inbox_room() == 0)
                 .map(Running::Pull, Finished::Pull),
-            Work::Process(offer_id) => {
-                ProcessOp::begin(offer_id.clone()).map(Running::Process, processed(offer_id))
-            }
+            Work::Process(offer_id) => ProcessOp::begin(offer_id.clone())
+                .map(Running::Process, |r| Finished::Process(offer_id, r)),
             Work::Supervise(offer_id) => {
                 // The drain budget ended: stop the Run by identity (once), then complete it.
                 let drain_stop =
                     self.drain == Drain::BudgetEnded && !self.drain_stopped.contains(&offer_id);
                 let (paced, may_hold) = (paced(&offer_id), may_hold(&offer_id));
                 SupervisionOp::begin(offer_id.clone(), paced, drain_stop, may_hold)
-                    .map(Running::Supervise, supervised(offer_id))
+                    .map(Running::Supervise, |r| Finished::Supervise(offer_id, r))
             }
             Work::Renew(offer_id) => {
                 SupervisionOp::renew(offer_id.clone(), paced(&offer_id), may_hold(&offer_id))
-                    .map(Running::Supervise, supervised(offer_id))
+                    .map(Running::Supervise, |r| Finished::Supervise(offer_id, r))
             }
         }
     }
@@ -1981,7 +1980,7 @@ impl Worker {
         }
         match finished {
             Finished::Session(result) => self.on_session(result, call_sent),
-            Finished::Listed(result) => self.on_listed(result),
+            Finished::Listed(purpose, page) => self.on_listed(purpose, page),
             Finished::Pull(result) => self.on_pull(result),
             // Recovery evidence an operation wrote was observed with its durable write.
             Finished::Process(offer_id, result) => self.on_processed(offer_id, &result),
@@ -2205,23 +2204,27 @@ impl Worker {
         }
     }
 
-    fn on_listed(&mut self, result: ListResult) {
-        if result.failed {
+    fn on_listed(
+        &mut self,
+        purpose: ListPurpose,
+        page: Option<(Vec<InboxRecord>, Option<OfferId>)>,
+    ) {
+        let Some((records, next_after)) = page else {
             // Nothing was learned: keep the phase and the cursor; the next tick lists the same
             // page again (startup reconciliation never completes on a failed read).
             return;
-        }
-        for record in &result.records {
+        };
+        for record in &records {
             self.observe(record);
         }
-        let mut work = page_work(result.purpose, &result.records);
-        match result.purpose {
+        let mut work = page_work(purpose, &records);
+        match purpose {
             ListPurpose::Reconcile => {
                 // A settled completion's receipt may still be on disk (a crash before its
                 // removal): its cleanup pass is retried every tick until one reaches the
                 // receipt, like a failed removal's (a pass cut short by a failed read would
                 // otherwise leave the capability on disk for good; simulation seed 5581).
-                for r in &result.records {
+                for r in &records {
                     if r.state == State::CompletionAcknowledged {
                         self.pending_cleanup.insert(r.offer.offer_id.clone());
                     }
@@ -2231,8 +2234,8 @@ impl Worker {
                         self.queue.push_back(item);
                     }
                 }
-                self.reconcile_cursor = result.next_after.clone();
-                if result.next_after.is_none() {
+                self.reconcile_cursor = next_after.clone();
+                if next_after.is_none() {
                     if self.drain != Drain::NotRequested {
                         self.stage = Stage::Draining;
                         self.queue
@@ -2245,11 +2248,7 @@ impl Worker {
                 self.tick_now();
             }
             ListPurpose::Supervise => {
-                let active = result
-                    .records
-                    .iter()
-                    .filter(|r| !r.state.is_terminal())
-                    .count();
+                let active = records.iter().filter(|r| !r.state.is_terminal()).count();
                 let gone = &self.gone_launches;
                 work.retain(|w| !matches!(w, Work::Supervise(id) if gone.contains(id)));
                 // Settled records fill pages without needing supervision: when a page held fewer
@@ -2257,7 +2256,7 @@ impl Worker {
                 // the time between two visits of a live Run does not grow with settled records
                 // (found by the crash campaign). Bounded: the cursor ends at the inbox's end.
                 if active < self.config.supervision_page.get()
-                    && let Some(after) = result.next_after.clone()
+                    && let Some(after) = next_after.clone()
                 {
                     work.push(Work::ListPage {
                         purpose: ListPurpose::Supervise,
@@ -2271,7 +2270,7 @@ impl Worker {
                         self.queue.push_front(item);
                     }
                 }
-                self.supervision_cursor = result.next_after;
+                self.supervision_cursor = next_after;
             }
         }
     }
@@ -2424,7 +2423,10 @@ pub(crate) enum Running {
 #[derive(Debug)]
 pub(crate) enum Finished {
     Session(SessionResult),
-    Listed(ListResult),
+    /// A listed page (its records and the cursor after it), or `None` when it could not be
+    /// read (a transient storage failure): nothing was learned, and the same page must be
+    /// listed again — never mistaken for an empty last page.
+    Listed(ListPurpose, Option<(Vec<InboxRecord>, Option<OfferId>)>),
     Pull(PullResult),
     /// The Worker's decisions come from the records it observed; the result itself is kept for
     /// the facts ([`Fact::Process`]) and `Debug` traces.
@@ -2437,7 +2439,7 @@ impl Finished {
     pub(crate) fn fact(&self) -> Option<Fact> {
         match self {
             Self::Session(result) => Some(Fact::Session(result.clone())),
-            Self::Listed(_) => None,
+            Self::Listed(..) => None,
             Self::Pull(result) => Some(Fact::Pull(result.clone())),
             Self::Process(offer_id, result) => Some(Fact::Process {
                 offer_id: offer_id.clone(),
@@ -2449,17 +2451,6 @@ impl Finished {
             }),
         }
     }
-}
-
-/// One listed page.
-#[derive(Debug)]
-pub(crate) struct ListResult {
-    pub(crate) purpose: ListPurpose,
-    pub(crate) records: Vec<InboxRecord>,
-    pub(crate) next_after: Option<OfferId>,
-    /// The page could not be read (a transient storage failure): nothing was learned, and the
-    /// same page must be listed again — never mistaken for an empty last page.
-    pub(crate) failed: bool,
 }
 
 impl Running {
@@ -2492,42 +2483,24 @@ impl Running {
     pub(crate) fn resume(self, ctx: &Ctx<'_>, reply: Reply) -> Step<Self, Finished> {
         match self {
             Self::Session(op) => op.resume(ctx, reply).map(Self::Session, Finished::Session),
-            Self::List(purpose) => list_resume(purpose, reply),
+            Self::List(purpose) => match reply.listing() {
+                Ok(page) => Step::Done(Finished::Listed(purpose, Some(page))),
+                Err(failure) => {
+                    read_failure(failure, || Step::Done(Finished::Listed(purpose, None)))
+                }
+            },
             Self::Pull(op) => op.resume(ctx, reply).map(Self::Pull, Finished::Pull),
             Self::Process(op) => {
-                let done = processed(op.offer_id().clone());
-                op.resume(ctx, reply).map(Self::Process, done)
+                let offer_id = op.offer_id().clone();
+                op.resume(ctx, reply)
+                    .map(Self::Process, |r| Finished::Process(offer_id, r))
             }
             Self::Supervise(op) => {
-                let done = supervised(op.offer_id().clone());
-                op.resume(ctx, reply).map(Self::Supervise, done)
+                let offer_id = op.offer_id().clone();
+                op.resume(ctx, reply)
+                    .map(Self::Supervise, |r| Finished::Supervise(offer_id, r))
             }
         }
-    }
-}
-
-/// How `offer_id`'s start path reports its result.
-fn processed(offer_id: OfferId) -> impl FnOnce(ProcessResult) -> Finished {
-    move |result| Finished::Process(offer_id, result)
-}
-
-/// How `offer_id`'s supervision pass reports its result.
-fn supervised(offer_id: OfferId) -> impl FnOnce(SupervisionResult) -> Finished {
-    move |result| Finished::Supervise(offer_id, result)
-}
-
-fn list_resume(purpose: ListPurpose, reply: Reply) -> Step<Running, Finished> {
-    let listed = |(records, next_after), failed| {
-        Step::Done(Finished::Listed(ListResult {
-            purpose,
-            records,
-            next_after,
-            failed,
-        }))
-    };
-    match reply.listing() {
-        Ok(page) => listed(page, false),
-        Err(failure) => read_failure(failure, || listed((Vec::new(), None), true)),
     }
 }
 
