@@ -93,8 +93,9 @@ pub enum Fact {
 /// The bounded queue.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Facts {
-    queue: VecDeque<Fact>,
-    dropped: u64,
+    pub(crate) queue: VecDeque<Fact>,
+    /// Facts dropped because the queue was full.
+    pub(crate) dropped: u64,
 }
 
 impl Facts {
@@ -104,13 +105,5 @@ impl Facts {
             self.dropped = self.dropped.saturating_add(1);
         }
         self.queue.push_back(fact);
-    }
-
-    pub(crate) fn pop(&mut self) -> Option<Fact> {
-        self.queue.pop_front()
-    }
-
-    pub(crate) fn dropped(&self) -> u64 {
-        self.dropped
     }
 }

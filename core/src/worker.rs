@@ -281,7 +281,7 @@ pub enum Output {
     Halted(HaltReason),
 }
 
-/// The fail-closed latch: set by the first recovery evidence seen (reference §4.7 step 1).
+/// The fail-closed latch: recovery evidence on a record (reference §4.7 step 1).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FailClosed {
     /// The record that carries the evidence.
@@ -492,12 +492,13 @@ impl Ctx<'_> {
 }
 
 /// The Worker's deadlines, one entry per kind (issue 16), all on the monotonic clock. Each is
-/// set by the fact that starts its interval (an answer, a failure, a drain request). Those that
-/// plan work ([`Timer::wakes`]) fire once: `wake_at` is the earliest of them, and
-/// [`Worker::on_tick`] removes each that has come and plans its work (a heartbeat that cannot go
-/// out yet is set again a cadence later), so none can spin. A backoff is a gate instead: the work
-/// it holds back is retried at the first tick after it (the retry's time then follows the
-/// cadence, not the jitter drawn from entropy), and it stays until a good answer clears it.
+/// set by the fact that starts its interval (an answer, a failure, a drain request). Every kind
+/// but the backoffs is a deadline the Worker wakes for, and fires once: `wake_at` is the earliest
+/// of them, and [`Worker::on_tick`] removes each that has come and plans its work (a heartbeat
+/// that cannot go out yet is set again a cadence later), so none can spin. A backoff is a gate
+/// instead: the work it holds back is retried at the first tick after it (the retry's time then
+/// follows the cadence, not the jitter drawn from entropy), and it stays until a good answer
+/// clears it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Timer {
     /// The next tick: every cadence, or at once after a phase change (a Session registered, a
@@ -518,21 +519,6 @@ pub(crate) enum Timer {
     /// The next renewal of a running Run's lease: `lease_control_interval` after the sending
     /// of the last renewal the control plane answered.
     Renewal(OfferId),
-}
-
-impl Timer {
-    /// Whether the Worker wakes for this deadline (every kind but the backoff gates).
-    pub(crate) fn wakes(&self) -> bool {
-        !matches!(
-            self,
-            Self::RegisterBackoff | Self::RenewalBackoff | Self::PullBackoff
-        )
-    }
-
-    /// Whether `plan_timers` fires it (the tick and the drain budget are `on_tick`'s own).
-    pub(crate) fn plans_work(&self) -> bool {
-        matches!(self, Self::Heartbeat | Self::Renewal(_))
-    }
 }
 
 /// Whether a drain was asked for, and whether its budget has ended.
@@ -648,7 +634,6 @@ pub struct Worker {
     pub(crate) stage: Stage,
     pub(crate) session: Option<SessionView>,
     pub(crate) known: BTreeMap<OfferId, State>,
-    pub(crate) fail_closed: Option<FailClosed>,
     pub(crate) drain: Drain,
     pub(crate) queue: VecDeque<Work>,
     /// The operations in progress, one per lane (see [`Lane`]).
@@ -803,7 +788,6 @@ impl Worker {
             stage: Stage::Registering,
             session: None,
             known: BTreeMap::new(),
-            fail_closed: None,
             drain: Drain::NotRequested,
             queue: VecDeque::new(),
             lanes: BTreeMap::new(),
@@ -848,13 +832,13 @@ impl Worker {
 
     /// The oldest fact not yet taken.
     pub fn poll_fact(&mut self) -> Option<Fact> {
-        self.facts.as_mut().and_then(crate::facts::Facts::pop)
+        self.facts.as_mut()?.queue.pop_front()
     }
 
     /// Facts dropped because the queue was full.
     #[must_use]
     pub fn facts_dropped(&self) -> u64 {
-        self.facts.as_ref().map_or(0, crate::facts::Facts::dropped)
+        self.facts.as_ref().map_or(0, |facts| facts.dropped)
     }
 
     /// Records `fact` when facts are reported (built only then).
@@ -947,10 +931,15 @@ impl Worker {
         self.session.as_ref()
     }
 
-    /// The fail-closed evidence, if any was seen.
+    /// The fail-closed latch: the first piece of recovery evidence known (in offer id order),
+    /// if any.
     #[must_use]
-    pub fn fail_closed(&self) -> Option<&FailClosed> {
-        self.fail_closed.as_ref()
+    pub fn fail_closed(&self) -> Option<FailClosed> {
+        let (offer_id, reason) = self.evidence.first_key_value()?;
+        Some(FailClosed {
+            offer_id: offer_id.clone(),
+            reason: *reason,
+        })
     }
 
     /// Records known to this Worker and their last known state.
@@ -1006,7 +995,7 @@ impl Worker {
             hasher,
             &(
                 (&self.stage, &self.session, &self.known),
-                (&self.fail_closed, self.drain, &self.queue),
+                (self.drain, &self.queue),
                 (&self.timers, &self.last_renewal),
                 (self.claim_backoff_served, &self.leases),
                 (&self.supervision_cursor, &self.reconcile_cursor),
@@ -1147,7 +1136,7 @@ impl Worker {
         for (lane, offer_id) in withdrawn {
             if let Some(slot) = self.lanes.remove(&lane) {
                 let finished = Finished::Process(offer_id, ProcessResult::Deferred);
-                self.apply(lane, slot.work, slot.call_sent, Step::Done(finished));
+                self.on_finished(finished, slot.call_sent);
             }
         }
     }
@@ -1273,10 +1262,16 @@ impl Worker {
                 .map(|slot| self.beside_upload_at(id, slot))
                 .filter(|at| *at > self.mono)
         });
+        // The backoffs are gates: the Worker does not wake for them.
+        let gates = [
+            Timer::RegisterBackoff,
+            Timer::RenewalBackoff,
+            Timer::PullBackoff,
+        ];
         let timers = self
             .timers
             .iter()
-            .filter(|(timer, _)| timer.wakes())
+            .filter(|(timer, _)| !gates.contains(timer))
             .map(|(_, at)| *at);
         timers.chain(beside).min()
     }
@@ -1327,35 +1322,34 @@ impl Worker {
             return Err(InputError::UnexpectedOutcome { id });
         };
         self.observe_authentication(&reply);
-        match (&reply.0, slot.pending) {
-            (
-                Outcome::Persisted,
-                Pending::Outstanding {
-                    write: Some(record),
-                    ..
-                },
-            ) => {
-                if slot.op.grants_lease() {
-                    // The lease it writes was granted in answer to its last call; its renewal
-                    // is due `lease_control_interval` after that call's sending, and the
-                    // Worker wakes for it rather than wait for a supervision visit.
-                    let offer_id = record.offer.offer_id.clone();
-                    if matches!(slot.op, Running::Process(_)) {
-                        // A renewal inside the start path paces the first supervision pass's,
-                        // and settles what lost renewals may have left at the control plane.
-                        self.last_renewal.insert(offer_id.clone(), slot.call_sent);
-                        self.lease_may_hold.remove(&offer_id);
-                    }
-                    self.arm_renewal(&offer_id, slot.call_sent);
-                    self.leases.insert(
-                        offer_id,
-                        LeaseClock::of(&record.offer.lease, slot.call_sent),
-                    );
+        if let (
+            Outcome::Persisted,
+            Pending::Outstanding {
+                write: Some(record),
+                ..
+            },
+        ) = (&reply.0, slot.pending)
+        {
+            if slot.op.grants_lease() {
+                // The lease it writes was granted in answer to its last call; its renewal
+                // is due `lease_control_interval` after that call's sending, and the
+                // Worker wakes for it rather than wait for a supervision visit.
+                let offer_id = record.offer.offer_id.clone();
+                if matches!(slot.op, Running::Process(_)) {
+                    // A renewal inside the start path paces the first supervision pass's,
+                    // and settles what lost renewals may have left at the control plane.
+                    self.last_renewal.insert(offer_id.clone(), slot.call_sent);
+                    self.lease_may_hold.remove(&offer_id);
                 }
-                self.observe(&record);
+                self.arm_renewal(&offer_id, slot.call_sent);
+                self.leases.insert(
+                    offer_id,
+                    LeaseClock::of(&record.offer.lease, slot.call_sent),
+                );
             }
-            (Outcome::RecordRead(Some(record)), _) => self.observe(record),
-            _ => {}
+            self.observe(&record);
+        } else if let Outcome::RecordRead(Some(record)) = &reply.0 {
+            self.observe(record);
         }
         let step = slot.op.resume(&self.ctx(slot.call_sent), reply);
         self.apply(lane, slot.work, slot.call_sent, step);
@@ -1388,23 +1382,17 @@ impl Worker {
             return;
         }
         let slots = self.available_slots();
-        self.reporting_slots = match &work {
-            // `available_slots` never exceeds `max_concurrent_runs`.
-            Work::Register | Work::Rejoin => Some(slots),
-            Work::Heartbeat => Some(
-                self.session
-                    .as_ref()
-                    .filter(|s| s.status == SessionStatus::Online)
-                    .map_or(0, |_| slots),
-            ),
-            Work::Transition(_)
-            | Work::RenewSession
-            | Work::ListPage { .. }
-            | Work::Pull
-            | Work::Process(_)
-            | Work::Supervise(_)
-            | Work::Renew(_) => self.reporting_slots,
-        };
+        // What a register or heartbeat reports (`available_slots` never exceeds
+        // `max_concurrent_runs`); the other work sends no slots.
+        if matches!(work, Work::Register | Work::Rejoin) {
+            self.reporting_slots = Some(slots);
+        } else if work == Work::Heartbeat {
+            let online = self
+                .session
+                .as_ref()
+                .filter(|s| s.status == SessionStatus::Online);
+            self.reporting_slots = Some(online.map_or(0, |_| slots));
+        }
         let step = self.begin(work.clone(), slots);
         self.apply(work.lane(), work, self.mono, step);
     }
@@ -1509,13 +1497,10 @@ impl Worker {
         {
             self.leases.remove(&id);
         }
-        match record.recovery() {
-            Some(reason) => {
-                self.evidence.insert(id.clone(), reason);
-            }
-            None => {
-                self.evidence.remove(&id);
-            }
+        if let Some(reason) = record.recovery() {
+            self.evidence.insert(id.clone(), reason);
+        } else {
+            self.evidence.remove(&id);
         }
         // Kept to tell dormant records apart (`InboxRecord::is_dormant`) without the record.
         if record.state.is_pre_barrier() {
@@ -1524,14 +1509,6 @@ impl Worker {
         } else {
             self.pre_barrier_expiry.remove(&id);
         }
-        self.fail_closed = self
-            .evidence
-            .iter()
-            .next()
-            .map(|(offer_id, reason)| FailClosed {
-                offer_id: offer_id.clone(),
-                reason: *reason,
-            });
     }
 
     /// Records that still hold, or may hold, a Run: every non-terminal record except dormant
@@ -1700,12 +1677,9 @@ impl Worker {
         }
         self.set_timer(Timer::Tick, self.config.cadence_ms);
         match self.stage {
-            Stage::Registering if self.pending(&Timer::RegisterBackoff) => {}
-            Stage::Registering => {
-                if !self.planned(&Work::Register) {
-                    self.queue.push_back(Work::Register);
-                }
-            }
+            Stage::Registering
+                if self.pending(&Timer::RegisterBackoff) || self.planned(&Work::Register) => {}
+            Stage::Registering => self.queue.push_back(Work::Register),
             Stage::Reconciling => self.list_next(ListPurpose::Reconcile),
             Stage::Active | Stage::Draining => self.plan_active_tick(),
             Stage::Finished(_) => {}
@@ -1753,7 +1727,9 @@ impl Worker {
         let due: Vec<Timer> = self
             .timers
             .iter()
-            .filter(|(timer, at)| self.mono >= **at && timer.plans_work())
+            .filter(|(timer, at)| {
+                self.mono >= **at && matches!(timer, Timer::Heartbeat | Timer::Renewal(_))
+            })
             .map(|(timer, _)| timer.clone())
             .collect();
         let active = matches!(self.stage, Stage::Active | Stage::Draining) && !self.rejoin;
@@ -1763,11 +1739,8 @@ impl Worker {
                 Timer::Heartbeat if !active => {
                     self.set_timer(Timer::Heartbeat, self.config.cadence_ms);
                 }
-                Timer::Heartbeat => {
-                    if self.session.is_some() && !self.planned(&Work::Heartbeat) {
-                        self.queue.push_front(Work::Heartbeat);
-                    }
-                }
+                Timer::Heartbeat if self.session.is_none() || self.planned(&Work::Heartbeat) => {}
+                Timer::Heartbeat => self.queue.push_front(Work::Heartbeat),
                 Timer::Renewal(offer_id) => {
                     // Queued even while a pass of this offer is in progress: if that pass
                     // goes on to upload the log, the renewal starts beside the upload at once
@@ -1812,10 +1785,10 @@ impl Worker {
         self.renew_or_pull();
     }
 
-    /// Queues the Session renewal when it is due (see [`Self::renewal_due`]), else a Pull when
-    /// one may go out ([`Self::pull_again`]).
+    /// Queues the Session renewal when it is ready (see [`Self::renewal_ready`]) and not queued
+    /// yet, else a Pull when one may go out ([`Self::pull_again`]).
     fn renew_or_pull(&mut self) {
-        if self.renewal_due() {
+        if self.renewal_ready() && !self.planned(&Work::RenewSession) {
             self.queue.push_back(Work::RenewSession);
         } else {
             self.pull_again(false);
@@ -1847,7 +1820,7 @@ impl Worker {
             .is_some_and(|s| s.usable(self.mono) && s.status == SessionStatus::Online);
         if self.stage != Stage::Active {
             Some(PullBlocker::NotActive)
-        } else if self.fail_closed.is_some() {
+        } else if !self.evidence.is_empty() {
             Some(PullBlocker::FailClosed)
         } else if self.admission_paused() {
             Some(PullBlocker::AdmissionPaused)
@@ -1897,14 +1870,9 @@ impl Worker {
     /// Whether a start that found its Session draining or offline (a previous incarnation's
     /// unfinished drain) may now replace it: active, no drain of its own, and no Run of that
     /// Session live any more (an offline Session serves none). Until then its Runs finish under
-    /// it: a new Session fences every lease of the old one at the control plane.
-    fn renewal_due(&self) -> bool {
-        self.renewal_ready() && !self.planned(&Work::RenewSession)
-    }
-
-    /// [`Self::renewal_due`] without the queue: checked again when the renewal starts (work
-    /// queued before it, such as a launch of a `lease_recovery` record, may have started a Run
-    /// of the old Session meanwhile).
+    /// it: a new Session fences every lease of the old one at the control plane. Checked again
+    /// when the renewal starts (work queued before it, such as a launch of a `lease_recovery`
+    /// record, may have started a Run of the old Session meanwhile).
     pub(crate) fn renewal_ready(&self) -> bool {
         let offline = self
             .session
@@ -1933,7 +1901,7 @@ impl Worker {
 
     /// Whether a launch (starting ACK and spawn) may begin now.
     pub(crate) fn may_launch(&self) -> bool {
-        self.fail_closed.is_none() && self.drain == Drain::NotRequested
+        self.evidence.is_empty() && self.drain == Drain::NotRequested
     }
 
     /// Slots offered to the control plane: none while no launch may begin (fail-closed, a drain)
@@ -2082,7 +2050,7 @@ impl Worker {
                 }
                 if self.stage == Stage::Registering {
                     // Draining or offline although this start asked for no drain: a previous
-                    // incarnation stopped during its drain. See `renewal_due`.
+                    // incarnation stopped during its drain. See `renewal_ready`.
                     self.retiring =
                         view.status != SessionStatus::Online && self.drain == Drain::NotRequested;
                     if view.status == SessionStatus::Online {
