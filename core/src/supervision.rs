@@ -154,12 +154,11 @@ enum SupervisionState {
         Box<InboxRecord>,
         Result<LeaseControlRequest, CompletionOutcome>,
     ),
-    /// The record has no handle (a crash fell between the spawn and `started`): reading the
-    /// handle the supervisor published before the user command ran, to stop by it.
-    ReadingPublished(Box<InboxRecord>, StopCause),
-    /// A `launch_outcome_unknown` Run with no receipt that could complete it: reading the
-    /// handle its supervisor published, to ask whether anything of it is left.
-    ReadingPublishedToInspect(Box<InboxRecord>, CompletionOutcome),
+    /// Reading the handle the supervisor published before the user command ran: the record has
+    /// none (a crash fell between the spawn and `started`), to stop by it (`Ok`); or a
+    /// `launch_outcome_unknown` Run with no receipt that could complete it, to ask whether
+    /// anything of it is left (`Err`: what its completion said).
+    ReadingPublished(Box<InboxRecord>, Result<StopCause, CompletionOutcome>),
 }
 
 /// One supervision pass.
@@ -304,13 +303,13 @@ impl SupervisionOp {
                     (false, Err(completion)) => self.go_on(ctx, record, &completion),
                 }
             }
-            SupervisionState::ReadingPublished(record, cause) => {
-                self.stop_by(ctx, &record, cause, reply.published_handle())
-            }
-            SupervisionState::ReadingPublishedToInspect(record, completion) => {
-                match reply.published_handle() {
-                    Some(handle) => self.inspect_unknown(ctx, record, completion, handle),
-                    None => self.go_on(ctx, record, &completion),
+            SupervisionState::ReadingPublished(record, then) => {
+                match (reply.published_handle(), then) {
+                    (handle, Ok(cause)) => self.stop_by(ctx, &record, cause, handle),
+                    (Some(handle), Err(completion)) => {
+                        self.inspect_unknown(ctx, record, completion, handle)
+                    }
+                    (None, Err(completion)) => self.go_on(ctx, record, &completion),
                 }
             }
         }
@@ -425,15 +424,7 @@ impl SupervisionOp {
         {
             return match record.executor_handle.clone() {
                 Some(handle) => self.inspect_unknown(ctx, record, completion, handle),
-                None => {
-                    let action = Action::ReadPublishedHandle {
-                        attempt_id: record.offer.candidate.attempt_id.clone(),
-                    };
-                    self.wait(
-                        SupervisionState::ReadingPublishedToInspect(record, completion),
-                        action,
-                    )
-                }
+                None => self.read_published(record, Err(completion)),
             };
         }
         self.go_on(ctx, record, &completion)
@@ -591,15 +582,20 @@ impl SupervisionOp {
     /// none.
     fn stop(self, ctx: &Ctx<'_>, record: &InboxRecord, cause: StopCause) -> LStep {
         if record.executor_handle.is_none() && may_have_process(record) {
-            let action = Action::ReadPublishedHandle {
-                attempt_id: record.offer.candidate.attempt_id.clone(),
-            };
-            return self.wait(
-                SupervisionState::ReadingPublished(Box::new(record.clone()), cause),
-                action,
-            );
+            return self.read_published(Box::new(record.clone()), Ok(cause));
         }
         self.stop_by(ctx, record, cause, record.executor_handle.clone())
+    }
+
+    /// Reads the handle `record`'s supervisor published, then goes on as `then` says.
+    fn read_published(
+        self,
+        record: Box<InboxRecord>,
+        then: Result<StopCause, CompletionOutcome>,
+    ) -> LStep {
+        let attempt_id = record.offer.candidate.attempt_id.clone();
+        let action = Action::ReadPublishedHandle { attempt_id };
+        self.wait(SupervisionState::ReadingPublished(record, then), action)
     }
 
     /// Stops by `handle`, or, without one, records what is known: nothing can be verified for
