@@ -67,9 +67,6 @@ pub enum ClaimError {
         /// The stored revision.
         found: Revision,
     },
-    /// The claim belongs to another Worker Session.
-    #[error("the pending claim belongs to another Worker Session")]
-    OtherSession,
 }
 
 /// What creating a claim amounts to.

@@ -175,12 +175,13 @@ pub(crate) fn eligible_state(record: &InboxRecord) -> bool {
 }
 
 impl CompletionOp {
-    pub(crate) fn begin(offer_id: OfferId) -> CStep {
-        let op = Self {
-            offer_id,
-            state: CompletionState::Reading,
+    /// A pass that reads the record first.
+    pub(crate) fn begin(offer_id: OfferId) -> (Self, Action) {
+        let action = Action::ReadRecord {
+            offer_id: offer_id.clone(),
         };
-        op.reading(CompletionState::Reading)
+        let state = CompletionState::Reading;
+        (Self { offer_id, state }, action)
     }
 
     fn wait(self, state: CompletionState, action: Action) -> CStep {

@@ -597,11 +597,7 @@ impl ProcessOp {
 
     /// Step 6g: only now, with `launching` durable, spawn.
     fn spawn(self, launch: Launch, environment: Env, launching: Box<InboxRecord>) -> PStep {
-        let (Some(started_at), Some(log_artifact_id), Some(sequence)) = (
-            launching.executor_started_at_ms,
-            launching.log_artifact_id.clone(),
-            launching.completion_receipt_callback_sequence,
-        ) else {
+        let Some(started_at) = launching.executor_started_at_ms else {
             unreachable!("a launching record carries its barrier fields");
         };
         let revision = &launching.offer.execution_revision;
@@ -614,8 +610,9 @@ impl ProcessOp {
             environment: environment.0,
             working_directory: revision.working_directory.clone(),
             timeout: revision.timeout_ms.zip(launch.authority.deadline),
-            log_artifact_id,
-            callback_sequence: sequence,
+            // The log id and the sequence `launching` was written with (`persist_launching`).
+            log_artifact_id: launching.offer.log_artifact_id(),
+            callback_sequence: launch.authority.sequence,
             capability: launch.capability,
         };
         let action = Action::Spawn(Box::new(plan));

@@ -42,7 +42,7 @@ use base64::Engine as _;
 use crate::capability::Entropy;
 use crate::claim::{MAX_CLAIM_ATTEMPTS, PendingClaim};
 use crate::completion::post;
-use crate::ids::{LeaseToken, OfferId, Revision};
+use crate::ids::{LeaseToken, OfferId};
 use crate::io::{Action, Reply, StoreFailure};
 use crate::offer::Offer;
 use crate::record::InboxRecord;
@@ -182,7 +182,7 @@ impl PullOp {
             Self::ReadingClaim {
                 claim_only: true, ..
             } => on_claim_only(reply.claim()),
-            Self::ClearingForeign => after_write(reply, draw_identity),
+            Self::ClearingForeign | Self::ClearingStale => after_write(reply, draw_identity),
             Self::DrawingIdentity => fresh_claim(ctx, &reply.entropy()),
             Self::PersistingAttempt(claim) => {
                 let request = request(ctx, claim);
@@ -200,7 +200,6 @@ impl PullOp {
                 }
             },
             Self::CheckingStored(claim) => on_stored_check(ctx, &claim, reply.record()),
-            Self::ClearingStale => after_write(reply, draw_identity),
             Self::CheckingStoredOnly(claim) => on_stored_only(&claim, reply.record()),
             Self::DrawingJitter(claim, fault) => {
                 persist_backoff(ctx, &claim, &reply.entropy(), fault)
@@ -308,7 +307,8 @@ fn on_stored_check(
         return settle(claim, PullResult::Failed { fault, retry_in_ms });
     }
     let mut next = claim.clone();
-    next.revision = next_revision(claim.revision);
+    // INVARIANT: a claim lives for at most 16 attempts and their backoffs.
+    next.revision = claim.revision.next().unwrap_or(claim.revision);
     next.attempt_count += 1;
     next.last_attempt_at_ms = Some(ctx.now.max(claim.updated_at_ms));
     next.updated_at_ms = ctx.now.max(claim.updated_at_ms);
@@ -318,11 +318,6 @@ fn on_stored_check(
         claim: Box::new(next.clone()),
     };
     Step::Wait(PullOp::PersistingAttempt(Box::new(next)), action)
-}
-
-fn next_revision(revision: Revision) -> Revision {
-    // INVARIANT: a claim lives for at most 16 attempts and their backoffs.
-    revision.next().unwrap_or(revision)
 }
 
 /// A fresh claim from entropy, with its first attempt already counted (one write instead of the
@@ -511,7 +506,8 @@ fn persist_backoff(
     let ceiling = register_backoff(ctx.config.backoff_base_ms, claim.attempt_count.into());
     let retry_in_ms = entropy.below(ceiling);
     let mut next = claim.clone();
-    next.revision = next_revision(claim.revision);
+    // INVARIANT: as above (`on_stored_check`).
+    next.revision = claim.revision.next().unwrap_or(claim.revision);
     next.updated_at_ms = now;
     next.next_attempt_at_ms = now.saturating_add(retry_in_ms);
     let action = Action::PersistClaim {

@@ -145,7 +145,7 @@ impl SessionOp {
             config.session_lease_ms,
         )
         .and_then(|r| r.to_body());
-        SessionCall::Registering { rejoin }.send(ctx, request)
+        SessionCall::Registering { rejoin }.send(ctx, Operation::Register, request)
     }
 
     /// `heartbeat` at the Session's current generation and version.
@@ -165,7 +165,7 @@ impl SessionOp {
             lease_duration_ms: ctx.config.session_lease_ms,
         };
         let body = request.to_body();
-        SessionCall::Heartbeating(request).send(ctx, body)
+        SessionCall::Heartbeating(request).send(ctx, Operation::Heartbeat, body)
     }
 
     /// `transition` to draining or offline.
@@ -182,7 +182,7 @@ impl SessionOp {
             status,
         };
         let body = request.to_body();
-        SessionCall::Transitioning(request).send(ctx, body)
+        SessionCall::Transitioning(request).send(ctx, Operation::Transition, body)
     }
 
     /// A new Session id replaces the stored one (see [`Action::PersistSession`]).
@@ -221,13 +221,9 @@ fn unanswered(exchange: Exchange) -> SStep {
 }
 
 impl SessionCall {
-    /// Posts this call's request `body`; a request that could not be built is refused for good.
-    fn send(self, ctx: &Ctx<'_>, body: Result<Vec<u8>, WireError>) -> SStep {
-        let operation = match &self {
-            Self::Registering { .. } => Operation::Register,
-            Self::Heartbeating(_) => Operation::Heartbeat,
-            Self::Transitioning(_) => Operation::Transition,
-        };
+    /// Posts this call's request `body` to its `operation`; a request that could not be built is
+    /// refused for good.
+    fn send(self, ctx: &Ctx<'_>, operation: Operation, body: Result<Vec<u8>, WireError>) -> SStep {
         match body {
             Ok(body) => {
                 let action = post(ctx, operation, Zeroizing::new(body));

@@ -118,10 +118,23 @@ enum StopCause {
     Drain,
 }
 
+/// What a completion pass inside a supervision pass is for.
+#[derive(Clone)]
+#[cfg_attr(feature = "sim-hooks", derive(Hash))]
+enum Pass {
+    /// The pass's own completion (step 2).
+    Own,
+    /// The replay after lease control answered `terminal`.
+    Replay,
+    /// The supervisor and the process are both gone: completion once more (a receipt published
+    /// just before the supervisor exited is found here) before concluding that none will come.
+    Confirm(Box<InboxRecord>),
+}
+
 #[derive(Clone)]
 #[cfg_attr(feature = "sim-hooks", derive(Hash))]
 enum SupervisionState {
-    Completing(CompletionOp),
+    Completing(CompletionOp, Pass),
     Reading(CompletionOutcome),
     /// The call in flight.
     Controlling(Box<InboxRecord>, LeaseControlRequest),
@@ -131,23 +144,21 @@ enum SupervisionState {
     /// are gone without a receipt (`SupervisorGone`); once it is durable the pass ends with this
     /// result.
     Recording(SupervisionResult),
-    Recompleting(CompletionOp),
     /// The completion replay did not settle a Run the control plane calls terminal: the record
     /// is read again before the stop (a renewal beside the replay's upload may have moved it).
     Restopping,
-    /// Asking whether the supervisor and the user process still exist, before the call.
-    Inspecting(Box<InboxRecord>, LeaseControlRequest),
-    /// Both are gone: completion once more (a receipt published just before the supervisor
-    /// exited is found here) before concluding that none will come.
-    Confirming(CompletionOp, Box<InboxRecord>),
-    /// The record has no handle (a crash fell between the spawn and `started`): reading the
-    /// handle the supervisor published before the user command ran, to stop by it.
-    ReadingPublished(Box<InboxRecord>, StopCause),
-    /// A `launch_outcome_unknown` Run with no receipt that could complete it: reading the
-    /// handle its supervisor published, to ask whether anything of it is left.
-    ReadingPublishedToInspect(Box<InboxRecord>, CompletionOutcome),
-    /// Asking whether that Run's supervisor and user process still exist.
-    InspectingUnknown(Box<InboxRecord>, CompletionOutcome),
+    /// Asking whether the supervisor and the user process still exist: before the call
+    /// (`Ok`), or for a `launch_outcome_unknown` Run with no receipt that could complete it
+    /// (`Err`: what its completion said).
+    Inspecting(
+        Box<InboxRecord>,
+        Result<LeaseControlRequest, CompletionOutcome>,
+    ),
+    /// Reading the handle the supervisor published before the user command ran: the record has
+    /// none (a crash fell between the spawn and `started`), to stop by it (`Ok`); or a
+    /// `launch_outcome_unknown` Run with no receipt that could complete it, to ask whether
+    /// anything of it is left (`Err`: what its completion said).
+    ReadingPublished(Box<InboxRecord>, Result<StopCause, CompletionOutcome>),
 }
 
 /// One supervision pass.
@@ -197,14 +208,14 @@ impl SupervisionOp {
         may_hold: Option<LeaseVersion>,
     ) -> LStep {
         let pass = Self {
-            offer_id: offer_id.clone(),
+            offer_id,
             paced_ms,
             drain_stop,
             may_hold,
             renew_only: false,
             state: SupervisionState::Reading(CompletionOutcome::Deferred),
         };
-        pass.completing(CompletionOp::begin(offer_id))
+        pass.complete(Pass::Own)
     }
 
     /// A renewal only (no completion): for an offer whose own pass is uploading its log, so
@@ -240,13 +251,10 @@ impl SupervisionOp {
         self.wait(state, Action::ReadRecord { offer_id })
     }
 
-    /// A step of this pass's own completion (step 2).
-    fn completing(self, step: Step<CompletionOp, CompletionOutcome>) -> LStep {
-        match step {
-            Step::Wait(op, action) => self.wait(SupervisionState::Completing(op), action),
-            Step::Done(result) => self.after_completion(result),
-            Step::Halt(reason) => Step::Halt(reason),
-        }
+    /// Begins a completion pass for `pass`.
+    fn complete(self, pass: Pass) -> LStep {
+        let (op, action) = CompletionOp::begin(self.offer_id.clone());
+        self.wait(SupervisionState::Completing(op, pass), action)
     }
 
     pub(crate) fn resume(mut self, ctx: &Ctx<'_>, reply: Reply) -> LStep {
@@ -254,17 +262,20 @@ impl SupervisionOp {
             &mut self.state,
             SupervisionState::Reading(CompletionOutcome::Deferred),
         ) {
-            SupervisionState::Completing(op) => self.completing(op.resume(ctx, reply)),
+            SupervisionState::Completing(op, pass) => match op.resume(ctx, reply) {
+                Step::Wait(op, action) => self.wait(SupervisionState::Completing(op, pass), action),
+                Step::Done(result) => match pass {
+                    Pass::Own => self.after_completion(result),
+                    Pass::Replay => self.after_recompleting(result),
+                    Pass::Confirm(record) => self.after_confirming(ctx, &record, result),
+                },
+                Step::Halt(reason) => Step::Halt(reason),
+            },
             SupervisionState::Reading(completion) => self.on_record(ctx, completion, reply),
             SupervisionState::Restopping => match read(reply) {
                 Ok(record) if record.state.is_terminal() => Step::Done(SupervisionResult::Settled),
                 Ok(record) => self.stop(ctx, &record, StopCause::ControlPlaneTerminal),
                 Err(step) => step,
-            },
-            SupervisionState::Recompleting(op) => match op.resume(ctx, reply) {
-                Step::Wait(op, action) => self.wait(SupervisionState::Recompleting(op), action),
-                Step::Done(result) => self.after_recompleting(result),
-                Step::Halt(reason) => Step::Halt(reason),
             },
             SupervisionState::Controlling(record, request) => {
                 self.on_control(ctx, record, &request, reply)
@@ -283,49 +294,24 @@ impl SupervisionOp {
             // The steps of a Run whose supervisor may be gone (issue 16).
             // Either may still exist, or nothing can be concluded: renew as before (a supervisor
             // that lives publishes its receipt; a process that lives is stopped by identity when
-            // the control plane asks).
-            SupervisionState::Inspecting(record, request) => {
-                if both_gone(reply.supervision()) {
-                    self.confirm(ctx, record)
-                } else {
-                    self.control(ctx, record, request)
+            // the control plane asks), or, for a `launch_outcome_unknown` Run, supervise it as
+            // before (stopped by its published handle once the lease has expired).
+            SupervisionState::Inspecting(record, then) => {
+                match (both_gone(reply.supervision()), then) {
+                    (true, _) => self.complete(Pass::Confirm(record)),
+                    (false, Ok(request)) => self.control(ctx, record, request),
+                    (false, Err(completion)) => self.go_on(ctx, record, &completion),
                 }
             }
-            SupervisionState::Confirming(op, record) => match op.resume(ctx, reply) {
-                Step::Wait(op, action) => {
-                    self.wait(SupervisionState::Confirming(op, record), action)
-                }
-                Step::Done(result) => self.after_confirming(ctx, &record, result),
-                Step::Halt(reason) => Step::Halt(reason),
-            },
-            SupervisionState::ReadingPublished(record, cause) => {
-                self.stop_by(ctx, &record, cause, reply.published_handle())
-            }
-            SupervisionState::ReadingPublishedToInspect(record, completion) => {
-                match reply.published_handle() {
-                    Some(handle) => self.inspect_unknown(ctx, record, completion, handle),
-                    None => self.go_on(ctx, record, &completion),
+            SupervisionState::ReadingPublished(record, then) => {
+                match (reply.published_handle(), then) {
+                    (handle, Ok(cause)) => self.stop_by(ctx, &record, cause, handle),
+                    (Some(handle), Err(completion)) => {
+                        self.inspect_unknown(ctx, record, completion, handle)
+                    }
+                    (None, Err(completion)) => self.go_on(ctx, record, &completion),
                 }
             }
-            // Either may still exist, or nothing can be concluded: supervised as before (stopped
-            // by its published handle once the lease has expired).
-            SupervisionState::InspectingUnknown(record, completion) => {
-                if both_gone(reply.supervision()) {
-                    self.confirm(ctx, record)
-                } else {
-                    self.go_on(ctx, record, &completion)
-                }
-            }
-        }
-    }
-
-    /// The supervisor and the process are both gone: completion once more (a receipt published
-    /// just before the supervisor exited is found here) before concluding that none will come.
-    fn confirm(self, ctx: &Ctx<'_>, record: Box<InboxRecord>) -> LStep {
-        match CompletionOp::begin(self.offer_id.clone()) {
-            Step::Wait(op, action) => self.wait(SupervisionState::Confirming(op, record), action),
-            Step::Done(result) => self.after_confirming(ctx, &record, result),
-            Step::Halt(reason) => Step::Halt(reason),
         }
     }
 
@@ -346,7 +332,7 @@ impl SupervisionOp {
             handle,
         };
         self.wait(
-            SupervisionState::InspectingUnknown(record, completion),
+            SupervisionState::Inspecting(record, Err(completion)),
             action,
         )
     }
@@ -438,15 +424,7 @@ impl SupervisionOp {
         {
             return match record.executor_handle.clone() {
                 Some(handle) => self.inspect_unknown(ctx, record, completion, handle),
-                None => {
-                    let action = Action::ReadPublishedHandle {
-                        attempt_id: record.offer.candidate.attempt_id.clone(),
-                    };
-                    self.wait(
-                        SupervisionState::ReadingPublishedToInspect(record, completion),
-                        action,
-                    )
-                }
+                None => self.read_published(record, Err(completion)),
             };
         }
         self.go_on(ctx, record, &completion)
@@ -491,7 +469,7 @@ impl SupervisionOp {
                 log_artifact_id,
                 handle,
             };
-            return self.wait(SupervisionState::Inspecting(record, request), action);
+            return self.wait(SupervisionState::Inspecting(record, Ok(request)), action);
         }
         self.control(ctx, record, request)
     }
@@ -558,11 +536,7 @@ impl SupervisionOp {
                 SupervisionResult::Pending(CompletionOutcome::ControlPlaneTerminal),
             ),
             LeaseControlResponse::Terminal(_) if crate::completion::eligible_state(&record) => {
-                match CompletionOp::begin(self.offer_id.clone()) {
-                    Step::Wait(op, action) => self.wait(SupervisionState::Recompleting(op), action),
-                    Step::Done(_) => self.stop(ctx, &record, StopCause::ControlPlaneTerminal),
-                    Step::Halt(reason) => Step::Halt(reason),
-                }
+                self.complete(Pass::Replay)
             }
             LeaseControlResponse::Terminal(_) => {
                 self.stop(ctx, &record, StopCause::ControlPlaneTerminal)
@@ -608,15 +582,20 @@ impl SupervisionOp {
     /// none.
     fn stop(self, ctx: &Ctx<'_>, record: &InboxRecord, cause: StopCause) -> LStep {
         if record.executor_handle.is_none() && may_have_process(record) {
-            let action = Action::ReadPublishedHandle {
-                attempt_id: record.offer.candidate.attempt_id.clone(),
-            };
-            return self.wait(
-                SupervisionState::ReadingPublished(Box::new(record.clone()), cause),
-                action,
-            );
+            return self.read_published(Box::new(record.clone()), Ok(cause));
         }
         self.stop_by(ctx, record, cause, record.executor_handle.clone())
+    }
+
+    /// Reads the handle `record`'s supervisor published, then goes on as `then` says.
+    fn read_published(
+        self,
+        record: Box<InboxRecord>,
+        then: Result<StopCause, CompletionOutcome>,
+    ) -> LStep {
+        let attempt_id = record.offer.candidate.attempt_id.clone();
+        let action = Action::ReadPublishedHandle { attempt_id };
+        self.wait(SupervisionState::ReadingPublished(record, then), action)
     }
 
     /// Stops by `handle`, or, without one, records what is known: nothing can be verified for

@@ -100,10 +100,6 @@ fn every_derived_error_message_is_unchanged() {
             "pending claim revision conflict: expected 3, stored 4 (or the claim identity differs)",
         ),
         (
-            ClaimError::OtherSession.to_string(),
-            "the pending claim belongs to another Worker Session",
-        ),
-        (
             LimitError {
                 what: "page limit",
                 rule: "1..=1024",
