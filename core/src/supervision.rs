@@ -131,6 +131,16 @@ enum Pass {
     Confirm(Box<InboxRecord>),
 }
 
+/// Whom an inspection or a read of the published handle serves: the pass's own next step
+/// (`Own`: the lease-control call, or the stop), or a `launch_outcome_unknown` Run with no
+/// receipt that could complete it (`Unknown`: what its completion said).
+#[derive(Clone)]
+#[cfg_attr(feature = "sim-hooks", derive(Hash))]
+enum For<T> {
+    Own(T),
+    Unknown(CompletionOutcome),
+}
+
 #[derive(Clone)]
 #[cfg_attr(feature = "sim-hooks", derive(Hash))]
 enum SupervisionState {
@@ -147,18 +157,13 @@ enum SupervisionState {
     /// The completion replay did not settle a Run the control plane calls terminal: the record
     /// is read again before the stop (a renewal beside the replay's upload may have moved it).
     Restopping,
-    /// Asking whether the supervisor and the user process still exist: before the call
-    /// (`Ok`), or for a `launch_outcome_unknown` Run with no receipt that could complete it
-    /// (`Err`: what its completion said).
-    Inspecting(
-        Box<InboxRecord>,
-        Result<LeaseControlRequest, CompletionOutcome>,
-    ),
+    /// Asking whether the supervisor and the user process still exist: before the call, or for
+    /// a `launch_outcome_unknown` Run.
+    Inspecting(Box<InboxRecord>, For<LeaseControlRequest>),
     /// Reading the handle the supervisor published before the user command ran: the record has
-    /// none (a crash fell between the spawn and `started`), to stop by it (`Ok`); or a
-    /// `launch_outcome_unknown` Run with no receipt that could complete it, to ask whether
-    /// anything of it is left (`Err`: what its completion said).
-    ReadingPublished(Box<InboxRecord>, Result<StopCause, CompletionOutcome>),
+    /// none (a crash fell between the spawn and `started`), to stop by it; or a
+    /// `launch_outcome_unknown` Run's, to ask whether anything of it is left.
+    ReadingPublished(Box<InboxRecord>, For<StopCause>),
 }
 
 /// One supervision pass.
@@ -299,17 +304,17 @@ impl SupervisionOp {
             SupervisionState::Inspecting(record, then) => {
                 match (both_gone(reply.supervision()), then) {
                     (true, _) => self.complete(Pass::Confirm(record)),
-                    (false, Ok(request)) => self.control(ctx, record, request),
-                    (false, Err(completion)) => self.go_on(ctx, record, &completion),
+                    (false, For::Own(request)) => self.control(ctx, record, request),
+                    (false, For::Unknown(completion)) => self.go_on(ctx, record, &completion),
                 }
             }
             SupervisionState::ReadingPublished(record, then) => {
                 match (reply.published_handle(), then) {
-                    (handle, Ok(cause)) => self.stop_by(ctx, &record, cause, handle),
-                    (Some(handle), Err(completion)) => {
+                    (handle, For::Own(cause)) => self.stop_by(ctx, &record, cause, handle),
+                    (Some(handle), For::Unknown(completion)) => {
                         self.inspect_unknown(ctx, record, completion, handle)
                     }
-                    (None, Err(completion)) => self.go_on(ctx, record, &completion),
+                    (None, For::Unknown(completion)) => self.go_on(ctx, record, &completion),
                 }
             }
         }
@@ -332,7 +337,7 @@ impl SupervisionOp {
             handle,
         };
         self.wait(
-            SupervisionState::Inspecting(record, Err(completion)),
+            SupervisionState::Inspecting(record, For::Unknown(completion)),
             action,
         )
     }
@@ -424,7 +429,7 @@ impl SupervisionOp {
         {
             return match record.executor_handle.clone() {
                 Some(handle) => self.inspect_unknown(ctx, record, completion, handle),
-                None => self.read_published(record, Err(completion)),
+                None => self.read_published(record, For::Unknown(completion)),
             };
         }
         self.go_on(ctx, record, &completion)
@@ -469,7 +474,10 @@ impl SupervisionOp {
                 log_artifact_id,
                 handle,
             };
-            return self.wait(SupervisionState::Inspecting(record, Ok(request)), action);
+            return self.wait(
+                SupervisionState::Inspecting(record, For::Own(request)),
+                action,
+            );
         }
         self.control(ctx, record, request)
     }
@@ -582,17 +590,13 @@ impl SupervisionOp {
     /// none.
     fn stop(self, ctx: &Ctx<'_>, record: &InboxRecord, cause: StopCause) -> LStep {
         if record.executor_handle.is_none() && may_have_process(record) {
-            return self.read_published(Box::new(record.clone()), Ok(cause));
+            return self.read_published(Box::new(record.clone()), For::Own(cause));
         }
         self.stop_by(ctx, record, cause, record.executor_handle.clone())
     }
 
     /// Reads the handle `record`'s supervisor published, then goes on as `then` says.
-    fn read_published(
-        self,
-        record: Box<InboxRecord>,
-        then: Result<StopCause, CompletionOutcome>,
-    ) -> LStep {
+    fn read_published(self, record: Box<InboxRecord>, then: For<StopCause>) -> LStep {
         let attempt_id = record.offer.candidate.attempt_id.clone();
         let action = Action::ReadPublishedHandle { attempt_id };
         self.wait(SupervisionState::ReadingPublished(record, then), action)
