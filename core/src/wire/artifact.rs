@@ -26,8 +26,6 @@ pub const MIN_HEADER_BYTES: usize = 2;
 pub const MAX_RESPONSE_BYTES: usize = 4 * 1024;
 /// Largest request body: `64 MiB + 4 KiB + 4`.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024 + 4 * 1024 + 4;
-/// Domain of the log artifact id.
-pub(crate) const LOG_ID_DOMAIN: &[u8] = b"qinglong/worker-log-artifact@v1";
 
 /// The log artifact id of an offer: `"wlog-"` + the first 30 hex characters of
 /// `SHA-256("qinglong/worker-log-artifact@v1" \0 projectId \0 runId \0 attemptId \0 offerId)`.
@@ -39,7 +37,7 @@ pub fn derive_log_artifact_id(
     attempt_id: &AttemptId,
     offer_id: &OfferId,
 ) -> LogArtifactId {
-    let mut data = LOG_ID_DOMAIN.to_vec();
+    let mut data = b"qinglong/worker-log-artifact@v1".to_vec();
     for part in [
         project_id.as_str(),
         run_id.as_str(),
