@@ -45,9 +45,6 @@ pub const EXECUTOR_TYPE: &str = "remote_worker";
 pub const PLAN_SCHEMA: &str = "qinglong/command-execution@v1";
 /// Domain prefix of the content digest.
 pub const DIGEST_DOMAIN: &[u8] = b"qinglong.cluster-task-execution-revision.v1\0";
-/// `MAX_CLUSTER_EXECUTION_PLAN_BYTES`: the normalized revision (with `createdAtMs`, without
-/// `contentDigest`) serialized.
-pub const MAX_PLAN_BYTES: usize = 96 * 1024;
 /// The executor capability every cluster placement requires.
 pub const REMOTE_WORKER_EXECUTOR: &str = "remote-worker";
 /// Prefix of a secret reference.
@@ -968,11 +965,12 @@ impl ExecutionRevision {
             .expect("invariant: a revision always serializes to JSON")
     }
 
-    /// [`Self::json_bytes`], refused above the 96 KiB plan budget.
+    /// [`Self::json_bytes`], refused above the 96 KiB plan budget
+    /// (`MAX_CLUSTER_EXECUTION_PLAN_BYTES`, which measures the [`JsonForm::Content`] form).
     fn json_within_budget(&self, form: JsonForm) -> Result<Vec<u8>, RevisionError> {
         let bytes = self.json_bytes(form);
         ensure(
-            bytes.len() <= MAX_PLAN_BYTES,
+            bytes.len() <= 96 * 1024,
             "executionRevision",
             "<= 96 KiB serialized",
         )?;

@@ -53,10 +53,13 @@ pub fn derive_log_artifact_id(
         .unwrap_or_else(|_| unreachable!("derived log id is well-formed"))
 }
 
-/// The upload header (the JSON inside the frame).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The upload header (the JSON inside the frame); serializes as its keys after the schema, with
+/// the lease token as the placeholder [`Self::header_json`] fills in.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ArtifactUpload {
     /// The execution fence.
+    #[serde(flatten)]
     pub fence: Fence,
     /// The log id.
     pub log_artifact_id: LogArtifactId,
@@ -78,23 +81,8 @@ impl ArtifactUpload {
             "byteLength",
             "0..=64 MiB",
         )?;
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct View<'a> {
-            #[serde(flatten)]
-            fence: &'a Fence,
-            log_artifact_id: &'a LogArtifactId,
-            byte_length: u64,
-            truncated: Option<bool>,
-        }
-        let view = View {
-            fence: &self.fence,
-            log_artifact_id: &self.log_artifact_id,
-            byte_length: self.byte_length,
-            truncated: self.truncated,
-        };
         sealed_body(
-            &Schema::new(SCHEMA, &view),
+            &Schema::new(SCHEMA, self),
             &self.fence.lease_token,
             "artifacts",
             MAX_HEADER_BYTES,
