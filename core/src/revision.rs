@@ -45,15 +45,6 @@ pub const EXECUTOR_TYPE: &str = "remote_worker";
 pub const PLAN_SCHEMA: &str = "qinglong/command-execution@v1";
 /// Domain prefix of the content digest.
 pub const DIGEST_DOMAIN: &[u8] = b"qinglong.cluster-task-execution-revision.v1\0";
-/// `MAX_CLUSTER_EXECUTION_PLAN_BYTES`: the normalized revision (with `createdAtMs`, without
-/// `contentDigest`) serialized.
-pub const MAX_PLAN_BYTES: usize = 96 * 1024;
-/// Largest `timeoutMs`: 365 days.
-pub const MAX_TIMEOUT_MS: u64 = 365 * 24 * 60 * 60_000;
-/// Most environment bindings.
-pub const MAX_ENVIRONMENT_ENTRIES: usize = 256;
-/// Budget of environment names plus values / secret references, in UTF-8 bytes.
-pub const MAX_ENVIRONMENT_BYTES: usize = 64 * 1024;
 /// The executor capability every cluster placement requires.
 pub const REMOTE_WORKER_EXECUTOR: &str = "remote-worker";
 /// Prefix of a secret reference.
@@ -522,12 +513,18 @@ fn normalize_labels(labels: &mut Vec<Label>, name: &'static str) -> Result<(), R
         "free of duplicate keys",
     )?;
     sort_locale(name, labels, |l| l.key.as_str())?;
+    *labels = object_order(labels);
+    Ok(())
+}
+
+/// `labels` in the order a JavaScript object built from them enumerates its keys
+/// ([`js::object_key_order`]: array-index keys first).
+pub(crate) fn object_order(labels: &[Label]) -> Vec<Label> {
     let keys: Vec<&str> = labels.iter().map(|l| l.key.as_str()).collect();
-    *labels = js::object_key_order(&keys)
+    js::object_key_order(&keys)
         .into_iter()
         .map(|i| labels[i].clone())
-        .collect();
-    Ok(())
+        .collect()
 }
 
 impl PlacementRequired {
@@ -704,7 +701,7 @@ fn normalize_environment(
     project_id: &ProjectId,
 ) -> Result<(), RevisionError> {
     ensure(
-        environment.len() <= MAX_ENVIRONMENT_ENTRIES,
+        environment.len() <= 256,
         "environment",
         "at most 256 bindings",
     )?;
@@ -732,7 +729,7 @@ fn normalize_environment(
         }
     }
     ensure(
-        bytes <= MAX_ENVIRONMENT_BYTES,
+        bytes <= 64 * 1024,
         "environment",
         "names and values <= 64 KiB",
     )?;
@@ -773,7 +770,7 @@ impl ExecutionRevision {
         }
         if let Some(timeout) = self.timeout_ms {
             ensure(
-                (1..=MAX_TIMEOUT_MS).contains(&timeout),
+                (1..=365 * 24 * 60 * 60_000).contains(&timeout),
                 "timeoutMs",
                 "1..=31536000000 (365 days)",
             )?;
@@ -837,9 +834,7 @@ impl ExecutionRevision {
     /// # Errors
     /// [`RevisionError`] for malformed JSON, a broken rule, or a digest mismatch.
     pub fn parse_json(bytes: &[u8]) -> Result<Self, RevisionError> {
-        JsonError::check_utf8(bytes).map_err(RevisionError::Json)?;
-        let wire: RevisionWire = serde_json::from_slice(bytes)
-            .map_err(|e| RevisionError::Json(JsonError::from_serde(&e)))?;
+        let wire: RevisionWire = JsonError::parse(bytes).map_err(RevisionError::Json)?;
         ensure(
             wire.executor_type == EXECUTOR_TYPE,
             "executorType",
@@ -970,11 +965,12 @@ impl ExecutionRevision {
             .expect("invariant: a revision always serializes to JSON")
     }
 
-    /// [`Self::json_bytes`], refused above the 96 KiB plan budget.
+    /// [`Self::json_bytes`], refused above the 96 KiB plan budget
+    /// (`MAX_CLUSTER_EXECUTION_PLAN_BYTES`, which measures the [`JsonForm::Content`] form).
     fn json_within_budget(&self, form: JsonForm) -> Result<Vec<u8>, RevisionError> {
         let bytes = self.json_bytes(form);
         ensure(
-            bytes.len() <= MAX_PLAN_BYTES,
+            bytes.len() <= 96 * 1024,
             "executionRevision",
             "<= 96 KiB serialized",
         )?;

@@ -63,31 +63,29 @@ pub struct ActivationRequest {
 }
 
 impl ActivationRequest {
+    fn new(offer: &Offer, op: ActivationOp) -> Self {
+        Self {
+            fence: Fence::from_offer(offer),
+            op,
+        }
+    }
+
     /// The starting ACK for `offer`.
     #[must_use]
     pub fn starting(offer: &Offer) -> Self {
-        Self {
-            fence: Fence::from_offer(offer),
-            op: ActivationOp::Starting,
-        }
+        Self::new(offer, ActivationOp::Starting)
     }
 
     /// The running ACK for `offer`.
     #[must_use]
     pub fn running(offer: &Offer, ack: RunningAck) -> Self {
-        Self {
-            fence: Fence::from_offer(offer),
-            op: ActivationOp::Running(ack),
-        }
+        Self::new(offer, ActivationOp::Running(ack))
     }
 
     /// The start-failure report for `offer`.
     #[must_use]
     pub fn start_failure(offer: &Offer) -> Self {
-        Self {
-            fence: Fence::from_offer(offer),
-            op: ActivationOp::StartFailure,
-        }
+        Self::new(offer, ActivationOp::StartFailure)
     }
 
     /// The route operation of this request.

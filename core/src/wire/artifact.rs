@@ -26,8 +26,6 @@ pub const MIN_HEADER_BYTES: usize = 2;
 pub const MAX_RESPONSE_BYTES: usize = 4 * 1024;
 /// Largest request body: `64 MiB + 4 KiB + 4`.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024 + 4 * 1024 + 4;
-/// Domain of the log artifact id.
-pub(crate) const LOG_ID_DOMAIN: &[u8] = b"qinglong/worker-log-artifact@v1";
 
 /// The log artifact id of an offer: `"wlog-"` + the first 30 hex characters of
 /// `SHA-256("qinglong/worker-log-artifact@v1" \0 projectId \0 runId \0 attemptId \0 offerId)`.
@@ -39,7 +37,7 @@ pub fn derive_log_artifact_id(
     attempt_id: &AttemptId,
     offer_id: &OfferId,
 ) -> LogArtifactId {
-    let mut data = LOG_ID_DOMAIN.to_vec();
+    let mut data = b"qinglong/worker-log-artifact@v1".to_vec();
     for part in [
         project_id.as_str(),
         run_id.as_str(),
@@ -55,10 +53,13 @@ pub fn derive_log_artifact_id(
         .unwrap_or_else(|_| unreachable!("derived log id is well-formed"))
 }
 
-/// The upload header (the JSON inside the frame).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The upload header (the JSON inside the frame); serializes as its keys after the schema, with
+/// the lease token as the placeholder [`Self::header_json`] fills in.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ArtifactUpload {
     /// The execution fence.
+    #[serde(flatten)]
     pub fence: Fence,
     /// The log id.
     pub log_artifact_id: LogArtifactId,
@@ -80,23 +81,8 @@ impl ArtifactUpload {
             "byteLength",
             "0..=64 MiB",
         )?;
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct View<'a> {
-            #[serde(flatten)]
-            fence: &'a Fence,
-            log_artifact_id: &'a LogArtifactId,
-            byte_length: u64,
-            truncated: Option<bool>,
-        }
-        let view = View {
-            fence: &self.fence,
-            log_artifact_id: &self.log_artifact_id,
-            byte_length: self.byte_length,
-            truncated: self.truncated,
-        };
         sealed_body(
-            &Schema::new(SCHEMA, &view),
+            &Schema::new(SCHEMA, self),
             &self.fence.lease_token,
             "artifacts",
             MAX_HEADER_BYTES,

@@ -64,13 +64,10 @@ impl WorkerCredential {
     /// # Errors
     /// [`AuthError`] for an invalid id or non-canonical secret.
     pub(crate) fn from_base64url(credential_id: &str, secret: &str) -> Result<Self, AuthError> {
-        if !is_token_id(credential_id, 64) {
-            return Err(AuthError::CredentialId);
-        }
-        Ok(Self {
-            credential_id: String::from(credential_id),
-            secret: crate::capability::decode_base64url_32(secret).ok_or(AuthError::Secret)?,
-        })
+        let mut credential = Self::new(credential_id, [0; 32])?;
+        credential.secret =
+            crate::capability::decode_base64url_32(secret).ok_or(AuthError::Secret)?;
+        Ok(credential)
     }
 
     /// The credential id.

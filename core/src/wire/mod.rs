@@ -61,8 +61,6 @@ pub use artifact::derive_log_artifact_id;
 
 /// Default request body cap of the Worker client (4 KiB).
 pub(crate) const DEFAULT_REQUEST_CAP: usize = 4 * 1024;
-/// Smallest response body accepted.
-pub(crate) const MIN_RESPONSE_BYTES: usize = 2;
 
 /// A JSON text the serde layer refused (syntax, type, unknown/missing/duplicate key), with the
 /// position. `detail` is serde's message cut before the first quoted string literal (and reduced
@@ -90,46 +88,43 @@ pub struct JsonError {
 pub use serde_json::error::Category as JsonCategory;
 
 impl JsonError {
-    pub(crate) fn from_serde(error: &serde_json::Error) -> Self {
-        use alloc::string::ToString as _;
-        let full = error.to_string();
-        let mut detail: &str = full.split(" at line ").next().unwrap_or("");
-        if let Some(quote) = detail.find('"') {
-            detail = &detail[..quote];
-        }
-        // "unknown variant `<value>`, expected …" quotes the value itself.
-        if detail.starts_with("unknown variant") {
-            detail = "unknown variant";
-        }
-        let mut end = detail.len().min(160);
-        while !detail.is_char_boundary(end) {
-            end -= 1;
-        }
-        Self {
-            line: error.line(),
-            column: error.column(),
-            category: error.classify(),
-            detail: String::from(detail[..end].trim_end()),
-        }
-    }
-
-    /// Refuses a body that is not UTF-8 as a whole. Every string is checked by serde anyway; this
-    /// also covers the strings read as JavaScript strings ([`JsString`]), whose WTF-8 may only
-    /// hold surrogates that came from `\u` escapes. Node would decode invalid bytes to U+FFFD.
+    /// Parses `bytes` as the exact shape `T` (no byte cap), refusing first a body that is not
+    /// UTF-8 as a whole. Every string is checked by serde anyway; this also covers the strings
+    /// read as JavaScript strings ([`JsString`]), whose WTF-8 may only hold surrogates that came
+    /// from `\u` escapes. Node would decode invalid bytes to U+FFFD.
     ///
     /// [`JsString`]: crate::js::JsString
-    pub(crate) fn check_utf8(bytes: &[u8]) -> Result<(), Self> {
-        let Err(error) = core::str::from_utf8(bytes) else {
-            return Ok(());
-        };
-        let valid = &bytes[..error.valid_up_to()];
-        let line = 1 + valid.iter().filter(|b| **b == b'\n').count();
-        let column = 1 + valid.iter().rev().take_while(|b| **b != b'\n').count();
-        Err(Self {
-            line,
-            column,
-            category: JsonCategory::Syntax,
-            detail: String::from("invalid UTF-8"),
+    pub(crate) fn parse<'de, T: Deserialize<'de>>(bytes: &'de [u8]) -> Result<T, Self> {
+        if let Err(error) = core::str::from_utf8(bytes) {
+            let valid = &bytes[..error.valid_up_to()];
+            return Err(Self {
+                line: 1 + valid.iter().filter(|b| **b == b'\n').count(),
+                column: 1 + valid.iter().rev().take_while(|b| **b != b'\n').count(),
+                category: JsonCategory::Syntax,
+                detail: String::from("invalid UTF-8"),
+            });
+        }
+        serde_json::from_slice(bytes).map_err(|error| {
+            use alloc::string::ToString as _;
+            let full = error.to_string();
+            let mut detail: &str = full.split(" at line ").next().unwrap_or("");
+            if let Some(quote) = detail.find('"') {
+                detail = &detail[..quote];
+            }
+            // "unknown variant `<value>`, expected …" quotes the value itself.
+            if detail.starts_with("unknown variant") {
+                detail = "unknown variant";
+            }
+            let mut end = detail.len().min(160);
+            while !detail.is_char_boundary(end) {
+                end -= 1;
+            }
+            Self {
+                line: error.line(),
+                column: error.column(),
+                category: error.classify(),
+                detail: String::from(detail[..end].trim_end()),
+            }
         })
     }
 }
@@ -174,7 +169,7 @@ pub enum WireError {
     },
     /// The execution revision is invalid or its digest does not match.
     #[error("offer executionRevision rejected: {0}")]
-    Revision(crate::revision::RevisionError),
+    Revision(#[from] crate::revision::RevisionError),
     /// A request cannot be built from these values.
     #[error("request field {path} must be {rule}")]
     Request {
@@ -193,12 +188,6 @@ pub enum WireError {
     },
 }
 
-impl From<crate::revision::RevisionError> for WireError {
-    fn from(error: crate::revision::RevisionError) -> Self {
-        Self::Revision(error)
-    }
-}
-
 /// Checks the byte cap, then parses the exact shape `T` (also the server's reader of the
 /// artifact frame header in the loopback control plane).
 ///
@@ -209,18 +198,14 @@ pub fn parse_json<'de, T: Deserialize<'de>>(
     bytes: &'de [u8],
     cap: usize,
 ) -> Result<T, WireError> {
-    if bytes.len() < MIN_RESPONSE_BYTES || bytes.len() > cap {
+    if !(2..=cap).contains(&bytes.len()) {
         return Err(WireError::Size {
             endpoint,
             len: bytes.len(),
             cap,
         });
     }
-    JsonError::check_utf8(bytes).map_err(|error| WireError::Json { endpoint, error })?;
-    serde_json::from_slice(bytes).map_err(|e| WireError::Json {
-        endpoint,
-        error: JsonError::from_serde(&e),
-    })
+    JsonError::parse(bytes).map_err(|error| WireError::Json { endpoint, error })
 }
 
 pub(crate) fn field(path: &'static str, rule: &'static str) -> WireError {

@@ -29,13 +29,16 @@ pub const MAX_RESPONSE_BYTES: usize = 128 * 1024;
 pub const MAX_REQUEST_BYTES: usize = super::DEFAULT_REQUEST_CAP;
 
 /// The Pull request: exactly `workerGeneration, offerId, leaseToken` (no schema field).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Serializes as its body, with the lease token as the placeholder [`Self::to_body`] fills in.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct OfferRequest {
     /// Current Session generation.
     pub worker_generation: WorkerGeneration,
     /// The pending claim's offer id.
     pub offer_id: OfferId,
-    /// The pending claim's lease capability.
+    /// The pending claim's lease capability; redacted in `Debug`.
+    #[serde(serialize_with = "super::token_slot")]
     pub lease_token: LeaseToken,
 }
 
@@ -45,20 +48,7 @@ impl OfferRequest {
     /// # Errors
     /// [`WireError::RequestTooLarge`] above 4 KiB (cannot happen with valid ids).
     pub fn to_body(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct View<'a> {
-            worker_generation: WorkerGeneration,
-            offer_id: &'a OfferId,
-            #[serde(serialize_with = "super::token_slot")]
-            lease_token: &'a LeaseToken,
-        }
-        let view = View {
-            worker_generation: self.worker_generation,
-            offer_id: &self.offer_id,
-            lease_token: &self.lease_token,
-        };
-        sealed_body(&view, &self.lease_token, "offers", MAX_REQUEST_BYTES)
+        sealed_body(self, &self.lease_token, "offers", MAX_REQUEST_BYTES)
     }
 }
 

@@ -25,10 +25,6 @@ pub const MAX_RESPONSE_BYTES: usize = 256 * 1024;
 pub const MAX_SECRET_REFS: usize = 64;
 /// Most environment bundle references per batch.
 pub const MAX_BUNDLE_REFS: usize = 1;
-/// Largest secret value, UTF-8 bytes.
-pub(crate) const MAX_VALUE_BYTES: usize = 16 * 1024;
-/// Largest total of secret values, UTF-8 bytes.
-pub(crate) const MAX_TOTAL_VALUE_BYTES: usize = 64 * 1024;
 /// Largest environment bundle value (and total), UTF-8 bytes.
 pub(crate) const MAX_BUNDLE_VALUE_BYTES: usize = 96 * 1024;
 
@@ -36,8 +32,6 @@ pub(crate) const MAX_BUNDLE_VALUE_BYTES: usize = 96 * 1024;
 pub const BUNDLE_SCHEMA: &str = "qinglong/environment-bundle@v1";
 /// Most entries of one environment bundle (and of the whole materialized environment).
 pub(crate) const MAX_BUNDLE_ENTRIES: usize = 256;
-/// Largest bundle entry value, UTF-8 bytes.
-pub(crate) const MAX_BUNDLE_ENTRY_VALUE_BYTES: usize = 16 * 1024;
 /// Largest total of a bundle's names and values (and of the whole materialized environment).
 pub(crate) const MAX_BUNDLE_TOTAL_BYTES: usize = 64 * 1024;
 
@@ -280,8 +274,8 @@ impl SecretsResponse {
             values: bind_values(
                 wire.values,
                 &request.secret_refs,
-                MAX_VALUE_BYTES,
-                MAX_TOTAL_VALUE_BYTES,
+                16 * 1024,
+                64 * 1024,
                 "values",
             )?,
             environment_bundles: bind_values(
@@ -358,8 +352,8 @@ impl EnvironmentBundle {
         if !(2..=MAX_BUNDLE_VALUE_BYTES).contains(&text.len()) {
             return Err(BundleError::Size { len: text.len() });
         }
-        let wire: BundleWire = serde_json::from_str(text)
-            .map_err(|e| BundleError::Json(super::JsonError::from_serde(&e)))?;
+        let wire: BundleWire =
+            super::JsonError::parse(text.as_bytes()).map_err(BundleError::Json)?;
         let rule = |ok: bool, path, rule| ok.then_some(()).ok_or(BundleError::Field { path, rule });
         rule(wire.schema == BUNDLE_SCHEMA, "schema", BUNDLE_SCHEMA)?;
         rule(
@@ -381,7 +375,7 @@ impl EnvironmentBundle {
             )?;
             let value = entry.value.expose();
             rule(
-                !value.contains('\0') && value.len() <= MAX_BUNDLE_ENTRY_VALUE_BYTES,
+                !value.contains('\0') && value.len() <= 16 * 1024,
                 "entries.value",
                 "at most 16 KiB, without NUL",
             )?;

@@ -12,6 +12,7 @@ use crate::ids::{MAX_SAFE_INTEGER, SessionId, Sha256Digest, WorkerGeneration, Wo
 use crate::js;
 use crate::revision::{
     Architecture, Label, LabelsJson, SupportTier, bounded_text, capability_name, label_key,
+    object_order,
 };
 use crate::time::UnixMillis;
 
@@ -253,12 +254,7 @@ fn sorted_labels(labels: &[Label]) -> Result<LabelsJson<Vec<Label>>, WireError> 
         "labels",
         "unique keys",
     )?;
-    let keys: Vec<&str> = sorted.iter().map(|l| l.key.as_str()).collect();
-    let ordered = js::object_key_order(&keys)
-        .into_iter()
-        .map(|i| sorted[i].clone())
-        .collect();
-    Ok(LabelsJson(ordered))
+    Ok(LabelsJson(object_order(&sorted)))
 }
 
 fn checked_capacity(c: &CapacityCapability) -> Result<&CapacityCapability, WireError> {
