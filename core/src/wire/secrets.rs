@@ -25,6 +25,10 @@ pub const MAX_RESPONSE_BYTES: usize = 256 * 1024;
 pub const MAX_SECRET_REFS: usize = 64;
 /// Most environment bundle references per batch.
 pub const MAX_BUNDLE_REFS: usize = 1;
+/// Largest secret value, UTF-8 bytes.
+const MAX_VALUE_BYTES: usize = 16 * 1024;
+/// Largest total of secret values, UTF-8 bytes.
+const MAX_TOTAL_VALUE_BYTES: usize = 64 * 1024;
 /// Largest environment bundle value (and total), UTF-8 bytes.
 pub(crate) const MAX_BUNDLE_VALUE_BYTES: usize = 96 * 1024;
 
@@ -274,8 +278,8 @@ impl SecretsResponse {
             values: bind_values(
                 wire.values,
                 &request.secret_refs,
-                16 * 1024,
-                64 * 1024,
+                MAX_VALUE_BYTES,
+                MAX_TOTAL_VALUE_BYTES,
                 "values",
             )?,
             environment_bundles: bind_values(
