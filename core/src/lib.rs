@@ -8,8 +8,9 @@
 
 extern crate alloc;
 
-/// A fieldless enum spelled on the wire by its serde names, which `as_str` also returns: each
-/// variant's doc starts with its spelling (more doc lines may follow it).
+/// A fieldless enum spelled on the wire by its serde names, which `as_str` and `Display` also
+/// give: each variant's doc starts with its spelling (more doc lines may follow it). `ALL` lists
+/// the variants in declaration order.
 macro_rules! wire_enum {
     ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $text:literal,)* }) => {
         $(#[$doc])*
@@ -27,12 +28,21 @@ macro_rules! wire_enum {
         }
 
         impl $name {
+            /// Every variant, in declaration order.
+            pub const ALL: [Self; [$($text),*].len()] = [$(Self::$variant),*];
+
             /// The wire spelling.
             #[must_use]
             pub const fn as_str(self) -> &'static str {
                 match self {
                     $(Self::$variant => $text,)*
                 }
+            }
+        }
+
+        impl core::fmt::Display for $name {
+            fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                f.write_str(self.as_str())
             }
         }
     };

@@ -42,19 +42,6 @@ wire_enum! {
 }
 
 impl State {
-    /// Every state, in the reference's order.
-    pub const ALL: [Self; 9] = [
-        Self::Accepted,
-        Self::StartingAcknowledged,
-        Self::Launching,
-        Self::Started,
-        Self::RunningAcknowledged,
-        Self::StartFailed,
-        Self::StartFailureAcknowledged,
-        Self::CompletionAcknowledged,
-        Self::RecoveryRequired,
-    ];
-
     /// Settled states: the record will never change state again.
     #[must_use]
     pub const fn is_terminal(self) -> bool {
@@ -86,12 +73,6 @@ impl State {
     }
 }
 
-impl fmt::Display for State {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 wire_enum! {
     /// Why a record is `recovery_required` (reference §3.5).
     RecoveryReason {
@@ -106,23 +87,6 @@ wire_enum! {
         LeaseLostLocalExecutionStopped = "lease_lost_local_execution_stopped",
         /// The lease expired locally and stopping the local process could not be verified.
         LeaseLostLocalExecutionUnverified = "lease_lost_local_execution_unverified",
-    }
-}
-
-impl RecoveryReason {
-    /// Every reason, in the reference's order.
-    pub const ALL: [Self; 5] = [
-        Self::LaunchOutcomeUnknown,
-        Self::ControlPlaneAlreadyRunning,
-        Self::ControlPlaneTerminal,
-        Self::LeaseLostLocalExecutionStopped,
-        Self::LeaseLostLocalExecutionUnverified,
-    ];
-}
-
-impl fmt::Display for RecoveryReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -171,18 +135,6 @@ wire_enum! {
         CompletionAcknowledgedAtMs = "completionAcknowledgedAtMs",
         RecoveryReason = "recoveryReason",
     }
-}
-
-impl OptionalField {
-    /// Every optional field.
-    pub const ALL: [Self; 6] = [
-        Self::ExecutorHandle,
-        Self::ExecutorStartedAtMs,
-        Self::LogArtifactId,
-        Self::CompletionReceipt,
-        Self::CompletionAcknowledgedAtMs,
-        Self::RecoveryReason,
-    ];
 }
 
 /// Whether a state requires, allows or forbids an optional field.
@@ -345,12 +297,8 @@ impl InboxRecord {
         }
         for field in OptionalField::ALL {
             let expected = presence(self.state, field);
-            let ok = match expected {
-                Presence::Required => self.has(field),
-                Presence::Absent => !self.has(field),
-                Presence::Optional => true,
-            };
-            if !ok {
+            if expected != Presence::Optional && self.has(field) != (expected == Presence::Required)
+            {
                 return Err(RecordError::FieldPresence {
                     state: self.state,
                     field,
@@ -489,8 +437,9 @@ pub enum TransitionError {
 /// 4. `acceptedAtMs` fixed, `updatedAtMs` not decreasing;
 /// 5. lease version not decreasing, and the lease identical at the same version;
 /// 6. `stored.state → proposed.state` is a table edge;
-/// 7. write-once: a set optional field keeps its value — except that `recoveryReason` is dropped
-///    on `recovery_required → completion_acknowledged`.
+/// 7. write-once: a set optional field keeps its value unless the new state forbids it (of the
+///    table's edges, only `recovery_required → completion_acknowledged` drops one:
+///    `recoveryReason`).
 ///
 /// `stored` is validated in full (its revision re-normalized and digested once); `proposed`'s
 /// revision is then proven valid by rule 3 (byte-identical to the stored one), so it is not
@@ -565,10 +514,8 @@ fn check_successor(stored: &InboxRecord, proposed: &InboxRecord) -> Result<(), T
         });
     }
     for field in OptionalField::ALL {
-        let dropped_reason = field == OptionalField::RecoveryReason
-            && stored.state == State::RecoveryRequired
-            && proposed.state == State::CompletionAcknowledged;
-        if stored.has(field) && !dropped_reason && !stored.same(proposed, field) {
+        let dropped = presence(proposed.state, field) == Presence::Absent;
+        if stored.has(field) && !dropped && !stored.same(proposed, field) {
             return Err(TransitionError::WriteOnceChanged { field });
         }
     }
