@@ -337,9 +337,9 @@ impl<'de> Deserialize<'de> for Sha256Digest {
 /// The SHA-256 of a capability (lease token digest, completion capability digest). Equal in
 /// shape to [`Sha256Digest`], but redacted in `Debug` and in human-readable serialization, and
 /// compared in constant time.
-#[derive(Clone, Copy, Eq, Deserialize)]
+#[derive(Clone, Copy, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct CapabilityDigest(Sha256Digest);
+pub struct CapabilityDigest(#[serde(serialize_with = "crate::secret::redacted")] Sha256Digest);
 
 impl CapabilityDigest {
     /// Wraps a digest that authenticates a capability.
@@ -373,16 +373,6 @@ impl PartialEq for CapabilityDigest {
 impl fmt::Debug for CapabilityDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("CapabilityDigest([redacted])")
-    }
-}
-
-impl Serialize for CapabilityDigest {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        if serializer.is_human_readable() {
-            serializer.serialize_str("[redacted]")
-        } else {
-            self.0.serialize(serializer)
-        }
     }
 }
 

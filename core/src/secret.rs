@@ -69,11 +69,20 @@ impl fmt::Debug for SecretString {
 
 impl Serialize for SecretString {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        if serializer.is_human_readable() {
-            serializer.serialize_str("[redacted]")
-        } else {
-            serializer.serialize_str(&self.0)
-        }
+        redacted(self.expose(), serializer)
+    }
+}
+
+/// Serializes `value` in compact binary formats and `[redacted]` in human-readable ones (JSON):
+/// the serialization of every secret ([`SecretString`], [`crate::ids::CapabilityDigest`]).
+pub(crate) fn redacted<S: Serializer>(
+    value: &(impl Serialize + ?Sized),
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    if serializer.is_human_readable() {
+        serializer.serialize_str("[redacted]")
+    } else {
+        value.serialize(serializer)
     }
 }
 
