@@ -182,19 +182,12 @@ pub fn check_replace(
     expected: Revision,
 ) -> Result<(), ClaimError> {
     proposed.validate()?;
-    let conflict = ClaimError::RevisionConflict {
-        expected,
-        found: stored.revision,
-    };
-    if stored.revision != expected
-        || expected.next().ok() != Some(proposed.revision)
-        || !stored.same_identity(proposed)
-        || proposed.created_at_ms != stored.created_at_ms
-        || proposed.attempt_count < stored.attempt_count
-    {
-        return Err(conflict);
-    }
-    Ok(())
+    let allowed = stored.revision == expected
+        && expected.next().ok() == Some(proposed.revision)
+        && stored.same_identity(proposed)
+        && proposed.created_at_ms == stored.created_at_ms
+        && proposed.attempt_count >= stored.attempt_count;
+    revision_cas(allowed, stored, expected)
 }
 
 /// Clear rule: the stored claim has this offer id and revision (reference §3.4).
@@ -206,12 +199,18 @@ pub fn check_clear(
     offer_id: &OfferId,
     revision: Revision,
 ) -> Result<(), ClaimError> {
-    if stored.offer_id == *offer_id && stored.revision == revision {
-        Ok(())
-    } else {
-        Err(ClaimError::RevisionConflict {
-            expected: revision,
-            found: stored.revision,
-        })
-    }
+    let allowed = stored.offer_id == *offer_id && stored.revision == revision;
+    revision_cas(allowed, stored, revision)
+}
+
+/// `Ok` when the replace or clear is `allowed`, else the conflict of `stored` with `expected`.
+fn revision_cas(
+    allowed: bool,
+    stored: &PendingClaim,
+    expected: Revision,
+) -> Result<(), ClaimError> {
+    allowed.then_some(()).ok_or(ClaimError::RevisionConflict {
+        expected,
+        found: stored.revision,
+    })
 }
