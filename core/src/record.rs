@@ -297,8 +297,11 @@ impl InboxRecord {
         }
         for field in OptionalField::ALL {
             let expected = presence(self.state, field);
-            if expected != Presence::Optional && self.has(field) != (expected == Presence::Required)
-            {
+            let wrong = matches!(
+                (expected, self.has(field)),
+                (Presence::Required, false) | (Presence::Absent, true)
+            );
+            if wrong {
                 return Err(RecordError::FieldPresence {
                     state: self.state,
                     field,
