@@ -47,7 +47,7 @@ use crate::wire::activation::{
 use crate::wire::route::Operation;
 use crate::wire::secrets::{self, EnvironmentBundle, SecretsRequest, SecretsResponse};
 use crate::wire::session::SessionStatus;
-use crate::worker::{CallFault, Uncertainty, next_record, persist};
+use crate::worker::{CallFault, Uncertainty, next_record, persist, recovery};
 use crate::worker::{Ctx, HaltReason, Step, write_failure};
 
 /// What processing one offer concluded.
@@ -301,7 +301,15 @@ impl ProcessOp {
     ) -> PStep {
         match step {
             Step::Wait(op, action) => self.wait(StartState::Renewing(Box::new(op), resume), action),
-            Step::Done(result) => self.after_renewal(&result, resume),
+            // A renewal whose answer was lost may have moved the control plane's lease version:
+            // the pass ends there, as any uncertain call does, rather than send a call fenced by
+            // the version it may have left behind (a fenced Secrets fetch is a start failure).
+            Step::Done(SupervisionResult::Uncertain { attempted, why }) => {
+                Step::Done(ProcessResult::RenewalUncertain { attempted, why })
+            }
+            // Any other answer leaves the next call to find out: the record is read again (the
+            // renewal moved its revision and lease version, which the next call names).
+            Step::Done(_) => self.reading(*resume),
             Step::Halt(reason) => Step::Halt(reason),
         }
     }
@@ -351,24 +359,8 @@ impl ProcessOp {
     /// by reading the record in the state `resume`.
     fn renew_first(mut self, ctx: &Ctx<'_>, state: State, resume: StartState) -> PStep {
         self.renewed_in = Some(state);
-        let may_hold = ctx.lease_may_hold.get(&self.offer_id).copied();
-        let step = SupervisionOp::renew(self.offer_id.clone(), None, may_hold);
+        let step = SupervisionOp::renew(ctx, self.offer_id.clone(), None);
         self.renewing(step, Box::new(resume))
-    }
-
-    /// After the renewal: the record is read again (the renewal moved its revision and lease
-    /// version, which the next call names). A renewal whose answer was lost may have moved the
-    /// control plane's lease version: the pass ends there, as any uncertain call does, rather
-    /// than send a call fenced by the version it may have left behind (a fenced Secrets fetch
-    /// is a start failure). Any other answer leaves the next call to find out.
-    fn after_renewal(self, result: &SupervisionResult, resume: Box<StartState>) -> PStep {
-        if let SupervisionResult::Uncertain { attempted, why } = result {
-            return Step::Done(ProcessResult::RenewalUncertain {
-                attempted: *attempted,
-                why: why.clone(),
-            });
-        }
-        self.reading(*resume)
     }
 
     /// An activation call's answer: `then` with it parsed, else the result that ends the
@@ -773,10 +765,7 @@ impl ProcessOp {
         reason: RecoveryReason,
         must_land: bool,
     ) -> PStep {
-        let proposed = next_record(record, State::RecoveryRequired, ctx.now, |r| {
-            r.recovery_reason = Some(reason);
-        });
-        let action = persist(record, proposed);
+        let action = recovery(record, reason, ctx.now);
         let result = ProcessResult::RecoveryRequired(reason);
         self.wait(StartState::Concluding(result, must_land), action)
     }

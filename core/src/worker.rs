@@ -1414,9 +1414,6 @@ impl Worker {
             last.is_some_and(|at| self.mono < at.saturating_add(interval))
                 .then_some(interval)
         };
-        // The highest lease version the control plane may hold for this Run because renewals
-        // whose answers were lost may have committed (issue 17; `lease_may_hold`).
-        let may_hold = |offer_id: &OfferId| self.lease_may_hold.get(offer_id).copied();
         match work {
             Work::Register | Work::Rejoin => SessionOp::register(ctx, slots, work == Work::Rejoin)
                 .map(Running::Session, Finished::Session),
@@ -1444,14 +1441,11 @@ impl Worker {
                 // The drain budget ended: stop the Run by identity (once), then complete it.
                 let drain_stop =
                     self.drain == Drain::BudgetEnded && !self.drain_stopped.contains(&offer_id);
-                let (paced, may_hold) = (paced(&offer_id), may_hold(&offer_id));
-                SupervisionOp::begin(offer_id.clone(), paced, drain_stop, may_hold)
+                SupervisionOp::begin(ctx, offer_id.clone(), paced(&offer_id), drain_stop)
                     .map(Running::Supervise, |r| Finished::Supervise(offer_id, r))
             }
-            Work::Renew(offer_id) => {
-                SupervisionOp::renew(offer_id.clone(), paced(&offer_id), may_hold(&offer_id))
-                    .map(Running::Supervise, |r| Finished::Supervise(offer_id, r))
-            }
+            Work::Renew(offer_id) => SupervisionOp::renew(ctx, offer_id.clone(), paced(&offer_id))
+                .map(Running::Supervise, |r| Finished::Supervise(offer_id, r)),
         }
     }
 
@@ -2481,6 +2475,14 @@ pub(crate) fn next_record(
     next.updated_at_ms = now.max(stored.updated_at_ms);
     edit(&mut next);
     next
+}
+
+/// The write that records `reason` as `stored`'s recovery evidence (`recovery_required`).
+pub(crate) fn recovery(stored: &InboxRecord, reason: RecoveryReason, now: UnixMillis) -> Action {
+    let proposed = next_record(stored, State::RecoveryRequired, now, |r| {
+        r.recovery_reason = Some(reason);
+    });
+    persist(stored, proposed)
 }
 
 /// The replace action for `proposed`, after checking the transition here too (pair assertion:
