@@ -1870,17 +1870,9 @@ impl Worker {
             .session
             .as_ref()
             .is_some_and(|s| s.status == SessionStatus::Offline);
-        self.retiring
-            && self.stage == Stage::Active
-            && self.drain == Drain::NotRequested
-            && !self.pending(&Timer::RenewalBackoff)
-            && (offline || !self.holds_live_runs())
-    }
-
-    /// Records that may hold a process, or be completed from a receipt: past the spawn barrier
-    /// and not settled.
-    fn holds_live_runs(&self) -> bool {
-        self.known.values().any(|s| {
+        // Records that may hold a process, or be completed from a receipt: past the spawn
+        // barrier and not settled.
+        let live_runs = self.known.values().any(|s| {
             matches!(
                 s,
                 State::Launching | State::Started | State::RunningAcknowledged
@@ -1888,7 +1880,12 @@ impl Worker {
         }) || self
             .evidence
             .values()
-            .any(|r| *r == RecoveryReason::LaunchOutcomeUnknown)
+            .any(|r| *r == RecoveryReason::LaunchOutcomeUnknown);
+        self.retiring
+            && self.stage == Stage::Active
+            && self.drain == Drain::NotRequested
+            && !self.pending(&Timer::RenewalBackoff)
+            && (offline || !live_runs)
     }
 
     /// Whether a launch (starting ACK and spawn) may begin now.
