@@ -11,7 +11,6 @@
 //! bounded: a driver that does not poll loses the oldest facts, never the machine's behaviour
 //! (facts are write-only for the machine: no decision reads them back).
 
-use alloc::collections::VecDeque;
 use alloc::string::String;
 
 use crate::ids::OfferId;
@@ -88,22 +87,4 @@ pub enum Fact {
         /// Records still in flight.
         in_flight: usize,
     },
-}
-
-/// The bounded queue.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Facts {
-    pub(crate) queue: VecDeque<Fact>,
-    /// Facts dropped because the queue was full.
-    pub(crate) dropped: u64,
-}
-
-impl Facts {
-    pub(crate) fn push(&mut self, fact: Fact) {
-        if self.queue.len() >= MAX_QUEUED_FACTS {
-            self.queue.pop_front();
-            self.dropped = self.dropped.saturating_add(1);
-        }
-        self.queue.push_back(fact);
-    }
 }

@@ -47,7 +47,7 @@ use crate::wire::activation::{
 use crate::wire::route::Operation;
 use crate::wire::secrets::{self, EnvironmentBundle, SecretsRequest, SecretsResponse};
 use crate::wire::session::SessionStatus;
-use crate::worker::{CallFault, Uncertainty, next_record, persist};
+use crate::worker::{CallFault, Uncertainty, next_record, persist, recovery};
 use crate::worker::{Ctx, HaltReason, Step, write_failure};
 
 /// What processing one offer concluded.
@@ -301,7 +301,15 @@ impl ProcessOp {
     ) -> PStep {
         match step {
             Step::Wait(op, action) => self.wait(StartState::Renewing(Box::new(op), resume), action),
-            Step::Done(result) => self.after_renewal(&result, resume),
+            // A renewal whose answer was lost may have moved the control plane's lease version:
+            // the pass ends there, as any uncertain call does, rather than send a call fenced by
+            // the version it may have left behind (a fenced Secrets fetch is a start failure).
+            Step::Done(SupervisionResult::Uncertain { attempted, why }) => {
+                Step::Done(ProcessResult::RenewalUncertain { attempted, why })
+            }
+            // Any other answer leaves the next call to find out: the record is read again (the
+            // renewal moved its revision and lease version, which the next call names).
+            Step::Done(_) => self.reading(*resume),
             Step::Halt(reason) => Step::Halt(reason),
         }
     }
@@ -351,24 +359,8 @@ impl ProcessOp {
     /// by reading the record in the state `resume`.
     fn renew_first(mut self, ctx: &Ctx<'_>, state: State, resume: StartState) -> PStep {
         self.renewed_in = Some(state);
-        let may_hold = ctx.lease_may_hold.get(&self.offer_id).copied();
-        let step = SupervisionOp::renew(self.offer_id.clone(), None, may_hold);
+        let step = SupervisionOp::renew(ctx, self.offer_id.clone(), None);
         self.renewing(step, Box::new(resume))
-    }
-
-    /// After the renewal: the record is read again (the renewal moved its revision and lease
-    /// version, which the next call names). A renewal whose answer was lost may have moved the
-    /// control plane's lease version: the pass ends there, as any uncertain call does, rather
-    /// than send a call fenced by the version it may have left behind (a fenced Secrets fetch
-    /// is a start failure). Any other answer leaves the next call to find out.
-    fn after_renewal(self, result: &SupervisionResult, resume: Box<StartState>) -> PStep {
-        if let SupervisionResult::Uncertain { attempted, why } = result {
-            return Step::Done(ProcessResult::RenewalUncertain {
-                attempted: *attempted,
-                why: why.clone(),
-            });
-        }
-        self.reading(*resume)
     }
 
     /// An activation call's answer: `then` with it parsed, else the result that ends the
@@ -773,10 +765,7 @@ impl ProcessOp {
         reason: RecoveryReason,
         must_land: bool,
     ) -> PStep {
-        let proposed = next_record(record, State::RecoveryRequired, ctx.now, |r| {
-            r.recovery_reason = Some(reason);
-        });
-        let action = persist(record, proposed);
+        let action = recovery(record, reason, ctx.now);
         let result = ProcessResult::RecoveryRequired(reason);
         self.wait(StartState::Concluding(result, must_land), action)
     }
@@ -850,63 +839,54 @@ fn launch_authority(
 /// response), then the entries of its environment bundle, if any, in the bundle's normalized
 /// order. `None` refuses the start before any spawn: a Secret missing, a value with a NUL, a name
 /// that is empty, holds `=` or comes twice, a bundle that breaks its rules, a bundle name that
-/// is also a binding's, more than 256 variables, or names and values above 64 KiB.
+/// is also a binding's, more than 256 variables, or names and values above 64 KiB. (A valid
+/// revision has at most 256 bindings, so the count binds only with the bundle's entries.)
 fn environment(
     record: &InboxRecord,
     secrets: &SecretsResponse,
 ) -> Option<Vec<(String, Zeroizing<String>)>> {
     let revision = &record.offer.execution_revision;
-    let mut env = Vec::with_capacity(revision.environment.len());
-    let mut bytes = 0usize;
-    for binding in &revision.environment {
-        // A public value reaches the child as Node would pass it: lone surrogates as U+FFFD.
-        let value = match &binding.value {
-            EnvValue::Public(value) => value.to_utf8_lossy(),
-            EnvValue::Secret(reference) => secrets
-                .values
-                .iter()
-                .find(|v| v.secret_ref == *reference)
-                .map(|v| alloc::borrow::Cow::Borrowed(v.value.expose()))?,
-        };
-        let name = binding.name.as_str();
-        let taken = env.iter().any(|(n, _)| n == name);
-        if value.contains('\0') || name.contains('=') || name.is_empty() || taken {
-            return None;
-        }
-        bytes += name.len() + value.len();
-        env.push((String::from(name), Zeroizing::new(value.into_owned())));
-    }
-    // Every binding is in `env` now (each pushed or refused the start).
-    if bytes > secrets::MAX_BUNDLE_TOTAL_BYTES {
-        return None;
-    }
     // At most one bundle, bound to the revision's reference by the response parser.
-    let bundles = match (
+    let bundle = match (
         &revision.environment_bundle_ref,
         &secrets.environment_bundles[..],
     ) {
-        (None, []) => &[][..],
+        (None, []) => Vec::new(),
         (Some(reference), [bundle]) if bundle.secret_ref == *reference => {
-            &secrets.environment_bundles[..]
+            EnvironmentBundle::parse(&bundle.value).ok()?.entries
         }
         _ => return None,
     };
-    for bundle in bundles {
-        let parsed = EnvironmentBundle::parse(&bundle.value).ok()?;
-        for (name, value) in parsed.entries {
-            let name = name.as_str();
-            if env.iter().any(|(n, _)| n == name) {
-                return None;
+    let bindings = revision.environment.iter().map(|binding| {
+        // A public value reaches the child as Node would pass it: lone surrogates as U+FFFD.
+        let value = match &binding.value {
+            EnvValue::Public(value) => value.to_utf8_lossy().into_owned(),
+            EnvValue::Secret(reference) => {
+                let found = secrets.values.iter().find(|v| v.secret_ref == *reference);
+                String::from(found?.value.expose())
             }
-            bytes += name.len() + value.expose().len();
-            if env.len() >= secrets::MAX_BUNDLE_ENTRIES || bytes > secrets::MAX_BUNDLE_TOTAL_BYTES {
-                return None;
-            }
-            env.push((
-                String::from(name),
-                Zeroizing::new(String::from(value.expose())),
-            ));
+        };
+        Some((binding.name.as_str(), Zeroizing::new(value)))
+    });
+    let entries = bundle
+        .iter()
+        .map(|(name, value)| Some((name.as_str(), Zeroizing::new(String::from(value.expose())))));
+    let mut env: Vec<(String, Zeroizing<String>)> = Vec::new();
+    let mut bytes = 0usize;
+    for variable in bindings.chain(entries) {
+        let (name, value) = variable?;
+        let taken = env.iter().any(|(n, _)| n == name);
+        bytes += name.len() + value.len();
+        if value.contains('\0')
+            || name.contains('=')
+            || name.is_empty()
+            || taken
+            || env.len() >= secrets::MAX_BUNDLE_ENTRIES
+            || bytes > secrets::MAX_BUNDLE_TOTAL_BYTES
+        {
+            return None;
         }
+        env.push((String::from(name), value));
     }
     Some(env)
 }

@@ -148,20 +148,16 @@ impl SessionOp {
         SessionCall::Registering { rejoin }.send(ctx, Operation::Register, request)
     }
 
-    /// `heartbeat` at the Session's current generation and version.
+    /// `heartbeat` at the Session's current generation and version, offering `available_slots`
+    /// (none while the Session is not online: the Worker's `start` sees to it).
     pub(crate) fn heartbeat(ctx: &Ctx<'_>, available_slots: u64) -> SStep {
         let Some(session) = ctx.session else {
             return unanswered(Exchange::Heartbeat);
         };
-        let slots = if session.status == SessionStatus::Online {
-            available_slots
-        } else {
-            0
-        };
         let request = HeartbeatRequest {
             generation: session.worker.generation,
             expected_version: session.version,
-            available_slots: slots,
+            available_slots,
             lease_duration_ms: ctx.config.session_lease_ms,
         };
         let body = request.to_body();

@@ -44,7 +44,7 @@ use crate::io::{Action, Liveness, Reply, StopOutcome};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::lease_control::{LeaseControlRequest, LeaseControlResponse, RenewedLease};
 use crate::wire::route::Operation;
-use crate::worker::{CallFault, Uncertainty, next_record, persist};
+use crate::worker::{CallFault, Uncertainty, next_record, persist, recovery};
 use crate::worker::{Ctx, Step, write_failure};
 
 /// What one supervision pass concluded.
@@ -178,7 +178,8 @@ pub(crate) struct SupervisionOp {
     /// before any lease call).
     drain_stop: bool,
     /// The highest lease version the control plane may hold (lost renewals that may have
-    /// committed): a fenced renewal is retried at each version up to it.
+    /// committed; `Worker::lease_may_hold` when the pass began): a fenced renewal is retried at
+    /// each version up to it.
     may_hold: Option<LeaseVersion>,
     /// A renewal beside the offer's own pass ([`SupervisionOp::renew`]): no completion of its own.
     renew_only: bool,
@@ -207,16 +208,16 @@ impl SupervisionOp {
     /// `drain_stop`: the drain budget ended; stop the Run
     /// (see [`SupervisionResult::DrainStopped`]).
     pub(crate) fn begin(
+        ctx: &Ctx<'_>,
         offer_id: OfferId,
         paced_ms: Option<u64>,
         drain_stop: bool,
-        may_hold: Option<LeaseVersion>,
     ) -> LStep {
         let pass = Self {
+            may_hold: ctx.lease_may_hold.get(&offer_id).copied(),
             offer_id,
             paced_ms,
             drain_stop,
-            may_hold,
             renew_only: false,
             state: SupervisionState::Reading(CompletionOutcome::Deferred),
         };
@@ -226,16 +227,12 @@ impl SupervisionOp {
     /// A renewal only (no completion): for an offer whose own pass is uploading its log, so
     /// that a transfer longer than the lease does not lose it. The same lease path as
     /// [`SupervisionOp::begin`]'s after its completion step.
-    pub(crate) fn renew(
-        offer_id: OfferId,
-        paced_ms: Option<u64>,
-        may_hold: Option<LeaseVersion>,
-    ) -> LStep {
+    pub(crate) fn renew(ctx: &Ctx<'_>, offer_id: OfferId, paced_ms: Option<u64>) -> LStep {
         let pass = Self {
+            may_hold: ctx.lease_may_hold.get(&offer_id).copied(),
             offer_id,
             paced_ms,
             drain_stop: false,
-            may_hold,
             renew_only: true,
             state: SupervisionState::Reading(CompletionOutcome::Deferred),
         };
@@ -393,10 +390,8 @@ impl SupervisionOp {
         }
         // Nothing wrote this record since it was read in this pass (the confirming completion
         // writes only on success), so the proposal is based on what was read.
-        let proposed = next_record(record, State::RecoveryRequired, ctx.now, |r| {
-            r.recovery_reason = Some(RecoveryReason::LeaseLostLocalExecutionStopped);
-        });
-        let action = persist(record, proposed);
+        let reason = RecoveryReason::LeaseLostLocalExecutionStopped;
+        let action = recovery(record, reason, ctx.now);
         let gone = SupervisionState::Recording(SupervisionResult::SupervisorGone);
         self.wait(gone, action)
     }
@@ -641,14 +636,26 @@ impl SupervisionOp {
         cause: StopCause,
         stopped: StopOutcome,
     ) -> LStep {
-        let done = match cause {
-            StopCause::ControlPlaneTerminal => SupervisionResult::Terminal(stopped),
-            StopCause::CompletionTerminal => SupervisionResult::CompletionTerminal(stopped),
-            StopCause::LeaseExpired => SupervisionResult::LeaseExpired(stopped),
-            StopCause::Requested => SupervisionResult::StopRequested(stopped),
-            StopCause::Drain => SupervisionResult::DrainStopped(stopped),
+        // What the pass concluded, and the evidence the stop leaves.
+        let terminal = Some(RecoveryReason::ControlPlaneTerminal);
+        let (done, reason) = match cause {
+            StopCause::ControlPlaneTerminal => (SupervisionResult::Terminal(stopped), terminal),
+            StopCause::CompletionTerminal => {
+                (SupervisionResult::CompletionTerminal(stopped), terminal)
+            }
+            StopCause::LeaseExpired => (
+                SupervisionResult::LeaseExpired(stopped),
+                Some(match stopped {
+                    StopOutcome::Stopped | StopOutcome::AlreadyExited => {
+                        RecoveryReason::LeaseLostLocalExecutionStopped
+                    }
+                    StopOutcome::Unknown => RecoveryReason::LeaseLostLocalExecutionUnverified,
+                }),
+            ),
+            StopCause::Requested => (SupervisionResult::StopRequested(stopped), None),
+            StopCause::Drain => (SupervisionResult::DrainStopped(stopped), None),
         };
-        let Some(reason) = recovery_for(cause, stopped) else {
+        let Some(reason) = reason else {
             return Step::Done(done);
         };
         if record.state == State::RecoveryRequired || record.state.is_terminal() {
@@ -656,10 +663,7 @@ impl SupervisionOp {
         }
         // Nothing wrote this record since it was read in this pass (a renewal's lease persist
         // never leads here), so the proposal is based on what was read.
-        let proposed = next_record(record, State::RecoveryRequired, ctx.now, |r| {
-            r.recovery_reason = Some(reason);
-        });
-        let action = persist(record, proposed);
+        let action = recovery(record, reason, ctx.now);
         let result = SupervisionResult::Recovered(reason, stopped);
         self.wait(SupervisionState::Recording(result), action)
     }
@@ -746,21 +750,5 @@ fn durable(reply: Reply, then: impl FnOnce() -> LStep) -> LStep {
     match reply.durable() {
         Ok(()) => then(),
         Err(failure) => write_failure(failure, || Step::Done(SupervisionResult::StorageUnchanged)),
-    }
-}
-
-/// The evidence a stop leaves, by cause.
-fn recovery_for(cause: StopCause, stopped: StopOutcome) -> Option<RecoveryReason> {
-    match cause {
-        StopCause::ControlPlaneTerminal | StopCause::CompletionTerminal => {
-            Some(RecoveryReason::ControlPlaneTerminal)
-        }
-        StopCause::LeaseExpired => Some(match stopped {
-            StopOutcome::Stopped | StopOutcome::AlreadyExited => {
-                RecoveryReason::LeaseLostLocalExecutionStopped
-            }
-            StopOutcome::Unknown => RecoveryReason::LeaseLostLocalExecutionUnverified,
-        }),
-        StopCause::Requested | StopCause::Drain => None,
     }
 }

@@ -685,8 +685,11 @@ pub struct Worker {
     /// freed since is preceded by a heartbeat that reports it.
     pub(crate) reported_slots: Option<u64>,
     pub(crate) reporting_slots: Option<u64>,
-    /// Facts for the driver's event log, when it asked for them ([`Worker::report_facts`]).
-    pub(crate) facts: Option<crate::facts::Facts>,
+    /// Facts for the driver's event log, when it asked for them ([`Worker::report_facts`]),
+    /// oldest first.
+    pub(crate) facts: Option<VecDeque<Fact>>,
+    /// Facts dropped because the queue was full.
+    pub(crate) facts_dropped: u64,
     /// The control plane refused the credentials (this HTTP status): admission is paused until
     /// the next authenticated exchange.
     pub(crate) auth_paused: Option<u16>,
@@ -813,6 +816,7 @@ impl Worker {
                 ..InboxStatus::default()
             },
             facts: None,
+            facts_dropped: 0,
             auth_paused: None,
             rejoin: false,
             fences: 0,
@@ -827,24 +831,31 @@ impl Worker {
     /// Starts keeping [`Fact`]s for the driver (see [`crate::facts`]); [`Worker::poll_fact`]
     /// takes them. Off by default.
     pub fn report_facts(&mut self) {
-        self.facts.get_or_insert_with(crate::facts::Facts::default);
+        self.facts.get_or_insert_with(VecDeque::new);
     }
 
     /// The oldest fact not yet taken.
     pub fn poll_fact(&mut self) -> Option<Fact> {
-        self.facts.as_mut()?.queue.pop_front()
+        self.facts.as_mut()?.pop_front()
     }
 
     /// Facts dropped because the queue was full.
     #[must_use]
     pub fn facts_dropped(&self) -> u64 {
-        self.facts.as_ref().map_or(0, |facts| facts.dropped)
+        self.facts_dropped
     }
 
-    /// Records `fact` when facts are reported (built only then).
-    pub(crate) fn fact(&mut self, fact: impl FnOnce() -> Fact) {
-        if let Some(facts) = &mut self.facts {
-            facts.push(fact());
+    /// Records `fact` (if it is one) when facts are reported (built only then); past
+    /// [`crate::facts::MAX_QUEUED_FACTS`] the oldest is dropped (and counted).
+    pub(crate) fn fact<F: Into<Option<Fact>>>(&mut self, fact: impl FnOnce() -> F) {
+        if let Some(facts) = &mut self.facts
+            && let Some(fact) = fact().into()
+        {
+            if facts.len() >= crate::facts::MAX_QUEUED_FACTS {
+                facts.pop_front();
+                self.facts_dropped = self.facts_dropped.saturating_add(1);
+            }
+            facts.push_back(fact);
         }
     }
 
@@ -1052,13 +1063,6 @@ impl Worker {
     /// Takes the notices gathered since the last call, oldest first, for the driver's log.
     pub fn drain_notices(&mut self) -> impl Iterator<Item = Notice> + '_ {
         self.notices.drain(..)
-    }
-
-    pub(crate) fn notify(&mut self, notice: Notice) {
-        if self.notices.len() == MAX_NOTICES {
-            self.notices.pop_front();
-        }
-        self.notices.push_back(notice);
     }
 
     /// The next output. See the module documentation.
@@ -1381,17 +1385,20 @@ impl Worker {
             // drain began): the next tick decides again.
             return;
         }
-        let slots = self.available_slots();
         // What a register or heartbeat reports (`available_slots` never exceeds
-        // `max_concurrent_runs`); the other work sends no slots.
-        if matches!(work, Work::Register | Work::Rejoin) {
+        // `max_concurrent_runs`; a heartbeat of a Session that is not online, none); the other
+        // work sends no slots.
+        let online = self
+            .session
+            .as_ref()
+            .is_some_and(|s| s.status == SessionStatus::Online);
+        let slots = if online || work != Work::Heartbeat {
+            self.available_slots()
+        } else {
+            0
+        };
+        if matches!(work, Work::Register | Work::Rejoin | Work::Heartbeat) {
             self.reporting_slots = Some(slots);
-        } else if work == Work::Heartbeat {
-            let online = self
-                .session
-                .as_ref()
-                .filter(|s| s.status == SessionStatus::Online);
-            self.reporting_slots = Some(online.map_or(0, |_| slots));
         }
         let step = self.begin(work.clone(), slots);
         self.apply(work.lane(), work, self.mono, step);
@@ -1407,9 +1414,6 @@ impl Worker {
             last.is_some_and(|at| self.mono < at.saturating_add(interval))
                 .then_some(interval)
         };
-        // The highest lease version the control plane may hold for this Run because renewals
-        // whose answers were lost may have committed (issue 17; `lease_may_hold`).
-        let may_hold = |offer_id: &OfferId| self.lease_may_hold.get(offer_id).copied();
         match work {
             Work::Register | Work::Rejoin => SessionOp::register(ctx, slots, work == Work::Rejoin)
                 .map(Running::Session, Finished::Session),
@@ -1437,14 +1441,11 @@ impl Worker {
                 // The drain budget ended: stop the Run by identity (once), then complete it.
                 let drain_stop =
                     self.drain == Drain::BudgetEnded && !self.drain_stopped.contains(&offer_id);
-                let (paced, may_hold) = (paced(&offer_id), may_hold(&offer_id));
-                SupervisionOp::begin(offer_id.clone(), paced, drain_stop, may_hold)
+                SupervisionOp::begin(ctx, offer_id.clone(), paced(&offer_id), drain_stop)
                     .map(Running::Supervise, |r| Finished::Supervise(offer_id, r))
             }
-            Work::Renew(offer_id) => {
-                SupervisionOp::renew(offer_id.clone(), paced(&offer_id), may_hold(&offer_id))
-                    .map(Running::Supervise, |r| Finished::Supervise(offer_id, r))
-            }
+            Work::Renew(offer_id) => SupervisionOp::renew(ctx, offer_id.clone(), paced(&offer_id))
+                .map(Running::Supervise, |r| Finished::Supervise(offer_id, r)),
         }
     }
 
@@ -1624,24 +1625,19 @@ impl Worker {
 
 // The lifecycle tick.
 
-/// Why the Worker does not Pull now ([`Worker::pull_blocker`]).
+/// Why the Worker does not Pull now ([`Worker::pull_blocker`]): only what its callers tell
+/// apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum PullBlocker {
     /// Not in the active phase (registering, reconciling, draining, finished).
     NotActive,
-    /// Recovery evidence is present.
-    FailClosed,
-    /// Admission is paused: the credentials were refused, or the Session is being registered
-    /// again after a fence.
-    AdmissionPaused,
-    /// No usable, online Session.
-    Session,
+    /// Recovery evidence is present, admission is paused (the credentials were refused, or the
+    /// Session is being registered again after a fence), or no usable, online Session.
+    Closed,
     /// The inbox has no room for one more record.
     InboxFull,
-    /// Every Run slot is taken.
-    Slots,
-    /// A Pull backoff is pending.
-    Backoff,
+    /// Every Run slot is taken, or a Pull backoff is pending.
+    Busy,
 }
 
 impl Worker {
@@ -1820,18 +1816,14 @@ impl Worker {
             .is_some_and(|s| s.usable(self.mono) && s.status == SessionStatus::Online);
         if self.stage != Stage::Active {
             Some(PullBlocker::NotActive)
-        } else if !self.evidence.is_empty() {
-            Some(PullBlocker::FailClosed)
-        } else if self.admission_paused() {
-            Some(PullBlocker::AdmissionPaused)
-        } else if !online {
-            Some(PullBlocker::Session)
+        } else if !self.evidence.is_empty() || self.admission_paused() || !online {
+            Some(PullBlocker::Closed)
         } else if self.inbox_room() == 0 {
             Some(PullBlocker::InboxFull)
-        } else if self.active_count() >= usize::from(self.config.max_concurrent_runs) {
-            Some(PullBlocker::Slots)
-        } else if self.pending(&Timer::PullBackoff) {
-            Some(PullBlocker::Backoff)
+        } else if self.active_count() >= usize::from(self.config.max_concurrent_runs)
+            || self.pending(&Timer::PullBackoff)
+        {
+            Some(PullBlocker::Busy)
         } else {
             None
         }
@@ -1878,17 +1870,9 @@ impl Worker {
             .session
             .as_ref()
             .is_some_and(|s| s.status == SessionStatus::Offline);
-        self.retiring
-            && self.stage == Stage::Active
-            && self.drain == Drain::NotRequested
-            && !self.pending(&Timer::RenewalBackoff)
-            && (offline || !self.holds_live_runs())
-    }
-
-    /// Records that may hold a process, or be completed from a receipt: past the spawn barrier
-    /// and not settled.
-    fn holds_live_runs(&self) -> bool {
-        self.known.values().any(|s| {
+        // Records that may hold a process, or be completed from a receipt: past the spawn
+        // barrier and not settled.
+        let live_runs = self.known.values().any(|s| {
             matches!(
                 s,
                 State::Launching | State::Started | State::RunningAcknowledged
@@ -1896,7 +1880,12 @@ impl Worker {
         }) || self
             .evidence
             .values()
-            .any(|r| *r == RecoveryReason::LaunchOutcomeUnknown)
+            .any(|r| *r == RecoveryReason::LaunchOutcomeUnknown);
+        self.retiring
+            && self.stage == Stage::Active
+            && self.drain == Drain::NotRequested
+            && !self.pending(&Timer::RenewalBackoff)
+            && (offline || !live_runs)
     }
 
     /// Whether a launch (starting ACK and spawn) may begin now.
@@ -1941,11 +1930,7 @@ impl Worker {
 
     /// Applies a finished operation and queues what follows from it.
     pub(crate) fn on_finished(&mut self, finished: Finished, call_sent: MonoMillis) {
-        if self.facts.is_some()
-            && let Some(fact) = finished.fact()
-        {
-            self.fact(|| fact);
-        }
+        self.fact(|| finished.fact());
         match finished {
             Finished::Session(result) => self.on_session(result, call_sent),
             Finished::Listed(purpose, page) => self.on_listed(purpose, page),
@@ -2256,7 +2241,11 @@ impl Worker {
             // The claim is gone: the next tick pulls afresh, with no backoff.
             PullResult::Refused { offer_id, reason } => {
                 self.claim_settled();
-                self.notify(Notice::OfferRefused { offer_id, reason });
+                if self.notices.len() == MAX_NOTICES {
+                    self.notices.pop_front();
+                }
+                self.notices
+                    .push_back(Notice::OfferRefused { offer_id, reason });
             }
             // The claim's backoff is waited out here, on the monotonic clock; the next Pull
             // does not compare its persisted wall-clock time again (`claim_backoff_served`).
@@ -2438,12 +2427,8 @@ impl Running {
     /// spawn barrier ([`ProcessOp::launching`]), if any.
     pub(crate) fn launching(&self) -> Option<&OfferId> {
         match self {
-            Self::Process(op) if op.launching() => Some(op.offer_id()),
-            Self::Session(_)
-            | Self::List(_)
-            | Self::Pull(_)
-            | Self::Process(_)
-            | Self::Supervise(_) => None,
+            Self::Process(op) => op.launching().then_some(op.offer_id()),
+            Self::Session(_) | Self::List(_) | Self::Pull(_) | Self::Supervise(_) => None,
         }
     }
 
@@ -2487,6 +2472,14 @@ pub(crate) fn next_record(
     next.updated_at_ms = now.max(stored.updated_at_ms);
     edit(&mut next);
     next
+}
+
+/// The write that records `reason` as `stored`'s recovery evidence (`recovery_required`).
+pub(crate) fn recovery(stored: &InboxRecord, reason: RecoveryReason, now: UnixMillis) -> Action {
+    let proposed = next_record(stored, State::RecoveryRequired, now, |r| {
+        r.recovery_reason = Some(reason);
+    });
+    persist(stored, proposed)
 }
 
 /// The replace action for `proposed`, after checking the transition here too (pair assertion:
