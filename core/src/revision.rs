@@ -350,7 +350,7 @@ pub struct PlacementRequired {
     #[serde(default, deserialize_with = "json_present")]
     pub support_tiers: Option<Vec<SupportTier>>,
     /// Required labels, in canonical object order.
-    #[serde(default, deserialize_with = "json_present_labels")]
+    #[serde(default, deserialize_with = "labels")]
     pub labels: Option<Vec<Label>>,
     /// Minimum memory, bytes.
     #[serde(default, deserialize_with = "json_present")]
@@ -401,13 +401,19 @@ fn json_present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
 }
 
 /// Labels as a JSON object ([`Pairs`]: input order, no duplicate keys), or as the list a binary
-/// format stores.
-fn labels<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Label>, D::Error> {
+/// format stores. `T` is the list or, for an optional key (whose JSON form, when present, must
+/// be the object too: never `null`), the `Option` of it.
+fn labels<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + From<Vec<Label>>,
+{
     if !deserializer.is_human_readable() {
-        return Vec::deserialize(deserializer);
+        return T::deserialize(deserializer);
     }
     let pairs = Pairs::deserialize(deserializer)?.0.into_iter();
-    Ok(pairs.map(|(key, value)| Label { key, value }).collect())
+    let labels: Vec<Label> = pairs.map(|(key, value)| Label { key, value }).collect();
+    Ok(T::from(labels))
 }
 
 /// Labels as a JSON object ([`LabelsJson`]), or as the list a binary format stores.
@@ -416,17 +422,6 @@ fn labels_out<S: Serializer>(labels: &[Label], serializer: S) -> Result<S::Ok, S
         LabelsJson(labels).serialize(serializer)
     } else {
         labels.serialize(serializer)
-    }
-}
-
-/// [`json_present`] of [`labels`].
-fn json_present_labels<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<Vec<Label>>, D::Error> {
-    if deserializer.is_human_readable() {
-        labels(deserializer).map(Some)
-    } else {
-        Option::deserialize(deserializer)
     }
 }
 
