@@ -34,7 +34,7 @@ use crate::ids::{
     MAX_INT32, MAX_SAFE_INTEGER, ProjectId, Sha256Digest, TaskId, TaskRevision, bounded_bytes,
     is_token,
 };
-use crate::js::{self, CollationError, JsString, JsStringJson};
+use crate::js::{self, JsString, JsStringJson};
 use crate::time::UnixMillis;
 use crate::wire::de::{Pairs, present};
 use crate::wire::{JsonError, semver};
@@ -63,14 +63,6 @@ pub enum RevisionError {
         field: &'static str,
         /// The rule.
         rule: &'static str,
-    },
-    /// A name or key cannot be ordered like JavaScript `localeCompare` (unsupported character).
-    #[error("execution revision field {field}: {error}")]
-    Collation {
-        /// The field path.
-        field: &'static str,
-        /// The character.
-        error: CollationError,
     },
     /// A stored (already normalized) revision is not in normalized form.
     #[error("execution revision field {field} is not in normalized form")]
@@ -318,8 +310,9 @@ pub struct Label {
 
 // The placement types below are read from the revision's JSON directly: their `Deserialize`
 // names and keys are the JSON ones, and optional keys must not be `null` ([`json_present`]).
-// Binary formats (the postcard record) see plain derived structs; serialization is unchanged
-// (JSON is written through the views of [`ExecutionRevision::to_json`]).
+// Binary formats (the postcard record) see plain derived structs. JSON is written through the
+// views of [`ExecutionRevision::to_json`], which hold a [`Preference`] as it is (its labels as an
+// object, [`labels_out`]).
 
 /// A required runtime.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -357,7 +350,7 @@ pub struct PlacementRequired {
     #[serde(default, deserialize_with = "json_present")]
     pub support_tiers: Option<Vec<SupportTier>>,
     /// Required labels, in canonical object order.
-    #[serde(default, deserialize_with = "json_present_labels")]
+    #[serde(default, deserialize_with = "labels")]
     pub labels: Option<Vec<Label>>,
     /// Minimum memory, bytes.
     #[serde(default, deserialize_with = "json_present")]
@@ -378,7 +371,7 @@ pub struct PlacementRequired {
 #[serde(deny_unknown_fields, rename(deserialize = "PreferenceWire"))]
 pub struct Preference {
     /// Labels to match (non-empty), in canonical object order.
-    #[serde(deserialize_with = "labels")]
+    #[serde(serialize_with = "labels_out", deserialize_with = "labels")]
     pub labels: Vec<Label>,
     /// Weight 1..=100.
     pub weight: u64,
@@ -408,23 +401,27 @@ fn json_present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
 }
 
 /// Labels as a JSON object ([`Pairs`]: input order, no duplicate keys), or as the list a binary
-/// format stores.
-fn labels<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Label>, D::Error> {
+/// format stores. `T` is the list or, for an optional key (whose JSON form, when present, must
+/// be the object too: never `null`), the `Option` of it.
+fn labels<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + From<Vec<Label>>,
+{
     if !deserializer.is_human_readable() {
-        return Vec::deserialize(deserializer);
+        return T::deserialize(deserializer);
     }
     let pairs = Pairs::deserialize(deserializer)?.0.into_iter();
-    Ok(pairs.map(|(key, value)| Label { key, value }).collect())
+    let labels: Vec<Label> = pairs.map(|(key, value)| Label { key, value }).collect();
+    Ok(T::from(labels))
 }
 
-/// [`json_present`] of [`labels`].
-fn json_present_labels<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<Vec<Label>>, D::Error> {
-    if deserializer.is_human_readable() {
-        labels(deserializer).map(Some)
+/// Labels as a JSON object ([`LabelsJson`]), or as the list a binary format stores.
+fn labels_out<S: Serializer>(labels: &[Label], serializer: S) -> Result<S::Ok, S::Error> {
+    if serializer.is_human_readable() {
+        LabelsJson(labels).serialize(serializer)
     } else {
-        Option::deserialize(deserializer)
+        labels.serialize(serializer)
     }
 }
 
@@ -443,19 +440,12 @@ pub(crate) fn label_key(value: &str) -> bool {
     is_token(value, 128, u8::is_ascii_alphanumeric, b"._/-")
 }
 
-/// Sorts `items` by `localeCompare` of `key`, refusing unsupported characters.
-fn sort_locale<T>(
-    name: &'static str,
-    items: &mut [T],
-    key: impl Fn(&T) -> &str,
-) -> Result<(), RevisionError> {
-    for item in items.iter() {
-        js::locale_compare(key(item), "")
-            .map_err(|error| RevisionError::Collation { field: name, error })?;
-    }
-    // INVARIANT: every key was checked above, so the comparator cannot fail.
+/// Sorts `items` by `localeCompare` of `key`. Every caller has already held the keys to a
+/// pattern within the characters [`js::locale_compare`] orders (environment names, label keys,
+/// capability names), so it never meets one it refuses.
+pub(crate) fn sort_locale<T>(items: &mut [T], key: impl Fn(&T) -> &str) {
+    // INVARIANT: the keys' patterns admit only characters `locale_compare` orders.
     items.sort_by(|a, b| js::locale_compare(key(a), key(b)).unwrap_or(Ordering::Equal));
-    Ok(())
 }
 
 /// Sorts `list` in `Array.prototype.sort()` order (UTF-16 code units of `key`) and requires it
@@ -483,13 +473,11 @@ pub(crate) fn unique_by<T, K: PartialEq + ?Sized>(items: &[T], key: impl Fn(&T) 
 
 fn capability_list(list: &mut [String], name: &'static str) -> Result<(), RevisionError> {
     ensure(list.len() <= 16, name, "at most 16 entries")?;
-    for item in list.iter() {
-        ensure(
-            capability_name(item, 64),
-            name,
-            "^[a-z0-9][a-z0-9._+-]*$, <= 64",
-        )?;
-    }
+    ensure(
+        list.iter().all(|item| capability_name(item, 64)),
+        name,
+        "^[a-z0-9][a-z0-9._+-]*$, <= 64",
+    )?;
     sort_unique(list, name, String::as_str)
 }
 
@@ -512,7 +500,7 @@ fn normalize_labels(labels: &mut Vec<Label>, name: &'static str) -> Result<(), R
         name,
         "free of duplicate keys",
     )?;
-    sort_locale(name, labels, |l| l.key.as_str())?;
+    sort_locale(labels, |l| l.key.as_str());
     *labels = object_order(labels);
     Ok(())
 }
@@ -542,7 +530,8 @@ impl PlacementRequired {
         }
         if let Some(range) = &self.protocol_version_range {
             ensure(
-                (1..=128).contains(&crate::ids::js_length(range)) && semver::is_range(range),
+                (1..=128).contains(&crate::ids::js_length(range))
+                    && semver::valid_range(range).is_some(),
                 "placement.required.protocolVersionRange",
                 "1..=128 characters accepted by node-semver validRange",
             )?;
@@ -558,7 +547,7 @@ impl PlacementRequired {
                 )?;
                 if let Some(range) = &r.version_range {
                     ensure(
-                        bounded_text(range, 128) && semver::is_range(range),
+                        bounded_text(range, 128) && semver::valid_range(range).is_some(),
                         name,
                         "versionRange of 1..=128 characters without control characters, \
                          accepted by node-semver validRange",
@@ -570,7 +559,7 @@ impl PlacementRequired {
                 name,
                 "free of duplicate names",
             )?;
-            sort_locale(name, list, |r| r.name.as_str())?;
+            sort_locale(list, |r| r.name.as_str());
         }
         if let Some(list) = &mut self.support_tiers {
             let name = "placement.required.supportTiers";
@@ -733,7 +722,8 @@ fn normalize_environment(
         "environment",
         "names and values <= 64 KiB",
     )?;
-    sort_locale("environment.name", environment, |b| b.name.as_str())
+    sort_locale(environment, |b| b.name.as_str());
+    Ok(())
 }
 
 impl ExecutionRevision {
@@ -931,14 +921,7 @@ impl ExecutionRevision {
                 gpu_vendor: r.gpu_vendor.as_deref(),
                 features: r.features.as_deref(),
             }),
-            preferred: p.preferred.as_ref().map(|list| {
-                list.iter()
-                    .map(|pref| PreferenceJson {
-                        labels: LabelsJson(&pref.labels),
-                        weight: pref.weight,
-                    })
-                    .collect()
-            }),
+            preferred: p.preferred.as_deref(),
         });
         RevisionJson {
             project_id: &self.project_id,
@@ -1047,7 +1030,7 @@ struct PlacementJson<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     required: Option<RequiredJson<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    preferred: Option<Vec<PreferenceJson<'a>>>,
+    preferred: Option<&'a [Preference]>,
 }
 
 #[derive(Serialize)]
@@ -1083,12 +1066,6 @@ struct RuntimeJson<'a> {
     name: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     version_range: Option<&'a str>,
-}
-
-#[derive(Serialize)]
-struct PreferenceJson<'a> {
-    labels: LabelsJson<&'a [Label]>,
-    weight: u64,
 }
 
 /// Labels as one JSON object whose keys come in the list's order (the canonical object order,

@@ -364,15 +364,6 @@ fn every_derived_error_message_is_unchanged() {
             "execution revision field env[0].name must be an environment name",
         ),
         (
-            RevisionError::Collation {
-                field: "labels",
-                error: CollationError { character: 'é' },
-            }
-            .to_string(),
-            "execution revision field labels: cannot order 'é' like JavaScript localeCompare: \
-             only [A-Za-z0-9._/+-] is supported",
-        ),
-        (
             RevisionError::NotNormalized { field: "env" }.to_string(),
             "execution revision field env is not in normalized form",
         ),

@@ -59,17 +59,6 @@ impl WorkerCredential {
         })
     }
 
-    /// A credential from its id and canonical base64url secret.
-    ///
-    /// # Errors
-    /// [`AuthError`] for an invalid id or non-canonical secret.
-    pub(crate) fn from_base64url(credential_id: &str, secret: &str) -> Result<Self, AuthError> {
-        let mut credential = Self::new(credential_id, [0; 32])?;
-        credential.secret =
-            crate::capability::decode_base64url_32(secret).ok_or(AuthError::Secret)?;
-        Ok(credential)
-    }
-
     /// The credential id.
     #[must_use]
     pub fn credential_id(&self) -> &str {
@@ -97,7 +86,11 @@ impl WorkerCredential {
         // `worker_primary`), so the secret is the last 43 characters, after a `_`.
         match rest.len().checked_sub(44) {
             Some(split) if rest.is_char_boundary(split) && rest.as_bytes()[split] == b'_' => {
-                Self::from_base64url(&rest[..split], &rest[split + 1..])
+                // The id is checked first, then the secret decoded straight into the credential.
+                let mut credential = Self::new(&rest[..split], [0; 32])?;
+                credential.secret = crate::capability::decode_base64url_32(&rest[split + 1..])
+                    .ok_or(AuthError::Secret)?;
+                Ok(credential)
             }
             // `<id>_<something>` whose tail is not a 43-character secret, or no `_` at all.
             Some(_) | None if rest.contains('_') => Err(AuthError::Secret),

@@ -592,12 +592,6 @@ pub fn valid_range(text: &str) -> Option<String> {
     })
 }
 
-/// Whether node-semver's `validRange(text)` is not `null`.
-#[must_use]
-pub(crate) fn is_range(text: &str) -> bool {
-    valid_range(text).is_some()
-}
-
 // ---------------------------------------------------------------------------------------------
 // Strict versions (capabilities the Worker sends)
 // ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ use crate::ids::{MAX_SAFE_INTEGER, SessionId, Sha256Digest, WorkerGeneration, Wo
 use crate::js;
 use crate::revision::{
     Architecture, Label, LabelsJson, SupportTier, bounded_text, capability_name, label_key,
-    object_order,
+    object_order, sort_locale, unique_by,
 };
 use crate::time::UnixMillis;
 
@@ -110,13 +110,9 @@ fn sorted_names(list: &[String], path: &'static str, max: usize) -> Result<Vec<S
         path,
         "capability names",
     )?;
+    require(unique_by(list, |n| n), path, "free of duplicates")?;
     let mut out = list.to_vec();
     out.sort_by(|a, b| js::code_unit_cmp(a, b));
-    require(
-        out.windows(2).all(|w| w[0] != w[1]),
-        path,
-        "free of duplicates",
-    )?;
     Ok(out)
 }
 
@@ -222,14 +218,9 @@ fn sorted_runtimes(runtimes: &[RuntimeCapability]) -> Result<Vec<RuntimeCapabili
             "strict semver",
         )?;
     }
+    require(unique_by(runtimes, |r| &r.name), "runtimes", "unique names")?;
     let mut sorted = runtimes.to_vec();
-    sorted
-        .sort_by(|a, b| js::locale_compare(&a.name, &b.name).unwrap_or(core::cmp::Ordering::Equal));
-    require(
-        sorted.windows(2).all(|p| p[0].name != p[1].name),
-        "runtimes",
-        "unique names",
-    )?;
+    sort_locale(&mut sorted, |r| r.name.as_str());
     Ok(sorted)
 }
 
@@ -248,12 +239,8 @@ fn sorted_labels(labels: &[Label]) -> Result<LabelsJson<Vec<Label>>, WireError> 
             "values of 1..=256 characters",
         )?;
     }
-    sorted.sort_by(|a, b| js::locale_compare(&a.key, &b.key).unwrap_or(core::cmp::Ordering::Equal));
-    require(
-        sorted.windows(2).all(|p| p[0].key != p[1].key),
-        "labels",
-        "unique keys",
-    )?;
+    require(unique_by(labels, |l| &l.key), "labels", "unique keys")?;
+    sort_locale(&mut sorted, |l| l.key.as_str());
     Ok(LabelsJson(object_order(&sorted)))
 }
 
