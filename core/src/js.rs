@@ -299,13 +299,18 @@ impl serde::Serialize for JsStringJson<'_> {
 }
 
 /// Length of `value` once written as a JSON string literal the way `JSON.stringify` (and
-/// serde_json) writes it.
+/// serde_json) writes it: `"` and `\` escaped, `\b \f \n \r \t` in short form, other C0
+/// controls as `\u00xx`, everything else verbatim.
 #[must_use]
 pub fn json_string_len(value: &str) -> usize {
-    // INVARIANT: a str always serializes.
-    serde_json::to_string(value)
-        .expect("invariant: a str serializes")
-        .len()
+    2 + value
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | 0x08 | 0x0c | b'\n' | b'\r' | b'\t' => 2,
+            0x00..=0x1f => 6,
+            _ => 1,
+        })
+        .sum::<usize>()
 }
 
 #[cfg(test)]
