@@ -4,8 +4,9 @@
 //!
 //! * `JSON.stringify` of JavaScript strings that hold lone surrogates (`JsStringJson`; serde_json
 //!   writes everything else exactly as `JSON.stringify`), and the length of a string once so
-//!   written (`json_string_len`, for the secrets response bound); the hand-written JSON writer
-//!   of the loopback control plane lives in that crate (`ql_worker_tests::json_writer`);
+//!   written (`json_string_len`, for the environment bundle's encoded bound); the hand-written
+//!   JSON writer of the loopback control plane lives in that crate
+//!   (`ql_worker_tests::json_writer`);
 //! * `String.prototype.localeCompare` with the default locale and options (ICU root collation,
 //!   tertiary strength, punctuation not ignorable) used to order environment names, placement
 //!   labels and runtime names ([`locale_compare`]);
@@ -300,7 +301,8 @@ impl serde::Serialize for JsStringJson<'_> {
 
 /// Length of `value` once written as a JSON string literal the way `JSON.stringify` (and
 /// serde_json) writes it: `"` and `\` escaped, `\b \f \n \r \t` in short form, other C0
-/// controls as `\u00xx`, everything else verbatim.
+/// controls as `\u00xx`, everything else verbatim. Counted, never written: the environment
+/// bundle bound measures Secret values with it, and no copy of them may be left unwiped.
 #[must_use]
 pub fn json_string_len(value: &str) -> usize {
     2 + value
