@@ -25,8 +25,8 @@ use alloc::vec::Vec;
 
 use zeroize::Zeroizing;
 
-use crate::ids::OfferId;
-use crate::io::{Action, HttpCall, ReceiptRead, Reply, Spool, StoreFailure, Upload};
+use crate::ids::{OfferId, Sha256Digest};
+use crate::io::{Action, HttpCall, HttpFailure, ReceiptRead, Reply, StoreFailure};
 use crate::receipt::{AuthenticatedReceipt, ReceiptError, authenticate};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::artifact::{self, ArtifactReceipt, ArtifactUpload};
@@ -99,7 +99,7 @@ enum CompletionState {
         Box<InboxRecord>,
         AuthenticatedReceipt,
         ArtifactUpload,
-        crate::ids::Sha256Digest,
+        Sha256Digest,
     ),
     /// The completion call in flight; `caught_up`: this is the one retry at the persisted lease
     /// version + 1 after a fence (see [`crate::supervision`]).
@@ -297,15 +297,11 @@ impl CompletionOp {
         ctx: &Ctx<'_>,
         record: Box<InboxRecord>,
         receipt: AuthenticatedReceipt,
-        spool: Spool,
+        spool: Result<(u64, Option<bool>), CompletionOutcome>,
     ) -> CStep {
         let (byte_length, truncated) = match spool {
-            Spool::Inspected {
-                byte_length,
-                truncated,
-            } => (byte_length, truncated),
-            Spool::Missing => return Step::Done(CompletionOutcome::ArtifactMissing),
-            Spool::Unavailable => return Step::Done(CompletionOutcome::ArtifactUnavailable),
+            Ok(inspected) => inspected,
+            Err(outcome) => return Step::Done(outcome),
         };
         let Some(log_artifact_id) = record.log_artifact_id.clone() else {
             return Step::Done(CompletionOutcome::Deferred);
@@ -355,15 +351,11 @@ impl CompletionOp {
         record: Box<InboxRecord>,
         receipt: AuthenticatedReceipt,
         upload: ArtifactUpload,
-        sent: Upload,
+        sent: Result<(Vec<u8>, u64, Sha256Digest), Result<HttpFailure, CompletionOutcome>>,
     ) -> CStep {
         let (body, sent_bytes, sent_sha256) = match sent {
-            Upload::Sent {
-                body,
-                sent_bytes,
-                sent_sha256,
-            } => (body, sent_bytes, sent_sha256),
-            Upload::Http(failure) => {
+            Ok(sent) => sent,
+            Err(Ok(failure)) => {
                 return match http_fault(failure) {
                     CallFault::Unavailable | CallFault::Uncertain(_) => {
                         Step::Done(CompletionOutcome::Unavailable)
@@ -390,8 +382,7 @@ impl CompletionOp {
                     | CallFault::Invalid(_)) => Step::Done(CompletionOutcome::Refused(fault)),
                 };
             }
-            Upload::LogMissing => return Step::Done(CompletionOutcome::ArtifactMissing),
-            Upload::LogUnavailable => return Step::Done(CompletionOutcome::ArtifactUnavailable),
+            Err(Err(outcome)) => return Step::Done(outcome),
         };
         if sent_bytes != upload.byte_length {
             return Step::Done(CompletionOutcome::ArtifactResponseInvalid(format!(
@@ -426,7 +417,7 @@ impl CompletionOp {
         before: &InboxRecord,
         receipt: &AuthenticatedReceipt,
         upload: &ArtifactUpload,
-        sha256: crate::ids::Sha256Digest,
+        sha256: Sha256Digest,
         read: Result<Option<Box<InboxRecord>>, StoreFailure>,
     ) -> CStep {
         let record = match read_record(

@@ -17,6 +17,7 @@ use zeroize::Zeroizing;
 
 use crate::capability::{Capability, Entropy};
 use crate::claim::PendingClaim;
+use crate::completion::CompletionOutcome;
 use crate::ids::{
     AttemptId, CallbackSequence, ExecutorHandle, LogArtifactId, OfferId, Revision, RunId,
     Sha256Digest,
@@ -320,24 +321,25 @@ answers! {
         O::LogAllocated => true,
         O::LogUnavailable => false,
     }
-    LogInspection: A::InspectLog { .. } => log_inspection -> Spool {
-        O::LogInspected { byte_length, truncated } => Spool::Inspected { byte_length, truncated },
-        O::LogMissing => Spool::Missing,
-        O::LogUnavailable => Spool::Unavailable,
+    // The log's length and truncation flag; a log missing or unavailable ends the completion.
+    LogInspection: A::InspectLog { .. } => log_inspection
+        -> Result<(u64, Option<bool>), CompletionOutcome> {
+        O::LogInspected { byte_length, truncated } => Ok((byte_length, truncated)),
+        O::LogMissing => Err(CompletionOutcome::ArtifactMissing),
+        O::LogUnavailable => Err(CompletionOutcome::ArtifactUnavailable),
     }
     Call: A::Post(_) => call -> Result<Vec<u8>, HttpFailure> {
         O::Responded(body) => Ok(body),
         O::Http(failure) => Err(failure),
     }
-    Upload: A::UploadLog { .. } => upload -> Upload {
-        O::Uploaded { body, sent_bytes, sent_sha256 } => Upload::Sent {
-            body,
-            sent_bytes,
-            sent_sha256,
-        },
-        O::Http(failure) => Upload::Http(failure),
-        O::LogMissing => Upload::LogMissing,
-        O::LogUnavailable => Upload::LogUnavailable,
+    // The response body, the bytes sent and their SHA-256; an HTTP failure; or, as above, the
+    // completion's end for a log missing or unavailable.
+    Upload: A::UploadLog { .. } => upload
+        -> Result<(Vec<u8>, u64, Sha256Digest), Result<HttpFailure, CompletionOutcome>> {
+        O::Uploaded { body, sent_bytes, sent_sha256 } => Ok((body, sent_bytes, sent_sha256)),
+        O::Http(failure) => Err(Ok(failure)),
+        O::LogMissing => Err(Err(CompletionOutcome::ArtifactMissing)),
+        O::LogUnavailable => Err(Err(CompletionOutcome::ArtifactUnavailable)),
     }
     Spawn: A::Spawn(_) => spawn -> SpawnOutcome {
         O::Spawned(spawned) => spawned,
@@ -361,29 +363,6 @@ answers! {
 /// operation's state receives. Each state takes it apart as that kind ([`Reply::durable`] and
 /// its siblings), and matches every value of that kind.
 pub(crate) struct Reply(pub(crate) Outcome);
-
-/// What the spool said of a log.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Spool {
-    Inspected {
-        byte_length: u64,
-        truncated: Option<bool>,
-    },
-    Missing,
-    Unavailable,
-}
-
-/// How a log upload went.
-pub(crate) enum Upload {
-    Sent {
-        body: Vec<u8>,
-        sent_bytes: u64,
-        sent_sha256: Sha256Digest,
-    },
-    Http(HttpFailure),
-    LogMissing,
-    LogUnavailable,
-}
 
 /// What the supervisor reported for a spawn (reference §4.3).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -747,15 +726,15 @@ mod tests {
         };
         assert_eq!(
             reply(Answer::LogInspection, inspected).log_inspection(),
-            Spool::Inspected {
-                byte_length: 9,
-                truncated: None
-            }
+            Ok((9, None))
         );
         let body = Outcome::Responded(b"{\"a\":1}".to_vec());
         assert_eq!(reply(Answer::Call, body).call(), Ok(b"{\"a\":1}".to_vec()));
         let missing = reply(Answer::Upload, Outcome::LogMissing).upload();
-        assert!(matches!(missing, Upload::LogMissing));
+        assert!(matches!(
+            missing,
+            Err(Err(CompletionOutcome::ArtifactMissing))
+        ));
         let inspected = Outcome::SupervisionInspected {
             supervisor: Liveness::Unknown,
             process: Liveness::Gone,
