@@ -26,7 +26,7 @@ use alloc::vec::Vec;
 use zeroize::Zeroizing;
 
 use crate::ids::{OfferId, Sha256Digest};
-use crate::io::{Action, HttpCall, HttpFailure, ReceiptRead, Reply, StoreFailure};
+use crate::io::{Action, HttpCall, ReceiptRead, Reply, StoreFailure};
 use crate::receipt::{AuthenticatedReceipt, ReceiptError, authenticate};
 use crate::record::{InboxRecord, RecoveryReason, State};
 use crate::wire::artifact::{self, ArtifactReceipt, ArtifactUpload};
@@ -35,7 +35,7 @@ use crate::wire::completion::{
 };
 use crate::wire::route::{Operation, path};
 use crate::wire::{Fence, WireError};
-use crate::worker::{CallFault, garbled, http_fault, next_record, persist, response};
+use crate::worker::{CallFault, garbled, next_record, persist};
 use crate::worker::{Ctx, Step, read_failure, write_failure};
 
 /// How the receipt cleanup after a durable acknowledgement went.
@@ -155,7 +155,7 @@ pub(crate) fn answer<T>(
     reply: Reply,
     parse: impl FnOnce(&[u8]) -> Result<T, WireError>,
 ) -> Result<T, Result<CallFault, WireError>> {
-    let body = Zeroizing::new(response(reply).map_err(Ok)?);
+    let body = Zeroizing::new(reply.call().map_err(Ok)?);
     parse(&body).map_err(|e| garbled(e).map(CallFault::Uncertain))
 }
 
@@ -256,9 +256,7 @@ impl CompletionOp {
         if record.state == State::CompletionAcknowledged {
             return self.remove_receipt(&record, false);
         }
-        let session_ok = ctx
-            .session
-            .is_some_and(|s| s.worker == record.offer.worker && ctx.usable(s));
+        let session_ok = ctx.serves(&record.offer.worker);
         let barrier = record.executor_started_at_ms.is_some()
             && record.log_artifact_id.is_some()
             && record.completion_receipt_callback_sequence.is_some()
@@ -351,12 +349,12 @@ impl CompletionOp {
         record: Box<InboxRecord>,
         receipt: AuthenticatedReceipt,
         upload: ArtifactUpload,
-        sent: Result<(Vec<u8>, u64, Sha256Digest), Result<HttpFailure, CompletionOutcome>>,
+        sent: Result<(Vec<u8>, u64, Sha256Digest), Result<CallFault, CompletionOutcome>>,
     ) -> CStep {
         let (body, sent_bytes, sent_sha256) = match sent {
             Ok(sent) => sent,
-            Err(Ok(failure)) => {
-                return match http_fault(failure) {
+            Err(Ok(fault)) => {
+                return match fault {
                     CallFault::Unavailable | CallFault::Uncertain(_) => {
                         Step::Done(CompletionOutcome::Unavailable)
                     }

@@ -27,6 +27,7 @@ use crate::receipt::Receipt;
 use crate::record::InboxRecord;
 use crate::revision::ExecCommand;
 use crate::time::UnixMillis;
+use crate::worker::{CallFault, http_fault};
 
 /// Correlation id of a command, minted by the core from a counter (deterministic, never random).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -328,16 +329,17 @@ answers! {
         O::LogMissing => Err(CompletionOutcome::ArtifactMissing),
         O::LogUnavailable => Err(CompletionOutcome::ArtifactUnavailable),
     }
-    Call: A::Post(_) => call -> Result<Vec<u8>, HttpFailure> {
+    // A JSON call's 200 body, or its fault.
+    Call: A::Post(_) => call -> Result<Vec<u8>, CallFault> {
         O::Responded(body) => Ok(body),
-        O::Http(failure) => Err(failure),
+        O::Http(failure) => Err(http_fault(failure)),
     }
-    // The response body, the bytes sent and their SHA-256; an HTTP failure; or, as above, the
+    // The response body, the bytes sent and their SHA-256; the call's fault; or, as above, the
     // completion's end for a log missing or unavailable.
     Upload: A::UploadLog { .. } => upload
-        -> Result<(Vec<u8>, u64, Sha256Digest), Result<HttpFailure, CompletionOutcome>> {
+        -> Result<(Vec<u8>, u64, Sha256Digest), Result<CallFault, CompletionOutcome>> {
         O::Uploaded { body, sent_bytes, sent_sha256 } => Ok((body, sent_bytes, sent_sha256)),
-        O::Http(failure) => Err(Ok(failure)),
+        O::Http(failure) => Err(Ok(http_fault(failure))),
         O::LogMissing => Err(Err(CompletionOutcome::ArtifactMissing)),
         O::LogUnavailable => Err(Err(CompletionOutcome::ArtifactUnavailable)),
     }

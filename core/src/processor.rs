@@ -785,7 +785,7 @@ fn target_refusal(ctx: &Ctx<'_>, record: &InboxRecord) -> Option<ProcessResult> 
     let restart_rule = record.state == State::Launching;
     let session_ok = ctx.session.is_some_and(|s| {
         s.worker == offer.worker
-            && ctx.usable(s)
+            && s.usable(ctx.mono)
             && !(!restart_rule
                 && s.status == SessionStatus::Draining
                 && offer.delivery_kind == DeliveryKind::NewClaim)

@@ -49,7 +49,7 @@ use crate::record::InboxRecord;
 use crate::wire::WireError;
 use crate::wire::offer::{OfferRequest, OfferResponse, admit_offer};
 use crate::wire::route::Operation;
-use crate::worker::{CallFault, next_record, persist, response};
+use crate::worker::{CallFault, next_record, persist};
 use crate::worker::{Ctx, Step, read_failure, register_backoff, write_failure};
 
 /// Full-jitter ceiling (`MAX_WORKER_REMOTE_OFFER_BACKOFF_MS`).
@@ -162,7 +162,7 @@ impl PullOp {
     /// (cleared), nothing is pulled.
     pub(crate) fn begin(ctx: &Ctx<'_>, backoff_served: bool, claim_only: bool) -> PullStep {
         match ctx.session {
-            Some(s) if ctx.usable(s) => {
+            Some(s) if s.usable(ctx.mono) => {
                 let state = Self::ReadingClaim {
                     backoff_served,
                     claim_only,
@@ -373,7 +373,7 @@ fn request(ctx: &Ctx<'_>, claim: Box<PendingClaim>) -> PullStep {
 }
 
 fn on_response(ctx: &Ctx<'_>, claim: Box<PendingClaim>, reply: Reply) -> PullStep {
-    let body = match response(reply) {
+    let body = match reply.call() {
         Ok(body) => body,
         Err(fault) => return backoff(claim, PullFault::Call(fault)),
     };

@@ -443,10 +443,7 @@ impl SupervisionOp {
         if self.drain_stop {
             return self.stop(ctx, &record, StopCause::Drain);
         }
-        let session_ok = ctx
-            .session
-            .is_some_and(|s| s.worker == record.offer.worker && ctx.usable(s));
-        if !session_ok {
+        if !ctx.serves(&record.offer.worker) {
             return Step::Done(SupervisionResult::SessionUnavailable);
         }
         let remaining = ctx.lease_remaining_ms(&record);

@@ -485,9 +485,10 @@ impl Ctx<'_> {
         }
     }
 
-    /// Whether the Session `session` is usable now (monotonic).
-    pub(crate) fn usable(&self, session: &SessionView) -> bool {
-        session.usable(self.mono)
+    /// Whether the Session is usable now (monotonic) and is `worker`'s.
+    pub(crate) fn serves(&self, worker: &OfferWorker) -> bool {
+        self.session
+            .is_some_and(|s| s.worker == *worker && s.usable(self.mono))
     }
 }
 
@@ -2540,11 +2541,6 @@ pub enum Uncertainty {
     /// its size bounds).
     #[error("the answer is not the contract's JSON: {0}")]
     Garbled(WireError),
-}
-
-/// Classifies a JSON call's reply: the 200 body, or the fault.
-pub(crate) fn response(reply: Reply) -> Result<Vec<u8>, CallFault> {
-    reply.call().map_err(http_fault)
 }
 
 /// Classifies an HTTP failure.
