@@ -348,14 +348,6 @@ impl CapabilityDigest {
         Self(digest)
     }
 
-    /// Parses 64 lowercase hex characters.
-    ///
-    /// # Errors
-    /// [`IdError`] for any other text.
-    pub fn from_hex(text: &str) -> Result<Self, IdError> {
-        Sha256Digest::from_hex(text).map(Self)
-    }
-
     /// The digest, for the wire and for constant-time comparison.
     #[must_use]
     pub const fn expose(&self) -> &Sha256Digest {

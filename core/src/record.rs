@@ -42,19 +42,13 @@ wire_enum! {
 }
 
 impl State {
-    /// Settled states: the record will never change state again.
+    /// Settled states: the record will never change state again (the edge table gives them
+    /// only their self-edge).
     #[must_use]
-    pub const fn is_terminal(self) -> bool {
-        match self {
-            Self::StartFailureAcknowledged | Self::CompletionAcknowledged => true,
-            Self::Accepted
-            | Self::StartingAcknowledged
-            | Self::Launching
-            | Self::Started
-            | Self::RunningAcknowledged
-            | Self::StartFailed
-            | Self::RecoveryRequired => false,
-        }
+    pub fn is_terminal(self) -> bool {
+        Self::ALL
+            .into_iter()
+            .all(|to| to == self || !edge_allowed(self, to))
     }
 
     /// States before the spawn barrier: no process was ever started for the record (a

@@ -125,7 +125,7 @@ impl RecordFacts {
 /// (`completion_acknowledged`, `start_failure_acknowledged`). For any other state the plan keeps
 /// the record whatever else is true, so the driver need not even look for its receipt.
 #[must_use]
-pub const fn may_remove_in(state: State) -> bool {
+pub fn may_remove_in(state: State) -> bool {
     state.is_terminal()
 }
 
