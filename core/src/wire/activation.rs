@@ -16,7 +16,7 @@ use super::route::Operation;
 use super::{Fence, WireError, ensure, exact, id, parse_json, sealed_body};
 use crate::ids::{
     AttemptId, CallbackSequence, CapabilityDigest, ExecutorHandle, LeaseGeneration, LeaseToken,
-    LeaseVersion, LogArtifactId, MAX_INT32, OfferId, RunId, Sha256Digest, WorkerGeneration,
+    LeaseVersion, LogArtifactId, MAX_INT32, OfferId, RunId, WorkerGeneration,
 };
 use crate::offer::Offer;
 use crate::revision::bounded_text;
@@ -29,8 +29,9 @@ pub const MAX_RESPONSE_BYTES: usize = 16 * 1024;
 /// Request cap (the 4 KiB default).
 pub const MAX_REQUEST_BYTES: usize = super::DEFAULT_REQUEST_CAP;
 
-/// The extra facts of the running ACK.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The extra facts of the running ACK; serializes as the keys `running` adds to the fence.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct RunningAck {
     /// The durable executor handle.
     pub executor_handle: ExecutorHandle,
@@ -38,7 +39,8 @@ pub struct RunningAck {
     pub log_artifact_id: Option<LogArtifactId>,
     /// The completion callback sequence (1..=2^31-1).
     pub callback_sequence: CallbackSequence,
-    /// SHA-256 of the raw 32-byte completion capability.
+    /// SHA-256 of the raw 32-byte completion capability; sent as is.
+    #[serde(serialize_with = "super::exposed_digest")]
     pub callback_token_digest: CapabilityDigest,
 }
 
@@ -103,14 +105,6 @@ impl ActivationRequest {
     /// # Errors
     /// [`WireError::RequestTooLarge`] above 4 KiB.
     pub fn to_body(&self) -> Result<Zeroizing<Vec<u8>>, WireError> {
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Running<'a> {
-            executor_handle: &'a ExecutorHandle,
-            log_artifact_id: Option<&'a LogArtifactId>,
-            callback_sequence: CallbackSequence,
-            callback_token_digest: &'a Sha256Digest,
-        }
         /// The 7 activation fence keys in the reference order (no `projectId`, no schema), then
         /// those of `running`.
         #[derive(Serialize)]
@@ -125,15 +119,10 @@ impl ActivationRequest {
             lease_token: &'a LeaseToken,
             expected_lease_version: LeaseVersion,
             #[serde(flatten)]
-            running: Option<Running<'a>>,
+            running: Option<&'a RunningAck>,
         }
         let running = match &self.op {
-            ActivationOp::Running(ack) => Some(Running {
-                executor_handle: &ack.executor_handle,
-                log_artifact_id: ack.log_artifact_id.as_ref(),
-                callback_sequence: ack.callback_sequence,
-                callback_token_digest: ack.callback_token_digest.expose(),
-            }),
+            ActivationOp::Running(ack) => Some(ack),
             ActivationOp::Starting | ActivationOp::StartFailure => None,
         };
         let f = &self.fence;

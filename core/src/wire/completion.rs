@@ -75,14 +75,18 @@ pub struct CompletionArtifact {
     pub truncated: Option<bool>,
 }
 
-/// The completion request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The completion request. Serializes as its body without the schema, with the lease token as
+/// the placeholder [`Self::to_body`] fills in.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct CompletionRequest {
     /// The execution fence.
+    #[serde(flatten)]
     pub fence: Fence,
     /// Callback sequence of the running ACK.
     pub callback_sequence: CallbackSequence,
-    /// SHA-256 of the raw 32-byte completion capability.
+    /// SHA-256 of the raw 32-byte completion capability; sent as is.
+    #[serde(serialize_with = "super::exposed_digest")]
     pub callback_token_digest: CapabilityDigest,
     /// The result.
     pub result: CompletionResult,
@@ -113,25 +117,8 @@ impl CompletionRequest {
             "artifact.byteLength",
             "0..=64 MiB",
         )?;
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct View<'a> {
-            #[serde(flatten)]
-            fence: &'a Fence,
-            callback_sequence: CallbackSequence,
-            callback_token_digest: &'a Sha256Digest,
-            result: &'a CompletionResult,
-            artifact: &'a CompletionArtifact,
-        }
-        let view = View {
-            fence: &self.fence,
-            callback_sequence: self.callback_sequence,
-            callback_token_digest: self.callback_token_digest.expose(),
-            result: r,
-            artifact: a,
-        };
         sealed_body(
-            &Schema::new(SCHEMA, &view),
+            &Schema::new(SCHEMA, self),
             &self.fence.lease_token,
             "completion",
             MAX_REQUEST_BYTES,

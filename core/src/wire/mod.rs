@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
 use crate::ids::{
-    AttemptId, LeaseGeneration, LeaseToken, LeaseVersion, OfferId, ProjectId, RunId,
-    WorkerGeneration,
+    AttemptId, CapabilityDigest, LeaseGeneration, LeaseToken, LeaseVersion, OfferId, ProjectId,
+    RunId, WorkerGeneration,
 };
 
 /// Binds a response to the request that produced it, row by row in order: each
@@ -299,6 +299,15 @@ pub(crate) fn token_slot<S: serde::Serializer>(
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
     serializer.serialize_str(&"0".repeat(token.expose().len()))
+}
+
+/// Serializes a capability digest as its hex, for the request bodies that carry one
+/// (`callbackTokenDigest`); [`CapabilityDigest`]'s own `Serialize` redacts it in JSON.
+pub(crate) fn exposed_digest<S: serde::Serializer>(
+    digest: &CapabilityDigest,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    digest.expose().serialize(serializer)
 }
 
 /// `{"schema": …}` followed by the keys of `body`, for the bodies whose schema id comes first.
