@@ -3,8 +3,9 @@
 //!
 //! * **Requests** are built from domain values and written by serde_json, from the request
 //!   types' own `#[derive(Serialize)]` or from private views where the key order differs from
-//!   theirs; field order is the reference's key order, within its byte caps. Bodies that carry the lease token come back as [`Zeroizing`] buffers, the only
-//!   allocation that ever held the token (`sealed_body`): the caller sends, then drops.
+//!   theirs; field order is the reference's key order, within its byte caps. Bodies that
+//!   carry the lease token come back as [`Zeroizing`] buffers, the only allocation that ever
+//!   held the token (`sealed_body`): the caller sends, then drops.
 //! * **Responses** are parsed strictly: the byte cap (and the 2-byte floor) is checked before
 //!   parsing, every object has an exact key set (unknown, missing or duplicate key ⇒ error),
 //!   optional keys may not be `null`, always-present keys may not be missing, numbers must be
