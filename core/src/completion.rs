@@ -35,7 +35,7 @@ use crate::wire::completion::{
 };
 use crate::wire::route::{Operation, path};
 use crate::wire::{Fence, WireError};
-use crate::worker::{CallFault, garbled, next_record, persist};
+use crate::worker::{CallFault, next_record, parse_fault, persist};
 use crate::worker::{Ctx, Step, read_failure, write_failure};
 
 /// How the receipt cleanup after a durable acknowledgement went.
@@ -83,6 +83,19 @@ pub enum CompletionOutcome {
     Refused(CallFault),
     /// A write failed cleanly.
     StorageUnchanged,
+}
+
+impl CompletionOutcome {
+    /// What a failed call means for the completion: no usable answer (none, or not the
+    /// contract's JSON) is lost, as a dropped one (issue 17), and retried at the next pass; an
+    /// answer that breaks the contract is `invalid`; any other fault refuses the completion.
+    pub(crate) fn failed(fault: CallFault, invalid: fn(String) -> Self) -> Self {
+        match fault {
+            CallFault::Unavailable | CallFault::Uncertain(_) => Self::Unavailable,
+            CallFault::Invalid(e) => invalid(format!("{e}")),
+            fault @ (CallFault::Fenced { .. } | CallFault::Rejected { .. }) => Self::Refused(fault),
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -148,15 +161,16 @@ pub(crate) fn post(ctx: &Ctx<'_>, operation: Operation, body: Zeroizing<Vec<u8>>
     })
 }
 
-/// A call's answer, parsed by `parse` (the body is wiped on drop): `Err(Ok(fault))` when the
-/// call failed, or answered a body that is not the contract's JSON (an uncertain outcome:
-/// issue 17); `Err(Err(e))` when the body is of the contract's shape but breaks its rules.
+/// A call's answer, parsed by `parse` (the body is wiped on drop), or its fault: the call
+/// failed, answered a body that is not the contract's JSON (an uncertain outcome: issue 17), or
+/// one of the contract's shape that breaks its rules ([`CallFault::Invalid`]; see
+/// [`parse_fault`]).
 pub(crate) fn answer<T>(
     reply: Reply,
     parse: impl FnOnce(&[u8]) -> Result<T, WireError>,
-) -> Result<T, Result<CallFault, WireError>> {
-    let body = Zeroizing::new(reply.call().map_err(Ok)?);
-    parse(&body).map_err(|e| garbled(e).map(CallFault::Uncertain))
+) -> Result<T, CallFault> {
+    let body = Zeroizing::new(reply.call()?);
+    parse(&body).map_err(parse_fault)
 }
 
 /// Completion is possible from these states, with the launch barrier fields present.
@@ -349,38 +363,26 @@ impl CompletionOp {
         record: Box<InboxRecord>,
         receipt: AuthenticatedReceipt,
         upload: ArtifactUpload,
-        sent: Result<(Vec<u8>, u64, Sha256Digest), Result<CallFault, CompletionOutcome>>,
+        sent: Result<(Vec<u8>, u64, Sha256Digest), CompletionOutcome>,
     ) -> CStep {
         let (body, sent_bytes, sent_sha256) = match sent {
             Ok(sent) => sent,
-            Err(Ok(fault)) => {
-                return match fault {
-                    CallFault::Unavailable | CallFault::Uncertain(_) => {
-                        Step::Done(CompletionOutcome::Unavailable)
+            // Fenced at the persisted lease version: as the completion (step 8), once more one
+            // version on. A renewal may have committed without its answer reaching the disk, or
+            // a completion named that version and committed (the control plane then takes only
+            // an exact replay of its upload).
+            Err(CompletionOutcome::Refused(CallFault::Fenced { code }))
+                if upload.fence.expected_lease_version == record.offer.lease.version =>
+            {
+                return match upload.fence.one_version_on() {
+                    Some(fence) => {
+                        let next = ArtifactUpload { fence, ..upload };
+                        self.upload(ctx, record, receipt, next)
                     }
-                    // Fenced at the persisted lease version: as the completion (step 8), once
-                    // more one version on. A renewal may have committed without its answer
-                    // reaching the disk, or a completion named that version and committed
-                    // (the control plane then takes only an exact replay of its upload).
-                    CallFault::Fenced { code }
-                        if upload.fence.expected_lease_version == record.offer.lease.version =>
-                    {
-                        match upload.fence.one_version_on() {
-                            Some(fence) => {
-                                let next = ArtifactUpload { fence, ..upload };
-                                self.upload(ctx, record, receipt, next)
-                            }
-                            None => {
-                                Step::Done(CompletionOutcome::Refused(CallFault::Fenced { code }))
-                            }
-                        }
-                    }
-                    fault @ (CallFault::Fenced { .. }
-                    | CallFault::Rejected { .. }
-                    | CallFault::Invalid(_)) => Step::Done(CompletionOutcome::Refused(fault)),
+                    None => Step::Done(CompletionOutcome::Refused(CallFault::Fenced { code })),
                 };
             }
-            Err(Err(outcome)) => return Step::Done(outcome),
+            Err(outcome) => return Step::Done(outcome),
         };
         if sent_bytes != upload.byte_length {
             return Step::Done(CompletionOutcome::ArtifactResponseInvalid(format!(
@@ -390,12 +392,9 @@ impl CompletionOp {
         }
         let stored = match ArtifactReceipt::parse(&body, &upload, &sent_sha256) {
             Ok(stored) => stored,
-            // Not the contract's JSON: the answer is lost, as a dropped one (issue 17).
             Err(e) => {
-                return Step::Done(match garbled(e) {
-                    Ok(_) => CompletionOutcome::Unavailable,
-                    Err(e) => CompletionOutcome::ArtifactResponseInvalid(format!("{e}")),
-                });
+                let invalid = CompletionOutcome::ArtifactResponseInvalid;
+                return Step::Done(CompletionOutcome::failed(parse_fault(e), invalid));
             }
         };
         self.reading(CompletionState::Refreshing(
@@ -498,15 +497,11 @@ impl CompletionOp {
     ) -> CStep {
         let answer = match answer(reply, |body| CompletionResponse::parse(body, request)) {
             Ok(answer) => answer,
-            // No answer, or one that is not the contract's JSON: lost, as a dropped one (issue 17).
-            Err(Ok(CallFault::Unavailable | CallFault::Uncertain(_))) => {
-                return Step::Done(CompletionOutcome::Unavailable);
-            }
             // Fenced at the persisted lease version: a renewal may have committed without its
             // answer reaching the disk (issue 17). Once more at the version it would have left;
             // an exact replay of a completion that did commit answers `already_completed` there
             // too (the control plane's lease is then at that version + 1).
-            Err(Ok(CallFault::Fenced { code })) if !caught_up => {
+            Err(CallFault::Fenced { code }) if !caught_up => {
                 return match request.fence.one_version_on() {
                     Some(fence) => {
                         let next = CompletionRequest {
@@ -518,9 +513,9 @@ impl CompletionOp {
                     None => Step::Done(CompletionOutcome::Refused(CallFault::Fenced { code })),
                 };
             }
-            Err(Ok(fault)) => return Step::Done(CompletionOutcome::Refused(fault)),
-            Err(Err(e)) => {
-                return Step::Done(CompletionOutcome::CompletionResponseInvalid(format!("{e}")));
+            Err(fault) => {
+                let invalid = CompletionOutcome::CompletionResponseInvalid;
+                return Step::Done(CompletionOutcome::failed(fault, invalid));
             }
         };
         match answer.status {

@@ -334,14 +334,18 @@ answers! {
         O::Responded(body) => Ok(body),
         O::Http(failure) => Err(http_fault(failure)),
     }
-    // The response body, the bytes sent and their SHA-256; the call's fault; or, as above, the
-    // completion's end for a log missing or unavailable.
+    // The response body, the bytes sent and their SHA-256; or the completion's end: the call
+    // failed (an HTTP failure is never an invalid answer), or, as above, the log is missing or
+    // unavailable.
     Upload: A::UploadLog { .. } => upload
-        -> Result<(Vec<u8>, u64, Sha256Digest), Result<CallFault, CompletionOutcome>> {
+        -> Result<(Vec<u8>, u64, Sha256Digest), CompletionOutcome> {
         O::Uploaded { body, sent_bytes, sent_sha256 } => Ok((body, sent_bytes, sent_sha256)),
-        O::Http(failure) => Err(Ok(http_fault(failure))),
-        O::LogMissing => Err(Err(CompletionOutcome::ArtifactMissing)),
-        O::LogUnavailable => Err(Err(CompletionOutcome::ArtifactUnavailable)),
+        O::Http(failure) => Err(CompletionOutcome::failed(
+            http_fault(failure),
+            CompletionOutcome::ArtifactResponseInvalid,
+        )),
+        O::LogMissing => Err(CompletionOutcome::ArtifactMissing),
+        O::LogUnavailable => Err(CompletionOutcome::ArtifactUnavailable),
     }
     Spawn: A::Spawn(_) => spawn -> SpawnOutcome {
         O::Spawned(spawned) => spawned,
@@ -733,10 +737,7 @@ mod tests {
         let body = Outcome::Responded(b"{\"a\":1}".to_vec());
         assert_eq!(reply(Answer::Call, body).call(), Ok(b"{\"a\":1}".to_vec()));
         let missing = reply(Answer::Upload, Outcome::LogMissing).upload();
-        assert!(matches!(
-            missing,
-            Err(Err(CompletionOutcome::ArtifactMissing))
-        ));
+        assert!(matches!(missing, Err(CompletionOutcome::ArtifactMissing)));
         let inspected = Outcome::SupervisionInspected {
             supervisor: Liveness::Unknown,
             process: Liveness::Gone,

@@ -373,10 +373,12 @@ impl ProcessOp {
     ) -> PStep {
         match answer(reply, |body| ActivationResponse::parse(body, request)) {
             Ok(answer) => then(self, &answer),
-            Err(Ok(CallFault::Unavailable)) => Step::Done(ProcessResult::Unavailable),
-            Err(Ok(CallFault::Uncertain(why))) => Step::Done(ProcessResult::Uncertain(why)),
-            Err(Ok(fault)) => Step::Done(ProcessResult::Refused(fault)),
-            Err(Err(e)) => Step::Done(ProcessResult::ActivationInvalid(format!("{e}"))),
+            Err(CallFault::Unavailable) => Step::Done(ProcessResult::Unavailable),
+            Err(CallFault::Uncertain(why)) => Step::Done(ProcessResult::Uncertain(why)),
+            Err(CallFault::Invalid(e)) => {
+                Step::Done(ProcessResult::ActivationInvalid(format!("{e}")))
+            }
+            Err(fault) => Step::Done(ProcessResult::Refused(fault)),
         }
     }
 
@@ -531,17 +533,16 @@ impl ProcessOp {
         // control plane refused as malformed, an answer of the contract's shape that drifts.
         match answer(reply, |body| SecretsResponse::parse(body, request)) {
             Ok(resolved) => self.materialize(ctx, launch, &resolved),
-            Err(Ok(CallFault::Unavailable)) => Step::Done(ProcessResult::Unavailable),
-            Err(Ok(CallFault::Uncertain(why))) => Step::Done(ProcessResult::Uncertain(why)),
-            Err(Ok(
+            Err(CallFault::Unavailable) => Step::Done(ProcessResult::Unavailable),
+            Err(CallFault::Uncertain(why)) => Step::Done(ProcessResult::Uncertain(why)),
+            Err(
                 fault @ CallFault::Rejected {
                     status: 401 | 403, ..
                 },
-            )) => Step::Done(ProcessResult::Refused(fault)),
-            Err(
-                Ok(CallFault::Fenced { .. } | CallFault::Rejected { .. } | CallFault::Invalid(_))
-                | Err(_),
-            ) => self.start_failed(ctx, &launch.authority.record),
+            ) => Step::Done(ProcessResult::Refused(fault)),
+            Err(CallFault::Fenced { .. } | CallFault::Rejected { .. } | CallFault::Invalid(_)) => {
+                self.start_failed(ctx, &launch.authority.record)
+            }
         }
     }
 

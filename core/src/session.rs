@@ -247,22 +247,7 @@ impl SessionCall {
         });
         let parsed = match parsed {
             Ok(parsed) => parsed,
-            // No answer, or (uncertain, as a lost answer) not the contract's JSON.
-            Err(Ok(fault)) => return self.fault_result(fault),
-            // A register answer of the right shape that we cannot accept is retried after a
-            // backoff (each one logged); a heartbeat or transition answer that breaks the CAS
-            // means the Session moved under us.
-            Err(Err(e)) => {
-                return match self {
-                    Self::Heartbeating(_) | Self::Transitioning(_) => {
-                        SessionResult::Fenced(format!("invalid Session response: {e}"))
-                    }
-                    Self::Registering { .. } => SessionResult::Unanswered {
-                        exchange: Exchange::Register,
-                        fault: CallFault::Invalid(e),
-                    },
-                };
-            }
+            Err(fault) => return self.fault_result(fault),
         };
         if matches!(self, Self::Registering { rejoin: true })
             && parsed.replaced_session == Some(true)
@@ -310,7 +295,15 @@ impl SessionCall {
                 "{exchange} answered {}",
                 described(status, code.as_deref())
             )),
-            (_, fault @ CallFault::Invalid(_)) => SessionResult::Unanswered { exchange, fault },
+            // A register answer of the right shape that we cannot accept is retried after a
+            // backoff (each one logged); a heartbeat or transition answer that breaks the CAS
+            // means the Session moved under us.
+            (Self::Registering { .. }, fault @ CallFault::Invalid(_)) => {
+                SessionResult::Unanswered { exchange, fault }
+            }
+            (Self::Heartbeating(_) | Self::Transitioning(_), CallFault::Invalid(e)) => {
+                SessionResult::Fenced(format!("invalid Session response: {e}"))
+            }
         }
     }
 }

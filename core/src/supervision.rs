@@ -500,15 +500,15 @@ impl SupervisionOp {
         let attempted = request.fence.expected_lease_version;
         let answer = match answer(reply, |body| LeaseControlResponse::parse(body, request)) {
             Ok(answer) => answer,
-            Err(Ok(CallFault::Unavailable)) => return Step::Done(SupervisionResult::Unavailable),
-            Err(Ok(CallFault::Uncertain(why))) => {
+            Err(CallFault::Unavailable) => return Step::Done(SupervisionResult::Unavailable),
+            Err(CallFault::Uncertain(why)) => {
                 return Step::Done(SupervisionResult::Uncertain { attempted, why });
             }
             // Fenced: earlier renewals may have committed without their answers reaching the
             // disk. Ask at the next version, up to the highest one they could have left (the
             // persisted version + 1 at least: a renewal lost to a crash leaves no memory). There
             // is no version past the top of the range, at the control plane either.
-            Err(Ok(CallFault::Fenced { code })) => {
+            Err(CallFault::Fenced { code }) => {
                 let persisted = record.offer.lease.version;
                 let ceiling = persisted.next().ok().max(self.may_hold);
                 return match request.fence.one_version_on() {
@@ -520,10 +520,10 @@ impl SupervisionOp {
                     }
                 };
             }
-            Err(Ok(fault)) => return Step::Done(SupervisionResult::Refused(fault)),
-            Err(Err(e)) => {
+            Err(CallFault::Invalid(e)) => {
                 return Step::Done(SupervisionResult::LeaseResponseInvalid(format!("{e}")));
             }
+            Err(fault) => return Step::Done(SupervisionResult::Refused(fault)),
         };
         match answer {
             // A terminal lease may be our own completion whose answer was lost: replay the

@@ -93,6 +93,7 @@ use alloc::collections::{BTreeMap, VecDeque};
 use alloc::string::String;
 use alloc::vec::Vec;
 
+use crate::completion::{Cleanup, CompletionOutcome};
 #[cfg(feature = "sim-hooks")]
 use crate::fingerprint;
 use crate::ids::{OfferId, SessionId, WorkerId};
@@ -1554,10 +1555,8 @@ impl Worker {
         {
             self.known.remove(offer_id);
             self.pre_barrier_expiry.remove(offer_id);
-            self.last_renewal.remove(offer_id);
-            self.timers.remove(&Timer::Renewal(offer_id.clone()));
             self.leases.remove(offer_id);
-            self.lease_may_hold.remove(offer_id);
+            self.run_ended(offer_id);
         }
     }
 
@@ -1938,77 +1937,75 @@ impl Worker {
             Finished::Pull(result) => self.on_pull(result),
             // Recovery evidence an operation wrote was observed with its durable write.
             Finished::Process(offer_id, result) => self.on_processed(offer_id, &result),
-            Finished::Supervise(offer_id, result) => {
-                use crate::completion::{Cleanup, CompletionOutcome};
-                let pending = matches!(
-                    result,
-                    SupervisionResult::Completed(
+            Finished::Supervise(offer_id, result) => match result {
+                SupervisionResult::Uncertain { attempted, .. } => {
+                    self.renewal_lost(&offer_id, attempted);
+                }
+                SupervisionResult::Renewed | SupervisionResult::StopRequested(_) => {
+                    // Paced from the renewal's sending: the next one is due
+                    // `lease_control_interval` after it, however long the answer took (a
+                    // slow control plane must not stretch the time between two renewals past
+                    // the lease); the Worker wakes for it (`Timer::Renewal`, set when the
+                    // renewed lease was written).
+                    self.last_renewal.insert(offer_id.clone(), call_sent);
+                    self.lease_may_hold.remove(&offer_id);
+                }
+                SupervisionResult::DrainStopped(_) => {
+                    self.drain_stopped.insert(offer_id);
+                }
+                SupervisionResult::Paced
+                | SupervisionResult::SessionUnavailable
+                | SupervisionResult::Unavailable
+                | SupervisionResult::Refused(_)
+                | SupervisionResult::LeaseResponseInvalid(_)
+                | SupervisionResult::StorageUnchanged
+                | SupervisionResult::Pending(_) => {}
+                // A pending cleanup ends only with a pass that reached it (completed) or a
+                // record that is gone; a pass that ended before (a failed read, then
+                // `Settled`) keeps it pending (whole-Worker simulation, seed 1913).
+                SupervisionResult::Completed(outcome) => {
+                    if matches!(
+                        outcome,
                         CompletionOutcome::Acknowledged(Cleanup::Pending)
                             | CompletionOutcome::AlreadyCompleted(Cleanup::Pending)
-                    )
-                );
-                match &result {
-                    SupervisionResult::Uncertain { attempted, .. } => {
-                        self.renewal_lost(&offer_id, *attempted);
+                    ) {
+                        self.pending_cleanup.insert(offer_id.clone());
+                    } else {
+                        self.pending_cleanup.remove(&offer_id);
                     }
-                    SupervisionResult::Renewed | SupervisionResult::StopRequested(_) => {
-                        // Paced from the renewal's sending: the next one is due
-                        // `lease_control_interval` after it, however long the answer took (a
-                        // slow control plane must not stretch the time between two renewals
-                        // past the lease); the Worker wakes for it (`Timer::Renewal`, set
-                        // when the renewed lease was written).
-                        self.last_renewal.insert(offer_id.clone(), call_sent);
-                        self.lease_may_hold.remove(&offer_id);
-                    }
-                    SupervisionResult::DrainStopped(_) => {
-                        self.drain_stopped.insert(offer_id.clone());
-                    }
-                    SupervisionResult::Paced
-                    | SupervisionResult::SessionUnavailable
-                    | SupervisionResult::Unavailable
-                    | SupervisionResult::Refused(_)
-                    | SupervisionResult::LeaseResponseInvalid(_)
-                    | SupervisionResult::StorageUnchanged
-                    | SupervisionResult::Pending(_) => {}
-                    SupervisionResult::NotFound
-                    | SupervisionResult::Completed(_)
-                    | SupervisionResult::Settled
-                    | SupervisionResult::CompletionTerminal(_)
-                    | SupervisionResult::LeaseExpired(_)
-                    | SupervisionResult::Terminal(_)
-                    | SupervisionResult::Recovered(..)
-                    | SupervisionResult::SupervisorGone
-                    | SupervisionResult::UnknownLaunchGone => {
-                        if result == SupervisionResult::UnknownLaunchGone {
-                            self.gone_launches.insert(offer_id.clone());
-                        }
-                        self.last_renewal.remove(&offer_id);
-                        self.timers.remove(&Timer::Renewal(offer_id.clone()));
-                        self.lease_may_hold.remove(&offer_id);
+                    self.run_ended(&offer_id);
+                    // A completion frees a slot: offered to the next Pull at once rather
+                    // than at the next tick (or, for a retiring Session, its last Run lets
+                    // the new one in).
+                    if matches!(outcome, CompletionOutcome::Acknowledged(_)) {
+                        self.renew_or_pull();
                     }
                 }
-                // A pending cleanup ends only with a pass that reached it (completed) or a
-                // record that is gone; a pass that ended before (a failed read, then `Settled`)
-                // keeps it pending (whole-Worker simulation, seed 1913).
-                if pending {
-                    self.pending_cleanup.insert(offer_id);
-                } else if matches!(
-                    result,
-                    SupervisionResult::Completed(_) | SupervisionResult::NotFound
-                ) {
+                SupervisionResult::NotFound => {
                     self.pending_cleanup.remove(&offer_id);
+                    self.run_ended(&offer_id);
                 }
-                // A completion frees a slot: offered to the next Pull at once rather than at the
-                // next tick (or, for a retiring Session, its last Run lets the new one in).
-                if matches!(
-                    result,
-                    SupervisionResult::Completed(CompletionOutcome::Acknowledged(_))
-                ) {
-                    self.renew_or_pull();
+                SupervisionResult::UnknownLaunchGone => {
+                    self.gone_launches.insert(offer_id.clone());
+                    self.run_ended(&offer_id);
                 }
-            }
+                SupervisionResult::Settled
+                | SupervisionResult::CompletionTerminal(_)
+                | SupervisionResult::LeaseExpired(_)
+                | SupervisionResult::Terminal(_)
+                | SupervisionResult::Recovered(..)
+                | SupervisionResult::SupervisorGone => self.run_ended(&offer_id),
+            },
         }
         self.maybe_finish_drain();
+    }
+
+    /// `offer_id`'s Run is no longer renewed here: its pacing, renewal timer and lost renewals
+    /// go.
+    fn run_ended(&mut self, offer_id: &OfferId) {
+        self.last_renewal.remove(offer_id);
+        self.timers.remove(&Timer::Renewal(offer_id.clone()));
+        self.lease_may_hold.remove(offer_id);
     }
 
     fn on_session(&mut self, result: SessionResult, call_sent: MonoMillis) {
@@ -2558,16 +2555,18 @@ pub(crate) fn http_fault(failure: HttpFailure) -> CallFault {
 }
 
 /// Classifies a 200 body that failed to parse: a body that is not the contract's JSON at all
-/// (not JSON, a key added or missing, outside its size bounds) is an uncertain outcome
-/// (`Ok`); a body of the right shape whose values break a rule or drift from the request is the
-/// control plane's definite, wrong answer (`Err`, unchanged).
-pub(crate) fn garbled(error: WireError) -> Result<Uncertainty, WireError> {
+/// (not JSON, a key added or missing, outside its size bounds) is an uncertain outcome; a body
+/// of the right shape whose values break a rule or drift from the request is the control
+/// plane's definite, wrong answer ([`CallFault::Invalid`]).
+pub(crate) fn parse_fault(error: WireError) -> CallFault {
     match error {
-        WireError::Size { .. } | WireError::Json { .. } => Ok(Uncertainty::Garbled(error)),
+        WireError::Size { .. } | WireError::Json { .. } => {
+            CallFault::Uncertain(Uncertainty::Garbled(error))
+        }
         other @ (WireError::Field { .. }
         | WireError::Mismatch { .. }
         | WireError::Revision(_)
         | WireError::Request { .. }
-        | WireError::RequestTooLarge { .. }) => Err(other),
+        | WireError::RequestTooLarge { .. }) => CallFault::Invalid(other),
     }
 }
