@@ -1199,11 +1199,8 @@ impl Worker {
             Work::Supervise(id) if !free(Lane::Offer(id.clone())) => {
                 free(Lane::Lease(id.clone()))
                     && self
-                        .lanes
-                        .get(&Lane::Offer(id.clone()))
-                        .is_some_and(|slot| {
-                            slot.uploading() && self.mono >= self.beside_upload_at(id, slot)
-                        })
+                        .beside_upload_at(work)
+                        .is_some_and(|at| self.mono >= at)
             }
             Work::Process(_) | Work::Supervise(_) | Work::Renew(_) => {
                 free(work.lane()) && offers < usize::from(self.config.max_concurrent_runs.max(1))
@@ -1216,7 +1213,8 @@ impl Worker {
         }
     }
 
-    /// When a renewal beside `offer_id`'s upload (in `slot`) may start: once the upload has been
+    /// When the queued `work`, a supervision pass of an offer whose lane uploads its log, may
+    /// start beside that upload as a renewal (`None`: any other work): once the upload has been
     /// outstanding for `lease_control_interval`, or once half the lease is spent, whichever
     /// comes first. The control plane checks an upload's lease fence when its header arrives;
     /// a renewal sent together with the upload can be applied first and fence it (409), and
@@ -1225,17 +1223,22 @@ impl Worker {
     /// upload long enough to need a renewal beside it outlasts the wait; half the lease left
     /// leaves the renewal time to come back. A lease without a local clock (obtained before a
     /// restart) is renewed at once.
-    fn beside_upload_at(&self, offer_id: &OfferId, slot: &Slot) -> MonoMillis {
+    fn beside_upload_at(&self, work: &Work) -> Option<MonoMillis> {
+        let Work::Supervise(offer_id) = work else {
+            return None;
+        };
+        let lane = Lane::Offer(offer_id.clone());
+        let slot = self.lanes.get(&lane).filter(|slot| slot.uploading())?;
         let settled = slot
             .call_sent
             .saturating_add(self.config.lease_control_interval_ms);
-        match self.leases.get(offer_id) {
+        Some(match self.leases.get(offer_id) {
             Some(clock) => {
                 let half = clock.deadline.saturating_since(clock.began) / 2;
                 settled.min(clock.began.saturating_add(half))
             }
             None => slot.call_sent,
-        }
+        })
     }
 
     /// Sets the renewal timer of `offer_id`'s lease, obtained by a call sent at `began`
@@ -1258,16 +1261,11 @@ impl Worker {
     fn wake_at(&self) -> Option<MonoMillis> {
         // A renewal queued behind its offer's upload starts at `beside_upload_at` (one whose
         // time has come waits only for its lease lane, whose answer wakes the Worker).
-        let beside = self.queue.iter().filter_map(|work| {
-            let Work::Supervise(id) = work else {
-                return None;
-            };
-            self.lanes
-                .get(&Lane::Offer(id.clone()))
-                .filter(|slot| slot.uploading())
-                .map(|slot| self.beside_upload_at(id, slot))
-                .filter(|at| *at > self.mono)
-        });
+        let beside = self
+            .queue
+            .iter()
+            .filter_map(|work| self.beside_upload_at(work))
+            .filter(|at| *at > self.mono);
         // The backoffs are gates: the Worker does not wake for them.
         let gates = [
             Timer::RegisterBackoff,
@@ -1416,16 +1414,14 @@ impl Worker {
             last.is_some_and(|at| self.mono < at.saturating_add(interval))
                 .then_some(interval)
         };
+        let session = |step: Step<_, _>| step.map(Running::Session, Finished::Session);
         match work {
-            Work::Register | Work::Rejoin => SessionOp::register(ctx, slots, work == Work::Rejoin)
-                .map(Running::Session, Finished::Session),
-            Work::Heartbeat => {
-                SessionOp::heartbeat(ctx, slots).map(Running::Session, Finished::Session)
+            Work::Register | Work::Rejoin => {
+                session(SessionOp::register(ctx, slots, work == Work::Rejoin))
             }
-            Work::Transition(status) => {
-                SessionOp::transition(ctx, status).map(Running::Session, Finished::Session)
-            }
-            Work::RenewSession => SessionOp::renew().map(Running::Session, Finished::Session),
+            Work::Heartbeat => session(SessionOp::heartbeat(ctx, slots)),
+            Work::Transition(status) => session(SessionOp::transition(ctx, status)),
+            Work::RenewSession => session(SessionOp::renew()),
             Work::ListPage { purpose, after } => {
                 let limit = match purpose {
                     ListPurpose::Reconcile => ctx.config.startup_page,
@@ -2048,6 +2044,8 @@ impl Worker {
                         let delay = register_backoff(self.config.backoff_base_ms, self.renewals);
                         self.set_timer(Timer::RenewalBackoff, delay);
                     }
+                    self.stage = Stage::Reconciling;
+                    self.tick_now();
                 }
                 self.session = Some(view);
                 // Paced from the exchange's sending, as renewals are: with a control plane
@@ -2055,10 +2053,6 @@ impl Worker {
                 // local deadline (the sending plus the lease) pass before the next answer.
                 let heartbeat = call_sent.saturating_add(self.config.heartbeat_interval_ms);
                 self.timers.insert(Timer::Heartbeat, heartbeat);
-                if self.stage == Stage::Registering {
-                    self.stage = Stage::Reconciling;
-                    self.tick_now();
-                }
             }
             SessionResult::Transitioned(view) => {
                 self.session_uncertain = false;
