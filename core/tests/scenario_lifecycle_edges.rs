@@ -123,6 +123,42 @@ fn a_renewal_and_a_heartbeat_due_between_ticks_start_when_due() {
     assert_eq!(trail[..2], lines(&["tick 11000", "post heartbeat"])[..]);
 }
 
+/// A Run that ends drops its renewal timer: the lease renewed at 1 000 ms would be due again at
+/// 6 000 ms, but the Run completes at 4 000 ms (its process exited with a genuine receipt; the
+/// completion comes first in the supervision pass), so
+/// the Worker next wakes for its cadence tick at 7 000 ms, not for a renewal of a settled Run.
+/// (The three forgets of `Worker::run_ended` were missed by the mutation run of stop 47.)
+#[test]
+fn a_run_that_ends_drops_its_renewal_timer() {
+    let mut sim = sim_with(State::RunningAcknowledged, true, |c| {
+        c.lease_control_interval_ms = 5_000;
+        c.cadence_ms = 3_000;
+    });
+    sim.run(3); // 1 000: register, reconcile, supervise (renewed: the next renewal due at 6 000).
+    sim.event(Event::Exit {
+        index: 0,
+        code: 0,
+        receipt: ReceiptKind::Genuine,
+    });
+    sim.run(1); // 4 000: the completion pass.
+    assert_eq!(sim.first_record().state, State::CompletionAcknowledged);
+    assert!(
+        sim.commands()
+            .iter()
+            .any(|l| l == "remove-receipt attempt-1"),
+        "{:#?}",
+        sim.commands()
+    );
+    sim.take_trail();
+    sim.run(1);
+    let trail = sim.take_trail();
+    assert_eq!(
+        trail.first().map(String::as_str),
+        Some("tick 7000"),
+        "{trail:#?}"
+    );
+}
+
 /// The renewal timer of the lease renewed at 1 000 ms (before the starting ACK) comes at
 /// 6 500 ms while the starting ACK is in flight: the Run is not running yet, so no supervision
 /// pass is queued for it (the start path renews before its running ACK itself).
