@@ -49,7 +49,7 @@ use crate::record::InboxRecord;
 use crate::wire::WireError;
 use crate::wire::offer::{OfferRequest, OfferResponse, admit_offer};
 use crate::wire::route::Operation;
-use crate::worker::{CallFault, next_record, persist};
+use crate::worker::{CallFault, next_record, parse_fault, persist};
 use crate::worker::{Ctx, Step, read_failure, register_backoff, write_failure};
 
 /// Full-jitter ceiling (`MAX_WORKER_REMOTE_OFFER_BACKOFF_MS`).
@@ -382,7 +382,9 @@ fn on_response(ctx: &Ctx<'_>, claim: Box<PendingClaim>, reply: Reply) -> PullSte
             let offer_id = claim.offer_id.clone();
             settle(&claim, PullResult::Refused { offer_id, reason })
         }
-        Err(e) => backoff(claim, PullFault::Call(CallFault::Invalid(e))),
+        // Not the contract's JSON: an uncertain outcome (the offer may have been granted; the
+        // claim is kept for the retry), as for every other call; otherwise a broken contract.
+        Err(e) => backoff(claim, PullFault::Call(parse_fault(e))),
         Ok(OfferResponse::Idle { .. }) => settle(&claim, PullResult::Idle),
         Ok(OfferResponse::Offered { offer, .. }) => {
             // Admission binds the offer to the claim *and* to the current Session: a Session

@@ -9,13 +9,13 @@
 use ql_worker_core::facts::Fact;
 use ql_worker_core::io::{Action, Input, StopOutcome};
 use ql_worker_core::listing::Capacity;
-use ql_worker_core::pull::PullResult;
+use ql_worker_core::pull::{PullFault, PullResult};
 use ql_worker_core::record::State;
 use ql_worker_core::supervision::SupervisionResult;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
 use ql_worker_core::wire::session::SessionStatus;
-use ql_worker_core::worker::WorkerConfig;
+use ql_worker_core::worker::{CallFault, Uncertainty, WorkerConfig};
 use ql_worker_sim::testkit::act;
 use ql_worker_sim::testkit::sim::{On, Sim, Status};
 use ql_worker_sim::testkit::world::{Answer, Event, Mutation, OfferTemplate, ReceiptKind, World};
@@ -426,6 +426,37 @@ fn a_pull_backoff_ends_at_its_exact_time() {
     assert_eq!(
         trail[..3],
         lines(&["tick 1009", "list-inbox", "read-claim"])[..],
+        "{trail:#?}"
+    );
+}
+
+/// An `offers` answer cut short (not the contract's JSON) is an uncertain outcome, as a damaged
+/// answer to any other call is: the control plane may have granted the offer, so the claim is
+/// kept for the retry (no clear), and the fact says so rather than "breaks the contract".
+#[test]
+fn a_truncated_offers_answer_is_an_uncertain_outcome_and_keeps_the_claim() {
+    let world = World::new(1, vec![OfferTemplate::sample(1)]);
+    let mut sim = Sim::new(testkit::explore::model_config(), world, ms(1_000)).recording();
+    sim.worker.report_facts();
+    sim.on(On::Post(Operation::Offers), Answer::Truncated);
+    sim.run(3); // 1 000: register, reconcile, supervise and Pull (its answer cut short).
+    let fault = std::iter::from_fn(|| sim.worker.poll_fact()).find_map(|f| match f {
+        Fact::Pull(PullResult::Failed { fault, .. }) => Some(fault),
+        _ => None,
+    });
+    assert!(
+        matches!(
+            fault,
+            Some(PullFault::Call(CallFault::Uncertain(Uncertainty::Garbled(
+                _
+            ))))
+        ),
+        "{fault:?}"
+    );
+    let trail = sim.commands();
+    let pulled = trail.iter().position(|l| l == "post offers").unwrap();
+    assert!(
+        !trail[pulled..].iter().any(|l| l.starts_with("clear-claim")),
         "{trail:#?}"
     );
 }

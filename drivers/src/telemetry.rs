@@ -475,11 +475,14 @@ impl Telemetry {
             Fact::Pull(PullResult::Failed { fault, retry_in_ms }) => {
                 let wait = *retry_in_ms;
                 let text = match fault {
-                    PullFault::Call(CallFault::Invalid(e)) => {
-                        self.invalid_answer("offers", &e.to_string());
-                        format!("an answer that breaks the contract: {e}")
+                    PullFault::Call(fault) => {
+                        if let CallFault::Uncertain(Uncertainty::Garbled(e))
+                        | CallFault::Invalid(e) = fault
+                        {
+                            self.invalid_answer("offers", &e.to_string());
+                        }
+                        fault_text(fault)
                     }
-                    PullFault::Call(fault) => fault_text(fault),
                     PullFault::Admission(why) => format!("the offer was not admitted: {why}"),
                     PullFault::OfferConflict => {
                         String::from("a stored record for this offer id has another authority")
