@@ -20,7 +20,8 @@
 //!    `r` from fresh entropy (full jitter), persisted, and the claim kept — except an offer
 //!    refused for good ([`refused_for_good`]): its claim is cleared at once, the Pull ends with
 //!    [`PullResult::Refused`], and the next Pull makes a fresh claim (the reference retries such
-//!    an offer 16 times with backoff, pulling nothing else meanwhile).
+//!    an offer 16 times with backoff, pulling nothing else meanwhile); likewise a replay the
+//!    control plane fences (409 `worker_offer_fenced`: [`PullResult::Fenced`]).
 //!
 //! While the inbox is full, the Worker sends no Pull, except a **claim-only** one when the
 //! pending claim may name an offer already stored (at start, or after a Pull that did not clear
@@ -47,6 +48,7 @@ use crate::io::{Action, Reply, StoreFailure};
 use crate::offer::Offer;
 use crate::record::InboxRecord;
 use crate::wire::WireError;
+use crate::wire::error::ErrorCode;
 use crate::wire::offer::{OfferRequest, OfferResponse, admit_offer};
 use crate::wire::route::Operation;
 use crate::worker::{CallFault, next_record, parse_fault, persist};
@@ -93,6 +95,14 @@ pub enum PullResult {
         offer_id: OfferId,
         /// Why (names the field and rule; never a value).
         reason: WireError,
+    },
+    /// The control plane fenced the claim's offer id (409 `worker_offer_fenced`: the lease it
+    /// holds for that offer id expired, moved on or belongs to another Session). No retry of the
+    /// claim can be admitted and its offer is not stored, so the claim is cleared and the next
+    /// Pull makes a fresh one at once (the reference retries it 16 times with backoff).
+    Fenced {
+        /// The cleared claim's offer id.
+        offer_id: OfferId,
     },
     /// The claim's next attempt is in the future; no request was sent.
     Backoff {
@@ -375,6 +385,13 @@ fn request(ctx: &Ctx<'_>, claim: Box<PendingClaim>) -> PullStep {
 fn on_response(ctx: &Ctx<'_>, claim: Box<PendingClaim>, reply: Reply) -> PullStep {
     let body = match reply.call() {
         Ok(body) => body,
+        // The control plane holds a lease for this offer id that a replay can no longer use: it
+        // expired, moved on, or belongs to another Session. Retrying the claim only meets the
+        // same fence; the offer is not stored (checked before the replay), so nothing runs.
+        Err(CallFault::Fenced { code: Some(c) }) if c == ErrorCode::WorkerOfferFenced.as_str() => {
+            let offer_id = claim.offer_id.clone();
+            return settle(&claim, PullResult::Fenced { offer_id });
+        }
         Err(fault) => return backoff(claim, PullFault::Call(fault)),
     };
     match OfferResponse::parse(&body) {

@@ -2229,7 +2229,7 @@ impl Worker {
                 self.pull_again(true);
                 self.queue.push_front(Work::Process(offer_id));
             }
-            PullResult::Idle => self.claim_settled(),
+            PullResult::Idle | PullResult::Fenced { .. } => self.claim_settled(),
             // The claim is gone: the next tick pulls afresh, with no backoff.
             PullResult::Refused { offer_id, reason } => {
                 self.claim_settled();

@@ -379,6 +379,74 @@ fn keeps_one_stable_claim_through_transport_loss_bounded_backoff_and_restart() {
     assert!(sim.world.disk.claim.is_none());
 }
 
+/// A replay the control plane fences (409 `worker_offer_fenced`: the lease it held for the
+/// claim's offer id expired or moved on while the answers were lost) can never be admitted, and
+/// the claim's offer is not in the inbox (checked just before): the claim is cleared at once, with
+/// no backoff, and the next Pull claims afresh. The reference keeps such a claim through its 16
+/// attempts with backoff up to 60 s, taking no work for minutes (`docs/reliability.md`, "A
+/// hostile network"). Any other 409 keeps the claim and backs off as before.
+#[test]
+fn a_replay_fenced_by_the_control_plane_clears_the_claim_and_the_next_pull_claims_afresh() {
+    use ql_worker_core::io::HttpFailure;
+    let fence = |code: Option<&str>| {
+        Outcome::Http(HttpFailure::Status {
+            status: 409,
+            code: code.map(String::from),
+        })
+    };
+    let replay_until_post = |sim: &mut Sim| sim.answer_until(|a| act::kind(a) == "post");
+    let mut sim = after_one_failed_pull();
+    let first = claim(&sim).unwrap();
+    sim.take_trail();
+
+    // Another 409 (no fence code): the claim is kept and backed off.
+    replay_until_post(&mut sim);
+    sim.deliver(fence(None));
+    sim.settle();
+    let trail = normalized(&sim.take_trail());
+    assert_eq!(
+        trail[trail.len() - 6..],
+        lines(&[
+            "read-claim",
+            "read-record (claim)",
+            "persist-claim r2",
+            "post offers",
+            "draw-entropy",
+            "persist-claim r3",
+        ])
+    );
+    assert_eq!(claim(&sim).unwrap().offer_id, first.offer_id, "kept");
+
+    // `worker_offer_fenced`: cleared at once, no entropy drawn for a backoff.
+    replay_until_post(&mut sim);
+    sim.deliver(fence(Some("worker_offer_fenced")));
+    sim.settle();
+    let trail = normalized(&sim.take_trail());
+    assert_eq!(
+        trail[trail.len() - 5..],
+        lines(&[
+            "read-claim",
+            "read-record (claim)",
+            "persist-claim r4",
+            "post offers",
+            "clear-claim r4",
+        ])
+    );
+    assert!(claim(&sim).is_none() && sim.world.disk.records.is_empty());
+
+    // The next Pull makes a fresh claim and admits the Run.
+    sim.run(1);
+    let trail = normalized(&sim.take_trail());
+    assert_eq!(
+        trail.iter().filter(|l| *l == "post offers").count(),
+        1,
+        "one Pull after the fenced one: {trail:#?}"
+    );
+    let record = sim.world.disk.record(&the_offer(&sim)).unwrap();
+    assert_ne!(record.offer.offer_id, first.offer_id, "a fresh claim");
+    sim.assert_no_violations();
+}
+
 fn offered(offer_id: OfferId, generation: WorkerGeneration) -> Outcome {
     let offer = testkit::offer(1);
     let mut worker = testkit::worker();

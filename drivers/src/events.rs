@@ -216,6 +216,11 @@ pub const EVENTS: &[(&str, Level, &str)] = &[
         "a Pull failed; it is retried after a backoff",
     ),
     (
+        "pull.claim_fenced",
+        Level::Warn,
+        "the control plane fenced the replay of the pending claim (409 worker_offer_fenced); the claim was cleared and the next Pull makes a fresh one",
+    ),
+    (
         "start.failed",
         Level::Warn,
         "a launch was refused before anything started (a proven start failure)",

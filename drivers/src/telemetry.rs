@@ -500,6 +500,15 @@ impl Telemetry {
                     .number("retry_in_ms", wait)
                     .emit(format_args!("Pull failed: {text}; retried in {wait} ms"));
             }
+            Fact::Pull(PullResult::Fenced { offer_id }) => {
+                Event::warn("pull.claim_fenced")
+                    .text("offer", offer_id)
+                    .emit(format_args!(
+                        "Pull: the control plane fenced the replay of claim {offer_id} \
+                         (409 worker_offer_fenced: its lease expired or moved on); the claim is \
+                         cleared and the next Pull makes a fresh one"
+                    ));
+            }
             Fact::Pull(_) => {}
             Fact::Process { offer_id, result } => match result {
                 ProcessResult::Refused(fault) => {
