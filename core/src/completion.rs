@@ -315,9 +315,8 @@ impl CompletionOp {
             Ok(inspected) => inspected,
             Err(outcome) => return Step::Done(outcome),
         };
-        let Some(log_artifact_id) = record.log_artifact_id.clone() else {
-            return Step::Done(CompletionOutcome::Deferred);
-        };
+        // INVARIANT: `on_receipt` inspects only a record with a log artifact id.
+        let log_artifact_id = record.log_artifact_id.clone().expect("invariant: a log id");
         let upload = ArtifactUpload {
             fence: Fence::from_offer(&record.offer),
             log_artifact_id,

@@ -423,17 +423,12 @@ fn wire_completion_frames_one_exact_artifact_header_without_duplicating_path_ide
             && !text.contains("workerSessionId")
             && !text.contains("sessionId")
     );
-    assert_eq!(
-        upload.content_length(preamble.len()),
-        (4 + header.len() + 17) as u64
-    );
-    let (parsed, offset) =
-        parse_artifact_preamble(&preamble, Some(upload.content_length(preamble.len()))).unwrap();
+    // The whole request: the preamble, then the log's 17 bytes.
+    let content_length = (4 + header.len() + 17) as u64;
+    assert_eq!(content_length, preamble.len() as u64 + upload.byte_length);
+    let (parsed, offset) = parse_artifact_preamble(&preamble, Some(content_length)).unwrap();
     assert_eq!((parsed, offset), (upload.clone(), preamble.len()));
-    assert!(
-        parse_artifact_preamble(&preamble, Some(upload.content_length(preamble.len()) + 1))
-            .is_err()
-    );
+    assert!(parse_artifact_preamble(&preamble, Some(content_length + 1)).is_err());
     let mut short = preamble.to_vec();
     short[3] = 1;
     assert!(

@@ -102,12 +102,6 @@ impl ArtifactUpload {
         out.extend_from_slice(&header);
         Ok(out)
     }
-
-    /// The exact `content-length` of the whole request for a preamble of `preamble_len` bytes.
-    #[must_use]
-    pub fn content_length(&self, preamble_len: usize) -> u64 {
-        preamble_len as u64 + self.byte_length
-    }
 }
 
 /// Upload outcome.
