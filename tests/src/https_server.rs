@@ -574,6 +574,12 @@ impl HttpsServer {
         });
     }
 
+    /// Drops every queued fault no request has taken yet: later requests are answered
+    /// normally. A request whose head has already arrived keeps the fault it took.
+    pub fn clear_faults(&self) {
+        lock(&self.shared.faults).clear();
+    }
+
     /// Everything recorded so far, in completion order.
     pub fn records(&self) -> Vec<RequestRecord> {
         lock(&self.shared.records).clone()

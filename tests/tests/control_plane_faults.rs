@@ -117,6 +117,27 @@ fn garbage_responses_are_typed_errors_and_change_nothing() {
 }
 
 #[test]
+fn cleared_faults_are_never_taken() {
+    let e = env();
+    e.register();
+    e.enqueue(1);
+    for _ in 0..3 {
+        e.cp.inject_for_operation(Operation::Offers, Fault::CommitThenDrop);
+    }
+    let err = e.post(Operation::Offers, &Env::pull_body(1)).unwrap_err();
+    assert_eq!(
+        err.blame(),
+        Blame::Connection,
+        "the first fault was taken: {err:?}"
+    );
+    e.cp.clear_faults();
+    // The two faults left would have dropped both answers.
+    for _ in 0..2 {
+        assert_eq!(e.claim(1).delivery_kind, DeliveryKind::LeaseRecovery);
+    }
+}
+
+#[test]
 fn commit_then_drop_fails_the_call_and_the_retry_gets_the_replay_answer() {
     let e = env();
     e.register();

@@ -376,6 +376,21 @@ impl ReferenceControlPlane {
         lock(&self.shared.faults).push_back(FaultRule { target, fault });
     }
 
+    /// Drops every queued transport fault no request has taken yet, in both layers: later
+    /// requests are answered normally. For a fault that must last until something the test
+    /// observes rather than for a known number of requests: queue more than can be taken, then
+    /// clear the rest (e.g. `offers` answers lost until the plane's lease for the claim expired).
+    /// The transport's queue is cleared first, so a request arriving meanwhile takes at most the
+    /// adapter's part of a fault (an ordinary answer, or a 503 for a fault "not applied"). A
+    /// request whose head had already arrived keeps the transport's part and may lose the
+    /// adapter's: for `CommitThenDrop` the outcome is the same (applied, no answer).
+    pub fn clear_faults(&self) {
+        if let Some(server) = &self.server {
+            server.clear_faults();
+        }
+        lock(&self.shared.faults).clear();
+    }
+
     /// Queues a fault of the control plane's own services (see [`ServiceFault`]).
     pub fn inject_service_fault(&self, operation: Option<Operation>, fault: ServiceFault) {
         lock(&self.shared.model).inject_service_fault(operation, fault);
