@@ -670,6 +670,11 @@ pub struct Worker {
     /// the first Pull reads the claim; taken as absent (the Pull itself stores at most one
     /// record and only with room for it, so this only shapes what is offered).
     pub(crate) claim_pending: bool,
+    /// An `offers` call of the pending claim got an uncertain outcome: the control plane may
+    /// hold a lease for it, which runs out while the claim's backoff lasts (up to 60 s against a
+    /// 30 s lease by default). The next Session answer ends that backoff (`on_session`): the
+    /// plane is reachable, and a replay now can still recover the Run.
+    pub(crate) claim_may_hold_lease: bool,
     /// A pending claim may name an offer already stored: set at start and whenever a Pull ends
     /// without clearing its claim, cleared once a Pull cleared it or found none
     /// ([`Worker::claim_check_due`]).
@@ -809,6 +814,7 @@ impl Worker {
             lease_may_hold: BTreeMap::new(),
             notices: VecDeque::new(),
             claim_pending: false,
+            claim_may_hold_lease: false,
             claim_unsettled: true,
             retiring: false,
             reported_slots: None,
@@ -1008,12 +1014,12 @@ impl Worker {
             hasher,
             &(
                 (&self.stage, &self.session, &self.known),
-                (self.drain, &self.queue),
-                (&self.timers, &self.last_renewal),
+                (self.drain, &self.queue, &self.timers, &self.last_renewal),
                 (self.claim_backoff_served, &self.leases),
                 (&self.supervision_cursor, &self.reconcile_cursor),
                 (self.transition_offline_queued, &self.claim_unsettled),
-                (self.claim_pending, self.retiring, &self.config.session_id),
+                (self.claim_pending, self.claim_may_hold_lease),
+                (self.retiring, &self.config.session_id),
                 (self.inbox, self.reported_slots, self.reporting_slots),
                 (self.auth_paused, self.rejoin, self.fences),
                 (
@@ -2010,6 +2016,11 @@ impl Worker {
             SessionResult::Registered(view) | SessionResult::Heartbeat(view) => {
                 self.reported_slots = self.reporting_slots.take();
                 self.session_uncertain = false;
+                // The control plane answers again: a claim that may hold a lease is replayed at
+                // the next tick, before that lease can run out during the claim's backoff.
+                if self.claim_may_hold_lease && self.timers.remove(&Timer::PullBackoff).is_some() {
+                    self.claim_backoff_served = true;
+                }
                 if registered {
                     self.register_failures = 0;
                     self.timers.remove(&Timer::RegisterBackoff);
@@ -2249,11 +2260,15 @@ impl Worker {
                 // nothing changed: `retry_in_ms` 0) leaves that comparison to the next Pull.
                 let served = pending && (retry_in_ms > 0 || self.claim_backoff_served);
                 self.claim_kept(retry_in_ms, pending, served);
+                let uncertain =
+                    matches!(fault, crate::pull::PullFault::Call(CallFault::Uncertain(_)));
+                self.claim_may_hold_lease = pending && (self.claim_may_hold_lease || uncertain);
             }
             PullResult::SessionUnavailable => {}
             // Nothing was pulled: the Pull waits for room as before.
             PullResult::ClaimChecked { pending } => {
                 self.claim_pending = pending;
+                self.claim_may_hold_lease &= pending;
                 self.claim_unsettled = false;
             }
         }
@@ -2272,6 +2287,7 @@ impl Worker {
     fn claim_settled(&mut self) {
         self.timers.remove(&Timer::PullBackoff);
         self.claim_pending = false;
+        self.claim_may_hold_lease = false;
         self.claim_unsettled = false;
         self.claim_backoff_served = false;
     }

@@ -447,6 +447,72 @@ fn a_replay_fenced_by_the_control_plane_clears_the_claim_and_the_next_pull_claim
     sim.assert_no_violations();
 }
 
+/// An `offers` answer lost after the control plane leased a Run (an uncertain outcome) leaves
+/// a claim that may hold that lease, and the claim's backoff (full jitter, up to 60 s) may
+/// outlast it (30 s by default). The next Session answer shows the plane reachable again: the
+/// claim is replayed at the next tick, before its backoff ends, and recovers the Run
+/// (`lease_recovery`, the same offer id). Transport failures that cannot have taken effect
+/// before it were waited out in full.
+#[test]
+fn a_claim_that_may_hold_a_lease_is_replayed_once_the_session_answers_again() {
+    let mut sim = started(World::one_offer(1));
+    for _ in 0..3 {
+        sim.on(On::Post(Operation::Offers), Answer::Unavailable);
+    }
+    sim.on(On::Post(Operation::Offers), Answer::LostAfterCommit);
+    sim.on(On::Kind("draw-entropy"), Answer::Ok);
+    for _ in 0..4 {
+        // The longest jitter of each backoff.
+        sim.on(On::Kind("draw-entropy"), Answer::EntropyVariant);
+    }
+    let tick_of = |line: &String| {
+        line.strip_prefix("tick ")
+            .map(|t| t.parse::<u64>().unwrap())
+    };
+    // Three failures that cannot have taken effect, then the lost answer: 4 attempts.
+    let mut rounds = 0;
+    while claim(&sim).is_none_or(|c| c.attempt_count < 4 || sim.world.plane.runs.is_empty()) {
+        sim.run(1);
+        rounds += 1;
+        assert!(rounds < 50, "{:#?}", sim.take_trail());
+    }
+    let kept = claim(&sim).unwrap();
+    let backoff_ends = kept.next_attempt_at_ms;
+    let trail = sim.take_trail();
+    let lost_at = trail.iter().rev().find_map(tick_of).unwrap();
+    assert!(
+        backoff_ends > ms(lost_at + 7_000),
+        "the longest jitter of the 4th attempt (< 8 s): {backoff_ends} after tick {lost_at}"
+    );
+    assert!(sim.world.disk.records.is_empty());
+
+    // Until the Run is stored.
+    while sim.world.disk.records.is_empty() {
+        sim.run(1);
+        rounds += 1;
+        assert!(rounds < 100, "{:#?}", sim.take_trail());
+    }
+    let trail = normalized(&sim.take_trail());
+    let replay = trail.iter().position(|l| l == "post offers").unwrap();
+    let heartbeat = trail.iter().position(|l| l == "post heartbeat");
+    assert!(
+        heartbeat.is_some_and(|h| h < replay),
+        "a Session answer came first: {trail:#?}"
+    );
+    let replayed_at = trail[..replay].iter().rev().find_map(tick_of).unwrap();
+    assert!(
+        ms(replayed_at) < backoff_ends,
+        "replayed at {replayed_at}, before the backoff's end {backoff_ends}: {trail:#?}"
+    );
+    let record = sim.world.disk.record(&kept.offer_id).unwrap();
+    assert_eq!(
+        record.offer.lease_token, kept.lease_token,
+        "the leased Run, recovered"
+    );
+    assert_eq!(trail.iter().filter(|l| *l == "post offers").count(), 1);
+    sim.assert_no_violations();
+}
+
 fn offered(offer_id: OfferId, generation: WorkerGeneration) -> Outcome {
     let offer = testkit::offer(1);
     let mut worker = testkit::worker();
