@@ -104,6 +104,43 @@ fn a_started_attempt_is_lost_and_a_new_attempt_of_the_run_is_spawned_once() {
     sim.assert_no_violations();
 }
 
+/// The plane fences a replay whose lease ran out (reference §2.2, as the loopback plane's
+/// `offers` does): the first `offers` answer is lost after the plane leased `o1` to the claim,
+/// and the claim's retry comes after that lease expired, so the plane answers 409
+/// `worker_offer_fenced` and the Worker clears the claim at once, nothing stored. The next Pull
+/// claims afresh, and the plane re-delivers the Run (the same Attempt: no activation call
+/// reached it) under the new offer id, which is spawned once.
+#[test]
+fn a_replay_after_the_lease_ran_out_is_fenced_and_the_run_comes_back_under_a_fresh_claim() {
+    let mut sim = Sim::scenario(World::one_offer(1).with_reoffers());
+    sim.on(On::Post(Operation::Offers), Answer::LostAfterCommit);
+    run_until(&mut sim, 6, |s| !s.world.plane.runs.is_empty());
+    let (first, _, _) = deliveries(&sim).remove(0);
+    assert!(sim.world.disk.records.is_empty(), "{:#?}", sim.commands());
+    // Past the lease and any backoff of the claim's retry.
+    let expiry = sim.world.plane.runs[&first].offer.lease.expires_at_ms;
+    sim.advance_to(UnixMillis::new(expiry.get() + 60_000).unwrap());
+    run_until(&mut sim, 40, |s| !spawns(s).is_empty());
+    sim.run(3);
+    assert_eq!(sim.world.plane.fenced_replays, 1, "{:#?}", sim.commands());
+    assert!(
+        sim.world.disk.record(&first).is_none(),
+        "the fenced offer is never stored"
+    );
+    let deliveries = deliveries(&sim);
+    assert_eq!(deliveries.len(), 2, "{deliveries:?}");
+    assert!(deliveries.iter().all(|(_, a, _)| a.as_str() == "attempt-1"));
+    let spawns = spawns(&sim);
+    assert_eq!(spawns.len(), 1);
+    assert_ne!(
+        spawns[0].offer_id, first,
+        "the Run runs under the fresh claim"
+    );
+    let status = deliveries.iter().find(|(id, _, _)| *id == first).unwrap().2;
+    assert_eq!(status, CpStatus::Superseded);
+    sim.assert_no_violations();
+}
+
 /// The checker can fail on the Worker's side: a forged second spawn of the same Attempt (under
 /// another offer id) is `at-most-once-attempt`; a spawn of the Attempt the plane declared lost
 /// is `at-most-once-run`.

@@ -56,7 +56,7 @@ fn walks() {
     quiet_panics();
     let mut ended = RunOutcomes::default();
     let (mut moves, mut unhealthy, mut clock_steps, mut duplicates) = (0, 0, 0, 0);
-    let (mut refusable, mut halts) = (0, 0);
+    let (mut refusable, mut fenced, mut halts) = (0, 0, 0);
     let mut violations = Vec::new();
     for seed in 0..n {
         let walked = walk_seed(&model, seed);
@@ -65,6 +65,7 @@ fn walks() {
         clock_steps += walked.clock_steps;
         duplicates += walked.duplicates;
         refusable += walked.refusable;
+        fenced += walked.fenced;
         halts += walked.halts;
         ended.add(walked.ended);
         if let Some(found) = walked.found {
@@ -75,8 +76,8 @@ fn walks() {
     report_line(&format!(
         "walks: {n} seeds, {} violations, runs {} succeeded {} failed {} start-failed {} \
          recovery; {moves} moves ({unhealthy} not the healthy one, {clock_steps} wall-clock \
-         steps, {duplicates} answers delivered twice, {refusable} offers to refuse, {halts} \
-         halts)",
+         steps, {duplicates} answers delivered twice, {refusable} offers to refuse, {fenced} \
+         replays fenced, {halts} halts)",
         violations.len(),
         ended.succeeded,
         ended.failed,

@@ -159,6 +159,8 @@ struct CadenceTotals {
     timely_succeeded: u64,
     /// Runs that lost their lease, in slow phases (none in timely ones).
     slow_lease_lost: u64,
+    /// Replays of a claim the control plane fenced, in slow phases (none in timely ones).
+    slow_fenced: u64,
 }
 
 /// A third of the simulated control plane's 30 s lease.
@@ -187,6 +189,7 @@ impl CadenceTotals {
             self.renewal_third += u64::from(c.max_renewal_gap <= LEASE_THIRD_MS);
         } else {
             self.slow_lease_lost += u64::from(c.lease_lost);
+            self.slow_fenced += u64::from(c.fenced);
         }
     }
 
@@ -205,6 +208,7 @@ impl CadenceTotals {
         self.timely_runs += o.timely_runs;
         self.timely_succeeded += o.timely_succeeded;
         self.slow_lease_lost += o.slow_lease_lost;
+        self.slow_fenced += o.slow_fenced;
     }
 
     fn line(&self) -> String {
@@ -213,7 +217,8 @@ impl CadenceTotals {
             "simulation cadence: {} phases ({} timely, {} slow), {} runs {} succeeded; timely: {} \
              runs {} succeeded, max heartbeat gap {} ms ({} % of its bound), max renewal gap of \
              a running Run {} ms ({} % of its bound; within lease/3 in {} of {} phases); slow: {} \
-             Runs lost their lease; up to {} calls outstanding; {} calls timed out",
+             Runs lost their lease, {} replays fenced; up to {} calls outstanding; {} calls timed \
+             out",
             self.phases,
             self.timely,
             self.phases - self.timely,
@@ -228,6 +233,7 @@ impl CadenceTotals {
             self.renewal_third,
             self.timely,
             self.slow_lease_lost,
+            self.slow_fenced,
             self.outstanding,
             self.timeouts
         )

@@ -126,6 +126,9 @@ pub struct CadenceStats {
     /// Runs that lost their lease (`recovery_required(lease_lost_*)`): none in a timely
     /// phase (`cadence-no-run-lost`); a slow plane may take longer than the lease to answer.
     pub lease_lost: u32,
+    /// Replays of a claim the control plane fenced (409 `worker_offer_fenced`: the claim's
+    /// lease expired while the Worker waited on a slow plane); none in a timely phase.
+    pub fenced: u32,
     /// Halts of the Worker (each checked licensed; none in a timely phase).
     pub halts: u32,
     /// Simulated time the phase took.
@@ -575,8 +578,19 @@ impl Phase {
                         .contains_key(&r.offer.candidate.attempt_id))
         };
         let fail_closed = crate::testkit::world::check::fail_closed_by(records.iter()).is_some();
+        // A Run the Worker never stored, its lease expired and no claim naming it: the plane
+        // fences every replay of its offer id (reference §2.2) and its reaper takes the Run
+        // back; this plane re-delivers nothing, so it is settled, as the plane's loss.
+        let claimed = world.disk.claim.as_ref().map(|(c, _)| &c.offer_id);
+        let dropped = (world.plane.runs.iter())
+            .filter(|(id, run)| {
+                world.disk.record(id).is_none()
+                    && run.offer.lease.expires_at_ms <= self.sim.now
+                    && claimed != Some(*id)
+            })
+            .count();
         let offered = world.plane.templates.is_empty()
-            && records.len() == usize::try_from(self.stats.runs).unwrap_or(0);
+            && records.len() + dropped == usize::try_from(self.stats.runs).unwrap_or(0);
         (offered || fail_closed)
             && records.iter().all(settled)
             && (world.supervisor.processes.iter()).all(|p| p.state != ProcessState::Running)
@@ -612,6 +626,7 @@ impl Phase {
         self.stats.succeeded = u32::try_from(succeeded).unwrap_or(u32::MAX);
         self.stats.lease_lost = u32::try_from(lost).unwrap_or(u32::MAX);
         self.stats.elapsed_ms = self.sim.now.saturating_since(start);
+        self.stats.fenced = self.sim.world.plane.fenced_replays;
         let offered = u32::try_from(records.len()).unwrap_or(u32::MAX);
         let runs = self.stats.runs;
         if self.sim.world.violations.is_empty()

@@ -464,6 +464,9 @@ impl Sim {
                 let again =
                     duplicated.then(|| self.world.clone().perform(self.now, &action, answer));
                 let outcome = self.world.perform(self.now, &action, answer);
+                if act::is_post(&action, Operation::Offers) && offer_fenced(&outcome) {
+                    self.world.plane.fenced_replays += 1;
+                }
                 self.reconciled |= matches!(
                     (&action, &outcome),
                     (
@@ -850,6 +853,16 @@ pub(crate) fn releases(action: &Action, outcome: &Outcome) -> bool {
                 Action::RemoveReceipt { .. },
                 Outcome::ReceiptRemoved { existed: true }
             )
+    )
+}
+
+/// Whether `outcome` is the control plane's replay fence of an `offers` call (409
+/// `worker_offer_fenced`).
+fn offer_fenced(outcome: &Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::Http(ql_worker_core::io::HttpFailure::Status { status: 409, code: Some(c) })
+            if c == "worker_offer_fenced"
     )
 }
 

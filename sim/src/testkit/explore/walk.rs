@@ -108,6 +108,10 @@ pub struct Walked {
     /// Offers the Worker must refuse (pinned to another digest) the control plane delivered,
     /// each checked never stored (`refused-offer-stored`).
     pub refusable: u32,
+    /// Replays of a claim the control plane fenced (409 `worker_offer_fenced`, reference §2.2),
+    /// each one's claim then cleared (`stored-before-clear` allows it: the plane will not
+    /// deliver that offer id again).
+    pub fenced: u32,
     /// Halts of the Worker, each checked licensed by the answer it halted on (`halt-licensed`).
     pub halts: usize,
     /// The largest distance (ms, either way) between the host's wall clock and the true time.
@@ -369,6 +373,7 @@ pub fn walk(walk: &Walk<'_>, data: &[u8], guard: &dyn Guard) -> Walked {
         if settled(&walker.node.sim) {
             walker.walked.ended = ended(&walker.node.sim);
             walker.walked.refusable = walker.node.sim.world.plane.refusable_delivered;
+            walker.walked.fenced = walker.node.sim.world.plane.fenced_replays;
             return walker.walked;
         }
         let mv = settling_move(&walker.node.sim);

@@ -48,7 +48,8 @@
 //!
 //! * `stored-before-clear`: a claim whose offer was delivered is cleared only once the offer is
 //!   in the inbox, unless the claim was given up: it belongs to another Session than the one
-//!   the Worker stored last, or it used its [`CLAIM_ATTEMPTS`].
+//!   the Worker stored last, or it used its [`CLAIM_ATTEMPTS`]. A replay the plane fenced (409
+//!   `worker_offer_fenced`) counts as not delivered: that offer id is never delivered again.
 //! * `completion-before-acknowledged`: `completion_acknowledged` is persisted only after the
 //!   control plane applied the completion.
 //! * `recovery-licensed` ([`recovery_licensed`]): a record

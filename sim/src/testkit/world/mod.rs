@@ -13,7 +13,10 @@
 //! * **Control plane** ([`ControlPlane`]): one consistent view per Run, whose [`Answer::Ok`]
 //!   is the answer a correct control plane gives; every other answer is a deliberate
 //!   alternative (adversarial but well-formed statuses, `409`, transport loss, a malformed
-//!   body, or a commit whose response is lost).
+//!   body, or a commit whose response is lost). It fences what the reference fences, whatever
+//!   the answer: an offer replay whose lease can no longer be recovered (409
+//!   `worker_offer_fenced`, reference §2.2), a `starting` of an expired lease and any ACK of a
+//!   re-delivered offer (409 `worker_activation_fenced`), a stale lease or Session version.
 //! * **Entropy**: deterministic bytes from the world seed and a draw counter; the
 //!   [`Answer::EntropyVariant`] alternative draws other bytes (maximal backoff jitter).
 //!
@@ -73,7 +76,8 @@ pub enum Answer {
     AlreadyDone,
     /// Offers: `idle`.
     Idle,
-    /// Offers: redeliver the claimed offer with a newer lease version.
+    /// Offers: redeliver the claimed offer with a newer lease version (a fresh claim, or a
+    /// replay the plane recovers; a fenced replay stays fenced).
     NewerLease,
     /// Lease control: `renewed`.
     Renewed,
@@ -306,7 +310,9 @@ pub struct Evidence {
     pub spawns: BTreeMap<OfferId, (u32, Answer)>,
     /// Spawn commands received per Run: the Attempt and offer of each, in order.
     pub run_spawns: BTreeMap<RunId, Vec<(AttemptId, OfferId)>>,
-    /// For each claimed offer id: whether the last `offers` reply the Worker heard delivered it.
+    /// For each claimed offer id: whether the last `offers` reply the Worker heard delivered it
+    /// (`false` too once the plane fenced a replay of it, heard or not: it never delivers that
+    /// offer id again, so the claim may go unstored).
     pub delivered: BTreeMap<OfferId, bool>,
     /// For each lease granted (offer, lease version) while the call that obtained it was in
     /// flight for a while: how long (ms) between its issue and the plane applying it. The Worker

@@ -1,6 +1,13 @@
 //! The simulated control plane: one consistent view per Run, and well-formed responses for every
 //! [`Answer`] (built with the wire module's own `to_json`, so they pass the strict parsers
 //! unless the answer is [`Answer::Invalid`]).
+//!
+//! `offers` follows the reference's claim service (§2.2): a fresh offer id claims the next
+//! Run (a Run whose lease expired first, with re-delivery on, else the next template); a known
+//! offer id is a replay, re-delivered (`lease_recovery`) only while its lease is still `leased`
+//! (the Run not terminal), unexpired, held by the Session the Worker calls with (the plane's
+//! current one, not offline) at the same generation and for the same token, and otherwise
+//! fenced with 409 `worker_offer_fenced` whatever answer the model picked.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::hash::Hasher;
@@ -186,6 +193,10 @@ pub struct ControlPlane {
     pub refused: std::collections::BTreeSet<u32>,
     /// Offers of such Runs delivered (a count, not part of the state).
     pub refusable_delivered: u32,
+    /// Replays of a known offer id answered 409 `worker_offer_fenced` that the Worker heard
+    /// (counted by the driver, [`crate::testkit::sim::Sim::answer`]; a count, not part of the
+    /// state).
+    pub fenced_replays: u32,
 }
 
 impl ControlPlane {
@@ -201,6 +212,7 @@ impl ControlPlane {
             lost_attempts: std::collections::BTreeSet::new(),
             refused: std::collections::BTreeSet::new(),
             refusable_delivered: 0,
+            fenced_replays: 0,
         }
     }
 
@@ -409,6 +421,16 @@ impl World {
             });
         };
         let known = self.plane.runs.contains_key(&id);
+        if known && !self.recoverable(now, &id, &token, number(v, "workerGeneration")) {
+            // The reference's replay fence (§2.2): the lease this offer id names can no longer
+            // be recovered. The plane will never deliver this offer id again, so the Worker may
+            // clear its claim (`stored-before-clear`).
+            self.evidence.delivered.insert(id, false);
+            return Outcome::Http(HttpFailure::Status {
+                status: 409,
+                code: Some(String::from("worker_offer_fenced")),
+            });
+        }
         let expired = self.expired_run(now);
         let deliver = match answer {
             Answer::Idle => false,
@@ -469,6 +491,38 @@ impl World {
 }
 
 impl World {
+    /// Whether a replay of the known offer `id` with `token` and Session generation
+    /// `generation` at `now` recovers its lease (reference §2.2, `lease_recovery`): the lease is
+    /// still `leased` (the Run not terminal: the reference keeps the lease `leased` through
+    /// `starting` and `running` until a completion, a start failure or the reaper closes it;
+    /// here also a Run terminal by another path or re-delivered under another offer id),
+    /// unexpired at `now`, held by the Session the Worker calls with while that Session is the
+    /// plane's current one and not offline, at the same Session generation, for the same token.
+    /// Otherwise the plane answers 409 `worker_offer_fenced`.
+    fn recoverable(
+        &self,
+        now: UnixMillis,
+        id: &OfferId,
+        token: &LeaseToken,
+        generation: u64,
+    ) -> bool {
+        let Some(run) = self.plane.runs.get(id) else {
+            return false;
+        };
+        let lease = &run.offer.lease;
+        let caller = self
+            .session_id
+            .clone()
+            .unwrap_or_else(|| worker().session_id);
+        !run.status.terminal()
+            && now < lease.expires_at_ms
+            && self.plane.session_id == self.session_id
+            && self.plane.session_status != SessionStatus::Offline
+            && lease.worker_session_id == caller
+            && lease.worker_generation.get() == generation
+            && lease.lease_token_digest == token.digest()
+    }
+
     /// With re-delivery on, the first Run (by offer id) whose lease expired at `now` and that
     /// is not terminal.
     fn expired_run(&self, now: UnixMillis) -> Option<OfferId> {
