@@ -399,7 +399,7 @@ fn a_replay_fenced_by_the_control_plane_clears_the_claim_and_the_next_pull_claim
     let first = claim(&sim).unwrap();
     sim.take_trail();
 
-    // Another 409 (no fence code): the claim is kept and backed off.
+    // A 409 without a code: the claim is kept and backed off.
     replay_until_post(&mut sim);
     sim.deliver(fence(None));
     sim.settle();
@@ -417,6 +417,24 @@ fn a_replay_fenced_by_the_control_plane_clears_the_claim_and_the_next_pull_claim
     );
     assert_eq!(claim(&sim).unwrap().offer_id, first.offer_id, "kept");
 
+    // Another fence code (the Session's): kept and backed off too.
+    replay_until_post(&mut sim);
+    sim.deliver(fence(Some("worker_session_fenced")));
+    sim.settle();
+    let trail = normalized(&sim.take_trail());
+    assert_eq!(
+        trail[trail.len() - 6..],
+        lines(&[
+            "read-claim",
+            "read-record (claim)",
+            "persist-claim r4",
+            "post offers",
+            "draw-entropy",
+            "persist-claim r5",
+        ])
+    );
+    assert_eq!(claim(&sim).unwrap().offer_id, first.offer_id, "kept");
+
     // `worker_offer_fenced`: cleared at once, no entropy drawn for a backoff.
     replay_until_post(&mut sim);
     sim.deliver(fence(Some("worker_offer_fenced")));
@@ -427,9 +445,9 @@ fn a_replay_fenced_by_the_control_plane_clears_the_claim_and_the_next_pull_claim
         lines(&[
             "read-claim",
             "read-record (claim)",
-            "persist-claim r4",
+            "persist-claim r6",
             "post offers",
-            "clear-claim r4",
+            "clear-claim r6",
         ])
     );
     assert!(claim(&sim).is_none() && sim.world.disk.records.is_empty());
@@ -510,6 +528,51 @@ fn a_claim_that_may_hold_a_lease_is_replayed_once_the_session_answers_again() {
         "the leased Run, recovered"
     );
     assert_eq!(trail.iter().filter(|l| *l == "post offers").count(), 1);
+    sim.assert_no_violations();
+}
+
+/// A claim whose failures cannot have taken effect (no connection: nothing was leased) waits its
+/// backoff out even when a Session exchange is answered meanwhile: only an uncertain outcome
+/// lets a Session answer cut the backoff short
+/// (`a_claim_that_may_hold_a_lease_is_replayed_once_the_session_answers_again`).
+#[test]
+fn a_claim_whose_failures_took_no_effect_waits_its_backoff_out() {
+    let mut sim = started(World::one_offer(1));
+    for _ in 0..4 {
+        sim.on(On::Post(Operation::Offers), Answer::Unavailable);
+    }
+    sim.on(On::Kind("draw-entropy"), Answer::Ok);
+    for _ in 0..4 {
+        sim.on(On::Kind("draw-entropy"), Answer::EntropyVariant);
+    }
+    let tick_of = |line: &String| {
+        line.strip_prefix("tick ")
+            .map(|t| t.parse::<u64>().unwrap())
+    };
+    let mut rounds = 0;
+    while claim(&sim).is_none_or(|c| c.attempt_count < 4 || c.next_attempt_at_ms <= sim.now) {
+        sim.run(1);
+        rounds += 1;
+        assert!(rounds < 50, "{:#?}", sim.take_trail());
+    }
+    let backoff_ends = claim(&sim).unwrap().next_attempt_at_ms;
+    sim.take_trail();
+    while sim.world.disk.records.is_empty() {
+        sim.run(1);
+        rounds += 1;
+        assert!(rounds < 100, "{:#?}", sim.take_trail());
+    }
+    let trail = normalized(&sim.take_trail());
+    let replay = trail.iter().position(|l| l == "post offers").unwrap();
+    assert!(
+        trail[..replay].iter().any(|l| l == "post heartbeat"),
+        "a Session answer came first: {trail:#?}"
+    );
+    let replayed_at = trail[..replay].iter().rev().find_map(tick_of).unwrap();
+    assert!(
+        ms(replayed_at) >= backoff_ends,
+        "replayed at {replayed_at}, not before the backoff's end {backoff_ends}: {trail:#?}"
+    );
     sim.assert_no_violations();
 }
 
