@@ -13,6 +13,7 @@
 //! plane) stays. With a window of 1 (the default) the Worker has one command outstanding at a
 //! time.
 
+use ql_worker_core::wire::error::ErrorCode;
 use std::hash::Hasher;
 
 use crate::testkit::act;
@@ -862,7 +863,7 @@ fn offer_fenced(outcome: &Outcome) -> bool {
     matches!(
         outcome,
         Outcome::Http(ql_worker_core::io::HttpFailure::Status { status: 409, code: Some(c) })
-            if c == "worker_offer_fenced"
+            if c == ErrorCode::WorkerOfferFenced.as_str()
     )
 }
 

@@ -9,6 +9,7 @@
 //! current one, not offline) at the same generation and for the same token, and otherwise
 //! fenced with 409 `worker_offer_fenced` whatever answer the model picked.
 
+use ql_worker_core::wire::error::ErrorCode;
 use std::collections::{BTreeMap, VecDeque};
 use std::hash::Hasher;
 
@@ -428,7 +429,7 @@ impl World {
             self.evidence.delivered.insert(id, false);
             return Outcome::Http(HttpFailure::Status {
                 status: 409,
-                code: Some(String::from("worker_offer_fenced")),
+                code: Some(String::from(ErrorCode::WorkerOfferFenced.as_str())),
             });
         }
         let expired = self.expired_run(now);
