@@ -136,7 +136,7 @@ type PullStep = Step<PullOp, PullResult>;
 pub(crate) enum PullOp {
     ReadingClaim {
         /// The pending claim's backoff was waited out in this process: its persisted
-        /// wall-clock time is not compared again (`Worker::claim_backoff_served`).
+        /// wall-clock time is not compared again (`ClaimView::Pending::timed_here`).
         backoff_served: bool,
         /// The inbox is full: only a claim whose offer is already stored is settled.
         claim_only: bool,

@@ -640,9 +640,8 @@ pub struct Worker {
     pub(crate) queue: VecDeque<Work>,
     /// The operations in progress, one per lane (see [`Lane`]).
     pub(crate) lanes: BTreeMap<Lane, Slot>,
-    /// The pending claim's backoff was waited out in this process (on the monotonic clock):
-    /// the next Pull retries it without comparing its persisted wall-clock time again.
-    pub(crate) claim_backoff_served: bool,
+    /// What this process knows of the Pull coordinator's pending claim.
+    pub(crate) claim: ClaimView,
     pub(crate) supervision_cursor: Option<OfferId>,
     pub(crate) reconcile_cursor: Option<OfferId>,
     pub(crate) transition_offline_queued: bool,
@@ -665,20 +664,6 @@ pub struct Worker {
     /// version `x` may have left it at `x + 1`). A fenced renewal is tried at every version up
     /// to it (issue 17). Lost with a restart: then only the persisted version + 1 is tried.
     pub(crate) lease_may_hold: BTreeMap<OfferId, crate::ids::LeaseVersion>,
-    /// Whether the last Pull kept its pending claim (a failure or a backoff): it may still bring
-    /// one record, so it takes one place of the inbox's room in `availableSlots`. Unknown until
-    /// the first Pull reads the claim; taken as absent (the Pull itself stores at most one
-    /// record and only with room for it, so this only shapes what is offered).
-    pub(crate) claim_pending: bool,
-    /// An `offers` call of the pending claim got an uncertain outcome: the control plane may
-    /// hold a lease for it, which runs out while the claim's backoff lasts (up to 60 s against a
-    /// 30 s lease by default). The next Session answer ends that backoff (`on_session`): the
-    /// plane is reachable, and a replay now can still recover the Run.
-    pub(crate) claim_may_hold_lease: bool,
-    /// A pending claim may name an offer already stored: set at start and whenever a Pull ends
-    /// without clearing its claim, cleared once a Pull cleared it or found none
-    /// ([`Worker::claim_check_due`]).
-    pub(crate) claim_unsettled: bool,
     /// The Session registered at start is `draining` or `offline` at the control plane although
     /// this incarnation asked for no drain (a previous one stopped during its drain): once no
     /// Run of it is live, a new Session replaces it (reference §2.10: a new Session id at each
@@ -767,6 +752,50 @@ pub struct InboxStatus {
     pub settled: usize,
 }
 
+/// What the Worker knows of the Pull coordinator's pending claim (the inbox's claim file),
+/// from the results of its Pulls. Each state says what the next Pull and `availableSlots` make
+/// of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum ClaimView {
+    /// Not known: no Pull has read it in this process. One may remain, naming an offer already
+    /// stored ([`Worker::claim_check_due`]); it is taken as absent in `availableSlots` (a Pull
+    /// stores at most one record, and only with room for it, so this only shapes what is
+    /// offered).
+    Unknown,
+    /// None remains: the last Pull cleared it or found none.
+    Settled,
+    /// One may remain (the last Pull kept it: a failure or a backoff; or the claim-only check
+    /// found its offer not stored): it may still bring one record, so it takes one place of
+    /// the inbox's room in `availableSlots`.
+    Pending(HeldClaim),
+}
+
+/// What the Worker knows of a claim a Pull kept ([`ClaimView::Pending`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct HeldClaim {
+    /// Kept by a Pull and not checked since: it may name an offer already stored (its clear
+    /// after storing the offer did not land).
+    unchecked: bool,
+    /// Its backoff is waited out in this process, on the monotonic clock
+    /// ([`Timer::PullBackoff`]): the next Pull does not compare its persisted wall-clock time
+    /// again.
+    timed_here: bool,
+    /// An `offers` call of it got an uncertain outcome: the control plane may hold a lease for
+    /// it, which runs out while the backoff lasts (up to 60 s against a 30 s lease by default).
+    /// The next Session answer ends that backoff (`on_session`): the plane is reachable, and a
+    /// replay now can still recover the Run.
+    may_hold_lease: bool,
+}
+
+impl ClaimView {
+    fn held(self) -> Option<HeldClaim> {
+        match self {
+            Self::Pending(held) => Some(held),
+            Self::Unknown | Self::Settled => None,
+        }
+    }
+}
+
 /// The machine's phase ([`Phase`] is its public, coarse form), with how it ended once it has.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Stage {
@@ -801,7 +830,7 @@ impl Worker {
             drain: Drain::NotRequested,
             queue: VecDeque::new(),
             lanes: BTreeMap::new(),
-            claim_backoff_served: false,
+            claim: ClaimView::Unknown,
             supervision_cursor: None,
             reconcile_cursor: None,
             transition_offline_queued: false,
@@ -813,9 +842,6 @@ impl Worker {
             leases: BTreeMap::new(),
             lease_may_hold: BTreeMap::new(),
             notices: VecDeque::new(),
-            claim_pending: false,
-            claim_may_hold_lease: false,
-            claim_unsettled: true,
             retiring: false,
             reported_slots: None,
             reporting_slots: None,
@@ -1015,10 +1041,9 @@ impl Worker {
             &(
                 (&self.stage, &self.session, &self.known),
                 (self.drain, &self.queue, &self.timers, &self.last_renewal),
-                (self.claim_backoff_served, &self.leases),
+                (self.claim, &self.leases),
                 (&self.supervision_cursor, &self.reconcile_cursor),
-                (self.transition_offline_queued, &self.claim_unsettled),
-                (self.claim_pending, self.claim_may_hold_lease),
+                self.transition_offline_queued,
                 (self.retiring, &self.config.session_id),
                 (self.inbox, self.reported_slots, self.reporting_slots),
                 (self.auth_paused, self.rejoin, self.fences),
@@ -1437,8 +1462,11 @@ impl Worker {
             }
             // With the inbox full, it goes out only to settle a claim whose offer is already
             // stored (`claim_check_due`).
-            Work::Pull => PullOp::begin(ctx, self.claim_backoff_served, self.inbox_room() == 0)
-                .map(Running::Pull, Finished::Pull),
+            Work::Pull => {
+                let timed_here = self.claim.held().is_some_and(|held| held.timed_here);
+                PullOp::begin(ctx, timed_here, self.inbox_room() == 0)
+                    .map(Running::Pull, Finished::Pull)
+            }
             Work::Process(offer_id) => ProcessOp::begin(offer_id.clone())
                 .map(Running::Process, |r| Finished::Process(offer_id, r)),
             Work::Supervise(offer_id) => {
@@ -1557,6 +1585,8 @@ impl Worker {
         {
             self.known.remove(offer_id);
             self.pre_barrier_expiry.remove(offer_id);
+            self.gone_launches.remove(offer_id);
+            self.drain_stopped.remove(offer_id);
             self.leases.remove(offer_id);
             self.run_ended(offer_id);
         }
@@ -1852,7 +1882,9 @@ impl Worker {
     /// keeps that record, so the inbox would stay full for good. Nothing is pulled
     /// (`PullResult::ClaimChecked`).
     pub(crate) fn claim_check_due(&self) -> bool {
-        self.claim_unsettled && self.pull_blocker() == Some(PullBlocker::InboxFull)
+        let unsettled =
+            (self.claim.held()).map_or(self.claim == ClaimView::Unknown, |held| held.unchecked);
+        unsettled && self.pull_blocker() == Some(PullBlocker::InboxFull)
     }
 
     /// Places left in the inbox: the capacity less every record the Worker knows of, settled
@@ -1905,7 +1937,7 @@ impl Worker {
         let max = usize::from(self.config.max_concurrent_runs);
         let room = self
             .inbox_room()
-            .saturating_sub(usize::from(self.claim_pending));
+            .saturating_sub(usize::from(self.claim.held().is_some()));
         u64::try_from(max.saturating_sub(self.active_count()).min(room)).unwrap_or(0)
     }
 
@@ -2018,8 +2050,11 @@ impl Worker {
                 self.session_uncertain = false;
                 // The control plane answers again: a claim that may hold a lease is replayed at
                 // the next tick, before that lease can run out during the claim's backoff.
-                if self.claim_may_hold_lease && self.timers.remove(&Timer::PullBackoff).is_some() {
-                    self.claim_backoff_served = true;
+                if let ClaimView::Pending(held) = &mut self.claim
+                    && held.may_hold_lease
+                    && self.timers.remove(&Timer::PullBackoff).is_some()
+                {
+                    held.timed_here = true;
                 }
                 if registered {
                     self.register_failures = 0;
@@ -2250,46 +2285,51 @@ impl Worker {
                 self.notices
                     .push_back(Notice::OfferRefused { offer_id, reason });
             }
-            // The claim's backoff is waited out here, on the monotonic clock; the next Pull
-            // does not compare its persisted wall-clock time again (`claim_backoff_served`).
-            PullResult::Backoff { retry_in_ms } => self.claim_kept(retry_in_ms, true, true),
+            // The claim's backoff is waited out here, on the monotonic clock.
+            PullResult::Backoff { retry_in_ms } => self.claim_kept(retry_in_ms, true, false),
+            // Its 16 attempts are spent: the Pull cleared the claim (durably) and waits no backoff.
+            PullResult::Failed {
+                fault: crate::pull::PullFault::BudgetExhausted,
+                ..
+            } => self.claim_settled(),
+            // Only a backoff this Pull persisted is waited out on the monotonic clock; a Pull
+            // that ended before it compared the persisted one (a read that failed, nothing
+            // changed: `retry_in_ms` 0) leaves that comparison to the next Pull.
             PullResult::Failed { retry_in_ms, fault } => {
-                let pending = fault != crate::pull::PullFault::BudgetExhausted;
-                // Only a backoff this Pull persisted is waited out on the monotonic clock; a
-                // Pull that ended before it compared the persisted one (a read that failed,
-                // nothing changed: `retry_in_ms` 0) leaves that comparison to the next Pull.
-                let served = pending && (retry_in_ms > 0 || self.claim_backoff_served);
-                self.claim_kept(retry_in_ms, pending, served);
                 let uncertain =
                     matches!(fault, crate::pull::PullFault::Call(CallFault::Uncertain(_)));
-                self.claim_may_hold_lease = pending && (self.claim_may_hold_lease || uncertain);
+                self.claim_kept(retry_in_ms, retry_in_ms > 0, uncertain);
             }
             PullResult::SessionUnavailable => {}
-            // Nothing was pulled: the Pull waits for room as before.
-            PullResult::ClaimChecked { pending } => {
-                self.claim_pending = pending;
-                self.claim_may_hold_lease &= pending;
-                self.claim_unsettled = false;
+            // Nothing was pulled; the backoff, if any, still holds the next Pull.
+            PullResult::ClaimChecked { pending: false } => self.claim = ClaimView::Settled,
+            PullResult::ClaimChecked { pending: true } => {
+                let held = self.claim.held().unwrap_or_default();
+                self.claim = ClaimView::Pending(HeldClaim {
+                    unchecked: false,
+                    ..held
+                });
             }
         }
     }
 
-    /// A Pull ended without clearing its claim: the next waits `retry_in_ms`; `pending`: a
-    /// claim remains; `served`: its backoff is waited out here (`claim_backoff_served`).
-    fn claim_kept(&mut self, retry_in_ms: u64, pending: bool, served: bool) {
+    /// A Pull ended keeping its claim: the next waits `retry_in_ms`. `timed`: this backoff is
+    /// waited out here; `uncertain`: an `offers` call got an uncertain outcome. Both hold on
+    /// from earlier Pulls of the same claim.
+    fn claim_kept(&mut self, retry_in_ms: u64, timed: bool, uncertain: bool) {
         self.set_timer(Timer::PullBackoff, retry_in_ms);
-        self.claim_pending = pending;
-        self.claim_backoff_served = served;
-        self.claim_unsettled = true;
+        let was = self.claim.held().unwrap_or_default();
+        self.claim = ClaimView::Pending(HeldClaim {
+            unchecked: true,
+            timed_here: timed || was.timed_here,
+            may_hold_lease: uncertain || was.may_hold_lease,
+        });
     }
 
     /// The Pull's claim is gone (cleared, or none was found): no backoff, nothing pending.
     fn claim_settled(&mut self) {
         self.timers.remove(&Timer::PullBackoff);
-        self.claim_pending = false;
-        self.claim_may_hold_lease = false;
-        self.claim_unsettled = false;
-        self.claim_backoff_served = false;
+        self.claim = ClaimView::Settled;
     }
 
     /// How a finished drain ends: every record settled, or some left for the next start.

@@ -417,3 +417,43 @@ fn a_pull_does_not_overtake_an_admitted_offer_waiting_for_an_offer_lane() {
     );
     sim.assert_no_violations();
 }
+
+/// A claim a failed Pull kept takes one place of the inbox's room in the slots a heartbeat
+/// offers (it may still bring a record); once a Pull admits its offer the claim is gone, and
+/// that place is offered again.
+#[test]
+fn a_claim_admitted_gives_back_the_place_it_held_in_the_slots_offered() {
+    // Four slots, room for three records: the room is what bounds the slots offered.
+    let mut sim = sim(offers(1), 4, 3);
+    sim.on(On::Post(Operation::Offers), Answer::Unavailable);
+    let mut rounds = 0;
+    while !sim
+        .world
+        .disk
+        .records
+        .values()
+        .any(|r| r.0.state == State::RunningAcknowledged)
+    {
+        sim.run(1);
+        rounds += 1;
+        assert!(rounds < 20, "{:#?}", sim.commands());
+    }
+    let trail = sim.commands();
+    assert_eq!(
+        count(&trail, "post offers"),
+        3,
+        "failed, admitted, idle: {trail:#?}"
+    );
+    // The next heartbeat: one record stored, no claim left (a kept claim would take a place).
+    let sent = heartbeat_slots(&sim).len();
+    while heartbeat_slots(&sim).len() == sent {
+        sim.run(1);
+        rounds += 1;
+        assert!(rounds < 40, "{:#?}", sim.commands());
+    }
+    assert_eq!(
+        heartbeat_slots(&sim).last(),
+        Some(&2),
+        "min(4 - 1 Run, 3 - 1 record)"
+    );
+}

@@ -576,6 +576,35 @@ fn a_claim_whose_failures_took_no_effect_waits_its_backoff_out() {
     sim.assert_no_violations();
 }
 
+/// A claim's backoff is waited out on the monotonic clock where the Pull persisted it: a wall
+/// clock stepped an hour back meanwhile does not make the retry compare the persisted
+/// wall-clock end (now an hour away) and wait again.
+#[test]
+fn a_claims_backoff_is_waited_out_on_the_monotonic_clock_across_a_wall_clock_step_back() {
+    let mut sim = after_one_failed_pull();
+    let kept = claim(&sim).unwrap();
+    assert!(kept.next_attempt_at_ms > sim.now, "a backoff persisted");
+    let stepped_at = sim.now;
+    sim.step_wall_clock(-3_600_000);
+    let mut rounds = 0;
+    while sim.world.disk.records.is_empty() {
+        sim.run(1);
+        rounds += 1;
+        assert!(rounds < 20, "{:#?}", sim.take_trail());
+    }
+    let replayed = sim.world.disk.record(&kept.offer_id).unwrap();
+    assert_eq!(
+        replayed.offer.lease_token, kept.lease_token,
+        "the claim's replay"
+    );
+    assert!(
+        sim.now <= stepped_at.saturating_add(3_000),
+        "stored {} ms after the step (backoff < 1 s, ticks every 2 s)",
+        sim.now.get() - stepped_at.get()
+    );
+    sim.assert_no_violations();
+}
+
 fn offered(offer_id: OfferId, generation: WorkerGeneration) -> Outcome {
     let offer = testkit::offer(1);
     let mut worker = testkit::worker();
