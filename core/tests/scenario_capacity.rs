@@ -457,3 +457,39 @@ fn a_claim_admitted_gives_back_the_place_it_held_in_the_slots_offered() {
         "min(4 - 1 Run, 3 - 1 record)"
     );
 }
+
+/// A claim check that found the claim's offer not stored settles the question for as long as
+/// the inbox stays full: no further claim-only Pull reads the claim (a Pull with room retries
+/// the claim itself). Here a previous incarnation left a claim whose `offers` call failed and
+/// an inbox it filled since; the start's first check cannot read the claim (the claim counts
+/// as kept and unchecked), the second finds its offer not stored.
+#[test]
+fn a_claim_found_not_stored_is_not_checked_again_while_the_inbox_stays_full() {
+    let mut world = offers(1);
+    world.seed(7, testkit::record(7, State::CompletionAcknowledged), false);
+    let mut sim = sim(world, 1, 2);
+    sim.on(On::Post(Operation::Offers), Answer::Unavailable);
+    sim.run(3);
+    assert!(sim.world.disk.claim.is_some(), "{:#?}", sim.commands());
+    sim.crash();
+    sim.world.seed(
+        8,
+        testkit::record(8, State::StartFailureAcknowledged),
+        false,
+    );
+    sim.on(On::Kind("read-claim"), Answer::Unchanged);
+    sim.take_trail();
+    sim.run(10);
+    let trail = sim.commands();
+    assert_eq!(count(&trail, "read-claim"), 2, "{trail:#?}");
+    let (kept, _) = sim.world.disk.claim.as_ref().unwrap();
+    let read = format!("read-record {}", kept.offer_id.as_str());
+    assert_eq!(
+        count(&trail, &read),
+        1,
+        "its offer looked up once: {trail:#?}"
+    );
+    assert!(!trail.iter().any(|l| l == "post offers"), "{trail:#?}");
+    assert!(sim.worker.inbox_status().full);
+    sim.assert_no_violations();
+}
