@@ -74,7 +74,8 @@ pub enum Answer {
     AlreadyTerminal,
     /// Control plane: `already_completed` / `already_stored` (an exact replay).
     AlreadyDone,
-    /// Offers: `idle`.
+    /// Offers: `idle`, for a new offer id only: a replay the fence admits is answered with its
+    /// offer, as the reference recovers it (§2.2).
     Idle,
     /// Offers: redeliver the claimed offer with a newer lease version (a fresh claim, or a
     /// replay the plane recovers; a fenced replay stays fenced).

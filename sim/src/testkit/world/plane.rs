@@ -433,10 +433,13 @@ impl World {
             });
         }
         let expired = self.expired_run(now);
-        let deliver = match answer {
-            Answer::Idle => false,
-            _ => known || expired.is_some() || !self.plane.templates.is_empty(),
-        };
+        // A replay the fence admits is always answered with its offer (reference §2.2,
+        // recovery): an idle answer is drawn only for a new offer id.
+        let deliver = known
+            || match answer {
+                Answer::Idle => false,
+                _ => expired.is_some() || !self.plane.templates.is_empty(),
+            };
         if !deliver {
             if heard {
                 self.evidence.delivered.insert(id, false);
