@@ -399,41 +399,31 @@ fn a_replay_fenced_by_the_control_plane_clears_the_claim_and_the_next_pull_claim
     let first = claim(&sim).unwrap();
     sim.take_trail();
 
-    // A 409 without a code: the claim is kept and backed off.
-    replay_until_post(&mut sim);
-    sim.deliver(fence(None));
-    sim.settle();
-    let trail = normalized(&sim.take_trail());
-    assert_eq!(
-        trail[trail.len() - 6..],
-        lines(&[
-            "read-claim",
-            "read-record (claim)",
-            "persist-claim r2",
-            "post offers",
-            "draw-entropy",
-            "persist-claim r3",
-        ])
-    );
-    assert_eq!(claim(&sim).unwrap().offer_id, first.offer_id, "kept");
-
-    // Another fence code (the Session's): kept and backed off too.
-    replay_until_post(&mut sim);
-    sim.deliver(fence(Some("worker_session_fenced")));
-    sim.settle();
-    let trail = normalized(&sim.take_trail());
-    assert_eq!(
-        trail[trail.len() - 6..],
-        lines(&[
-            "read-claim",
-            "read-record (claim)",
-            "persist-claim r4",
-            "post offers",
-            "draw-entropy",
-            "persist-claim r5",
-        ])
-    );
-    assert_eq!(claim(&sim).unwrap().offer_id, first.offer_id, "kept");
+    // A 409 without a code, then another fence code (the Session's): the claim is kept and
+    // backed off each time.
+    for (code, revision) in [(None, 2), (Some("worker_session_fenced"), 4)] {
+        replay_until_post(&mut sim);
+        sim.deliver(fence(code));
+        sim.settle();
+        let trail = normalized(&sim.take_trail());
+        let (attempt, backoff) = (
+            format!("persist-claim r{revision}"),
+            format!("persist-claim r{}", revision + 1),
+        );
+        assert_eq!(
+            trail[trail.len() - 6..],
+            lines(&[
+                "read-claim",
+                "read-record (claim)",
+                &attempt,
+                "post offers",
+                "draw-entropy",
+                &backoff,
+            ]),
+            "{code:?}"
+        );
+        assert_eq!(claim(&sim).unwrap().offer_id, first.offer_id, "kept");
+    }
 
     // `worker_offer_fenced`: cleared at once, no entropy drawn for a backoff.
     replay_until_post(&mut sim);
@@ -465,6 +455,52 @@ fn a_replay_fenced_by_the_control_plane_clears_the_claim_and_the_next_pull_claim
     sim.assert_no_violations();
 }
 
+/// A started Worker whose first four `offers` calls of its claim get `answers`, each backoff
+/// the longest jitter (the entropy draws after the claim's identity all `0xff`).
+fn failing_claim(answers: [Answer; 4]) -> Sim {
+    let mut sim = started(World::one_offer(1));
+    for answer in answers {
+        sim.on(On::Post(Operation::Offers), answer);
+    }
+    sim.on(On::Kind("draw-entropy"), Answer::Ok);
+    for _ in answers {
+        sim.on(On::Kind("draw-entropy"), Answer::EntropyVariant);
+    }
+    sim
+}
+
+/// The time of a trail's `tick` line.
+fn tick_of(line: &str) -> Option<u64> {
+    line.strip_prefix("tick ").map(|t| t.parse().unwrap())
+}
+
+/// Runs until the claim's offer is stored; the trail since the last taken (normalized) and the
+/// time of the tick that replayed the claim, after a Session exchange was answered.
+fn replayed_after_a_heartbeat(sim: &mut Sim) -> (Vec<String>, u64) {
+    for _ in 0..100 {
+        if !sim.world.disk.records.is_empty() {
+            break;
+        }
+        sim.run(1);
+    }
+    let trail = normalized(&sim.take_trail());
+    let replay = trail.iter().position(|l| l == "post offers");
+    let heartbeat = trail.iter().position(|l| l == "post heartbeat");
+    let (Some(replay), Some(heartbeat)) = (replay, heartbeat) else {
+        panic!("no replay or no Session answer: {trail:#?}");
+    };
+    assert!(
+        heartbeat < replay,
+        "a Session answer came first: {trail:#?}"
+    );
+    let at = trail[..replay]
+        .iter()
+        .rev()
+        .find_map(|l| tick_of(l))
+        .unwrap();
+    (trail, at)
+}
+
 /// An `offers` answer lost after the control plane leased a Run (an uncertain outcome) leaves
 /// a claim that may hold that lease, and the claim's backoff (full jitter, up to 60 s) may
 /// outlast it (30 s by default). The next Session answer shows the plane reachable again: the
@@ -473,20 +509,12 @@ fn a_replay_fenced_by_the_control_plane_clears_the_claim_and_the_next_pull_claim
 /// before it were waited out in full.
 #[test]
 fn a_claim_that_may_hold_a_lease_is_replayed_once_the_session_answers_again() {
-    let mut sim = started(World::one_offer(1));
-    for _ in 0..3 {
-        sim.on(On::Post(Operation::Offers), Answer::Unavailable);
-    }
-    sim.on(On::Post(Operation::Offers), Answer::LostAfterCommit);
-    sim.on(On::Kind("draw-entropy"), Answer::Ok);
-    for _ in 0..4 {
-        // The longest jitter of each backoff.
-        sim.on(On::Kind("draw-entropy"), Answer::EntropyVariant);
-    }
-    let tick_of = |line: &String| {
-        line.strip_prefix("tick ")
-            .map(|t| t.parse::<u64>().unwrap())
-    };
+    let mut sim = failing_claim([
+        Answer::Unavailable,
+        Answer::Unavailable,
+        Answer::Unavailable,
+        Answer::LostAfterCommit,
+    ]);
     // Three failures that cannot have taken effect, then the lost answer: 4 attempts.
     let mut rounds = 0;
     while claim(&sim).is_none_or(|c| c.attempt_count < 4 || sim.world.plane.runs.is_empty()) {
@@ -497,27 +525,14 @@ fn a_claim_that_may_hold_a_lease_is_replayed_once_the_session_answers_again() {
     let kept = claim(&sim).unwrap();
     let backoff_ends = kept.next_attempt_at_ms;
     let trail = sim.take_trail();
-    let lost_at = trail.iter().rev().find_map(tick_of).unwrap();
+    let lost_at = trail.iter().rev().find_map(|l| tick_of(l)).unwrap();
     assert!(
         backoff_ends > ms(lost_at + 7_000),
         "the longest jitter of the 4th attempt (< 8 s): {backoff_ends} after tick {lost_at}"
     );
     assert!(sim.world.disk.records.is_empty());
 
-    // Until the Run is stored.
-    while sim.world.disk.records.is_empty() {
-        sim.run(1);
-        rounds += 1;
-        assert!(rounds < 100, "{:#?}", sim.take_trail());
-    }
-    let trail = normalized(&sim.take_trail());
-    let replay = trail.iter().position(|l| l == "post offers").unwrap();
-    let heartbeat = trail.iter().position(|l| l == "post heartbeat");
-    assert!(
-        heartbeat.is_some_and(|h| h < replay),
-        "a Session answer came first: {trail:#?}"
-    );
-    let replayed_at = trail[..replay].iter().rev().find_map(tick_of).unwrap();
+    let (trail, replayed_at) = replayed_after_a_heartbeat(&mut sim);
     assert!(
         ms(replayed_at) < backoff_ends,
         "replayed at {replayed_at}, before the backoff's end {backoff_ends}: {trail:#?}"
@@ -537,18 +552,7 @@ fn a_claim_that_may_hold_a_lease_is_replayed_once_the_session_answers_again() {
 /// (`a_claim_that_may_hold_a_lease_is_replayed_once_the_session_answers_again`).
 #[test]
 fn a_claim_whose_failures_took_no_effect_waits_its_backoff_out() {
-    let mut sim = started(World::one_offer(1));
-    for _ in 0..4 {
-        sim.on(On::Post(Operation::Offers), Answer::Unavailable);
-    }
-    sim.on(On::Kind("draw-entropy"), Answer::Ok);
-    for _ in 0..4 {
-        sim.on(On::Kind("draw-entropy"), Answer::EntropyVariant);
-    }
-    let tick_of = |line: &String| {
-        line.strip_prefix("tick ")
-            .map(|t| t.parse::<u64>().unwrap())
-    };
+    let mut sim = failing_claim([Answer::Unavailable; 4]);
     let mut rounds = 0;
     while claim(&sim).is_none_or(|c| c.attempt_count < 4 || c.next_attempt_at_ms <= sim.now) {
         sim.run(1);
@@ -557,18 +561,7 @@ fn a_claim_whose_failures_took_no_effect_waits_its_backoff_out() {
     }
     let backoff_ends = claim(&sim).unwrap().next_attempt_at_ms;
     sim.take_trail();
-    while sim.world.disk.records.is_empty() {
-        sim.run(1);
-        rounds += 1;
-        assert!(rounds < 100, "{:#?}", sim.take_trail());
-    }
-    let trail = normalized(&sim.take_trail());
-    let replay = trail.iter().position(|l| l == "post offers").unwrap();
-    assert!(
-        trail[..replay].iter().any(|l| l == "post heartbeat"),
-        "a Session answer came first: {trail:#?}"
-    );
-    let replayed_at = trail[..replay].iter().rev().find_map(tick_of).unwrap();
+    let (trail, replayed_at) = replayed_after_a_heartbeat(&mut sim);
     assert!(
         ms(replayed_at) >= backoff_ends,
         "replayed at {replayed_at}, not before the backoff's end {backoff_ends}: {trail:#?}"
