@@ -329,14 +329,23 @@ impl SupervisionOp {
         let Some(log_artifact_id) = record.log_artifact_id.clone() else {
             return self.go_on(ctx, record, &completion);
         };
+        self.inspect(record, handle, log_artifact_id, For::Unknown(completion))
+    }
+
+    /// Asks the host whether anything of the Run is left (its supervisor or user process, by
+    /// the durable identity), `purpose` saying what follows the answer.
+    fn inspect(
+        self,
+        record: Box<InboxRecord>,
+        handle: crate::ids::ExecutorHandle,
+        log_artifact_id: crate::ids::LogArtifactId,
+        purpose: For<LeaseControlRequest>,
+    ) -> LStep {
         let action = Action::InspectSupervision {
             log_artifact_id,
             handle,
         };
-        self.wait(
-            SupervisionState::Inspecting(record, For::Unknown(completion)),
-            action,
-        )
+        self.wait(SupervisionState::Inspecting(record, purpose), action)
     }
 
     /// The completion replay after lease control answered `terminal` ended with `result`.
@@ -462,14 +471,7 @@ impl SupervisionOp {
                 record.log_artifact_id.clone(),
             )
         {
-            let action = Action::InspectSupervision {
-                log_artifact_id,
-                handle,
-            };
-            return self.wait(
-                SupervisionState::Inspecting(record, For::Own(request)),
-                action,
-            );
+            return self.inspect(record, handle, log_artifact_id, For::Own(request));
         }
         self.control(ctx, record, request)
     }

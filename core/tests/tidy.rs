@@ -146,7 +146,7 @@ const MACHINE_FILES: [&str; 9] = [
 /// The ceiling on core's production code lines: the count when it was last lowered. Issue 15
 /// asks for 7,000 (3,500 of them in [`MACHINE_FILES`]); until then the count may only fall. Lower
 /// the ceiling with every change that lowers the count.
-const PRODUCTION_LINE_CEILING: usize = 10_705;
+const PRODUCTION_LINE_CEILING: usize = 10_704;
 
 /// Core's production code: non-blank lines that are not comments (`//`, `///`, `//!`), outside
 /// the trailing `#[cfg(test)]` module, summed over `core/src` and over [`MACHINE_FILES`].
