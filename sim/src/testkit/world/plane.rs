@@ -912,6 +912,10 @@ impl World {
         if !run.status.terminal() && expected != run.offer.lease.version.get() {
             return fenced();
         }
+        // It fences the renewal of an expired lease too (§2.9: "expired lease → 409").
+        if !run.status.terminal() && now >= run.offer.lease.expires_at_ms {
+            return fenced();
+        }
         let mut fence = Fence::from_offer(&run.offer);
         fence.expected_lease_version = LeaseVersion::new(expected).unwrap_or(LeaseVersion::FIRST);
         let request = LeaseControlRequest { fence };
