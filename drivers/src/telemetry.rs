@@ -15,7 +15,7 @@
 //! so a reshaped loop (issue 16: lanes, calls on worker threads) calls the same methods from
 //! wherever the observation is made.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use ql_worker_core::facts::Fact;
@@ -106,6 +106,9 @@ pub struct Telemetry {
     metrics: Metrics,
     /// Last state seen of each record (reads, listings, writes), for transitions and gauges.
     states: HashMap<OfferId, State>,
+    /// Records reported as not startable here (`start.fenced`, `start.expired`): each is
+    /// reported once, not at every supervision page that finds it so.
+    unstartable: HashSet<OfferId>,
     unreachable: Unreachable,
     /// The last storage fault that made the core halt or changed nothing (path and rule).
     last_storage_fault: Option<String>,
@@ -119,6 +122,7 @@ impl Telemetry {
         Self {
             metrics,
             states: HashMap::new(),
+            unstartable: HashSet::new(),
             unreachable: Unreachable::default(),
             last_storage_fault: None,
             last_in_flight: None,
@@ -294,6 +298,7 @@ impl Telemetry {
     pub fn records_removed(&mut self, removed: &[OfferId], logs: usize) {
         for id in removed {
             self.states.remove(id);
+            self.unstartable.remove(id);
         }
         self.refresh_records();
         if !removed.is_empty() || logs > 0 {
@@ -523,6 +528,28 @@ impl Telemetry {
                 }
                 ProcessResult::ActivationInvalid(why) => {
                     self.invalid_answer("starting", why);
+                }
+                ProcessResult::TargetFenced if self.unstartable.insert(offer_id.clone()) => {
+                    Event::warn("start.fenced")
+                        .text("offer", offer_id)
+                        .emit(format_args!(
+                            "offer {offer_id} cannot start in this Session: it names another \
+                             Session of this Worker, or this one is draining or its lease ran \
+                             out (nothing changed; reported once). If it stays so until the \
+                             offer's lease expires, the record is dormant: nothing ran, the \
+                             control plane reclaims the Run, and `ql-worker recover` lists it \
+                             for archiving"
+                        ));
+                }
+                ProcessResult::OfferExpired if self.unstartable.insert(offer_id.clone()) => {
+                    Event::warn("start.expired")
+                        .text("offer", offer_id)
+                        .emit(format_args!(
+                            "offer {offer_id}: its lease expired before it started; the record \
+                             is dormant (nothing ran, the control plane reclaims the Run; \
+                             reported once). It keeps a place in the inbox until archived: \
+                             `ql-worker recover` lists it"
+                        ));
                 }
                 ProcessResult::Uncertain(why) | ProcessResult::RenewalUncertain { why, .. } => {
                     if let Uncertainty::Garbled(e) = why {

@@ -16,10 +16,10 @@
 //! not the exact interleaving.
 //!
 //! While the Worker is fail-closed on `recovery_required` evidence that nothing will resolve (no
-//! receipt, no live process of that Run, stable for a grace period), the campaign does what
-//! `docs/operations.md` tells an operator: Worker stopped, `ql-worker recover --root …` to
-//! review, `ql-worker recover --root … --archive <offer>`, and counts it. Nothing is deleted
-//! behind the Worker's back.
+//! receipt, no live process of that Run, stable for a grace period), or holds a dormant record
+//! whose Run the control plane has reaped, the campaign does what `docs/operations.md` tells an
+//! operator: Worker stopped, `ql-worker recover --root …` to review, `ql-worker recover --root …
+//! --archive <offer>`, and counts it. Nothing is deleted behind the Worker's back.
 //!
 //! Checked at the end, after the last Worker settled everything and drained:
 //! 1. every Run's user command ran at most once (its marker file has ≤ 1 line);
@@ -28,7 +28,8 @@
 //!    length, SHA-256 and truncation fact equal the spool file's (`spool::open_reader`);
 //! 3. no record lost: every Run the control plane handed out has an inbox or archived record
 //!    (see [`Campaign::check`] for the one accepted exception), and every Run ends
-//!    `completion_acknowledged`, `start_failure_acknowledged` or `recovery_required`;
+//!    `completion_acknowledged`, `start_failure_acknowledged` or `recovery_required`, or was
+//!    archived dormant (see [`Archived::Dormant`]: nothing ran, the control plane reaped it);
 //! 4. no unsettled receipt lost: a Run whose command ran either completed or still has its
 //!    receipt; receipts exist only for Runs not `completion_acknowledged`;
 //! 5. no `start-failure` (in the inbox or in the control plane's events) for a Run whose marker
@@ -40,7 +41,7 @@
 //!    receipt file, in base64url or as its 32 raw bytes.
 //!
 //! One result line: `crash-campaign: <K> kills, <R> runs, <S> settled, <Q> recovery_required,
-//! <V> violations`; the test fails when V > 0.
+//! <D> dormant, <V> violations`; the test fails when V > 0.
 //!
 //! The end of this file reproduces the campaign's findings (docs/reliability.md, "Findings").
 
@@ -55,7 +56,9 @@ use e2e_common::evidence::{
     self, Needles, ProcSnapshot, Role, capability_bytes, harvest_receipts, run_cli,
     snapshot_processes,
 };
-use e2e_common::{KillOnDrop, World, kill9, marker_lines, read_settling, sigterm, wait_exit};
+use e2e_common::{
+    KillOnDrop, World, events_named, kill9, marker_lines, read_settling, sigterm, wait_exit,
+};
 use ql_worker::journal::{InboxView, JournalError};
 use ql_worker_core::ids::{AttemptId, OfferId, ProjectId, RunId};
 use ql_worker_core::record::{InboxRecord, RecoveryReason, State};
@@ -89,6 +92,18 @@ const LOG_QUOTA: u64 = ql_worker::demo::DEMO_LOG_QUOTA;
 
 /// The schedule's random stream.
 use ql_worker_tests::splitmix::SplitMix64 as Rng;
+
+/// What the operator archived for a Run (`ql-worker recover --archive`).
+#[derive(Clone, Copy, Debug)]
+enum Archived {
+    /// A `recovery_required` record: its reason, and whether a receipt was left.
+    Recovery(RecoveryReason, bool),
+    /// A dormant record (`docs/operations.md`, "Dormant records"): before the spawn barrier in
+    /// this state, its lease expired, its Run reaped by the control plane. It is left when an
+    /// operator stop ends a drain while a new claim's record is `accepted`: the drained Session
+    /// may not start it (§4.2 step 2) and the next start's new Session is not its target.
+    Dormant(State),
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
@@ -251,7 +266,7 @@ struct Campaign {
     kill_reasons: BTreeMap<String, usize>,
     net_faults: BTreeMap<&'static str, usize>,
     reaped: usize,
-    archived: BTreeMap<RunId, (RecoveryReason, bool)>,
+    archived: BTreeMap<RunId, Archived>,
     unresolved_since: BTreeMap<OfferId, Instant>,
     receipt_since: BTreeMap<OfferId, Instant>,
     operator_stops: usize,
@@ -668,11 +683,19 @@ impl Campaign {
         })
     }
 
-    /// `recovery_required` records that nothing will resolve and that have been so for the
-    /// grace period: the operator's archive candidates. Also notes receipts the Worker leaves.
+    /// `recovery_required` records that nothing will resolve, and dormant records whose Run the
+    /// control plane has reaped, that have been so for the grace period: the operator's archive
+    /// candidates. Also notes receipts the Worker leaves.
     fn archive_candidates(&mut self) -> Vec<OfferId> {
         let root = self.root();
         let mut ready = Vec::new();
+        let now = ReferenceControlPlane::now();
+        let dormant: Vec<(OfferId, RunId)> = self
+            .records
+            .iter()
+            .filter(|(_, r)| r.is_dormant(now))
+            .map(|(o, r)| (o.clone(), r.offer.candidate.run_id.clone()))
+            .collect();
         let rr: Vec<(OfferId, RunId, AttemptId, RecoveryReason)> = self
             .records
             .iter()
@@ -687,9 +710,14 @@ impl Campaign {
                 })
             })
             .collect();
-        let live: BTreeSet<&OfferId> = rr.iter().map(|(o, ..)| o).collect();
+        let live: BTreeSet<&OfferId> = rr
+            .iter()
+            .map(|(o, ..)| o)
+            .chain(dormant.iter().map(|(o, _)| o))
+            .collect();
         self.unresolved_since.retain(|o, _| live.contains(o));
         self.receipt_since.retain(|o, _| live.contains(o));
+        let mut unresolved = Vec::new();
         for (offer, run, attempt, reason) in &rr {
             let receipt = ql_worker::receipts::read(&root, attempt)
                 .ok()
@@ -711,6 +739,15 @@ impl Campaign {
                 }
                 continue;
             }
+            unresolved.push((offer, run));
+        }
+        for (offer, run) in &dormant {
+            // Only once the control plane has taken the Run back.
+            if self.cp().run(run).is_some_and(|r| r.is_terminal()) {
+                unresolved.push((offer, run));
+            }
+        }
+        for (offer, run) in unresolved {
             if self.user_process_alive(run) {
                 self.unresolved_since.remove(offer);
                 continue;
@@ -733,13 +770,18 @@ impl Campaign {
         }
         let root = self.root();
         let root_text = root.to_str().unwrap().to_owned();
+        // Exit 6 while recovery evidence remains; dormant records do not change it.
+        let evidence = self.records.values().any(|r| r.recovery().is_some());
         let (code, review) = run_cli(&["recover", "--root", &root_text]);
-        assert_eq!(code, Some(6), "`recover` reports evidence: {review}");
+        assert_eq!(
+            code,
+            Some(if evidence { 6 } else { 0 }),
+            "`recover` reports evidence: {review}"
+        );
         for offer in offers {
             let record = self.records[offer].clone();
             let run = record.offer.candidate.run_id.clone();
             let attempt = &record.offer.candidate.attempt_id;
-            let reason = record.recovery().unwrap();
             assert!(
                 review.contains(offer.as_str()),
                 "`recover` lists {offer}: {review}"
@@ -753,14 +795,22 @@ impl Campaign {
                 run_cli(&["recover", "--root", &root_text, "--archive", offer.as_str()]);
             assert_eq!(code, Some(0), "archive {offer}: {out}");
             let i = self.by_run[&run];
-            if reason == RecoveryReason::LaunchOutcomeUnknown
-                && !receipt
-                && marker_lines(&self.runs[i].marker) > 0
-            {
-                self.violations.push(format!(
-                    "{run}: the command ran (marker) but no receipt exists and nothing runs \
-                     (receipt lost)"
-                ));
+            let ran = marker_lines(&self.runs[i].marker) > 0;
+            let archived = match record.recovery() {
+                Some(reason) => Archived::Recovery(reason, receipt),
+                None => Archived::Dormant(record.state),
+            };
+            match archived {
+                Archived::Recovery(RecoveryReason::LaunchOutcomeUnknown, false) if ran => {
+                    self.violations.push(format!(
+                        "{run}: the command ran (marker) but no receipt exists and nothing runs \
+                         (receipt lost)"
+                    ));
+                }
+                Archived::Dormant(state) if ran => self.violations.push(format!(
+                    "{run}: dormant ({state}, before the spawn barrier) but the command ran"
+                )),
+                _ => {}
             }
             let cp_run = self.cp().run(&run).expect("enqueued");
             let events: Vec<String> = cp_run
@@ -772,16 +822,20 @@ impl Campaign {
                 })
                 .collect();
             self.archive_notes.push(format!(
-                "{run} ({}): {reason}; receipt={receipt}; marker={}; handle={}; held {} ms; at \
-                 the control plane {:?}, events {}",
+                "{run} ({}): {}; receipt={receipt}; marker={}; handle={}; held {} ms; at the \
+                 control plane {:?}, events {}",
                 self.runs[i].kind.as_str(),
+                match archived {
+                    Archived::Recovery(reason, _) => reason.as_str().to_owned(),
+                    Archived::Dormant(state) => format!("dormant {state}"),
+                },
                 marker_lines(&self.runs[i].marker),
                 record.executor_handle.is_some(),
                 record.updated_at_ms.saturating_since(record.accepted_at_ms),
                 cp_run.run_status,
                 events.join(">")
             ));
-            self.archived.insert(run, (reason, receipt));
+            self.archived.insert(run, archived);
             self.records.remove(offer);
             self.unresolved_since.remove(offer);
             self.receipt_since.remove(offer);
@@ -1088,11 +1142,25 @@ impl Campaign {
                     None => v.push(format!("{id}: completed at the CP without a local log id")),
                 }
             }
-            if let Some((reason, _)) = self.archived.get(id) {
-                tally.recovery_required += 1;
-                *tally.recovery.entry(reason.as_str()).or_default() += 1;
-                tally.archived += 1;
-                continue;
+            match self.archived.get(id) {
+                Some(Archived::Recovery(reason, _)) => {
+                    tally.recovery_required += 1;
+                    *tally.recovery.entry(reason.as_str()).or_default() += 1;
+                    tally.archived += 1;
+                    continue;
+                }
+                // Checked when archived: nothing ran (no marker line); the Run was reaped.
+                Some(Archived::Dormant(_)) => {
+                    tally.dormant += 1;
+                    tally.archived += 1;
+                    if cp_run.started_at.is_some() || cp_run.completion.is_some() {
+                        v.push(format!(
+                            "{id}: archived dormant, but the control plane saw it start"
+                        ));
+                    }
+                    continue;
+                }
+                None => {}
             }
             match record.state {
                 State::CompletionAcknowledged => {
@@ -1324,6 +1392,8 @@ struct Tally {
     completed: usize,
     start_failures: usize,
     recovery_required: usize,
+    /// Dormant records the operator archived (their Runs reaped; nothing ran).
+    dormant: usize,
     archived: usize,
     recovery: BTreeMap<&'static str, usize>,
     unclaimed: usize,
@@ -1425,7 +1495,10 @@ fn crash_campaign() {
                 .join(" ")
         },
         tally.archived,
-        c.archived.values().filter(|(_, r)| *r).count(),
+        c.archived
+            .values()
+            .filter(|a| matches!(a, Archived::Recovery(_, true)))
+            .count(),
         c.operator_stops,
         c.reaped,
         c.net_faults
@@ -1442,11 +1515,13 @@ fn crash_campaign() {
         println!("  VIOLATION: {violation}");
     }
     report_line(&format!(
-        "crash-campaign: {} kills, {} runs, {} settled, {} recovery_required, {} violations",
+        "crash-campaign: {} kills, {} runs, {} settled, {} recovery_required, {} dormant, {} \
+         violations",
         c.kills,
         c.runs.len(),
         tally.settled,
         tally.recovery_required,
+        tally.dormant,
         c.violations.len()
     ));
     assert!(
@@ -1678,6 +1753,98 @@ fn once_launch_outcome_unknown_resolves_from_its_receipt_the_worker_takes_work_a
         "no evidence remains (the record settled from its receipt), yet the Worker took no \
          new work for 10 s"
     );
+}
+
+/// Finding 5: an operator stop (a drain ended by the second SIGTERM) while a new claim's record
+/// is `accepted` leaves a record that no Session can start: the draining Session may not start a
+/// new claim (reference §4.2 step 2), and the next start registers a new Session, which is not
+/// the record's target. Once its lease expires the record is dormant and the control plane
+/// reaps the Run. The campaign met it when an operator stop fell while a Run was `accepted`
+/// beside a fail-closed Worker (which starts nothing new), and waited for the record to settle
+/// until its bound ran out. The Worker was right; the campaign now does what
+/// `docs/operations.md` tells an operator (archive the dormant record), and this test pins each
+/// step: nothing ran, `start.fenced` reported once per process, `recover` lists the record as
+/// dormant without the exit code of evidence, the archive frees its place, and the Worker takes
+/// work again. The record is held `accepted` by refusing its starting ACK (503) until the stop.
+#[test]
+fn a_record_accepted_before_an_operator_stop_is_left_dormant_and_archived() {
+    use ql_worker_tests::control_plane::{CpConfig, ReferenceOptions};
+    let options = ReferenceOptions {
+        model: CpConfig {
+            run_lease_ms: 6_000,
+            ..CpConfig::default()
+        },
+        ..ReferenceOptions::default()
+    };
+    let world = World::with_options(options, 100, "backoff_base_ms = 100\n");
+    let log = world.dir.path().join("events.jsonl");
+    let json = ["--log-format", "json"];
+    for _ in 0..10_000 {
+        world
+            .cp
+            .inject_for_operation(Operation::Starting, Fault::Unavailable);
+    }
+    let marker = world.dir.path().join("marker");
+    let run = marked_run(&world, 1, &marker, "");
+    let mut first = KillOnDrop(world.spawn_with_args(&json, &[], &log));
+    world.wait_for("accepted", Duration::from_secs(60), |w| {
+        w.state_of(&run) == Some(State::Accepted)
+    });
+    let drained = world.cp.session(world.cp.worker_id()).unwrap().session_id;
+    sigterm(&first);
+    std::thread::sleep(Duration::from_millis(100));
+    sigterm(&first);
+    assert_eq!(
+        wait_exit(&mut first, Duration::from_secs(30)).code(),
+        Some(4),
+        "the stop left a record unsettled"
+    );
+    world.cp.clear_faults();
+    let mut second = KillOnDrop(world.spawn_with_args(&json, &[], &log));
+    world.wait_for("a new Session", Duration::from_secs(30), |w| {
+        w.cp.session(w.cp.worker_id())
+            .is_some_and(|s| s.session_id != drained)
+    });
+    world.wait_for("the Run reaped", Duration::from_secs(30), |w| {
+        let now = ReferenceControlPlane::now();
+        w.cp.with_model(|m| m.reap_expired_leases(now));
+        w.cp.run(&run).is_some_and(|r| r.is_terminal())
+    });
+    // Supervision pages (every 100 ms) keep finding it fenced: reported once per process.
+    std::thread::sleep(Duration::from_secs(1));
+    sigterm(&second);
+    assert_eq!(
+        wait_exit(&mut second, Duration::from_secs(30)).code(),
+        Some(0),
+        "a dormant record does not hold a drain"
+    );
+    let record = world.records().remove(&run).expect("kept in the inbox");
+    let offer = record.offer.offer_id.clone();
+    assert_eq!(record.state, State::Accepted);
+    assert!(record.is_dormant(ReferenceControlPlane::now()));
+    assert_eq!(marker_lines(&marker), 0, "nothing ran");
+    let fenced = events_named(&log, "start.fenced");
+    assert!(
+        (1..=2).contains(&fenced.len()) && fenced.iter().all(|e| e["offer"] == offer.as_str()),
+        "`start.fenced` once per process: {fenced:?}"
+    );
+    let root = world.root().to_str().unwrap().to_owned();
+    let (code, review) = run_cli(&["recover", "--root", &root]);
+    assert_eq!(code, Some(0), "dormant records are not evidence: {review}");
+    assert!(
+        review.contains(&format!("{offer} run={run}")) && review.contains("1 dormant record"),
+        "{review}"
+    );
+    let (code, out) = run_cli(&["recover", "--root", &root, "--archive", offer.as_str()]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(world.archived_records().contains_key(&run));
+    assert!(!world.records().contains_key(&run));
+    let mut third = KillOnDrop(world.spawn_with_args(&json, &[], &log));
+    let next = marked_run(&world, 2, &world.dir.path().join("marker-2"), "");
+    world.wait_for("the next Run completed", Duration::from_secs(60), |w| {
+        w.state_of(&next) == Some(State::CompletionAcknowledged)
+    });
+    stop_now(&mut third);
 }
 
 /// Prints a result line even while libtest captures test output, so `.ci/run` shows it: a
