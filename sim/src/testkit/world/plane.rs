@@ -289,10 +289,25 @@ fn damaged(outcome: Outcome, answer: Answer) -> Outcome {
     }
 }
 
-fn fenced() -> Outcome {
+/// The reference's 409 of `operation`, with the code its route answers (reference §1, error
+/// table; the artifact upload is the completion's fence).
+fn fenced(operation: Operation) -> Outcome {
+    let code = match operation {
+        Operation::Register | Operation::Heartbeat | Operation::Transition => {
+            ErrorCode::WorkerSessionFenced
+        }
+        Operation::Offers => ErrorCode::WorkerOfferFenced,
+        Operation::Starting | Operation::Running | Operation::StartFailure => {
+            ErrorCode::WorkerActivationFenced
+        }
+        Operation::Secrets => ErrorCode::WorkerSecretDeliveryFenced,
+        Operation::Artifacts | Operation::Completion => ErrorCode::WorkerCompletionFenced,
+        Operation::LeaseControl => ErrorCode::WorkerLeaseControlFenced,
+        Operation::Attestations => ErrorCode::WorkerAttestationFenced,
+    };
     Outcome::Http(HttpFailure::Status {
         status: 409,
-        code: Some(String::from("lease_fenced")),
+        code: Some(String::from(code.as_str())),
     })
 }
 
@@ -313,7 +328,16 @@ impl World {
         answer: Answer,
     ) -> Outcome {
         match answer {
-            Answer::Fenced => return fenced(),
+            // The reference fences an `offers` call only as the replay of an offer id whose
+            // lease cannot be recovered (§2.2), which `offers` decides itself: a drawn fence of
+            // this route is a bare 409, which the Worker reads as a failed Pull.
+            Answer::Fenced if operation == Operation::Offers => {
+                return Outcome::Http(HttpFailure::Status {
+                    status: 409,
+                    code: None,
+                });
+            }
+            Answer::Fenced => return fenced(operation),
             Answer::Unavailable => return Outcome::Http(HttpFailure::Unavailable),
             Answer::Invalid => return Outcome::Responded(Vec::from(&b"{}"[..])),
             Answer::HttpStatus(status) => {
@@ -427,10 +451,7 @@ impl World {
             // be recovered. The plane will never deliver this offer id again, so the Worker may
             // clear its claim (`stored-before-clear`).
             self.evidence.delivered.insert(id, false);
-            return Outcome::Http(HttpFailure::Status {
-                status: 409,
-                code: Some(String::from(ErrorCode::WorkerOfferFenced.as_str())),
-            });
+            return fenced(Operation::Offers);
         }
         let expired = self.expired_run(now);
         // A replay the fence admits is always answered with its offer (reference §2.2,
@@ -865,12 +886,14 @@ impl World {
             Answer::AlreadyTerminal => CompletionStatus::AlreadyTerminal,
             _ if run.completion.is_some() => {
                 if run.completed_version != Some(expected) {
-                    return fenced();
+                    return fenced(Operation::Completion);
                 }
                 CompletionStatus::AlreadyCompleted
             }
             _ if run.status.terminal() => CompletionStatus::AlreadyTerminal,
-            _ if expected != run.offer.lease.version.get() => return fenced(),
+            _ if expected != run.offer.lease.version.get() => {
+                return fenced(Operation::Completion);
+            }
             _ => CompletionStatus::Applied,
         };
         match status {
@@ -908,13 +931,12 @@ impl World {
         };
         let expected = number(v, "expectedLeaseVersion");
         // The reference fences a stale `expectedLeaseVersion` (a renewal that committed without
-        // its answer reaching the Worker leaves the lease one version on).
-        if !run.status.terminal() && expected != run.offer.lease.version.get() {
-            return fenced();
-        }
-        // It fences the renewal of an expired lease too (§2.9: "expired lease → 409").
-        if !run.status.terminal() && now >= run.offer.lease.expires_at_ms {
-            return fenced();
+        // its answer reaching the Worker leaves the lease one version on), and the renewal of an
+        // expired lease (§2.9: "stale session/version/expired lease → 409").
+        let lease = &run.offer.lease;
+        if !run.status.terminal() && (expected != lease.version.get() || now >= lease.expires_at_ms)
+        {
+            return fenced(Operation::LeaseControl);
         }
         let mut fence = Fence::from_offer(&run.offer);
         fence.expected_lease_version = LeaseVersion::new(expected).unwrap_or(LeaseVersion::FIRST);
@@ -987,7 +1009,7 @@ impl World {
         };
         let sent = Sha256Digest::of(bytes);
         match answer {
-            Answer::Fenced => return fenced(),
+            Answer::Fenced => return fenced(Operation::Artifacts),
             Answer::Unavailable => return Outcome::Http(HttpFailure::Unavailable),
             Answer::HttpStatus(status) => {
                 return Outcome::Http(HttpFailure::Status { status, code: None });
@@ -1007,7 +1029,7 @@ impl World {
             !run.status.terminal() && expected == version
         };
         if !authorized {
-            return fenced();
+            return fenced(Operation::Artifacts);
         }
         let entry = (upload.log_artifact_id.clone(), upload.byte_length, sent);
         let index = run
