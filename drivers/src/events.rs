@@ -231,6 +231,16 @@ pub const EVENTS: &[(&str, Level, &str)] = &[
         "a start-path call may have taken effect but got no usable answer; the record is unchanged and the call retried",
     ),
     (
+        "start.fenced",
+        Level::Warn,
+        "a record cannot start in this Session (another Session's, or this one is draining or its lease ran out); nothing changed; once per record",
+    ),
+    (
+        "start.expired",
+        Level::Warn,
+        "a record's lease expired before it started: it is dormant; once per record",
+    ),
+    (
         "launch.unknown",
         Level::Error,
         "a launch outcome is unknown: recovery evidence",

@@ -124,6 +124,9 @@ pub struct Registry {
     pub draining: bool,
     /// Records that hold the drain.
     pub in_flight: u64,
+    /// Records whose last start attempt found them not startable here (another Session's, or
+    /// their lease expired) and that have not changed since: dormant, or soon to be.
+    pub unstartable: u64,
     /// Removed by retention: records and logs.
     pub retention_records_removed: u64,
     /// Logs removed by retention.
@@ -403,6 +406,14 @@ impl Metrics {
             "Records that hold a drain (a Run that may still run or settle).",
         );
         let _ = writeln!(out, "{p}_in_flight_records {}", r.in_flight);
+        header(
+            &mut out,
+            &format!("{p}_unstartable_records"),
+            "gauge",
+            "Records found not startable here (start.fenced, start.expired) and unchanged since: \
+             dormant once their lease expired; archive them with `ql-worker recover`.",
+        );
+        let _ = writeln!(out, "{p}_unstartable_records {}", r.unstartable);
         header(
             &mut out,
             &format!("{p}_retention_removed_total"),

@@ -106,8 +106,9 @@ pub struct Telemetry {
     metrics: Metrics,
     /// Last state seen of each record (reads, listings, writes), for transitions and gauges.
     states: HashMap<OfferId, State>,
-    /// Records reported as not startable here (`start.fenced`, `start.expired`): each is
-    /// reported once, not at every supervision page that finds it so.
+    /// Records reported as not startable here (`start.fenced`, `start.expired`) and unchanged
+    /// since: each is reported once, not at every supervision page that finds it so; the gauge
+    /// `unstartable_records` counts them.
     unstartable: HashSet<OfferId>,
     unreachable: Unreachable,
     /// The last storage fault that made the core halt or changed nothing (path and rule).
@@ -214,6 +215,10 @@ impl Telemetry {
     pub fn record_persisted(&mut self, record: &InboxRecord) {
         let id = &record.offer.offer_id;
         let from = self.states.insert(id.clone(), record.state);
+        if from != Some(record.state) {
+            // It moved on: whatever made it not startable has passed.
+            self.unstartable.remove(id);
+        }
         self.refresh_records();
         if from == Some(record.state) {
             return; // a renewed lease: same state, counted with the renewals
@@ -280,7 +285,8 @@ impl Telemetry {
                 .emit(format_args!(
                     "inbox full: {} of {} records; no offer is taken until retention frees a \
                      place (settled records with their receipt gone; see `ql-worker inbox \
-                     list`); Pulls held back so far: {}",
+                     list`; dormant and recovery_required records stay until archived, see \
+                     `ql-worker recover`); Pulls held back so far: {}",
                     inbox.records, inbox.capacity, inbox.full_deferrals
                 ));
         } else if changed {
@@ -321,7 +327,11 @@ impl Telemetry {
         for state in self.states.values() {
             *by_state.entry(state.as_str()).or_default() += 1;
         }
-        self.metrics.update(|r| r.records = by_state);
+        let unstartable = self.unstartable.len() as u64;
+        self.metrics.update(|r| {
+            r.records = by_state;
+            r.unstartable = unstartable;
+        });
     }
 
     /// The pending claim is durable (the Pull is sent next).
@@ -530,6 +540,7 @@ impl Telemetry {
                     self.invalid_answer("starting", why);
                 }
                 ProcessResult::TargetFenced if self.unstartable.insert(offer_id.clone()) => {
+                    self.refresh_records();
                     Event::warn("start.fenced")
                         .text("offer", offer_id)
                         .emit(format_args!(
@@ -542,6 +553,7 @@ impl Telemetry {
                         ));
                 }
                 ProcessResult::OfferExpired if self.unstartable.insert(offer_id.clone()) => {
+                    self.refresh_records();
                     Event::warn("start.expired")
                         .text("offer", offer_id)
                         .emit(format_args!(

@@ -1776,7 +1776,17 @@ fn a_record_accepted_before_an_operator_stop_is_left_dormant_and_archived() {
         },
         ..ReferenceOptions::default()
     };
-    let world = World::with_options(options, 100, "backoff_base_ms = 100\n");
+    let mut world = World::with_options(options, 100, "backoff_base_ms = 100\n");
+    let metrics = world.dir.path().join("metrics.prom");
+    world.append_config(&format!(
+        "\n[metrics]\ntextfile = \"{}\"\ninterval_ms = 1000\n",
+        metrics.display()
+    ));
+    let gauge = |value: u8| {
+        let line = format!("ql_worker_unstartable_records {value}\n");
+        let metrics = metrics.clone();
+        move |_: &World| std::fs::read_to_string(&metrics).is_ok_and(|text| text.contains(&line))
+    };
     let log = world.dir.path().join("events.jsonl");
     let json = ["--log-format", "json"];
     for _ in 0..10_000 {
@@ -1810,8 +1820,10 @@ fn a_record_accepted_before_an_operator_stop_is_left_dormant_and_archived() {
         w.cp.with_model(|m| m.reap_expired_leases(now));
         w.cp.run(&run).is_some_and(|r| r.is_terminal())
     });
-    // Supervision pages (every 100 ms) keep finding it fenced: reported once per process.
+    // Supervision pages (every 100 ms) keep finding it fenced: reported once per process, and
+    // counted by the gauge.
     std::thread::sleep(Duration::from_secs(1));
+    world.wait_for("the gauge counts it", Duration::from_secs(10), gauge(1));
     sigterm(&second);
     assert_eq!(
         wait_exit(&mut second, Duration::from_secs(30)).code(),
@@ -1844,6 +1856,7 @@ fn a_record_accepted_before_an_operator_stop_is_left_dormant_and_archived() {
     world.wait_for("the next Run completed", Duration::from_secs(60), |w| {
         w.state_of(&next) == Some(State::CompletionAcknowledged)
     });
+    world.wait_for("nothing unstartable", Duration::from_secs(10), gauge(0));
     stop_now(&mut third);
 }
 
