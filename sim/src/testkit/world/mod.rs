@@ -39,7 +39,7 @@ pub use self::supervisor::{Process, ProcessState, ReceiptKind, SpawnPlan, Superv
 use crate::testkit::act;
 use ql_worker_core::capability::{ENTROPY_BYTES, Entropy};
 use ql_worker_core::ids::{AttemptId, OfferId, RunId, SessionId};
-use ql_worker_core::io::{Action, Outcome, StoreFailure};
+use ql_worker_core::io::{Action, HttpCall, Outcome, StoreFailure};
 use ql_worker_core::record::State;
 use ql_worker_core::time::UnixMillis;
 use ql_worker_core::wire::route::Operation;
@@ -447,7 +447,7 @@ impl World {
                 out.push(A::Unavailable);
             }
             Action::AllocateLog { .. } | Action::InspectLog { .. } => {}
-            Action::Post(call) => out.extend(self.post_options(act::operation(call), menu)),
+            Action::Post(call) => out.extend(self.post_options(call, menu)),
             Action::UploadLog { .. } if menu.upload_answers => out.extend([
                 A::AlreadyDone,
                 A::Unavailable,
@@ -519,8 +519,9 @@ impl World {
         out
     }
 
-    fn post_options(&self, operation: Operation, menu: &Menu) -> Vec<Answer> {
+    fn post_options(&self, call: &HttpCall, menu: &Menu) -> Vec<Answer> {
         use Answer as A;
+        let operation = act::operation(call);
         let faults = [A::Fenced, A::Unavailable, A::Invalid, A::LostAfterCommit];
         let mut out = Vec::new();
         match operation {
@@ -532,7 +533,12 @@ impl World {
                 out.extend(faults);
             }
             Operation::Offers if menu.offer_answers => {
-                out.extend([A::Idle, A::NewerLease]);
+                // A replay of a known offer id is answered with its offer or fenced, never
+                // `idle` (`plane::offers`): there `idle` would only repeat `Ok`'s successor.
+                if !self.plane.names_known_offer(&call.body) {
+                    out.push(A::Idle);
+                }
+                out.push(A::NewerLease);
                 out.extend(faults);
             }
             Operation::Secrets if menu.secret_answers => {

@@ -201,6 +201,14 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
+    /// Whether an `offers` body names an offer id this plane handed out (a replay).
+    pub(super) fn names_known_offer(&self, body: &[u8]) -> bool {
+        serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|v| OfferId::new(text(&v, "offerId")).ok())
+            .is_some_and(|id| self.runs.contains_key(&id))
+    }
+
     pub(super) fn new(templates: Vec<OfferTemplate>) -> Self {
         Self {
             templates: templates.into(),
